@@ -1,0 +1,117 @@
+"""Shingle hashes → MinHash signature by one-permutation hashing with optimal densification.
+
+One permutation (a seeded fmix64, which is a bijection on 64-bit values) is split into `num_perm`
+bins by its top bits; each bin keeps its minimum. Bins left empty (short texts) borrow the minimum of
+a bin chosen by a seeded probe sequence, which keeps the estimator unbiased (Shrivastava, 2017). The
+classic k-permutation scheme is kept for comparison (`kperm_signature`); `tests/benchmarks/
+bench_core.py` measures both — OPH matched its accuracy at an order of magnitude more speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from ._hashing import U64, HashArray, fmix64, mix_scalar
+
+ALGORITHM = "oph-optdens-fmix64-v1"
+EMPTY_SLOT = np.iinfo(np.uint64).max
+_PROBES = 32
+
+
+@dataclass(frozen=True)
+class MinHasher:
+    """A seeded MinHash scheme; equal (num_perm, seed) give equal signatures in every process."""
+
+    num_perm: int = 128
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.num_perm <= 4096:
+            raise ValueError(f"num_perm must be in 2..4096, got {self.num_perm}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in 0..2**63-1, got {self.seed}")
+
+    def signature(self, hashes: HashArray) -> tuple[HashArray, int]:
+        """Signature of a shingle-hash array (repeats allowed) and the number of distinct shingles."""
+        return _oph_signature(hashes, self.num_perm, self.seed)
+
+
+def _bin_starts(num_perm: int) -> HashArray:
+    """Smallest 64-bit value of each bin, bin(v) = ((v >> 32) * num_perm) >> 32, monotonic in v."""
+    b = np.arange(num_perm, dtype=np.uint64)
+    hi = (b * U64(1 << 32) + U64(num_perm - 1)) // U64(num_perm)  # ceil(b * 2**32 / num_perm)
+    return hi << U64(32)
+
+
+@lru_cache(maxsize=16)
+def _tables(num_perm: int, seed: int) -> tuple[HashArray, int, npt.NDArray[np.intp]]:
+    starts = _bin_starts(num_perm)
+    seed_key = mix_scalar(seed ^ 0x6A09E667F3BCC908)
+    grid = np.arange(num_perm * _PROBES, dtype=np.uint64) + U64(seed_key)
+    probes = (fmix64(grid) % U64(num_perm)).astype(np.intp).reshape(num_perm, _PROBES)
+    return starts, seed_key, probes
+
+
+def _oph_signature(hashes: HashArray, num_perm: int, seed: int) -> tuple[HashArray, int]:
+    starts, seed_key, probes = _tables(num_perm, seed)
+    signature = np.full(num_perm, EMPTY_SLOT, dtype=np.uint64)
+    if hashes.size == 0:
+        return signature, 0
+    values = fmix64(hashes ^ U64(seed_key))
+    values.sort()
+    distinct = 1 + int(np.count_nonzero(values[1:] != values[:-1]))
+    first = np.searchsorted(values, starts)
+    after = np.empty_like(first)
+    after[:-1] = first[1:]
+    after[-1] = values.size
+    filled = first < after
+    signature[filled] = values[first[filled]]
+    if not filled.all():
+        _densify(signature, filled, probes)
+    return signature, distinct
+
+
+def _densify(signature: HashArray, filled: npt.NDArray[np.bool_], probes: npt.NDArray[np.intp]) -> None:
+    """Fill empty bins from the first filled bin on each one's probe sequence; rotate as fallback."""
+    empty = np.flatnonzero(~filled)
+    candidates = probes[empty]
+    hits = filled[candidates]
+    found = hits.any(axis=1)
+    choice = candidates[np.arange(empty.size), hits.argmax(axis=1)]
+    source = signature.copy()
+    signature[empty[found]] = source[choice[found]]
+    if not found.all():
+        filled_bins = np.flatnonzero(filled)
+        for bin_index in empty[~found]:
+            nxt = filled_bins[np.searchsorted(filled_bins, bin_index) % filled_bins.size]
+            signature[bin_index] = source[nxt]
+
+
+def kperm_signature(hashes: HashArray, num_perm: int = 128, seed: int = 1) -> HashArray:
+    """Classic MinHash: num_perm independent universal hashes, min of each (the baseline scheme)."""
+    rng = np.random.default_rng(seed)
+    mult = rng.integers(1, 2**63, size=num_perm, dtype=np.uint64) | U64(1)
+    add = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
+    if hashes.size == 0:
+        return np.full(num_perm, EMPTY_SLOT, dtype=np.uint64)
+    mixed = fmix64(hashes[None, :] * mult[:, None] + add[:, None])
+    return np.asarray(mixed.min(axis=1), dtype=np.uint64)
+
+
+def estimate_jaccard(a: HashArray, b: HashArray) -> float:
+    """Share of equal slots: an unbiased estimate of the Jaccard index of the two shingle sets."""
+    if a.shape != b.shape:
+        raise ValueError(f"signatures differ in length: {a.size} vs {b.size}")
+    return float(np.count_nonzero(a == b)) / a.size
+
+
+def estimate_containment(jaccard: float, size_a: int, size_b: int) -> tuple[float, float]:
+    """(|A∩B|/|A|, |A∩B|/|B|) from a Jaccard estimate and the set sizes: |A∩B| = J(|A|+|B|)/(1+J)."""
+    if size_a <= 0 or size_b <= 0:
+        return 0.0, 0.0
+    intersection = jaccard * (size_a + size_b) / (1.0 + jaccard)
+    return min(1.0, intersection / size_a), min(1.0, intersection / size_b)
