@@ -16,9 +16,10 @@ set -euo pipefail
 
 KAFKA_VERSION="${NEARDUP_KAFKA_VERSION:-4.4.0}"
 SCALA_VERSION="2.13"
-# log4j2 is the logging backend of Kafka 4.x; its jars are not runtime dependencies of the
-# published kafka_2.13 artifact, so they are added explicitly (slf4j 2 binding).
-LOG4J_VERSION="${NEARDUP_KAFKA_LOG4J_VERSION:-2.24.3}"
+# log4j2 is the logging backend of Kafka 4.x. The published poms bring log4j-api/-core but no
+# slf4j binding (Kafka logs through slf4j-api 1.7), so the slf4j 1.x -> log4j2 bridge is added
+# explicitly, at the log4j version Kafka itself is built with.
+LOG4J_VERSION="${NEARDUP_KAFKA_LOG4J_VERSION:-2.25.5}"
 DEPENDENCY_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 
 CACHE_ROOT="${NEARDUP_KAFKA_CACHE:-$HOME/.cache/neardup/kafka}"
@@ -107,7 +108,7 @@ write_pom() {
     <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>$KAFKA_VERSION</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId><version>$LOG4J_VERSION</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>$LOG4J_VERSION</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>$LOG4J_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>$LOG4J_VERSION</version></dependency>
   </dependencies>
 </project>
 EOF
@@ -148,7 +149,7 @@ cmd_fetch() {
     local jar
     for jar in "kafka_$SCALA_VERSION-$KAFKA_VERSION.jar" "kafka-server-$KAFKA_VERSION.jar" \
                "kafka-tools-$KAFKA_VERSION.jar" "kafka-clients-$KAFKA_VERSION.jar" \
-               "log4j-core-$LOG4J_VERSION.jar" "log4j-slf4j2-impl-$LOG4J_VERSION.jar"; do
+               "log4j-core-$LOG4J_VERSION.jar" "log4j-slf4j-impl-$LOG4J_VERSION.jar"; do
         [[ -s "$stage/libs/$jar" ]] || die "fetch incomplete: $jar missing"
     done
     rm -rf "$LIBS" "$MARKER"
@@ -308,8 +309,15 @@ format_storage() {
     if [[ -s "$DATA_DIR/cluster.id" ]]; then
         cluster_id="$(cat "$DATA_DIR/cluster.id")"
     else
-        cluster_id="$(java -Dlog4j2.configurationFile="$TOOLS_LOG4J_CONF" -cp "$(java_cp)" \
-            "$STORAGE_TOOL" random-uuid)"
+        # what `StorageTool random-uuid` prints (a base64url UUID), without starting a JVM
+        cluster_id="$(python3 -c '
+import base64, uuid
+while True:
+    s = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not s.startswith("-"):
+        print(s)
+        break
+')"
         printf '%s\n' "$cluster_id" >"$DATA_DIR/cluster.id"
     fi
     java -Dlog4j2.configurationFile="$TOOLS_LOG4J_CONF" -cp "$(java_cp)" \

@@ -21,10 +21,14 @@ class NormalizeOptions:
 
     def tag(self) -> str:
         """Compact form recorded in the state header: state built with other options is incompatible."""
-        return "".join(
-            flag for flag, on in (("n", self.nfkc), ("c", self.casefold), ("w", self.collapse_whitespace))
-            if on
-        ) or "-"
+        return (
+            "".join(
+                flag
+                for flag, on in (("n", self.nfkc), ("c", self.casefold), ("w", self.collapse_whitespace))
+                if on
+            )
+            or "-"
+        )
 
 
 DEFAULT_NORMALIZE = NormalizeOptions()

@@ -42,9 +42,7 @@ def _units(text: str, unit: ShingleUnit) -> HashArray:
     if unit == "char":
         return np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(U64)
     words = text.split()
-    return np.fromiter(
-        (mmh3.hash64(w, signed=False)[0] for w in words), dtype=U64, count=len(words)
-    )
+    return np.fromiter((mmh3.hash64(w, signed=False)[0] for w in words), dtype=U64, count=len(words))
 
 
 def _polynomial(units: HashArray, k: int) -> HashArray:

@@ -1,0 +1,5 @@
+"""python -m service … is the `neardup` command."""
+
+from .cli import main
+
+raise SystemExit(main())

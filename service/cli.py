@@ -1,0 +1,259 @@
+"""The `neardup` command: worker, produce, tail (stream); dedup, compare, tune, evaluate (embedded)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .core.lsh import candidate_probability, error_areas
+from .core.minhash import estimate_jaccard
+from .core.normalize import decode_bytes, normalize
+from .core.params import DedupParams, IncompatibleState
+from .core.shingle import ShingleOptions, shingle_hashes, shingle_set, shingle_strings
+from .core.similarity import block_similarity, exact_containment, exact_jaccard
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine parameters (env NEARDUP_* in the worker)")
+    group.add_argument("--threshold", type=float, default=0.8, help="Jaccard for 'duplicate'")
+    group.add_argument(
+        "--containment-threshold",
+        type=float,
+        default=0.9,
+        help="containment for 'partial' (0 disables partial verdicts)",
+    )
+    group.add_argument("--lsh-threshold", type=float, default=None, help="similarity LSH is tuned for")
+    group.add_argument("--fn-weight", type=float, default=0.5, help="false-negative weight in tuning")
+    group.add_argument("--num-perm", type=int, default=128)
+    group.add_argument("-k", "--shingle-size", type=int, default=5)
+    group.add_argument("--word-shingles", action="store_true", help="word n-grams instead of chars")
+    group.add_argument("--seed", type=int, default=1)
+    group.add_argument("--bands", type=int, default=None)
+    group.add_argument("--rows", type=int, default=None)
+
+
+def params_from_args(args: argparse.Namespace) -> DedupParams:
+    containment = args.containment_threshold or None
+    return DedupParams(
+        threshold=args.threshold,
+        containment_threshold=containment,
+        lsh_threshold=args.lsh_threshold,
+        false_negative_weight=args.fn_weight,
+        num_perm=args.num_perm,
+        shingle=ShingleOptions(args.shingle_size, "word" if args.word_shingles else "char"),
+        seed=args.seed,
+        bands=args.bands,
+        rows=args.rows,
+    )
+
+
+def _read_text(path: str) -> str:
+    decoded = decode_bytes(Path(path).read_bytes())
+    if decoded.guessed:
+        print(f"note: {path} is not UTF-8; decoded as {decoded.encoding}", file=sys.stderr)
+    return decoded.text
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    raw_a, raw_b = _read_text(args.a), _read_text(args.b)
+    if args.local:
+        from .local_report import render_compare_local
+
+        print(render_compare_local(raw_a, raw_b, color=sys.stdout.isatty()))
+        return 0
+    k = args.shingle_size
+    raw_sets = shingle_strings(raw_a, k), shingle_strings(raw_b, k)
+    raw_union = len(raw_sets[0] | raw_sets[1])
+    raw_j = len(raw_sets[0] & raw_sets[1]) / raw_union if raw_union else 1.0
+    options = ShingleOptions(k)
+    canon_a, canon_b = normalize(raw_a), normalize(raw_b)
+    set_a, set_b = shingle_set(canon_a, options), shingle_set(canon_b, options)
+    params = DedupParams(num_perm=args.num_perm, seed=args.seed, shingle=options)
+    sig_a, _ = params.hasher.signature(shingle_hashes(canon_a, options))
+    sig_b, _ = params.hasher.signature(shingle_hashes(canon_b, options))
+    rows = [
+        (f"jaccard, raw {k}-shingles (seed 000)", raw_j),
+        (f"jaccard, normalized {k}-shingles", exact_jaccard(set_a, set_b)),
+        (f"minhash estimate ({args.num_perm} slots)", estimate_jaccard(sig_a, sig_b)),
+        ("containment of A in B", exact_containment(set_a, set_b)),
+        ("containment of B in A", exact_containment(set_b, set_a)),
+        ("4-char block similarity (seed 004)", block_similarity(raw_a, raw_b)),
+    ]
+    print(f"A={args.a} ({len(set_a)} shingles)  B={args.b} ({len(set_b)} shingles)")
+    for label, value in rows:
+        print(f"{label:<40} {value:.6f}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    params = DedupParams(
+        threshold=args.threshold,
+        containment_threshold=None,
+        lsh_threshold=args.threshold,
+        false_negative_weight=args.fn_weight,
+        num_perm=args.num_perm,
+        bands=args.bands,
+        rows=args.rows,
+    )
+    lsh = params.lsh
+    print(
+        f"threshold={args.threshold} num_perm={args.num_perm} fn_weight={args.fn_weight} -> "
+        f"bands={lsh.bands} rows={lsh.rows} (uses {lsh.used_slots} slots)"
+    )
+    print(
+        f"false-positive area={lsh.false_positive_area:.5f} false-negative area={lsh.false_negative_area:.5f}"
+    )
+    print("similarity  P(candidate)")
+    for s in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0):
+        print(f"{s:>10.2f}  {float(candidate_probability(s, lsh.bands, lsh.rows)):.6f}")
+    if args.plot:
+        _plot_s_curve(Path(args.plot), args.threshold, lsh.bands, lsh.rows)
+        print(f"S-curve written to {args.plot}")
+    return 0
+
+
+def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise SystemExit("--plot needs matplotlib: pip install 'neardup[dev]'") from exc
+    s = np.linspace(0, 1, 501)
+    p = candidate_probability(s, bands, rows)
+    fp, fn = error_areas(threshold, bands, rows)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ax.plot(s, p, color="black", label=f"1-(1-s^{rows})^{bands}")
+    ax.fill_between(
+        s, 0, p, where=s <= threshold, alpha=0.3, color="tab:red", label=f"false positives {fp:.4f}"
+    )
+    ax.fill_between(
+        s, p, 1, where=s >= threshold, alpha=0.3, color="tab:blue", label=f"false negatives {fn:.4f}"
+    )
+    ax.axvline(threshold, linestyle="--", color="grey")
+    ax.set_xlabel("Jaccard similarity s")
+    ax.set_ylabel("P(candidate)")
+    ax.set_title(f"LSH S-curve: b={bands}, r={rows}, threshold={threshold}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def cmd_dedup(args: argparse.Namespace) -> int:
+    from .embedded import run_file
+    from .state.memory import MemoryState
+    from .state.port import StateStore
+    from .state.rocks import RocksState, StateError
+
+    params = params_from_args(args)
+    state: StateStore
+    try:
+        state = RocksState(args.state) if args.state else MemoryState()
+    except StateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = run_file(
+            Path(args.input),
+            Path(args.output),
+            state,
+            params,
+            dead_letter_path=Path(args.dead_letters) if args.dead_letters else None,
+            max_text_bytes=args.max_text_bytes,
+            progress=sys.stderr.isatty() and not args.quiet,
+        )
+    except IncompatibleState as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        state.close()
+    print(summary.render())
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluation import evaluate, render
+    from .messages import InvalidMessage, decode_article
+
+    params = params_from_args(args)
+    articles = []
+    for line in Path(args.input).read_bytes().splitlines():
+        if line.strip():
+            try:
+                articles.append(decode_article(line, 10_000_000))
+            except InvalidMessage:
+                continue
+    if args.limit:
+        articles = articles[: args.limit]
+    result = evaluate(articles, params, margin=args.margin, sample_size=args.samples)
+    print(render(result, params, args.margin))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="neardup", description="Near-duplicate detection for news text.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compare", help="similarity measures of two text files")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("-k", "--shingle-size", type=int, default=5)
+    p.add_argument("--num-perm", type=int, default=128)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="passage-level analysis: chunk and fuzzy fingerprints, cosine, shared passages",
+    )
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("tune", help="choose LSH bands/rows for a threshold; draw the S-curve")
+    p.add_argument("--threshold", type=float, default=0.8)
+    p.add_argument("--num-perm", type=int, default=128)
+    p.add_argument("--fn-weight", type=float, default=0.5, help="false-negative weight (0..1)")
+    p.add_argument("--bands", type=int, default=None)
+    p.add_argument("--rows", type=int, default=None)
+    p.add_argument("--plot", metavar="FILE.png", default=None)
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("dedup", help="embedded mode: a JSON-lines file of articles, no broker")
+    p.add_argument("input", help="articles, one JSON object per line ({'id','text',...})")
+    p.add_argument("-o", "--output", required=True, help="verdicts, JSON lines, in input order")
+    p.add_argument("--state", default=None, help="RocksDB state directory (resumable); memory if unset")
+    p.add_argument("--dead-letters", default=None, help="default: OUTPUT.dead.jsonl")
+    p.add_argument("--max-text-bytes", type=int, default=1_000_000)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _engine_flags(p)
+    p.set_defaults(func=cmd_dedup)
+
+    p = sub.add_parser("evaluate", help="LSH verdicts against brute-force exact Jaccard")
+    p.add_argument("input")
+    p.add_argument("--margin", type=float, default=0.05)
+    p.add_argument("--samples", type=int, default=5, help="articles to show top-3 matches for")
+    p.add_argument("--limit", type=int, default=0, help="evaluate only the first N articles")
+    _engine_flags(p)
+    p.set_defaults(func=cmd_evaluate)
+
+    try:
+        from .stream import commands
+    except ImportError:
+        commands = None  # type: ignore[assignment]
+    if commands is not None:
+        commands.add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""Stage 2, "index": the decision. Exact-content fast path → LSH candidates → verification → verdict.
+
+`decide` only reads state through the `StateReader` port and returns the verdict together with the
+update to apply; applying it (atomically) is the caller's job. That keeps the rule testable without
+storage and identical in the embedded mode and the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from .lsh import band_keys
+from .minhash import estimate_containment, estimate_jaccard
+from .params import DedupParams
+from .signing import Fingerprint
+
+VerdictKind = Literal["unique", "duplicate", "partial"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An earlier article the LSH index proposed, with its verified scores."""
+
+    article_id: str
+    jaccard: float
+    containment: float  # share of the new article found in the candidate
+    contains: float  # share of the candidate found in the new article
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What was decided about one article version; stored with it so re-delivery repeats it."""
+
+    kind: VerdictKind
+    match_id: str | None
+    jaccard: float | None
+    containment: float | None
+    contains: float | None
+    canonical_id: str
+    exact: bool
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class IndexedArticle:
+    """One indexed article version: its fingerprint, its order of arrival, and its decision."""
+
+    article_id: str
+    version: int
+    seq: int
+    fingerprint: Fingerprint
+    decision: Decision
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, IndexedArticle)
+            and (self.article_id, self.version, self.seq, self.decision)
+            == (other.article_id, other.version, other.seq, other.decision)
+            and self.fingerprint == other.fingerprint
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class IndexUpdate:
+    """State changes for one article: put `article` (indexed under `keys`); drop `replaced`."""
+
+    article: IndexedArticle
+    keys: tuple[bytes, ...]
+    replaced: IndexedArticle | None
+    replaced_keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The verdict-worthy result of one article: its record, and the update (None on re-delivery)."""
+
+    article: IndexedArticle
+    update: IndexUpdate | None
+
+    @property
+    def redelivered(self) -> bool:
+        return self.update is None
+
+
+class StateReader(Protocol):
+    """What the decision needs to read. Adapters: memory and RocksDB (service/state)."""
+
+    def get(self, article_id: str) -> IndexedArticle | None: ...
+
+    def id_for_content(self, content_hash: bytes) -> str | None: ...
+
+    def band_members(self, key: bytes) -> Sequence[str]: ...
+
+    def next_seq(self) -> int: ...
+
+
+def decide(article_id: str, fp: Fingerprint, state: StateReader, params: DedupParams) -> Outcome:
+    """Decide about one article; never names the article itself as its own duplicate."""
+    existing = state.get(article_id)
+    if existing is not None and existing.fingerprint.content_hash == fp.content_hash:
+        return Outcome(existing, None)
+
+    keys = tuple(band_keys(fp.signature, params.lsh.bands, params.lsh.rows))
+    decision = _exact_match(article_id, fp, state) or _verified_match(article_id, fp, keys, state, params)
+    article = IndexedArticle(
+        article_id=article_id,
+        version=0 if existing is None else existing.version + 1,
+        seq=state.next_seq(),
+        fingerprint=fp,
+        decision=decision,
+    )
+    replaced_keys: tuple[bytes, ...] = ()
+    if existing is not None:
+        old = existing.fingerprint.signature
+        replaced_keys = tuple(band_keys(old, params.lsh.bands, params.lsh.rows))
+    return Outcome(article, IndexUpdate(article, keys, existing, replaced_keys))
+
+
+def _exact_match(article_id: str, fp: Fingerprint, state: StateReader) -> Decision | None:
+    first_id = state.id_for_content(fp.content_hash)
+    if first_id is None or first_id == article_id:
+        return None
+    first = state.get(first_id)
+    if first is None:
+        return None
+    match = Candidate(first_id, 1.0, 1.0, 1.0)
+    return Decision("duplicate", first_id, 1.0, 1.0, 1.0, first.decision.canonical_id, True, (match,))
+
+
+def candidate_ids(article_id: str, keys: Iterable[bytes], state: StateReader, limit: int) -> list[str]:
+    """Distinct articles sharing at least one band, in band order, capped at `limit`."""
+    seen: dict[str, None] = {}
+    for key in keys:
+        for other in state.band_members(key):
+            if other != article_id:
+                seen.setdefault(other, None)
+                if len(seen) >= limit:
+                    return list(seen)
+    return list(seen)
+
+
+def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
+    """Verify a candidate by estimated Jaccard and the containment estimates derived from it."""
+    jaccard = estimate_jaccard(fp.signature, other.signature)
+    inside, contains = estimate_containment(jaccard, fp.shingle_count, other.shingle_count)
+    return Candidate(other_id, jaccard, inside, contains)
+
+
+def _verified_match(
+    article_id: str,
+    fp: Fingerprint,
+    keys: Sequence[bytes],
+    state: StateReader,
+    params: DedupParams,
+) -> Decision:
+    scored: list[tuple[Candidate, IndexedArticle]] = []
+    for other_id in candidate_ids(article_id, keys, state, params.max_candidates):
+        other = state.get(other_id)
+        if other is not None:
+            scored.append((score(fp, other.fingerprint, other_id), other))
+    # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
+    scored.sort(key=lambda pair: (-pair[0].jaccard, pair[1].seq))
+    top = tuple(candidate for candidate, _ in scored[: params.top_candidates])
+
+    duplicates = [pair for pair in scored if pair[0].jaccard >= params.threshold]
+    if duplicates:
+        return _matched("duplicate", *duplicates[0], top)
+    if params.containment_threshold is not None:
+        partials = [
+            pair
+            for pair in scored
+            if max(pair[0].containment, pair[0].contains) >= params.containment_threshold
+        ]
+        if partials:
+            best = min(partials, key=lambda p: (-max(p[0].containment, p[0].contains), p[1].seq))
+            return _matched("partial", *best, top)
+    return Decision("unique", None, None, None, None, article_id, False, top)
+
+
+def _matched(
+    kind: VerdictKind, candidate: Candidate, other: IndexedArticle, top: tuple[Candidate, ...]
+) -> Decision:
+    return Decision(
+        kind,
+        candidate.article_id,
+        candidate.jaccard,
+        candidate.containment,
+        candidate.contains,
+        other.decision.canonical_id,
+        False,
+        top,
+    )

@@ -1,0 +1,111 @@
+"""All engine parameters in one frozen value, with the header that state written under them carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .lsh import LshParams, explicit_params, optimal_params
+from .minhash import ALGORITHM, MinHasher
+from .normalize import DEFAULT_NORMALIZE, NormalizeOptions
+from .shingle import DEFAULT_SHINGLE, ShingleOptions
+
+STATE_FORMAT_VERSION = 1
+
+
+class IncompatibleState(Exception):
+    """State was written with parameters that would make its signatures or band keys meaningless."""
+
+
+@dataclass(frozen=True)
+class DedupParams:
+    """What the engine decides with. Only the fields in `header()` must match stored state; the
+    verdict thresholds may change between runs."""
+
+    threshold: float = 0.8
+    containment_threshold: float | None = 0.9
+    lsh_threshold: float | None = None
+    false_negative_weight: float = 0.5
+    bands: int | None = None
+    rows: int | None = None
+    num_perm: int = 128
+    seed: int = 1
+    shingle: ShingleOptions = DEFAULT_SHINGLE
+    normalize: NormalizeOptions = DEFAULT_NORMALIZE
+    top_candidates: int = 3
+    max_candidates: int = 1000
+    lsh: LshParams = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.containment_threshold is not None and not 0.0 < self.containment_threshold <= 1.0:
+            raise ValueError(
+                f"containment_threshold must be in (0, 1] or None, got {self.containment_threshold}"
+            )
+        if (self.bands is None) != (self.rows is None):
+            raise ValueError("give both bands and rows, or neither")
+        candidate_threshold = self.candidate_threshold
+        if self.bands is not None and self.rows is not None:
+            lsh = explicit_params(candidate_threshold, self.bands, self.rows, self.num_perm)
+        else:
+            lsh = _cached_optimal(candidate_threshold, self.num_perm, self.false_negative_weight)
+        object.__setattr__(self, "lsh", lsh)
+
+    @property
+    def candidate_threshold(self) -> float:
+        """The similarity LSH is tuned for: below the verdict threshold, so that pairs just above it
+        are found almost surely, and low enough to reach truncated copies when containment is on."""
+        if self.lsh_threshold is not None:
+            return self.lsh_threshold
+        return 0.5 if self.containment_threshold is not None else max(0.05, self.threshold - 0.2)
+
+    @property
+    def hasher(self) -> MinHasher:
+        return MinHasher(self.num_perm, self.seed)
+
+    def header(self) -> dict[str, Any]:
+        """What stored signatures and band keys depend on; state refuses to open under another."""
+        return {
+            "format": STATE_FORMAT_VERSION,
+            "algorithm": ALGORITHM,
+            "seed": self.seed,
+            "num_perm": self.num_perm,
+            "k": self.shingle.k,
+            "unit": self.shingle.unit,
+            "normalize": self.normalize.tag(),
+            "bands": self.lsh.bands,
+            "rows": self.lsh.rows,
+        }
+
+    def audit(self) -> dict[str, Any]:
+        """Parameters a verdict carries so that a consumer can audit the decision."""
+        return {
+            **self.header(),
+            "threshold": self.threshold,
+            "containment_threshold": self.containment_threshold,
+        }
+
+
+_OPTIMAL_CACHE: dict[tuple[float, int, float], LshParams] = {}
+
+
+def _cached_optimal(threshold: float, num_perm: int, fn_weight: float) -> LshParams:
+    key = (threshold, num_perm, fn_weight)
+    if key not in _OPTIMAL_CACHE:
+        _OPTIMAL_CACHE[key] = optimal_params(threshold, num_perm, fn_weight)
+    return _OPTIMAL_CACHE[key]
+
+
+def check_header(stored: dict[str, Any], expected: dict[str, Any], where: str) -> None:
+    """Raise IncompatibleState naming every field that differs."""
+    diffs = [
+        f"{key}: stored {stored.get(key)!r}, configured {value!r}"
+        for key, value in expected.items()
+        if stored.get(key) != value
+    ]
+    if diffs:
+        raise IncompatibleState(
+            f"state at {where} was written with incompatible parameters ({'; '.join(diffs)}); "
+            "use the same parameters or a new state directory"
+        )

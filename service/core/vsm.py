@@ -1,0 +1,49 @@
+"""Global similarity: cosine of term-frequency vectors over word stems without stopwords.
+
+The paper's reference measure for what fingerprints approximate: it ignores word order, so it sees
+a paraphrase as similar where chunk identity sees nothing in common.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from service.core.terms import stems, words
+
+# Raw term frequency, no idf: a pairwise comparison has no collection to take document frequencies
+# from, and raw tf is the plain vector-space model the paper compares against.
+TermVector = Mapping[str, int]
+
+
+def term_vector_of_words(seq: Sequence[str]) -> Counter[str]:
+    """tf vector of the stems of the index terms of normalized words."""
+    return Counter(stems(seq))
+
+
+def term_vector(text: str) -> Counter[str]:
+    """tf vector of a text: stems of its words, stopwords removed."""
+    return term_vector_of_words(words(text))
+
+
+def norm(vec: TermVector) -> float:
+    """Euclidean length of a tf vector."""
+    return math.sqrt(sum(v * v for v in vec.values()))
+
+
+def cosine_vectors(va: TermVector, vb: TermVector) -> float:
+    """cos(A, B) of two tf vectors; 0.0 when either has no terms."""
+    if not va or not vb:
+        return 0.0
+    small, large = (va, vb) if len(va) <= len(vb) else (vb, va)
+    dot = sum(v * large.get(t, 0) for t, v in small.items())
+    if dot == 0:
+        return 0.0
+    # clamp rounding so identical texts give exactly 1.0
+    return min(1.0, dot / (norm(va) * norm(vb)))
+
+
+def cosine_similarity(a: str, b: str) -> float:
+    """Global similarity of two texts in the vector-space model (tf over stems, no stopwords)."""
+    return cosine_vectors(term_vector(a), term_vector(b))

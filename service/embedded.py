@@ -1,0 +1,153 @@
+"""The embedded mode: a JSON-lines file through the same engine and state as the service, no broker.
+
+Resumable: each state update carries the input and output byte offsets reached, in the same atomic
+write, so a rerun with the same --state continues where the last one stopped and the output file gets
+exactly one verdict per article, in input order.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import orjson
+
+from .core.params import DedupParams
+from .core.signing import EmptyText
+from .engine import Engine
+from .messages import InvalidMessage, dead_letter_dict, decode_article, dumps, verdict_dict
+from .state.port import StateStore
+
+DEFAULT_MAX_TEXT_BYTES = 1_000_000
+
+
+@dataclass
+class RunSummary:
+    """Counts for the summary line and for tests."""
+
+    articles: int = 0
+    verdicts: Counter[str] = field(default_factory=Counter)
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    resumed_from_line: int = 0
+    seconds: float = 0.0
+
+    def render(self) -> str:
+        rate = self.articles / self.seconds if self.seconds > 0 else 0.0
+        kinds = ", ".join(f"{k}={v}" for k, v in sorted(self.verdicts.items())) or "none"
+        dead = ", ".join(f"{k}={v}" for k, v in sorted(self.dead_letters.items())) or "none"
+        resumed = f" (resumed at line {self.resumed_from_line + 1})" if self.resumed_from_line else ""
+        return (
+            f"articles={self.articles}{resumed} verdicts: {kinds}; dead letters: {dead}; "
+            f"{self.seconds:.2f}s, {rate:,.0f} articles/s"
+        )
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn at most 5 times a second; silent when piped."""
+
+    def __init__(self, total_bytes: int, enabled: bool) -> None:
+        self.total = max(total_bytes, 1)
+        self.enabled = enabled
+        self.started = time.monotonic()
+        self.last = 0.0
+
+    def update(self, done_bytes: int, articles: int, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not final and now - self.last < 0.2):
+            return
+        self.last = now
+        share = min(done_bytes / self.total, 1.0)
+        bar = "#" * int(share * 30)
+        rate = articles / max(now - self.started, 1e-9)
+        sys.stderr.write(f"\r[{bar:<30}] {share:6.1%} {articles:,} articles {rate:,.0f}/s")
+        if final:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+_PROGRESS_KEY = b"embedded-progress:"
+
+
+def run_file(
+    input_path: Path,
+    output_path: Path,
+    state: StateStore,
+    params: DedupParams,
+    *,
+    dead_letter_path: Path | None = None,
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+    progress: bool = False,
+) -> RunSummary:
+    """Process a JSON-lines file of articles into a JSON-lines file of verdicts."""
+    engine = Engine(state, params)
+    summary = RunSummary()
+    started = time.perf_counter()
+    progress_key = _PROGRESS_KEY + str(input_path.resolve()).encode()
+    saved = state.get_meta(progress_key)
+    in_offset = out_offset = dead_offset = line_no = 0
+    if saved is not None:
+        mark = orjson.loads(saved)
+        in_offset, out_offset = mark["input"], mark["output"]
+        dead_offset, line_no = mark.get("dead", 0), mark["line"]
+        summary.resumed_from_line = line_no
+    dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
+    bar = Progress(input_path.stat().st_size, progress)
+    with (
+        input_path.open("rb") as source,
+        _open_at(output_path, out_offset) as out,
+        _open_at(dead_path, dead_offset) as dead,
+    ):
+        source.seek(in_offset)
+        for raw_line in source:
+            line_no += 1
+            in_offset += len(raw_line)
+            body = raw_line.rstrip(b"\r\n")
+            if not body.strip():
+                continue
+            summary.articles += 1
+            try:
+                article = decode_article(body, max_text_bytes)
+                record = engine.process(article.article_id, article.text, None)
+            except InvalidMessage as exc:
+                _write_dead(dead, exc.reason, exc.detail, body, input_path, line_no, summary)
+                record = None
+            except EmptyText as exc:
+                _write_dead(dead, "empty_text", str(exc), body, input_path, line_no, summary)
+                record = None
+            if record is not None:
+                out.write(dumps(verdict_dict(record, params)) + b"\n")
+                summary.verdicts[record.decision.kind] += 1
+            out.flush()
+            dead.flush()
+            mark = {"input": in_offset, "output": out.tell(), "dead": dead.tell(), "line": line_no}
+            state.set_meta({progress_key: orjson.dumps(mark)})
+            bar.update(in_offset, summary.articles)
+    bar.update(in_offset, summary.articles, final=True)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _open_at(path: Path, offset: int) -> BinaryIO:
+    """Open for writing at `offset`, dropping anything a crashed run wrote after it."""
+    handle = path.open("r+b" if offset and path.exists() else "wb")
+    handle.seek(offset)
+    handle.truncate()
+    return handle
+
+
+def _write_dead(
+    dead: BinaryIO,
+    reason: str,
+    detail: str,
+    body: bytes,
+    input_path: Path,
+    line_no: int,
+    summary: RunSummary,
+) -> None:
+    record = dead_letter_dict(reason, detail, body, topic=str(input_path), offset=line_no)
+    dead.write(dumps(record) + b"\n")
+    summary.dead_letters[reason] += 1

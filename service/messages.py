@@ -1,0 +1,149 @@
+"""Article / Verdict / DeadLetter codecs (orjson). Validation mirrors schemas/*.schema.json, which the
+tests check against; it is hand-written because it runs on every message."""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from .core.dedup import Decision, IndexedArticle
+from .core.params import DedupParams
+
+DeadLetterReason = Literal[
+    "invalid_utf8", "invalid_json", "schema_violation", "oversized", "empty_text", "internal_error"
+]
+DEAD_LETTER_REASONS: tuple[str, ...] = (
+    "invalid_utf8",
+    "invalid_json",
+    "schema_violation",
+    "oversized",
+    "empty_text",
+    "internal_error",
+)
+OPTIONAL_STRING_FIELDS = ("title", "url", "source", "published_at", "language")
+MAX_ID_LENGTH = 512
+
+
+class InvalidMessage(ValueError):
+    """A message that cannot become an article; `reason` is the dead-letter reason."""
+
+    def __init__(self, reason: DeadLetterReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason: DeadLetterReason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Article:
+    """An input article: id and text required, the rest carried through for consumers."""
+
+    article_id: str
+    text: str
+    title: str | None = None
+    url: str | None = None
+    source: str | None = None
+    published_at: str | None = None
+    language: str | None = None
+
+
+def decode_article(raw: bytes | None, max_text_bytes: int) -> Article:
+    """Bytes → Article, or InvalidMessage naming the reason and the offending field."""
+    if raw is None:
+        raise InvalidMessage("invalid_json", "message has no value (tombstone)")
+    if len(raw) > max_text_bytes + 64 * 1024:
+        raise InvalidMessage("oversized", f"message is {len(raw)} bytes, limit {max_text_bytes}")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage("invalid_utf8", f"byte {exc.start}: {exc.reason}") from exc
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessage("invalid_json", str(exc)) from exc
+    return article_from_dict(data, max_text_bytes)
+
+
+def article_from_dict(data: Any, max_text_bytes: int) -> Article:
+    if not isinstance(data, dict):
+        raise InvalidMessage("schema_violation", f"article must be an object, got {type(data).__name__}")
+    article_id = data.get("id")
+    if not isinstance(article_id, str) or not article_id or len(article_id) > MAX_ID_LENGTH:
+        raise InvalidMessage(
+            "schema_violation", f"field 'id' must be a string of 1..{MAX_ID_LENGTH} characters"
+        )
+    text = data.get("text")
+    if not isinstance(text, str):
+        raise InvalidMessage("schema_violation", f"field 'text' must be a string (article {article_id!r})")
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > max_text_bytes:
+        raise InvalidMessage(
+            "oversized", f"field 'text' is {size} bytes, limit {max_text_bytes} (article {article_id!r})"
+        )
+    extras: dict[str, str | None] = {}
+    for name in OPTIONAL_STRING_FIELDS:
+        value = data.get(name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidMessage(
+                "schema_violation", f"field {name!r} must be a string or null (article {article_id!r})"
+            )
+        extras[name] = value
+    return Article(article_id, text, **extras)
+
+
+def verdict_dict(
+    article: IndexedArticle, params: DedupParams, latency_ms: float | None = None
+) -> dict[str, Any]:
+    """The verdict record, identical in the stream and the embedded mode (latency aside)."""
+    decision: Decision = article.decision
+    return {
+        "article_id": article.article_id,
+        "verdict": decision.kind,
+        "match_id": decision.match_id,
+        "jaccard": decision.jaccard,
+        "containment": decision.containment,
+        "contains": decision.contains,
+        "canonical_id": decision.canonical_id,
+        "exact": decision.exact,
+        "version": article.version,
+        "candidates": [
+            {
+                "article_id": c.article_id,
+                "jaccard": c.jaccard,
+                "containment": c.containment,
+                "contains": c.contains,
+            }
+            for c in decision.candidates
+        ],
+        "params": params.audit(),
+        "latency_ms": latency_ms,
+    }
+
+
+def dead_letter_dict(
+    reason: str,
+    detail: str,
+    original: bytes | None,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+    key: bytes | None = None,
+) -> dict[str, Any]:
+    """Everything needed to inspect and replay a rejected message; the bytes as base64."""
+    return {
+        "reason": reason,
+        "detail": detail,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key_b64": None if key is None else base64.b64encode(key).decode(),
+        "value_b64": None if original is None else base64.b64encode(original).decode(),
+        "failed_at": time.time(),
+    }
+
+
+def dumps(record: dict[str, Any]) -> bytes:
+    return orjson.dumps(record)

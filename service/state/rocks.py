@@ -1,0 +1,146 @@
+"""RocksDB state through rocksdict: articles, band buckets, content map and header in one database.
+
+Key layout (one keyspace, one-byte prefixes): ``a<id>`` → article record, ``b<band key>`` → orjson
+list of article ids, ``c<content hash>`` → first article id, ``m<name>`` → metadata (header, sequence,
+consumed offsets). Every update is one WriteBatch, so a crash leaves either all of it or none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rocksdict import DBCompressionType, Options, Rdict, WriteBatch
+
+from ..core.dedup import IndexedArticle, IndexUpdate
+from ..core.params import check_header
+from .records import decode_article, encode_article
+
+_ARTICLE, _BAND, _CONTENT, _META = b"a", b"b", b"c", b"m"
+_HEADER, _SEQ = _META + b"header", _META + b"seq"
+
+
+@dataclass(frozen=True)
+class RocksOptions:
+    """The RocksDB knobs worth exposing; the rest keep rocksdict's defaults."""
+
+    write_buffer_mb: int = 32
+    compression: str = "lz4"
+
+    def build(self) -> Options:
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_write_buffer_size(self.write_buffer_mb * 1024 * 1024)
+        options.set_compression_type(
+            DBCompressionType.lz4() if self.compression == "lz4" else DBCompressionType.none()
+        )
+        return options
+
+
+class StateError(Exception):
+    """The state directory cannot be used (locked by another process, unreadable, ...)."""
+
+
+class RocksState:
+    """StateStore on disk. One writer at a time: RocksDB's lock file enforces it."""
+
+    def __init__(self, path: str | Path, options: RocksOptions = RocksOptions()) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = Rdict(str(self.path), options.build())
+        except Exception as exc:  # rocksdict raises plain Exception for lock and IO errors
+            raise StateError(f"cannot open state at {self.path}: {exc}") from exc
+        seq = self._db.get(_SEQ)
+        self._seq = int(seq) if seq is not None else 0
+
+    def open_header(self, expected: dict[str, Any]) -> None:
+        stored = self._db.get(_HEADER)
+        if stored is None:
+            self._db.put(_HEADER, orjson.dumps(expected))
+        else:
+            check_header(orjson.loads(stored), expected, str(self.path))
+
+    def get(self, article_id: str) -> IndexedArticle | None:
+        data = self._db.get(_ARTICLE + article_id.encode())
+        return None if data is None else decode_article(data, article_id)
+
+    def id_for_content(self, content_hash: bytes) -> str | None:
+        data = self._db.get(_CONTENT + content_hash)
+        return None if data is None else data.decode()
+
+    def band_members(self, key: bytes) -> Sequence[str]:
+        data = self._db.get(_BAND + key)
+        return () if data is None else orjson.loads(data)
+
+    def next_seq(self) -> int:
+        return self._seq
+
+    def apply(self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None) -> None:
+        article, old = update.article, update.replaced
+        batch = WriteBatch(raw_mode=True)
+        buckets: dict[bytes, list[str]] = {}
+
+        def bucket(key: bytes) -> list[str]:
+            if key not in buckets:
+                buckets[key] = list(self.band_members(key))
+            return buckets[key]
+
+        if old is not None:
+            for key in update.replaced_keys:
+                members = bucket(key)
+                if old.article_id in members:
+                    members.remove(old.article_id)
+            if self.id_for_content(old.fingerprint.content_hash) == old.article_id:
+                batch.delete(_CONTENT + old.fingerprint.content_hash)
+        for key in update.keys:
+            members = bucket(key)
+            if article.article_id not in members:
+                members.append(article.article_id)
+        for key, members in buckets.items():
+            if members:
+                batch.put(_BAND + key, orjson.dumps(members))
+            else:
+                batch.delete(_BAND + key)
+        content_key = _CONTENT + article.fingerprint.content_hash
+        if self._db.get(content_key) is None:
+            batch.put(content_key, article.article_id.encode())
+        batch.put(_ARTICLE + article.article_id.encode(), encode_article(article))
+        seq = max(self._seq, article.seq + 1)
+        batch.put(_SEQ, str(seq).encode())
+        for key, value in (extra or {}).items():
+            batch.put(_META + key, value)
+        self._db.write(batch)
+        self._seq = seq
+
+    def articles(self) -> Iterator[IndexedArticle]:
+        """All indexed articles in arrival order (loads them all: for tools and tests)."""
+        found = []
+        for key, value in self._db.items(from_key=_ARTICLE):
+            if not key.startswith(_ARTICLE):
+                break
+            found.append(decode_article(value, key[1:].decode()))
+        return iter(sorted(found, key=lambda a: a.seq))
+
+    def count(self) -> int:
+        total = 0
+        for key in self._db.keys(from_key=_ARTICLE):
+            if not key.startswith(_ARTICLE):
+                break
+            total += 1
+        return total
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        return self._db.get(_META + key)
+
+    def set_meta(self, values: dict[bytes, bytes]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for key, value in values.items():
+            batch.put(_META + key, value)
+        self._db.write(batch)
+
+    def close(self) -> None:
+        self._db.close()
