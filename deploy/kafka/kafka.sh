@@ -26,6 +26,7 @@ CACHE_ROOT="${NEARDUP_KAFKA_CACHE:-$HOME/.cache/neardup/kafka}"
 VERSION_DIR="$CACHE_ROOT/$KAFKA_VERSION"
 LIBS="$VERSION_DIR/libs"
 MARKER="$VERSION_DIR/.fetched"
+TOOLS_LOG4J_CONF="$VERSION_DIR/tools-log4j2.properties"
 
 PORT="${NEARDUP_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${NEARDUP_KAFKA_CONTROLLER_PORT:-}"
@@ -34,6 +35,7 @@ HEAP_OPTS="${NEARDUP_KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
 START_TIMEOUT="${NEARDUP_KAFKA_START_TIMEOUT:-90}"
 STOP_TIMEOUT="${NEARDUP_KAFKA_STOP_TIMEOUT:-30}"
 HOST="127.0.0.1"
+JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
 
 MAIN_CLASS="kafka.Kafka"
 STORAGE_TOOL="kafka.tools.StorageTool"
@@ -82,13 +84,19 @@ PID_FILE="$DATA_DIR/kafka.pid"
 LOG_FILE="$DATA_DIR/kafka.log"
 PROPS="$DATA_DIR/server.properties"
 LOG4J_CONF="$DATA_DIR/log4j2.properties"
-TOOLS_LOG4J_CONF="$DATA_DIR/tools-log4j2.properties"
 LOG_DIRS="$DATA_DIR/data"
 
 # ---------------------------------------------------------------------------------------------
 # fetch
 # ---------------------------------------------------------------------------------------------
-fetched() { [[ -f "$MARKER" && -d "$LIBS" ]]; }
+# complete when the marker exists and every jar it lists is still there
+fetched() {
+    [[ -s "$MARKER" && -d "$LIBS" ]] || return 1
+    local jar
+    while IFS= read -r jar; do
+        [[ -s "$LIBS/$jar" ]] || return 1
+    done <"$MARKER"
+}
 
 write_pom() {
     cat >"$1" <<EOF
@@ -155,7 +163,7 @@ cmd_fetch() {
     rm -rf "$LIBS" "$MARKER"
     mkdir -p "$VERSION_DIR"
     mv "$stage/libs" "$LIBS"
-    (cd "$LIBS" && ls -1 *.jar) >"$MARKER.tmp"
+    find "$LIBS" -maxdepth 1 -name '*.jar' -printf '%f\n' | sort >"$MARKER.tmp"
     mv "$MARKER.tmp" "$MARKER"
     rm -rf "$stage"
     trap - EXIT
@@ -168,9 +176,27 @@ cmd_fetch() {
 # ---------------------------------------------------------------------------------------------
 java_cp() { printf '%s/*' "$LIBS"; }
 
+check_java() {
+    command -v "$JAVA" >/dev/null || die "java not found ($JAVA); Kafka $KAFKA_VERSION needs Java 17+"
+    local v
+    v="$("$JAVA" -XshowSettings:properties -version 2>&1 \
+        | awk -F'= ' '/java.specification.version/ {print $2}')"
+    if ! [[ "${v%%.*}" =~ ^[0-9]+$ ]] || ((${v%%.*} < 17)); then
+        die "Kafka $KAFKA_VERSION needs Java 17+, found '${v:-?}' ($JAVA); set JAVA_HOME"
+    fi
+}
+
 # true if something accepts TCP connections on 127.0.0.1:$1
 port_busy() {
     (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null
+}
+
+# process exists and is not a zombie
+alive() {
+    kill -0 "$1" 2>/dev/null || return 1
+    local state
+    state="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || true)"
+    [[ "$state" != "Z" ]]
 }
 
 # pid of the broker this script started for this data dir, if it is alive
@@ -179,7 +205,7 @@ our_pid() {
     local pid
     pid="$(cat "$PID_FILE" 2>/dev/null || true)"
     [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
+    alive "$pid" || return 1
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$MAIN_CLASS $PROPS" || return 1
     printf '%s\n' "$pid"
 }
@@ -187,6 +213,11 @@ our_pid() {
 # Ask the broker over the Kafka protocol whether it serves metadata with itself registered
 # (ApiVersions, then Metadata listing at least one live broker). Exit 0 when ready.
 probe() {
+    if ! command -v python3 >/dev/null; then
+        # no python3: accept an open port plus the broker's own "started" log line
+        port_busy "$PORT" && grep -q "Kafka Server started" "$LOG_FILE" 2>/dev/null
+        return
+    fi
     python3 - "$HOST" "$PORT" <<'PY'
 import socket, struct, sys
 
@@ -289,7 +320,12 @@ logger.cleaner.level = warn
 logger.authorizer.name = kafka.authorizer.logger
 logger.authorizer.level = warn
 EOF
-    cat >"$TOOLS_LOG4J_CONF" <<'EOF'
+}
+
+# command-line tools (storage format, topics): warnings and errors only, to stderr
+write_tools_log4j() {
+    [[ -s "$TOOLS_LOG4J_CONF" ]] && return 0
+    cat >"$TOOLS_LOG4J_CONF.tmp.$$" <<'EOF'
 status = warn
 appender.err.type = Console
 appender.err.name = STDERR
@@ -299,12 +335,14 @@ appender.err.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = warn
 rootLogger.appenderRef.err.ref = STDERR
 EOF
+    mv "$TOOLS_LOG4J_CONF.tmp.$$" "$TOOLS_LOG4J_CONF"
 }
 
 format_storage() {
     if [[ -f "$LOG_DIRS/meta.properties" ]]; then
         return 0
     fi
+    write_tools_log4j
     local cluster_id
     if [[ -s "$DATA_DIR/cluster.id" ]]; then
         cluster_id="$(cat "$DATA_DIR/cluster.id")"
@@ -320,7 +358,7 @@ while True:
 ')"
         printf '%s\n' "$cluster_id" >"$DATA_DIR/cluster.id"
     fi
-    java -Dlog4j2.configurationFile="$TOOLS_LOG4J_CONF" -cp "$(java_cp)" \
+    "$JAVA" -Dlog4j2.configurationFile="$TOOLS_LOG4J_CONF" -cp "$(java_cp)" \
         "$STORAGE_TOOL" format --ignore-formatted -t "$cluster_id" -c "$PROPS" >>"$LOG_FILE" 2>&1 \
         || { tail -n 20 "$LOG_FILE" >&2; die "formatting KRaft storage in $LOG_DIRS failed"; }
 }
@@ -330,6 +368,9 @@ while True:
 # ---------------------------------------------------------------------------------------------
 cmd_start() {
     local pid
+    mkdir -p "$DATA_DIR"
+    exec 8>"$DATA_DIR/.start.lock"
+    flock 8  # a second concurrent start for this data dir waits, then finds the broker running
     if pid="$(our_pid)"; then
         if probe; then
             log "kafka already running on $HOST:$PORT (pid $pid, data dir $DATA_DIR)"
@@ -343,7 +384,7 @@ cmd_start() {
                 die "port $HOST:$p is already in use by another process (not a broker started by this script for $DATA_DIR); pick another with --port or NEARDUP_KAFKA_PORT"
             fi
         done
-        command -v java >/dev/null || die "java (17+) is needed"
+        check_java
         cmd_fetch
         write_configs
         rm -f "$PID_FILE"
@@ -354,14 +395,15 @@ cmd_start() {
         } >>"$LOG_FILE"
         # setsid: the broker must not die with the caller's terminal or process group.
         # The child writes its own pid before exec'ing java, so the pid file names the JVM.
-        # shellcheck disable=SC2086
+        # shellcheck disable=SC2086,SC2016
         setsid bash -c 'echo $$ >"$0"; exec "$@"' "$PID_FILE" \
-            java $HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+            "$JAVA" $HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
+            -Djava.awt.headless=true \
             -Dlog4j2.configurationFile="$LOG4J_CONF" -Dkafka.logs.dir="$DATA_DIR" \
             -cp "$(java_cp)" "$MAIN_CLASS" "$PROPS" \
-            </dev/null >>"$LOG_FILE" 2>&1 &
-        local i
-        for i in $(seq 1 50); do
+            </dev/null >>"$LOG_FILE" 2>&1 8>&- 9>&- &
+        local _
+        for _ in $(seq 1 50); do
             [[ -s "$PID_FILE" ]] && break
             sleep 0.1
         done
@@ -370,7 +412,7 @@ cmd_start() {
     fi
     local deadline=$((SECONDS + START_TIMEOUT))
     while ((SECONDS < deadline)); do
-        if ! kill -0 "$pid" 2>/dev/null; then
+        if ! alive "$pid"; then
             tail -n 40 "$LOG_FILE" >&2
             rm -f "$PID_FILE"
             die "kafka exited during startup; full log in $LOG_FILE"
@@ -391,13 +433,13 @@ cmd_stop() {
         log "stopping kafka (pid $pid) on $HOST:$PORT ..."
         kill -TERM "$pid" 2>/dev/null || true
         local deadline=$((SECONDS + STOP_TIMEOUT))
-        while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
+        while alive "$pid" && ((SECONDS < deadline)); do
             sleep 0.2
         done
-        if kill -0 "$pid" 2>/dev/null; then
+        if alive "$pid"; then
             log "kafka did not stop within ${STOP_TIMEOUT}s; killing it"
             kill -KILL "$pid" 2>/dev/null || true
-            while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+            while alive "$pid"; do sleep 0.1; done
         fi
         rm -f "$PID_FILE"
         log "kafka stopped"
@@ -443,10 +485,8 @@ cmd_status() {
 # ---------------------------------------------------------------------------------------------
 topic_tool() {
     fetched || die "kafka jars not fetched; run: $0 fetch"
-    local conf="$TOOLS_LOG4J_CONF"
-    [[ -f "$conf" ]] || conf="$(mktemp)"
-    [[ -s "$conf" ]] || printf 'rootLogger.level = warn\nrootLogger.appenderRef.e.ref = E\nappender.e.type = Console\nappender.e.name = E\nappender.e.target = SYSTEM_ERR\nappender.e.layout.type = PatternLayout\nappender.e.layout.pattern = %%p %%m%%n\n' >"$conf"
-    java -Xmx256m -Dlog4j2.configurationFile="$conf" -cp "$(java_cp)" "$TOPIC_TOOL" \
+    write_tools_log4j
+    "$JAVA" -Xmx256m -Dlog4j2.configurationFile="$TOOLS_LOG4J_CONF" -cp "$(java_cp)" "$TOPIC_TOOL" \
         --bootstrap-server "$HOST:$PORT" "$@"
 }
 

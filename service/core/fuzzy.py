@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from service.core.local import U64, chunk_hashes, set_containment, set_jaccard
+from service.core.fingerprint import U64, chunk_hashes, set_containment, set_jaccard
 from service.core.terms import STOPWORDS, words
 
 Chunking = Literal["content", "fixed"]
@@ -191,6 +191,9 @@ class FuzzyParams:
         return len(self.thresholds) + 1
 
 
+DEFAULT_FUZZY = FuzzyParams()
+
+
 def chunk_bounds(
     seq: Sequence[str], chunk_words: int, chunking: Chunking = "content"
 ) -> list[tuple[int, int]]:
@@ -268,7 +271,7 @@ def deviations(
 
 
 def fuzzy_hashes_of_words(
-    seq: Sequence[str], reference: PrefixReference, params: FuzzyParams = FuzzyParams()
+    seq: Sequence[str], reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
 ) -> U64:
     """γ = Σ δ_i r^i of every chunk with at least one index term, in chunk order."""
     r, k = params.r, reference.k
@@ -282,20 +285,27 @@ def fuzzy_hashes_of_words(
     return np.asarray(gamma[has_terms], dtype=np.uint64)
 
 
-def fuzzy_fingerprint(text: str, reference: PrefixReference, params: FuzzyParams = FuzzyParams()) -> U64:
+def fuzzy_fingerprint_of_words(
+    seq: Sequence[str], reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
+) -> U64:
+    """h_φ(d) from normalized words: the sorted set of chunk hashes γ."""
+    return np.unique(fuzzy_hashes_of_words(seq, reference, params))
+
+
+def fuzzy_fingerprint(text: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY) -> U64:
     """h_φ(d): the sorted set of chunk hashes γ of a text."""
-    return np.unique(fuzzy_hashes_of_words(words(text), reference, params))
+    return fuzzy_fingerprint_of_words(words(text), reference, params)
 
 
 def fuzzy_similarity(
-    a: str, b: str, reference: PrefixReference, params: FuzzyParams = FuzzyParams()
+    a: str, b: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
 ) -> float:
-    """Local similarity on fuzzy-fingerprints: Jaccard of the γ sets (0.0 if both are empty)."""
+    """Local similarity on fuzzy-fingerprints: Jaccard of the γ sets."""
     return set_jaccard(fuzzy_fingerprint(a, reference, params), fuzzy_fingerprint(b, reference, params))
 
 
 def fuzzy_containment(
-    a: str, b: str, reference: PrefixReference, params: FuzzyParams = FuzzyParams()
+    a: str, b: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
 ) -> float:
     """Share of A's γ values found among B's."""
     return set_containment(fuzzy_fingerprint(a, reference, params), fuzzy_fingerprint(b, reference, params))

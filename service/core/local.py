@@ -1,190 +1,103 @@
-"""Passage-level (local) similarity by chunk identity, after Stein & Meyer zu Eissen (2006).
+"""Passage-level (local) similarity, after Stein & Meyer zu Eissen (2006), in one comparison.
 
-A text's fingerprint is the set of 64-bit digests of its sliding n-word chunks; two texts are
-locally similar in proportion to the chunks they share, and shared chunks on one alignment merge
-into maximal passages reported as character spans of the original texts.
+Three views of one pair of texts: chunk identity (which exact passages are shared), fuzzy-
+fingerprints (which ~100-word stretches are nearly alike) and the global cosine they approximate.
+The building blocks live in fingerprint.py, fuzzy.py, vsm.py and terms.py and are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
-import mmh3
-import numpy as np
-import numpy.typing as npt
+from service.core.fingerprint import (
+    DEFAULT_CHUNK_WORDS,
+    Passage,
+    chunk_containment,
+    chunk_fingerprint,
+    fingerprint_of_words,
+    local_similarity,
+    matching_passages,
+    passages_of_tokens,
+    set_containment,
+    set_jaccard,
+)
+from service.core.fuzzy import (
+    DEFAULT_FUZZY,
+    FuzzyParams,
+    PrefixClass,
+    PrefixReference,
+    fuzzy_containment,
+    fuzzy_fingerprint,
+    fuzzy_fingerprint_of_words,
+    fuzzy_similarity,
+    parse_prefix_reference,
+)
+from service.core.terms import tokenize
+from service.core.vsm import cosine_similarity, cosine_vectors, term_vector_of_words
 
-from service.core.terms import Tokens, tokenize, words
-
-U64 = npt.NDArray[np.uint64]
-MIN_CHUNK_WORDS = 1
-DEFAULT_CHUNK_WORDS = 5
-WORD_SEED = 0x6E64_6C6F  # fixed so fingerprints are comparable across processes and releases
-
-# Chunk digest = splitmix64(sum_j wordhash[i+j] * M^(n-1-j) mod 2^64). Hashing each distinct word
-# once with MurmurHash3 and combining in numpy costs ~70 ns per chunk against ~270 ns for mmh3 on
-# the joined chunk string and ~800 ns for MD5 or BLAKE2b-8 (measured on 35k words), with the same
-# 64-bit collision behaviour for distinct chunks: M is odd, so a difference in any one word can
-# never cancel, and the splitmix64 finalizer (a bijection) spreads the linear mix over all bits.
-_M = np.uint64(0x9E37_79B9_7F4A_7C15)
-_MIX1 = np.uint64(0xBF58_476D_1CE4_E5B9)
-_MIX2 = np.uint64(0x94D0_49BB_1331_11EB)
-
-
-class Passage(NamedTuple):
-    """A maximal shared passage: [a_start, a_end) in text A equals [b_start, b_end) in text B.
-
-    A named tuple (immutable, unpacks as the 4-tuple of spans) rather than a dataclass, because
-    callers mostly want the bare spans.
-    """
-
-    a_start: int
-    a_end: int
-    b_start: int
-    b_end: int
-
-
-def _check_n(n: int) -> None:
-    if n < MIN_CHUNK_WORDS:
-        raise ValueError(f"chunk size n must be >= {MIN_CHUNK_WORDS} words, got {n}")
-
-
-def word_hashes(seq: Sequence[str]) -> U64:
-    """One 64-bit MurmurHash3 per word; each distinct word is hashed once."""
-    table = {w: mmh3.hash64(w, WORD_SEED, signed=False)[0] for w in set(seq)}
-    return np.fromiter(map(table.__getitem__, seq), dtype=np.uint64, count=len(seq))
-
-
-def chunk_hashes(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
-    """Digest of every sliding n-word chunk, position i covering words [i, i+n).
-
-    A text shorter than n words (but not empty) gives one chunk of all its words, so the chunks
-    always cover the document, as the paper requires of fingerprints for similarity analysis.
-    """
-    _check_n(n)
-    if not seq:
-        return np.empty(0, dtype=np.uint64)
-    wh = word_hashes(seq)
-    width = min(n, len(wh))
-    m = len(wh) - width + 1
-    with np.errstate(over="ignore"):
-        h = wh[:m].copy()
-        for j in range(1, width):
-            h *= _M
-            h += wh[j : j + m]
-        h ^= h >> np.uint64(30)
-        h *= _MIX1
-        h ^= h >> np.uint64(27)
-        h *= _MIX2
-        h ^= h >> np.uint64(31)
-    return h
+__all__ = [
+    "DEFAULT_CHUNK_WORDS",
+    "FuzzyParams",
+    "LocalComparison",
+    "Passage",
+    "PrefixClass",
+    "PrefixReference",
+    "chunk_containment",
+    "chunk_fingerprint",
+    "compare_local",
+    "cosine_similarity",
+    "fuzzy_containment",
+    "fuzzy_fingerprint",
+    "fuzzy_similarity",
+    "local_similarity",
+    "matching_passages",
+    "parse_prefix_reference",
+]
 
 
-def fingerprint_of_words(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
-    """The fingerprint h(d): the sorted set of chunk digests."""
-    return np.unique(chunk_hashes(seq, n))
+@dataclass(frozen=True)
+class LocalComparison:
+    """All local and global measures of one pair, with the passages that explain them."""
+
+    n: int  # chunk size (words) of the chunk-identity measures
+    local: float  # Jaccard of n-word chunk fingerprints
+    containment_ab: float  # share of A's chunks found in B
+    containment_ba: float  # share of B's chunks found in A
+    fuzzy: float | None  # Jaccard of fuzzy-fingerprints; None without a reference
+    fuzzy_params: FuzzyParams
+    fuzzy_k: int | None
+    cosine: float  # tf cosine over stems without stopwords
+    words_a: int
+    words_b: int
+    passages: tuple[Passage, ...]
 
 
-def chunk_fingerprint(text: str, n: int = DEFAULT_CHUNK_WORDS) -> U64:
-    """h(d) of a text for chunk-identity analysis (sorted unique uint64 digests)."""
-    return fingerprint_of_words(words(text), n)
-
-
-def set_jaccard(fa: U64, fb: U64) -> float:
-    """|A ∩ B| / |A ∪ B| of two sorted unique arrays; 0.0 when both are empty (nothing shared)."""
-    if fa.size == 0 and fb.size == 0:
-        return 0.0
-    inter = np.intersect1d(fa, fb, assume_unique=True).size
-    return inter / (fa.size + fb.size - inter)
-
-
-def set_containment(fa: U64, fb: U64) -> float:
-    """|A ∩ B| / |A|: how much of A is found in B; 0.0 for an empty A."""
-    if fa.size == 0:
-        return 0.0
-    return np.intersect1d(fa, fb, assume_unique=True).size / fa.size
-
-
-def local_similarity(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> float:
-    """φ_local(A, B) = |h(A) ∩ h(B)| / |h(A) ∪ h(B)| over n-word chunk digests."""
-    return set_jaccard(chunk_fingerprint(a, n), chunk_fingerprint(b, n))
-
-
-def chunk_containment(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> float:
-    """|h(A) ∩ h(B)| / |h(A)|: the share of A's chunks that also occur in B."""
-    return set_containment(chunk_fingerprint(a, n), chunk_fingerprint(b, n))
-
-
-def _matched_pairs(ha: U64, hb: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """All (i, j) with ha[i] == hb[j], vectorized through a sort of hb."""
-    order = np.argsort(hb, kind="stable")
-    sorted_b = hb[order]
-    lo = np.searchsorted(sorted_b, ha, side="left")
-    hi = np.searchsorted(sorted_b, ha, side="right")
-    counts = hi - lo
-    hit = np.nonzero(counts)[0]
-    if hit.size == 0:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty
-    reps = counts[hit]
-    i = np.repeat(hit, reps).astype(np.int64)
-    # offsets 0..reps-1 within each run, added to that run's lo
-    run_start = np.repeat(np.cumsum(reps) - reps, reps)
-    k = np.arange(i.size) - run_start + np.repeat(lo[hit], reps)
-    j = order[k].astype(np.int64)
-    return i, j
-
-
-def word_passages(ha: U64, hb: U64, n: int) -> list[tuple[int, int, int, int]]:
-    """Maximal shared word ranges [ia, ia_end) / [jb, jb_end) from two chunk-hash sequences.
-
-    Matched chunks on one diagonal (i - j constant) that overlap or touch merge, since every word
-    between them is then matched on that alignment. Passages contained in a longer one (repeated
-    phrases matched on several alignments) are dropped.
-    """
-    i, j = _matched_pairs(ha, hb)
-    if i.size == 0:
-        return []
-    d = i - j
-    order = np.lexsort((i, d))
-    i, d = i[order], d[order]
-    new_run = np.ones(i.size, dtype=bool)
-    new_run[1:] = (d[1:] != d[:-1]) | (i[1:] > i[:-1] + n)
-    starts = np.nonzero(new_run)[0]
-    ends = np.append(starts[1:], i.size) - 1
-    runs = [
-        (int(i[s]), int(i[e]) + n, int(i[s] - d[s]), int(i[e] - d[e]) + n)
-        for s, e in zip(starts, ends, strict=True)
-    ]
-    kept: list[tuple[int, int, int, int]] = []
-    for run in sorted(runs, key=lambda r: (r[0] - r[1], r[0])):
-        if not any(k[0] <= run[0] and run[1] <= k[1] and k[2] <= run[2] and run[3] <= k[3] for k in kept):
-            kept.append(run)
-    return sorted(kept)
-
-
-def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> list[Passage]:
-    """Shared passages as character spans, from tokenized texts (reuse tokens across calls)."""
-    _check_n(n)
-    width = min(n, len(ta))
-    if width == 0 or width != min(n, len(tb)):
-        # Digests of chunks of different widths never coincide: a text shorter than n words only
-        # matches an equally short, identical text, exactly as its fingerprint does.
-        return []
-    ha = chunk_hashes(ta.words, n)
-    hb = chunk_hashes(tb.words, n)
-    out: list[Passage] = []
-    for a0, a1, b0, b1 in word_passages(ha, hb, width):
-        out.append(
-            Passage(int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1]))
+def compare_local(
+    a: str,
+    b: str,
+    n: int = DEFAULT_CHUNK_WORDS,
+    reference: PrefixReference | None = None,
+    fuzzy_params: FuzzyParams = DEFAULT_FUZZY,
+) -> LocalComparison:
+    """Every measure for one pair, tokenizing each text once."""
+    ta, tb = tokenize(a), tokenize(b)
+    fa, fb = fingerprint_of_words(ta.words, n), fingerprint_of_words(tb.words, n)
+    fuzzy: float | None = None
+    if reference is not None:
+        fuzzy = set_jaccard(
+            fuzzy_fingerprint_of_words(ta.words, reference, fuzzy_params),
+            fuzzy_fingerprint_of_words(tb.words, reference, fuzzy_params),
         )
-    return out
-
-
-def matching_passages(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> list[Passage]:
-    """Maximal passages of at least n words (or a whole shorter text) shared by A and B.
-
-    Spans index the original strings: a[p.a_start:p.a_end] and b[p.b_start:p.b_end] hold the same
-    word sequence after normalization (case, apostrophes), from first to last matched word.
-    """
-    return passages_of_tokens(tokenize(a), tokenize(b), n)
+    return LocalComparison(
+        n=n,
+        local=set_jaccard(fa, fb),
+        containment_ab=set_containment(fa, fb),
+        containment_ba=set_containment(fb, fa),
+        fuzzy=fuzzy,
+        fuzzy_params=fuzzy_params,
+        fuzzy_k=None if reference is None else reference.k,
+        cosine=cosine_vectors(term_vector_of_words(ta.words), term_vector_of_words(tb.words)),
+        words_a=len(ta),
+        words_b=len(tb),
+        passages=tuple(passages_of_tokens(ta, tb, n)),
+    )

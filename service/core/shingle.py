@@ -40,7 +40,8 @@ DEFAULT_SHINGLE = ShingleOptions()
 
 def _units(text: str, unit: ShingleUnit) -> HashArray:
     if unit == "char":
-        return np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(U64)
+        # surrogatepass: a lone surrogate (possible in a Python str) is one unit, not a crash
+        return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4").astype(U64)
     words = text.split()
     return np.fromiter((mmh3.hash64(w, signed=False)[0] for w in words), dtype=U64, count=len(words))
 

@@ -81,7 +81,8 @@ def content_words(seq: Iterable[str]) -> list[str]:
 # --- stemming -------------------------------------------------------------------------------------
 # A simplified Porter stemmer: only step 1 (plurals, -ed/-ing, terminal y), which conflates the
 # inflections that matter for comparing news wording ("talks"/"talked"/"talking") without the
-# derivational steps 2-5 whose errors would merge unrelated words.
+# derivational steps 2-5 whose errors would merge unrelated words. Two departures from step 1a:
+# "-es" after a sibilant is removed ("searches" -> "search"), and "-us" keeps its s ("status").
 
 _VOWELS = frozenset("aeiou")
 
@@ -135,6 +136,10 @@ def stem(word: str) -> str:
     w = word
     # step 1a: plurals
     if w.endswith(("sses", "ies")):
+        w = w[:-2]
+    elif w.endswith(("ches", "shes", "xes", "zzes")):
+        # not in Porter's step 1a, which leaves "searche" for its step 5 to finish; one rule for
+        # plurals after sibilants gives "search" directly
         w = w[:-2]
     elif w.endswith("s") and not w.endswith("ss") and not w.endswith("us"):
         w = w[:-1]

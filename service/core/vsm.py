@@ -33,9 +33,9 @@ def norm(vec: TermVector) -> float:
 
 
 def cosine_vectors(va: TermVector, vb: TermVector) -> float:
-    """cos(A, B) of two tf vectors; 0.0 when either has no terms."""
+    """cos(A, B) of two tf vectors; two empty vectors are identical (1.0), one empty gives 0.0."""
     if not va or not vb:
-        return 0.0
+        return 1.0 if not va and not vb else 0.0
     small, large = (va, vb) if len(va) <= len(vb) else (vb, va)
     dot = sum(v * large.get(t, 0) for t, v in small.items())
     if dot == 0:

@@ -7,7 +7,7 @@ consumed offsets). Every update is one WriteBatch, so a crash leaves either all 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import orjson
 from rocksdict import DBCompressionType, Options, Rdict, WriteBatch
 
 from ..core.dedup import IndexedArticle, IndexUpdate
+from ..core.lsh import band_keys
 from ..core.params import check_header
 from .records import decode_article, encode_article
 
@@ -49,13 +50,43 @@ class RocksState:
 
     def __init__(self, path: str | Path, options: RocksOptions = RocksOptions()) -> None:
         self.path = Path(path)
+        self._options = options
+        self._open()
+
+    def _open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = Rdict(str(self.path), options.build())
+            self._db = Rdict(str(self.path), self._options.build())
         except Exception as exc:  # rocksdict raises plain Exception for lock and IO errors
             raise StateError(f"cannot open state at {self.path}: {exc}") from exc
         seq = self._db.get(_SEQ)
         self._seq = int(seq) if seq is not None else 0
+
+    def clear(self) -> None:
+        """Drop everything (header included): the derived index is about to be rebuilt."""
+        self._db.close()
+        Rdict.destroy(str(self.path), self._options.build())
+        self._open()
+
+    def bulk_load(self, articles: Iterable[IndexedArticle], bands: int, rows: int) -> int:
+        """Index many articles at once, in arrival order, in a few large WriteBatches."""
+        ordered = sorted(articles, key=lambda a: a.seq)
+        buckets: dict[bytes, list[str]] = {}
+        content: dict[bytes, str] = {}
+        batch = WriteBatch(raw_mode=True)
+        for article in ordered:
+            for key in band_keys(article.fingerprint.signature, bands, rows):
+                buckets.setdefault(key, []).append(article.article_id)
+            content.setdefault(article.fingerprint.content_hash, article.article_id)
+            batch.put(_ARTICLE + article.article_id.encode(), encode_article(article))
+        for key, members in buckets.items():
+            batch.put(_BAND + key, orjson.dumps(members))
+        for digest, article_id in content.items():
+            batch.put(_CONTENT + digest, article_id.encode())
+        self._seq = max([self._seq, *(a.seq + 1 for a in ordered)])
+        batch.put(_SEQ, str(self._seq).encode())
+        self._db.write(batch)
+        return len(ordered)
 
     def open_header(self, expected: dict[str, Any]) -> None:
         stored = self._db.get(_HEADER)

@@ -1,0 +1,135 @@
+"""One Settings object for the worker and the stream tools: environment (NEARDUP_*) then flags."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .core.params import DedupParams
+from .core.shingle import ShingleOptions
+
+
+class ConfigError(ValueError):
+    """A setting has a value the service cannot run with; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob, with its NEARDUP_<NAME> variable; the README's configuration table lists them."""
+
+    broker: str = "kafka://127.0.0.1:9092"
+    app_id: str = "neardup"
+    input_topic: str = "neardup-articles"
+    input_partitions: int = 3
+    signatures_topic: str = "neardup-signatures"
+    verdicts_topic: str = "neardup-verdicts"
+    verdicts_partitions: int = 3
+    dead_letter_topic: str = "neardup-dead-letters"
+    state_dir: str = "./var/neardup"
+    max_text_bytes: int = 1_000_000
+    threshold: float = 0.8
+    containment_threshold: float = 0.9
+    lsh_threshold: float = 0.0
+    fn_weight: float = 0.5
+    num_perm: int = 128
+    shingle_size: int = 5
+    seed: int = 1
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9108
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+    sign_batch: int = 200
+    log_level: str = "info"
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = "PLAIN"
+    sasl_username: str = ""
+    sasl_password: str = field(default="", repr=False)
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults ← NEARDUP_* variables ← explicit overrides (flags); values are type-checked."""
+        env = dict(os.environ if env is None else env)
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            name = f"NEARDUP_{spec.name.upper()}"
+            if name in env:
+                values[spec.name] = _convert(name, env[name], type(getattr(cls(), spec.name)))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not self.broker.startswith(("kafka://", "aiokafka://")):
+            raise ConfigError(f"NEARDUP_BROKER must look like kafka://host:port, got {self.broker!r}")
+        for name in ("input_partitions", "verdicts_partitions", "max_text_bytes", "num_perm", "sign_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
+        if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+            raise ConfigError(f"NEARDUP_SECURITY_PROTOCOL is not a Kafka protocol: {self.security_protocol}")
+        try:
+            self.params()
+        except ValueError as exc:
+            raise ConfigError(f"engine parameters: {exc}") from exc
+
+    def params(self) -> DedupParams:
+        return DedupParams(
+            threshold=self.threshold,
+            containment_threshold=self.containment_threshold or None,
+            lsh_threshold=self.lsh_threshold or None,
+            false_negative_weight=self.fn_weight,
+            num_perm=self.num_perm,
+            seed=self.seed,
+            shingle=ShingleOptions(self.shingle_size),
+        )
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(part.split("://", 1)[-1] for part in self.broker.split(";"))
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir)
+
+    def client_security(self) -> dict[str, Any]:
+        """aiokafka keyword arguments for TLS/SASL; secrets stay out of repr() and logs."""
+        extra: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            extra["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile or None,
+                certfile=self.ssl_certfile or None,
+                keyfile=self.ssl_keyfile or None,
+            )
+        if self.security_protocol.startswith("SASL"):
+            extra.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        return extra
+
+
+def _convert(name: str, raw: str, kind: type) -> Any:
+    try:
+        if kind is bool:
+            return raw.lower() in ("1", "true", "yes", "on")
+        return kind(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from exc
+
+
+def settings_table() -> str:
+    """The README's configuration table, generated so it cannot drift from the code."""
+    defaults = Settings()
+    rows = ["| variable | default |", "| --- | --- |"]
+    for spec in fields(Settings):
+        value = "(secret)" if spec.name == "sasl_password" else getattr(defaults, spec.name)
+        rows.append(f"| `NEARDUP_{spec.name.upper()}` | `{value}` |")
+    return "\n".join(rows)

@@ -1,0 +1,176 @@
+"""Chunk-identity fingerprints (the paper's MD5 baseline): n-word chunk digests and shared passages.
+
+A text's fingerprint is the set of 64-bit digests of its sliding n-word chunks; two texts are
+locally similar in proportion to the chunks they share, and shared chunks on one alignment merge
+into maximal passages reported as character spans of the original texts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import mmh3
+import numpy as np
+import numpy.typing as npt
+
+from service.core._hashing import fmix64
+from service.core.similarity import exact_containment, exact_jaccard
+from service.core.terms import Tokens, tokenize, words
+
+U64 = npt.NDArray[np.uint64]
+MIN_CHUNK_WORDS = 1
+DEFAULT_CHUNK_WORDS = 5
+WORD_SEED = 0x6E64_6C6F  # fixed so fingerprints are comparable across processes and releases
+
+# Chunk digest = fmix64(sum_j wordhash[i+j] * M^(n-1-j) mod 2^64). Hashing each distinct word
+# once with MurmurHash3 and combining in numpy costs ~70 ns per chunk against ~270 ns for mmh3 on
+# the joined chunk string and ~800 ns for MD5 or BLAKE2b-8 (measured on 35k words), with the same
+# 64-bit collision behaviour for distinct chunks: M is odd, so a difference in any one word can
+# never cancel, and the finalizer (a bijection) spreads the linear mix over all bits.
+_M = np.uint64(0x9E37_79B9_7F4A_7C15)
+
+
+class Passage(NamedTuple):
+    """A maximal shared passage: [a_start, a_end) in text A equals [b_start, b_end) in text B.
+
+    A named tuple (immutable, unpacks as the 4-tuple of spans) rather than a dataclass, because
+    callers mostly want the bare spans.
+    """
+
+    a_start: int
+    a_end: int
+    b_start: int
+    b_end: int
+
+
+def _check_n(n: int) -> None:
+    if n < MIN_CHUNK_WORDS:
+        raise ValueError(f"chunk size n must be >= {MIN_CHUNK_WORDS} words, got {n}")
+
+
+def word_hashes(seq: Sequence[str]) -> U64:
+    """One 64-bit MurmurHash3 per word; each distinct word is hashed once."""
+    table = {w: mmh3.hash64(w, WORD_SEED, signed=False)[0] for w in set(seq)}
+    return np.fromiter(map(table.__getitem__, seq), dtype=np.uint64, count=len(seq))
+
+
+def chunk_hashes(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
+    """Digest of every sliding n-word chunk, position i covering words [i, i+n).
+
+    A text shorter than n words (but not empty) gives one chunk of all its words, so the chunks
+    always cover the document, as the paper requires of fingerprints for similarity analysis.
+    """
+    _check_n(n)
+    if not seq:
+        return np.empty(0, dtype=np.uint64)
+    wh = word_hashes(seq)
+    width = min(n, len(wh))
+    m = len(wh) - width + 1
+    with np.errstate(over="ignore"):
+        h = wh[:m].copy()
+        for j in range(1, width):
+            h *= _M
+            h += wh[j : j + m]
+        return fmix64(h)
+
+
+def fingerprint_of_words(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
+    """The fingerprint h(d): the sorted set of chunk digests."""
+    return np.unique(chunk_hashes(seq, n))
+
+
+def chunk_fingerprint(text: str, n: int = DEFAULT_CHUNK_WORDS) -> U64:
+    """h(d) of a text for chunk-identity analysis (sorted unique uint64 digests)."""
+    return fingerprint_of_words(words(text), n)
+
+
+# The project's set conventions (two empty fingerprints are identical: 1.0; an empty A is contained
+# only in an empty B) come from the exact measures, so every "similarity" agrees on edge cases.
+set_jaccard = exact_jaccard
+set_containment = exact_containment
+
+
+def local_similarity(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> float:
+    """φ_local(A, B) = |h(A) ∩ h(B)| / |h(A) ∪ h(B)| over n-word chunk digests."""
+    return set_jaccard(chunk_fingerprint(a, n), chunk_fingerprint(b, n))
+
+
+def chunk_containment(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> float:
+    """|h(A) ∩ h(B)| / |h(A)|: the share of A's chunks that also occur in B."""
+    return set_containment(chunk_fingerprint(a, n), chunk_fingerprint(b, n))
+
+
+def _matched_pairs(ha: U64, hb: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """All (i, j) with ha[i] == hb[j], vectorized through a sort of hb."""
+    order = np.argsort(hb, kind="stable")
+    sorted_b = hb[order]
+    lo = np.searchsorted(sorted_b, ha, side="left")
+    hi = np.searchsorted(sorted_b, ha, side="right")
+    counts = hi - lo
+    hit = np.nonzero(counts)[0]
+    if hit.size == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty
+    reps = counts[hit]
+    i = np.repeat(hit, reps).astype(np.int64)
+    # offsets 0..reps-1 within each run, added to that run's lo
+    run_start = np.repeat(np.cumsum(reps) - reps, reps)
+    k = np.arange(i.size) - run_start + np.repeat(lo[hit], reps)
+    j = order[k].astype(np.int64)
+    return i, j
+
+
+def word_passages(ha: U64, hb: U64, n: int) -> list[tuple[int, int, int, int]]:
+    """Maximal shared word ranges [ia, ia_end) / [jb, jb_end) from two chunk-hash sequences.
+
+    Matched chunks on one diagonal (i - j constant) that overlap or touch merge, since every word
+    between them is then matched on that alignment. Passages contained in a longer one (repeated
+    phrases matched on several alignments) are dropped.
+    """
+    i, j = _matched_pairs(ha, hb)
+    if i.size == 0:
+        return []
+    d = i - j
+    order = np.lexsort((i, d))
+    i, d = i[order], d[order]
+    new_run = np.ones(i.size, dtype=bool)
+    new_run[1:] = (d[1:] != d[:-1]) | (i[1:] > i[:-1] + n)
+    starts = np.nonzero(new_run)[0]
+    ends = np.append(starts[1:], i.size) - 1
+    runs = [
+        (int(i[s]), int(i[e]) + n, int(i[s] - d[s]), int(i[e] - d[e]) + n)
+        for s, e in zip(starts, ends, strict=True)
+    ]
+    kept: list[tuple[int, int, int, int]] = []
+    for run in sorted(runs, key=lambda r: (r[0] - r[1], r[0])):
+        if not any(k[0] <= run[0] and run[1] <= k[1] and k[2] <= run[2] and run[3] <= k[3] for k in kept):
+            kept.append(run)
+    return sorted(kept)
+
+
+def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> list[Passage]:
+    """Shared passages as character spans, from tokenized texts (reuse tokens across calls)."""
+    _check_n(n)
+    width = min(n, len(ta))
+    if width == 0 or width != min(n, len(tb)):
+        # Digests of chunks of different widths never coincide: a text shorter than n words only
+        # matches an equally short, identical text, exactly as its fingerprint does.
+        return []
+    ha = chunk_hashes(ta.words, n)
+    hb = chunk_hashes(tb.words, n)
+    out: list[Passage] = []
+    for a0, a1, b0, b1 in word_passages(ha, hb, width):
+        out.append(
+            Passage(int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1]))
+        )
+    return out
+
+
+def matching_passages(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> list[Passage]:
+    """Maximal passages of at least n words (or a whole shorter text) shared by A and B.
+
+    Spans index the original strings: a[p.a_start:p.a_end] and b[p.b_start:p.b_end] hold the same
+    word sequence after normalization (case, apostrophes), from first to last matched word.
+    """
+    return passages_of_tokens(tokenize(a), tokenize(b), n)

@@ -1,0 +1,276 @@
+"""Terminal report for `neardup compare --local`: the three local/global measures and the shared
+passages of both texts side by side, coloured on a terminal and marked with [[...]] when piped.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from service.core.fuzzy import DEFAULT_FUZZY, FuzzyParams, PrefixReference, parse_prefix_reference
+from service.core.local import LocalComparison, Passage, compare_local
+
+REFERENCE_PATH = Path(__file__).resolve().parent / "data" / "prefix_reference.json"
+
+OPEN_MARK, CLOSE_MARK = "[[", "]]"
+_RESET = "\x1b[0m"
+# Black on a bright background, one colour per passage so a passage in A is found again in B.
+_STYLES = ("\x1b[30;103m", "\x1b[30;106m", "\x1b[30;102m", "\x1b[30;105m", "\x1b[30;47m")
+_DIM = "\x1b[2m"
+_BOLD = "\x1b[1m"
+# C0/C1 controls (other than newline and tab) from untrusted text must not reach the terminal.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_PARAGRAPH_RE = re.compile(r"\n[ \t\r\f\v]*\n")
+_TOKEN_RE = re.compile(r"\S+")
+MIN_WIDTH = 40
+
+
+def load_prefix_reference(path: Path | str | None = None, k: int | None = None) -> PrefixReference:
+    """Read the reference prefix distribution (default: the one shipped in service/data)."""
+    source = Path(path) if path is not None else REFERENCE_PATH
+    return parse_prefix_reference(orjson.loads(source.read_bytes()), k)
+
+
+@functools.lru_cache(maxsize=4)
+def default_prefix_reference(k: int | None = None) -> PrefixReference | None:
+    """The shipped reference, or None when it is missing or unreadable (fuzzy measure omitted)."""
+    try:
+        return load_prefix_reference(None, k)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class _Span:
+    start: int
+    end: int
+    style: int  # index of the passage colour
+
+
+def _side_spans(passages: Sequence[Passage], side: str) -> list[_Span]:
+    """Non-overlapping highlight spans for one side; a repeated phrase keeps its first colour."""
+    spans: list[_Span] = []
+    ordered = sorted(
+        (
+            ((p.a_start, p.a_end) if side == "a" else (p.b_start, p.b_end), idx)
+            for idx, p in enumerate(passages)
+        ),
+    )
+    for (start, end), idx in ordered:
+        if spans and start < spans[-1].end:
+            start = spans[-1].end
+        if start < end:
+            spans.append(_Span(start, end, idx % len(_STYLES)))
+    return spans
+
+
+Segment = tuple[str, int | None]  # visible text and its style (None = plain)
+
+
+def _styled_chars(text: str, spans: Sequence[_Span]) -> list[Segment]:
+    """The text cut at span boundaries into (piece, style) runs."""
+    runs: list[Segment] = []
+    pos = 0
+    for span in spans:
+        if span.start > pos:
+            runs.append((text[pos : span.start], None))
+        runs.append((text[span.start : span.end], span.style))
+        pos = span.end
+    if pos < len(text):
+        runs.append((text[pos:], None))
+    return runs
+
+
+def _marked_text(text: str, spans: Sequence[_Span]) -> str:
+    """Plain-text highlighting: each span enclosed in [[...]]."""
+    return "".join(
+        piece if style is None else f"{OPEN_MARK}{piece}{CLOSE_MARK}"
+        for piece, style in _styled_chars(text, spans)
+    )
+
+
+def _style_at(spans: Sequence[_Span], lo: int, hi: int) -> list[tuple[int, int, int | None]]:
+    """Cut [lo, hi) into runs of one style."""
+    out: list[tuple[int, int, int | None]] = []
+    pos = lo
+    for span in spans:
+        if span.end <= pos or span.start >= hi:
+            continue
+        if span.start > pos:
+            out.append((pos, span.start, None))
+        end = min(span.end, hi)
+        out.append((max(span.start, pos), end, span.style))
+        pos = end
+    if pos < hi:
+        out.append((pos, hi, None))
+    return out
+
+
+Line = list[Segment]
+
+
+def _wrap(text: str, spans: Sequence[_Span], width: int) -> list[Line]:
+    """Greedy word wrap to `width` visible characters, keeping each run's style.
+
+    Paragraphs (blank-line separated) stay apart; single newlines are re-flowed, as the hard-wrapped
+    sources are. Spaces between two words of one passage are styled too, so a passage reads as one
+    band.
+    """
+    lines: list[Line] = []
+    para_starts = [0] + [m.end() for m in _PARAGRAPH_RE.finditer(text)]
+    para_ends = [m.start() for m in _PARAGRAPH_RE.finditer(text)] + [len(text)]
+    for p_start, p_end in zip(para_starts, para_ends, strict=True):
+        tokens = [(m.start() + p_start, m.end() + p_start) for m in _TOKEN_RE.finditer(text, p_start, p_end)]
+        tokens = [(s - p_start, e - p_start) for s, e in tokens]  # finditer pos is absolute
+        tokens = [(s + p_start, e + p_start) for s, e in tokens]
+        if not tokens:
+            continue
+        if lines:
+            lines.append([])
+        line: Line = []
+        used = 0
+        prev_end: int | None = None
+        for start, end in tokens:
+            while end - start > width:  # a word longer than the column is cut
+                if used:
+                    lines.append(line)
+                    line, used, prev_end = [], 0, None
+                lines.append(_pieces(text, spans, start, start + width))
+                start += width
+            length = end - start
+            if used and used + 1 + length > width:
+                lines.append(line)
+                line, used, prev_end = [], 0, None
+            if used and prev_end is not None:
+                gap_style = _gap_style(spans, prev_end, start)
+                line.append((" ", gap_style))
+                used += 1
+            line.extend(_pieces(text, spans, start, end))
+            used += length
+            prev_end = end
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _pieces(text: str, spans: Sequence[_Span], lo: int, hi: int) -> Line:
+    return [(text[s:e], style) for s, e, style in _style_at(spans, lo, hi)]
+
+
+def _gap_style(spans: Sequence[_Span], left: int, right: int) -> int | None:
+    """The style of the whitespace between two words: that of a span covering both sides."""
+    for span in spans:
+        if span.start < left and span.end > right:
+            return span.style
+    return None
+
+
+def _visible(line: Line) -> int:
+    return sum(len(piece) for piece, _ in line)
+
+
+def _paint(line: Line, color: bool) -> str:
+    if not color:
+        return "".join(piece for piece, _ in line)
+    out = []
+    for style, group in itertools.groupby(line, key=lambda seg: seg[1]):
+        text = "".join(piece for piece, _ in group)
+        out.append(text if style is None else f"{_STYLES[style]}{text}{_RESET}")
+    return "".join(out)
+
+
+def _columns(left: list[Line], right: list[Line], col: int, color: bool) -> list[str]:
+    sep = " │ " if color else " | "
+    rows = []
+    empty: Line = []
+    for la, lb in itertools.zip_longest(left, right, fillvalue=empty):
+        pad = " " * (col - _visible(la))
+        rows.append(f"{_paint(la, color)}{pad}{sep}{_paint(lb, color)}".rstrip())
+    return rows
+
+
+def _coverage(text_len: int, spans: Sequence[_Span]) -> int:
+    return sum(s.end - s.start for s in spans) if text_len else 0
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _summary(cmp: LocalComparison, color: bool) -> list[str]:
+    bold = (lambda s: f"{_BOLD}{s}{_RESET}") if color else (lambda s: s)
+    fuzzy_label = (
+        f"fuzzy-fingerprint (~{cmp.fuzzy_params.chunk_words} words, k={cmp.fuzzy_k}, r={cmp.fuzzy_params.r})"
+        if cmp.fuzzy_k is not None
+        else "fuzzy-fingerprint (no prefix reference)"
+    )
+    rows = [
+        (f"local, chunk identity (n={cmp.n} words)", _fmt(cmp.local)),
+        ("containment A in B / B in A", f"{_fmt(cmp.containment_ab)} / {_fmt(cmp.containment_ba)}"),
+        (fuzzy_label, _fmt(cmp.fuzzy)),
+        ("global, cosine (tf, stems, no stopwords)", _fmt(cmp.cosine)),
+    ]
+    label_w = max(len(label) for label, _ in rows)
+    out = [bold(f"A: {cmp.words_a} words    B: {cmp.words_b} words")]
+    out += [f"{label:<{label_w}}  {bold(value)}" for label, value in rows]
+    return out
+
+
+def _sanitize(text: str) -> str:
+    """Same length as the input (offsets stay valid); tabs to spaces, controls to U+FFFD."""
+    return _CONTROL_RE.sub("\ufffd", text.replace("\t", " ").replace("\r", " "))
+
+
+def render_compare_local(
+    text_a: str,
+    text_b: str,
+    *,
+    chunk_words: int = 5,
+    color: bool,
+    width: int | None = None,
+    reference: PrefixReference | None = None,
+    fuzzy_params: FuzzyParams = DEFAULT_FUZZY,
+) -> str:
+    """Measures and shared passages of A and B as text for a terminal (`color`) or a pipe.
+
+    `chunk_words` is the chunk size n of the chunk-identity measure and of the passages; the
+    fuzzy-fingerprint uses the shipped prefix reference unless `reference` is given, and is shown
+    as n/a when there is none.
+    """
+    if reference is None:
+        reference = default_prefix_reference()
+    cmp = compare_local(text_a, text_b, chunk_words, reference, fuzzy_params)
+    total = max(MIN_WIDTH, width if width is not None else shutil.get_terminal_size((100, 24)).columns)
+    col = (total - 3) // 2
+    spans_a = _side_spans(cmp.passages, "a")
+    spans_b = _side_spans(cmp.passages, "b")
+    out = _summary(cmp, color)
+    cov_a = _coverage(len(text_a), spans_a) / len(text_a) if text_a else 0.0
+    cov_b = _coverage(len(text_b), spans_b) / len(text_b) if text_b else 0.0
+    out.append(f"shared passages of >= {chunk_words} words: {len(cmp.passages)}")
+    out.append(f"  covering {cov_a:.0%} of A, {cov_b:.0%} of B (characters)")
+    out.append("")
+    shown_a, shown_b = _sanitize(text_a), _sanitize(text_b)
+    if color:
+        left, right = _wrap(shown_a, spans_a, col), _wrap(shown_b, spans_b, col)
+    else:
+        left = _wrap(_marked_text(shown_a, spans_a), [], col)
+        right = _wrap(_marked_text(shown_b, spans_b), [], col)
+    header_a = [("A", None)] if not color else [(f"{_BOLD}A{_RESET}", None)]
+    rule = "─" if color else "-"
+    out += (
+        _columns([[("A", None)]], [[("B", None)]], col, False)
+        if not color
+        else [f"{_BOLD}A{_RESET}{' ' * (col - 1)} │ {_BOLD}B{_RESET}"]
+    )
+    del header_a
+    out.append(f"{rule * col}{'─┼─' if color else '-+-'}{rule * col}")
+    out += _columns(left, right, col, color)
+    return "\n".join(out) + "\n"

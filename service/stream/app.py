@@ -1,0 +1,180 @@
+"""The Faust app: topics, the record table, and the two agents. Thin: decode, call a stage, send."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import orjson
+from faust.streams import _current_event
+
+from ..config import Settings
+from ..messages import dead_letter_dict
+from ..state.rocks import RocksState
+from .metrics import Metrics
+from .stages import IndexStage, Provenance, SignStage, decode_signed
+from .topics import changelog_topic
+
+log = logging.getLogger("neardup.stream")
+SHARD_KEY = b"0"
+
+
+@dataclass
+class Runtime:
+    """What the agents share; `needs_rebuild` is raised whenever the index shard is (re)assigned."""
+
+    settings: Settings
+    metrics: Metrics
+    sign: SignStage
+    index: IndexStage | None = None
+    needs_rebuild: bool = True
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> faust.TopicT:
+    return app.topic(
+        name,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=partitions,
+        **kwargs,
+    )
+
+
+def _credentials(settings: Settings) -> Any:
+    if settings.security_protocol.startswith("SASL"):
+        ssl = settings.client_security().get("ssl_context")
+        return faust.SASLCredentials(
+            username=settings.sasl_username,
+            password=settings.sasl_password,
+            mechanism=settings.sasl_mechanism,
+            ssl_context=ssl,
+        )
+    if settings.security_protocol == "SSL":
+        return settings.client_security()["ssl_context"]
+    return None
+
+
+def create_app(settings: Settings, metrics: Metrics) -> tuple[faust.App, Runtime]:
+    params = settings.params()
+    app = faust.App(
+        settings.app_id,
+        broker=settings.broker,
+        broker_credentials=_credentials(settings),
+        store="rocksdb://",
+        datadir=str(settings.state_path / "faust"),
+        topic_partitions=1,
+        topic_allow_declare=False,  # topics are created up front by topics.ensure_topics
+        web_enabled=False,  # Faust's web server can show tables; our own serves metrics/health only
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        producer_linger_ms=2,
+        broker_commit_interval=1.0,
+        stream_buffer_maxsize=8192,
+        broker_max_poll_records=2000,
+    )
+    runtime = Runtime(settings, metrics, SignStage(params, settings.max_text_bytes))
+    articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
+    signatures = _raw_topic(app, settings.signatures_topic, 1)
+    verdicts = _raw_topic(app, settings.verdicts_topic, settings.verdicts_partitions)
+    dead_letters = _raw_topic(app, settings.dead_letter_topic, 1)
+    records = app.Table(
+        "records",
+        schema=faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"),
+        partitions=1,
+        changelog_topic=_raw_topic(app, changelog_topic(settings), 1, compacting=True, internal=False),
+    )
+
+    async def dead_letter(reason: str, payload: bytes, key: bytes | None) -> None:
+        metrics.dead_letters.labels(reason).inc()
+        await dead_letters.send(key=key, value=payload)
+
+    @app.agent(articles, name="sign")
+    async def sign(stream: faust.StreamT) -> None:
+        async for batch in stream.take_events(settings.sign_batch, within=0.005):
+            for event in batch:
+                msg = event.message
+                stamp = int(msg.timestamp * 1000) if msg.timestamp else None
+                src = Provenance(msg.topic, msg.partition, msg.offset, stamp)
+                result = runtime.sign.handle(event.value, event.key, src)
+                metrics.articles_in.inc()
+                if result.signed is not None:
+                    await signatures.send(key=SHARD_KEY, value=result.signed)
+                else:
+                    assert result.dead_letter is not None and result.reason is not None
+                    log.info(
+                        "dead_letter reason=%s topic=%s partition=%d offset=%d",
+                        result.reason,
+                        msg.topic,
+                        msg.partition,
+                        msg.offset,
+                    )
+                    await dead_letter(result.reason, result.dead_letter, event.key)
+
+    @app.agent(signatures, name="index")
+    async def index(stream: faust.StreamT) -> None:
+        async for batch in stream.take_events(1000, within=0.002):
+            stage = _index_stage(runtime, records)
+            for event in batch:
+                msg = event.message
+                _enter_event(event)
+                try:
+                    signed = decode_signed(event.value)
+                    result = stage.handle(signed, msg.offset)
+                except Exception as exc:  # a corrupt internal record must not stop the shard
+                    detail = f"{type(exc).__name__}: {exc}"
+                    log.exception(
+                        "index_error topic=%s partition=%d offset=%d", msg.topic, msg.partition, msg.offset
+                    )
+                    record = dead_letter_dict(
+                        "internal_error", detail, event.value, msg.topic, msg.partition, msg.offset, event.key
+                    )
+                    await dead_letter("internal_error", orjson.dumps(record), event.key)
+                    continue
+                if result.status in ("replayed", "stale"):
+                    metrics.replays.labels(result.status).inc()
+                if result.verdict is None:
+                    continue
+                if result.status != "replayed":
+                    metrics.verdicts.labels(result.verdict["verdict"]).inc()
+                    if result.verdict["latency_ms"] is not None:
+                        metrics.latency.observe(result.verdict["latency_ms"] / 1000.0)
+                await verdicts.send(key=signed.article_id.encode(), value=orjson.dumps(result.verdict))
+            metrics.indexed.set(stage.index.next_seq())
+            highwater = app.consumer.highwater(msg.tp) if batch else None
+            if highwater is not None:
+                metrics.lag.labels(settings.signatures_topic).set(max(highwater - msg.offset - 1, 0))
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, assigned: Any = None, **_: Any) -> None:
+        if any(tp.topic == settings.signatures_topic for tp in assigned or ()):
+            runtime.needs_rebuild = True
+
+    @app.task
+    async def mark_ready() -> None:
+        metrics.ready.set()
+
+    return app, runtime
+
+
+def _enter_event(event: faust.EventT) -> None:
+    """Make `event` Faust's current event, as plain iteration would: table writes need it to pick
+    the changelog partition, and take_events() (batching, for throughput) does not set it."""
+    _current_event.set(weakref.ref(event))
+
+
+def _index_stage(runtime: Runtime, records: Any) -> IndexStage:
+    """The index stage, rebuilt from the record table after every assignment of the shard."""
+    if runtime.index is None:
+        derived = RocksState(runtime.settings.state_path / "index")
+        runtime.index = IndexStage(runtime.settings.params(), derived, records)
+    if runtime.needs_rebuild:
+        count = runtime.index.rebuild()
+        runtime.needs_rebuild = False
+        log.info("index_rebuilt articles=%d applied_offset=%d", count, runtime.index.applied_offset)
+    return runtime.index

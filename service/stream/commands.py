@@ -1,0 +1,209 @@
+"""Stream commands: `neardup worker`, `neardup produce FILE.jsonl`, `neardup tail`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..config import ConfigError, Settings
+
+
+def _settings_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--broker", help="kafka://host:port (env NEARDUP_BROKER)")
+    parser.add_argument("--input-topic")
+    parser.add_argument("--verdicts-topic")
+
+
+def _settings(args: argparse.Namespace, **more: Any) -> Settings:
+    overrides = {
+        "broker": args.broker,
+        "input_topic": getattr(args, "input_topic", None),
+        "verdicts_topic": getattr(args, "verdicts_topic", None),
+        **more,
+    }
+    try:
+        return Settings.from_env(**overrides)
+    except ConfigError as exc:
+        raise SystemExit(f"configuration error: {exc}") from exc
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run the Faust worker (extra arguments go to Faust's worker command)",
+        description="Run the stream worker. Unknown arguments (e.g. --loglevel debug) pass to Faust.",
+    )
+    _settings_flags(p)
+    p.add_argument("--state-dir")
+    p.add_argument("--metrics-port", type=int)
+    p.add_argument("--input-partitions", type=int)
+    p.set_defaults(func=cmd_worker, passthrough=True)
+
+    p = sub.add_parser("produce", help="send a JSON-lines file of articles to the input topic")
+    _settings_flags(p)
+    p.add_argument("file")
+    p.add_argument("--rate", type=float, default=0.0, help="articles per second (0 = as fast as possible)")
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("tail", help="follow the verdict topic")
+    _settings_flags(p)
+    p.add_argument("--json", action="store_true", help="JSON lines instead of a readable summary")
+    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--max", type=int, default=0, help="stop after N verdicts")
+    p.add_argument("--idle-timeout", type=float, default=0.0, help="stop after S seconds with no verdict")
+    p.set_defaults(func=cmd_tail)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .app import create_app
+    from .metrics import Metrics, serve
+    from .topics import TopicMismatch, ensure_topics
+
+    settings = _settings(
+        args,
+        state_dir=args.state_dir,
+        metrics_port=args.metrics_port,
+        input_partitions=args.input_partitions,
+    )
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
+    )
+    log = logging.getLogger("neardup.worker")
+    try:
+        asyncio.run(asyncio.wait_for(ensure_topics(settings), timeout=60))
+    except TopicMismatch as exc:
+        log.error("topic_mismatch detail=%r", str(exc))
+        return 2
+    except (TimeoutError, OSError, Exception) as exc:  # broker unreachable etc.
+        log.error("broker_unavailable broker=%s error=%r", settings.bootstrap_servers, str(exc))
+        return 2
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    (settings.state_path / "faust").mkdir(parents=True, exist_ok=True)
+    metrics = Metrics()
+    server = serve(metrics, settings.metrics_host, settings.metrics_port)
+    log.info(
+        "starting app_id=%s broker=%s input=%s state_dir=%s metrics=%s:%d",
+        settings.app_id,
+        settings.bootstrap_servers,
+        settings.input_topic,
+        settings.state_dir,
+        settings.metrics_host,
+        settings.metrics_port,
+    )
+    app, _ = create_app(settings, metrics)
+    sys.argv = ["neardup", "worker", "--loglevel", settings.log_level, *getattr(args, "extra", [])]
+    try:
+        app.main()
+    finally:
+        server.shutdown()
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    sent = asyncio.run(produce_file(settings, Path(args.file), args.rate))
+    print(f"sent {sent} messages to {settings.input_topic}")
+    return 0
+
+
+async def produce_file(settings: Settings, path: Path, rate: float = 0.0) -> int:
+    """Send each non-empty line as one message, keyed by its id when it has one."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap_servers, linger_ms=5, acks="all", **settings.client_security()
+    )
+    await producer.start()
+    sent = 0
+    started = time.perf_counter()
+    try:
+        with path.open("rb") as lines:
+            for line in lines:
+                body = line.rstrip(b"\r\n")
+                if not body.strip():
+                    continue
+                await producer.send(settings.input_topic, body, key=_key_of(body))
+                sent += 1
+                if rate > 0:
+                    delay = started + sent / rate - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+def _key_of(body: bytes) -> bytes | None:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    key = data.get("id") if isinstance(data, dict) else None
+    return key.encode() if isinstance(key, str) else None
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(tail(settings, args.json, args.from_beginning, args.max, args.idle_timeout))
+    return 0
+
+
+def describe(verdict: dict[str, Any]) -> str:
+    """One readable line per verdict."""
+    kind = verdict["verdict"]
+    head = f"{verdict['article_id']:<28} {kind:<9}"
+    if kind == "unique":
+        return head
+    exact = " exact" if verdict.get("exact") else ""
+    return (
+        f"{head} of {verdict['match_id']} (J={verdict['jaccard']:.2f}, "
+        f"in={verdict['containment']:.2f}, covers={verdict['contains']:.2f}{exact}) "
+        f"cluster {verdict['canonical_id']}"
+    )
+
+
+async def tail(
+    settings: Settings, as_json: bool, from_beginning: bool, limit: int, idle_timeout: float
+) -> int:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        settings.verdicts_topic,
+        bootstrap_servers=settings.bootstrap_servers,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        enable_auto_commit=False,
+        group_id=None,
+        **settings.client_security(),
+    )
+    await consumer.start()
+    seen = 0
+    last_seen = time.monotonic()
+    try:
+        while not limit or seen < limit:
+            batch = await consumer.getmany(timeout_ms=500)
+            if not batch:
+                if idle_timeout and time.monotonic() - last_seen > idle_timeout:
+                    break
+                continue
+            for records in batch.values():
+                for record in records:
+                    last_seen = time.monotonic()
+                    seen += 1
+                    if as_json:
+                        sys.stdout.write(record.value.decode() + "\n")
+                    else:
+                        sys.stdout.write(describe(orjson.loads(record.value)) + "\n")
+            sys.stdout.flush()
+    finally:
+        await consumer.stop()
+    return seen

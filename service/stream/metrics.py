@@ -1,0 +1,79 @@
+"""Prometheus metrics and a health endpoint on a small HTTP server bound to loopback by default.
+
+Nothing here serves table contents: /metrics and /health only (Faust's own web server, which can
+show tables, is disabled by the worker).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from ..messages import DEAD_LETTER_REASONS
+
+
+class Metrics:
+    """The service's metrics, in their own registry so tests can create several."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.articles_in = Counter("neardup_articles_in", "Articles consumed by the sign stage", registry=r)
+        self.verdicts = Counter("neardup_verdicts", "Verdicts published", ["kind"], registry=r)
+        self.dead_letters = Counter("neardup_dead_letters", "Messages dead-lettered", ["reason"], registry=r)
+        self.replays = Counter(
+            "neardup_index_replays", "Re-delivered signatures by outcome", ["status"], registry=r
+        )
+        self.latency = Histogram(
+            "neardup_latency_seconds",
+            "Produce-to-verdict latency",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.indexed = Gauge("neardup_indexed_articles", "Articles in the index", registry=r)
+        self.lag = Gauge("neardup_consumer_lag", "Messages behind the high-water mark", ["topic"], registry=r)
+        for reason in DEAD_LETTER_REASONS:
+            self.dead_letters.labels(reason)
+        for kind in ("unique", "duplicate", "partial"):
+            self.verdicts.labels(kind)
+        self.started = time.time()
+        self.ready = threading.Event()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.ready.is_set() else "starting",
+            "uptime_s": round(time.time() - self.started, 1),
+        }
+
+
+def serve(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:
+    """Start the HTTP server in a daemon thread and return it (call .shutdown() to stop)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/metrics"):
+                body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
+            elif self.path.startswith("/health"):
+                health = metrics.health()
+                body, ctype = orjson.dumps(health), "application/json"
+                code = 200 if health["status"] == "ok" else 503
+            else:
+                body, ctype, code = b"not found\n", "text/plain", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: scrapes are not events
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="neardup-metrics", daemon=True).start()
+    return server

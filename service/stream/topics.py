@@ -1,0 +1,91 @@
+"""Create the service's topics up front with explicit partition counts; report mismatches clearly."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from ..config import Settings
+
+log = logging.getLogger("neardup.topics")
+
+
+class TopicMismatch(RuntimeError):
+    """An existing topic has a partition count the service cannot work with."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    compact: bool = False
+    exact: bool = True  # False: any count works (the stateless input), only logged
+
+
+def changelog_topic(settings: Settings) -> str:
+    return f"{settings.app_id}-records-changelog"
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    return [
+        TopicSpec(settings.input_topic, settings.input_partitions, exact=False),
+        TopicSpec(settings.signatures_topic, 1),
+        TopicSpec(settings.verdicts_topic, settings.verdicts_partitions, exact=False),
+        TopicSpec(settings.dead_letter_topic, 1, exact=False),
+        TopicSpec(changelog_topic(settings), 1, compact=True),
+        TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, exact=False),
+    ]
+
+
+async def ensure_topics(settings: Settings) -> dict[str, int]:
+    """Create missing topics; raise TopicMismatch naming the topic if a fixed count differs."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
+    await admin.start()
+    try:
+        specs = topic_specs(settings)
+        existing = await _partition_counts(admin, [s.name for s in specs])
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            # another worker may be creating them at the same moment
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(
+                    [
+                        NewTopic(
+                            s.name,
+                            s.partitions,
+                            1,
+                            topic_configs={"cleanup.policy": "compact"} if s.compact else {},
+                        )
+                        for s in missing
+                    ]
+                )
+            for spec in missing:
+                log.info("created topic=%s partitions=%d", spec.name, spec.partitions)
+            existing = await _partition_counts(admin, [s.name for s in specs])
+        for spec in specs:
+            have = existing.get(spec.name)
+            if have is None:
+                raise TopicMismatch(f"topic {spec.name!r} could not be created")
+            if have != spec.partitions:
+                if spec.exact:
+                    raise TopicMismatch(
+                        f"topic {spec.name!r} has {have} partitions, the service needs {spec.partitions}; "
+                        "delete it or point the service at another topic name"
+                    )
+                log.info("topic=%s partitions=%d (configured %d; fine)", spec.name, have, spec.partitions)
+        return existing
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    metadata = await admin.describe_topics(names)
+    counts: dict[str, int] = {}
+    for topic in metadata:
+        if topic.get("error_code", 0) == 0 and topic.get("partitions"):
+            counts[topic["topic"]] = len(topic["partitions"])
+    return counts

@@ -1,0 +1,271 @@
+"""Embedded mode: a JSON-lines file through the engine, dead letters, and resuming after a crash."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import orjson
+import pytest
+
+from service import cli, embedded
+from service.core.params import DedupParams
+from service.embedded import run_file
+from service.state.memory import MemoryState
+from service.state.port import StateStore
+from service.state.rocks import RocksState
+
+PARAMS = DedupParams()
+FOOTER = " Copyright 2011 The Associated Press. All rights reserved."
+
+
+def article(article_id: str, text: str, **extra: str) -> bytes:
+    return orjson.dumps({"id": article_id, "text": text, **extra})
+
+
+def corpus_lines(prose: tuple[str, ...]) -> list[bytes]:
+    """Valid articles and bad lines interleaved, each line ending in a newline."""
+    lines = [
+        article("a0", prose[0], title="Romo weds", source="wire"),
+        article("a1", prose[1]),
+        b'{"id": "bad-utf8", "text": "caf\xe9 au lait \xff"}',
+        article("a2", prose[0] + FOOTER),
+        b"",  # blank lines are skipped
+        b'{"id": "cut", "text": "the json ends',
+        article("a3", prose[2]),
+        article("a4", prose[0]),
+        b'{"id": 17, "text": "id is not a string"}',
+        article("a5", "   \n\t  "),
+        article("a6", prose[3][: len(prose[3]) * 6 // 10]),
+        article("a7", prose[3]),
+        article("a1", prose[1] + FOOTER),  # a new version of a1
+        b"[1, 2, 3]",
+        article("a8", prose[4]) + b"\r",  # CRLF line end
+        article("a0", prose[0]),  # re-delivery
+        article("a9", prose[3][len(prose[3]) // 3 :]),
+    ]
+    return [line + b"\n" for line in lines]
+
+
+VALID_IDS = ["a0", "a1", "a2", "a3", "a4", "a6", "a7", "a1", "a8", "a0", "a9"]
+DEAD_REASONS = ["invalid_utf8", "invalid_json", "schema_violation", "empty_text", "schema_violation"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def dead_without_time(path: Path) -> list[dict]:
+    """Dead letters without the fields that differ between runs: time, and the input's directory."""
+    return [{k: v for k, v in d.items() if k not in ("failed_at", "topic")} for d in read_jsonl(path)]
+
+
+def run(tmp: Path, lines: list[bytes], state: StateStore, name: str = "in.jsonl") -> embedded.RunSummary:
+    source = tmp / name
+    source.write_bytes(b"".join(lines))
+    return run_file(source, tmp / "out.jsonl", state, PARAMS)
+
+
+@pytest.fixture
+def reference(tmp_path: Path, prose: tuple[str, ...]) -> tuple[bytes, list[dict]]:
+    """Output and dead letters of one uninterrupted in-memory run over the whole corpus."""
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    run(ref, corpus_lines(prose), MemoryState())
+    return (ref / "out.jsonl").read_bytes(), dead_without_time(ref / "out.jsonl.dead.jsonl")
+
+
+def test_one_verdict_per_valid_article_in_input_order(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    lines = corpus_lines(prose)
+    summary = run(tmp_path, lines, MemoryState())
+    verdicts = read_jsonl(tmp_path / "out.jsonl")
+    assert [v["article_id"] for v in verdicts] == VALID_IDS
+    by_position = {i: v for i, v in enumerate(verdicts)}
+    assert by_position[0]["verdict"] == "unique"
+    assert (by_position[2]["verdict"], by_position[2]["match_id"]) == ("duplicate", "a0")
+    assert (by_position[4]["verdict"], by_position[4]["exact"], by_position[4]["match_id"]) == (
+        "duplicate",
+        True,
+        "a0",
+    )
+    assert by_position[5]["verdict"] == "unique"  # a6 (head of a7) comes first
+    assert (by_position[6]["verdict"], by_position[6]["match_id"]) == ("partial", "a6")
+    assert by_position[7]["version"] == 1
+    assert by_position[9] == by_position[0]  # re-delivery repeats the verdict
+    assert all(v["params"]["bands"] == PARAMS.lsh.bands for v in verdicts)
+    assert summary.articles == len(VALID_IDS) + len(DEAD_REASONS)
+    assert sum(summary.verdicts.values()) == len(VALID_IDS)
+    assert sum(summary.dead_letters.values()) == len(DEAD_REASONS)
+    assert "articles=16" in summary.render()
+
+
+def test_dead_letters_keep_reason_and_original_bytes(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    lines = corpus_lines(prose)
+    run(tmp_path, lines, MemoryState())
+    dead = read_jsonl(tmp_path / "out.jsonl.dead.jsonl")
+    assert [d["reason"] for d in dead] == DEAD_REASONS
+    originals = [base64.b64decode(d["value_b64"]) for d in dead]
+    assert originals[0] == b'{"id": "bad-utf8", "text": "caf\xe9 au lait \xff"}'
+    for original, d in zip(originals, dead, strict=True):
+        line_no = d["offset"]
+        assert lines[line_no - 1].rstrip(b"\r\n") == original
+        assert d["topic"].endswith("in.jsonl") and d["detail"]
+
+
+def test_oversized_text_is_a_dead_letter(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(article("small", prose[4]) + b"\n" + article("big", prose[0] * 10) + b"\n")
+    dead_path = tmp_path / "rejected.jsonl"
+    summary = run_file(
+        source, tmp_path / "out.jsonl", MemoryState(), PARAMS, dead_letter_path=dead_path, max_text_bytes=5000
+    )
+    assert [v["article_id"] for v in read_jsonl(tmp_path / "out.jsonl")] == ["small"]
+    assert [d["reason"] for d in read_jsonl(dead_path)] == ["oversized"]
+    assert summary.dead_letters["oversized"] == 1
+
+
+def test_rocks_state_gives_the_same_output(tmp_path: Path, prose: tuple[str, ...], reference) -> None:
+    state = RocksState(tmp_path / "state")
+    try:
+        run(tmp_path, corpus_lines(prose), state)
+    finally:
+        state.close()
+    assert (tmp_path / "out.jsonl").read_bytes() == reference[0]
+    assert dead_without_time(tmp_path / "out.jsonl.dead.jsonl") == reference[1]
+
+
+def test_rerun_on_a_finished_file_changes_nothing(tmp_path: Path, prose: tuple[str, ...], reference) -> None:
+    for _ in range(2):
+        state = RocksState(tmp_path / "state")
+        try:
+            summary = run(tmp_path, corpus_lines(prose), state)
+        finally:
+            state.close()
+    assert summary.articles == 0 and summary.resumed_from_line == len(corpus_lines(prose))
+    assert (tmp_path / "out.jsonl").read_bytes() == reference[0]
+
+
+@pytest.mark.parametrize("split", [3, 7, 12])
+def test_appended_input_resumes_where_it_stopped(
+    tmp_path: Path, prose: tuple[str, ...], reference, split: int
+) -> None:
+    lines = corpus_lines(prose)
+    state = RocksState(tmp_path / "state")
+    try:
+        run(tmp_path, lines[:split], state)
+    finally:
+        state.close()
+    state = RocksState(tmp_path / "state")
+    try:
+        summary = run(tmp_path, lines, state)
+    finally:
+        state.close()
+    assert summary.resumed_from_line == split
+    assert (tmp_path / "out.jsonl").read_bytes() == reference[0]
+    assert dead_without_time(tmp_path / "out.jsonl.dead.jsonl") == reference[1]
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("crash_at", [1, 4, 9, 15])
+def test_crash_between_write_and_checkpoint(
+    tmp_path: Path, prose: tuple[str, ...], reference, crash_at: int
+) -> None:
+    """The process dies after the state update and the output write of line `crash_at`, before its
+    progress checkpoint; half a line of the next verdict also reached the disk."""
+    lines = corpus_lines(prose)
+    state = RocksState(tmp_path / "state")
+    checkpoint = state.set_meta
+    calls = 0
+
+    def dying_set_meta(values: dict[bytes, bytes]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == crash_at:
+            raise Crash
+        checkpoint(values)
+
+    state.set_meta = dying_set_meta  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Crash):
+            run(tmp_path, lines, state)
+    finally:
+        state.close()
+    with (tmp_path / "out.jsonl").open("ab") as out:
+        out.write(b'{"article_id": "torn wri')
+
+    state = RocksState(tmp_path / "state")
+    try:
+        run(tmp_path, lines, state)
+    finally:
+        state.close()
+    assert (tmp_path / "out.jsonl").read_bytes() == reference[0]
+    assert dead_without_time(tmp_path / "out.jsonl.dead.jsonl") == reference[1]
+
+
+def test_crash_after_state_update_before_output(tmp_path: Path, prose: tuple[str, ...], reference) -> None:
+    """Rewind output and checkpoint by one article whose state update was kept: the rerun sees a
+    re-delivery and writes the same verdict again."""
+    lines = corpus_lines(prose)
+    done = lines[:4]  # the 4th line (a2) is a valid article
+    state = RocksState(tmp_path / "state")
+    try:
+        run(tmp_path, done, state)
+        key = embedded._PROGRESS_KEY + str((tmp_path / "in.jsonl").resolve()).encode()
+        mark = orjson.loads(state.get_meta(key) or b"null")
+        out = tmp_path / "out.jsonl"
+        written = out.read_bytes()
+        last = written.splitlines(keepends=True)[-1]
+        assert orjson.loads(last)["article_id"] == "a2"
+        out.write_bytes(written[: -len(last)])
+        mark.update(input=mark["input"] - len(lines[3]), output=mark["output"] - len(last), line=3)
+        state.set_meta({key: orjson.dumps(mark)})
+        assert state.get("a2") is not None
+    finally:
+        state.close()
+    state = RocksState(tmp_path / "state")
+    try:
+        run(tmp_path, lines, state)
+    finally:
+        state.close()
+    assert (tmp_path / "out.jsonl").read_bytes() == reference[0]
+
+
+def test_cli_dedup_with_state(tmp_path: Path, prose: tuple[str, ...], reference, capsys) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(corpus_lines(prose)))
+    out = tmp_path / "verdicts.jsonl"
+    state_dir = tmp_path / "state"
+    argv = ["dedup", str(source), "-o", str(out), "--state", str(state_dir), "-q"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "articles=16" in printed and "dead letters:" in printed and "invalid_utf8=1" in printed
+    assert out.read_bytes() == reference[0]
+    assert dead_without_time(tmp_path / "verdicts.jsonl.dead.jsonl") == reference[1]
+
+    # other shingling on the same state is refused, naming the field
+    assert cli.main([*argv, "-k", "7"]) == 2
+    assert "k: stored 5, configured 7" in capsys.readouterr().err
+
+    # a state directory in use by another process is refused
+    held = RocksState(state_dir)
+    try:
+        assert cli.main(argv) == 2
+        assert "cannot open state" in capsys.readouterr().err
+    finally:
+        held.close()
+
+
+def test_cli_dedup_in_memory_with_dead_letter_path(tmp_path: Path, prose: tuple[str, ...], capsys) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(corpus_lines(prose)))
+    out, dead = tmp_path / "v.jsonl", tmp_path / "dead.jsonl"
+    argv = ["dedup", str(source), "-o", str(out), "--dead-letters", str(dead), "-q", "--threshold", "0.99"]
+    assert cli.main(argv) == 0
+    verdicts = read_jsonl(out)
+    assert [v["article_id"] for v in verdicts] == VALID_IDS
+    assert verdicts[2]["verdict"] != "duplicate"  # the footer copy is below 0.99
+    assert verdicts[4]["exact"] is True  # exact copies still are
+    assert [d["reason"] for d in read_jsonl(dead)] == DEAD_REASONS

@@ -1,0 +1,198 @@
+"""MinHash (one-permutation hashing with densification): stability, unbiasedness, edge cases."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from service.core.minhash import (
+    EMPTY_SLOT,
+    MinHasher,
+    estimate_containment,
+    estimate_jaccard,
+    kperm_signature,
+)
+from service.core.normalize import normalize
+from service.core.params import DedupParams
+from service.core.shingle import shingle_hashes
+from service.core.signing import fingerprint
+from service.core.similarity import exact_jaccard
+
+PINNED_TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+def synthetic_pairs(
+    count: int, min_union: int, max_union: int, seed: int
+) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """Pairs of random hash sets with exact Jaccard spread over (0.05, 0.95)."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(count):
+        union = int(rng.integers(min_union, max_union))
+        common = max(1, round(rng.uniform(0.05, 0.95) * union))
+        values = rng.integers(0, 2**64, size=union, dtype=np.uint64)
+        rest = union - common
+        a = values[: common + rest // 2]
+        b = np.concatenate([values[:common], values[common + rest // 2 :]])
+        pairs.append((a, b, exact_jaccard(np.unique(a), np.unique(b))))
+    return pairs
+
+
+def estimates(pairs: list[tuple[np.ndarray, np.ndarray, float]], hasher: MinHasher) -> np.ndarray:
+    return np.array([estimate_jaccard(hasher.signature(a)[0], hasher.signature(b)[0]) for a, b, _ in pairs])
+
+
+def test_signature_is_pinned_across_versions() -> None:
+    """Stored state holds signatures and band keys computed from them; a signature that changes for
+    the same (text, num_perm, seed) makes every stored record silently unmatchable. If this test fails
+    the change must bump minhash.ALGORITHM (so old state is refused), never just update the pins."""
+    fp = fingerprint(PINNED_TEXT, DedupParams(num_perm=128, seed=1))
+    assert [int(x) for x in fp.signature[:4]] == [
+        0x006847EFAB40FF35,
+        0x5A98A90B965CC6B6,
+        0x04E3A0CC984CFD19,
+        0x1A37D12979E9EC0C,
+    ]
+    assert fp.shingle_count == 40  # fewer shingles than slots: densification is pinned too
+    digest = hashlib.sha256(fp.signature.astype("<u8").tobytes()).hexdigest()[:16]
+    assert digest == "6e2bc1871be25621"
+    assert fp.content_hash.hex() == "46341230236a0cf378a3571aec7fec16"
+
+
+def test_same_inputs_same_signature_and_seeds_differ(prose: tuple[str, ...]) -> None:
+    hashes = shingle_hashes(normalize(prose[0]))
+    sig, distinct = MinHasher(128, 1).signature(hashes)
+    again, _ = MinHasher(128, 1).signature(hashes.copy())
+    assert np.array_equal(sig, again)
+    assert distinct == np.unique(hashes).size
+    other, _ = MinHasher(128, 2).signature(hashes)
+    assert estimate_jaccard(sig, other) < 0.1
+    # order and repeats of the shingle hashes do not matter
+    shuffled = np.random.default_rng(3).permutation(np.concatenate([hashes, hashes[:100]]))
+    assert np.array_equal(MinHasher(128, 1).signature(shuffled)[0], sig)
+
+
+def test_input_array_is_not_modified(prose: tuple[str, ...]) -> None:
+    hashes = shingle_hashes(normalize(prose[1]))
+    before = hashes.copy()
+    MinHasher().signature(hashes)
+    kperm_signature(hashes)
+    assert np.array_equal(hashes, before)
+
+
+def test_estimate_is_unbiased_with_theoretical_error() -> None:
+    m = 128
+    pairs = synthetic_pairs(200, 300, 3000, seed=11)
+    exact = np.array([j for _, _, j in pairs])
+    est = estimates(pairs, MinHasher(m, 1))
+    assert abs(np.mean(est - exact)) < 0.01
+    rmse = float(np.sqrt(np.mean((est - exact) ** 2)))
+    theory = float(np.sqrt(np.mean(exact * (1 - exact) / m)))
+    assert 0.75 * theory < rmse < 1.25 * theory
+
+
+def test_kperm_baseline_is_unbiased_too() -> None:
+    pairs = synthetic_pairs(100, 300, 1500, seed=12)
+    exact = np.array([j for _, _, j in pairs])
+    est = np.array([estimate_jaccard(kperm_signature(a), kperm_signature(b)) for a, b, _ in pairs])
+    assert abs(np.mean(est - exact)) < 0.015
+    theory = float(np.sqrt(np.mean(exact * (1 - exact) / 128)))
+    assert float(np.sqrt(np.mean((est - exact) ** 2))) < 1.3 * theory
+
+
+def test_densification_keeps_short_sets_comparable() -> None:
+    """5-40 shingles in 128 bins: most bins are empty and borrowed, the estimate stays unbiased."""
+    m = 128
+    pairs = synthetic_pairs(300, 5, 40, seed=13)
+    exact = np.array([j for _, _, j in pairs])
+    est = estimates(pairs, MinHasher(m, 1))
+    assert abs(np.mean(est - exact)) < 0.02
+    theory = float(np.sqrt(np.mean(exact * (1 - exact) / m)))
+    assert float(np.sqrt(np.mean((est - exact) ** 2))) < 1.5 * theory
+
+
+def test_densified_slots_hold_values_of_the_set() -> None:
+    hashes = shingle_hashes(normalize("Short headline, few shingles"))
+    sig, distinct = MinHasher().signature(hashes)
+    assert distinct == np.unique(hashes).size < 128
+    assert not np.any(sig == EMPTY_SLOT)
+    assert np.unique(sig).size <= distinct
+    one, count = MinHasher().signature(np.array([12345], dtype=np.uint64))
+    assert count == 1 and np.unique(one).size == 1 and one[0] != EMPTY_SLOT
+
+
+def test_short_real_texts_estimate_close_to_exact() -> None:
+    pairs = [
+        ("cowboys quarterback tony romo marries candace crawford", "tony romo marries candace crawford"),
+        ("memorial day: the start of summer", "memorial day marks the start of summer"),
+        ("congress declared memorial day a holiday in 1971", "in 1971 congress declared memorial day"),
+    ]
+    hasher = MinHasher()
+    for a, b in pairs:
+        ha, hb = shingle_hashes(a), shingle_hashes(b)
+        exact = exact_jaccard(np.unique(ha), np.unique(hb))
+        assert 0.2 < exact < 0.9
+        assert estimate_jaccard(hasher.signature(ha)[0], hasher.signature(hb)[0]) == pytest.approx(
+            exact, abs=0.2
+        )
+
+
+def test_empty_input_gives_empty_slots() -> None:
+    empty = np.empty(0, dtype=np.uint64)
+    sig, distinct = MinHasher(64, 9).signature(empty)
+    assert distinct == 0
+    assert sig.shape == (64,) and np.all(sig == EMPTY_SLOT)
+    assert np.all(kperm_signature(empty, 32) == EMPTY_SLOT)
+
+
+@pytest.mark.parametrize("num_perm", [2, 100, 256])
+def test_other_signature_lengths(num_perm: int, prose: tuple[str, ...]) -> None:
+    a = shingle_hashes(normalize(prose[0]))
+    b = shingle_hashes(normalize(prose[0][:-300]))
+    sa, _ = MinHasher(num_perm).signature(a)
+    assert sa.shape == (num_perm,) and not np.any(sa == EMPTY_SLOT)
+    if num_perm >= 100:
+        exact = exact_jaccard(np.unique(a), np.unique(b))
+        est = estimate_jaccard(sa, MinHasher(num_perm).signature(b)[0])
+        assert est == pytest.approx(exact, abs=4 * np.sqrt(exact * (1 - exact) / num_perm))
+
+
+@pytest.mark.parametrize(("num_perm", "seed"), [(1, 1), (4097, 1), (128, -1), (128, 2**63)])
+def test_invalid_hasher(num_perm: int, seed: int) -> None:
+    with pytest.raises(ValueError):
+        MinHasher(num_perm, seed)
+
+
+def test_estimate_rejects_different_lengths() -> None:
+    with pytest.raises(ValueError):
+        estimate_jaccard(np.zeros(4, dtype=np.uint64), np.zeros(5, dtype=np.uint64))
+
+
+@pytest.mark.parametrize(
+    ("common", "size_a", "size_b"), [(30, 30, 100), (40, 45, 45), (10, 55, 55), (0, 10, 20), (50, 50, 50)]
+)
+def test_containment_from_exact_jaccard_is_exact(common: int, size_a: int, size_b: int) -> None:
+    jaccard = common / (size_a + size_b - common)
+    inside, contains = estimate_containment(jaccard, size_a, size_b)
+    assert inside == pytest.approx(common / size_a)
+    assert contains == pytest.approx(common / size_b)
+
+
+def test_containment_edge_cases() -> None:
+    assert estimate_containment(0.5, 0, 10) == (0.0, 0.0)
+    assert estimate_containment(0.5, 10, 0) == (0.0, 0.0)
+    # an over-estimated Jaccard never yields a share above 1
+    inside, contains = estimate_containment(0.9, 10, 100)
+    assert inside == 1.0 and contains <= 1.0
+
+
+def test_containment_of_a_truncated_copy_from_signatures(prose: tuple[str, ...]) -> None:
+    params = DedupParams()
+    full = fingerprint(prose[0], params)
+    head = fingerprint(prose[0][: len(prose[0]) * 6 // 10], params)
+    jaccard = estimate_jaccard(head.signature, full.signature)
+    inside, contains = estimate_containment(jaccard, head.shingle_count, full.shingle_count)
+    assert inside > 0.85
+    assert contains == pytest.approx(0.6, abs=0.1)

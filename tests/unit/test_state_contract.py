@@ -1,0 +1,197 @@
+"""One contract for every StateStore adapter: MemoryState and RocksState behave the same."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.core.dedup import Candidate, Decision, IndexedArticle, Outcome, decide
+from service.core.lsh import band_keys
+from service.core.params import DedupParams, IncompatibleState
+from service.core.shingle import ShingleOptions
+from service.core.signing import fingerprint
+from service.state.port import StateStore
+from service.state.records import CorruptRecord, decode_article, encode_article
+from service.state.rocks import RocksState, StateError
+
+MakeState = Callable[[], StateStore]
+PARAMS = DedupParams()
+
+
+def index(state: StateStore, article_id: str, text: str, extra: dict[bytes, bytes] | None = None) -> Outcome:
+    outcome = decide(article_id, fingerprint(text, PARAMS), state, PARAMS)
+    assert outcome.update is not None
+    state.apply(outcome.update, extra)
+    return outcome
+
+
+def keys_of(article: IndexedArticle) -> set[bytes]:
+    return set(band_keys(article.fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+
+
+def test_empty_state(make_state: MakeState) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    assert state.get("nothing") is None
+    assert state.id_for_content(b"\x00" * 16) is None
+    assert list(state.band_members(b"\x00" * 10)) == []
+    assert state.next_seq() == 0 and state.count() == 0
+    assert list(state.articles()) == []
+    assert state.get_meta(b"absent") is None
+
+
+def test_apply_then_read(make_state: MakeState, prose: tuple[str, ...]) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    a = index(state, "a", prose[0]).article
+    assert state.get("a") == a
+    assert state.id_for_content(a.fingerprint.content_hash) == "a"
+    for key in keys_of(a):
+        assert list(state.band_members(key)) == ["a"]
+    assert state.next_seq() == 1 and state.count() == 1
+    b = index(state, "b", prose[0] + " And one more sentence for the copy.").article
+    assert b.seq == 1 and b.decision.match_id == "a"
+    shared = keys_of(a) & keys_of(b)
+    assert shared, "a near-duplicate shares bands"
+    for key in shared:
+        assert list(state.band_members(key)) == ["a", "b"]
+    c = index(state, "c", prose[0]).article  # exact copy of a: the content map keeps the first id
+    assert c.decision.exact and state.id_for_content(c.fingerprint.content_hash) == "a"
+    assert state.next_seq() == 3 and state.count() == 3
+    assert [x.article_id for x in state.articles()] == ["a", "b", "c"]
+
+
+def test_replacement_semantics(make_state: MakeState, prose: tuple[str, ...]) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    old = index(state, "x", prose[0]).article
+    index(state, "y", prose[2])
+    update = index(state, "x", prose[1]).update
+    assert update is not None and update.replaced == old
+    new = update.article
+    assert (new.version, new.seq) == (1, 2)
+    assert state.get("x") == new and state.count() == 2
+    assert state.id_for_content(old.fingerprint.content_hash) is None
+    assert state.id_for_content(new.fingerprint.content_hash) == "x"
+    for key in keys_of(old) - keys_of(new):
+        assert "x" not in state.band_members(key)
+    for key in keys_of(new):
+        assert list(state.band_members(key)).count("x") == 1
+    assert [a.article_id for a in state.articles()] == ["y", "x"]
+
+
+def test_replacing_a_non_first_holder_keeps_the_content_map(
+    make_state: MakeState, prose: tuple[str, ...]
+) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    first = index(state, "first", prose[0]).article
+    index(state, "copy", prose[0])
+    index(state, "copy", prose[3])  # the copy changes; the content still belongs to "first"
+    assert state.id_for_content(first.fingerprint.content_hash) == "first"
+
+
+def test_meta_and_extra_keys(make_state: MakeState, prose: tuple[str, ...]) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    state.set_meta({b"offset:0": b"41", b"offset:1": b"7"})
+    assert state.get_meta(b"offset:0") == b"41" and state.get_meta(b"offset:1") == b"7"
+    index(state, "a", prose[0], extra={b"offset:0": b"42"})
+    assert state.get_meta(b"offset:0") == b"42"
+    state.set_meta({b"offset:1": b"8"})
+    assert state.get_meta(b"offset:1") == b"8"
+
+
+def test_header_is_written_then_enforced(make_state: MakeState) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    state.open_header(DedupParams(threshold=0.9, containment_threshold=0.95).header())  # verdict knobs
+    other = DedupParams(shingle=ShingleOptions(k=7))
+    with pytest.raises(IncompatibleState) as info:
+        state.open_header(other.header())
+    message = str(info.value)
+    assert "k: stored 5, configured 7" in message
+    assert "seed" not in message and "num_perm" not in message
+    with pytest.raises(IncompatibleState, match=r"seed: stored 1, configured 2"):
+        state.open_header(DedupParams(seed=2).header())
+    with pytest.raises(IncompatibleState, match=r"bands: stored 25, configured 16.*rows"):
+        state.open_header(DedupParams(bands=16, rows=8).header())
+
+
+def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    state = RocksState(tmp_path / "db")
+    state.open_header(PARAMS.header())
+    for i, text in enumerate(prose):
+        index(state, f"a{i}", text)
+    index(state, "dup", prose[0] + " Updated at noon.")
+    index(state, "a1", prose[1] + " Correction appended.")
+    state.set_meta({b"progress": b"17"})
+    before = list(state.articles())
+    members = {key: list(state.band_members(key)) for a in before for key in keys_of(a)}
+    seq = state.next_seq()
+    state.close()
+
+    reopened = RocksState(tmp_path / "db")
+    try:
+        reopened.open_header(PARAMS.header())
+        assert list(reopened.articles()) == before
+        assert reopened.count() == len(before) == 6
+        assert reopened.next_seq() == seq == 7
+        assert {key: list(reopened.band_members(key)) for key in members} == members
+        assert reopened.get_meta(b"progress") == b"17"
+        for article in before:
+            assert reopened.get(article.article_id) == article
+            assert reopened.id_for_content(article.fingerprint.content_hash) == article.article_id
+        # the next article continues the sequence and is judged against the stored index
+        nxt = index(reopened, "late", prose[2] + " Late copy.").article
+        assert nxt.seq == 7 and nxt.decision.match_id == "a2"
+        with pytest.raises(IncompatibleState, match="k: stored 5, configured 9"):
+            reopened.open_header(DedupParams(shingle=ShingleOptions(k=9)).header())
+    finally:
+        reopened.close()
+
+
+def test_rocks_refuses_a_second_opener(tmp_path: Path) -> None:
+    state = RocksState(tmp_path / "db")
+    try:
+        with pytest.raises(StateError, match="cannot open state"):
+            RocksState(tmp_path / "db")
+    finally:
+        state.close()
+    RocksState(tmp_path / "db").close()  # free again after close
+
+
+def test_record_round_trip(prose: tuple[str, ...]) -> None:
+    fp = fingerprint(prose[0], PARAMS)
+    decision = Decision(
+        "partial",
+        "other",
+        0.625,
+        0.97,
+        0.61,
+        "root",
+        False,
+        (Candidate("other", 0.625, 0.97, 0.61), Candidate("ünïcode-id", 0.5, 0.5, 0.5)),
+    )
+    article = IndexedArticle("id with spaces/ü", 3, 12345, fp, decision)
+    data = encode_article(article)
+    decoded = decode_article(data)
+    assert decoded == article
+    assert decoded.fingerprint.signature.dtype == np.uint64
+    assert decoded.fingerprint.signature.flags.writeable
+    unique = dataclasses.replace(
+        article, decision=Decision("unique", None, None, None, None, "id", False, ())
+    )
+    assert decode_article(encode_article(unique)) == unique
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"XX\x00\x00\x00\x02{}", b"N1\x00\x00\x00\x05{}", b"N1\x00\x00\x00\x02{}"]
+)
+def test_corrupt_records_are_named(data: bytes) -> None:
+    with pytest.raises(CorruptRecord, match="'key-7'"):
+        decode_article(data, "key-7")
