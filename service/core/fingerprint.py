@@ -22,6 +22,9 @@ U64 = npt.NDArray[np.uint64]
 MIN_CHUNK_WORDS = 1
 DEFAULT_CHUNK_WORDS = 5
 WORD_SEED = 0x6E64_6C6F  # fixed so fingerprints are comparable across processes and releases
+# A chunk repeated more often than this within one text (ruler lines, list boilerplate) would pair
+# with every copy on the other side, quadratically; such chunks are aligned by occurrence instead.
+MAX_REPEATS = 64
 
 # Chunk digest = fmix64(sum_j wordhash[i+j] * M^(n-1-j) mod 2^64). Hashing each distinct word
 # once with MurmurHash3 and combining in numpy costs ~70 ns per chunk against ~270 ns for mmh3 on
@@ -55,6 +58,20 @@ def word_hashes(seq: Sequence[str]) -> U64:
     return np.fromiter(map(table.__getitem__, seq), dtype=np.uint64, count=len(seq))
 
 
+def combine(wh: U64, n: int) -> U64:
+    """Digest of every window of n consecutive word hashes (one window if fewer than n)."""
+    if wh.size == 0:
+        return np.empty(0, dtype=np.uint64)
+    width = min(n, wh.size)
+    m = wh.size - width + 1
+    with np.errstate(over="ignore"):
+        h = wh[:m].copy()
+        for j in range(1, width):
+            h *= _M
+            h += wh[j : j + m]
+        return fmix64(h)
+
+
 def chunk_hashes(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
     """Digest of every sliding n-word chunk, position i covering words [i, i+n).
 
@@ -62,17 +79,7 @@ def chunk_hashes(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
     always cover the document, as the paper requires of fingerprints for similarity analysis.
     """
     _check_n(n)
-    if not seq:
-        return np.empty(0, dtype=np.uint64)
-    wh = word_hashes(seq)
-    width = min(n, len(wh))
-    m = len(wh) - width + 1
-    with np.errstate(over="ignore"):
-        h = wh[:m].copy()
-        for j in range(1, width):
-            h *= _M
-            h += wh[j : j + m]
-        return fmix64(h)
+    return combine(word_hashes(seq), n)
 
 
 def fingerprint_of_words(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
@@ -101,23 +108,57 @@ def chunk_containment(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> float:
     return set_containment(chunk_fingerprint(a, n), chunk_fingerprint(b, n))
 
 
-def _matched_pairs(ha: U64, hb: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """All (i, j) with ha[i] == hb[j], vectorized through a sort of hb."""
-    order = np.argsort(hb, kind="stable")
-    sorted_b = hb[order]
-    lo = np.searchsorted(sorted_b, ha, side="left")
-    hi = np.searchsorted(sorted_b, ha, side="right")
-    counts = hi - lo
+def _join(ka: U64, kb: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """All (i, j) with ka[i] == kb[j], vectorized through a sort of kb."""
+    order = np.argsort(kb, kind="stable")
+    sorted_b = kb[order]
+    lo = np.searchsorted(sorted_b, ka, side="left")
+    counts = np.searchsorted(sorted_b, ka, side="right") - lo
     hit = np.nonzero(counts)[0]
-    if hit.size == 0:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty
     reps = counts[hit]
     i = np.repeat(hit, reps).astype(np.int64)
-    # offsets 0..reps-1 within each run, added to that run's lo
+    # offsets 0..reps-1 within each run of equal keys, added to that run's first sorted position
     run_start = np.repeat(np.cumsum(reps) - reps, reps)
-    k = np.arange(i.size) - run_start + np.repeat(lo[hit], reps)
-    j = order[k].astype(np.int64)
+    j = order[np.arange(i.size) - run_start + np.repeat(lo[hit], reps)].astype(np.int64)
+    return i, j
+
+
+def _occurrences(values: U64, of: U64) -> npt.NDArray[np.int64]:
+    """How often each element of `of` occurs in `values`."""
+    ordered = np.sort(values)
+    return np.searchsorted(ordered, of, side="right") - np.searchsorted(ordered, of, side="left")
+
+
+def _occurrence_rank(values: U64) -> npt.NDArray[np.int64]:
+    """0 for the first occurrence of a value, 1 for its second, ... (in position order)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    first = np.concatenate(([0], np.nonzero(ordered[1:] != ordered[:-1])[0] + 1))
+    sizes = np.diff(np.append(first, values.size))
+    rank = np.empty(values.size, dtype=np.int64)
+    rank[order] = np.arange(values.size) - np.repeat(first, sizes)
+    return rank
+
+
+def _matched_pairs(ha: U64, hb: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Positions (i, j) of equal chunks in A and B.
+
+    Every occurrence pairs with every other, except for chunks repeated more than MAX_REPEATS
+    times in either text (ruler lines, boilerplate), whose k-th occurrence in A pairs only with
+    the k-th in B: that keeps the work linear and still aligns identical or shifted copies.
+    """
+    heavy_a = (_occurrences(ha, ha) > MAX_REPEATS) | (_occurrences(hb, ha) > MAX_REPEATS)
+    heavy_b = (_occurrences(hb, hb) > MAX_REPEATS) | (_occurrences(ha, hb) > MAX_REPEATS)
+    pos_a, pos_b = np.nonzero(~heavy_a)[0], np.nonzero(~heavy_b)[0]
+    i, j = _join(ha[pos_a], hb[pos_b])
+    i, j = pos_a[i], pos_b[j]
+    if heavy_a.any() and heavy_b.any():
+        hpa, hpb = np.nonzero(heavy_a)[0], np.nonzero(heavy_b)[0]
+        with np.errstate(over="ignore"):
+            ka = fmix64(ha[hpa] ^ (_occurrence_rank(ha)[hpa].astype(np.uint64) * _M))
+            kb = fmix64(hb[hpb] ^ (_occurrence_rank(hb)[hpb].astype(np.uint64) * _M))
+        hi, hj = _join(ka, kb)
+        i, j = np.concatenate((i, hpa[hi])), np.concatenate((j, hpb[hj]))
     return i, j
 
 
@@ -138,15 +179,21 @@ def word_passages(ha: U64, hb: U64, n: int) -> list[tuple[int, int, int, int]]:
     new_run[1:] = (d[1:] != d[:-1]) | (i[1:] > i[:-1] + n)
     starts = np.nonzero(new_run)[0]
     ends = np.append(starts[1:], i.size) - 1
-    runs = [
-        (int(i[s]), int(i[e]) + n, int(i[s] - d[s]), int(i[e] - d[e]) + n)
-        for s, e in zip(starts, ends, strict=True)
-    ]
-    kept: list[tuple[int, int, int, int]] = []
-    for run in sorted(runs, key=lambda r: (r[0] - r[1], r[0])):
-        if not any(k[0] <= run[0] and run[1] <= k[1] and k[2] <= run[2] and run[3] <= k[3] for k in kept):
-            kept.append(run)
-    return sorted(kept)
+    runs = np.stack([i[starts], i[ends] + n, i[starts] - d[starts], i[ends] - d[ends] + n], axis=1)
+    keep = ~_contained(runs)
+    return sorted((int(a0), int(a1), int(b0), int(b1)) for a0, a1, b0, b1 in runs[keep])
+
+
+def _contained(runs: npt.NDArray[np.int64], block: int = 512) -> npt.NDArray[np.bool_]:
+    """Which runs lie inside another run on both sides (only periodic text produces these)."""
+    out = np.zeros(len(runs), dtype=bool)
+    a0, a1, b0, b1 = (runs[:, c][None, :] for c in range(4))
+    for lo in range(0, len(runs), block):
+        x = runs[lo : lo + block]
+        inside = (a0 <= x[:, 0:1]) & (x[:, 1:2] <= a1) & (b0 <= x[:, 2:3]) & (x[:, 3:4] <= b1)
+        inside[np.arange(len(x)), lo + np.arange(len(x))] = False  # not inside itself
+        out[lo : lo + block] = inside.any(axis=1)
+    return out
 
 
 def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> list[Passage]:

@@ -14,11 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import mmh3
 import numpy as np
 import numpy.typing as npt
 
-from service.core.fingerprint import U64, chunk_hashes, set_containment, set_jaccard
-from service.core.terms import STOPWORDS, words
+from service.core.fingerprint import (
+    U64,
+    WORD_SEED,
+    combine,
+    set_containment,
+    set_jaccard,
+    word_hashes,
+)
+from service.core.terms import STOPWORDS, vocabulary, words
 
 Chunking = Literal["content", "fixed"]
 # Key of the reference distribution used when none is asked for: 12 classes keep ~4 index terms per
@@ -206,21 +214,25 @@ def chunk_bounds(
     at most 3 * chunk_words. "fixed": consecutive blocks of chunk_words; a short tail joins the
     previous block when under half a chunk.
     """
-    n = len(seq)
+    wh = word_hashes(seq) if chunking == "content" and len(seq) > chunk_words else None
+    return _bounds(len(seq), wh, chunk_words)
+
+
+def _bounds(n: int, wh: U64 | None, chunk_words: int) -> list[tuple[int, int]]:
+    """Chunk ranges for n words: content-defined from word hashes `wh`, fixed when None."""
     if n == 0:
         return []
     if n <= chunk_words:
         return [(0, n)]
-    if chunking == "fixed":
+    if wh is None:
         cuts = list(range(chunk_words, n, chunk_words))
         if n - cuts[-1] < chunk_words // 2:
             cuts.pop()
-        edges = [0, *cuts, n]
-        return list(itertools.pairwise(edges))
+        return list(itertools.pairwise([0, *cuts, n]))
     min_len = max(1, chunk_words // 4)
     max_len = 3 * chunk_words
     period = np.uint64(max(1, chunk_words - min_len))
-    pair = chunk_hashes(seq, 2)  # pair[i] covers words i, i+1: a cut after word i+1
+    pair = combine(wh, 2)  # pair[i] covers words i, i+1: a cut after word i+1
     candidates = (np.nonzero(pair % period == 0)[0] + 2).tolist()
     bounds: list[tuple[int, int]] = []
     start = 0
@@ -238,36 +250,38 @@ def chunk_bounds(
     return bounds
 
 
+def _class_table(distinct: Sequence[str], reference: PrefixReference) -> npt.NDArray[np.int64]:
+    return np.array([-1 if w in STOPWORDS else reference.class_of(w) for w in distinct], dtype=np.int64)
+
+
 def class_ids(seq: Sequence[str], reference: PrefixReference) -> npt.NDArray[np.int64]:
     """Prefix class of every word; -1 for stopwords and words in no class."""
-    cache: dict[str, int] = {}
-    out = np.empty(len(seq), dtype=np.int64)
-    for pos, w in enumerate(seq):
-        idx = cache.get(w)
-        if idx is None:
-            idx = cache[w] = -1 if w in STOPWORDS else reference.class_of(w)
-        out[pos] = idx
-    return out
+    distinct, idx = vocabulary(seq)
+    return _class_table(distinct, reference)[idx]
+
+
+def _deviations(
+    ids: npt.NDArray[np.int64], bounds: Sequence[tuple[int, int]], reference: PrefixReference
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    k = reference.k
+    if not bounds:
+        return np.zeros((0, k)), np.zeros(0, dtype=bool)
+    lengths = np.array([e - s for s, e in bounds], dtype=np.int64)
+    chunk_of = np.repeat(np.arange(len(bounds)), lengths)
+    keep = ids >= 0
+    counts = np.bincount(chunk_of[keep] * k + ids[keep], minlength=len(bounds) * k)
+    counts = counts.reshape(len(bounds), k).astype(np.float64)
+    totals = counts.sum(axis=1)
+    has_terms = totals > 0
+    pf = counts / np.where(has_terms, totals, 1.0)[:, None]
+    return pf / reference.expected - 1.0, has_terms
 
 
 def deviations(
     seq: Sequence[str], bounds: Sequence[tuple[int, int]], reference: PrefixReference
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
     """Relative deviation Δpf of every chunk (rows) per class, and which chunks have index terms."""
-    k = reference.k
-    ids = class_ids(seq, reference)
-    onehot = np.zeros((len(seq) + 1, k), dtype=np.int32)
-    pos = np.nonzero(ids >= 0)[0]
-    onehot[pos + 1, ids[pos]] = 1
-    cum = np.cumsum(onehot, axis=0)
-    if not bounds:
-        return np.zeros((0, k)), np.zeros(0, dtype=bool)
-    edges = np.array(bounds, dtype=np.int64)
-    counts = (cum[edges[:, 1]] - cum[edges[:, 0]]).astype(np.float64)
-    totals = counts.sum(axis=1)
-    has_terms = totals > 0
-    pf = counts / np.where(has_terms, totals, 1.0)[:, None]
-    return pf / reference.expected - 1.0, has_terms
+    return _deviations(class_ids(seq, reference), bounds, reference)
 
 
 def fuzzy_hashes_of_words(
@@ -277,8 +291,13 @@ def fuzzy_hashes_of_words(
     r, k = params.r, reference.k
     if r**k >= 2**64:
         raise ValueError(f"r^k = {r}^{k} does not fit in 64 bits")
-    bounds = chunk_bounds(seq, params.chunk_words, params.chunking)
-    dev, has_terms = deviations(seq, bounds, reference)
+    distinct, idx = vocabulary(seq)
+    wh = None
+    if params.chunking == "content" and len(seq) > params.chunk_words:
+        table = np.array([mmh3.hash64(w, WORD_SEED, signed=False)[0] for w in distinct], dtype=np.uint64)
+        wh = table[idx]
+    bounds = _bounds(len(seq), wh, params.chunk_words)
+    dev, has_terms = _deviations(_class_table(distinct, reference)[idx], bounds, reference)
     delta = np.searchsorted(np.asarray(params.thresholds, dtype=np.float64), dev, side="right")
     weights = np.array([r**i for i in range(k)], dtype=np.uint64)
     gamma = (delta.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)

@@ -9,6 +9,7 @@ bench_core.py` measures both — OPH matched its accuracy at an order of magnitu
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -20,6 +21,8 @@ from ._hashing import U64, HashArray, fmix64, mix_scalar
 ALGORITHM = "oph-optdens-fmix64-v1"
 EMPTY_SLOT = np.iinfo(np.uint64).max
 _PROBES = 32
+_TOP16_LANE = 3 if sys.byteorder == "little" else 0
+_BUCKET_SORT_SIZES = range(512, 1 << 22)  # where bucketing beats np.sort (measured; see _sorted)
 
 
 @dataclass(frozen=True)
@@ -58,21 +61,35 @@ def _tables(num_perm: int, seed: int) -> tuple[HashArray, int, npt.NDArray[np.in
 
 def _oph_signature(hashes: HashArray, num_perm: int, seed: int) -> tuple[HashArray, int]:
     starts, seed_key, probes = _tables(num_perm, seed)
-    signature = np.full(num_perm, EMPTY_SLOT, dtype=np.uint64)
     if hashes.size == 0:
-        return signature, 0
-    values = fmix64(hashes ^ U64(seed_key))
-    values.sort()
+        return np.full(num_perm, EMPTY_SLOT, dtype=np.uint64), 0
+    values = _sorted(fmix64(hashes ^ U64(seed_key)))
     distinct = 1 + int(np.count_nonzero(values[1:] != values[:-1]))
-    first = np.searchsorted(values, starts)
+    first = values.searchsorted(starts)
     after = np.empty_like(first)
     after[:-1] = first[1:]
     after[-1] = values.size
     filled = first < after
+    if filled.all():  # the common case for news texts: every bin has a minimum of its own
+        return values[first], distinct
+    signature = np.full(num_perm, EMPTY_SLOT, dtype=np.uint64)
     signature[filled] = values[first[filled]]
-    if not filled.all():
-        _densify(signature, filled, probes)
+    _densify(signature, filled, probes)
     return signature, distinct
+
+
+def _sorted(values: HashArray) -> HashArray:
+    """`values` (a fresh array) in ascending order. A radix argsort on the top 16 bits leaves short
+    unsorted runs that timsort finishes in near-linear time: 2-3x faster than np.sort on news-sized
+    inputs (1-30 K shingles); np.sort wins below ~500 values and above a few million. The bucketing
+    key only affects speed: the final sort is complete whatever order the buckets leave."""
+    if values.size not in _BUCKET_SORT_SIZES:
+        values.sort()
+        return values
+    top16 = values.view(np.uint16)[_TOP16_LANE::4]  # the high 16 bits, without a copy
+    bucketed = values[np.argsort(top16, kind="stable")]
+    bucketed.sort(kind="stable")
+    return bucketed
 
 
 def _densify(signature: HashArray, filled: npt.NDArray[np.bool_], probes: npt.NDArray[np.intp]) -> None:

@@ -73,6 +73,17 @@ def tokenize(text: str) -> Tokens:
     )
 
 
+def vocabulary(seq: Sequence[str]) -> tuple[list[str], npt.NDArray[np.int64]]:
+    """Distinct words in first-seen order, and each position's index into them.
+
+    Per-word work (hashing, classifying) is then done once per distinct word and spread over the
+    positions with numpy, leaving one cheap Python pass over the tokens.
+    """
+    distinct = list(dict.fromkeys(seq))
+    index = {w: i for i, w in enumerate(distinct)}
+    return distinct, np.fromiter(map(index.__getitem__, seq), dtype=np.int64, count=len(seq))
+
+
 def content_words(seq: Iterable[str]) -> list[str]:
     """Index terms: normalized words that are not stopwords."""
     return [w for w in seq if w not in STOPWORDS]

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..core.dedup import IndexedArticle, IndexUpdate
 from ..core.params import check_header
+from .port import content_heir
 
 
 class MemoryState:
@@ -47,7 +48,13 @@ class MemoryState:
                 if members and old.article_id in members:
                     members.remove(old.article_id)
             if self._content.get(old.fingerprint.content_hash) == old.article_id:
-                del self._content[old.fingerprint.content_hash]
+                # exact copies share every band, so the first bucket holds any heir of the content
+                members = self._bands.get(update.replaced_keys[0], []) if update.replaced_keys else []
+                heir = content_heir(old, map(self._articles.get, members))
+                if heir is None:
+                    del self._content[old.fingerprint.content_hash]
+                else:
+                    self._content[old.fingerprint.content_hash] = heir
         for key in update.keys:
             members = self._bands.setdefault(key, [])
             if article.article_id not in members:

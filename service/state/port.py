@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from ..core.dedup import IndexedArticle, IndexUpdate, StateReader
@@ -28,3 +28,16 @@ class StateStore(StateReader, Protocol):
     def set_meta(self, values: dict[bytes, bytes]) -> None: ...
 
     def close(self) -> None: ...
+
+
+def content_heir(old: IndexedArticle, others: Iterable[IndexedArticle | None]) -> str | None:
+    """The article that takes over `old`'s content in the content map when `old` is replaced: the
+    earliest remaining article with the same content, as a rebuild from the records would choose."""
+    same = [
+        other
+        for other in others
+        if other is not None
+        and other.article_id != old.article_id
+        and other.fingerprint.content_hash == old.fingerprint.content_hash
+    ]
+    return min(same, key=lambda a: a.seq).article_id if same else None

@@ -18,6 +18,7 @@ from rocksdict import DBCompressionType, Options, Rdict, WriteBatch
 from ..core.dedup import IndexedArticle, IndexUpdate
 from ..core.lsh import band_keys
 from ..core.params import check_header
+from .port import content_heir
 from .records import decode_article, encode_article
 
 _ARTICLE, _BAND, _CONTENT, _META = b"a", b"b", b"c", b"m"
@@ -126,7 +127,13 @@ class RocksState:
                 if old.article_id in members:
                     members.remove(old.article_id)
             if self.id_for_content(old.fingerprint.content_hash) == old.article_id:
-                batch.delete(_CONTENT + old.fingerprint.content_hash)
+                # exact copies share every band, so the first bucket holds any heir of the content
+                members = bucket(update.replaced_keys[0]) if update.replaced_keys else []
+                heir = content_heir(old, map(self.get, members))
+                if heir is None:
+                    batch.delete(_CONTENT + old.fingerprint.content_hash)
+                else:
+                    batch.put(_CONTENT + old.fingerprint.content_hash, heir.encode())
         for key in update.keys:
             members = bucket(key)
             if article.article_id not in members:

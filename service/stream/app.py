@@ -16,7 +16,7 @@ from ..messages import dead_letter_dict
 from ..state.rocks import RocksState
 from .metrics import Metrics
 from .stages import IndexStage, Provenance, SignStage, decode_signed
-from .topics import changelog_topic
+from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
@@ -60,19 +60,23 @@ def _credentials(settings: Settings) -> Any:
     return None
 
 
-def create_app(settings: Settings, metrics: Metrics) -> tuple[faust.App, Runtime]:
+def create_app(
+    settings: Settings, metrics: Metrics, *, store: str = "rocksdb://"
+) -> tuple[faust.App, Runtime]:
+    """The app and what its agents share; `store` is the table store (memory:// for unit tests)."""
     params = settings.params()
     app = faust.App(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
-        store="rocksdb://",
+        store=store,
         datadir=str(settings.state_path / "faust"),
         topic_partitions=1,
         topic_allow_declare=False,  # topics are created up front by topics.ensure_topics
         web_enabled=False,  # Faust's web server can show tables; our own serves metrics/health only
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8192,

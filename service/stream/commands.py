@@ -62,6 +62,9 @@ def add_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_tail)
 
 
+_FAUST_LEVELS = {"warning": "warn", "critical": "crit"}
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from .app import create_app
     from .metrics import Metrics, serve
@@ -99,7 +102,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         settings.metrics_port,
     )
     app, _ = create_app(settings, metrics)
-    sys.argv = ["neardup", "worker", "--loglevel", settings.log_level, *getattr(args, "extra", [])]
+    faust_level = _FAUST_LEVELS.get(settings.log_level.lower(), settings.log_level.lower())
+    # Faust's CLI would turn its web server (which can show tables) back on, bound to 0.0.0.0;
+    # --without-web keeps it off, our own server serves /metrics and /health on loopback.
+    sys.argv = [
+        "neardup",
+        "worker",
+        "--without-web",
+        "--web-bind",
+        settings.web_host,
+        "--loglevel",
+        faust_level,
+        *getattr(args, "extra", []),
+    ]
     try:
         app.main()
     finally:
@@ -119,7 +134,11 @@ async def produce_file(settings: Settings, path: Path, rate: float = 0.0) -> int
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers, linger_ms=5, acks="all", **settings.client_security()
+        bootstrap_servers=settings.bootstrap_servers,
+        linger_ms=5,
+        acks="all",
+        enable_idempotence=True,  # keeps file order within a partition across retries
+        **settings.client_security(),
     )
     await producer.start()
     sent = 0

@@ -12,6 +12,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from ..config import Settings
 
 log = logging.getLogger("neardup.topics")
+DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 
 
 class TopicMismatch(RuntimeError):
@@ -23,7 +24,8 @@ class TopicSpec:
     name: str
     partitions: int
     compact: bool = False
-    exact: bool = True  # False: any count works (the stateless input), only logged
+    exact: bool = True
+    max_message_bytes: int | None = None  # False: any count works (the stateless input), only logged
 
 
 def changelog_topic(settings: Settings) -> str:
@@ -35,7 +37,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(settings.input_topic, settings.input_partitions, exact=False),
         TopicSpec(settings.signatures_topic, 1),
         TopicSpec(settings.verdicts_topic, settings.verdicts_partitions, exact=False),
-        TopicSpec(settings.dead_letter_topic, 1, exact=False),
+        # a dead letter carries its original bytes base64-encoded (4/3 larger) plus metadata
+        TopicSpec(settings.dead_letter_topic, 1, exact=False, max_message_bytes=DEAD_LETTER_MAX_BYTES),
         TopicSpec(changelog_topic(settings), 1, compact=True),
         TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, exact=False),
     ]
@@ -58,7 +61,7 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
                             s.name,
                             s.partitions,
                             1,
-                            topic_configs={"cleanup.policy": "compact"} if s.compact else {},
+                            topic_configs=_configs(s),
                         )
                         for s in missing
                     ]
@@ -80,6 +83,13 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
         return existing
     finally:
         await admin.close()
+
+
+def _configs(spec: TopicSpec) -> dict[str, str]:
+    configs = {"cleanup.policy": "compact"} if spec.compact else {}
+    if spec.max_message_bytes:
+        configs["max.message.bytes"] = str(spec.max_message_bytes)
+    return configs
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:

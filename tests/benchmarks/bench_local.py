@@ -19,6 +19,8 @@ The collection (versioned documents: one .txt per document and index.jsonl with
 from __future__ import annotations
 
 import argparse
+import hashlib
+import itertools
 import json
 import random
 import statistics
@@ -26,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +48,7 @@ DEFAULT_COLLECTION = Path.home() / ".cache" / "neardup" / "versioned"
 SIZES = (100, 200, 300, 400, 500, 600, 700, 800)
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0 + 1e-9)
 U64 = npt.NDArray[np.uint64]
-Fingerprinter = Callable[[str], U64]
+Fingerprinter = Callable[[Sequence[str]], U64]
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,13 @@ class Doc:
 
 @dataclass(frozen=True)
 class Method:
+    """A fingerprint over normalized words; `from_text` adds tokenization to its cost."""
+
     name: str
-    fingerprint: Fingerprinter
+    of_words: Fingerprinter
+
+    def fingerprint(self, doc: str | Sequence[str]) -> U64:
+        return self.of_words(words(doc) if isinstance(doc, str) else doc)
 
 
 @dataclass(frozen=True)
@@ -99,11 +107,14 @@ def load_collection(root: Path) -> list[Doc]:
     return docs
 
 
-def analyse(method: Method, queries: Sequence[Doc], subset: Sequence[Doc]) -> Run:
+Input = str | Sequence[str]  # raw text, or its words when tokenization is left out of the timing
+
+
+def analyse(method: Method, queries: Sequence[Input], subset: Sequence[Input]) -> Run:
     """Fingerprint everything, index the subset (sorted hash -> doc arrays), look up queries."""
     t0 = time.perf_counter()
-    fps_d = [method.fingerprint(d.text) for d in subset]
-    fps_q = [method.fingerprint(q.text) for q in queries]
+    fps_d = [method.fingerprint(d) for d in subset]
+    fps_q = [method.fingerprint(q) for q in queries]
     t1 = time.perf_counter()
     keys = np.concatenate(fps_d) if fps_d else np.empty(0, dtype=np.uint64)
     owners = np.repeat(np.arange(len(fps_d)), [f.size for f in fps_d])
@@ -162,7 +173,7 @@ def binned_deviation(
 ) -> list[tuple[int, float, float]]:
     """Per bin of `against`: pair count, mean |value - against|, mean (value - against)."""
     out = []
-    for lo, hi in zip(BINS[:-1], BINS[1:], strict=True):
+    for lo, hi in itertools.pairwise(BINS):
         mask = (against >= lo) & (against < hi)
         n = int(mask.sum())
         if n:
@@ -173,34 +184,58 @@ def binned_deviation(
     return out
 
 
-def make_methods(
-    chunk_sizes: Sequence[int], reference: PrefixReference, params: FuzzyParams
-) -> list[Method]:
-    methods = [
-        Method(f"chunk n={n}", lambda text, n=n: fingerprint_of_words(words(text), n))
-        for n in chunk_sizes
+def md5_fingerprint(seq: Sequence[str], n: int) -> U64:
+    """The paper's baseline encoding: MD5 of each n-word chunk string, first 8 bytes kept."""
+    chunks = [" ".join(seq[i : i + n]) for i in range(max(1, len(seq) - n + 1))] if seq else []
+    digests = [
+        int.from_bytes(hashlib.md5(c.encode(), usedforsecurity=False).digest()[:8], "little")
+        for c in chunks
     ]
+    return np.unique(np.array(digests, dtype=np.uint64))
+
+
+def make_methods(
+    chunk_sizes: Sequence[int],
+    md5_sizes: Sequence[int],
+    reference: PrefixReference,
+    params: FuzzyParams,
+) -> list[Method]:
+    """Chunk identity (our hash), chunk identity with MD5, and the fuzzy-fingerprint last."""
+    methods = [Method(f"chunk n={n}", partial(fingerprint_of_words, n=n)) for n in chunk_sizes]
+    methods += [Method(f"md5 n={n}", partial(md5_fingerprint, n=n)) for n in md5_sizes]
     label = f"fuzzy ~{params.chunk_words}w k={reference.k} r={params.r}"
     methods.append(
-        Method(label, lambda text: fuzzy_fingerprint_of_words(words(text), reference, params))
+        Method(label, partial(fuzzy_fingerprint_of_words, reference=reference, params=params))
     )
     return methods
 
 
-def median_run(method: Method, queries: Sequence[Doc], subset: Sequence[Doc], repeats: int) -> Run:
-    runs = [analyse(method, queries, subset) for _ in range(repeats)]
-    runs.sort(key=lambda r: r.total_s)
-    mid = runs[len(runs) // 2]
+def median_of(runs: Sequence[Run]) -> Run:
+    """Median times of repeated runs (collisions and intersections are deterministic)."""
+    first = runs[0]
     return Run(
         fingerprint_s=statistics.median(r.fingerprint_s for r in runs),
         index_s=statistics.median(r.index_s for r in runs),
         lookup_s=statistics.median(r.lookup_s for r in runs),
-        collisions=mid.collisions,
-        index_entries=mid.index_entries,
-        inter=mid.inter,
-        sizes_q=mid.sizes_q,
-        sizes_d=mid.sizes_d,
+        collisions=first.collisions,
+        index_entries=first.index_entries,
+        inter=first.inter,
+        sizes_q=first.sizes_q,
+        sizes_d=first.sizes_d,
     )
+
+
+def timed_all(
+    methods: Sequence[Method], queries: Sequence[Input], subset: Sequence[Input], repeats: int
+) -> dict[str, Run]:
+    """Repeat every method, interleaved and in rotating order, so that background load on the
+    machine spreads over all methods alike; report medians."""
+    runs: dict[str, list[Run]] = {m.name: [] for m in methods}
+    for rep in range(repeats):
+        shift = rep % len(methods)
+        for method in [*methods[shift:], *methods[:shift]]:
+            runs[method.name].append(analyse(method, queries, subset))
+    return {name: median_of(rs) for name, rs in runs.items()}
 
 
 def fmt_bins(rows: list[tuple[int, float, float]]) -> str:
@@ -214,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--chunk-sizes", default="3,4,5,6,7,8,9,10")
     ap.add_argument("--report", default="3,5", help="chunk sizes shown in the Figure 3 table")
+    ap.add_argument("--md5", default="3,5", help="chunk sizes also run with MD5 ('' for none)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=2006)
     ap.add_argument("--reference", type=Path, default=REFERENCE_PATH)
@@ -242,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shuffled = docs[:]
     rng.shuffle(shuffled)
     queries, pool = shuffled[: args.queries], shuffled[args.queries :]
-    methods = make_methods(chunk_sizes, reference, params)
+    md5_sizes = [int(s) for s in args.md5.split(",") if s]
+    methods = make_methods(chunk_sizes, md5_sizes, reference, params)
     fuzzy = methods[-1]
     n_words = sum(len(words(d.text)) for d in pool[: max(sizes)])
     print(
@@ -260,15 +297,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"tokenization alone, largest subset + queries: {statistics.median(t_tok):.3f} s\n")
 
     results: dict[str, dict[int, Run]] = {m.name: {} for m in methods}
+    q_texts = [q.text for q in queries]
     for size in sizes:
-        subset = pool[:size]
-        for method in methods:
-            results[method.name][size] = median_run(method, queries, subset, args.repeats)
+        subset = [d.text for d in pool[:size]]
+        for name, run in timed_all(methods, q_texts, subset, args.repeats).items():
+            results[name][size] = run
+    # the same analysis at the largest size with tokenization done beforehand (shared by all)
+    q_words = [words(q.text) for q in queries]
+    d_words = [words(d.text) for d in pool[: max(sizes)]]
+    pretok = timed_all(methods, q_words, d_words, args.repeats)
 
     # --- Figure 3 ---
-    shown = [m for m in methods if m.name in {f"chunk n={n}" for n in report}] + [fuzzy]
+    wanted = {f"chunk n={n}" for n in report} | {f"md5 n={n}" for n in report}
+    shown = [m for m in methods if m.name in wanted] + [fuzzy]
     head = "size " + "".join(f"| {m.name:>28s} " for m in shown)
-    head += "".join(f"| x {m.name.split()[-1]:>5s}" for m in shown[:-1])
+    head += "".join(f"| {'x ' + m.name:>11s}" for m in shown[:-1])
     print("Figure 3: collisions (fingerprint-entry matches) and runtime in s (fp + index + lookup)")
     print(head)
     for size in sizes:
@@ -277,33 +320,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             for m in shown
         )
         ups = "".join(
-            f"| {results[m.name][size].total_s / results[fuzzy.name][size].total_s:>7.1f}"
+            f"| {results[m.name][size].total_s / results[fuzzy.name][size].total_s:>11.1f}"
             for m in shown[:-1]
         )
         print(f"{size:>4d} {cells}{ups}")
 
     big = max(sizes)
-    print(f"\nAll methods at {big} documents (runtime split; speed-up = time / fuzzy time)")
-    print(
-        f"{'method':>28s} | {'index entries':>13s} | {'collisions':>11s} | {'fp s':>6s} | "
-        f"{'index s':>7s} | {'lookup s':>8s} | {'total s':>7s} | speed-up | lookup speed-up"
-    )
-    fz_run = results[fuzzy.name][big]
-    for m in methods:
-        r = results[m.name][big]
+    for title, table in (
+        (
+            f"All methods at {big} documents, from raw text",
+            {m.name: results[m.name][big] for m in methods},
+        ),
+        (f"All methods at {big} documents, words tokenized beforehand", pretok),
+    ):
+        print(f"\n{title} (runtime split; speed-up = time / fuzzy time)")
         print(
-            f"{m.name:>28s} | {r.index_entries:>13,d} | {r.collisions:>11,d} | "
-            f"{r.fingerprint_s:>6.3f} | {r.index_s:>7.3f} | {r.lookup_s:>8.4f} | {r.total_s:>7.3f} | "
-            f"{r.total_s / fz_run.total_s:>8.1f} | "
-            f"{(r.index_s + r.lookup_s) / (fz_run.index_s + fz_run.lookup_s):>15.1f}"
+            f"{'method':>28s} | {'index entries':>13s} | {'collisions':>11s} | {'fp s':>6s} | "
+            f"{'index s':>7s} | {'lookup s':>8s} | {'total s':>7s} | speed-up | index+lookup x"
         )
+        fz_run = table[fuzzy.name]
+        for m in methods:
+            r = table[m.name]
+            print(
+                f"{m.name:>28s} | {r.index_entries:>13,d} | {r.collisions:>11,d} | "
+                f"{r.fingerprint_s:>6.3f} | {r.index_s:>7.3f} | {r.lookup_s:>8.4f} | "
+                f"{r.total_s:>7.3f} | {r.total_s / fz_run.total_s:>8.1f} | "
+                f"{(r.index_s + r.lookup_s) / (fz_run.index_s + fz_run.lookup_s):>14.1f}"
+            )
 
     # --- Figure 4 ---
-    subset = pool[:big]
-    cos = cosine_matrix(queries, subset).ravel()
+    subset_docs = pool[:big]
+    cos = cosine_matrix(queries, subset_docs).ravel()
     sims = {m.name: jaccard_matrix(results[m.name][big]).ravel() for m in methods}
-    labels = [f"{lo:.1f}-{min(hi, 1.0):.1f}" for lo, hi in zip(BINS[:-1], BINS[1:], strict=True)]
-    counts = [int(((cos >= lo) & (cos < hi)).sum()) for lo, hi in zip(BINS[:-1], BINS[1:], strict=True)]
+    labels = [f"{lo:.1f}-{min(hi, 1.0):.1f}" for lo, hi in itertools.pairwise(BINS)]
+    counts = [int(((cos >= lo) & (cos < hi)).sum()) for lo, hi in itertools.pairwise(BINS)]
     print(
         f"\nFigure 4 (left): mean |local - cosine| (and mean signed local - cosine) by cosine bin, "
         f"{cos.size} pairs"
@@ -325,20 +375,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'pairs':>28s}   " + "  ".join(f"{c:^11d}" for c in counts_r))
     print(f"{fuzzy.name:>28s}   {fmt_bins(rows_r)}")
 
-    same = np.array([[q.family == d.family for d in subset] for q in queries]).ravel()
+    same = np.array([[q.family == d.family for d in subset_docs] for q in queries]).ravel()
     print(f"\nSame-family pairs ({int(same.sum())}) vs others: mean similarity")
     print(f"{'measure':>28s} | {'same family':>11s} | {'other':>7s}")
     print(f"{'cosine':>28s} | {cos[same].mean():>11.3f} | {cos[~same].mean():>7.3f}")
     for m in methods:
-        print(f"{m.name:>28s} | {sims[m.name][same].mean():>11.3f} | {sims[m.name][~same].mean():>7.3f}")
+        print(
+            f"{m.name:>28s} | {sims[m.name][same].mean():>11.3f} | {sims[m.name][~same].mean():>7.3f}"
+        )
 
     if args.json:
         out = {
             "collection": str(args.collection),
             "queries": [q.id for q in queries],
             "sizes": sizes,
-            "fuzzy_params": {"chunk_words": params.chunk_words, "chunking": params.chunking,
-                             "thresholds": list(params.thresholds), "k": reference.k},
+            "fuzzy_params": {
+                "chunk_words": params.chunk_words,
+                "chunking": params.chunking,
+                "thresholds": list(params.thresholds),
+                "k": reference.k,
+            },
             "figure3": {
                 m.name: {
                     str(s): {
@@ -355,6 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
             "figure4_bins": labels,
             "figure4": {k: [list(row) for row in v] for k, v in fig4.items()},
+            "pretokenized": {
+                m.name: {"total_s": r.total_s, "fingerprint_s": r.fingerprint_s}
+                for m, r in ((m, pretok[m.name]) for m in methods)
+            },
         }
         args.json.write_text(json.dumps(out, indent=1), encoding="utf-8")
     return 0

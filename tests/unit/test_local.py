@@ -786,3 +786,12 @@ def test_report_handles_empty_and_hostile_text(reference: PrefixReference) -> No
     assert "\x1b[2J" not in out and "\x07" not in out
     visible = re.sub(r"\x1b\[[0-9;]*m", "", out)
     assert all(len(line) <= 60 for line in visible.splitlines())
+
+
+def test_highly_repetitive_text_aligns_by_occurrence() -> None:
+    """Chunks repeated hundreds of times must not pair quadratically, yet copies still align."""
+    ruler = "a b " * 5000
+    assert matching_passages(ruler, ruler, 3) == [Passage(0, len(ruler) - 1, 0, len(ruler) - 1)]
+    shifted = "new intro here " + ruler
+    (p,) = matching_passages(shifted, ruler, 3)
+    assert shifted[p.a_start : p.a_end] == ruler[p.b_start : p.b_end] == ruler.rstrip()

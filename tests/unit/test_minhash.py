@@ -7,6 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from service.core import minhash
 from service.core.minhash import (
     EMPTY_SLOT,
     MinHasher,
@@ -59,6 +60,32 @@ def test_signature_is_pinned_across_versions() -> None:
     digest = hashlib.sha256(fp.signature.astype("<u8").tobytes()).hexdigest()[:16]
     assert digest == "6e2bc1871be25621"
     assert fp.content_hash.hex() == "46341230236a0cf378a3571aec7fec16"
+
+
+def test_signature_of_a_news_sized_text_is_pinned(prose: tuple[str, ...]) -> None:
+    """The same guard for a text with more shingles than slots (no densification, and the bucketed
+    sort that inputs of 512+ hashes take); pinned before that sort was introduced."""
+    hashes = shingle_hashes(normalize(prose[0]))
+    assert hashes.size == 1776
+    signature, distinct = MinHasher(128, 1).signature(hashes)
+    assert distinct == 1475
+    assert [int(x) for x in signature[:4]] == [
+        0x0007FD4D3045D983,
+        0x02362178B94C957B,
+        0x0430770F418C4CF2,
+        0x060DCF808DB45760,
+    ]
+    assert hashlib.sha256(signature.astype("<u8").tobytes()).hexdigest()[:16] == "8049bbbff4b0e778"
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 511, 512, 513, 3000, 70_000])
+def test_sorting_shortcut_is_a_complete_sort(size: int) -> None:
+    rng = np.random.default_rng(size)
+    for values in (
+        rng.integers(0, 2**64, size=size, dtype=np.uint64),
+        rng.integers(0, 40, size=size, dtype=np.uint64) << np.uint64(58),  # few, equal top bits
+    ):
+        assert np.array_equal(minhash._sorted(values.copy()), np.sort(values))
 
 
 def test_same_inputs_same_signature_and_seeds_differ(prose: tuple[str, ...]) -> None:

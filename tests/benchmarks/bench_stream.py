@@ -1,0 +1,474 @@
+"""Stream benchmark: one `neardup worker` process against a real Kafka broker.
+
+Per repetition (fresh app id, topic names and state dir each time):
+
+1. ceiling     the input topic is pre-loaded with N news-sized articles; a plain aiokafka loop in this
+               process consumes them and produces each message to another topic (acks=all, as the
+               worker): articles/s, the most one Python process can move through Kafka on this machine.
+2. throughput  `neardup worker` is started as a subprocess on the pre-loaded topic; the rate is the
+               number of verdicts over the time between the first and the last, using the verdict
+               records' timestamps (set by the worker's producer). Also the worker's CPU use.
+3. latency     with the same (warm) worker, articles are produced at a fixed rate (default 500/s) for
+               a warm-up and then a measured window; p50/p99 of the verdict's `latency_ms` (worker
+               clock at the verdict minus the input record's timestamp) and of the end-to-end latency
+               (this process receiving the verdict minus the input record's timestamp).
+
+Articles are the records of service/data/sample_news.jsonl (1.4-3.6 KB of prose), cycled with unique
+ids and small random word edits, so most are near-duplicates rather than exact copies.
+
+Usage (broker from deploy/kafka/kafka.sh):
+  python tests/benchmarks/bench_stream.py --broker kafka://127.0.0.1:39092 [--articles 50000]
+      [--rate 500] [--warmup 10] [--window 30] [--repeats 3] [--worker-env NAME=VALUE ...]
+      [--profile DIR] [--json out.json]
+
+--profile DIR records the worker with py-spy (if installed) during the throughput phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from service.config import Settings  # noqa: E402
+from service.stream.topics import ensure_topics  # noqa: E402
+
+SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
+TARGET_RATE = 3000.0  # articles/s per worker
+TARGET_P99_MS = 50.0  # at the fixed rate
+STALL_S = 120.0  # give up when no verdict arrives for this long
+
+
+# ---------------------------------------------------------------------------------------------
+# articles
+# ---------------------------------------------------------------------------------------------
+
+
+def load_sample(path: Path) -> list[dict[str, Any]]:
+    records = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    if not records:
+        raise SystemExit(f"no articles in {path}")
+    return records
+
+
+class Articles:
+    """Cycles through the sample with unique ids; about two in three get 1-3 words replaced."""
+
+    def __init__(self, sample: list[dict[str, Any]], prefix: str, seed: int) -> None:
+        self.sample = sample
+        self.prefix = prefix
+        self.rng = random.Random(seed)
+        self.vocabulary = sorted({w for r in sample for w in r["text"].split() if w.isalpha()})
+        self.count = 0
+
+    def next(self) -> tuple[bytes, bytes]:
+        base = self.sample[self.count % len(self.sample)]
+        article_id = f"{self.prefix}-{self.count:07d}"
+        self.count += 1
+        text = base["text"]
+        if self.rng.random() < 0.67:
+            words = text.split(" ")
+            for _ in range(self.rng.randint(1, 3)):
+                words[self.rng.randrange(len(words))] = self.rng.choice(self.vocabulary)
+            text = " ".join(words)
+        record = {**base, "id": article_id, "text": text}
+        return article_id.encode(), orjson.dumps(record)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kafka helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def producer_for(settings: Settings, linger_ms: int) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap_servers,
+        acks="all",
+        linger_ms=linger_ms,
+        max_batch_size=256 * 1024,
+        **settings.client_security(),
+    )
+
+
+def consumer_for(settings: Settings, topic: str) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=5000,
+        fetch_max_wait_ms=100,
+        **settings.client_security(),
+    )
+
+
+async def preload(settings: Settings, articles: Articles, count: int) -> tuple[float, int]:
+    """Send `count` articles as fast as aiokafka allows; returns (articles/s, bytes sent)."""
+    producer = producer_for(settings, linger_ms=20)
+    await producer.start()
+    size = 0
+    try:
+        started = time.perf_counter()
+        pending = []
+        for _ in range(count):
+            key, value = articles.next()
+            size += len(value)
+            pending.append(await producer.send(settings.input_topic, value, key=key))
+            if len(pending) >= 5000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+        return count / (time.perf_counter() - started), size
+    finally:
+        await producer.stop()
+
+
+async def ceiling(settings: Settings, count: int, out_topic: str) -> float:
+    """A plain consume→produce loop over the first `count` input records; articles/s."""
+    consumer = consumer_for(settings, settings.input_topic)
+    producer = producer_for(settings, linger_ms=2)
+    await consumer.start()
+    await producer.start()
+    try:
+        seen = 0
+        started = None
+        pending = []
+        while seen < count:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=2000)
+            if started is None and batch:
+                started = time.perf_counter()
+            for records in batch.values():
+                for record in records:
+                    pending.append(await producer.send(out_topic, record.value, key=record.key))
+                    seen += 1
+            if len(pending) >= 5000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+        assert started is not None
+        return seen / (time.perf_counter() - started)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker subprocess
+# ---------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields_ = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Worker:
+    def __init__(self, settings: Settings, env: dict[str, str], log_path: Path) -> None:
+        self.log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "worker"],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.profiler: subprocess.Popen[bytes] | None = None
+
+    def profile(self, out: Path, seconds: float) -> None:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(spy).exists():
+            print("  (py-spy not installed: no profile)", flush=True)
+            return
+        self.profiler = subprocess.Popen(
+            [spy, "record", "-p", str(self.proc.pid), "-d", str(int(seconds)), "-r", "200",
+             "-f", "speedscope" if out.suffix == ".json" else "flamegraph", "-o", str(out), "--threads"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> int:
+        if self.profiler is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.profiler.wait(timeout=60)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+# ---------------------------------------------------------------------------------------------
+# one repetition
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    preload_rate: float = 0.0
+    article_kb: float = 0.0
+    ceiling_rate: float = 0.0
+    worker_rate: float = 0.0
+    worker_rate_slope: float = 0.0
+    worker_cpu: float = 0.0
+    verdict_kinds: dict[str, int] = field(default_factory=dict)
+    latency_rate: float = 0.0
+    latency_count: int = 0
+    latency_p50_ms: float = 0.0
+    latency_p99_ms: float = 0.0
+    e2e_p50_ms: float = 0.0
+    e2e_p99_ms: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.worker_rate / self.ceiling_rate if self.ceiling_rate else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def collect_verdicts(
+    consumer: AIOKafkaConsumer, ids: set[str], on_poll: Any = None
+) -> dict[str, tuple[int, float, dict[str, Any]]]:
+    """Read verdicts until every id in `ids` has one: id → (record timestamp ms, receive time s, verdict).
+    `on_poll(count so far)` is called before every poll."""
+    got: dict[str, tuple[int, float, dict[str, Any]]] = {}
+    last = time.monotonic()
+    while len(got) < len(ids):
+        if on_poll is not None:
+            on_poll(len(got))
+        batch = await consumer.getmany(timeout_ms=200)
+        now = time.time()
+        if not batch:
+            if time.monotonic() - last > STALL_S:
+                raise RuntimeError(f"stalled: {len(got)} of {len(ids)} verdicts after {STALL_S:.0f} s")
+            continue
+        last = time.monotonic()
+        for records in batch.values():
+            for record in records:
+                verdict = orjson.loads(record.value)
+                if verdict["article_id"] in ids:
+                    got.setdefault(verdict["article_id"], (record.timestamp, now, verdict))
+    return got
+
+
+async def run_once(args: argparse.Namespace, sample: list[dict[str, Any]], rep: int) -> Result:
+    run = f"bench{os.getpid()}r{rep}t{int(time.time())}"
+    workdir = Path(tempfile.mkdtemp(prefix=f"neardup-{run}-"))
+    env = {
+        "NEARDUP_BROKER": args.broker,
+        "NEARDUP_APP_ID": run,
+        "NEARDUP_INPUT_TOPIC": f"{run}-articles",
+        "NEARDUP_SIGNATURES_TOPIC": f"{run}-signatures",
+        "NEARDUP_VERDICTS_TOPIC": f"{run}-verdicts",
+        "NEARDUP_DEAD_LETTER_TOPIC": f"{run}-dead-letters",
+        "NEARDUP_STATE_DIR": str(workdir / "state"),
+        "NEARDUP_METRICS_PORT": str(free_port()),
+        "NEARDUP_LOG_LEVEL": "warn",
+    }
+    env.update(dict(item.split("=", 1) for item in args.worker_env))
+    settings = Settings.from_env(env)
+    await asyncio.wait_for(ensure_topics(settings), timeout=60)
+    ceiling_topic = f"{run}-ceiling"
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(ceiling_topic, 1, 1)])
+    finally:
+        await admin.close()
+
+    result = Result()
+    articles = Articles(sample, run, seed=rep)
+    n = args.articles
+    result.preload_rate, size = await preload(settings, articles, n)
+    result.article_kb = size / n / 1024
+    print(f"  preloaded {n} articles ({result.article_kb:.2f} KB mean) at {result.preload_rate:,.0f}/s",
+          flush=True)
+
+    result.ceiling_rate = await ceiling(settings, n, ceiling_topic)
+    print(f"  ceiling (aiokafka consume→produce): {result.ceiling_rate:,.0f} articles/s", flush=True)
+
+    verdicts = consumer_for(settings, settings.verdicts_topic)
+    await verdicts.start()
+    worker = Worker(settings, env, workdir / "worker.log")
+    try:
+        ids = {f"{run}-{i:07d}" for i in range(n)}
+        cpu_mark: list[tuple[float, float]] = []
+
+        def on_poll(got: int) -> None:
+            if got and not cpu_mark:
+                cpu_mark.append((time.monotonic(), cpu_seconds(worker.proc.pid)))
+                if args.profile:
+                    out = Path(args.profile) / f"worker-{rep}.svg"
+                    worker.profile(out, args.profile_seconds)
+            if worker.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {worker.proc.returncode}; see {worker.log.name}")
+
+        got = await collect_verdicts(verdicts, ids, on_poll)
+        cpu_end = (time.monotonic(), cpu_seconds(worker.proc.pid))
+        stamps = sorted(ts for ts, _, _ in got.values())
+        result.worker_rate = (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000.0, 1e-9)
+        lo, hi = stamps[len(stamps) // 10], stamps[len(stamps) * 9 // 10]
+        result.worker_rate_slope = (len(stamps) * 8 // 10) / max((hi - lo) / 1000.0, 1e-9)
+        result.worker_cpu = (cpu_end[1] - cpu_mark[0][1]) / (cpu_end[0] - cpu_mark[0][0])
+        kinds: dict[str, int] = {}
+        for _, _, verdict in got.values():
+            kinds[verdict["verdict"]] = kinds.get(verdict["verdict"], 0) + 1
+        result.verdict_kinds = kinds
+        print(
+            f"  worker: {result.worker_rate:,.0f} articles/s first→last verdict "
+            f"({result.worker_rate_slope:,.0f}/s over the middle 80%), worker CPU {result.worker_cpu:.0%} "
+            f"of one core, verdicts {kinds}",
+            flush=True,
+        )
+
+        await latency_phase(args, settings, articles, verdicts, result)
+        print(
+            f"  latency at {result.latency_rate:,.0f}/s over {result.latency_count} articles: "
+            f"verdict latency_ms p50 {result.latency_p50_ms:.1f} p99 {result.latency_p99_ms:.1f}; "
+            f"end-to-end p50 {result.e2e_p50_ms:.1f} p99 {result.e2e_p99_ms:.1f} ms",
+            flush=True,
+        )
+    finally:
+        await verdicts.stop()
+        code = worker.stop()
+        if code not in (0, -signal.SIGTERM):
+            print(f"  worker exit code {code}; log: {workdir / 'worker.log'}", flush=True)
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+async def latency_phase(
+    args: argparse.Namespace, settings: Settings, articles: Articles, verdicts: AIOKafkaConsumer,
+    result: Result,
+) -> None:
+    """Produce at a fixed rate; measure the articles sent after the warm-up."""
+    producer = producer_for(settings, linger_ms=0)
+    await producer.start()
+    total = int(args.rate * (args.warmup + args.window))
+    skip = int(args.rate * args.warmup)
+    sent_at: dict[str, int] = {}
+    measured: set[str] = set()
+
+    async def send_all() -> float:
+        started = time.time()
+        for i in range(total):
+            due = started + i / args.rate
+            delay = due - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            key, value = articles.next()
+            stamp = int(time.time() * 1000)
+            article_id = key.decode()
+            sent_at[article_id] = stamp
+            if i >= skip:
+                measured.add(article_id)
+            await producer.send(settings.input_topic, value, key=key, timestamp_ms=stamp)
+        await producer.flush()
+        return (total - 1) / (time.time() - started)
+
+    try:
+        ids = {f"{articles.prefix}-{articles.count + i:07d}" for i in range(total)}
+        sender = asyncio.create_task(send_all())
+        got = await collect_verdicts(verdicts, ids)
+        result.latency_rate = await sender
+    finally:
+        await producer.stop()
+    latency = [got[a][2]["latency_ms"] for a in measured]
+    e2e = [got[a][1] * 1000.0 - sent_at[a] for a in measured]
+    result.latency_count = len(measured)
+    result.latency_p50_ms, result.latency_p99_ms = percentile(latency, 0.5), percentile(latency, 0.99)
+    result.e2e_p50_ms, result.e2e_p99_ms = percentile(e2e, 0.5), percentile(e2e, 0.99)
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--broker", default=os.environ.get("NEARDUP_BROKER", "kafka://127.0.0.1:39092"))
+    parser.add_argument("--articles", type=int, default=50_000)
+    parser.add_argument("--rate", type=float, default=500.0, help="articles/s of the latency phase")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of the latency phase not measured")
+    parser.add_argument("--window", type=float, default=30.0, help="seconds of the latency phase measured")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--sample", type=Path, default=SAMPLE)
+    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment for the worker (repeatable)")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy flame graph of the worker per repetition")
+    parser.add_argument("--profile-seconds", type=float, default=10.0)
+    parser.add_argument("--keep", action="store_true", help="keep the worker's state dir and log")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+
+    sample = load_sample(args.sample)
+    results: list[Result] = []
+    for rep in range(args.repeats):
+        print(f"repetition {rep + 1}/{args.repeats}", flush=True)
+        results.append(asyncio.run(run_once(args, sample, rep)))
+
+    def med(name: str) -> float:
+        return statistics.median(getattr(r, name) for r in results)
+
+    worker_rate, ceiling_rate, p99 = med("worker_rate"), med("ceiling_rate"), med("latency_p99_ms")
+    print()
+    print(f"summary: median of {len(results)} repetition(s), {args.articles} articles of "
+          f"{med('article_kb'):.2f} KB, one worker process, broker {args.broker}")
+    print(f"  worker throughput     {worker_rate:9,.0f} articles/s   (middle 80%: {med('worker_rate_slope'):,.0f}/s,"
+          f" worker CPU {med('worker_cpu'):.0%})")
+    print(f"  ceiling (aiokafka)    {ceiling_rate:9,.0f} articles/s")
+    print(f"  worker / ceiling      {statistics.median(r.ratio for r in results):9.2f}")
+    print(f"  latency at {args.rate:.0f}/s      p50 {med('latency_p50_ms'):.1f} ms, p99 {p99:.1f} ms (verdict "
+          f"latency_ms); end-to-end p50 {med('e2e_p50_ms'):.1f} ms, p99 {med('e2e_p99_ms'):.1f} ms")
+    print(f"  target ≥{TARGET_RATE:,.0f} articles/s per worker: {verdict(worker_rate >= TARGET_RATE)}")
+    print(f"  target p99 ≤{TARGET_P99_MS:.0f} ms at {args.rate:.0f}/s: {verdict(p99 <= TARGET_P99_MS)}")
+    if args.json:
+        args.json.write_text(json.dumps([{**asdict(r), "ratio": r.ratio} for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

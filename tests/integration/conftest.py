@@ -1,0 +1,237 @@
+"""Real-broker fixtures: the local Kafka from deploy/kafka/kafka.sh, worker subprocesses, consumers.
+
+The broker is reused when one answers on NEARDUP_TEST_KAFKA_PORT (CI starts it); otherwise this
+session starts it and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+REPO = Path(__file__).resolve().parents[2]
+KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
+PORT = int(os.environ.get("NEARDUP_TEST_KAFKA_PORT", "19092"))
+BOOTSTRAP = f"127.0.0.1:{PORT}"
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[str]:
+    started_here = False
+    if not _port_open(PORT):
+        env = {**os.environ, "NEARDUP_KAFKA_PORT": str(PORT)}
+        subprocess.run([str(KAFKA_SH), "start"], check=True, env=env, timeout=600)
+        started_here = True
+    yield BOOTSTRAP
+    if started_here:
+        env = {**os.environ, "NEARDUP_KAFKA_PORT": str(PORT)}
+        subprocess.run([str(KAFKA_SH), "stop", "--wipe"], check=False, env=env, timeout=120)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Deployment:
+    """One isolated service instance: its own app id, topics and state directories."""
+
+    bootstrap: str
+    root: Path
+    input_partitions: int = 1
+    name: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}")
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    metrics_ports: dict[int, int] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def topics(self) -> dict[str, str]:
+        return {
+            "input": f"{self.name}-articles",
+            "signatures": f"{self.name}-signatures",
+            "verdicts": f"{self.name}-verdicts",
+            "dead": f"{self.name}-dead-letters",
+        }
+
+    def env(self, index: int) -> dict[str, str]:
+        self.metrics_ports.setdefault(index, free_port())
+        return {
+            **os.environ,
+            "NEARDUP_BROKER": f"kafka://{self.bootstrap}",
+            "NEARDUP_APP_ID": self.name,
+            "NEARDUP_INPUT_TOPIC": self.topics["input"],
+            "NEARDUP_SIGNATURES_TOPIC": self.topics["signatures"],
+            "NEARDUP_VERDICTS_TOPIC": self.topics["verdicts"],
+            "NEARDUP_DEAD_LETTER_TOPIC": self.topics["dead"],
+            "NEARDUP_INPUT_PARTITIONS": str(self.input_partitions),
+            "NEARDUP_STATE_DIR": str(self.state_dir(index)),
+            "NEARDUP_METRICS_PORT": str(self.metrics_ports[index]),
+            "NEARDUP_LOG_LEVEL": "warning",
+            **self.extra_env,
+        }
+
+    def state_dir(self, index: int) -> Path:
+        return self.root / f"worker{index}"
+
+    def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
+        log = (self.root / f"worker{index}.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "worker"],
+            cwd=REPO,
+            env=self.env(index),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.workers.append(proc)
+        self.wait_ready(index, proc)
+        return proc
+
+    def wait_ready(self, index: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+        """Until /health says ok: topics exist and the Faust app is running."""
+        url = f"http://127.0.0.1:{self.metrics_ports[index]}/health"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"worker {index} exited with {proc.returncode}:\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"worker {index} not ready after {timeout}s:\n{self.logs()}")
+
+    def metrics(self, index: int) -> str:
+        url = f"http://127.0.0.1:{self.metrics_ports[index]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+
+    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for proc in self.workers:
+            self.kill(proc, signal.SIGTERM)
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(self.root.glob("*.log")))
+
+
+@pytest.fixture
+def deployment(kafka: str, tmp_path: Path) -> Iterator[Deployment]:
+    dep = Deployment(kafka, tmp_path)
+    yield dep
+    dep.stop_all()
+
+
+async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes | None]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for key, value in messages:
+            await producer.send(topic, value, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def produce_articles(bootstrap: str, topic: str, articles: list[dict[str, Any]]) -> None:
+    asyncio.run(produce(bootstrap, topic, [(a["id"].encode(), orjson.dumps(a)) for a in articles]))
+
+
+class TopicReader:
+    """Reads a topic from the beginning, in the background of the test's own polling."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.records: list[Any] = []
+
+    async def _read(self, until: Any, timeout: float) -> None:
+        consumer = AIOKafkaConsumer(
+            self.topic, bootstrap_servers=self.bootstrap, auto_offset_reset="earliest", group_id=None
+        )
+        await consumer.start()
+        try:
+            deadline = time.monotonic() + timeout
+            seen = len(self.records)
+            skip = seen
+            while time.monotonic() < deadline and not until(self.records):
+                batch = await consumer.getmany(timeout_ms=300)
+                for records in batch.values():
+                    for record in records:
+                        if skip:
+                            skip -= 1
+                            continue
+                        self.records.append(record)
+        finally:
+            await consumer.stop()
+
+    def read_until(self, until: Any, timeout: float) -> list[Any]:
+        """Re-read the topic from the start until `until(records)` holds or the timeout passes."""
+        self.records = []
+        asyncio.run(self._read(until, timeout))
+        return self.records
+
+
+def verdicts_by_id(records: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        verdict = orjson.loads(record.value)
+        out.setdefault(verdict["article_id"], []).append(verdict)
+    return out
+
+
+def without_latency(verdict: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in verdict.items() if k != "latency_ms"}
+
+
+def load_sample(limit: int | None = None) -> list[dict[str, Any]]:
+    lines = (REPO / "service" / "data" / "sample_news.jsonl").read_bytes().splitlines()
+    articles = [orjson.loads(line) for line in lines if line.strip()]
+    return articles[:limit] if limit else articles
+
+
+def run_embedded(articles: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
+    """Verdicts of `neardup dedup` for the same articles, as the reference."""
+    source = tmp / "embedded-in.jsonl"
+    out = tmp / "embedded-out.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(a) + b"\n" for a in articles))
+    subprocess.run(
+        [sys.executable, "-m", "service", "dedup", str(source), "-o", str(out), "-q"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    return [orjson.loads(line) for line in out.read_bytes().splitlines()]

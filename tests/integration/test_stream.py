@@ -1,0 +1,111 @@
+"""Through the real broker: verdicts equal the embedded mode's, all partitions are seen, bad input
+lands in the dead-letter topic."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+
+import orjson
+import pytest
+
+from service.core.params import DedupParams
+from service.core.signing import fingerprint
+
+from .conftest import (
+    Deployment,
+    TopicReader,
+    load_sample,
+    produce,
+    produce_articles,
+    run_embedded,
+    verdicts_by_id,
+    without_latency,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def test_stream_verdicts_equal_embedded_mode(deployment: Deployment, tmp_path: Path) -> None:
+    articles = load_sample()
+    expected = run_embedded(articles, tmp_path)
+    deployment.start_worker()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    records = reader.read_until(lambda r: len(r) >= len(articles), timeout=180)
+    assert len(records) == len(articles), deployment.logs()
+    # The verdict topic is partitioned by article id, so compare per article, not by topic order.
+    got = {v["article_id"]: without_latency(v) for v in map(orjson.loads, (r.value for r in records))}
+    assert got == {v["article_id"]: without_latency(v) for v in expected}
+    kinds = {v["verdict"] for v in got.values()}
+    assert kinds == {"unique", "duplicate", "partial"}
+    assert all(orjson.loads(r.value)["latency_ms"] >= 0 for r in records)
+
+
+def test_two_workers_three_partitions_see_every_earlier_article(kafka: str, tmp_path: Path) -> None:
+    dep = Deployment(kafka, tmp_path, input_partitions=3)
+    try:
+        dep.start_worker(0)
+        dep.start_worker(1)
+        articles = load_sample()
+        produce_articles(dep.bootstrap, dep.topics["input"], articles)
+        reader = TopicReader(dep.bootstrap, dep.topics["verdicts"])
+        records = reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=240)
+        verdicts = verdicts_by_id(records)
+        assert set(verdicts) == {a["id"] for a in articles}, dep.logs()
+        # Articles with equal canonical text are keyed differently, so they travel on different
+        # partitions; in each such group exactly one (the first indexed) is not an exact duplicate,
+        # and every other one names a member of the group.
+        params = DedupParams()
+        groups: dict[bytes, list[str]] = {}
+        for article in articles:
+            groups.setdefault(fingerprint(article["text"], params).content_hash, []).append(article["id"])
+        multi = [ids for ids in groups.values() if len(ids) > 1]
+        assert len(multi) > 20
+        for ids in multi:
+            exact = [verdicts[i][0] for i in ids if verdicts[i][0]["exact"]]
+            assert len(exact) == len(ids) - 1, [verdicts[i][0] for i in ids]
+            assert all(v["match_id"] in ids for v in exact)
+    finally:
+        dep.stop_all()
+
+
+def test_bad_messages_go_to_dead_letters_and_valid_ones_get_verdicts(deployment: Deployment) -> None:
+    valid = load_sample(20)
+    bad: list[tuple[bytes | None, bytes | None, str]] = [
+        (b"x1", b"{not json", "invalid_json"),
+        (b"x2", b'{"id": "x2", "text": "caf\xe9 latin-1 bytes"}', "invalid_utf8"),
+        (b"x3", b'{"id": "x3"}', "schema_violation"),
+        (b"x4", b'{"id": 4, "text": "numeric id"}', "schema_violation"),
+        (b"x5", b'["an", "array"]', "schema_violation"),
+        (b"x6", orjson.dumps({"id": "x6", "text": "w " * 300_000}), "oversized"),
+        (b"x7", b'{"id": "x7", "text": "   \\n\\t "}', "empty_text"),
+        (b"x8", None, "invalid_json"),
+    ]
+    messages: list[tuple[bytes | None, bytes | None]] = []
+    for i, article in enumerate(valid):
+        messages.append((article["id"].encode(), orjson.dumps(article)))
+        if i < len(bad):
+            messages.append((bad[i][0], bad[i][1]))
+    deployment.extra_env["NEARDUP_MAX_TEXT_BYTES"] = "500000"
+    deployment.start_worker()
+
+    asyncio.run(produce(deployment.bootstrap, deployment.topics["input"], messages))
+    dead = TopicReader(deployment.bootstrap, deployment.topics["dead"]).read_until(
+        lambda r: len(r) >= len(bad), timeout=180
+    )
+    letters = [orjson.loads(r.value) for r in dead]
+    assert len(letters) == len(bad), deployment.logs()
+    by_key = {base64.b64decode(d["key_b64"]): d for d in letters}
+    for key, value, reason in bad:
+        letter = by_key[key]
+        assert letter["reason"] == reason, letter
+        assert letter["topic"] == deployment.topics["input"]
+        assert letter["partition"] == 0 and letter["offset"] >= 0
+        original = None if letter["value_b64"] is None else base64.b64decode(letter["value_b64"])
+        assert original == value
+    verdicts = TopicReader(deployment.bootstrap, deployment.topics["verdicts"]).read_until(
+        lambda r: len(r) >= len(valid), timeout=120
+    )
+    assert sorted(orjson.loads(r.value)["article_id"] for r in verdicts) == sorted(a["id"] for a in valid)

@@ -1,0 +1,223 @@
+"""The sign and index agents in Faust's in-memory test context: no broker, a memory:// table store,
+the topics' `send` replaced by recorders. A fast check of the agents' wiring, not of Kafka delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import faust
+import orjson
+import pytest
+
+from service.config import Settings
+from service.core.signing import fingerprint
+from service.stream.app import SHARD_KEY, Runtime, create_app
+from service.stream.metrics import Metrics
+from service.stream.stages import OFFSET_KEY, Provenance, SignStage, decode_signed
+from tests.conftest import PROSE
+
+HIGHWATER = 10
+
+
+class Recorder:
+    """Stands in for TopicT.send: records (key, value) and wakes up waiters."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, Any]] = []
+        self._changed = asyncio.Event()
+
+    async def __call__(self, *, key: Any = None, value: Any = None, **_: Any) -> None:
+        self.sent.append((key, value))
+        self._changed.set()
+
+    async def wait_for(self, count: int, timeout: float = 5.0) -> list[tuple[Any, Any]]:
+        async def enough() -> None:
+            while len(self.sent) < count:
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(enough(), timeout)
+        return self.sent
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings.from_env({}, state_dir=str(tmp_path / "state"), sign_batch=10)
+
+
+@pytest.fixture
+def wired(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> tuple[faust.App, Runtime, dict[str, Recorder]]:
+    """The app on a memory:// store, finalized and flowing, every topic's send() recorded by name.
+
+    The output topics are local to create_app, so send is replaced on the Topic class: a real send
+    would start a producer and look for a broker."""
+    app, runtime = create_app(settings, Metrics(), store="memory://")
+    app.finalize()
+    app.flow_control.resume()
+    recorders = {
+        "signatures": Recorder(),
+        "dead_letters": Recorder(),
+        "verdicts": Recorder(),
+    }
+    by_topic = {
+        settings.signatures_topic: recorders["signatures"],
+        settings.dead_letter_topic: recorders["dead_letters"],
+        settings.verdicts_topic: recorders["verdicts"],
+    }
+
+    async def send(self: faust.topics.Topic, *args: Any, **kwargs: Any) -> None:
+        await by_topic[self.get_topic_name()](*args, **kwargs)
+
+    monkeypatch.setattr(faust.topics.Topic, "send", send)
+    # the test context never starts the consumer; the index agent asks it for the high-water mark
+    monkeypatch.setattr(app.consumer, "highwater", lambda tp: HIGHWATER)
+    return app, runtime, recorders
+
+
+@pytest.fixture
+async def sign_agent(wired: tuple[faust.App, Runtime, dict[str, Recorder]]) -> AsyncIterator[Any]:
+    app, _, _ = wired
+    async with app.agents["sign"].test_context() as agent:
+        yield agent
+
+
+async def test_valid_article_is_signed(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], sign_agent: Any
+) -> None:
+    _, runtime, recorders = wired
+    raw = orjson.dumps({"id": "wire-1", "text": PROSE[0], "title": "Romo"})
+    await sign_agent.put(raw, key=b"wire-1")
+    (key, value), *_ = await recorders["signatures"].wait_for(1)
+    assert key == SHARD_KEY
+    signed = decode_signed(value)
+    assert signed.article_id == "wire-1"
+    assert signed.fingerprint == fingerprint(PROSE[0], runtime.settings.params())
+    assert signed.provenance.topic == runtime.settings.input_topic
+    assert recorders["dead_letters"].sent == []
+    assert runtime.metrics.registry.get_sample_value("neardup_articles_in_total") == 1.0
+
+
+async def test_invalid_json_is_dead_lettered(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], sign_agent: Any
+) -> None:
+    _, runtime, recorders = wired
+    raw = b'{"id": "wire-2", "text": '
+    await sign_agent.put(raw, key=b"wire-2")
+    (key, value), *_ = await recorders["dead_letters"].wait_for(1)
+    assert key == b"wire-2"
+    record = orjson.loads(value)
+    assert record["reason"] == "invalid_json"
+    assert base64.b64decode(record["value_b64"]) == raw
+    assert record["topic"] == runtime.settings.input_topic
+    assert recorders["signatures"].sent == []
+    metrics = runtime.metrics.registry
+    assert metrics.get_sample_value("neardup_dead_letters_total", {"reason": "invalid_json"}) == 1.0
+
+
+async def test_a_batch_keeps_order_and_splits_outputs(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], sign_agent: Any
+) -> None:
+    _, _, recorders = wired
+    inputs = [
+        orjson.dumps({"id": "a", "text": PROSE[1]}),
+        b"\xff\xfe",
+        orjson.dumps({"id": "b", "text": PROSE[2]}),
+        orjson.dumps({"id": "c", "text": "   "}),
+        orjson.dumps({"id": "d", "text": PROSE[3]}),
+    ]
+    for offset, raw in enumerate(inputs):
+        await sign_agent.put(raw, key=f"k{offset}".encode())
+    signed = await recorders["signatures"].wait_for(3)
+    dead = await recorders["dead_letters"].wait_for(2)
+    assert [decode_signed(v).article_id for _, v in signed] == ["a", "b", "d"]
+    assert [decode_signed(v).provenance.offset for _, v in signed] == [0, 2, 4]
+    assert [(k, orjson.loads(v)["reason"], orjson.loads(v)["offset"]) for k, v in dead] == [
+        (b"k1", "invalid_utf8", 1),
+        (b"k3", "empty_text", 3),
+    ]
+
+
+# --- the index agent ------------------------------------------------------------------------------
+
+
+def _signed(settings: Settings, article_id: str, text: str) -> bytes:
+    src = Provenance(settings.input_topic, 0, 0, None)
+    raw = orjson.dumps({"id": article_id, "text": text})
+    result = SignStage(settings.params(), settings.max_text_bytes).handle(raw, None, src)
+    assert result.signed is not None
+    return result.signed
+
+
+async def _settled(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for the end of the agent's batch (gauges are set after the last verdict is sent)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+async def index_agent(wired: tuple[faust.App, Runtime, dict[str, Recorder]]) -> AsyncIterator[Any]:
+    app, runtime, _ = wired
+    async with app.agents["index"].test_context() as agent:
+        yield agent
+    if runtime.index is not None:
+        runtime.index.index.close()
+
+
+async def test_index_agent_publishes_verdicts_keyed_by_article(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], index_agent: Any
+) -> None:
+    _, runtime, recorders = wired
+    settings = runtime.settings
+    first = _signed(settings, "a", PROSE[0])
+    await index_agent.put(first, key=SHARD_KEY)
+    await index_agent.put(_signed(settings, "b", PROSE[0] + " Reporting by the wire desk."), key=SHARD_KEY)
+    await index_agent.put(first, key=SHARD_KEY)  # produced twice upstream: a later offset
+    sent = await recorders["verdicts"].wait_for(3)
+    assert [key for key, _ in sent] == [b"a", b"b", b"a"]
+    verdicts = [orjson.loads(value) for _, value in sent]
+    assert [(v["verdict"], v["match_id"]) for v in verdicts] == [
+        ("unique", None),
+        ("duplicate", "a"),
+        ("unique", None),
+    ]
+    assert {k: v for k, v in verdicts[2].items() if k != "latency_ms"} == {
+        k: v for k, v in verdicts[0].items() if k != "latency_ms"
+    }
+    assert runtime.index is not None and runtime.index.applied_offset == 2
+    assert runtime.index.records[OFFSET_KEY] == b"2"
+    assert recorders["dead_letters"].sent == []
+    registry = runtime.metrics.registry
+    assert registry.get_sample_value("neardup_verdicts_total", {"kind": "unique"}) == 2.0
+    assert registry.get_sample_value("neardup_verdicts_total", {"kind": "duplicate"}) == 1.0
+    lag = {"topic": settings.signatures_topic}
+    await _settled(lambda: registry.get_sample_value("neardup_consumer_lag", lag) == HIGHWATER - 2 - 1)
+    assert registry.get_sample_value("neardup_indexed_articles") == 2.0
+    assert not index_agent._crash_reason
+
+
+async def test_index_agent_dead_letters_a_corrupt_record(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], index_agent: Any
+) -> None:
+    _, runtime, recorders = wired
+    await index_agent.put(b"not a signed record", key=SHARD_KEY)
+    await index_agent.put(_signed(runtime.settings, "a", PROSE[1]), key=SHARD_KEY)
+    (_, verdict), *_ = await recorders["verdicts"].wait_for(1)
+    assert orjson.loads(verdict)["article_id"] == "a"  # the shard goes on after a bad record
+    (key, value), *_ = await recorders["dead_letters"].wait_for(1)
+    record = orjson.loads(value)
+    assert key == SHARD_KEY and record["reason"] == "internal_error"
+    assert record["topic"] == runtime.settings.signatures_topic and record["offset"] == 0
+    assert base64.b64decode(record["value_b64"]) == b"not a signed record"
+    registry = runtime.metrics.registry
+    await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 1.0)
+    assert registry.get_sample_value("neardup_dead_letters_total", {"reason": "internal_error"}) == 1.0
+    assert not index_agent._crash_reason

@@ -1,0 +1,176 @@
+"""service.config.Settings: NEARDUP_* parsing, validation, precedence, secrets, the settings table."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from service.config import ConfigError, Settings, settings_table
+
+SECRET = "s3cr3t-Pa55w0rd-xyzzy"
+
+
+def test_defaults_without_environment() -> None:
+    settings = Settings.from_env({})
+    assert settings == Settings()
+    assert settings.broker == "kafka://127.0.0.1:9092"
+    assert settings.bootstrap_servers == "127.0.0.1:9092"
+
+
+def test_environment_values_are_converted() -> None:
+    settings = Settings.from_env(
+        {
+            "NEARDUP_BROKER": "kafka://broker-1:9093",
+            "NEARDUP_INPUT_TOPIC": "news-in",
+            "NEARDUP_INPUT_PARTITIONS": "12",
+            "NEARDUP_THRESHOLD": "0.85",
+            "NEARDUP_CONTAINMENT_THRESHOLD": "0",
+            "NEARDUP_NUM_PERM": "256",
+            "NEARDUP_SHINGLE_SIZE": "7",
+            "NEARDUP_METRICS_PORT": "9200",
+            "NEARDUP_STATE_DIR": "/var/lib/neardup",
+            "NEARDUP_UNRELATED": "ignored",
+            "UNPREFIXED_THRESHOLD": "0.1",
+        }
+    )
+    assert settings.broker == "kafka://broker-1:9093"
+    assert settings.input_topic == "news-in"
+    assert settings.input_partitions == 12 and isinstance(settings.input_partitions, int)
+    assert settings.threshold == 0.85 and isinstance(settings.threshold, float)
+    assert settings.num_perm == 256 and settings.shingle_size == 7 and settings.metrics_port == 9200
+    assert settings.state_path == Path("/var/lib/neardup")
+    params = settings.params()
+    assert (params.threshold, params.num_perm, params.shingle.k) == (0.85, 256, 7)
+    assert params.containment_threshold is None  # 0 switches partial verdicts off
+
+
+def test_reads_os_environ_when_no_mapping_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEARDUP_APP_ID", "neardup-test")
+    monkeypatch.setenv("NEARDUP_SIGN_BATCH", "17")
+    settings = Settings.from_env()
+    assert (settings.app_id, settings.sign_batch) == ("neardup-test", 17)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [
+        ("NEARDUP_NUM_PERM", "many", "int"),
+        ("NEARDUP_INPUT_PARTITIONS", "1.5", "int"),
+        ("NEARDUP_METRICS_PORT", "", "int"),
+        ("NEARDUP_THRESHOLD", "high", "float"),
+        ("NEARDUP_FN_WEIGHT", "0,5", "float"),
+    ],
+)
+def test_type_errors_name_the_variable(name: str, value: str, kind: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: value})
+    message = str(info.value)
+    assert name in message and repr(value) in message and kind in message
+
+
+@pytest.mark.parametrize("broker", ["http://127.0.0.1:9092", "127.0.0.1:9092", "", "KAFKA://x:1"])
+def test_invalid_broker_url(broker: str) -> None:
+    with pytest.raises(ConfigError, match="NEARDUP_BROKER"):
+        Settings.from_env({"NEARDUP_BROKER": broker})
+
+
+def test_several_brokers() -> None:
+    settings = Settings.from_env({"NEARDUP_BROKER": "kafka://a:9092;kafka://b:9093;aiokafka://c:9094"})
+    assert settings.bootstrap_servers == "a:9092,b:9093,c:9094"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("NEARDUP_INPUT_PARTITIONS", "0", "NEARDUP_INPUT_PARTITIONS"),
+        ("NEARDUP_VERDICTS_PARTITIONS", "-1", "NEARDUP_VERDICTS_PARTITIONS"),
+        ("NEARDUP_MAX_TEXT_BYTES", "0", "NEARDUP_MAX_TEXT_BYTES"),
+        ("NEARDUP_SIGN_BATCH", "0", "NEARDUP_SIGN_BATCH"),
+        ("NEARDUP_SECURITY_PROTOCOL", "TLS", "NEARDUP_SECURITY_PROTOCOL"),
+        ("NEARDUP_THRESHOLD", "1.5", "threshold"),
+        ("NEARDUP_THRESHOLD", "0", "threshold"),
+        ("NEARDUP_CONTAINMENT_THRESHOLD", "2", "containment_threshold"),
+    ],
+)
+def test_invalid_values(name: str, value: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Settings.from_env({name: value})
+
+
+def test_overrides_win_over_environment() -> None:
+    env = {"NEARDUP_THRESHOLD": "0.7", "NEARDUP_INPUT_TOPIC": "from-env", "NEARDUP_NUM_PERM": "64"}
+    settings = Settings.from_env(env, threshold=0.9, input_topic="from-flag", num_perm=None)
+    assert settings.threshold == 0.9
+    assert settings.input_topic == "from-flag"
+    assert settings.num_perm == 64  # a flag left unset (None) does not hide the environment
+
+
+def test_overrides_are_validated() -> None:
+    with pytest.raises(ConfigError, match="NEARDUP_BROKER"):
+        Settings.from_env({}, broker="localhost:9092")
+
+
+def test_an_invalid_environment_value_is_reported_even_when_overridden() -> None:
+    # the variable is parsed before flags apply: a broken environment is never silently accepted
+    with pytest.raises(ConfigError, match="NEARDUP_NUM_PERM"):
+        Settings.from_env({"NEARDUP_NUM_PERM": "x"}, num_perm=64)
+
+
+def test_repr_never_shows_the_sasl_password() -> None:
+    settings = Settings.from_env(
+        {
+            "NEARDUP_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "NEARDUP_SASL_MECHANISM": "SCRAM-SHA-512",
+            "NEARDUP_SASL_USERNAME": "neardup",
+            "NEARDUP_SASL_PASSWORD": SECRET,
+        }
+    )
+    assert settings.sasl_password == SECRET
+    for text in (repr(settings), str(settings), f"{settings}", f"{settings!r}", repr([settings])):
+        assert SECRET not in text
+        assert "sasl_username='neardup'" in text
+    assert SECRET not in settings_table()
+    # the client gets it, of course
+    security = settings.client_security()
+    assert security["sasl_plain_password"] == SECRET
+    assert security["security_protocol"] == "SASL_PLAINTEXT"
+    assert security["sasl_mechanism"] == "SCRAM-SHA-512"
+
+
+def test_plaintext_security_has_no_credentials() -> None:
+    assert Settings().client_security() == {"security_protocol": "PLAINTEXT"}
+
+
+def test_settings_table_lists_every_field() -> None:
+    table = settings_table()
+    lines = table.splitlines()
+    assert lines[:2] == ["| variable | default |", "| --- | --- |"]
+    names = [f.name for f in dataclasses.fields(Settings)]
+    assert len(lines) == 2 + len(names)
+    for line, name in zip(lines[2:], names, strict=True):
+        assert line.startswith(f"| `NEARDUP_{name.upper()}` |")
+    assert "| `NEARDUP_THRESHOLD` | `0.8` |" in lines
+    assert "| `NEARDUP_SASL_PASSWORD` | `(secret)` |" in lines
+
+
+def _sample(name: str, default: object) -> str:
+    if name == "broker":
+        return "kafka://elsewhere:1"
+    if name == "security_protocol":
+        return "SASL_PLAINTEXT"
+    if isinstance(default, int):
+        return "7"
+    if isinstance(default, float):
+        return "0.6"
+    return f"value-{name}"
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Settings)])
+def test_every_field_can_be_set_from_the_environment(name: str) -> None:
+    # each field's variable is honoured (a typo in a name would silently keep the default)
+    default = getattr(Settings(), name)
+    raw = _sample(name, default)
+    settings = Settings.from_env({f"NEARDUP_{name.upper()}": raw})
+    assert getattr(settings, name) == type(default)(raw) != default

@@ -1,0 +1,242 @@
+"""service.messages: article decoding and validation, verdict and dead-letter records."""
+
+from __future__ import annotations
+
+import base64
+import time
+import typing
+
+import orjson
+import pytest
+
+from service.core.params import DedupParams
+from service.engine import Engine
+from service.messages import (
+    DEAD_LETTER_REASONS,
+    MAX_ID_LENGTH,
+    OPTIONAL_STRING_FIELDS,
+    Article,
+    DeadLetterReason,
+    InvalidMessage,
+    article_from_dict,
+    dead_letter_dict,
+    decode_article,
+    dumps,
+    verdict_dict,
+)
+from service.state.memory import MemoryState
+from tests.conftest import PROSE
+
+LIMIT = 1_000_000
+
+
+def reject(raw: bytes | None, limit: int = LIMIT) -> InvalidMessage:
+    with pytest.raises(InvalidMessage) as info:
+        decode_article(raw, limit)
+    return info.value
+
+
+def test_reason_literal_and_tuple_agree() -> None:
+    assert typing.get_args(DeadLetterReason) == DEAD_LETTER_REASONS
+    assert len(set(DEAD_LETTER_REASONS)) == len(DEAD_LETTER_REASONS)
+
+
+def test_minimal_article() -> None:
+    article = decode_article(b'{"id": "a-1", "text": "Body."}', LIMIT)
+    assert article == Article("a-1", "Body.")
+    assert all(getattr(article, name) is None for name in OPTIONAL_STRING_FIELDS)
+
+
+def test_optional_fields_are_carried_and_unknown_ones_ignored() -> None:
+    data = {
+        "id": "a-1",
+        "text": "Body.",
+        "title": "Title",
+        "url": "https://example.com/a-1",
+        "source": "Wire",
+        "published_at": "2024-05-30T14:05:00Z",
+        "language": "en",
+        "tags": ["x"],
+        "wordcount": 1,
+    }
+    article = decode_article(orjson.dumps(data), LIMIT)
+    assert article == Article(
+        "a-1", "Body.", "Title", "https://example.com/a-1", "Wire", "2024-05-30T14:05:00Z", "en"
+    )
+
+
+def test_unicode_text_round_trips() -> None:
+    text = "Zürich — 東京 ✓ \U0001f600"
+    assert decode_article(orjson.dumps({"id": "u", "text": text}), LIMIT).text == text
+
+
+def test_tombstone_is_invalid_json() -> None:
+    exc = reject(None)
+    assert (exc.reason, exc.detail) == ("invalid_json", "message has no value (tombstone)")
+
+
+@pytest.mark.parametrize(
+    "raw", [b"", b"{", b"not json", b"{'id': 'a'}", b'{"id": "a", "text": "x"} trailing', b"NaN"]
+)
+def test_invalid_json(raw: bytes) -> None:
+    assert reject(raw).reason == "invalid_json"
+
+
+def test_invalid_utf8_names_the_byte() -> None:
+    raw = b'{"id": "a", "text": "ok \xc3\x28"}'
+    exc = reject(raw)
+    assert exc.reason == "invalid_utf8"
+    position = raw.index(b"\xc3")
+    assert exc.detail.startswith(f"byte {position}:")
+
+
+def test_utf8_is_checked_before_json() -> None:
+    # not JSON either, but the first problem found is the encoding
+    assert reject(b"\xff\xfe garbage").reason == "invalid_utf8"
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ([1, 2], "object"),
+        (3, "object"),
+        ("s", "object"),
+        (None, "object"),
+        ({"text": "t"}, "'id'"),
+        ({"id": 5, "text": "t"}, "'id'"),
+        ({"id": "", "text": "t"}, "'id'"),
+        ({"id": "x" * (MAX_ID_LENGTH + 1), "text": "t"}, "'id'"),
+        ({"id": "a"}, "'text'"),
+        ({"id": "a", "text": 1.5}, "'text'"),
+        ({"id": "a", "text": "t", "title": 1}, "'title'"),
+        ({"id": "a", "text": "t", "url": {}}, "'url'"),
+        ({"id": "a", "text": "t", "source": []}, "'source'"),
+        ({"id": "a", "text": "t", "published_at": 0}, "'published_at'"),
+        ({"id": "a", "text": "t", "language": False}, "'language'"),
+    ],
+)
+def test_schema_violations_name_the_field(data: object, field: str) -> None:
+    exc = reject(orjson.dumps(data))
+    assert exc.reason == "schema_violation"
+    assert field in exc.detail
+    assert str(exc) == f"schema_violation: {exc.detail}"
+
+
+def test_violation_after_the_id_names_the_article() -> None:
+    exc = reject(b'{"id": "wire-9", "text": "t", "title": 7}')
+    assert "'wire-9'" in exc.detail
+
+
+def test_id_length_bounds() -> None:
+    assert decode_article(orjson.dumps({"id": "x" * MAX_ID_LENGTH, "text": "t"}), LIMIT).article_id
+    assert decode_article(orjson.dumps({"id": "ü" * MAX_ID_LENGTH, "text": "t"}), LIMIT).article_id
+
+
+def test_text_limit_counts_utf8_bytes() -> None:
+    assert decode_article(orjson.dumps({"id": "a", "text": "é" * 50}), 100).text == "é" * 50
+    exc = reject(orjson.dumps({"id": "a", "text": "é" * 51}), 100)
+    assert exc.reason == "oversized"
+    assert "102 bytes, limit 100" in exc.detail and "'a'" in exc.detail
+
+
+def test_huge_messages_are_rejected_before_parsing() -> None:
+    raw = b"\xff" + b"x" * (100 + 64 * 1024)  # neither UTF-8 nor JSON: the size wins
+    exc = reject(raw, 100)
+    assert exc.reason == "oversized"
+    assert str(len(raw)) in exc.detail
+
+
+def test_large_metadata_within_the_envelope_is_accepted() -> None:
+    data = {"id": "a", "text": "x" * 100, "notes": "n" * 60_000}
+    assert decode_article(orjson.dumps(data), 100).text == "x" * 100
+
+
+def test_article_from_dict_accepts_decoded_data() -> None:
+    assert article_from_dict({"id": "a", "text": "t", "title": None}, 10) == Article("a", "t")
+    with pytest.raises(InvalidMessage):
+        article_from_dict({"id": "a", "text": "t" * 11}, 10)
+
+
+# --- verdict_dict ---------------------------------------------------------------------------------
+
+
+def test_verdict_dict_mirrors_the_decision() -> None:
+    params = DedupParams()
+    engine = Engine(MemoryState(), params)
+    engine.process("a", PROSE[0])
+    dup = engine.process("b", PROSE[0] + " One more closing line for the syndicated copy.")
+    record = verdict_dict(dup, params, 4.25)
+    d = dup.decision
+    assert list(record) == [
+        "article_id",
+        "verdict",
+        "match_id",
+        "jaccard",
+        "containment",
+        "contains",
+        "canonical_id",
+        "exact",
+        "version",
+        "candidates",
+        "params",
+        "latency_ms",
+    ]
+    assert (record["article_id"], record["verdict"], record["match_id"]) == ("b", "duplicate", "a")
+    assert (record["jaccard"], record["containment"], record["contains"]) == (
+        d.jaccard,
+        d.containment,
+        d.contains,
+    )
+    assert record["canonical_id"] == "a" and record["exact"] is False and record["version"] == 0
+    assert record["candidates"] == [
+        {
+            "article_id": c.article_id,
+            "jaccard": c.jaccard,
+            "containment": c.containment,
+            "contains": c.contains,
+        }
+        for c in d.candidates
+    ]
+    assert record["params"] == params.audit()
+    assert record["latency_ms"] == 4.25
+    assert verdict_dict(dup, params)["latency_ms"] is None
+    assert orjson.loads(dumps(record)) == record
+
+
+def test_unique_verdict_has_no_match() -> None:
+    params = DedupParams()
+    record = verdict_dict(Engine(MemoryState(), params).process("solo", PROSE[2]), params)
+    assert record["verdict"] == "unique"
+    assert (record["match_id"], record["jaccard"], record["containment"], record["contains"]) == (None,) * 4
+    assert record["canonical_id"] == "solo" and record["candidates"] == []
+
+
+# --- dead_letter_dict -----------------------------------------------------------------------------
+
+
+def test_dead_letter_round_trips_bytes() -> None:
+    original = b'\x00\xff{"id": broken'
+    before = time.time()
+    record = dead_letter_dict("invalid_utf8", "byte 1", original, "topic", 3, 99, b"\x01key")
+    assert base64.b64decode(record["value_b64"]) == original
+    assert base64.b64decode(record["key_b64"]) == b"\x01key"
+    assert (record["reason"], record["detail"], record["topic"], record["partition"], record["offset"]) == (
+        "invalid_utf8",
+        "byte 1",
+        "topic",
+        3,
+        99,
+    )
+    assert before <= record["failed_at"] <= time.time()
+    assert orjson.loads(dumps(record)) == record
+
+
+def test_dead_letter_without_value_or_key() -> None:
+    record = dead_letter_dict("invalid_json", "tombstone", None)
+    assert record["value_b64"] is None and record["key_b64"] is None
+    assert (record["topic"], record["partition"], record["offset"]) == (None, None, None)
+
+
+def test_empty_bytes_are_not_none() -> None:
+    record = dead_letter_dict("invalid_json", "empty", b"", key=b"")
+    assert record["value_b64"] == "" and record["key_b64"] == ""

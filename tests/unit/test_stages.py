@@ -1,0 +1,339 @@
+"""service.stream.stages: the sign stage (bytes → signed record or dead letter) and the index stage
+(signed record → verdict) over RocksDB and a plain dict standing in for the record table."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from service.core.params import DedupParams
+from service.core.signing import fingerprint
+from service.state.rocks import RocksState
+from service.stream.stages import (
+    ARTICLE_PREFIX,
+    OFFSET_KEY,
+    IndexStage,
+    Provenance,
+    Signed,
+    SignStage,
+    decode_signed,
+    encode_signed,
+)
+from tests.conftest import PROSE
+
+PARAMS = DedupParams()
+SRC = Provenance("neardup-articles", 2, 4711, 1_717_000_000_000)
+NOW = 1_717_000_000.250  # seconds; 250 ms after SRC's timestamp
+
+
+def article(article_id: Any, text: Any, **extra: Any) -> bytes:
+    return orjson.dumps({"id": article_id, "text": text, **extra})
+
+
+# --- sign -----------------------------------------------------------------------------------------
+
+BAD: list[tuple[str, bytes | None, str]] = [
+    ("invalid utf-8", b'{"id": "a", "text": "na\xefve \xff"}', "invalid_utf8"),
+    ("truncated utf-8", article("a", "ok")[:-3] + b"\xe2\x82", "invalid_utf8"),
+    ("invalid json", b'{"id": "a", "text": "unterminated}', "invalid_json"),
+    ("not json at all", b"Memorial Day, observed on the last Monday of May", "invalid_json"),
+    ("json array", b'[{"id": "a", "text": "t"}]', "schema_violation"),
+    ("json number", b"42", "schema_violation"),
+    ("json string", b'"text"', "schema_violation"),
+    ("json null", b"null", "schema_violation"),
+    ("missing id", b'{"text": "A body."}', "schema_violation"),
+    ("id not a string", article(12345, "A body."), "schema_violation"),
+    ("empty id", article("", "A body."), "schema_violation"),
+    ("missing text", b'{"id": "a", "title": "Headline"}', "schema_violation"),
+    ("text not a string", article("a", ["A", "body"]), "schema_violation"),
+    ("text null", article("a", None), "schema_violation"),
+    ("title not a string", article("a", "A body.", title={"main": "Headline"}), "schema_violation"),
+    ("oversized text", article("a", "word " * 40), "oversized"),
+    ("oversized multibyte text", article("a", "€" * 34), "oversized"),  # 102 bytes, 34 characters
+    ("empty text", article("a", ""), "empty_text"),
+    ("whitespace text", article("a", " \n\t\u3000 \r\n "), "empty_text"),
+    ("tombstone", None, "invalid_json"),
+]
+
+
+@pytest.fixture
+def sign() -> SignStage:
+    return SignStage(PARAMS, max_text_bytes=100)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"), [(raw, reason) for _, raw, reason in BAD], ids=[c[0] for c in BAD]
+)
+def test_bad_input_becomes_a_dead_letter(sign: SignStage, raw: bytes | None, reason: str) -> None:
+    result = sign.handle(raw, b"key-a", SRC)
+    assert result.signed is None and result.dead_letter is not None
+    assert result.reason == reason
+    record = orjson.loads(result.dead_letter)
+    assert record["reason"] == reason and record["detail"]
+    assert (record["topic"], record["partition"], record["offset"]) == (SRC.topic, SRC.partition, SRC.offset)
+    assert base64.b64decode(record["key_b64"]) == b"key-a"
+    if raw is None:
+        assert record["value_b64"] is None
+    else:
+        assert base64.b64decode(record["value_b64"], validate=True) == raw
+
+
+def test_dead_letter_without_key(sign: SignStage) -> None:
+    record = orjson.loads(sign.handle(b"{", None, SRC).dead_letter or b"")
+    assert record["key_b64"] is None
+
+
+def test_schema_violation_detail_names_field(sign: SignStage) -> None:
+    record = orjson.loads(sign.handle(article("a-7", "t", title=3), None, SRC).dead_letter or b"")
+    assert "'title'" in record["detail"] and "'a-7'" in record["detail"]
+
+
+def test_unexpected_errors_do_not_escape(sign: SignStage, monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.stream.stages as stages
+
+    def explode(text: str, params: DedupParams) -> None:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(stages, "fingerprint", explode)
+    raw = article("a", "A perfectly good body.")
+    result = sign.handle(raw, None, SRC)
+    assert result.reason == "internal_error"
+    record = orjson.loads(result.dead_letter or b"")
+    assert record["detail"] == "MemoryError: no room"
+    assert base64.b64decode(record["value_b64"]) == raw
+
+
+@pytest.mark.parametrize("text", [PROSE[0], PROSE[4][:100], "Short.", "ünïcødé ✓ 東京"])
+def test_valid_article_is_signed_and_round_trips(text: str) -> None:
+    stage = SignStage(PARAMS, max_text_bytes=1_000_000)
+    result = stage.handle(article("wire-1", text, title="T", extra=1), b"wire-1", SRC)
+    assert result.dead_letter is None and result.reason is None and result.signed is not None
+    signed = decode_signed(result.signed)
+    assert signed.article_id == "wire-1"
+    assert signed.provenance == SRC
+    assert signed.fingerprint == fingerprint(text, PARAMS)
+    assert signed.fingerprint.signature.dtype == np.uint64
+    assert encode_signed(signed) == result.signed
+
+
+def test_signed_record_carries_no_text() -> None:
+    result = SignStage(PARAMS, 1_000_000).handle(article("x", PROSE[1]), None, SRC)
+    assert result.signed is not None
+    assert b"Memorial" not in result.signed
+
+
+def test_text_at_the_limit_is_accepted(sign: SignStage) -> None:
+    assert sign.handle(article("a", "x" * 100), None, SRC).signed is not None
+    assert sign.handle(article("a", "x" * 101), None, SRC).reason == "oversized"
+
+
+def test_provenance_without_timestamp_round_trips() -> None:
+    src = Provenance("t", 0, 0, None)
+    result = SignStage(PARAMS, 1000).handle(article("a", "Some body text."), None, src)
+    assert decode_signed(result.signed or b"").provenance == src
+
+
+def test_decode_signed_rejects_other_bytes() -> None:
+    with pytest.raises(ValueError, match="not a signed record"):
+        decode_signed(b'{"id": "a"}')
+
+
+# --- index ----------------------------------------------------------------------------------------
+
+
+def signed(article_id: str, text: str, input_offset: int = 0) -> Signed:
+    src = Provenance(SRC.topic, SRC.partition, input_offset, SRC.timestamp_ms)
+    result = SignStage(PARAMS, 1_000_000).handle(article(article_id, text), article_id.encode(), src)
+    assert result.signed is not None, result.reason
+    return decode_signed(result.signed)
+
+
+class Shard:
+    """An index stage over its own RocksDB directory and a dict standing in for the record table."""
+
+    def __init__(self, path: Path, records: dict[bytes, bytes] | None = None) -> None:
+        self.state = RocksState(path)
+        self.records: dict[bytes, bytes] = {} if records is None else records
+        self.stage = IndexStage(PARAMS, self.state, self.records)
+        self.count = self.stage.rebuild()
+
+    def handle(self, item: Signed, offset: int) -> tuple[str, dict[str, Any] | None]:
+        result = self.stage.handle(item, offset, now=NOW)
+        return result.status, result.verdict
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Iterator[Any]:
+    opened: list[Shard] = []
+
+    def make(name: str, records: dict[bytes, bytes] | None = None) -> Shard:
+        shard = Shard(tmp_path / name, records)
+        opened.append(shard)
+        return shard
+
+    yield make
+    for shard in opened:
+        shard.state.close()
+
+
+def test_new_article_gets_a_verdict(shards: Any) -> None:
+    shard = shards("index")
+    assert shard.count == 0 and shard.stage.applied_offset == -1
+    status, verdict = shard.handle(signed("a", PROSE[0]), 0)
+    assert status == "new" and verdict is not None
+    assert (verdict["article_id"], verdict["verdict"], verdict["canonical_id"]) == ("a", "unique", "a")
+    assert verdict["latency_ms"] == pytest.approx(250.0, abs=0.01)
+    assert verdict["params"] == PARAMS.audit()
+    assert ARTICLE_PREFIX + b"a" in shard.records
+    assert shard.records[OFFSET_KEY] == b"0" and shard.stage.applied_offset == 0
+    assert shard.state.get("a") is not None
+
+    status, verdict = shard.handle(signed("b", PROSE[0] + " Reporting by the wire desk."), 1)
+    assert status == "new" and verdict is not None
+    assert (verdict["verdict"], verdict["match_id"], verdict["canonical_id"]) == ("duplicate", "a", "a")
+    assert shard.records[OFFSET_KEY] == b"1"
+
+
+def test_redelivery_with_a_higher_offset_repeats_the_verdict(shards: Any) -> None:
+    shard = shards("index")
+    shard.handle(signed("a", PROSE[0]), 0)
+    item = signed("b", PROSE[0] + " Reporting by the wire desk.")
+    status, first = shard.handle(item, 1)
+    shard.handle(signed("c", PROSE[2]), 2)
+    records_before = {k: v for k, v in shard.records.items() if k != OFFSET_KEY}
+
+    status, again = shard.handle(item, 3)  # produced twice upstream: a new offset, the same record
+    assert status == "redelivered"
+    assert again == first
+    assert {k: v for k, v in shard.records.items() if k != OFFSET_KEY} == records_before
+    assert shard.records[OFFSET_KEY] == b"3" and shard.stage.applied_offset == 3
+    assert shard.state.count() == 3
+
+
+def test_replay_at_or_below_the_applied_offset(shards: Any) -> None:
+    shard = shards("index")
+    items = [
+        signed("a", PROSE[0]),
+        signed("b", PROSE[0] + " Reporting by the wire desk."),
+        signed("c", PROSE[2]),
+    ]
+    verdicts = [shard.handle(item, offset)[1] for offset, item in enumerate(items)]
+    records_before = dict(shard.records)
+    for offset, item in enumerate(items):
+        status, verdict = shard.handle(item, offset)
+        assert status == "replayed"
+        assert verdict == verdicts[offset]
+    assert shard.records == records_before  # replay writes nothing, not even the offset
+    assert shard.stage.applied_offset == 2
+
+
+def test_replay_of_a_superseded_version_is_stale(shards: Any) -> None:
+    shard = shards("index")
+    old, new = signed("a", PROSE[0]), signed("a", PROSE[1])
+    shard.handle(old, 0)
+    status, verdict = shard.handle(new, 1)
+    assert status == "new" and verdict is not None and verdict["version"] == 1
+    status, verdict = shard.handle(old, 0)
+    assert (status, verdict) == ("stale", None)
+    assert shard.state.get("a").version == 1  # type: ignore[union-attr]
+
+
+def test_applied_offset_is_restored_from_the_records(shards: Any) -> None:
+    first = shards("one")
+    items = [signed("a", PROSE[0]), signed("b", PROSE[1]), signed("c", PROSE[0])]
+    verdicts = [first.handle(item, offset * 10)[1] for offset, item in enumerate(items)]
+    assert first.records[OFFSET_KEY] == b"20"
+
+    second = shards("two", dict(first.records))  # a restart: a fresh derived index, the same table
+    assert second.count == 3 and second.stage.applied_offset == 20
+    assert second.state.count() == 3
+    # re-delivered from before the last commit: the same verdicts again, nothing re-decided
+    for offset, item in enumerate(items):
+        assert second.handle(item, offset * 10) == ("replayed", verdicts[offset])
+
+
+# Arrivals that exercise every path: unique, near-duplicate, exact copy, partial, a new version of an
+# article (its old content still held by an exact copy), a version that returns to an earlier text.
+HEAD = PROSE[1][: len(PROSE[1]) * 6 // 10]
+HISTORY = [
+    ("a", PROSE[0]),
+    ("b", PROSE[0] + " Reporting by the wire desk."),
+    ("c", PROSE[1]),
+    ("d", PROSE[0]),
+    ("a", PROSE[2]),
+    ("e", HEAD),
+    ("f", PROSE[3]),
+]
+FUTURE = [
+    ("g", PROSE[0]),
+    ("h", PROSE[1] + " Copyright 2024."),
+    ("a", PROSE[0]),
+    ("i", PROSE[2]),
+    ("j", PROSE[0][: len(PROSE[0]) * 6 // 10]),
+    ("f", PROSE[4]),
+    ("k", PROSE[3]),
+]
+
+
+def test_rebuild_reproduces_subsequent_verdicts(shards: Any) -> None:
+    live = shards("live")
+    for offset, (article_id, text) in enumerate(HISTORY):
+        assert live.handle(signed(article_id, text), offset)[0] == "new"
+    snapshot = dict(live.records)
+
+    restarted = shards("restarted", dict(snapshot))
+    assert restarted.count == len({article_id for article_id, _ in HISTORY})
+    assert restarted.stage.applied_offset == len(HISTORY) - 1
+    assert [a.article_id for a in restarted.state.articles()] == [a.article_id for a in live.state.articles()]
+
+    kinds = []
+    for offset, (article_id, text) in enumerate(FUTURE, start=len(HISTORY)):
+        item = signed(article_id, text)
+        expected = live.handle(item, offset)
+        assert restarted.handle(item, offset) == expected, f"{article_id} at offset {offset}"
+        assert expected[1] is not None
+        kinds.append((expected[1]["verdict"], expected[1]["exact"]))
+    assert restarted.records == live.records
+    # the sequence does cover the interesting cases
+    assert ("duplicate", True) in kinds and ("partial", False) in kinds and ("unique", False) in kinds
+
+
+def test_rebuild_on_the_same_directory_wipes_the_derived_index(shards: Any) -> None:
+    shard = shards("index")
+    for offset, (article_id, text) in enumerate(HISTORY):
+        shard.handle(signed(article_id, text), offset)
+    shard.records.pop(ARTICLE_PREFIX + b"f")  # the table is the truth: what it lacks is not indexed
+    assert shard.stage.rebuild() == len({a for a, _ in HISTORY}) - 1
+    assert shard.state.get("f") is None
+    status, verdict = shard.handle(signed("f2", PROSE[3]), 100)
+    assert status == "new" and verdict is not None and verdict["verdict"] == "unique"
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocks"])
+def test_content_map_passes_to_a_remaining_exact_copy(kind: str, tmp_path: Path) -> None:
+    from service.engine import Engine
+    from service.state.memory import MemoryState
+
+    state = MemoryState() if kind == "memory" else RocksState(tmp_path / "state")
+    try:
+        engine = Engine(state, PARAMS)
+        first = engine.process("first", PROSE[0])
+        engine.process("copy-1", PROSE[0])
+        engine.process("copy-2", PROSE[0])
+        engine.process("first", PROSE[1])  # the first holder changes; its copies still hold the text
+        assert state.id_for_content(first.fingerprint.content_hash) == "copy-1"
+        again = engine.process("late", PROSE[0])
+        assert (again.decision.exact, again.decision.match_id) == (True, "copy-1")
+        engine.process("copy-1", PROSE[2])
+        engine.process("copy-2", PROSE[3])
+        assert state.id_for_content(first.fingerprint.content_hash) == "late"
+        engine.process("late", PROSE[4])
+        assert state.id_for_content(first.fingerprint.content_hash) is None
+    finally:
+        state.close()
