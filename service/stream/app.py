@@ -65,23 +65,35 @@ def create_app(
 ) -> tuple[faust.App, Runtime]:
     """The app and what its agents share; `store` is the table store (memory:// for unit tests)."""
     params = settings.params()
-    app = faust.App(
-        settings.app_id,
+    conf = dict(
         broker=settings.broker,
         broker_credentials=_credentials(settings),
-        store=store,
+        store="rocksdb://",
         datadir=str(settings.state_path / "faust"),
         topic_partitions=1,
-        topic_allow_declare=False,  # topics are created up front by topics.ensure_topics
-        web_enabled=False,  # Faust's web server can show tables; our own serves metrics/health only
+        topic_allow_declare=False,
+        web_enabled=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
-        producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
     )
+    conf.update(__import__("orjson").loads(__import__("os").environ.get("XX_FAUST", "{}")))  # XX temporary
+    app = faust.App(settings.app_id, **conf)
+    import os as _os  # XX temporary
+    if _os.environ.get("XX_FETCH_WAIT"):
+        from faust.transport.drivers import aiokafka as _drv
+
+        _orig = _drv.AIOKafkaConsumerThread._create_worker_consumer
+
+        def _patched(self, transport):
+            c = _orig(self, transport)
+            c._fetch_max_wait_ms = int(_os.environ["XX_FETCH_WAIT"])
+            return c
+
+        _drv.AIOKafkaConsumerThread._create_worker_consumer = _patched
     runtime = Runtime(settings, metrics, SignStage(params, settings.max_text_bytes))
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
@@ -89,7 +101,8 @@ def create_app(
     dead_letters = _raw_topic(app, settings.dead_letter_topic, 1)
     records = app.Table(
         "records",
-        schema=faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"),
+        key_type=bytes,  # bytes → Faust uses the raw codec for store and changelog
+        value_type=bytes,
         partitions=1,
         changelog_topic=_raw_topic(app, changelog_topic(settings), 1, compacting=True, internal=False),
     )

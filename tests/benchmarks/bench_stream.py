@@ -210,7 +210,7 @@ class Worker:
             return
         self.profiler = subprocess.Popen(
             [spy, "record", "-p", str(self.proc.pid), "-d", str(int(seconds)), "-r", "200",
-             "-f", "speedscope" if out.suffix == ".json" else "flamegraph", "-o", str(out), "--threads"],
+             "-f", "raw" if out.suffix == ".txt" else "flamegraph", "-o", str(out), "--threads"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -298,7 +298,7 @@ async def run_once(args: argparse.Namespace, sample: list[dict[str, Any]], rep: 
         "NEARDUP_DEAD_LETTER_TOPIC": f"{run}-dead-letters",
         "NEARDUP_STATE_DIR": str(workdir / "state"),
         "NEARDUP_METRICS_PORT": str(free_port()),
-        "NEARDUP_LOG_LEVEL": "warn",
+        "NEARDUP_LOG_LEVEL": "info",
     }
     env.update(dict(item.split("=", 1) for item in args.worker_env))
     settings = Settings.from_env(env)
@@ -333,7 +333,7 @@ async def run_once(args: argparse.Namespace, sample: list[dict[str, Any]], rep: 
             if got and not cpu_mark:
                 cpu_mark.append((time.monotonic(), cpu_seconds(worker.proc.pid)))
                 if args.profile:
-                    out = Path(args.profile) / f"worker-{rep}.svg"
+                    out = Path(args.profile) / f"worker-{rep}.txt"
                     worker.profile(out, args.profile_seconds)
             if worker.proc.poll() is not None:
                 raise RuntimeError(f"worker exited with {worker.proc.returncode}; see {worker.log.name}")

@@ -95,6 +95,24 @@ def test_replacing_a_non_first_holder_keeps_the_content_map(
     assert state.id_for_content(first.fingerprint.content_hash) == "first"
 
 
+def test_replacing_the_first_holder_hands_the_content_to_the_earliest_copy(
+    make_state: MakeState, prose: tuple[str, ...]
+) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    first = index(state, "first", prose[0]).article
+    index(state, "other", prose[1])
+    index(state, "copy-1", prose[0])
+    index(state, "copy-2", prose[0])
+    index(state, "first", prose[2])
+    assert state.id_for_content(first.fingerprint.content_hash) == "copy-1"
+    later = index(state, "later", prose[0]).article.decision
+    assert (later.exact, later.match_id) == (True, "copy-1")
+    index(state, "copy-1", prose[3])
+    index(state, "copy-2", prose[4])
+    assert state.id_for_content(first.fingerprint.content_hash) == "later"
+
+
 def test_meta_and_extra_keys(make_state: MakeState, prose: tuple[str, ...]) -> None:
     state = make_state()
     state.open_header(PARAMS.header())
