@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import orjson
 
@@ -23,7 +24,6 @@ OPEN_MARK, CLOSE_MARK = "[[", "]]"
 _RESET = "\x1b[0m"
 # Black on a bright background, one colour per passage so a passage in A is found again in B.
 _STYLES = ("\x1b[30;103m", "\x1b[30;106m", "\x1b[30;102m", "\x1b[30;105m", "\x1b[30;47m")
-_DIM = "\x1b[2m"
 _BOLD = "\x1b[1m"
 # C0/C1 controls (other than newline and tab) from untrusted text must not reach the terminal.
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -54,7 +54,7 @@ class _Span:
     style: int  # index of the passage colour
 
 
-def _side_spans(passages: Sequence[Passage], side: str) -> list[_Span]:
+def _side_spans(passages: Sequence[Passage], side: Literal["a", "b"]) -> list[_Span]:
     """Non-overlapping highlight spans for one side; a repeated phrase keeps its first colour."""
     spans: list[_Span] = []
     ordered = sorted(
@@ -74,7 +74,7 @@ def _side_spans(passages: Sequence[Passage], side: str) -> list[_Span]:
 Segment = tuple[str, int | None]  # visible text and its style (None = plain)
 
 
-def _styled_chars(text: str, spans: Sequence[_Span]) -> list[Segment]:
+def _style_runs(text: str, spans: Sequence[_Span]) -> list[Segment]:
     """The text cut at span boundaries into (piece, style) runs."""
     runs: list[Segment] = []
     pos = 0
@@ -92,7 +92,7 @@ def _marked_text(text: str, spans: Sequence[_Span]) -> str:
     """Plain-text highlighting: each span enclosed in [[...]]."""
     return "".join(
         piece if style is None else f"{OPEN_MARK}{piece}{CLOSE_MARK}"
-        for piece, style in _styled_chars(text, spans)
+        for piece, style in _style_runs(text, spans)
     )
 
 
@@ -127,9 +127,7 @@ def _wrap(text: str, spans: Sequence[_Span], width: int) -> list[Line]:
     para_starts = [0] + [m.end() for m in _PARAGRAPH_RE.finditer(text)]
     para_ends = [m.start() for m in _PARAGRAPH_RE.finditer(text)] + [len(text)]
     for p_start, p_end in zip(para_starts, para_ends, strict=True):
-        tokens = [(m.start() + p_start, m.end() + p_start) for m in _TOKEN_RE.finditer(text, p_start, p_end)]
-        tokens = [(s - p_start, e - p_start) for s, e in tokens]  # finditer pos is absolute
-        tokens = [(s + p_start, e + p_start) for s, e in tokens]
+        tokens = [m.span() for m in _TOKEN_RE.finditer(text, p_start, p_end)]
         if not tokens:
             continue
         if lines:
@@ -196,8 +194,9 @@ def _columns(left: list[Line], right: list[Line], col: int, color: bool) -> list
     return rows
 
 
-def _coverage(text_len: int, spans: Sequence[_Span]) -> int:
-    return sum(s.end - s.start for s in spans) if text_len else 0
+def _coverage(text: str, spans: Sequence[_Span]) -> float:
+    """Share of the text's characters inside highlighted passages."""
+    return sum(s.end - s.start for s in spans) / len(text) if text else 0.0
 
 
 def _fmt(value: float | None) -> str:
@@ -206,8 +205,9 @@ def _fmt(value: float | None) -> str:
 
 def _summary(cmp: LocalComparison, color: bool) -> list[str]:
     bold = (lambda s: f"{_BOLD}{s}{_RESET}") if color else (lambda s: s)
+    params = cmp.fuzzy_params
     fuzzy_label = (
-        f"fuzzy-fingerprint (~{cmp.fuzzy_params.chunk_words} words, k={cmp.fuzzy_k}, r={cmp.fuzzy_params.r})"
+        f"fuzzy-fingerprint (~{params.chunk_words} words, k={cmp.fuzzy_k}, r={params.r})"
         if cmp.fuzzy_k is not None
         else "fuzzy-fingerprint (no prefix reference)"
     )
@@ -247,13 +247,14 @@ def render_compare_local(
     if reference is None:
         reference = default_prefix_reference()
     cmp = compare_local(text_a, text_b, chunk_words, reference, fuzzy_params)
-    total = max(MIN_WIDTH, width if width is not None else shutil.get_terminal_size((100, 24)).columns)
+    total = max(
+        MIN_WIDTH, width if width is not None else shutil.get_terminal_size((100, 24)).columns
+    )
     col = (total - 3) // 2
     spans_a = _side_spans(cmp.passages, "a")
     spans_b = _side_spans(cmp.passages, "b")
     out = _summary(cmp, color)
-    cov_a = _coverage(len(text_a), spans_a) / len(text_a) if text_a else 0.0
-    cov_b = _coverage(len(text_b), spans_b) / len(text_b) if text_b else 0.0
+    cov_a, cov_b = _coverage(text_a, spans_a), _coverage(text_b, spans_b)
     out.append(f"shared passages of >= {chunk_words} words: {len(cmp.passages)}")
     out.append(f"  covering {cov_a:.0%} of A, {cov_b:.0%} of B (characters)")
     out.append("")
@@ -263,14 +264,11 @@ def render_compare_local(
     else:
         left = _wrap(_marked_text(shown_a, spans_a), [], col)
         right = _wrap(_marked_text(shown_b, spans_b), [], col)
-    header_a = [("A", None)] if not color else [(f"{_BOLD}A{_RESET}", None)]
-    rule = "─" if color else "-"
-    out += (
-        _columns([[("A", None)]], [[("B", None)]], col, False)
-        if not color
-        else [f"{_BOLD}A{_RESET}{' ' * (col - 1)} │ {_BOLD}B{_RESET}"]
-    )
-    del header_a
-    out.append(f"{rule * col}{'─┼─' if color else '-+-'}{rule * col}")
+    if color:
+        out.append(f"{_BOLD}A{_RESET}{' ' * (col - 1)} │ {_BOLD}B{_RESET}")
+        out.append(f"{'─' * col}─┼─{'─' * col}")
+    else:
+        out.append(f"{'A':<{col}} | B")
+        out.append(f"{'-' * col}-+-{'-' * col}")
     out += _columns(left, right, col, color)
-    return "\n".join(out) + "\n"
+    return "\n".join(out)

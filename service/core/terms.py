@@ -7,7 +7,7 @@ see the same word sequence, and passages found on words map back to the original
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,11 +82,6 @@ def vocabulary(seq: Sequence[str]) -> tuple[list[str], npt.NDArray[np.int64]]:
     distinct = list(dict.fromkeys(seq))
     index = {w: i for i, w in enumerate(distinct)}
     return distinct, np.fromiter(map(index.__getitem__, seq), dtype=np.int64, count=len(seq))
-
-
-def content_words(seq: Iterable[str]) -> list[str]:
-    """Index terms: normalized words that are not stopwords."""
-    return [w for w in seq if w not in STOPWORDS]
 
 
 # --- stemming -------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -68,7 +69,12 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
                 )
             for spec in missing:
                 log.info("created topic=%s partitions=%d", spec.name, spec.partitions)
-            existing = await _partition_counts(admin, [s.name for s in specs])
+            # new topics reach the metadata a moment after CreateTopics returns
+            for _ in range(100):
+                existing = await _partition_counts(admin, [s.name for s in specs])
+                if all(s.name in existing for s in specs):
+                    break
+                await asyncio.sleep(0.2)
         for spec in specs:
             have = existing.get(spec.name)
             if have is None:

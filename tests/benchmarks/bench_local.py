@@ -380,9 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'measure':>28s} | {'same family':>11s} | {'other':>7s}")
     print(f"{'cosine':>28s} | {cos[same].mean():>11.3f} | {cos[~same].mean():>7.3f}")
     for m in methods:
-        print(
-            f"{m.name:>28s} | {sims[m.name][same].mean():>11.3f} | {sims[m.name][~same].mean():>7.3f}"
-        )
+        sim = sims[m.name]
+        print(f"{m.name:>28s} | {sim[same].mean():>11.3f} | {sim[~same].mean():>7.3f}")
 
     if args.json:
         out = {

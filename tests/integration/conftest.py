@@ -24,6 +24,9 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from service.config import Settings
+from service.stream.topics import ensure_topics
+
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
 PORT = int(os.environ.get("NEARDUP_TEST_KAFKA_PORT", "19092"))
@@ -92,6 +95,11 @@ class Deployment:
             "NEARDUP_LOG_LEVEL": "warning",
             **self.extra_env,
         }
+
+    def create_topics(self) -> None:
+        """What a worker does at start, for tests that fill the input topic before any worker runs."""
+        settings = Settings.from_env(self.env(0))
+        asyncio.run(ensure_topics(settings))
 
     def state_dir(self, index: int) -> Path:
         return self.root / f"worker{index}"

@@ -84,6 +84,7 @@ def reference_state(articles: list[dict[str, Any]], tmp: Path) -> list[Any]:
 def test_sigkill_during_stream_loses_nothing(deployment: Deployment, tmp_path: Path) -> None:
     articles = stream_of(20_000)
     expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
+    deployment.create_topics()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
     worker = deployment.start_worker()

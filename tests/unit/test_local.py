@@ -285,7 +285,9 @@ def distinct_chunks(text: str, n: int) -> int:
 
 def test_figure1_passages_are_the_highlighted_ones() -> None:
     """Figure 1 (left) highlights every shared run of >= 5 words; we find exactly those runs."""
-    found = [" ".join(words(FIG1_A[p.a_start : p.a_end])) for p in matching_passages(FIG1_A, FIG1_B)]
+    found = [
+        " ".join(words(FIG1_A[p.a_start : p.a_end])) for p in matching_passages(FIG1_A, FIG1_B)
+    ]
     assert found == [
         "knowledge over search is obvious on the one hand but too simple on the other among others"
         " the question remains",
@@ -297,7 +299,9 @@ def test_figure1_passages_are_the_highlighted_ones() -> None:
 
 def test_figure1_local_versus_global() -> None:
     """The same pair is locally weak but globally fairly similar: the paper's point."""
-    shared_words = sum(len(words(FIG1_A[p.a_start : p.a_end])) for p in matching_passages(FIG1_A, FIG1_B))
+    shared_words = sum(
+        len(words(FIG1_A[p.a_start : p.a_end])) for p in matching_passages(FIG1_A, FIG1_B)
+    )
     # 35 shared words lie in runs of >= 5 words, i.e. (run - 4) shared 5-word chunks per run.
     assert shared_words == 20 + 6 + 8 + 6
     inter = (20 - 4) + (6 - 4) + (8 - 4) + (6 - 4)
@@ -394,7 +398,9 @@ def test_truncated_copy(n: int) -> None:
     assert local_similarity(truncated, ROMO, n) == pytest.approx(
         distinct_chunks(truncated, n) / distinct_chunks(ROMO, n)
     )
-    assert local_similarity(truncated, ROMO, n) == pytest.approx((m - n + 1) / (big_n - n + 1), abs=0.005)
+    assert local_similarity(truncated, ROMO, n) == pytest.approx(
+        (m - n + 1) / (big_n - n + 1), abs=0.005
+    )
     assert chunk_containment(ROMO, truncated, n) == pytest.approx(0.6, abs=0.01)
     assert matching_passages(truncated, ROMO, n) == [Passage(0, len(truncated), 0, len(truncated))]
 
@@ -500,16 +506,18 @@ def test_word_passages_merge_touching_chunks() -> None:
     # n = 3: chunks 0-1 cover words 0..3 and chunk 4 words 4..6, touching: one passage
     assert word_passages(ha, hb, 3) == [(0, 7, 0, 7)]
     # another alignment (diagonal) is another passage
-    assert word_passages(np.array([5, 6], dtype=np.uint64), np.array([0, 5, 6], dtype=np.uint64), 2) == [
-        (0, 3, 1, 4)
-    ]
+    assert word_passages(
+        np.array([5, 6], dtype=np.uint64), np.array([0, 5, 6], dtype=np.uint64), 2
+    ) == [(0, 3, 1, 4)]
 
 
 # --- fuzzy-fingerprints -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("k", [8, 12])
-@pytest.mark.parametrize("thresholds", [(0.0,), (-0.5, 0.5), (-0.6, 0.0, 0.6), (-0.8, -0.3, 0.3, 0.8)])
+@pytest.mark.parametrize(
+    "thresholds", [(0.0,), (-0.5, 0.5), (-0.6, 0.0, 0.6), (-0.8, -0.3, 0.3, 0.8)]
+)
 @pytest.mark.parametrize("chunking", ["content", "fixed"])
 def test_fuzzy_gamma_in_range(k: int, thresholds: tuple[float, ...], chunking: str) -> None:
     ref = parse_prefix_reference(REFERENCE_DOC, k)
@@ -795,3 +803,29 @@ def test_highly_repetitive_text_aligns_by_occurrence() -> None:
     shifted = "new intro here " + ruler
     (p,) = matching_passages(shifted, ruler, 3)
     assert shifted[p.a_start : p.a_end] == ruler[p.b_start : p.b_end] == ruler.rstrip()
+
+
+def _columns_of(out: str, width: int) -> tuple[str, str]:
+    """The left and right column text of a report, markers and colours removed."""
+    col = (width - 3) // 2
+    visible = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    body = visible.split("\n")
+    start = next(i for i, line in enumerate(body) if set(line) <= {"-", "+", "─", "┼"} and line)
+    left = " ".join(line[:col] for line in body[start + 1 :])
+    right = " ".join(line[col + 3 :] for line in body[start + 1 :])
+    return left.replace("[[", "").replace("]]", ""), right.replace("[[", "").replace("]]", "")
+
+
+@pytest.mark.parametrize("color", [False, True])
+@pytest.mark.parametrize("width", [60, 101])
+def test_report_columns_hold_the_whole_texts(
+    color: bool, width: int, reference: PrefixReference
+) -> None:
+    """Every word of both multi-paragraph texts appears in its column, in order, nothing else."""
+    intro, footer = paragraphs(MEMORIAL)[0], paragraphs(MEMORIAL)[-1]
+    b = f"{intro}\n\n{prefix_of_words(ROMO, 200)}\n\n{footer}"
+    out = render_compare_local(ROMO, b, color=color, width=width, reference=reference)
+    left, right = _columns_of(out, width)
+    assert words(left) == words(ROMO)
+    assert words(right) == words(b)
+    assert "shared passages of >= 5 words: 1" in out
