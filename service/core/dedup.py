@@ -144,8 +144,9 @@ def candidate_ids(article_id: str, keys: Iterable[bytes], state: StateReader, li
 
 
 def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
-    """Verify a candidate by estimated Jaccard and the containment estimates derived from it."""
-    jaccard = estimate_jaccard(fp.signature, other.signature)
+    """Verify a candidate by estimated Jaccard (on the verifiers: 512 slots by default, where LSH has
+    128) and the containment estimates derived from it."""
+    jaccard = estimate_jaccard(*fp.similarity_sketch(other))
     inside, contains = estimate_containment(jaccard, fp.shingle_count, other.shingle_count)
     return Candidate(other_id, jaccard, inside, contains)
 

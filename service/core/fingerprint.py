@@ -209,9 +209,7 @@ def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> 
     out: list[Passage] = []
     for a0, a1, b0, b1 in word_passages(ha, hb, width):
         out.append(
-            Passage(
-                int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1])
-            )
+            Passage(int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1]))
         )
     return out
 

@@ -123,9 +123,7 @@ def _classes_from(obj: Any) -> tuple[PrefixClass, ...]:
         if "classes" in obj:
             return _classes_from(obj["classes"])
         return tuple(
-            PrefixClass(
-                tuple(s.casefold() for s in str(key).replace(",", "|").split("|")), float(val)
-            )
+            PrefixClass(tuple(s.casefold() for s in str(key).replace(",", "|").split("|")), float(val))
             for key, val in obj.items()
         )
     return tuple(PrefixClass(_prefixes_of(e), _prob_of(e)) for e in obj)
@@ -253,9 +251,7 @@ def _bounds(n: int, wh: U64 | None, chunk_words: int) -> list[tuple[int, int]]:
 
 
 def _class_table(distinct: Sequence[str], reference: PrefixReference) -> npt.NDArray[np.int64]:
-    return np.array(
-        [-1 if w in STOPWORDS else reference.class_of(w) for w in distinct], dtype=np.int64
-    )
+    return np.array([-1 if w in STOPWORDS else reference.class_of(w) for w in distinct], dtype=np.int64)
 
 
 def class_ids(seq: Sequence[str], reference: PrefixReference) -> npt.NDArray[np.int64]:
@@ -298,9 +294,7 @@ def fuzzy_hashes_of_words(
     distinct, idx = vocabulary(seq)
     wh = None
     if params.chunking == "content" and len(seq) > params.chunk_words:
-        table = np.array(
-            [mmh3.hash64(w, WORD_SEED, signed=False)[0] for w in distinct], dtype=np.uint64
-        )
+        table = np.array([mmh3.hash64(w, WORD_SEED, signed=False)[0] for w in distinct], dtype=np.uint64)
         wh = table[idx]
     bounds = _bounds(len(seq), wh, params.chunk_words)
     dev, has_terms = _deviations(_class_table(distinct, reference)[idx], bounds, reference)
@@ -317,9 +311,7 @@ def fuzzy_fingerprint_of_words(
     return np.unique(fuzzy_hashes_of_words(seq, reference, params))
 
 
-def fuzzy_fingerprint(
-    text: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
-) -> U64:
+def fuzzy_fingerprint(text: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY) -> U64:
     """h_φ(d): the sorted set of chunk hashes γ of a text."""
     return fuzzy_fingerprint_of_words(words(text), reference, params)
 
@@ -328,15 +320,11 @@ def fuzzy_similarity(
     a: str, b: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
 ) -> float:
     """Local similarity on fuzzy-fingerprints: Jaccard of the γ sets."""
-    return set_jaccard(
-        fuzzy_fingerprint(a, reference, params), fuzzy_fingerprint(b, reference, params)
-    )
+    return set_jaccard(fuzzy_fingerprint(a, reference, params), fuzzy_fingerprint(b, reference, params))
 
 
 def fuzzy_containment(
     a: str, b: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
 ) -> float:
     """Share of A's γ values found among B's."""
-    return set_containment(
-        fuzzy_fingerprint(a, reference, params), fuzzy_fingerprint(b, reference, params)
-    )
+    return set_containment(fuzzy_fingerprint(a, reference, params), fuzzy_fingerprint(b, reference, params))

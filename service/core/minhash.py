@@ -20,6 +20,7 @@ from ._hashing import U64, HashArray, fmix64, mix_scalar
 
 ALGORITHM = "oph-optdens-fmix64-v1"
 EMPTY_SLOT = np.iinfo(np.uint64).max
+VerifierArray = npt.NDArray[np.uint32]
 _PROBES = 32
 _TOP16_LANE = 3 if sys.byteorder == "little" else 0
 _BUCKET_SORT_SIZES = range(512, 1 << 22)  # where bucketing beats np.sort (measured; see _sorted)
@@ -41,6 +42,26 @@ class MinHasher:
     def signature(self, hashes: HashArray) -> tuple[HashArray, int]:
         """Signature of a shingle-hash array (repeats allowed) and the number of distinct shingles."""
         return _oph_signature(hashes, self.num_perm, self.seed)
+
+    def sketches(self, hashes: HashArray, verify_perm: int) -> tuple[HashArray, VerifierArray, int]:
+        """The signature, a finer `verify_perm`-slot verifier of 32-bit slots, and the distinct count.
+
+        Both come from the same sorted permutation (one sort); the verifier only serves to estimate
+        Jaccard more tightly than `num_perm` slots can (LSH keeps using the signature). A 32-bit slot
+        collides by chance with probability 2**-32: a negligible bias for half the storage."""
+        if verify_perm == 0:
+            signature, distinct = self.signature(hashes)
+            return signature, np.empty(0, dtype=np.uint32), distinct
+        if hashes.size == 0:
+            empty = np.full(verify_perm, np.iinfo(np.uint32).max, dtype=np.uint32)
+            return np.full(self.num_perm, EMPTY_SLOT, dtype=np.uint64), empty, 0
+        starts, seed_key, probes = _tables(self.num_perm, self.seed)
+        wide_starts, _, wide_probes = _tables(verify_perm, self.seed)  # same seed, same permutation
+        values = _sorted(fmix64(hashes ^ U64(seed_key)))
+        distinct = 1 + int(np.count_nonzero(values[1:] != values[:-1]))
+        signature = _oph_from_sorted(values, starts, probes)
+        wide = _oph_from_sorted(values, wide_starts, wide_probes)
+        return signature, (wide & U64(0xFFFFFFFF)).astype(np.uint32), distinct
 
 
 def _bin_starts(num_perm: int) -> HashArray:
@@ -65,17 +86,23 @@ def _oph_signature(hashes: HashArray, num_perm: int, seed: int) -> tuple[HashArr
         return np.full(num_perm, EMPTY_SLOT, dtype=np.uint64), 0
     values = _sorted(fmix64(hashes ^ U64(seed_key)))
     distinct = 1 + int(np.count_nonzero(values[1:] != values[:-1]))
+    return _oph_from_sorted(values, starts, probes), distinct
+
+
+def _oph_from_sorted(values: HashArray, starts: HashArray, probes: npt.NDArray[np.intp]) -> HashArray:
+    """Per-bin minima of sorted permuted values, densified."""
+    num_perm = starts.size
     first = values.searchsorted(starts)
     after = np.empty_like(first)
     after[:-1] = first[1:]
     after[-1] = values.size
     filled = first < after
     if filled.all():  # the common case for news texts: every bin has a minimum of its own
-        return values[first], distinct
+        return values[first]
     signature = np.full(num_perm, EMPTY_SLOT, dtype=np.uint64)
     signature[filled] = values[first[filled]]
     _densify(signature, filled, probes)
-    return signature, distinct
+    return signature
 
 
 def _sorted(values: HashArray) -> HashArray:
@@ -119,7 +146,7 @@ def kperm_signature(hashes: HashArray, num_perm: int = 128, seed: int = 1) -> Ha
     return np.asarray(mixed.min(axis=1), dtype=np.uint64)
 
 
-def estimate_jaccard(a: HashArray, b: HashArray) -> float:
+def estimate_jaccard(a: npt.NDArray[np.unsignedinteger], b: npt.NDArray[np.unsignedinteger]) -> float:
     """Share of equal slots: an unbiased estimate of the Jaccard index of the two shingle sets."""
     if a.shape != b.shape:
         raise ValueError(f"signatures differ in length: {a.size} vs {b.size}")

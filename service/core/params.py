@@ -29,6 +29,7 @@ class DedupParams:
     bands: int | None = None
     rows: int | None = None
     num_perm: int = 128
+    verify_perm: int = 512
     seed: int = 1
     shingle: ShingleOptions = DEFAULT_SHINGLE
     normalize: NormalizeOptions = DEFAULT_NORMALIZE
@@ -43,6 +44,8 @@ class DedupParams:
             raise ValueError(
                 f"containment_threshold must be in (0, 1] or None, got {self.containment_threshold}"
             )
+        if self.verify_perm != 0 and not 2 <= self.verify_perm <= 4096:
+            raise ValueError(f"verify_perm must be 0 (off) or in 2..4096, got {self.verify_perm}")
         if (self.bands is None) != (self.rows is None):
             raise ValueError("give both bands and rows, or neither")
         candidate_threshold = self.candidate_threshold
@@ -71,6 +74,7 @@ class DedupParams:
             "algorithm": ALGORITHM,
             "seed": self.seed,
             "num_perm": self.num_perm,
+            "verify_perm": self.verify_perm,
             "k": self.shingle.k,
             "unit": self.shingle.unit,
             "normalize": self.normalize.tag(),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mmh3
 import numpy as np
+import numpy.typing as npt
 
 from ._hashing import HashArray
+from .minhash import VerifierArray
 from .normalize import normalize
 from .params import DedupParams
 from .shingle import shingle_hashes
@@ -25,6 +27,7 @@ class Fingerprint:
     signature: HashArray
     shingle_count: int
     short: bool
+    verifier: VerifierArray = field(default_factory=lambda: np.empty(0, dtype=np.uint32))
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -33,7 +36,14 @@ class Fingerprint:
             and self.shingle_count == other.shingle_count
             and self.short == other.short
             and bool(np.array_equal(self.signature, other.signature))
+            and bool(np.array_equal(self.verifier, other.verifier))
         )
+
+    def similarity_sketch(self, other: Fingerprint) -> tuple[npt.NDArray[np.unsignedinteger], ...]:
+        """The finest sketches both carry: the verifiers when both have equal-length ones."""
+        if self.verifier.size and self.verifier.size == other.verifier.size:
+            return self.verifier, other.verifier
+        return self.signature, other.signature
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -49,6 +59,7 @@ def fingerprint(text: str, params: DedupParams) -> Fingerprint:
     if not canonical:
         raise EmptyText("text is empty after normalization")
     hashes = shingle_hashes(canonical, params.shingle)
-    signature, distinct = params.hasher.signature(hashes)
+    signature, verifier, distinct = params.hasher.sketches(hashes, params.verify_perm)
     units = len(canonical) if params.shingle.unit == "char" else len(canonical.split())
-    return Fingerprint(content_hash(canonical), signature, distinct, short=units < params.shingle.k)
+    short = units < params.shingle.k
+    return Fingerprint(content_hash(canonical), signature, distinct, short, verifier)

@@ -45,8 +45,23 @@ def decision_from_dict(data: dict[str, Any]) -> Decision:
     )
 
 
+def pack_sketches(fp: Fingerprint) -> bytes:
+    """Signature (little-endian uint64) then verifier (little-endian uint32), back to back."""
+    return (
+        np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
+        + np.ascontiguousarray(fp.verifier, dtype="<u4").tobytes()
+    )
+
+
+def unpack_sketches(data: bytes, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of pack_sketches, given the number of signature slots."""
+    signature = np.frombuffer(data, dtype="<u8", count=slots).astype(np.uint64)
+    verifier = np.frombuffer(data, dtype="<u4", offset=slots * 8).astype(np.uint32)
+    return signature, verifier
+
+
 def encode_article(article: IndexedArticle) -> bytes:
-    """Magic, meta length, orjson meta, then the raw little-endian signature."""
+    """Magic, meta length, orjson meta, then the raw sketches."""
     fp = article.fingerprint
     meta = orjson.dumps(
         {
@@ -56,11 +71,11 @@ def encode_article(article: IndexedArticle) -> bytes:
             "content_hash": fp.content_hash.hex(),
             "shingles": fp.shingle_count,
             "short": fp.short,
+            "slots": fp.signature.size,
             "decision": decision_to_dict(article.decision),
         }
     )
-    signature = np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
-    return _MAGIC + _LEN.pack(len(meta)) + meta + signature
+    return _MAGIC + _LEN.pack(len(meta)) + meta + pack_sketches(fp)
 
 
 def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
@@ -69,8 +84,10 @@ def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
             raise ValueError(f"unknown record format {data[:2]!r}")
         (meta_len,) = _LEN.unpack_from(data, 2)
         meta = orjson.loads(data[6 : 6 + meta_len])
-        signature = np.frombuffer(data[6 + meta_len :], dtype="<u8").astype(np.uint64)
-        fp = Fingerprint(bytes.fromhex(meta["content_hash"]), signature, meta["shingles"], meta["short"])
+        signature, verifier = unpack_sketches(data[6 + meta_len :], meta["slots"])
+        fp = Fingerprint(
+            bytes.fromhex(meta["content_hash"]), signature, meta["shingles"], meta["short"], verifier
+        )
         return IndexedArticle(
             meta["id"], meta["version"], meta["seq"], fp, decision_from_dict(meta["decision"])
         )

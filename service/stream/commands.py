@@ -8,6 +8,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--from-beginning", action="store_true")
     p.add_argument("--max", type=int, default=0, help="stop after N verdicts")
     p.add_argument("--idle-timeout", type=float, default=0.0, help="stop after S seconds with no verdict")
+    p.add_argument("--summary", action="store_true", help="at the end, print counts by kind and the clusters")
     p.set_defaults(func=cmd_tail)
 
 
@@ -172,9 +174,33 @@ def _key_of(body: bytes) -> bytes | None:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    seen: list[dict[str, Any]] = []
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(tail(settings, args.json, args.from_beginning, args.max, args.idle_timeout))
+        asyncio.run(tail(settings, args.json, args.from_beginning, args.max, args.idle_timeout, seen))
+    if args.summary:
+        print(summarize(seen))
     return 0
+
+
+def summarize(verdicts: list[dict[str, Any]]) -> str:
+    """Counts by kind, the largest clusters, and the median latency of what was seen."""
+    kinds = Counter(v["verdict"] for v in verdicts)
+    clusters = Counter(v["canonical_id"] for v in verdicts if v["verdict"] != "unique")
+    latencies = sorted(v["latency_ms"] for v in verdicts if v.get("latency_ms") is not None)
+    lines = [
+        f"verdicts: {len(verdicts)} ("
+        + ", ".join(f"{kind}={kinds.get(kind, 0)}" for kind in ("unique", "duplicate", "partial"))
+        + f"; exact re-posts={sum(1 for v in verdicts if v.get('exact'))})",
+    ]
+    if latencies:
+        lines.append(
+            f"produce-to-verdict latency: median {latencies[len(latencies) // 2]:.1f} ms, "
+            f"max {latencies[-1]:.1f} ms"
+        )
+    if clusters:
+        top = ", ".join(f"{cid} (+{n})" for cid, n in clusters.most_common(5))
+        lines.append(f"largest clusters: {top}")
+    return "\n".join(lines)
 
 
 def describe(verdict: dict[str, Any]) -> str:
@@ -192,7 +218,12 @@ def describe(verdict: dict[str, Any]) -> str:
 
 
 async def tail(
-    settings: Settings, as_json: bool, from_beginning: bool, limit: int, idle_timeout: float
+    settings: Settings,
+    as_json: bool,
+    from_beginning: bool,
+    limit: int,
+    idle_timeout: float,
+    collected: list[dict[str, Any]] | None = None,
 ) -> int:
     from aiokafka import AIOKafkaConsumer
 
@@ -218,10 +249,13 @@ async def tail(
                 for record in records:
                     last_seen = time.monotonic()
                     seen += 1
+                    verdict = orjson.loads(record.value)
+                    if collected is not None:
+                        collected.append(verdict)
                     if as_json:
                         sys.stdout.write(record.value.decode() + "\n")
                     else:
-                        sys.stdout.write(describe(orjson.loads(record.value)) + "\n")
+                        sys.stdout.write(describe(verdict) + "\n")
             sys.stdout.flush()
     finally:
         await consumer.stop()

@@ -13,7 +13,6 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import orjson
 
 from ..core.dedup import IndexedArticle, decide
@@ -21,7 +20,7 @@ from ..core.params import DedupParams
 from ..core.signing import EmptyText, Fingerprint, fingerprint
 from ..messages import InvalidMessage, dead_letter_dict, decode_article, verdict_dict
 from ..state.records import decode_article as decode_record
-from ..state.records import encode_article
+from ..state.records import encode_article, pack_sketches, unpack_sketches
 from ..state.rocks import RocksState
 
 _SIGNED = b"S1"
@@ -57,10 +56,11 @@ def encode_signed(signed: Signed) -> bytes:
             "h": fp.content_hash.hex(),
             "n": fp.shingle_count,
             "s": fp.short,
+            "m": fp.signature.size,
             "src": [src.topic, src.partition, src.offset, src.timestamp_ms],
         }
     )
-    return _SIGNED + _LEN.pack(len(meta)) + meta + np.ascontiguousarray(fp.signature, "<u8").tobytes()
+    return _SIGNED + _LEN.pack(len(meta)) + meta + pack_sketches(fp)
 
 
 def decode_signed(data: bytes) -> Signed:
@@ -68,11 +68,11 @@ def decode_signed(data: bytes) -> Signed:
         raise ValueError(f"not a signed record: {data[:8]!r}")
     (meta_len,) = _LEN.unpack_from(data, 2)
     meta = orjson.loads(data[6 : 6 + meta_len])
-    signature = np.frombuffer(data[6 + meta_len :], dtype="<u8").astype(np.uint64)
+    signature, verifier = unpack_sketches(data[6 + meta_len :], meta["m"])
     topic, partition, offset, timestamp = meta["src"]
     return Signed(
         meta["id"],
-        Fingerprint(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"]),
+        Fingerprint(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
         Provenance(topic, partition, offset, timestamp),
     )
 
