@@ -247,9 +247,7 @@ def render_compare_local(
     if reference is None:
         reference = default_prefix_reference()
     cmp = compare_local(text_a, text_b, chunk_words, reference, fuzzy_params)
-    total = max(
-        MIN_WIDTH, width if width is not None else shutil.get_terminal_size((100, 24)).columns
-    )
+    total = max(MIN_WIDTH, width if width is not None else shutil.get_terminal_size((100, 24)).columns)
     col = (total - 3) // 2
     spans_a = _side_spans(cmp.passages, "a")
     spans_b = _side_spans(cmp.passages, "b")
