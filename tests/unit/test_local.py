@@ -35,6 +35,9 @@ from service.core.local import (
     matching_passages,
     parse_prefix_reference,
 )
+from service.core.normalize import normalize
+from service.core.shingle import shingle_set
+from service.core.similarity import exact_containment, exact_jaccard
 from service.core.terms import STOPWORDS, stem, tokenize, words
 from service.core.vsm import term_vector
 from service.local_report import (
@@ -285,9 +288,7 @@ def distinct_chunks(text: str, n: int) -> int:
 
 def test_figure1_passages_are_the_highlighted_ones() -> None:
     """Figure 1 (left) highlights every shared run of >= 5 words; we find exactly those runs."""
-    found = [
-        " ".join(words(FIG1_A[p.a_start : p.a_end])) for p in matching_passages(FIG1_A, FIG1_B)
-    ]
+    found = [" ".join(words(FIG1_A[p.a_start : p.a_end])) for p in matching_passages(FIG1_A, FIG1_B)]
     assert found == [
         "knowledge over search is obvious on the one hand but too simple on the other among others"
         " the question remains",
@@ -299,9 +300,7 @@ def test_figure1_passages_are_the_highlighted_ones() -> None:
 
 def test_figure1_local_versus_global() -> None:
     """The same pair is locally weak but globally fairly similar: the paper's point."""
-    shared_words = sum(
-        len(words(FIG1_A[p.a_start : p.a_end])) for p in matching_passages(FIG1_A, FIG1_B)
-    )
+    shared_words = sum(len(words(FIG1_A[p.a_start : p.a_end])) for p in matching_passages(FIG1_A, FIG1_B))
     # 35 shared words lie in runs of >= 5 words, i.e. (run - 4) shared 5-word chunks per run.
     assert shared_words == 20 + 6 + 8 + 6
     inter = (20 - 4) + (6 - 4) + (8 - 4) + (6 - 4)
@@ -398,9 +397,7 @@ def test_truncated_copy(n: int) -> None:
     assert local_similarity(truncated, ROMO, n) == pytest.approx(
         distinct_chunks(truncated, n) / distinct_chunks(ROMO, n)
     )
-    assert local_similarity(truncated, ROMO, n) == pytest.approx(
-        (m - n + 1) / (big_n - n + 1), abs=0.005
-    )
+    assert local_similarity(truncated, ROMO, n) == pytest.approx((m - n + 1) / (big_n - n + 1), abs=0.005)
     assert chunk_containment(ROMO, truncated, n) == pytest.approx(0.6, abs=0.01)
     assert matching_passages(truncated, ROMO, n) == [Passage(0, len(truncated), 0, len(truncated))]
 
@@ -506,18 +503,16 @@ def test_word_passages_merge_touching_chunks() -> None:
     # n = 3: chunks 0-1 cover words 0..3 and chunk 4 words 4..6, touching: one passage
     assert word_passages(ha, hb, 3) == [(0, 7, 0, 7)]
     # another alignment (diagonal) is another passage
-    assert word_passages(
-        np.array([5, 6], dtype=np.uint64), np.array([0, 5, 6], dtype=np.uint64), 2
-    ) == [(0, 3, 1, 4)]
+    assert word_passages(np.array([5, 6], dtype=np.uint64), np.array([0, 5, 6], dtype=np.uint64), 2) == [
+        (0, 3, 1, 4)
+    ]
 
 
 # --- fuzzy-fingerprints -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("k", [8, 12])
-@pytest.mark.parametrize(
-    "thresholds", [(0.0,), (-0.5, 0.5), (-0.6, 0.0, 0.6), (-0.8, -0.3, 0.3, 0.8)]
-)
+@pytest.mark.parametrize("thresholds", [(0.0,), (-0.5, 0.5), (-0.6, 0.0, 0.6), (-0.8, -0.3, 0.3, 0.8)])
 @pytest.mark.parametrize("chunking", ["content", "fixed"])
 def test_fuzzy_gamma_in_range(k: int, thresholds: tuple[float, ...], chunking: str) -> None:
     ref = parse_prefix_reference(REFERENCE_DOC, k)
@@ -818,9 +813,7 @@ def _columns_of(out: str, width: int) -> tuple[str, str]:
 
 @pytest.mark.parametrize("color", [False, True])
 @pytest.mark.parametrize("width", [60, 101])
-def test_report_columns_hold_the_whole_texts(
-    color: bool, width: int, reference: PrefixReference
-) -> None:
+def test_report_columns_hold_the_whole_texts(color: bool, width: int, reference: PrefixReference) -> None:
     """Every word of both multi-paragraph texts appears in its column, in order, nothing else."""
     intro, footer = paragraphs(MEMORIAL)[0], paragraphs(MEMORIAL)[-1]
     b = f"{intro}\n\n{prefix_of_words(ROMO, 200)}\n\n{footer}"
@@ -829,3 +822,55 @@ def test_report_columns_hold_the_whole_texts(
     assert words(left) == words(ROMO)
     assert words(right) == words(b)
     assert "shared passages of >= 5 words: 1" in out
+
+
+# --- the verdicts the engine gives the four known cases -------------------------------------------
+
+
+def _verdict(original: str, copy: str) -> tuple[str, float, float]:
+    """Index `original`, then decide about `copy` with the default parameters."""
+    from service.core.params import DedupParams
+    from service.engine import Engine
+    from service.state.memory import MemoryState
+
+    engine = Engine(MemoryState(), DedupParams())
+    engine.process("original", original)
+    decision = engine.process("copy", copy).decision
+    exact = exact_jaccard(shingle_set(normalize(original)), shingle_set(normalize(copy)))
+    covered = exact_containment(shingle_set(normalize(original)), shingle_set(normalize(copy)))
+    return decision.kind, exact, covered
+
+
+def test_verdict_copy_with_intro_and_footer_is_a_duplicate() -> None:
+    intro, footer = paragraphs(MEMORIAL)[0], paragraphs(MEMORIAL)[-1]
+    kind, exact, covered = _verdict(ROMO, f"{intro}\n\n{ROMO}\n\n{footer}")
+    assert exact > 0.85 and covered == 1.0
+    assert kind == "duplicate"
+
+
+def test_verdict_copy_wrapped_in_much_new_text_is_partial() -> None:
+    """Jaccard falls well below the threshold, but the whole original is inside the copy."""
+    wrapper = paragraphs(MEMORIAL)
+    copy = "\n\n".join([*wrapper[:3], ROMO, *wrapper[3:]])
+    kind, exact, covered = _verdict(ROMO, copy)
+    assert exact < 0.75 and covered == 1.0
+    assert kind == "partial"
+
+
+def test_verdict_truncated_copy_is_partial() -> None:
+    truncated = prefix_of_words(ROMO, round(0.6 * len(words(ROMO))))
+    kind, exact, _ = _verdict(ROMO, truncated)
+    assert 0.55 < exact < 0.7
+    assert kind == "partial"
+
+
+def test_verdict_paraphrase_is_unique() -> None:
+    kind, exact, _ = _verdict("\n\n".join(paragraphs(ROMO)[:3]), ROMO_PARAPHRASE)
+    assert exact < 0.4
+    assert kind == "unique"
+
+
+def test_verdict_same_topic_different_text_is_unique() -> None:
+    kind, exact, _ = _verdict(SHINGLING_ARTICLE, NEAR_DUP_ARTICLE)
+    assert exact < 0.2
+    assert kind == "unique"
