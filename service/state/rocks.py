@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from rocksdict import DBCompressionType, Options, Rdict, WriteBatch
@@ -154,22 +154,21 @@ class RocksState:
         self._db.write(batch)
         self._seq = seq
 
+    def _article_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """(key, record) of every article, in key order (raw mode: keys and values are bytes)."""
+        for key, value in self._db.items(from_key=_ARTICLE):
+            raw_key, raw_value = cast(bytes, key), cast(bytes, value)
+            if not raw_key.startswith(_ARTICLE):
+                return
+            yield raw_key, raw_value
+
     def articles(self) -> Iterator[IndexedArticle]:
         """All indexed articles in arrival order (loads them all: for tools and tests)."""
-        found = []
-        for key, value in self._db.items(from_key=_ARTICLE):
-            if not key.startswith(_ARTICLE):
-                break
-            found.append(decode_article(value, key[1:].decode()))
+        found = [decode_article(value, key[1:].decode()) for key, value in self._article_items()]
         return iter(sorted(found, key=lambda a: a.seq))
 
     def count(self) -> int:
-        total = 0
-        for key in self._db.keys(from_key=_ARTICLE):
-            if not key.startswith(_ARTICLE):
-                break
-            total += 1
-        return total
+        return sum(1 for _ in self._article_items())
 
     def get_meta(self, key: bytes) -> bytes | None:
         return self._db.get(_META + key)
