@@ -29,6 +29,9 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lsh-threshold", type=float, default=None, help="similarity LSH is tuned for")
     group.add_argument("--fn-weight", type=float, default=0.5, help="false-negative weight in tuning")
     group.add_argument("--num-perm", type=int, default=128)
+    group.add_argument(
+        "--verify-perm", type=int, default=512, help="verification sketch slots (0: use the signature)"
+    )
     group.add_argument("-k", "--shingle-size", type=int, default=5)
     group.add_argument("--word-shingles", action="store_true", help="word n-grams instead of chars")
     group.add_argument("--seed", type=int, default=1)
@@ -44,6 +47,7 @@ def params_from_args(args: argparse.Namespace) -> DedupParams:
         lsh_threshold=args.lsh_threshold,
         false_negative_weight=args.fn_weight,
         num_perm=args.num_perm,
+        verify_perm=args.verify_perm,
         shingle=ShingleOptions(args.shingle_size, "word" if args.word_shingles else "char"),
         seed=args.seed,
         bands=args.bands,

@@ -34,6 +34,7 @@ class Settings:
     lsh_threshold: float = 0.0
     fn_weight: float = 0.5
     num_perm: int = 128
+    verify_perm: int = 512
     shingle_size: int = 5
     seed: int = 1
     metrics_host: str = "127.0.0.1"
@@ -84,6 +85,7 @@ class Settings:
             lsh_threshold=self.lsh_threshold or None,
             false_negative_weight=self.fn_weight,
             num_perm=self.num_perm,
+            verify_perm=self.verify_perm,
             seed=self.seed,
             shingle=ShingleOptions(self.shingle_size),
         )

@@ -15,11 +15,13 @@ _S33 = U64(33)
 
 def fmix64(values: HashArray) -> HashArray:
     """MurmurHash3's 64-bit finaliser, in place on a fresh array: a bijection with full avalanche."""
-    values ^= values >> _S33
-    values *= _M1
-    values ^= values >> _S33
-    values *= _M2
-    values ^= values >> _S33
+    shifted = np.empty_like(values)  # one scratch buffer instead of a temporary per shift
+    for multiplier in (_M1, _M2):
+        np.right_shift(values, _S33, out=shifted)
+        values ^= shifted
+        values *= multiplier
+    np.right_shift(values, _S33, out=shifted)
+    values ^= shifted
     return values
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from .lsh import band_keys
-from .minhash import estimate_containment, estimate_jaccard
+from .minhash import estimate_containment
 from .params import DedupParams
 from .signing import Fingerprint
 
@@ -146,7 +146,7 @@ def candidate_ids(article_id: str, keys: Iterable[bytes], state: StateReader, li
 def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
     """Verify a candidate by estimated Jaccard (on the verifiers: 512 slots by default, where LSH has
     128) and the containment estimates derived from it."""
-    jaccard = estimate_jaccard(*fp.similarity_sketch(other))
+    jaccard = fp.estimate_jaccard(other)
     inside, contains = estimate_containment(jaccard, fp.shingle_count, other.shingle_count)
     return Candidate(other_id, jaccard, inside, contains)
 

@@ -53,14 +53,25 @@ class MinHasher:
             signature, distinct = self.signature(hashes)
             return signature, np.empty(0, dtype=np.uint32), distinct
         if hashes.size == 0:
-            empty = np.full(verify_perm, np.iinfo(np.uint32).max, dtype=np.uint32)
+            empty = np.full(verify_perm, EMPTY_VERIFIER_SLOT, dtype=np.uint32)
             return np.full(self.num_perm, EMPTY_SLOT, dtype=np.uint64), empty, 0
-        starts, seed_key, probes = _tables(self.num_perm, self.seed)
-        wide_starts, _, wide_probes = _tables(verify_perm, self.seed)  # same seed, same permutation
+        if verify_perm % self.num_perm:
+            raise ValueError(f"verify_perm ({verify_perm}) must be a multiple of num_perm ({self.num_perm})")
+        _, seed_key, probes = _tables(self.num_perm, self.seed)
+        wide_starts, _, _ = _tables(verify_perm, self.seed)  # same seed, same permutation
         values = _sorted(fmix64(hashes ^ U64(seed_key)))
         distinct = 1 + int(np.count_nonzero(values[1:] != values[:-1]))
-        signature = _oph_from_sorted(values, starts, probes)
-        wide = _oph_from_sorted(values, wide_starts, wide_probes)
+        first = values.searchsorted(wide_starts)
+        after = np.empty_like(first)
+        after[:-1] = first[1:]
+        after[-1] = values.size
+        wide = np.where(first < after, values.take(first, mode="clip"), EMPTY_SLOT)
+        # num_perm bins are unions of consecutive verify_perm bins (the bin boundaries coincide), so
+        # the signature is the minimum of each group: the same values a direct num_perm pass gives.
+        signature = wide.reshape(self.num_perm, -1).min(axis=1)
+        filled = signature != EMPTY_SLOT
+        if not filled.all():
+            _densify(signature, filled, probes)
         return signature, (wide & U64(0xFFFFFFFF)).astype(np.uint32), distinct
 
 
@@ -151,6 +162,21 @@ def estimate_jaccard(a: npt.NDArray[np.unsignedinteger], b: npt.NDArray[np.unsig
     if a.shape != b.shape:
         raise ValueError(f"signatures differ in length: {a.size} vs {b.size}")
     return float(np.count_nonzero(a == b)) / a.size
+
+
+EMPTY_VERIFIER_SLOT = np.iinfo(np.uint32).max
+
+
+def estimate_jaccard_verified(a: VerifierArray, b: VerifierArray) -> float:
+    """Jaccard from two verifiers (OPH without densification): equal slots over the slots not empty
+    in both, the estimator of Li, Owen and Zhang (2012)."""
+    if a.shape != b.shape:
+        raise ValueError(f"verifiers differ in length: {a.size} vs {b.size}")
+    both_empty = int(np.count_nonzero((a == EMPTY_VERIFIER_SLOT) & (b == EMPTY_VERIFIER_SLOT)))
+    usable = a.size - both_empty
+    if usable == 0:
+        return 1.0
+    return (int(np.count_nonzero(a == b)) - both_empty) / usable
 
 
 def estimate_containment(jaccard: float, size_a: int, size_b: int) -> tuple[float, float]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 from charset_normalizer import from_bytes
 
 
@@ -41,6 +43,33 @@ def normalize(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE) -> str:
         # str.split() and regex \s agree on all 29 Unicode whitespace characters; split is 3x faster
         text = " ".join(text.split())
     return text
+
+
+_SPACE_LIMIT = 0x3001  # every Unicode whitespace character (str.isspace) is below U+3001
+_IS_SPACE = np.array([chr(c).isspace() for c in range(_SPACE_LIMIT + 1)], dtype=bool)
+CodePoints = npt.NDArray[np.uint32]
+
+
+def canonical_code_points(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE) -> CodePoints:
+    """`normalize(text)` as UTF-32 code points, with the whitespace collapsed in numpy.
+
+    Same result as np.frombuffer(normalize(text).encode("utf-32-le"), "<u4"), about 3x faster on
+    news-sized texts: splitting a 3 KB text into words is the costliest step of normalize()."""
+    if options.nfkc:
+        text = unicodedata.normalize("NFKC", text)
+    if options.casefold:
+        text = text.casefold()
+    points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
+    if not options.collapse_whitespace or points.size == 0:
+        return points.astype(np.uint32)
+    space = _IS_SPACE[np.minimum(points, _SPACE_LIMIT)]
+    after_space = np.empty_like(space)
+    after_space[0] = True  # drops leading whitespace
+    after_space[1:] = space[:-1]
+    collapsed = np.where(space, np.uint32(32), points)[~(space & after_space)]
+    if collapsed.size and collapsed[-1] == 32:
+        collapsed = collapsed[:-1]
+    return collapsed.astype(np.uint32, copy=False)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from .minhash import ALGORITHM, MinHasher
 from .normalize import DEFAULT_NORMALIZE, NormalizeOptions
 from .shingle import DEFAULT_SHINGLE, ShingleOptions
 
-STATE_FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = 2  # 2: content hash over UTF-32 code points
 
 
 class IncompatibleState(Exception):
@@ -44,8 +44,11 @@ class DedupParams:
             raise ValueError(
                 f"containment_threshold must be in (0, 1] or None, got {self.containment_threshold}"
             )
-        if self.verify_perm != 0 and not 2 <= self.verify_perm <= 4096:
-            raise ValueError(f"verify_perm must be 0 (off) or in 2..4096, got {self.verify_perm}")
+        if self.verify_perm != 0 and (not 2 <= self.verify_perm <= 4096 or self.verify_perm % self.num_perm):
+            raise ValueError(
+                f"verify_perm must be 0 (off) or a multiple of num_perm={self.num_perm} up to 4096, "
+                f"got {self.verify_perm}"
+            )
         if (self.bands is None) != (self.rows is None):
             raise ValueError("give both bands and rows, or neither")
         candidate_threshold = self.candidate_threshold

@@ -56,19 +56,23 @@ def _polynomial(units: HashArray, k: int) -> HashArray:
     return fmix64(acc)
 
 
+def shingle_hashes_of_units(units: HashArray, k: int) -> HashArray:
+    """The shingle hashes of a unit sequence (code points or word hashes); see shingle_hashes."""
+    if units.size == 0:
+        return np.empty(0, dtype=U64)
+    if units.size < k:
+        whole = _polynomial(units, units.size)
+        whole ^= U64((_SHORT_TAG + units.size) & 0xFFFFFFFFFFFFFFFF)
+        return fmix64(whole)
+    return _polynomial(units, k)
+
+
 def shingle_hashes(text: str, options: ShingleOptions = DEFAULT_SHINGLE) -> HashArray:
     """Hashes of all k-shingles of a canonical text, with repeats (the MinHash does not mind).
 
     Empty text → empty array. Text shorter than k → one length-tagged hash of the whole text.
     """
-    units = _units(text, options.unit)
-    if units.size == 0:
-        return np.empty(0, dtype=U64)
-    if units.size < options.k:
-        whole = _polynomial(units, units.size)
-        whole ^= U64((_SHORT_TAG + units.size) & 0xFFFFFFFFFFFFFFFF)
-        return fmix64(whole)
-    return _polynomial(units, options.k)
+    return shingle_hashes_of_units(_units(text, options.unit), options.k)
 
 
 def shingle_set(text: str, options: ShingleOptions = DEFAULT_SHINGLE) -> HashArray:

@@ -6,13 +6,12 @@ from dataclasses import dataclass, field
 
 import mmh3
 import numpy as np
-import numpy.typing as npt
 
 from ._hashing import HashArray
-from .minhash import VerifierArray
-from .normalize import normalize
+from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
+from .normalize import canonical_code_points, normalize
 from .params import DedupParams
-from .shingle import shingle_hashes
+from .shingle import shingle_hashes, shingle_hashes_of_units
 
 
 class EmptyText(ValueError):
@@ -39,27 +38,35 @@ class Fingerprint:
             and bool(np.array_equal(self.verifier, other.verifier))
         )
 
-    def similarity_sketch(self, other: Fingerprint) -> tuple[npt.NDArray[np.unsignedinteger], ...]:
-        """The finest sketches both carry: the verifiers when both have equal-length ones."""
+    def estimate_jaccard(self, other: Fingerprint) -> float:
+        """From the finest sketches both carry: the verifiers when both have equal-length ones."""
         if self.verifier.size and self.verifier.size == other.verifier.size:
-            return self.verifier, other.verifier
-        return self.signature, other.signature
+            return estimate_jaccard_verified(self.verifier, other.verifier)
+        return estimate_jaccard(self.signature, other.signature)
 
     __hash__ = None  # type: ignore[assignment]
 
 
 def content_hash(canonical: str) -> bytes:
-    """128-bit murmur3 of the canonical text: the exact-duplicate fast path key."""
-    return mmh3.hash_bytes(canonical.encode("utf-8", errors="surrogatepass"))
+    """128-bit murmur3 of the canonical text's UTF-32 code points: the exact-duplicate key."""
+    return mmh3.hash_bytes(canonical.encode("utf-32-le", errors="surrogatepass"))
 
 
 def fingerprint(text: str, params: DedupParams) -> Fingerprint:
     """Normalize, shingle, sign. Raises EmptyText when the canonical text is empty."""
-    canonical = normalize(text, params.normalize)
-    if not canonical:
-        raise EmptyText("text is empty after normalization")
-    hashes = shingle_hashes(canonical, params.shingle)
+    if params.shingle.unit == "char":
+        points = canonical_code_points(text, params.normalize)
+        if points.size == 0:
+            raise EmptyText("text is empty after normalization")
+        digest = mmh3.hash_bytes(points.tobytes())
+        hashes = shingle_hashes_of_units(points.astype(np.uint64), params.shingle.k)
+        units = points.size
+    else:
+        canonical = normalize(text, params.normalize)
+        if not canonical:
+            raise EmptyText("text is empty after normalization")
+        digest = content_hash(canonical)
+        hashes = shingle_hashes(canonical, params.shingle)
+        units = len(canonical.split())
     signature, verifier, distinct = params.hasher.sketches(hashes, params.verify_perm)
-    units = len(canonical) if params.shingle.unit == "char" else len(canonical.split())
-    short = units < params.shingle.k
-    return Fingerprint(content_hash(canonical), signature, distinct, short, verifier)
+    return Fingerprint(digest, signature, distinct, units < params.shingle.k, verifier)

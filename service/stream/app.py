@@ -10,6 +10,7 @@ from typing import Any
 import faust
 import orjson
 from faust.streams import _current_event
+from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from ..config import Settings
 from ..messages import dead_letter_dict
@@ -20,6 +21,36 @@ from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
+# Faust hard-codes the consumer's fetch wait at 1500 ms. The worker reads its input and its own
+# signatures through one broker connection, and aiokafka keeps one fetch in flight per broker: a fetch
+# parked on partitions with nothing new holds back records that arrive on the others meanwhile.
+FETCH_MAX_WAIT_MS = 10
+# Bytes per partition batch in the producer (Faust's default, 16 KB, is ~12 signatures): aiokafka sends
+# one batch per partition at a time and a send() that finds the next batch full waits for the broker.
+PRODUCER_BATCH_BYTES = 512 * 1024
+
+
+class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by AIOKafkaConsumer.start()
+        return consumer
+
+
+class _Consumer(aiokafka_driver.Consumer):
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Transport(aiokafka_driver.Transport):
+    Consumer = _Consumer
+
+
+class _App(faust.App):
+    """faust.App on the aiokafka transport, with FETCH_MAX_WAIT_MS as the worker's fetch wait."""
+
+    def _new_transport(self) -> Any:
+        return _Transport(self.conf.broker_consumer, self)
 
 
 @dataclass
@@ -65,35 +96,24 @@ def create_app(
 ) -> tuple[faust.App, Runtime]:
     """The app and what its agents share; `store` is the table store (memory:// for unit tests)."""
     params = settings.params()
-    conf = dict(
+    app = _App(
+        settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
-        store="rocksdb://",
+        store=store,
         datadir=str(settings.state_path / "faust"),
         topic_partitions=1,
-        topic_allow_declare=False,
-        web_enabled=False,
+        topic_allow_declare=False,  # topics are created up front by topics.ensure_topics
+        web_enabled=False,  # Faust's web server can show tables; our own serves metrics/health only
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
+        producer_max_batch_size=PRODUCER_BATCH_BYTES,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
     )
-    conf.update(__import__("orjson").loads(__import__("os").environ.get("XX_FAUST", "{}")))  # XX temporary
-    app = faust.App(settings.app_id, **conf)
-    import os as _os  # XX temporary
-    if _os.environ.get("XX_FETCH_WAIT"):
-        from faust.transport.drivers import aiokafka as _drv
-
-        _orig = _drv.AIOKafkaConsumerThread._create_worker_consumer
-
-        def _patched(self, transport):
-            c = _orig(self, transport)
-            c._fetch_max_wait_ms = int(_os.environ["XX_FETCH_WAIT"])
-            return c
-
-        _drv.AIOKafkaConsumerThread._create_worker_consumer = _patched
     runtime = Runtime(settings, metrics, SignStage(params, settings.max_text_bytes))
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)

@@ -160,6 +160,8 @@ def _sample(name: str, default: object) -> str:
         return "kafka://elsewhere:1"
     if name == "security_protocol":
         return "SASL_PLAINTEXT"
+    if name in ("num_perm", "verify_perm"):  # the verifier must be a multiple of the signature
+        return {"num_perm": "64", "verify_perm": "256"}[name]
     if isinstance(default, int):
         return "7"
     if isinstance(default, float):
