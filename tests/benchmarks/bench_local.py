@@ -188,8 +188,7 @@ def md5_fingerprint(seq: Sequence[str], n: int) -> U64:
     """The paper's baseline encoding: MD5 of each n-word chunk string, first 8 bytes kept."""
     chunks = [" ".join(seq[i : i + n]) for i in range(max(1, len(seq) - n + 1))] if seq else []
     digests = [
-        int.from_bytes(hashlib.md5(c.encode(), usedforsecurity=False).digest()[:8], "little")
-        for c in chunks
+        int.from_bytes(hashlib.md5(c.encode(), usedforsecurity=False).digest()[:8], "little") for c in chunks
     ]
     return np.unique(np.array(digests, dtype=np.uint64))
 
@@ -204,9 +203,7 @@ def make_methods(
     methods = [Method(f"chunk n={n}", partial(fingerprint_of_words, n=n)) for n in chunk_sizes]
     methods += [Method(f"md5 n={n}", partial(md5_fingerprint, n=n)) for n in md5_sizes]
     label = f"fuzzy ~{params.chunk_words}w k={reference.k} r={params.r}"
-    methods.append(
-        Method(label, partial(fuzzy_fingerprint_of_words, reference=reference, params=params))
-    )
+    methods.append(Method(label, partial(fuzzy_fingerprint_of_words, reference=reference, params=params)))
     return methods
 
 
@@ -265,9 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chunk_sizes = [int(s) for s in args.chunk_sizes.split(",")]
     report = [int(s) for s in args.report.split(",")]
     if len(docs) < args.queries + max(sizes):
-        raise SystemExit(
-            f"collection has {len(docs)} documents; need {args.queries} queries + {max(sizes)}"
-        )
+        raise SystemExit(f"collection has {len(docs)} documents; need {args.queries} queries + {max(sizes)}")
     reference = load_prefix_reference(args.reference, args.k)
     params = FuzzyParams(
         chunk_words=args.fuzzy_chunk,

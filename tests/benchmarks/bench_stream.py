@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from service.config import Settings  # noqa: E402
 from service.stream.topics import ensure_topics  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
+CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"  # tests/data/build_news_corpus.py
 TARGET_RATE = 3000.0  # articles/s per worker
 TARGET_P99_MS = 50.0  # at the fixed rate
 STALL_S = 120.0  # give up when no verdict arrives for this long
@@ -66,7 +68,7 @@ STALL_S = 120.0  # give up when no verdict arrives for this long
 # ---------------------------------------------------------------------------------------------
 
 
-def load_sample(path: Path) -> list[dict[str, Any]]:
+def load_corpus(path: Path) -> list[dict[str, Any]]:
     records = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
     if not records:
         raise SystemExit(f"no articles in {path}")
@@ -74,26 +76,51 @@ def load_sample(path: Path) -> list[dict[str, Any]]:
 
 
 class Articles:
-    """Cycles through the sample with unique ids; about two in three get 1-3 words replaced."""
+    """A stream of news-sized articles with unique ids.
 
-    def __init__(self, sample: list[dict[str, Any]], prefix: str, seed: int) -> None:
-        self.sample = sample
+    With probability `dup_fraction` an article is a copy of one of the last 2,000 articles, with 1-3
+    words replaced (one copy in five is exact); otherwise it is new: whole paragraphs drawn at random
+    from the corpus until the text reaches a length drawn from 1.2-4.5 KB.
+    """
+
+    def __init__(self, corpus: list[dict[str, Any]], prefix: str, seed: int, dup_fraction: float) -> None:
+        self.paragraphs = [p for r in corpus for p in r["text"].split("\n\n") if len(p) >= 80]
+        self.vocabulary = sorted({w for p in self.paragraphs[:2000] for w in p.split() if w.isalpha()})
         self.prefix = prefix
         self.rng = random.Random(seed)
-        self.vocabulary = sorted({w for r in sample for w in r["text"].split() if w.isalpha()})
+        self.dup_fraction = dup_fraction
+        self.recent: deque[str] = deque(maxlen=2000)
         self.count = 0
 
+    def _new_text(self) -> str:
+        target = self.rng.uniform(1200, 4500)
+        parts: list[str] = []
+        size = 0
+        while size < target:
+            paragraph = self.rng.choice(self.paragraphs)[:5000]
+            if parts and size + len(paragraph) > 5000:
+                break
+            parts.append(paragraph)
+            size += len(paragraph) + 2
+        return "\n\n".join(parts)
+
+    def _copy(self, text: str) -> str:
+        if self.rng.random() < 0.2:
+            return text
+        words = text.split(" ")
+        for _ in range(self.rng.randint(1, 3)):
+            words[self.rng.randrange(len(words))] = self.rng.choice(self.vocabulary)
+        return " ".join(words)
+
     def next(self) -> tuple[bytes, bytes]:
-        base = self.sample[self.count % len(self.sample)]
         article_id = f"{self.prefix}-{self.count:07d}"
         self.count += 1
-        text = base["text"]
-        if self.rng.random() < 0.67:
-            words = text.split(" ")
-            for _ in range(self.rng.randint(1, 3)):
-                words[self.rng.randrange(len(words))] = self.rng.choice(self.vocabulary)
-            text = " ".join(words)
-        record = {**base, "id": article_id, "text": text}
+        if self.recent and self.rng.random() < self.dup_fraction:
+            text = self._copy(self.rng.choice(self.recent))
+        else:
+            text = self._new_text()
+            self.recent.append(text)
+        record = {"id": article_id, "title": text[:60], "text": text, "source": "bench"}
         return article_id.encode(), orjson.dumps(record)
 
 
@@ -209,8 +236,22 @@ class Worker:
             print("  (py-spy not installed: no profile)", flush=True)
             return
         self.profiler = subprocess.Popen(
-            [spy, "record", "-p", str(self.proc.pid), "-d", str(int(seconds)), "-r", "200",
-             "-f", "raw" if out.suffix == ".txt" else "flamegraph", "-o", str(out), "--threads"],
+            [
+                spy,
+                "record",
+                "-p",
+                str(self.proc.pid),
+                "-d",
+                str(int(seconds)),
+                "-r",
+                "200",
+                "-f",
+                "raw" if out.suffix == ".txt" else "flamegraph",
+                "-o",
+                str(out),
+                "--threads",
+                "--nonblocking",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -258,7 +299,7 @@ class Result:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def collect_verdicts(
@@ -286,7 +327,7 @@ async def collect_verdicts(
     return got
 
 
-async def run_once(args: argparse.Namespace, sample: list[dict[str, Any]], rep: int) -> Result:
+async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: int) -> Result:
     run = f"bench{os.getpid()}r{rep}t{int(time.time())}"
     workdir = Path(tempfile.mkdtemp(prefix=f"neardup-{run}-"))
     env = {
@@ -312,12 +353,14 @@ async def run_once(args: argparse.Namespace, sample: list[dict[str, Any]], rep: 
         await admin.close()
 
     result = Result()
-    articles = Articles(sample, run, seed=rep)
+    articles = Articles(corpus, run, seed=rep, dup_fraction=args.dup_fraction)
     n = args.articles
     result.preload_rate, size = await preload(settings, articles, n)
     result.article_kb = size / n / 1024
-    print(f"  preloaded {n} articles ({result.article_kb:.2f} KB mean) at {result.preload_rate:,.0f}/s",
-          flush=True)
+    print(
+        f"  preloaded {n} articles ({result.article_kb:.2f} KB mean) at {result.preload_rate:,.0f}/s",
+        flush=True,
+    )
 
     result.ceiling_rate = await ceiling(settings, n, ceiling_topic)
     print(f"  ceiling (aiokafka consume→produce): {result.ceiling_rate:,.0f} articles/s", flush=True)
@@ -374,7 +417,10 @@ async def run_once(args: argparse.Namespace, sample: list[dict[str, Any]], rep: 
 
 
 async def latency_phase(
-    args: argparse.Namespace, settings: Settings, articles: Articles, verdicts: AIOKafkaConsumer,
+    args: argparse.Namespace,
+    settings: Settings,
+    articles: Articles,
+    verdicts: AIOKafkaConsumer,
     result: Result,
 ) -> None:
     """Produce at a fixed rate; measure the articles sent after the warm-up."""
@@ -426,16 +472,30 @@ def verdict(ok: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--broker", default=os.environ.get("NEARDUP_BROKER", "kafka://127.0.0.1:39092"))
     parser.add_argument("--articles", type=int, default=50_000)
     parser.add_argument("--rate", type=float, default=500.0, help="articles/s of the latency phase")
-    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of the latency phase not measured")
+    parser.add_argument(
+        "--warmup", type=float, default=10.0, help="seconds of the latency phase not measured"
+    )
     parser.add_argument("--window", type=float, default=30.0, help="seconds of the latency phase measured")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--sample", type=Path, default=SAMPLE)
-    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra environment for the worker (repeatable)")
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        help=f"JSON-lines articles to draw paragraphs from (default {CORPUS}, else {SAMPLE})",
+    )
+    parser.add_argument("--dup-fraction", type=float, default=0.3, help="share of near-duplicate copies")
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for the worker (repeatable)",
+    )
     parser.add_argument("--profile", metavar="DIR", help="py-spy flame graph of the worker per repetition")
     parser.add_argument("--profile-seconds", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep the worker's state dir and log")
@@ -444,25 +504,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
 
-    sample = load_sample(args.sample)
+    corpus_path = args.corpus or (CORPUS if CORPUS.exists() else SAMPLE)
+    corpus = load_corpus(corpus_path)
+    print(f"corpus {corpus_path} ({len(corpus)} records), near-duplicate share {args.dup_fraction}")
     results: list[Result] = []
     for rep in range(args.repeats):
         print(f"repetition {rep + 1}/{args.repeats}", flush=True)
-        results.append(asyncio.run(run_once(args, sample, rep)))
+        results.append(asyncio.run(run_once(args, corpus, rep)))
 
     def med(name: str) -> float:
         return statistics.median(getattr(r, name) for r in results)
 
     worker_rate, ceiling_rate, p99 = med("worker_rate"), med("ceiling_rate"), med("latency_p99_ms")
     print()
-    print(f"summary: median of {len(results)} repetition(s), {args.articles} articles of "
-          f"{med('article_kb'):.2f} KB, one worker process, broker {args.broker}")
-    print(f"  worker throughput     {worker_rate:9,.0f} articles/s   (middle 80%: {med('worker_rate_slope'):,.0f}/s,"
-          f" worker CPU {med('worker_cpu'):.0%})")
+    print(
+        f"summary: median of {len(results)} repetition(s), {args.articles} articles of "
+        f"{med('article_kb'):.2f} KB, one worker process, broker {args.broker}"
+    )
+    print(
+        f"  worker throughput     {worker_rate:9,.0f} articles/s   "
+        f"(middle 80%: {med('worker_rate_slope'):,.0f}/s, worker CPU {med('worker_cpu'):.0%})"
+    )
     print(f"  ceiling (aiokafka)    {ceiling_rate:9,.0f} articles/s")
     print(f"  worker / ceiling      {statistics.median(r.ratio for r in results):9.2f}")
-    print(f"  latency at {args.rate:.0f}/s      p50 {med('latency_p50_ms'):.1f} ms, p99 {p99:.1f} ms (verdict "
-          f"latency_ms); end-to-end p50 {med('e2e_p50_ms'):.1f} ms, p99 {med('e2e_p99_ms'):.1f} ms")
+    print(
+        f"  latency at {args.rate:.0f}/s      p50 {med('latency_p50_ms'):.1f} ms, p99 {p99:.1f} ms (verdict "
+        f"latency_ms); end-to-end p50 {med('e2e_p50_ms'):.1f} ms, p99 {med('e2e_p99_ms'):.1f} ms"
+    )
     print(f"  target ≥{TARGET_RATE:,.0f} articles/s per worker: {verdict(worker_rate >= TARGET_RATE)}")
     print(f"  target p99 ≤{TARGET_P99_MS:.0f} ms at {args.rate:.0f}/s: {verdict(p99 <= TARGET_P99_MS)}")
     if args.json:
