@@ -109,3 +109,34 @@ def test_bad_messages_go_to_dead_letters_and_valid_ones_get_verdicts(deployment:
         lambda r: len(r) >= len(valid), timeout=120
     )
     assert sorted(orjson.loads(r.value)["article_id"] for r in verdicts) == sorted(a["id"] for a in valid)
+
+
+def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment) -> None:
+    """An internal topic with the wrong partition count stops the worker with a clear message."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    async def create_wrong_signatures_topic() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(deployment.topics["signatures"], 2, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create_wrong_signatures_topic())
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    result = subprocess.run(
+        [sys.executable, "-m", "service", "worker"],
+        cwd=REPO,
+        env=deployment.env(0),
+        capture_output=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    log = result.stderr.decode() + result.stdout.decode()
+    assert "topic_mismatch" in log
+    assert deployment.topics["signatures"] in log and "has 2 partitions" in log
