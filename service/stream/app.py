@@ -10,7 +10,6 @@ from typing import Any
 import faust
 import orjson
 from faust.streams import _current_event
-from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from ..config import Settings
 from ..messages import dead_letter_dict
@@ -21,36 +20,6 @@ from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
-# Faust hard-codes the consumer's fetch wait at 1500 ms. The worker reads its input and its own
-# signatures through one broker connection, and aiokafka keeps one fetch in flight per broker: a fetch
-# parked on partitions with nothing new holds back records that arrive on the others meanwhile.
-FETCH_MAX_WAIT_MS = 10
-# Bytes per partition batch in the producer (Faust's default, 16 KB, is ~12 signatures): aiokafka sends
-# one batch per partition at a time and a send() that finds the next batch full waits for the broker.
-PRODUCER_BATCH_BYTES = 512 * 1024
-
-
-class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by AIOKafkaConsumer.start()
-        return consumer
-
-
-class _Consumer(aiokafka_driver.Consumer):
-    def _new_consumer_thread(self) -> _ConsumerThread:
-        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-
-class _Transport(aiokafka_driver.Transport):
-    Consumer = _Consumer
-
-
-class _App(faust.App):
-    """faust.App on the aiokafka transport, with FETCH_MAX_WAIT_MS as the worker's fetch wait."""
-
-    def _new_transport(self) -> Any:
-        return _Transport(self.conf.broker_consumer, self)
 
 
 @dataclass
@@ -96,7 +65,7 @@ def create_app(
 ) -> tuple[faust.App, Runtime]:
     """The app and what its agents share; `store` is the table store (memory:// for unit tests)."""
     params = settings.params()
-    app = _App(
+    app = faust.App(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
@@ -109,7 +78,6 @@ def create_app(
         producer_acks=-1,
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
-        producer_max_batch_size=PRODUCER_BATCH_BYTES,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
