@@ -95,6 +95,10 @@ class StateReader(Protocol):
 
     def band_members(self, key: bytes) -> Sequence[str]: ...
 
+    def buckets(self, keys: Sequence[bytes]) -> list[Sequence[str]]:
+        """band_members of each key, in one round trip where the store allows."""
+        ...
+
     def next_seq(self) -> int: ...
 
 
@@ -134,8 +138,8 @@ def _exact_match(article_id: str, fp: Fingerprint, state: StateReader) -> Decisi
 def candidate_ids(article_id: str, keys: Iterable[bytes], state: StateReader, limit: int) -> list[str]:
     """Distinct articles sharing at least one band, in band order, capped at `limit`."""
     seen: dict[str, None] = {}
-    for key in keys:
-        for other in state.band_members(key):
+    for members in state.buckets(list(keys)):
+        for other in members:
             if other != article_id:
                 seen.setdefault(other, None)
                 if len(seen) >= limit:

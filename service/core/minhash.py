@@ -172,11 +172,15 @@ def estimate_jaccard_verified(a: VerifierArray, b: VerifierArray) -> float:
     in both, the estimator of Li, Owen and Zhang (2012)."""
     if a.shape != b.shape:
         raise ValueError(f"verifiers differ in length: {a.size} vs {b.size}")
-    both_empty = int(np.count_nonzero((a == EMPTY_VERIFIER_SLOT) & (b == EMPTY_VERIFIER_SLOT)))
+    equal = a == b
+    matches = int(np.count_nonzero(equal))
+    if matches == 0:
+        return 0.0
+    both_empty = int(np.count_nonzero(a[equal] == EMPTY_VERIFIER_SLOT))  # empty in both ⇒ equal
     usable = a.size - both_empty
     if usable == 0:
         return 1.0
-    return (int(np.count_nonzero(a == b)) - both_empty) / usable
+    return (matches - both_empty) / usable
 
 
 def estimate_containment(jaccard: float, size_a: int, size_b: int) -> tuple[float, float]:

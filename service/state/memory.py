@@ -36,6 +36,9 @@ class MemoryState:
     def band_members(self, key: bytes) -> Sequence[str]:
         return self._bands.get(key, ())
 
+    def buckets(self, keys: Sequence[bytes]) -> list[Sequence[str]]:
+        return [self._bands.get(key, ()) for key in keys]
+
     def next_seq(self) -> int:
         return self._seq
 

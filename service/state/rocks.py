@@ -7,13 +7,14 @@ consumed offsets). Every update is one WriteBatch, so a crash leaves either all 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import orjson
-from rocksdict import DBCompressionType, Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch
 
 from ..core.dedup import IndexedArticle, IndexUpdate
 from ..core.lsh import band_keys
@@ -23,6 +24,7 @@ from .records import decode_article, encode_article
 
 _ARTICLE, _BAND, _CONTENT, _META = b"a", b"b", b"c", b"m"
 _HEADER, _SEQ = _META + b"header", _META + b"seq"
+_RECENT_RECORDS = 20_000
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,18 @@ class RocksOptions:
 
     write_buffer_mb: int = 32
     compression: str = "lz4"
+    block_cache_mb: int = 64
+    # Most band lookups of a new article find nothing: a bloom filter answers those without I/O.
+    bloom_bits_per_key: float = 10.0
 
     def build(self) -> Options:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        table = BlockBasedOptions()
+        table.set_bloom_filter(self.bloom_bits_per_key, False)
+        table.set_block_cache(Cache(self.block_cache_mb * 1024 * 1024))
+        table.set_cache_index_and_filter_blocks(True)
+        options.set_block_based_table_factory(table)
         options.set_write_buffer_size(self.write_buffer_mb * 1024 * 1024)
         options.set_compression_type(
             DBCompressionType.lz4() if self.compression == "lz4" else DBCompressionType.none()
@@ -62,6 +72,7 @@ class RocksState:
             raise StateError(f"cannot open state at {self.path}: {exc}") from exc
         seq = self._db.get(_SEQ)
         self._seq = int(seq) if seq is not None else 0
+        self._recent: OrderedDict[str, IndexedArticle] = OrderedDict()
 
     def clear(self) -> None:
         """Drop everything (header included): the derived index is about to be rebuilt."""
@@ -97,8 +108,23 @@ class RocksState:
             check_header(orjson.loads(stored), expected, str(self.path))
 
     def get(self, article_id: str) -> IndexedArticle | None:
+        cached = self._recent.get(article_id)
+        if cached is not None:
+            self._recent.move_to_end(article_id)
+            return cached
         data = self._db.get(_ARTICLE + article_id.encode())
-        return None if data is None else decode_article(data, article_id)
+        if data is None:
+            return None
+        article = decode_article(data, article_id)
+        self._remember(article)
+        return article
+
+    def _remember(self, article: IndexedArticle) -> None:
+        """Keep recently read or written records decoded: clusters are matched again and again."""
+        self._recent[article.article_id] = article
+        self._recent.move_to_end(article.article_id)
+        if len(self._recent) > _RECENT_RECORDS:
+            self._recent.popitem(last=False)
 
     def id_for_content(self, content_hash: bytes) -> str | None:
         data = self._db.get(_CONTENT + content_hash)
@@ -108,17 +134,21 @@ class RocksState:
         data = self._db.get(_BAND + key)
         return () if data is None else orjson.loads(data)
 
+    def buckets(self, keys: Sequence[bytes]) -> list[Sequence[str]]:
+        """band_members of many keys in one multi-get."""
+        found = self._db.get([_BAND + key for key in keys])
+        return [() if data is None else orjson.loads(data) for data in found]
+
     def next_seq(self) -> int:
         return self._seq
 
     def apply(self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None) -> None:
         article, old = update.article, update.replaced
         batch = WriteBatch(raw_mode=True)
-        buckets: dict[bytes, list[str]] = {}
+        touched = list(dict.fromkeys((*update.replaced_keys, *update.keys)))
+        buckets = {key: list(members) for key, members in zip(touched, self.buckets(touched), strict=True)}
 
         def bucket(key: bytes) -> list[str]:
-            if key not in buckets:
-                buckets[key] = list(self.band_members(key))
             return buckets[key]
 
         if old is not None:
@@ -153,6 +183,7 @@ class RocksState:
             batch.put(_META + key, value)
         self._db.write(batch)
         self._seq = seq
+        self._remember(article)
 
     def _article_items(self) -> Iterator[tuple[bytes, bytes]]:
         """(key, record) of every article, in key order (raw mode: keys and values are bytes)."""

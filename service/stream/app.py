@@ -120,6 +120,7 @@ def create_app(
                         msg.offset,
                     )
                     await dead_letter(result.reason, result.dead_letter, event.key)
+            _record_lag(app, metrics, batch)
 
     @app.agent(signatures, name="index")
     async def index(stream: faust.StreamT) -> None:
@@ -150,10 +151,9 @@ def create_app(
                     if result.verdict["latency_ms"] is not None:
                         metrics.latency.observe(result.verdict["latency_ms"] / 1000.0)
                 await verdicts.send(key=signed.article_id.encode(), value=orjson.dumps(result.verdict))
+            stage.checkpoint()  # in the context of the batch's last event (entered above)
             metrics.indexed.set(stage.index.next_seq())
-            highwater = app.consumer.highwater(msg.tp) if batch else None
-            if highwater is not None:
-                metrics.lag.labels(settings.signatures_topic).set(max(highwater - msg.offset - 1, 0))
+            _record_lag(app, metrics, batch)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: Any = None, **_: Any) -> None:
@@ -165,6 +165,17 @@ def create_app(
         metrics.ready.set()
 
     return app, runtime
+
+
+def _record_lag(app: faust.App, metrics: Metrics, batch: list[faust.EventT]) -> None:
+    """Consumer lag per partition, from the last event of each partition in the batch."""
+    last: dict[Any, int] = {}
+    for event in batch:
+        last[event.message.tp] = event.message.offset
+    for tp, offset in last.items():
+        highwater = app.consumer.highwater(tp)
+        if highwater is not None:
+            metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))
 
 
 def _enter_event(event: faust.EventT) -> None:

@@ -37,7 +37,9 @@ class Metrics:
             registry=r,
         )
         self.indexed = Gauge("neardup_indexed_articles", "Articles in the index", registry=r)
-        self.lag = Gauge("neardup_consumer_lag", "Messages behind the high-water mark", ["topic"], registry=r)
+        self.lag = Gauge(
+            "neardup_consumer_lag", "Messages behind the high-water mark", ["topic", "partition"], registry=r
+        )
         for reason in DEAD_LETTER_REASONS:
             self.dead_letters.labels(reason)
         for kind in ("unique", "duplicate", "partial"):

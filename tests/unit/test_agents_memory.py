@@ -198,7 +198,7 @@ async def test_index_agent_publishes_verdicts_keyed_by_article(
     registry = runtime.metrics.registry
     assert registry.get_sample_value("neardup_verdicts_total", {"kind": "unique"}) == 2.0
     assert registry.get_sample_value("neardup_verdicts_total", {"kind": "duplicate"}) == 1.0
-    lag = {"topic": settings.signatures_topic}
+    lag = {"topic": settings.signatures_topic, "partition": "0"}
     await _settled(lambda: registry.get_sample_value("neardup_consumer_lag", lag) == HIGHWATER - 2 - 1)
     assert registry.get_sample_value("neardup_indexed_articles") == 2.0
     assert not index_agent._crash_reason

@@ -165,6 +165,7 @@ class Shard:
 
     def handle(self, item: Signed, offset: int) -> tuple[str, dict[str, Any] | None]:
         result = self.stage.handle(item, offset, now=NOW)
+        self.stage.checkpoint()  # a batch of one
         return result.status, result.verdict
 
 
