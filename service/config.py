@@ -42,6 +42,7 @@ class Settings:
     web_host: str = "127.0.0.1"
     web_port: int = 6066
     sign_batch: int = 200
+    fetch_wait_ms: int = 5
     log_level: str = "info"
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str = "PLAIN"
@@ -68,7 +69,14 @@ class Settings:
     def validate(self) -> None:
         if not self.broker.startswith(("kafka://", "aiokafka://")):
             raise ConfigError(f"NEARDUP_BROKER must look like kafka://host:port, got {self.broker!r}")
-        for name in ("input_partitions", "verdicts_partitions", "max_text_bytes", "num_perm", "sign_batch"):
+        for name in (
+            "input_partitions",
+            "verdicts_partitions",
+            "max_text_bytes",
+            "num_perm",
+            "sign_batch",
+            "fetch_wait_ms",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
         if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
