@@ -35,7 +35,7 @@ class RocksOptions:
     compression: str = "lz4"
     block_cache_mb: int = 64
     # Most band lookups of a new article find nothing: a bloom filter answers those without I/O.
-    bloom_bits_per_key: float = 10.0
+    bloom_bits_per_key: int = 10
 
     def build(self) -> Options:
         options = Options(raw_mode=True)
@@ -136,7 +136,7 @@ class RocksState:
 
     def buckets(self, keys: Sequence[bytes]) -> list[Sequence[str]]:
         """band_members of many keys in one multi-get."""
-        found = self._db.get([_BAND + key for key in keys])
+        found = cast(list[bytes | None], self._db.get([_BAND + key for key in keys]))
         return [() if data is None else orjson.loads(data) for data in found]
 
     def next_seq(self) -> int:

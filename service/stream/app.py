@@ -127,7 +127,7 @@ def create_app(
         await dead_letters.send(key=key, value=payload)
 
     @app.agent(articles, name="sign")
-    async def sign(stream: faust.StreamT) -> None:
+    async def sign(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(settings.sign_batch, within=0.005):
             for event in batch:
                 msg = event.message
@@ -150,7 +150,7 @@ def create_app(
             _record_lag(app, metrics, batch)
 
     @app.agent(signatures, name="index")
-    async def index(stream: faust.StreamT) -> None:
+    async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(1000, within=0.002):
             stage = _index_stage(runtime, records)
             for event in batch:
@@ -182,7 +182,7 @@ def create_app(
             metrics.indexed.set(stage.index.next_seq())
             _record_lag(app, metrics, batch)
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
     async def on_assigned(sender: Any, assigned: Any = None, **_: Any) -> None:
         if any(tp.topic == settings.signatures_topic for tp in assigned or ()):
             runtime.needs_rebuild = True
