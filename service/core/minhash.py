@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from ._hashing import U64, HashArray, fmix64, mix_scalar
 
-ALGORITHM = "oph-optdens-fmix64-v1"
+ALGORITHM = "oph-optdens-fmix64-v2"  # v2: shingle hashes are the bare polynomial
 EMPTY_SLOT = np.iinfo(np.uint64).max
 VerifierArray = npt.NDArray[np.uint32]
 _PROBES = 32

@@ -45,8 +45,9 @@ def normalize(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE) -> str:
     return text
 
 
-_SPACE_LIMIT = 0x3001  # every Unicode whitespace character (str.isspace) is below U+3001
-_IS_SPACE = np.array([chr(c).isspace() for c in range(_SPACE_LIMIT + 1)], dtype=bool)
+# str.isspace for every code point (1.1 MB, built once): one lookup per character, no clipping
+_IS_SPACE = np.zeros(0x110000, dtype=bool)
+_IS_SPACE[[c for c in range(0x3001) if chr(c).isspace()]] = True  # none lies above U+3000
 CodePoints = npt.NDArray[np.uint32]
 
 
@@ -62,7 +63,7 @@ def canonical_code_points(text: str, options: NormalizeOptions = DEFAULT_NORMALI
     points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
     if not options.collapse_whitespace or points.size == 0:
         return points.astype(np.uint32)
-    space = _IS_SPACE[np.minimum(points, _SPACE_LIMIT)]
+    space = _IS_SPACE[points]
     after_space = np.empty_like(space)
     after_space[0] = True  # drops leading whitespace
     after_space[1:] = space[:-1]

@@ -1,6 +1,6 @@
 """Canonical text → 64-bit hashes of its k-shingles (seed 001's S_k(d)), vectorised with numpy.
 
-A shingle's hash is a polynomial over its UTF-32 code points followed by fmix64, so no Python object
+A shingle's hash is a polynomial over its UTF-32 code points (mod 2**64), so no Python object
 is built per shingle. Texts shorter than k have no k-shingle; they get one "whole text" hash tagged
 with their length, so they match only an identical short text (exact normalized match).
 """
@@ -47,13 +47,16 @@ def _units(text: str, unit: ShingleUnit) -> HashArray:
 
 
 def _polynomial(units: HashArray, k: int) -> HashArray:
-    """Hash of every window of k units: ((u0*P + u1)*P + u2)… mod 2**64, then fmix64."""
+    """Hash of every window of k units: ((u0*P + u1)*P + u2)… mod 2**64.
+
+    Not mixed further: equal hashes mean equal windows as much as with a final fmix64 (a bijection),
+    and the MinHash permutation applies fmix64 to every hash anyway."""
     windows = units.size - k + 1
     acc = units[:windows].copy()
     for offset in range(1, k):
         acc *= _POLY
         acc += units[offset : offset + windows]
-    return fmix64(acc)
+    return acc
 
 
 def shingle_hashes_of_units(units: HashArray, k: int) -> HashArray:
