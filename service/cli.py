@@ -150,7 +150,7 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    from .embedded import run_file
+    from .embedded import ResumeMismatch, run_file
     from .state.memory import MemoryState
     from .state.port import StateStore
     from .state.rocks import RocksState, StateError
@@ -172,7 +172,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             max_text_bytes=args.max_text_bytes,
             progress=sys.stderr.isatty() and not args.quiet,
         )
-    except IncompatibleState as exc:
+    except (IncompatibleState, ResumeMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -1,8 +1,9 @@
 """The embedded mode: a JSON-lines file through the same engine and state as the service, no broker.
 
-Resumable: each state update carries the input and output byte offsets reached, in the same atomic
-write, so a rerun with the same --state continues where the last one stopped and the output file gets
-exactly one verdict per article, in input order.
+Resumable: after each article the state records the input and output byte offsets reached. A rerun
+with the same --state truncates the outputs to those offsets and continues from the input offset; an
+article applied but not yet checkpointed comes back as a re-delivery and gets its stored verdict, so
+the output file holds exactly one verdict per article, in input order.
 """
 
 from __future__ import annotations
@@ -131,9 +132,19 @@ def run_file(
     return summary
 
 
+class ResumeMismatch(RuntimeError):
+    """The state says more was written than the output file holds: they do not belong together."""
+
+
 def _open_at(path: Path, offset: int) -> BinaryIO:
     """Open for writing at `offset`, dropping anything a crashed run wrote after it."""
-    handle = path.open("r+b" if offset and path.exists() else "wb")
+    size = path.stat().st_size if path.exists() else 0
+    if offset > size:
+        raise ResumeMismatch(
+            f"{path} has {size} bytes but the state recorded {offset} written; "
+            "restore that file or start with a new --state directory"
+        )
+    handle = path.open("r+b" if offset else "wb")
     handle.seek(offset)
     handle.truncate()
     return handle

@@ -269,3 +269,23 @@ def test_cli_dedup_in_memory_with_dead_letter_path(tmp_path: Path, prose: tuple[
     assert verdicts[2]["verdict"] != "duplicate"  # the footer copy is below 0.99
     assert verdicts[4]["exact"] is True  # exact copies still are
     assert [d["reason"] for d in read_jsonl(dead)] == DEAD_REASONS
+
+
+def test_resume_refuses_an_output_shorter_than_the_state_says(tmp_path: Path) -> None:
+    """Deleting the output but keeping the state must not pad the new output with NUL bytes."""
+    from service.cli import main
+
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(
+        b"".join(
+            orjson.dumps({"id": f"a{i}", "text": f"article number {i} about a river and a bridge"}) + b"\n"
+            for i in range(3)
+        )
+    )
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    assert main(["dedup", str(source), "-o", str(out), "--state", str(state), "-q"]) == 0
+    out.unlink()
+    with source.open("ab") as more:
+        more.write(orjson.dumps({"id": "a3", "text": "one more article, about a harbour"}) + b"\n")
+    assert main(["dedup", str(source), "-o", str(out), "--state", str(state), "-q"]) == 2
+    assert not out.exists() or b"\x00" not in out.read_bytes()
