@@ -57,48 +57,42 @@ class MinHasher:
             return np.full(self.num_perm, EMPTY_SLOT, dtype=np.uint64), empty, 0
         if verify_perm % self.num_perm:
             raise ValueError(f"verify_perm ({verify_perm}) must be a multiple of num_perm ({self.num_perm})")
-        _, seed_key, probes = _tables(self.num_perm, self.seed)
-        values = _sorted(fmix64(hashes ^ U64(seed_key)))
-        distinct = 1 + int(np.count_nonzero(values[1:] != values[:-1]))
+        seed_key, probes = _tables(self.num_perm, self.seed)
+        values, distinct = _permuted(hashes, seed_key)
         wide = _bin_minima(values, verify_perm)
         # num_perm bins are unions of consecutive verify_perm bins (the bin boundaries coincide), so
         # the signature is the minimum of each group: the same values a direct num_perm pass gives.
-        signature = wide.reshape(self.num_perm, -1).min(axis=1)
-        filled = signature != EMPTY_SLOT
-        if not filled.all():
-            _densify(signature, filled, probes)
+        signature = _densified(wide.reshape(self.num_perm, -1).min(axis=1), probes)
         return signature, (wide & U64(0xFFFFFFFF)).astype(np.uint32), distinct
 
 
-def _bin_starts(num_perm: int) -> HashArray:
-    """Smallest 64-bit value of each bin, bin(v) = ((v >> 32) * num_perm) >> 32, monotonic in v."""
-    b = np.arange(num_perm, dtype=np.uint64)
-    hi = (b * U64(1 << 32) + U64(num_perm - 1)) // U64(num_perm)  # ceil(b * 2**32 / num_perm)
-    return hi << U64(32)
-
-
 @lru_cache(maxsize=16)
-def _tables(num_perm: int, seed: int) -> tuple[HashArray, int, npt.NDArray[np.intp]]:
-    starts = _bin_starts(num_perm)
+def _tables(num_perm: int, seed: int) -> tuple[int, npt.NDArray[np.intp]]:
+    """The permutation's seed key and each bin's densification probe sequence."""
     seed_key = mix_scalar(seed ^ 0x6A09E667F3BCC908)
     grid = np.arange(num_perm * _PROBES, dtype=np.uint64) + U64(seed_key)
     probes = (fmix64(grid) % U64(num_perm)).astype(np.intp).reshape(num_perm, _PROBES)
-    return starts, seed_key, probes
+    return seed_key, probes
+
+
+def _permuted(hashes: HashArray, seed_key: int) -> tuple[HashArray, int]:
+    """The permuted hashes in ascending order, and how many distinct ones there are."""
+    values = _sorted(fmix64(hashes ^ U64(seed_key)))
+    return values, 1 + int(np.count_nonzero(values[1:] != values[:-1]))
 
 
 def _oph_signature(hashes: HashArray, num_perm: int, seed: int) -> tuple[HashArray, int]:
-    starts, seed_key, probes = _tables(num_perm, seed)
+    seed_key, probes = _tables(num_perm, seed)
     if hashes.size == 0:
         return np.full(num_perm, EMPTY_SLOT, dtype=np.uint64), 0
-    values = _sorted(fmix64(hashes ^ U64(seed_key)))
-    distinct = 1 + int(np.count_nonzero(values[1:] != values[:-1]))
-    return _oph_from_sorted(values, starts, probes), distinct
+    values, distinct = _permuted(hashes, seed_key)
+    return _densified(_bin_minima(values, num_perm), probes), distinct
 
 
 def _bin_minima(values: HashArray, num_bins: int) -> HashArray:
-    """Minimum of each bin of sorted values (EMPTY_SLOT where a bin has none): the first value of
-    each run of equal bin numbers. Same result as searching the bin boundaries, at a third of the
-    cost for news-sized inputs."""
+    """Minimum of each bin of sorted values (EMPTY_SLOT where a bin has none), bin(v) =
+    ((v >> 32) * num_bins) >> 32, which is monotonic in v: the first value of each run of equal
+    bin numbers."""
     bins = ((values >> U64(32)) * U64(num_bins)) >> U64(32)
     run_start = np.empty(values.size, dtype=bool)
     run_start[0] = True
@@ -109,20 +103,12 @@ def _bin_minima(values: HashArray, num_bins: int) -> HashArray:
     return minima
 
 
-def _oph_from_sorted(values: HashArray, starts: HashArray, probes: npt.NDArray[np.intp]) -> HashArray:
-    """Per-bin minima of sorted permuted values, densified."""
-    num_perm = starts.size
-    first = values.searchsorted(starts)
-    after = np.empty_like(first)
-    after[:-1] = first[1:]
-    after[-1] = values.size
-    filled = first < after
-    if filled.all():  # the common case for news texts: every bin has a minimum of its own
-        return values[first]
-    signature = np.full(num_perm, EMPTY_SLOT, dtype=np.uint64)
-    signature[filled] = values[first[filled]]
-    _densify(signature, filled, probes)
-    return signature
+def _densified(minima: HashArray, probes: npt.NDArray[np.intp]) -> HashArray:
+    """`minima` with its empty bins filled (in place); news-sized texts leave none empty."""
+    filled = minima != EMPTY_SLOT
+    if not filled.all():
+        _densify(minima, filled, probes)
+    return minima
 
 
 def _sorted(values: HashArray) -> HashArray:

@@ -148,24 +148,21 @@ class RocksState:
         touched = list(dict.fromkeys((*update.replaced_keys, *update.keys)))
         buckets = {key: list(members) for key, members in zip(touched, self.buckets(touched), strict=True)}
 
-        def bucket(key: bytes) -> list[str]:
-            return buckets[key]
-
         if old is not None:
             for key in update.replaced_keys:
-                members = bucket(key)
+                members = buckets[key]
                 if old.article_id in members:
                     members.remove(old.article_id)
             if self.id_for_content(old.fingerprint.content_hash) == old.article_id:
                 # exact copies share every band, so the first bucket holds any heir of the content
-                members = bucket(update.replaced_keys[0]) if update.replaced_keys else []
+                members = buckets[update.replaced_keys[0]] if update.replaced_keys else []
                 heir = content_heir(old, map(self.get, members))
                 if heir is None:
                     batch.delete(_CONTENT + old.fingerprint.content_hash)
                 else:
                     batch.put(_CONTENT + old.fingerprint.content_hash, heir.encode())
         for key in update.keys:
-            members = bucket(key)
+            members = buckets[key]
             if article.article_id not in members:
                 members.append(article.article_id)
         for key, members in buckets.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import faust
@@ -58,7 +58,6 @@ class Runtime:
     sign: SignStage
     index: IndexStage | None = None
     needs_rebuild: bool = True
-    stats: dict[str, int] = field(default_factory=dict)
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> faust.TopicT:
