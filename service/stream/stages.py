@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,9 @@ from ..state.records import encode_article, pack_sketches, unpack_sketches
 from ..state.rocks import RocksState
 
 _SIGNED = b"S1"
+_PACKED = b"SP"
 _LEN = struct.Struct(">I")
+PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
 ARTICLE_PREFIX = b"a"
 OFFSET_KEY = b"m:applied-offset"
 
@@ -75,6 +77,49 @@ def decode_signed(data: bytes) -> Signed:
         Fingerprint(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
         Provenance(topic, partition, offset, timestamp),
     )
+
+
+def pack_signed(records: Sequence[bytes]) -> bytes:
+    """Many signed records in one signatures message: the index stage then pays Faust's per-event
+    and per-send costs once per sign batch instead of once per article."""
+    parts = [_PACKED, _LEN.pack(len(records))]
+    for record in records:
+        parts += (_LEN.pack(len(record)), record)
+    return b"".join(parts)
+
+
+def pack_in_chunks(records: Sequence[bytes], max_bytes: int = PACK_MAX_BYTES) -> list[bytes]:
+    """pack_signed over consecutive runs of `records` of at most `max_bytes` each (≥1 record)."""
+    packs: list[bytes] = []
+    start, size = 0, 0
+    for end, record in enumerate(records):
+        if end > start and size + len(record) + _LEN.size > max_bytes:
+            packs.append(pack_signed(records[start:end]))
+            start, size = end, 0
+        size += len(record) + _LEN.size
+    if start < len(records):
+        packs.append(pack_signed(records[start:]))
+    return packs
+
+
+def unpack_signed(data: bytes) -> list[bytes]:
+    """The signed records of one signatures message, packed or (as written before packing) single."""
+    if data[:2] == _SIGNED:
+        return [data]
+    if data[:2] != _PACKED:
+        raise ValueError(f"not a signatures message: {data[:8]!r}")
+    (count,) = _LEN.unpack_from(data, 2)
+    records, position = [], 6
+    for _ in range(count):
+        (size,) = _LEN.unpack_from(data, position)
+        record = data[position + _LEN.size : position + _LEN.size + size]
+        if len(record) != size:
+            raise ValueError(f"truncated signatures message: {count} records announced")
+        records.append(record)
+        position += _LEN.size + size
+    if position != len(data):
+        raise ValueError(f"signatures message has {len(data) - position} trailing bytes")
+    return records
 
 
 @dataclass(frozen=True)
@@ -147,6 +192,8 @@ class IndexStage:
         return count
 
     def handle(self, signed: Signed, offset: int, now: float | None = None) -> IndexResult:
+        """Decide one signed record of the signatures message at `offset`. A message holds many
+        records: call `applied(offset)` once all of them are handled."""
         article_id, fp = signed.article_id, signed.fingerprint
         if offset <= self.applied_offset:
             # Applied before a restart; Faust re-delivers from its last commit. Re-send the stored
@@ -159,9 +206,12 @@ class IndexStage:
         if outcome.update is not None:
             self.index.apply(outcome.update)
             self.records[ARTICLE_PREFIX + article_id.encode()] = encode_article(outcome.article)
-        self.applied_offset = offset
         status = "redelivered" if outcome.redelivered else "new"
         return IndexResult(self._verdict(outcome.article, signed, now), outcome.article, status)
+
+    def applied(self, offset: int) -> None:
+        """Every record of the message at `offset` is handled: a replay of it is recognised."""
+        self.applied_offset = max(self.applied_offset, offset)
 
     def checkpoint(self) -> None:
         """Record the applied offset in the record table: once per batch, not per article (one

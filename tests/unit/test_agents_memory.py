@@ -17,7 +17,7 @@ from service.config import Settings
 from service.core.signing import fingerprint
 from service.stream.app import SHARD_KEY, Runtime, create_app
 from service.stream.metrics import Metrics
-from service.stream.stages import OFFSET_KEY, Provenance, SignStage, decode_signed
+from service.stream.stages import OFFSET_KEY, Provenance, SignStage, decode_signed, pack_signed, unpack_signed
 from tests.conftest import PROSE
 
 HIGHWATER = 10
@@ -34,9 +34,11 @@ class Recorder:
         self.sent.append((key, value))
         self._changed.set()
 
-    async def wait_for(self, count: int, timeout: float = 5.0) -> list[tuple[Any, Any]]:
+    async def wait_for(
+        self, count: int, timeout: float = 5.0, size: Callable[[list[tuple[Any, Any]]], int] = len
+    ) -> list[tuple[Any, Any]]:
         async def enough() -> None:
-            while len(self.sent) < count:
+            while size(self.sent) < count:
                 self._changed.clear()
                 await self._changed.wait()
 
@@ -74,10 +76,23 @@ def wired(
     async def send(self: faust.topics.Topic, *args: Any, **kwargs: Any) -> None:
         await by_topic[self.get_topic_name()](*args, **kwargs)
 
+    async def produce(topic: str, key: bytes | None, value: bytes | None, *_: Any) -> None:
+        await by_topic[topic](key=key, value=value)
+
     monkeypatch.setattr(faust.topics.Topic, "send", send)
+    monkeypatch.setattr(app.producer, "send", produce)  # verdicts go to the producer directly
     # the test context never starts the consumer; the index agent asks it for the high-water mark
     monkeypatch.setattr(app.consumer, "highwater", lambda tp: HIGHWATER)
     return app, runtime, recorders
+
+
+def _records(sent: list[tuple[Any, Any]]) -> list[bytes]:
+    """The signed records in the signatures messages sent (each message packs a batch)."""
+    return [record for _, value in sent for record in unpack_signed(value)]
+
+
+def _record_count(sent: list[tuple[Any, Any]]) -> int:
+    return len(_records(sent))
 
 
 @pytest.fixture
@@ -95,7 +110,8 @@ async def test_valid_article_is_signed(
     await sign_agent.put(raw, key=b"wire-1")
     (key, value), *_ = await recorders["signatures"].wait_for(1)
     assert key == SHARD_KEY
-    signed = decode_signed(value)
+    (record,) = unpack_signed(value)
+    signed = decode_signed(record)
     assert signed.article_id == "wire-1"
     assert signed.fingerprint == fingerprint(PROSE[0], runtime.settings.params())
     assert signed.provenance.topic == runtime.settings.input_topic
@@ -133,10 +149,10 @@ async def test_a_batch_keeps_order_and_splits_outputs(
     ]
     for offset, raw in enumerate(inputs):
         await sign_agent.put(raw, key=f"k{offset}".encode())
-    signed = await recorders["signatures"].wait_for(3)
+    signed = _records(await recorders["signatures"].wait_for(3, size=_record_count))
     dead = await recorders["dead_letters"].wait_for(2)
-    assert [decode_signed(v).article_id for _, v in signed] == ["a", "b", "d"]
-    assert [decode_signed(v).provenance.offset for _, v in signed] == [0, 2, 4]
+    assert [decode_signed(r).article_id for r in signed] == ["a", "b", "d"]
+    assert [decode_signed(r).provenance.offset for r in signed] == [0, 2, 4]
     assert [(k, orjson.loads(v)["reason"], orjson.loads(v)["offset"]) for k, v in dead] == [
         (b"k1", "invalid_utf8", 1),
         (b"k3", "empty_text", 3),
@@ -221,3 +237,28 @@ async def test_index_agent_dead_letters_a_corrupt_record(
     await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 1.0)
     assert registry.get_sample_value("neardup_dead_letters_total", {"reason": "internal_error"}) == 1.0
     assert not index_agent._crash_reason
+
+
+async def test_index_agent_handles_a_packed_message_and_dead_letters_a_corrupt_entry(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], index_agent: Any
+) -> None:
+    _, runtime, recorders = wired
+    settings = runtime.settings
+    first, copy = _signed(settings, "a", PROSE[0]), _signed(settings, "b", PROSE[0] + " By the wire desk.")
+    await index_agent.put(
+        pack_signed([first, b"S1 corrupt", copy, _signed(settings, "c", PROSE[2])]), key=SHARD_KEY
+    )
+    sent = await recorders["verdicts"].wait_for(3)
+    assert [(key, orjson.loads(value)["verdict"]) for key, value in sent] == [
+        (b"a", "unique"),
+        (b"b", "duplicate"),  # an earlier record of the same message counts as earlier
+        (b"c", "unique"),
+    ]
+    (_, value), *_ = await recorders["dead_letters"].wait_for(1)
+    record = orjson.loads(value)
+    assert record["reason"] == "internal_error" and record["offset"] == 0
+    assert base64.b64decode(record["value_b64"]) == b"S1 corrupt"  # the entry, not the whole pack
+    registry = runtime.metrics.registry
+    await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 3.0)
+    assert runtime.index is not None and runtime.index.applied_offset == 0
+    assert runtime.index.records[OFFSET_KEY] == b"0"

@@ -24,6 +24,9 @@ from service.stream.stages import (
     SignStage,
     decode_signed,
     encode_signed,
+    pack_in_chunks,
+    pack_signed,
+    unpack_signed,
 )
 from tests.conftest import PROSE
 
@@ -144,6 +147,36 @@ def test_decode_signed_rejects_other_bytes() -> None:
         decode_signed(b'{"id": "a"}')
 
 
+def test_packed_signatures_round_trip_in_order() -> None:
+    records = [encode_signed(signed(f"id-{n}", PROSE[n % 5], n)) for n in range(7)]
+    assert unpack_signed(pack_signed(records)) == records
+    assert unpack_signed(pack_signed([])) == []
+    assert unpack_signed(records[0]) == [records[0]]  # a single record, as written before packing
+
+
+def test_packs_are_chunked_by_size() -> None:
+    records = [bytes([n]) * (100 + n) for n in range(10)]
+    packs = pack_in_chunks(records, max_bytes=450)
+    assert [r for pack in packs for r in unpack_signed(pack)] == records
+    assert len(packs) > 2 and all(len(pack) <= 450 + 6 for pack in packs)
+    huge = [b"x" * 1000, b"y"]
+    assert [unpack_signed(p) for p in pack_in_chunks(huge, max_bytes=450)] == [[b"x" * 1000], [b"y"]]
+    assert pack_in_chunks([]) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b'{"id": "a"}', "not a signatures message"),
+        (pack_signed([b"S1abc", b"S1defg"])[:-2], "truncated"),
+        (pack_signed([b"S1abc"]) + b"\0", "trailing"),
+    ],
+)
+def test_unpack_rejects_malformed_messages(data: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        unpack_signed(data)
+
+
 # --- index ----------------------------------------------------------------------------------------
 
 
@@ -165,7 +198,8 @@ class Shard:
 
     def handle(self, item: Signed, offset: int) -> tuple[str, dict[str, Any] | None]:
         result = self.stage.handle(item, offset, now=NOW)
-        self.stage.checkpoint()  # a batch of one
+        self.stage.applied(offset)
+        self.stage.checkpoint()  # a message of one record, a batch of one message
         return result.status, result.verdict
 
 
@@ -257,6 +291,32 @@ def test_applied_offset_is_restored_from_the_records(shards: Any) -> None:
     # re-delivered from before the last commit: the same verdicts again, nothing re-decided
     for offset, item in enumerate(items):
         assert second.handle(item, offset * 10) == ("replayed", verdicts[offset])
+
+
+def test_records_of_one_message_are_decided_in_order_and_replayed_together(shards: Any) -> None:
+    shard = shards("index")
+    message = [
+        signed("a", PROSE[0]),
+        signed("b", PROSE[0] + " Reporting by the wire desk."),
+        signed("c", PROSE[2]),
+    ]
+    first = [shard.stage.handle(item, 5, now=NOW) for item in message]
+    assert [r.status for r in first] == ["new", "new", "new"]  # one offset, three articles
+    assert [r.verdict["verdict"] for r in first if r.verdict] == ["unique", "duplicate", "unique"]
+    assert shard.stage.applied_offset == -1  # not until the whole message is handled
+    crashed = dict(shard.records)  # killed before the message was marked applied
+
+    shard.stage.applied(5)
+    shard.stage.checkpoint()
+    again = [shard.stage.handle(item, 5, now=NOW) for item in message]
+    assert [r.status for r in again] == ["replayed"] * 3
+    assert [r.verdict for r in again] == [r.verdict for r in first]
+
+    restarted = shards("restarted", crashed)
+    assert restarted.stage.applied_offset == -1
+    redone = [restarted.stage.handle(item, 5, now=NOW) for item in message]
+    assert [r.status for r in redone] == ["redelivered"] * 3
+    assert [r.verdict for r in redone] == [r.verdict for r in first]
 
 
 # Arrivals that exercise every path: unique, near-duplicate, exact copy, partial, a new version of an
