@@ -2,4 +2,5 @@
 
 from .cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a signing helper process imports this module (spawn)
+    raise SystemExit(main())

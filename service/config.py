@@ -42,6 +42,7 @@ class Settings:
     web_host: str = "127.0.0.1"
     web_port: int = 6066
     sign_batch: int = 200
+    sign_processes: int = 1
     fetch_wait_ms: int = 5
     log_level: str = "info"
     security_protocol: str = "PLAINTEXT"
@@ -79,6 +80,8 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
+        if self.sign_processes < 0:
+            raise ConfigError(f"NEARDUP_SIGN_PROCESSES must be ≥ 0, got {self.sign_processes}")
         if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
             raise ConfigError(f"NEARDUP_SECURITY_PROTOCOL is not a Kafka protocol: {self.security_protocol}")
         try:

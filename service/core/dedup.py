@@ -11,8 +11,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import numpy as np
+
 from .lsh import band_keys
-from .minhash import estimate_containment
+from .minhash import estimate_containment, estimate_jaccard_verified_many
 from .params import DedupParams
 from .signing import Fingerprint
 
@@ -155,6 +157,21 @@ def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
     return Candidate(other_id, jaccard, inside, contains)
 
 
+def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> list[Candidate]:
+    """`score` against many candidates, their verifiers compared in one pass when all have fp's
+    length; otherwise pair by pair. The figures are identical either way."""
+    size = fp.verifier.size
+    if len(others) < 2 or not size or any(other.verifier.size != size for _, other in others):
+        return [score(fp, other, other_id) for other_id, other in others]
+    stacked = np.stack([other.verifier for _, other in others])
+    estimates = estimate_jaccard_verified_many(fp.verifier, stacked).tolist()
+    candidates = []
+    for (other_id, other), jaccard in zip(others, estimates, strict=True):
+        inside, contains = estimate_containment(jaccard, fp.shingle_count, other.shingle_count)
+        candidates.append(Candidate(other_id, jaccard, inside, contains))
+    return candidates
+
+
 def _verified_match(
     article_id: str,
     fp: Fingerprint,
@@ -162,11 +179,12 @@ def _verified_match(
     state: StateReader,
     params: DedupParams,
 ) -> Decision:
-    scored: list[tuple[Candidate, IndexedArticle]] = []
-    for other_id in candidate_ids(article_id, keys, state, params.max_candidates):
-        other = state.get(other_id)
-        if other is not None:
-            scored.append((score(fp, other.fingerprint, other_id), other))
+    found = [
+        state.get(other_id) for other_id in candidate_ids(article_id, keys, state, params.max_candidates)
+    ]
+    others = [other for other in found if other is not None]
+    candidates = score_many(fp, [(other.article_id, other.fingerprint) for other in others])
+    scored = list(zip(candidates, others, strict=True))
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
     scored.sort(key=lambda pair: (-pair[0].jaccard, pair[1].seq))
     top = tuple(candidate for candidate, _ in scored[: params.top_candidates])

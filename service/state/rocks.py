@@ -73,6 +73,8 @@ class RocksState:
         seq = self._db.get(_SEQ)
         self._seq = int(seq) if seq is not None else 0
         self._recent: OrderedDict[str, IndexedArticle] = OrderedDict()
+        # the buckets of the last multi-get: decide() reads them and apply() updates the same ones
+        self._looked_up: dict[bytes, Sequence[str]] = {}
 
     def clear(self) -> None:
         """Drop everything (header included): the derived index is about to be rebuilt."""
@@ -82,6 +84,7 @@ class RocksState:
 
     def bulk_load(self, articles: Iterable[IndexedArticle], bands: int, rows: int) -> int:
         """Index many articles at once, in arrival order, in a few large WriteBatches."""
+        self._looked_up = {}
         ordered = sorted(articles, key=lambda a: a.seq)
         buckets: dict[bytes, list[str]] = {}
         content: dict[bytes, str] = {}
@@ -137,7 +140,9 @@ class RocksState:
     def buckets(self, keys: Sequence[bytes]) -> list[Sequence[str]]:
         """band_members of many keys in one multi-get."""
         found = cast(list[bytes | None], self._db.get([_BAND + key for key in keys]))
-        return [() if data is None else orjson.loads(data) for data in found]
+        lists = [() if data is None else orjson.loads(data) for data in found]
+        self._looked_up = dict(zip(keys, lists, strict=True))
+        return lists
 
     def next_seq(self) -> int:
         return self._seq
@@ -146,7 +151,12 @@ class RocksState:
         article, old = update.article, update.replaced
         batch = WriteBatch(raw_mode=True)
         touched = list(dict.fromkeys((*update.replaced_keys, *update.keys)))
-        buckets = {key: list(members) for key, members in zip(touched, self.buckets(touched), strict=True)}
+        known = self._looked_up
+        missing = [key for key in touched if key not in known]
+        if missing:
+            known = {**known, **dict(zip(missing, self.buckets(missing), strict=True))}
+        buckets = {key: list(known[key]) for key in touched}
+        self._looked_up = {}
 
         if old is not None:
             for key in update.replaced_keys:

@@ -16,6 +16,7 @@ from ..config import Settings
 from ..messages import dead_letter_dict
 from ..state.rocks import RocksState
 from .metrics import Metrics
+from .signer import Signer, SignItem
 from .stages import IndexStage, Provenance, SignStage, decode_signed, pack_in_chunks, unpack_signed
 from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
@@ -55,7 +56,7 @@ class Runtime:
 
     settings: Settings
     metrics: Metrics
-    sign: SignStage
+    signer: Signer
     index: IndexStage | None = None
     needs_rebuild: bool = True
 
@@ -108,7 +109,9 @@ def create_app(
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
     )
-    runtime = Runtime(settings, metrics, SignStage(params, settings.max_text_bytes))
+    runtime = Runtime(
+        settings, metrics, Signer(SignStage(params, settings.max_text_bytes), settings.sign_processes)
+    )
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
     dead_letters = _raw_topic(app, settings.dead_letter_topic, 1)
@@ -127,12 +130,16 @@ def create_app(
     @app.agent(articles, name="sign")
     async def sign(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(settings.sign_batch, within=0.005):
-            signed: list[bytes] = []
+            items: list[SignItem] = []
             for event in batch:
                 msg = event.message
                 stamp = int(msg.timestamp * 1000) if msg.timestamp else None
-                src = Provenance(msg.topic, msg.partition, msg.offset, stamp)
-                result = runtime.sign.handle(event.value, event.key, src)
+                items.append(
+                    (event.value, event.key, Provenance(msg.topic, msg.partition, msg.offset, stamp))
+                )
+            signed: list[bytes] = []
+            for event, result in zip(batch, await runtime.signer.sign(items), strict=True):
+                msg = event.message
                 if result.signed is not None:
                     signed.append(result.signed)
                 else:
@@ -205,6 +212,7 @@ def create_app(
 
     @app.task
     async def mark_ready() -> None:
+        await runtime.signer.warm_up()
         metrics.ready.set()
 
     return app, runtime

@@ -103,7 +103,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         settings.metrics_host,
         settings.metrics_port,
     )
-    app, _ = create_app(settings, metrics)
+    app, runtime = create_app(settings, metrics)
     faust_level = _FAUST_LEVELS.get(settings.log_level.lower(), settings.log_level.lower())
     # Faust's CLI would turn its web server (which can show tables) back on, bound to 0.0.0.0;
     # --without-web keeps it off, our own server serves /metrics and /health on loopback.
@@ -120,6 +120,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         app.main()
     finally:
+        runtime.signer.close()
         server.shutdown()
     return 0
 

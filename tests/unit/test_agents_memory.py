@@ -48,7 +48,8 @@ class Recorder:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings.from_env({}, state_dir=str(tmp_path / "state"), sign_batch=10)
+    # signing in-process here; tests/unit/test_signer.py covers the helper processes
+    return Settings.from_env({}, state_dir=str(tmp_path / "state"), sign_batch=10, sign_processes=0)
 
 
 @pytest.fixture
