@@ -15,7 +15,7 @@ from service.core.params import DedupParams
 from service.engine import Engine
 from service.state.memory import MemoryState
 from service.state.port import StateStore
-from service.state.rocks import RocksState
+from service.state.rocks import RocksOptions, RocksState
 
 # A wedding-planner sports story (news, ~2 KB).
 ROMO = (
@@ -116,7 +116,7 @@ def engine(params: DedupParams) -> Engine:
     return Engine(MemoryState(), params)
 
 
-@pytest.fixture(params=["memory", "rocks"])
+@pytest.fixture(params=["memory", "rocks", "rocks-without-wal"])
 def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], StateStore]]:
     """A factory for the state adapter under test; for RocksDB each call reopens the same directory
     (close the previous one first). Everything opened is closed at teardown."""
@@ -124,7 +124,10 @@ def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
     memory = MemoryState()
 
     def make() -> StateStore:
-        state: StateStore = memory if request.param == "memory" else RocksState(tmp_path / "state")
+        if request.param == "memory":
+            state: StateStore = memory
+        else:  # without a write-ahead log: the stream's derived index, rebuilt after a crash
+            state = RocksState(tmp_path / "state", RocksOptions(write_ahead_log=request.param == "rocks"))
         opened.append(state)
         return state
 

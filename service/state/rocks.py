@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import orjson
-from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
 from ..core.dedup import IndexedArticle, IndexUpdate
 from ..core.lsh import band_keys
@@ -36,6 +36,11 @@ class RocksOptions:
     block_cache_mb: int = 64
     # Most band lookups of a new article find nothing: a bloom filter answers those without I/O.
     bloom_bits_per_key: int = 10
+    # ...and most of them would otherwise search the memtable's skiplist key by key: a memtable
+    # bloom filter halves the 25-key multi-get of a new article (tests/benchmarks/bench_stream.py).
+    memtable_bloom_ratio: float = 0.1
+    # Off only for state that is rebuilt from elsewhere after a crash (the stream's derived index).
+    write_ahead_log: bool = True
 
     def build(self) -> Options:
         options = Options(raw_mode=True)
@@ -46,6 +51,9 @@ class RocksOptions:
         table.set_cache_index_and_filter_blocks(True)
         options.set_block_based_table_factory(table)
         options.set_write_buffer_size(self.write_buffer_mb * 1024 * 1024)
+        if self.memtable_bloom_ratio:
+            options.set_memtable_prefix_bloom_ratio(self.memtable_bloom_ratio)
+            options.set_memtable_whole_key_filtering(True)
         options.set_compression_type(
             DBCompressionType.lz4() if self.compression == "lz4" else DBCompressionType.none()
         )
@@ -68,6 +76,10 @@ class RocksState:
         self.path.mkdir(parents=True, exist_ok=True)
         try:
             self._db = Rdict(str(self.path), self._options.build())
+            if not self._options.write_ahead_log:
+                write = WriteOptions()
+                write.disable_wal = True  # type: ignore[assignment,method-assign]  # a property; the stubs say method
+                self._db.set_write_options(write)
         except Exception as exc:  # rocksdict raises plain Exception for lock and IO errors
             raise StateError(f"cannot open state at {self.path}: {exc}") from exc
         seq = self._db.get(_SEQ)
@@ -147,7 +159,10 @@ class RocksState:
     def next_seq(self) -> int:
         return self._seq
 
-    def apply(self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None) -> None:
+    def apply(
+        self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
+    ) -> None:
+        """`record`: encode_article(update.article), when the caller has encoded it already."""
         article, old = update.article, update.replaced
         batch = WriteBatch(raw_mode=True)
         touched = list(dict.fromkeys((*update.replaced_keys, *update.keys)))
@@ -183,7 +198,7 @@ class RocksState:
         content_key = _CONTENT + article.fingerprint.content_hash
         if self._db.get(content_key) is None:
             batch.put(content_key, article.article_id.encode())
-        batch.put(_ARTICLE + article.article_id.encode(), encode_article(article))
+        batch.put(_ARTICLE + article.article_id.encode(), record or encode_article(article))
         seq = max(self._seq, article.seq + 1)
         batch.put(_SEQ, str(seq).encode())
         for key, value in (extra or {}).items():

@@ -14,7 +14,7 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from ..config import Settings
 from ..messages import dead_letter_dict
-from ..state.rocks import RocksState
+from ..state.rocks import RocksOptions, RocksState
 from .metrics import Metrics
 from .signer import Signer, SignItem
 from .stages import IndexStage, Provenance, SignStage, decode_signed, pack_in_chunks, unpack_signed
@@ -238,7 +238,8 @@ def _enter_event(event: faust.EventT) -> None:
 def _index_stage(runtime: Runtime, records: Any) -> IndexStage:
     """The index stage, rebuilt from the record table after every assignment of the shard."""
     if runtime.index is None:
-        derived = RocksState(runtime.settings.state_path / "index")
+        # derived from the record table and rebuilt on every assignment: no write-ahead log needed
+        derived = RocksState(runtime.settings.state_path / "index", RocksOptions(write_ahead_log=False))
         runtime.index = IndexStage(runtime.settings.params(), derived, records)
     if runtime.needs_rebuild:
         count = runtime.index.rebuild()

@@ -93,6 +93,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     asyncio.set_event_loop(asyncio.new_event_loop())
     (settings.state_path / "faust").mkdir(parents=True, exist_ok=True)
     metrics = Metrics()
+    metrics.watch_gc()
     server = serve(metrics, settings.metrics_host, settings.metrics_port)
     log.info(
         "starting app_id=%s broker=%s input=%s state_dir=%s metrics=%s:%d",

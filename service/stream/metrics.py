@@ -6,8 +6,10 @@ show tables, is disabled by the worker).
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -40,12 +42,33 @@ class Metrics:
         self.lag = Gauge(
             "neardup_consumer_lag", "Messages behind the high-water mark", ["topic", "partition"], registry=r
         )
+        self.gc_pauses = Histogram(
+            "neardup_gc_pause_seconds",
+            "Python garbage-collector pauses, which stop every stage of the worker",
+            ["generation"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=r,
+        )
         for reason in DEAD_LETTER_REASONS:
             self.dead_letters.labels(reason)
         for kind in ("unique", "duplicate", "partial"):
             self.verdicts.labels(kind)
         self.started = time.time()
         self.ready = threading.Event()
+
+    def watch_gc(self) -> Callable[[str, dict[str, Any]], None]:
+        """Time every collection: a full (generation 2) pass over a large decoded-record cache took
+        100-200 ms in tests/benchmarks/bench_stream.py, the worst of the latency tail."""
+        started: list[float] = []
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started[:] = [time.perf_counter()]
+            elif started:
+                self.gc_pauses.labels(str(info["generation"])).observe(time.perf_counter() - started[0])
+
+        gc.callbacks.append(on_gc)
+        return on_gc  # for gc.callbacks.remove
 
     def health(self) -> dict[str, Any]:
         return {

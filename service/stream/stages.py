@@ -204,8 +204,9 @@ class IndexStage:
             return IndexResult(None, existing, "stale")
         outcome = decide(article_id, fp, self.index, self.params)
         if outcome.update is not None:
-            self.index.apply(outcome.update)
-            self.records[ARTICLE_PREFIX + article_id.encode()] = encode_article(outcome.article)
+            record = encode_article(outcome.article)
+            self.index.apply(outcome.update, record=record)
+            self.records[ARTICLE_PREFIX + article_id.encode()] = record
         status = "redelivered" if outcome.redelivered else "new"
         return IndexResult(self._verdict(outcome.article, signed, now), outcome.article, status)
 

@@ -97,3 +97,18 @@ def test_shutdown_frees_the_port() -> None:
     running.httpd.server_close()
     with pytest.raises(OSError):
         running.get("/metrics")
+
+
+def test_gc_pauses_are_timed() -> None:
+    import gc
+
+    metrics = Metrics()
+    callback = metrics.watch_gc()
+    try:
+        gc.collect()
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+    registry = metrics.registry
+    assert registry.get_sample_value("neardup_gc_pause_seconds_count", {"generation": "2"}) == 2.0
+    assert registry.get_sample_value("neardup_gc_pause_seconds_sum", {"generation": "2"}) > 0.0

@@ -1,11 +1,12 @@
 """service.stream.signer: signing in helper processes gives exactly the in-process results, in order,
-and a broken pool (a helper killed) does not stop signing."""
+and a killed helper does not stop signing."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -40,7 +41,7 @@ def items(count: int) -> list[SignItem]:
 
 
 @pytest.fixture
-def pooled() -> Iterator[Signer]:
+async def pooled() -> AsyncIterator[Signer]:
     signer = Signer(STAGE, processes=2)
     yield signer
     signer.close()
@@ -59,9 +60,28 @@ async def test_a_killed_helper_is_replaced(pooled: Signer) -> None:
     batch = items(40)
     expected = comparable(pooled.sign_here(batch))
     assert comparable(await pooled.sign(batch)) == expected
-    pool = pooled._pool
-    assert pool is not None
-    for pid in list(pool._processes):  # the helpers of a running pool
+    before = pooled.helper_pids
+    assert len(before) == 2
+    for pid in before:
         os.kill(pid, signal.SIGKILL)
     assert comparable(await pooled.sign(batch)) == expected
-    assert pooled._pool is not None and pooled._pool is not pool
+    after = pooled.helper_pids
+    assert len(after) == 2 and not set(after) & set(before)
+
+
+async def test_helpers_exit_when_the_worker_goes(pooled: Signer) -> None:
+    await pooled.warm_up()
+    processes = [helper.process for helper in pooled._helpers]
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.close()  # what the helper sees when the worker dies
+    codes = [await asyncio.wait_for(process.wait(), 10) for process in processes]
+    assert codes == [0, 0]
+
+
+async def test_without_helpers_signing_stays_in_process() -> None:
+    signer = Signer(STAGE, processes=0)
+    batch = items(20)
+    assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
+    await signer.warm_up()
+    assert signer.helper_pids == []
