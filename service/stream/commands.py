@@ -122,6 +122,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         app.main()
     finally:
         runtime.signer.close()
+        if runtime.index is not None:
+            runtime.index.index.close()  # the derived index has no write-ahead log: flush it
         server.shutdown()
     return 0
 
