@@ -43,6 +43,8 @@ class Settings:
     web_port: int = 6066
     sign_batch: int = 200
     sign_processes: int = 1
+    record_cache: int = 100_000
+    gc_freeze_every: int = 5_000
     fetch_wait_ms: int = 5
     log_level: str = "info"
     security_protocol: str = "PLAINTEXT"
@@ -80,6 +82,10 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
+        if self.gc_freeze_every < 0:
+            raise ConfigError(f"NEARDUP_GC_FREEZE_EVERY must be ≥ 0, got {self.gc_freeze_every}")
+        if self.record_cache < 0:
+            raise ConfigError(f"NEARDUP_RECORD_CACHE must be ≥ 0, got {self.record_cache}")
         if self.sign_processes < 0:
             raise ConfigError(f"NEARDUP_SIGN_PROCESSES must be ≥ 0, got {self.sign_processes}")
         if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):

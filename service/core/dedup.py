@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from .lsh import band_keys
-from .minhash import estimate_containment, estimate_jaccard_verified_many
+from .minhash import estimate_containment, estimate_containment_many, estimate_jaccard_verified_many
 from .params import DedupParams
 from .signing import Fingerprint
 
@@ -163,13 +163,15 @@ def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> li
     size = fp.verifier.size
     if len(others) < 2 or not size or any(other.verifier.size != size for _, other in others):
         return [score(fp, other, other_id) for other_id, other in others]
-    stacked = np.stack([other.verifier for _, other in others])
-    estimates = estimate_jaccard_verified_many(fp.verifier, stacked).tolist()
-    candidates = []
-    for (other_id, other), jaccard in zip(others, estimates, strict=True):
-        inside, contains = estimate_containment(jaccard, fp.shingle_count, other.shingle_count)
-        candidates.append(Candidate(other_id, jaccard, inside, contains))
-    return candidates
+    jaccard = estimate_jaccard_verified_many(fp.verifier, np.stack([other.verifier for _, other in others]))
+    sizes = np.fromiter((other.shingle_count for _, other in others), dtype=np.int64, count=len(others))
+    inside, contains = estimate_containment_many(jaccard, fp.shingle_count, sizes)
+    return [
+        Candidate(other_id, j, a, b)
+        for (other_id, _), j, a, b in zip(
+            others, jaccard.tolist(), inside.tolist(), contains.tolist(), strict=True
+        )
+    ]
 
 
 def _verified_match(

@@ -197,6 +197,21 @@ def estimate_jaccard_verified_many(
     return estimates
 
 
+def estimate_containment_many(
+    jaccard: npt.NDArray[np.float64], size_a: int, sizes_b: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """estimate_containment for many (jaccard, size_b) at once; the same floating-point operations in
+    the same order, so the figures are identical."""
+    if size_a <= 0:
+        return np.zeros_like(jaccard), np.zeros_like(jaccard)
+    intersection = jaccard * (size_a + sizes_b) / (1.0 + jaccard)
+    usable = sizes_b > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inside = np.where(usable, np.minimum(1.0, intersection / size_a), 0.0)
+        contains = np.where(usable, np.minimum(1.0, intersection / sizes_b), 0.0)
+    return inside, contains
+
+
 def estimate_containment(jaccard: float, size_a: int, size_b: int) -> tuple[float, float]:
     """(|A∩B|/|A|, |A∩B|/|B|) from a Jaccard estimate and the set sizes: |A∩B| = J(|A|+|B|)/(1+J)."""
     if size_a <= 0 or size_b <= 0:

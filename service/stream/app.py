@@ -15,6 +15,7 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from ..config import Settings
 from ..messages import dead_letter_dict
 from ..state.rocks import RocksOptions, RocksState
+from .collector import CollectorPolicy
 from .metrics import Metrics
 from .signer import Signer, SignItem
 from .stages import IndexStage, Provenance, SignStage, decode_signed, pack_in_chunks, unpack_signed
@@ -57,6 +58,7 @@ class Runtime:
     settings: Settings
     metrics: Metrics
     signer: Signer
+    collector: CollectorPolicy
     index: IndexStage | None = None
     needs_rebuild: bool = True
 
@@ -110,7 +112,10 @@ def create_app(
         broker_max_poll_records=2000,
     )
     runtime = Runtime(
-        settings, metrics, Signer(SignStage(params, settings.max_text_bytes), settings.sign_processes)
+        settings,
+        metrics,
+        Signer(SignStage(params, settings.max_text_bytes), settings.sign_processes),
+        CollectorPolicy(settings.gc_freeze_every),
     )
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
@@ -168,6 +173,7 @@ def create_app(
     async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(100, within=0.002):
             stage = _index_stage(runtime, records)
+            handled = 0
             for event in batch:
                 msg = event.message
                 _enter_event(event)
@@ -176,6 +182,7 @@ def create_app(
                 except Exception as exc:  # a corrupt internal message must not stop the shard
                     await index_error(exc, event.value, msg, event.key)
                     continue
+                handled += len(entries)
                 for entry in entries:
                     try:
                         signed = decode_signed(entry)
@@ -195,6 +202,7 @@ def create_app(
                 stage.applied(msg.offset)
             stage.checkpoint()  # in the context of the batch's last event (entered above)
             metrics.indexed.set(stage.index.next_seq())
+            runtime.collector.after(handled)
             _record_lag(app, metrics, batch)
 
     async def index_error(exc: Exception, payload: bytes, msg: Any, key: bytes | None) -> None:
@@ -239,7 +247,8 @@ def _index_stage(runtime: Runtime, records: Any) -> IndexStage:
     """The index stage, rebuilt from the record table after every assignment of the shard."""
     if runtime.index is None:
         # derived from the record table and rebuilt on every assignment: no write-ahead log needed
-        derived = RocksState(runtime.settings.state_path / "index", RocksOptions(write_ahead_log=False))
+        options = RocksOptions(write_ahead_log=False, record_cache=runtime.settings.record_cache)
+        derived = RocksState(runtime.settings.state_path / "index", options)
         runtime.index = IndexStage(runtime.settings.params(), derived, records)
     if runtime.needs_rebuild:
         count = runtime.index.rebuild()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from service.core.dedup import decide
+from service.core.dedup import decide, score, score_many
 from service.core.lsh import band_keys
 from service.core.params import DedupParams
 from service.core.signing import EmptyText, fingerprint
@@ -192,3 +192,26 @@ def test_ten_megabytes_of_text(engine: Engine, prose: tuple[str, ...]) -> None:
     state.apply(outcome.update)
     copy = decide("big-copy", fp, state, params).article.decision
     assert (copy.kind, copy.exact, copy.match_id) == ("duplicate", True, "big")
+
+
+def test_scoring_many_candidates_equals_scoring_each(prose: tuple[str, ...]) -> None:
+    """score_many's array passes give bit-identical figures to score, pair by pair: verdicts must
+    not depend on how many candidates an article has."""
+    params = DedupParams()
+    query = fingerprint(prose[0], params)
+    texts = [
+        prose[0],  # identical
+        prose[0] + " Reporting by the wire desk.",
+        prose[0][: len(prose[0]) // 2],  # contained
+        prose[1],
+        prose[2] + " " + prose[0],  # contains
+        "Short.",  # shorter than k: a one-hash fingerprint, mostly empty verifier slots
+        "abcdef",
+        *prose[3:],
+    ]
+    others = [(f"c{n}", fingerprint(text, params)) for n, text in enumerate(texts)]
+    assert score_many(query, others) == [score(query, fp, other_id) for other_id, fp in others]
+    tiny = fingerprint("Tiny.", params)
+    assert score_many(tiny, others) == [score(tiny, fp, other_id) for other_id, fp in others]
+    assert score_many(query, others[:1]) == [score(query, others[0][1], "c0")]
+    assert score_many(query, []) == []
