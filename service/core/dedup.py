@@ -160,10 +160,10 @@ def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
 def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> list[Candidate]:
     """`score` against many candidates, their verifiers compared in one pass when all have fp's
     length; otherwise pair by pair. The figures are identical either way."""
-    size = fp.verifier.size
-    if len(others) < 2 or not size or any(other.verifier.size != size for _, other in others):
+    stacked = _stacked_verifiers(fp, others)
+    if stacked is None:
         return [score(fp, other, other_id) for other_id, other in others]
-    jaccard = estimate_jaccard_verified_many(fp.verifier, np.stack([other.verifier for _, other in others]))
+    jaccard = estimate_jaccard_verified_many(fp.verifier, stacked)
     sizes = np.fromiter((other.shingle_count for _, other in others), dtype=np.int64, count=len(others))
     inside, contains = estimate_containment_many(jaccard, fp.shingle_count, sizes)
     return [
@@ -172,6 +172,19 @@ def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> li
             others, jaccard.tolist(), inside.tolist(), contains.tolist(), strict=True
         )
     ]
+
+
+def _stacked_verifiers(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> np.ndarray | None:
+    """The candidates' verifiers as one matrix, or None when there is nothing to gain (fewer than
+    two) or they cannot be compared in one pass (a length differs from fp's)."""
+    size = fp.verifier.size
+    if len(others) < 2 or not size:
+        return None
+    try:
+        stacked = np.array([other.verifier for _, other in others])
+    except ValueError:  # lengths differ among the candidates
+        return None
+    return stacked if stacked.ndim == 2 and stacked.shape[1] == size else None
 
 
 def _verified_match(

@@ -188,7 +188,11 @@ def estimate_jaccard_verified_many(
         raise ValueError(f"verifiers differ in length: {query.size} vs {others.shape}")
     equal = others == query
     matches = np.count_nonzero(equal, axis=1)
-    both_empty = np.count_nonzero(equal & (query == EMPTY_VERIFIER_SLOT), axis=1)
+    empty = query == EMPTY_VERIFIER_SLOT
+    if empty.any():  # a short text leaves slots empty; slots empty in both count as equal
+        both_empty = np.count_nonzero(equal & empty, axis=1)
+    else:
+        both_empty = np.zeros(len(others), dtype=np.intp)
     usable = query.size - both_empty
     with np.errstate(divide="ignore", invalid="ignore"):
         estimates = (matches - both_empty) / usable

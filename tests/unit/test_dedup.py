@@ -214,4 +214,10 @@ def test_scoring_many_candidates_equals_scoring_each(prose: tuple[str, ...]) -> 
     tiny = fingerprint("Tiny.", params)
     assert score_many(tiny, others) == [score(tiny, fp, other_id) for other_id, fp in others]
     assert score_many(query, others[:1]) == [score(query, others[0][1], "c0")]
+    # verifiers of another length (state written with other settings) are scored pair by pair
+    coarse = DedupParams(verify_perm=256)
+    mixed = [*others[:3], ("d0", fingerprint(prose[0], coarse)), ("d1", fingerprint(prose[1], coarse))]
+    assert score_many(query, mixed) == [score(query, fp, other_id) for other_id, fp in mixed]
+    same_other_length = [(i, fingerprint(t, coarse)) for i, t in (("e0", prose[0]), ("e1", prose[2]))]
+    assert score_many(query, same_other_length) == [score(query, fp, i) for i, fp in same_other_length]
     assert score_many(query, []) == []
