@@ -228,11 +228,14 @@ class RocksState:
     def get_meta(self, key: bytes) -> bytes | None:
         return self._db.get(_META + key)
 
-    def set_meta(self, values: dict[bytes, bytes]) -> None:
+    def set_meta(self, values: dict[bytes, bytes], *, durable: bool = False) -> None:
+        """`durable`: on disk when this returns, even without a write-ahead log (flushes)."""
         batch = WriteBatch(raw_mode=True)
         for key, value in values.items():
             batch.put(_META + key, value)
         self._db.write(batch)
+        if durable:
+            self._db.flush()
 
     def close(self) -> None:
         self._db.close()

@@ -244,14 +244,18 @@ def _enter_event(event: faust.EventT) -> None:
 
 
 def _index_stage(runtime: Runtime, records: Any) -> IndexStage:
-    """The index stage, rebuilt from the record table after every assignment of the shard."""
+    """The index stage: at every assignment of the shard, reopened (after a clean shutdown) or
+    rebuilt from the record table."""
     if runtime.index is None:
-        # derived from the record table and rebuilt on every assignment: no write-ahead log needed
+        # derived from the record table and rebuilt after a crash: no write-ahead log needed
         options = RocksOptions(write_ahead_log=False, record_cache=runtime.settings.record_cache)
         derived = RocksState(runtime.settings.state_path / "index", options)
         runtime.index = IndexStage(runtime.settings.params(), derived, records)
     if runtime.needs_rebuild:
-        count = runtime.index.rebuild()
+        count = runtime.index.open()
         runtime.needs_rebuild = False
-        log.info("index_rebuilt articles=%d applied_offset=%d", count, runtime.index.applied_offset)
+        if count is None:
+            log.info("index_reopened applied_offset=%d", runtime.index.applied_offset)
+        else:
+            log.info("index_rebuilt articles=%d applied_offset=%d", count, runtime.index.applied_offset)
     return runtime.index

@@ -123,7 +123,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         runtime.signer.close()
         if runtime.index is not None:
-            runtime.index.index.close()  # the derived index has no write-ahead log: flush it
+            runtime.index.close()  # flushed (it has no write-ahead log) and marked reusable
         server.shutdown()
     return 0
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ..core.dedup import IndexedArticle, decide
-from ..core.params import DedupParams
+from ..core.params import DedupParams, IncompatibleState
 from ..core.signing import EmptyText, Fingerprint, fingerprint
 from ..messages import InvalidMessage, dead_letter_dict, decode_article, verdict_dict
 from ..state.records import decode_article as decode_record
@@ -29,6 +29,7 @@ _LEN = struct.Struct(">I")
 PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
 ARTICLE_PREFIX = b"a"
 OFFSET_KEY = b"m:applied-offset"
+CLEAN_KEY = b"closed-cleanly-at"  # in the derived index: the applied offset it was closed at
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,31 @@ class IndexStage:
         self.records = records
         self.applied_offset = -1
         self._checkpointed = -1
+
+    def open(self) -> int | None:
+        """At assignment: keep the derived index when it was closed cleanly at the offset the record
+        table says was applied (a restart with nothing applied elsewhere in between), else rebuild.
+        Returns the number of articles rebuilt, None when the index was kept."""
+        stored = self.records.get(OFFSET_KEY)
+        table_offset = int(stored) if stored is not None else -1
+        marker = self.index.get_meta(CLEAN_KEY)
+        if marker is not None and marker and int(marker) == table_offset:
+            try:
+                self.index.open_header(self.params.header())
+            except IncompatibleState:
+                return self.rebuild()
+            # From now on the index changes: a crash must force a rebuild, so forget the marker
+            # on disk before the first change.
+            self.index.set_meta({CLEAN_KEY: b""}, durable=True)
+            self.applied_offset = self._checkpointed = table_offset
+            return None
+        return self.rebuild()
+
+    def close(self) -> None:
+        """Close the derived index; mark it reusable when everything applied is checkpointed."""
+        if self.applied_offset == self._checkpointed:
+            self.index.set_meta({CLEAN_KEY: str(self.applied_offset).encode()}, durable=True)
+        self.index.close()
 
     def rebuild(self, articles: Iterable[IndexedArticle] | None = None) -> int:
         """Re-derive bands and content map from the records; returns the number indexed."""

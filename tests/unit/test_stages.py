@@ -398,3 +398,73 @@ def test_content_map_passes_to_a_remaining_exact_copy(kind: str, tmp_path: Path)
         assert state.id_for_content(first.fingerprint.content_hash) is None
     finally:
         state.close()
+
+
+# --- reopening the derived index after a clean shutdown ----------------------------------------------
+
+
+def _stage(path: Path, records: dict[bytes, bytes]) -> IndexStage:
+    return IndexStage(PARAMS, RocksState(path), records)
+
+
+def _apply(stage: IndexStage, offset: int, article_id: str, text: str) -> dict[str, Any] | None:
+    result = stage.handle(signed(article_id, text), offset, now=NOW)
+    stage.applied(offset)
+    stage.checkpoint()
+    return result.verdict
+
+
+def test_a_cleanly_closed_index_is_reopened_not_rebuilt(tmp_path: Path) -> None:
+    records: dict[bytes, bytes] = {}
+    first = _stage(tmp_path / "index", records)
+    assert first.open() == 0  # nothing to keep yet: built (empty)
+    for offset, (article_id, text) in enumerate(HISTORY):
+        _apply(first, offset, article_id, text)
+    first.close()
+
+    second = _stage(tmp_path / "index", records)
+    assert second.open() is None  # kept
+    assert second.applied_offset == len(HISTORY) - 1
+    assert second.index.count() == len({a for a, _ in HISTORY})
+    # and it decides exactly as a rebuilt one would
+    rebuilt = _stage(tmp_path / "rebuilt", dict(records))
+    assert rebuilt.open() == len({a for a, _ in HISTORY})
+    for offset, (article_id, text) in enumerate(FUTURE, start=len(HISTORY)):
+        assert _apply(second, offset, article_id, text) == _apply(rebuilt, offset, article_id, text)
+    second.close()
+    rebuilt.close()
+
+
+def test_a_reopened_index_is_rebuilt_after_a_crash(tmp_path: Path) -> None:
+    records: dict[bytes, bytes] = {}
+    first = _stage(tmp_path / "index", records)
+    first.open()
+    _apply(first, 0, "a", PROSE[0])
+    first.close()
+    second = _stage(tmp_path / "index", records)
+    assert second.open() is None
+    _apply(second, 1, "b", PROSE[1])
+    second.index.close()  # a crash: the stage never closes, no marker is written
+    third = _stage(tmp_path / "index", records)
+    assert third.open() == 2
+    third.close()
+
+
+@pytest.mark.parametrize("case", ["applied elsewhere since", "closed with unsaved work"])
+def test_a_stale_index_is_rebuilt(tmp_path: Path, case: str) -> None:
+    records: dict[bytes, bytes] = {}
+    first = _stage(tmp_path / "index", records)
+    first.open()
+    _apply(first, 0, "a", PROSE[0])
+    if case == "closed with unsaved work":
+        first.handle(signed("b", PROSE[1]), 1, now=NOW)
+        first.applied(1)  # applied, but the checkpoint was never written
+    first.close()
+    if case == "applied elsewhere since":
+        elsewhere = _stage(tmp_path / "elsewhere", records)  # the shard moved to another worker
+        elsewhere.open()
+        _apply(elsewhere, 1, "c", PROSE[2])
+        elsewhere.close()
+    again = _stage(tmp_path / "index", records)
+    assert again.open() == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
+    again.close()
