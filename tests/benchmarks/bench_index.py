@@ -1,0 +1,130 @@
+"""Index-stage benchmark, in process (no broker): the cost of one article as the index grows.
+
+The stream worker's event loop spends most of its time in the index stage once the index holds tens
+of thousands of articles. This script signs N articles once (the generator of bench_stream.py: new
+articles recombine corpus paragraphs, 30% are near-copies of recent ones), then runs the index stage
+(decide, apply to the derived RocksDB index, write the record) over a fresh state for each
+configuration, and prints the main-thread CPU time per article per block of articles:
+
+  baseline   record cache of 20,000 decoded records (the default before NEARDUP_RECORD_CACHE)
+  current    record cache of 100,000 (the default)
+
+and, after the current run, the time of a full garbage collection with everything the run left alive,
+without and with the worker's collector policy (gc.freeze of the survivors, service/stream/collector.py).
+
+Usage: python tests/benchmarks/bench_index.py [--articles 50000] [--block 5000] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for path in (ROOT, ROOT / "tests" / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
+
+from service.core.params import DedupParams  # noqa: E402
+from service.state.rocks import RocksOptions, RocksState  # noqa: E402
+from service.stream.stages import IndexStage, Provenance, Signed, SignStage, decode_signed  # noqa: E402
+
+
+def signed_articles(count: int, seed: int) -> list[Signed]:
+    corpus = load_corpus(CORPUS if CORPUS.exists() else SAMPLE)
+    articles = Articles(corpus, "bench", seed, dup_fraction=0.3)
+    stage = SignStage(DedupParams(), 1_000_000)
+    out = []
+    for offset in range(count):
+        key, value = articles.next()
+        result = stage.handle(value, key, Provenance("articles", 0, offset, 1_700_000_000_000))
+        assert result.signed is not None, result.reason
+        out.append(decode_signed(result.signed))
+    return out
+
+
+def run(
+    items: list[Signed], record_cache: int, block: int, state_dir: Path
+) -> tuple[list[float], IndexStage]:
+    """µs of main-thread CPU per article, per block (RocksDB's own threads are not counted)."""
+    options = RocksOptions(write_ahead_log=False, record_cache=record_cache)
+    stage = IndexStage(DedupParams(), RocksState(state_dir, options), {})
+    stage.open()
+    per_block: list[float] = []
+    started = time.thread_time()
+    for offset, item in enumerate(items):
+        stage.handle(item, offset)
+        stage.applied(offset)
+        if offset % 100 == 99:
+            stage.checkpoint()
+        if (offset + 1) % block == 0:
+            now = time.thread_time()
+            per_block.append((now - started) / block * 1e6)
+            started = now
+    return per_block, stage
+
+
+def full_collection_ms(repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        gc.collect()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--articles", type=int, default=50_000)
+    parser.add_argument("--block", type=int, default=5_000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    print(f"signing {args.articles:,} articles ...", flush=True)
+    items = signed_articles(args.articles, args.seed)
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="neardup-bench-index-") as tmp:
+        for name, cache in (("baseline", 20_000), ("current", 100_000)):
+            per_block, stage = run(items, cache, args.block, Path(tmp) / name)
+            results[name] = per_block
+            print(f"  {name:9} record cache {cache:>7,}: µs/article per {args.block:,} articles:")
+            print("    " + " ".join(f"{value:.0f}" for value in per_block), flush=True)
+            if name == "current":
+                gc.unfreeze()
+                plain = full_collection_ms()
+                gc.collect(1)
+                gc.freeze()
+                frozen = full_collection_ms()
+                gc.unfreeze()
+            stage.close()
+            del stage
+
+    base, cur = results["baseline"], results["current"]
+    tail = max(1, len(cur) // 5)  # the last fifth of the run: the largest index
+    base_tail, cur_tail = statistics.median(base[-tail:]), statistics.median(cur[-tail:])
+    print(f"\nsummary: {args.articles:,} articles, index stage in process, main-thread CPU time")
+    print(f"  first block            baseline {base[0]:.0f} µs/article, current {cur[0]:.0f} µs/article")
+    print(
+        f"  last {tail} block(s)        baseline {base_tail:.0f} µs/article, "
+        f"current {cur_tail:.0f} µs/article"
+    )
+    print(f"  current / baseline     {cur_tail / base_tail:.2f} at the largest index")
+    print(f"  growth, last / first   baseline {base_tail / base[0]:.2f}x, current {cur_tail / cur[0]:.2f}x")
+    print(
+        f"  full gc.collect()      {plain:.1f} ms with the run's objects live; "
+        f"{frozen:.1f} ms after gc.freeze()"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
