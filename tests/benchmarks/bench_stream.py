@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -295,6 +297,9 @@ class Result:
     latency_p99_ms: float = 0.0
     e2e_p50_ms: float = 0.0
     e2e_p99_ms: float = 0.0
+    gc_full_pauses: int = 0
+    gc_full_total_ms: float = 0.0
+    gc_full_longest_ms: float = 0.0  # the upper bound of the highest histogram bucket reached
 
     @property
     def ratio(self) -> float:
@@ -410,6 +415,12 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             f"end-to-end p50 {result.e2e_p50_ms:.1f} p99 {result.e2e_p99_ms:.1f} ms",
             flush=True,
         )
+        gc_pauses(env["NEARDUP_METRICS_PORT"], result)
+        print(
+            f"  full garbage collections in the worker: {result.gc_full_pauses}, "
+            f"{result.gc_full_total_ms:.0f} ms in all, the longest ≤ {result.gc_full_longest_ms:.0f} ms",
+            flush=True,
+        )
     finally:
         await verdicts.stop()
         code = worker.stop()
@@ -418,6 +429,27 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def gc_pauses(port: str, result: Result) -> None:
+    """Full (generation 2) collections so far, from the worker's neardup_gc_pause_seconds histogram."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    buckets: list[tuple[float, float]] = []
+    for family in text_string_to_metric_families(text):
+        if family.name != "neardup_gc_pause_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("generation") != "2":
+                continue
+            if sample.name.endswith("_count"):
+                result.gc_full_pauses = int(sample.value)
+            elif sample.name.endswith("_sum"):
+                result.gc_full_total_ms = sample.value * 1000
+            elif sample.name.endswith("_bucket"):
+                buckets.append((float(sample.labels["le"]), sample.value))
+    below = [bound for bound, count in sorted(buckets) if count < result.gc_full_pauses]
+    reached = sorted(bound for bound, _ in buckets if bound > max(below, default=0.0))
+    result.gc_full_longest_ms = (reached[0] if reached else 0.0) * 1000 if result.gc_full_pauses else 0.0
 
 
 async def latency_phase(
@@ -534,6 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  latency at {args.rate:.0f}/s      p50 {med('latency_p50_ms'):.1f} ms, p99 {p99:.1f} ms (verdict "
         f"latency_ms); end-to-end p50 {med('e2e_p50_ms'):.1f} ms, p99 {med('e2e_p99_ms'):.1f} ms"
+    )
+    print(
+        f"  full GC pauses        {med('gc_full_pauses'):.0f} per run, "
+        f"longest ≤ {med('gc_full_longest_ms'):.0f} ms"
     )
     print(f"  target ≥{TARGET_RATE:,.0f} articles/s per worker: {verdict(worker_rate >= TARGET_RATE)}")
     print(f"  target p99 ≤{TARGET_P99_MS:.0f} ms at {args.rate:.0f}/s: {verdict(p99 <= TARGET_P99_MS)}")
