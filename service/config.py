@@ -82,12 +82,9 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
-        if self.gc_freeze_every < 0:
-            raise ConfigError(f"NEARDUP_GC_FREEZE_EVERY must be ≥ 0, got {self.gc_freeze_every}")
-        if self.record_cache < 0:
-            raise ConfigError(f"NEARDUP_RECORD_CACHE must be ≥ 0, got {self.record_cache}")
-        if self.sign_processes < 0:
-            raise ConfigError(f"NEARDUP_SIGN_PROCESSES must be ≥ 0, got {self.sign_processes}")
+        for name in ("gc_freeze_every", "record_cache", "sign_processes"):  # 0 turns each off
+            if getattr(self, name) < 0:
+                raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 0, got {getattr(self, name)}")
         if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
             raise ConfigError(f"NEARDUP_SECURITY_PROTOCOL is not a Kafka protocol: {self.security_protocol}")
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from ..core.dedup import IndexedArticle, IndexUpdate, StateReader
@@ -10,6 +10,10 @@ from ..core.dedup import IndexedArticle, IndexUpdate, StateReader
 
 class StateStore(StateReader, Protocol):
     """A store of indexed articles, band buckets and the exact-content map, with a parameter header."""
+
+    def band_members(self, key: bytes) -> Sequence[str]:
+        """One bucket (buckets() reads many at once); for tools and tests."""
+        ...
 
     def apply(self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None) -> None:
         """Apply one update atomically, with optional extra keys (e.g. consumed offsets)."""

@@ -36,7 +36,8 @@ class RocksOptions:
     # Most band lookups of a new article find nothing: a bloom filter answers those without I/O.
     bloom_bits_per_key: int = 10
     # ...and most of them would otherwise search the memtable's skiplist key by key: a memtable
-    # bloom filter halves the 25-key multi-get of a new article (tests/benchmarks/bench_stream.py).
+    # bloom filter took the 25-key multi-get of a new article from ~66 to ~24 µs at 25,000 indexed
+    # articles (a one-off timing of RocksState.buckets, not one of tests/benchmarks).
     memtable_bloom_ratio: float = 0.1
     # Off only for state that is rebuilt from elsewhere after a crash (the stream's derived index).
     write_ahead_log: bool = True

@@ -68,10 +68,10 @@ class _Helper:
     async def _call(self, request: object) -> object:
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
-        payload = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        frame = _frame(request)
         async with self.lock:
             try:
-                stdin.write(_LEN.pack(len(payload)) + payload)
+                stdin.write(frame)
                 await stdin.drain()
                 (size,) = _LEN.unpack(await stdout.readexactly(_LEN.size))
                 return pickle.loads(await stdout.readexactly(size))
@@ -140,9 +140,14 @@ def _read_frame(stream: BinaryIO) -> object | None:
     return pickle.loads(stream.read(size))
 
 
+def _frame(message: object) -> bytes:
+    """What travels on the pipes, both ways: a length-prefixed pickle."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(payload)) + payload
+
+
 def _write_frame(stream: BinaryIO, answer: object) -> None:
-    payload = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_LEN.pack(len(payload)) + payload)
+    stream.write(_frame(answer))
     stream.flush()
 
 

@@ -180,10 +180,9 @@ class IndexStage:
         """At assignment: keep the derived index when it was closed cleanly at the offset the record
         table says was applied (a restart with nothing applied elsewhere in between), else rebuild.
         Returns the number of articles rebuilt, None when the index was kept."""
-        stored = self.records.get(OFFSET_KEY)
-        table_offset = int(stored) if stored is not None else -1
+        table_offset = self._table_offset()
         marker = self.index.get_meta(CLEAN_KEY)
-        if marker is not None and marker and int(marker) == table_offset:
+        if marker and int(marker) == table_offset:
             try:
                 self.index.open_header(self.params.header())
             except IncompatibleState:
@@ -212,10 +211,13 @@ class IndexStage:
         self.index.clear()
         self.index.open_header(self.params.header())
         count = self.index.bulk_load(articles, self.params.lsh.bands, self.params.lsh.rows)
-        stored = self.records.get(OFFSET_KEY)
-        self.applied_offset = int(stored) if stored is not None else -1
-        self._checkpointed = self.applied_offset
+        self.applied_offset = self._checkpointed = self._table_offset()
         return count
+
+    def _table_offset(self) -> int:
+        """The offset the record table says was applied (-1: none yet)."""
+        stored = self.records.get(OFFSET_KEY)
+        return int(stored) if stored is not None else -1
 
     def handle(self, signed: Signed, offset: int, now: float | None = None) -> IndexResult:
         """Decide one signed record of the signatures message at `offset`. A message holds many
