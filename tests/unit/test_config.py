@@ -88,6 +88,10 @@ def test_several_brokers() -> None:
         ("NEARDUP_VERDICTS_PARTITIONS", "-1", "NEARDUP_VERDICTS_PARTITIONS"),
         ("NEARDUP_MAX_TEXT_BYTES", "0", "NEARDUP_MAX_TEXT_BYTES"),
         ("NEARDUP_SIGN_BATCH", "0", "NEARDUP_SIGN_BATCH"),
+        ("NEARDUP_FETCH_WAIT_MS", "0", "NEARDUP_FETCH_WAIT_MS"),
+        ("NEARDUP_SIGN_PROCESSES", "-1", "NEARDUP_SIGN_PROCESSES"),
+        ("NEARDUP_RECORD_CACHE", "-1", "NEARDUP_RECORD_CACHE"),
+        ("NEARDUP_GC_FREEZE_EVERY", "-5", "NEARDUP_GC_FREEZE_EVERY"),
         ("NEARDUP_SECURITY_PROTOCOL", "TLS", "NEARDUP_SECURITY_PROTOCOL"),
         ("NEARDUP_THRESHOLD", "1.5", "threshold"),
         ("NEARDUP_THRESHOLD", "0", "threshold"),
@@ -176,3 +180,9 @@ def test_every_field_can_be_set_from_the_environment(name: str) -> None:
     raw = _sample(name, default)
     settings = Settings.from_env({f"NEARDUP_{name.upper()}": raw})
     assert getattr(settings, name) == type(default)(raw) != default
+
+
+def test_zero_turns_helpers_cache_and_freezing_off() -> None:
+    env = {"NEARDUP_SIGN_PROCESSES": "0", "NEARDUP_RECORD_CACHE": "0", "NEARDUP_GC_FREEZE_EVERY": "0"}
+    settings = Settings.from_env(env)
+    assert (settings.sign_processes, settings.record_cache, settings.gc_freeze_every) == (0, 0, 0)
