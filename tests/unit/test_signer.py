@@ -71,7 +71,7 @@ async def test_a_killed_helper_is_replaced(pooled: Signer) -> None:
 
 async def test_helpers_exit_when_the_worker_goes(pooled: Signer) -> None:
     await pooled.warm_up()
-    processes = [helper.process for helper in pooled._helpers]
+    processes = [helper.child.process for helper in pooled._helpers]
     for process in processes:
         assert process.stdin is not None
         process.stdin.close()  # what the helper sees when the worker dies

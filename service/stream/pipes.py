@@ -1,0 +1,108 @@
+"""Child processes that serve requests over pipes: the signing helpers and the index decider.
+
+Each child is `python -m <module>`, reading length-prefixed pickles from its stdin and answering on
+its stdout, through the worker's own event loop: no pool threads competing with the loop for the GIL
+(concurrent.futures' pool cost ~10% of the worker's CPU). A child whose worker dies reads end-of-file
+and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import struct
+import sys
+from collections.abc import Callable
+from typing import BinaryIO
+
+_LEN = struct.Struct(">I")
+_STREAM_LIMIT = 64 * 1024 * 1024  # a batch of answers; asyncio's default of 64 KB is far too small
+
+
+class ChildFailed(RuntimeError):
+    """A child process exited or answered garbage."""
+
+
+class Child:
+    """One child process and the pipes to it; one request at a time."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.lock = asyncio.Lock()
+
+    @classmethod
+    async def start(cls, module: str, setup: object) -> Child:
+        """Start `python -m module` and send it `setup`; returns once the child answered it."""
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=_STREAM_LIMIT,
+        )
+        child = cls(process)
+        try:
+            await child.call(setup)
+        except ChildFailed:
+            child.stop()
+            raise
+        return child
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def call(self, request: object) -> object:
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None
+        data = frame(request)
+        async with self.lock:
+            try:
+                stdin.write(data)
+                await stdin.drain()
+                (size,) = _LEN.unpack(await stdout.readexactly(_LEN.size))
+                return pickle.loads(await stdout.readexactly(size))
+            except (OSError, asyncio.IncompleteReadError, pickle.UnpicklingError) as exc:
+                raise ChildFailed(f"child {self.process.pid}: {type(exc).__name__}: {exc}") from exc
+
+    async def wait(self, timeout: float) -> int | None:
+        """The exit code once the child has exited by itself, None if it is still running."""
+        try:
+            return await asyncio.wait_for(self.process.wait(), timeout)
+        except TimeoutError:
+            return None
+
+    def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+
+def frame(message: object) -> bytes:
+    """What travels on the pipes, both ways: a length-prefixed pickle."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(payload)) + payload
+
+
+def read_frame(stream: BinaryIO) -> object | None:
+    header = stream.read(_LEN.size)
+    if len(header) < _LEN.size:
+        return None  # the worker closed the pipe (or died): nothing more to do
+    (size,) = _LEN.unpack(header)
+    return pickle.loads(stream.read(size))
+
+
+def write_frame(stream: BinaryIO, answer: object) -> None:
+    stream.write(frame(answer))
+    stream.flush()
+
+
+def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
+    """A child's entry point: requests on stdin, answers on the real stdout, anything a library
+    prints on stderr; the worker decides when the child stops (Ctrl-C reaches both)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    serve(sys.stdin.buffer, answers)
