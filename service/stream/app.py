@@ -14,11 +14,12 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from ..config import Settings
 from ..messages import dead_letter_dict
-from ..state.rocks import RocksOptions, RocksState
+from ..state.rocks import RocksOptions
 from .collector import CollectorPolicy
+from .decider import Decider
 from .metrics import Metrics
 from .signer import Signer, SignItem
-from .stages import IndexStage, Provenance, SignStage, decode_signed, pack_in_chunks, unpack_signed
+from .stages import EntryOutcome, Provenance, SignStage, pack_in_chunks
 from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
 log = logging.getLogger("neardup.stream")
@@ -53,14 +54,14 @@ def _app_class(fetch_wait_ms: int) -> type[faust.App]:
 
 @dataclass
 class Runtime:
-    """What the agents share; `needs_rebuild` is raised whenever the index shard is (re)assigned."""
+    """What the agents share; `needs_open` is raised whenever the index shard is (re)assigned."""
 
     settings: Settings
     metrics: Metrics
     signer: Signer
     collector: CollectorPolicy
-    index: IndexStage | None = None
-    needs_rebuild: bool = True
+    decider: Decider
+    needs_open: bool = True
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> faust.TopicT:
@@ -111,12 +112,6 @@ def create_app(
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
     )
-    runtime = Runtime(
-        settings,
-        metrics,
-        Signer(SignStage(params, settings.max_text_bytes), settings.sign_processes),
-        CollectorPolicy(settings.gc_freeze_every),
-    )
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
     dead_letters = _raw_topic(app, settings.dead_letter_topic, 1)
@@ -126,6 +121,21 @@ def create_app(
         value_type=bytes,
         partitions=1,
         changelog_topic=_raw_topic(app, changelog_topic(settings), 1, compacting=True, internal=False),
+    )
+    runtime = Runtime(
+        settings,
+        metrics,
+        Signer(SignStage(params, settings.max_text_bytes), settings.sign_processes),
+        CollectorPolicy(settings.gc_freeze_every),
+        Decider(
+            params,
+            settings.state_path / "index",
+            # derived from the record table and rebuilt after a crash: no write-ahead log needed
+            RocksOptions(write_ahead_log=False, record_cache=settings.record_cache),
+            records,
+            in_process=not settings.index_process,
+            gc_freeze_every=settings.gc_freeze_every,
+        ),
     )
 
     async def dead_letter(reason: str, payload: bytes, key: bytes | None) -> None:
@@ -162,61 +172,64 @@ def create_app(
                 await signatures.send(key=SHARD_KEY, value=pack)
             _record_lag(app, metrics, batch)
 
-    async def publish_verdict(article_id: str, verdict: dict[str, Any]) -> None:
+    async def publish_verdict(article_id: str, verdict: bytes) -> None:
         # The producer directly, not Topic.send: Faust's per-message wrapping cost more CPU than
         # the index decision itself. Faust flushes this same producer before it commits offsets.
-        await app.producer.send(
-            settings.verdicts_topic, article_id.encode(), orjson.dumps(verdict), None, None, None
-        )
+        await app.producer.send(settings.verdicts_topic, article_id.encode(), verdict, None, None, None)
 
     @app.agent(signatures, name="index")
     async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(100, within=0.002):
-            stage = _index_stage(runtime, records)
-            handled = 0
-            for event in batch:
-                msg = event.message
-                _enter_event(event)
-                try:
-                    entries = unpack_signed(event.value)
-                except Exception as exc:  # a corrupt internal message must not stop the shard
-                    await index_error(exc, event.value, msg, event.key)
+            decider = await _open_decider(runtime)
+            # Table writes pick the changelog partition from the current event, which take_events()
+            # does not set; the shard's events all share one partition.
+            _enter_event(batch[-1])
+            outcome, writes = await decider.decide([(event.message.offset, event.value) for event in batch])
+            for key, value in writes:
+                records[key] = value
+            events = {event.message.offset: event for event in batch}
+            for entry in outcome.entries:
+                if entry.status == "error":
+                    await index_error(entry, events[entry.offset])
                     continue
-                handled += len(entries)
-                for entry in entries:
-                    try:
-                        signed = decode_signed(entry)
-                        result = stage.handle(signed, msg.offset)
-                    except Exception as exc:
-                        await index_error(exc, entry, msg, event.key)
-                        continue
-                    if result.status in ("replayed", "stale"):
-                        metrics.replays.labels(result.status).inc()
-                    if result.verdict is None:
-                        continue
-                    if result.status != "replayed":
-                        metrics.verdicts.labels(result.verdict["verdict"]).inc()
-                        if result.verdict["latency_ms"] is not None:
-                            metrics.latency.observe(result.verdict["latency_ms"] / 1000.0)
-                    await publish_verdict(signed.article_id, result.verdict)
-                stage.applied(msg.offset)
-            stage.checkpoint()  # in the context of the batch's last event (entered above)
-            metrics.indexed.set(stage.index.next_seq())
-            runtime.collector.after(handled)
+                if entry.status in ("replayed", "stale"):
+                    metrics.replays.labels(entry.status).inc()
+                if entry.verdict is None or entry.article_id is None:
+                    continue
+                if entry.status != "replayed":
+                    metrics.verdicts.labels(entry.kind).inc()
+                    if entry.latency_ms is not None:
+                        metrics.latency.observe(entry.latency_ms / 1000.0)
+                await publish_verdict(entry.article_id, entry.verdict)
+            metrics.indexed.set(outcome.indexed)
+            runtime.collector.after(outcome.handled)
             _record_lag(app, metrics, batch)
 
-    async def index_error(exc: Exception, payload: bytes, msg: Any, key: bytes | None) -> None:
-        detail = f"{type(exc).__name__}: {exc}"
-        log.exception("index_error topic=%s partition=%d offset=%d", msg.topic, msg.partition, msg.offset)
-        record = dead_letter_dict(
-            "internal_error", detail, payload, msg.topic, msg.partition, msg.offset, key
+    async def index_error(entry: EntryOutcome, event: faust.EventT) -> None:
+        msg = event.message
+        log.error(
+            "index_error topic=%s partition=%d offset=%d error=%s",
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            entry.error,
         )
-        await dead_letter("internal_error", orjson.dumps(record), key)
+        assert entry.payload is not None and entry.error is not None
+        record = dead_letter_dict(
+            "internal_error", entry.error, entry.payload, msg.topic, msg.partition, msg.offset, event.key
+        )
+        await dead_letter("internal_error", orjson.dumps(record), event.key)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
     async def on_assigned(sender: Any, assigned: Any = None, **_: Any) -> None:
         if any(tp.topic == settings.signatures_topic for tp in assigned or ()):
-            runtime.needs_rebuild = True
+            runtime.needs_open = True
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
+    async def close_index(sender: Any, **_: Any) -> None:
+        # The consumer has stopped: no batch is decided any more. The index is flushed (it has no
+        # write-ahead log) and marked reusable when everything applied is checkpointed.
+        await runtime.decider.close()
 
     @app.task
     async def mark_ready() -> None:
@@ -243,19 +256,14 @@ def _enter_event(event: faust.EventT) -> None:
     _current_event.set(weakref.ref(event))
 
 
-def _index_stage(runtime: Runtime, records: Any) -> IndexStage:
+async def _open_decider(runtime: Runtime) -> Decider:
     """The index stage: at every assignment of the shard, reopened (after a clean shutdown) or
     rebuilt from the record table."""
-    if runtime.index is None:
-        # derived from the record table and rebuilt after a crash: no write-ahead log needed
-        options = RocksOptions(write_ahead_log=False, record_cache=runtime.settings.record_cache)
-        derived = RocksState(runtime.settings.state_path / "index", options)
-        runtime.index = IndexStage(runtime.settings.params(), derived, records)
-    if runtime.needs_rebuild:
-        count = runtime.index.open()
-        runtime.needs_rebuild = False
+    if runtime.needs_open:
+        count = await runtime.decider.open()
+        runtime.needs_open = False
         if count is None:
-            log.info("index_reopened applied_offset=%d", runtime.index.applied_offset)
+            log.info("index_reopened")
         else:
-            log.info("index_rebuilt articles=%d applied_offset=%d", count, runtime.index.applied_offset)
-    return runtime.index
+            log.info("index_rebuilt articles=%d", count)
+    return runtime.decider

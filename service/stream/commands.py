@@ -122,8 +122,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         app.main()
     finally:
         runtime.signer.close()
-        if runtime.index is not None:
-            runtime.index.close()  # flushed (it has no write-ahead log) and marked reusable
+        runtime.decider.kill()  # closed cleanly on shutdown already (app.py: close_index)
         server.shutdown()
     return 0
 

@@ -11,7 +11,7 @@ import struct
 import time
 from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -158,6 +158,45 @@ class SignStage:
         return SignResult(dead_letter=orjson.dumps(record), reason=reason)
 
 
+class EntryOutcome(NamedTuple):
+    """One signed record as the index agent needs it: a verdict (JSON) to publish, or an error and
+    the bytes to dead-letter. A tuple: it crosses the pipe from the decider process (decider.py)."""
+
+    offset: int  # of the signatures message
+    article_id: str | None
+    status: str  # IndexResult.status, or "error"
+    verdict: bytes | None = None
+    kind: str | None = None  # the verdict's kind
+    latency_ms: float | None = None
+    error: str | None = None
+    payload: bytes | None = None
+
+    @classmethod
+    def of(cls, offset: int, result: IndexResult) -> EntryOutcome:
+        verdict = result.verdict
+        if verdict is None:
+            article_id = None if result.article is None else result.article.article_id
+            return cls(offset, article_id, result.status)
+        return cls(
+            offset,
+            verdict["article_id"],
+            result.status,
+            orjson.dumps(verdict),
+            verdict["verdict"],
+            verdict["latency_ms"],
+        )
+
+    @classmethod
+    def failed(cls, offset: int, payload: bytes, exc: Exception) -> EntryOutcome:
+        return cls(offset, None, "error", error=f"{type(exc).__name__}: {exc}", payload=payload)
+
+
+class BatchOutcome(NamedTuple):
+    entries: list[EntryOutcome]
+    indexed: int  # articles in the index after the batch
+    handled: int  # signed records handled (what the collector policy counts)
+
+
 @dataclass(frozen=True)
 class IndexResult:
     verdict: dict[str, Any] | None
@@ -177,22 +216,26 @@ class IndexStage:
         self._checkpointed = -1
 
     def open(self) -> int | None:
-        """At assignment: keep the derived index when it was closed cleanly at the offset the record
-        table says was applied (a restart with nothing applied elsewhere in between), else rebuild.
-        Returns the number of articles rebuilt, None when the index was kept."""
+        """At assignment: reopen, else rebuild. Returns the number of articles rebuilt, None when
+        the index was kept."""
+        return None if self.reopen() else self.rebuild()
+
+    def reopen(self) -> bool:
+        """Keep the derived index when it was closed cleanly at the offset the record table says
+        was applied (a restart with nothing applied elsewhere in between); False: rebuild it."""
         table_offset = self._table_offset()
         marker = self.index.get_meta(CLEAN_KEY)
-        if marker and int(marker) == table_offset:
-            try:
-                self.index.open_header(self.params.header())
-            except IncompatibleState:
-                return self.rebuild()
-            # From now on the index changes: a crash must force a rebuild, so forget the marker
-            # on disk before the first change.
-            self.index.set_meta({CLEAN_KEY: b""}, durable=True)
-            self.applied_offset = self._checkpointed = table_offset
-            return None
-        return self.rebuild()
+        if not marker or int(marker) != table_offset:
+            return False
+        try:
+            self.index.open_header(self.params.header())
+        except IncompatibleState:
+            return False
+        # From now on the index changes: a crash must force a rebuild, so forget the marker on disk
+        # before the first change.
+        self.index.set_meta({CLEAN_KEY: b""}, durable=True)
+        self.applied_offset = self._checkpointed = table_offset
+        return True
 
     def close(self) -> None:
         """Close the derived index; mark it reusable when everything applied is checkpointed."""
@@ -237,6 +280,32 @@ class IndexStage:
             self.records[ARTICLE_PREFIX + article_id.encode()] = record
         status = "redelivered" if outcome.redelivered else "new"
         return IndexResult(self._verdict(outcome.article, signed, now), outcome.article, status)
+
+    def handle_messages(
+        self, messages: Sequence[tuple[int, bytes]], now: float | None = None
+    ) -> BatchOutcome:
+        """A batch of signatures messages ((offset, value), in order), each unpacked and its records
+        decided in order, then checkpointed. Never raises for bad input: a message or record that
+        cannot be handled comes back as an error with its bytes, for the dead-letter topic."""
+        entries: list[EntryOutcome] = []
+        handled = 0
+        for offset, value in messages:
+            try:
+                records = unpack_signed(value)
+            except Exception as exc:  # a corrupt internal message must not stop the shard
+                entries.append(EntryOutcome.failed(offset, value, exc))
+                records = []
+            handled += len(records)
+            for record in records:
+                try:
+                    result = self.handle(decode_signed(record), offset, now)
+                except Exception as exc:
+                    entries.append(EntryOutcome.failed(offset, record, exc))
+                    continue
+                entries.append(EntryOutcome.of(offset, result))
+            self.applied(offset)
+        self.checkpoint()
+        return BatchOutcome(entries, self.index.next_seq(), handled)
 
     def applied(self, offset: int) -> None:
         """Every record of the message at `offset` is handled: a replay of it is recognised."""

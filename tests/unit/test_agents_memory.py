@@ -46,10 +46,13 @@ class Recorder:
         return self.sent
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    # signing in-process here; tests/unit/test_signer.py covers the helper processes
-    return Settings.from_env({}, state_dir=str(tmp_path / "state"), sign_batch=10, sign_processes=0)
+@pytest.fixture(params=[0, 1], ids=["index-in-process", "index-in-child"])
+def settings(tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
+    # signing in-process here (tests/unit/test_signer.py covers the helper processes); the index
+    # stage both in the worker and in its decider process
+    return Settings.from_env(
+        {}, state_dir=str(tmp_path / "state"), sign_batch=10, sign_processes=0, index_process=request.param
+    )
 
 
 @pytest.fixture
@@ -185,8 +188,7 @@ async def index_agent(wired: tuple[faust.App, Runtime, dict[str, Recorder]]) -> 
     app, runtime, _ = wired
     async with app.agents["index"].test_context() as agent:
         yield agent
-    if runtime.index is not None:
-        runtime.index.index.close()
+    await runtime.decider.close()
 
 
 async def test_index_agent_publishes_verdicts_keyed_by_article(
@@ -209,8 +211,7 @@ async def test_index_agent_publishes_verdicts_keyed_by_article(
     assert {k: v for k, v in verdicts[2].items() if k != "latency_ms"} == {
         k: v for k, v in verdicts[0].items() if k != "latency_ms"
     }
-    assert runtime.index is not None and runtime.index.applied_offset == 2
-    assert runtime.index.records[OFFSET_KEY] == b"2"
+    assert runtime.decider.records[OFFSET_KEY] == b"2"  # checkpointed: offsets 0-2 applied
     assert recorders["dead_letters"].sent == []
     registry = runtime.metrics.registry
     assert registry.get_sample_value("neardup_verdicts_total", {"kind": "unique"}) == 2.0
@@ -261,5 +262,4 @@ async def test_index_agent_handles_a_packed_message_and_dead_letters_a_corrupt_e
     assert base64.b64decode(record["value_b64"]) == b"S1 corrupt"  # the entry, not the whole pack
     registry = runtime.metrics.registry
     await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 3.0)
-    assert runtime.index is not None and runtime.index.applied_offset == 0
-    assert runtime.index.records[OFFSET_KEY] == b"0"
+    assert runtime.decider.records[OFFSET_KEY] == b"0"

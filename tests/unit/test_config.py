@@ -92,6 +92,8 @@ def test_several_brokers() -> None:
         ("NEARDUP_SIGN_PROCESSES", "-1", "NEARDUP_SIGN_PROCESSES"),
         ("NEARDUP_RECORD_CACHE", "-1", "NEARDUP_RECORD_CACHE"),
         ("NEARDUP_GC_FREEZE_EVERY", "-5", "NEARDUP_GC_FREEZE_EVERY"),
+        ("NEARDUP_INDEX_PROCESS", "2", "NEARDUP_INDEX_PROCESS"),
+        ("NEARDUP_INDEX_PROCESS", "-1", "NEARDUP_INDEX_PROCESS"),
         ("NEARDUP_SECURITY_PROTOCOL", "TLS", "NEARDUP_SECURITY_PROTOCOL"),
         ("NEARDUP_THRESHOLD", "1.5", "threshold"),
         ("NEARDUP_THRESHOLD", "0", "threshold"),
@@ -164,6 +166,8 @@ def _sample(name: str, default: object) -> str:
         return "kafka://elsewhere:1"
     if name == "security_protocol":
         return "SASL_PLAINTEXT"
+    if name == "index_process":  # 0 or 1
+        return "0"
     if name in ("num_perm", "verify_perm"):  # the verifier must be a multiple of the signature
         return {"num_perm": "64", "verify_perm": "256"}[name]
     if isinstance(default, int):

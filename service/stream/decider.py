@@ -1,0 +1,221 @@
+"""The index stage behind one async interface, in a child process (default) or in the worker.
+
+In a child (`python -m service.stream.decider`, NEARDUP_INDEX_PROCESS=1) the derived index, its
+record cache and every decision live beside the worker's event loop, which keeps only Faust and Kafka
+work: the loop sends a batch of signatures messages and gets back the verdicts (JSON) and the writes
+for the record table, which it applies to the changelogged Faust table itself. The child runs the same
+IndexStage in the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
+
+The record table stays the durable truth. The child sees it only through `_TableMirror`: the applied
+offset and, for a rebuild, the records the worker streams to it. A child that dies is replaced; the new
+one rebuilds from the table and the batch is decided again, which re-delivery already makes safe
+(records applied after the last checkpoint come back with their stored verdicts).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, MutableMapping, Sequence
+from pathlib import Path
+from typing import BinaryIO, cast
+
+from ..core.params import DedupParams
+from ..state.rocks import RocksOptions, RocksState
+from .collector import CollectorPolicy
+from .pipes import Child, ChildFailed, child_main, read_frame, write_frame
+from .stages import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexStage
+
+log = logging.getLogger("neardup.decider")
+
+Message = tuple[int, bytes]  # (offset, value) of one signatures message
+Write = tuple[bytes, bytes]  # (key, value) for the record table
+LOAD_CHUNK = 2000  # records per frame while streaming the table for a rebuild (~7 MB)
+CLOSE_TIMEOUT_S = 30.0
+
+
+class DeciderFailed(RuntimeError):
+    """The decider child failed twice on the same batch: the worker cannot go on deciding."""
+
+
+class _TableMirror(MutableMapping[bytes, bytes]):
+    """The record table as the child's IndexStage sees it. Reads: the applied offset and, until a
+    rebuild has consumed them, the records the worker sent. Writes: collected for the worker."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+        self.writes: list[Write] = []
+
+    def reset(self, applied_offset: bytes | None) -> None:
+        self._data = {} if applied_offset is None else {OFFSET_KEY: applied_offset}
+        self.writes = []
+
+    def load(self, items: Sequence[Write]) -> None:
+        self._data.update(items)
+
+    def forget_records(self) -> None:
+        """After a rebuild the records live in the derived index: do not hold them twice."""
+        offset = self._data.get(OFFSET_KEY)
+        self.reset(offset)
+
+    def drain(self) -> list[Write]:
+        writes, self.writes = self.writes, []
+        return writes
+
+    def __getitem__(self, key: bytes) -> bytes:
+        return self._data[key]
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.writes.append((key, value))
+        if key == OFFSET_KEY:
+            self._data[key] = value
+
+    def __delitem__(self, key: bytes) -> None:
+        raise NotImplementedError("the index stage never deletes records")
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _table_records(records: MutableMapping[bytes, bytes]) -> Iterator[list[Write]]:
+    chunk: list[Write] = []
+    for key, value in records.items():
+        if key.startswith(ARTICLE_PREFIX):
+            chunk.append((key, value))
+            if len(chunk) >= LOAD_CHUNK:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+class Decider:
+    """The index stage of one shard. `in_process`: the stage runs in the calling process on the
+    real table; otherwise in a child, started at the first `open`."""
+
+    def __init__(
+        self,
+        params: DedupParams,
+        index_path: Path,
+        options: RocksOptions,
+        records: MutableMapping[bytes, bytes],
+        *,
+        in_process: bool,
+        gc_freeze_every: int = 0,
+    ) -> None:
+        self.params = params
+        self.index_path = index_path
+        self.options = options
+        self.records = records
+        self.in_process = in_process
+        self.gc_freeze_every = gc_freeze_every
+        self.stage: IndexStage | None = None  # in_process only
+        self._child: Child | None = None
+
+    @property
+    def child_pid(self) -> int | None:
+        return None if self._child is None else self._child.pid
+
+    async def open(self) -> int | None:
+        """At every assignment of the shard: reopen the derived index or rebuild it from the record
+        table. Returns the number of articles rebuilt, None when the index was kept."""
+        if self.in_process:
+            if self.stage is None:
+                self.stage = IndexStage(self.params, RocksState(self.index_path, self.options), self.records)
+            return self.stage.open()
+        if self._child is None:
+            setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every)
+            self._child = await Child.start("service.stream.decider", setup)
+        child = self._child
+        if await child.call(("reopen", self.records.get(OFFSET_KEY))):
+            return None
+        for chunk in _table_records(self.records):
+            await child.call(("load", chunk))
+        return cast(int, await child.call(("rebuild",)))
+
+    async def decide(self, messages: list[Message]) -> tuple[BatchOutcome, list[Write]]:
+        """Decide a batch; the writes are for the record table, in order (none in process: the stage
+        wrote them already)."""
+        if self.in_process:
+            assert self.stage is not None, "open() first"
+            return self.stage.handle_messages(messages), []
+        for attempt in (1, 2):
+            try:
+                if self._child is None:
+                    await self.open()  # a replacement: rebuilt from the record table
+                assert self._child is not None
+                answer = await self._child.call(("decide", messages))
+                return cast(tuple[BatchOutcome, list[Write]], answer)
+            except ChildFailed as exc:
+                log.error("decider_failed attempt=%d error=%r", attempt, str(exc))
+                self.kill()
+        raise DeciderFailed(f"the decider failed twice on a batch of {len(messages)} messages")
+
+    async def close(self) -> None:
+        """Close the derived index (marked reusable when everything applied is checkpointed)."""
+        if self.in_process:
+            if self.stage is not None:
+                self.stage.close()
+                self.stage = None
+            return
+        if self._child is None:
+            return
+        child, self._child = self._child, None
+        try:
+            await child.call(("close",))
+            if await child.wait(CLOSE_TIMEOUT_S) is None:
+                log.error("decider_close_timeout pid=%d", child.pid)
+        except ChildFailed as exc:
+            log.error("decider_close_failed error=%r", str(exc))
+        finally:
+            child.stop()
+
+    def kill(self) -> None:
+        """Stop the child now, without marking its index reusable (what a crash would leave)."""
+        if self._child is not None:
+            self._child.stop()
+            self._child = None
+
+
+def serve(requests: BinaryIO, answers: BinaryIO) -> None:
+    """The child's loop. First frame: (params, index path, RocksOptions, freeze interval); then
+    ("reopen", applied offset) → bool, ("load", records) → None, ("rebuild",) → count,
+    ("decide", messages) → (outcome, writes), ("close",) → "closed", which ends it (as EOF does,
+    without marking the index reusable)."""
+    first = read_frame(requests)
+    if first is None:
+        return
+    params, path, options, freeze_every = cast(tuple[DedupParams, str, RocksOptions, int], first)
+    table = _TableMirror()
+    stage = IndexStage(params, RocksState(path, options), table)
+    collector = CollectorPolicy(freeze_every)
+    write_frame(answers, "ready")
+    while (request := read_frame(requests)) is not None:
+        op, *args = cast(tuple, request)
+        if op == "decide":
+            outcome = stage.handle_messages(args[0])
+            write_frame(answers, (outcome, table.drain()))
+            collector.after(outcome.handled)
+        elif op == "reopen":
+            table.reset(args[0])
+            write_frame(answers, stage.reopen())
+        elif op == "load":
+            table.load(args[0])
+            write_frame(answers, None)
+        elif op == "rebuild":
+            count = stage.rebuild()
+            table.forget_records()
+            write_frame(answers, count)
+        elif op == "close":
+            stage.close()
+            write_frame(answers, "closed")
+            return
+        else:
+            raise ValueError(f"unknown request {op!r}")
+    stage.index.close()  # the worker went away: no clean marker
+
+
+if __name__ == "__main__":
+    child_main(serve)

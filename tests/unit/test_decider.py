@@ -1,0 +1,154 @@
+"""service.stream.decider: the index stage in a child process decides exactly as in the worker, on a
+real RocksDB, survives the child being killed, and keeps or rebuilds its index like the stage does.
+A plain dict stands in for the record table (the Faust table in the worker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from service.state.rocks import RocksOptions, RocksState
+from service.stream.decider import Decider, Write
+from service.stream.stages import (
+    ARTICLE_PREFIX,
+    OFFSET_KEY,
+    BatchOutcome,
+    IndexStage,
+    encode_signed,
+    pack_signed,
+)
+from tests.conftest import PROSE
+from tests.unit.test_stages import FUTURE, HISTORY, PARAMS, signed
+
+Messages = list[tuple[int, bytes]]
+
+
+def packed(items: list[tuple[str, str]], first_offset: int, per_message: int = 2) -> Messages:
+    """The items as signatures messages of `per_message` records each, from `first_offset` on."""
+    records = [encode_signed(signed(article_id, text)) for article_id, text in items]
+    chunks = [records[i : i + per_message] for i in range(0, len(records), per_message)]
+    return [(first_offset + n, pack_signed(chunk)) for n, chunk in enumerate(chunks)]
+
+
+def comparable(outcome: BatchOutcome) -> list[tuple[Any, ...]]:
+    """The outcome without the latencies (they depend on when each side decided)."""
+    rows = []
+    for entry in outcome.entries:
+        verdict = None if entry.verdict is None else orjson.loads(entry.verdict)
+        if verdict is not None:
+            verdict.pop("latency_ms")
+        rows.append((entry.offset, entry.article_id, entry.status, entry.kind, verdict, entry.error))
+    return rows
+
+
+@pytest.fixture
+async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
+    made: list[Decider] = []
+
+    def build(name: str, records: dict[bytes, bytes], *, in_process: bool) -> Decider:
+        decider = Decider(PARAMS, tmp_path / name, RocksOptions(), records, in_process=in_process)
+        made.append(decider)
+        return decider
+
+    yield build
+    for decider in made:
+        decider.kill()
+        if decider.stage is not None:
+            decider.stage.index.close()
+
+
+async def decide(decider: Decider, messages: Messages) -> BatchOutcome:
+    """What the index agent does: decide, then apply the record-table writes."""
+    outcome, writes = await decider.decide(messages)
+    apply(decider.records, writes)
+    return outcome
+
+
+def apply(records: dict[bytes, bytes] | Any, writes: list[Write]) -> None:
+    for key, value in writes:
+        records[key] = value
+
+
+async def test_the_child_decides_and_writes_exactly_as_the_worker(make: Any) -> None:
+    here_records: dict[bytes, bytes] = {}
+    child_records: dict[bytes, bytes] = {}
+    here = make("here", here_records, in_process=True)
+    child = make("child", child_records, in_process=False)
+    assert await here.open() == 0 and await child.open() == 0
+    messages = [*packed(HISTORY, 0), (4, b"not a signatures message"), *packed(FUTURE, 5)]
+    errors = []
+    for start in range(0, len(messages), 3):
+        batch = messages[start : start + 3]
+        expected = await decide(here, batch)
+        got = await decide(child, batch)
+        assert comparable(got) == comparable(expected)
+        assert (got.indexed, got.handled) == (expected.indexed, expected.handled)
+        errors += [entry for entry in got.entries if entry.status == "error"]
+    assert child_records == here_records
+    assert child_records[OFFSET_KEY] == str(messages[-1][0]).encode()
+    assert [(entry.offset, entry.payload) for entry in errors] == [(4, b"not a signatures message")]
+    assert errors[0].error is not None and errors[0].error.startswith("ValueError: not a signatures")
+    kinds = [entry.kind for entry in got.entries]
+    assert "duplicate" in kinds and "unique" in kinds  # the comparison covered both kinds
+
+
+async def test_a_killed_child_is_replaced_and_the_batch_decided_again(make: Any) -> None:
+    records: dict[bytes, bytes] = {}
+    here = make("here", {}, in_process=True)
+    child = make("child", records, in_process=False)
+    await here.open()
+    await child.open()
+    history, future = packed(HISTORY, 0), packed(FUTURE, 10)
+    await decide(here, history)
+    await decide(child, history)
+    before = child.child_pid
+    assert before is not None
+    os.kill(before, signal.SIGKILL)
+    got = await decide(child, future)  # a replacement, rebuilt from the record table
+    assert child.child_pid not in (None, before)
+    assert comparable(got) == comparable(await decide(here, future))
+    # a re-delivered batch gets the stored verdicts and writes nothing new
+    again, writes = await child.decide(future)
+    assert {entry.status for entry in again.entries} == {"replayed"}
+    assert comparable(again) == [(o, a, "replayed", k, v, e) for o, a, _, k, v, e in comparable(got)]
+    assert [key for key, _ in writes if key.startswith(ARTICLE_PREFIX)] == []
+
+
+async def test_a_cleanly_closed_child_index_is_reopened_and_a_killed_one_rebuilt(make: Any) -> None:
+    records: dict[bytes, bytes] = {}
+    first = make("index", records, in_process=False)
+    assert await first.open() == 0
+    await decide(first, packed(HISTORY, 0))
+    await first.close()
+    assert first.child_pid is None
+
+    second = make("index", records, in_process=False)
+    assert await second.open() is None  # kept: closed cleanly at the table's applied offset
+    await decide(second, packed([("z", PROSE[4])], 10))
+    second.kill()  # a crash: no marker
+
+    third = make("index", records, in_process=False)
+    indexed = len([key for key in records if key.startswith(ARTICLE_PREFIX)])
+    assert await third.open() == indexed
+    await third.close()
+    state = RocksState(third.index_path)
+    try:
+        assert state.count() == indexed
+    finally:
+        state.close()
+
+
+async def test_the_in_process_decider_writes_to_the_table_itself(make: Any) -> None:
+    records: dict[bytes, bytes] = {}
+    here = make("here", records, in_process=True)
+    await here.open()
+    outcome, writes = await here.decide(packed(HISTORY[:2], 0))
+    assert writes == [] and [entry.kind for entry in outcome.entries] == ["unique", "duplicate"]
+    assert records[OFFSET_KEY] == b"0" and ARTICLE_PREFIX + b"b" in records
+    assert isinstance(here.stage, IndexStage)
