@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from dataclasses import dataclass
@@ -19,11 +20,27 @@ from .collector import CollectorPolicy
 from .decider import Decider
 from .metrics import Metrics
 from .signer import Signer, SignItem
-from .stages import EntryOutcome, Provenance, SignStage, pack_in_chunks
+from .stages import BatchOutcome, EntryOutcome, Provenance, SignStage, pack_in_chunks
 from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
+# Signatures messages per decision request: a backlog batch (up to 100 messages of up to 200
+# articles) is decided in chunks of ~80 articles, so that deciding and publishing overlap.
+DECIDE_CHUNK_BYTES = 256 * 1024
+
+
+def chunked(messages: list[tuple[int, bytes]], max_bytes: int) -> list[list[tuple[int, bytes]]]:
+    """Consecutive runs of messages of at most `max_bytes` of values each (≥1 message per run)."""
+    chunks: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for message in messages:
+        if chunks[-1] and size + len(message[1]) > max_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(message)
+        size += len(message[1])
+    return chunks
 
 
 def _app_class(fetch_wait_ms: int) -> type[faust.App]:
@@ -184,26 +201,39 @@ def create_app(
             # Table writes pick the changelog partition from the current event, which take_events()
             # does not set; the shard's events all share one partition.
             _enter_event(batch[-1])
-            outcome, writes = await decider.decide([(event.message.offset, event.value) for event in batch])
-            for key, value in writes:
-                records[key] = value
             events = {event.message.offset: event for event in batch}
-            for entry in outcome.entries:
-                if entry.status == "error":
-                    await index_error(entry, events[entry.offset])
-                    continue
-                if entry.status in ("replayed", "stale"):
-                    metrics.replays.labels(entry.status).inc()
-                if entry.verdict is None or entry.article_id is None:
-                    continue
-                if entry.status != "replayed":
-                    metrics.verdicts.labels(entry.kind).inc()
-                    if entry.latency_ms is not None:
-                        metrics.latency.observe(entry.latency_ms / 1000.0)
-                await publish_verdict(entry.article_id, entry.verdict)
-            metrics.indexed.set(outcome.indexed)
-            runtime.collector.after(outcome.handled)
+            chunks = chunked([(event.message.offset, event.value) for event in batch], DECIDE_CHUNK_BYTES)
+            # Pipelined: the decider works on the next chunk while the loop publishes this one.
+            pending = asyncio.ensure_future(decider.decide(chunks[0]))
+            try:
+                for position in range(len(chunks)):
+                    outcome, writes = await pending
+                    # into the table before the next decision: a replaced decider rebuilds from it
+                    for key, value in writes:
+                        records[key] = value
+                    if position + 1 < len(chunks):
+                        pending = asyncio.ensure_future(decider.decide(chunks[position + 1]))
+                    await publish_outcome(outcome, events)
+            finally:
+                pending.cancel()  # only when publishing failed; the child is then replaced
             _record_lag(app, metrics, batch)
+
+    async def publish_outcome(outcome: BatchOutcome, events: dict[int, faust.EventT]) -> None:
+        for entry in outcome.entries:
+            if entry.status == "error":
+                await index_error(entry, events[entry.offset])
+                continue
+            if entry.status in ("replayed", "stale"):
+                metrics.replays.labels(entry.status).inc()
+            if entry.verdict is None or entry.article_id is None:
+                continue
+            if entry.status != "replayed":
+                metrics.verdicts.labels(entry.kind).inc()
+                if entry.latency_ms is not None:
+                    metrics.latency.observe(entry.latency_ms / 1000.0)
+            await publish_verdict(entry.article_id, entry.verdict)
+        metrics.indexed.set(outcome.indexed)
+        runtime.collector.after(outcome.handled)
 
     async def index_error(entry: EntryOutcome, event: faust.EventT) -> None:
         msg = event.message

@@ -67,6 +67,9 @@ class Child:
                 return pickle.loads(await stdout.readexactly(size))
             except (OSError, asyncio.IncompleteReadError, pickle.UnpicklingError) as exc:
                 raise ChildFailed(f"child {self.process.pid}: {type(exc).__name__}: {exc}") from exc
+            except asyncio.CancelledError:
+                self.stop()  # its answer would be read as the next call's: this child is done
+                raise
 
     async def wait(self, timeout: float) -> int | None:
         """The exit code once the child has exited by itself, None if it is still running."""

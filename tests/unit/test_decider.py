@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from service.state.rocks import RocksOptions, RocksState
+from service.stream.app import chunked
 from service.stream.decider import Decider, Write
 from service.stream.stages import (
     ARTICLE_PREFIX,
@@ -152,3 +153,11 @@ async def test_the_in_process_decider_writes_to_the_table_itself(make: Any) -> N
     assert writes == [] and [entry.kind for entry in outcome.entries] == ["unique", "duplicate"]
     assert records[OFFSET_KEY] == b"0" and ARTICLE_PREFIX + b"b" in records
     assert isinstance(here.stage, IndexStage)
+
+
+def test_a_batch_is_decided_in_chunks_of_bounded_size() -> None:
+    messages = [(offset, b"x" * size) for offset, size in enumerate([100, 100, 300, 50, 500, 10])]
+    chunks = chunked(messages, 250)
+    assert chunks == [messages[0:2], messages[2:3], messages[3:4], messages[4:5], messages[5:6]]
+    assert chunked(messages[:1], 10) == [messages[:1]]  # an oversized message still gets a chunk
+    assert [m for chunk in chunked(messages, 1000) for m in chunk] == messages
