@@ -104,8 +104,11 @@ def write_frame(stream: BinaryIO, answer: object) -> None:
 
 def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
     """A child's entry point: requests on stdin, answers on the real stdout, anything a library
-    prints on stderr; the worker decides when the child stops (Ctrl-C reaches both)."""
+    prints on stderr. The worker decides when the child stops (a request, or end-of-file when the
+    worker is gone), not a signal sent to the whole process group (Ctrl-C, or SIGTERM to the group):
+    the decider must still close its index cleanly after the worker was told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     serve(sys.stdin.buffer, answers)

@@ -161,3 +161,15 @@ def test_a_batch_is_decided_in_chunks_of_bounded_size() -> None:
     assert chunks == [messages[0:2], messages[2:3], messages[3:4], messages[4:5], messages[5:6]]
     assert chunked(messages[:1], 10) == [messages[:1]]  # an oversized message still gets a chunk
     assert [m for chunk in chunked(messages, 1000) for m in chunk] == messages
+
+
+async def test_the_child_outlives_a_sigterm_to_its_group_and_closes_cleanly(make: Any) -> None:
+    records: dict[bytes, bytes] = {}
+    first = make("index", records, in_process=False)
+    await first.open()
+    await decide(first, packed(HISTORY[:3], 0))
+    assert first.child_pid is not None
+    os.kill(first.child_pid, signal.SIGTERM)  # what stopping the worker's process group sends it
+    await first.close()
+    second = make("index", records, in_process=False)
+    assert await second.open() is None  # closed cleanly: kept
