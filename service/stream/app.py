@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -17,7 +19,7 @@ from ..config import Settings
 from ..messages import dead_letter_dict
 from ..state.rocks import RocksOptions
 from .collector import CollectorPolicy
-from .decider import Decider
+from .decider import Decider, DeciderFailed
 from .metrics import Metrics
 from .signer import Signer, SignItem
 from .stages import BatchOutcome, EntryOutcome, Provenance, SignStage, pack_in_chunks
@@ -79,6 +81,10 @@ class Runtime:
     collector: CollectorPolicy
     decider: Decider
     needs_open: bool = True
+    # What to do when the index cannot go on (the decider failed twice on a batch): stop the worker
+    # the way a supervisor would, so that it restarts and the unacknowledged batch is re-delivered,
+    # rather than keep consuming with a crashed agent and a gap that blocks every later commit.
+    stop_worker: Callable[[], None] = field(default=lambda: signal.raise_signal(signal.SIGTERM))
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> faust.TopicT:
@@ -207,7 +213,12 @@ def create_app(
             pending = asyncio.ensure_future(decider.decide(chunks[0]))
             try:
                 for position in range(len(chunks)):
-                    outcome, writes = await pending
+                    try:
+                        outcome, writes = await pending
+                    except DeciderFailed:
+                        log.critical("index_unavailable: the decider failed twice; stopping the worker")
+                        runtime.stop_worker()
+                        raise
                     # into the table before the next decision: a replaced decider rebuilds from it
                     for key, value in writes:
                         records[key] = value

@@ -16,6 +16,7 @@ import pytest
 from service.config import Settings
 from service.core.signing import fingerprint
 from service.stream.app import SHARD_KEY, Runtime, create_app
+from service.stream.decider import DeciderFailed
 from service.stream.metrics import Metrics
 from service.stream.stages import OFFSET_KEY, Provenance, SignStage, decode_signed, pack_signed, unpack_signed
 from tests.conftest import PROSE
@@ -263,3 +264,19 @@ async def test_index_agent_handles_a_packed_message_and_dead_letters_a_corrupt_e
     registry = runtime.metrics.registry
     await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 3.0)
     assert runtime.decider.records[OFFSET_KEY] == b"0"
+
+
+async def test_index_agent_stops_the_worker_when_the_decider_cannot_go_on(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], index_agent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, runtime, recorders = wired
+    stops: list[bool] = []
+
+    async def broken(messages: list[tuple[int, bytes]]) -> Any:
+        raise DeciderFailed("failed twice")
+
+    monkeypatch.setattr(runtime.decider, "decide", broken)
+    runtime.stop_worker = lambda: stops.append(True)
+    await index_agent.put(_signed(runtime.settings, "a", PROSE[0]), key=SHARD_KEY)
+    await _settled(lambda: stops == [True])
+    assert recorders["verdicts"].sent == []  # nothing published for the failed batch
