@@ -7,7 +7,9 @@ Per repetition (fresh app id, topic names and state dir each time):
                worker): articles/s, the most one Python process can move through Kafka on this machine.
 2. throughput  `neardup worker` is started as a subprocess on the pre-loaded topic; the rate is the
                number of verdicts over the time between the first and the last, using the verdict
-               records' timestamps (set by the worker's producer). Also the worker's CPU use.
+               records' timestamps (set by the worker's producer). Also the CPU the worker used, in
+               cores: its event loop and its child processes (signing helpers, decider), and how
+               busy the whole machine was (broker and this script included): whether it ran out.
 3. latency     with the same (warm) worker, articles are produced at a fixed rate (default 500/s) for
                a warm-up and then a measured window; p50/p99 of the verdict's `latency_ms` (worker
                clock at the verdict minus the input record's timestamp) and of the end-to-end latency
@@ -224,6 +226,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
 
 
+CHILD_ROLES = {"service.stream.signer": "signing", "service.stream.decider": "decider"}
+
+
+def worker_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of the worker's event-loop process and of its child processes, by role."""
+    seconds = {"loop": cpu_seconds(pid), **dict.fromkeys(CHILD_ROLES.values(), 0.0)}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            role = next((r for module, r in CHILD_ROLES.items() if module in command), None)
+            if role is not None:
+                seconds[role] += cpu_seconds(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+    return seconds
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
 class Worker:
     def __init__(self, settings: Settings, env: dict[str, str], log_path: Path) -> None:
         self.log = log_path.open("wb")
@@ -289,7 +318,9 @@ class Result:
     ceiling_rate: float = 0.0
     worker_rate: float = 0.0
     worker_rate_slope: float = 0.0
-    worker_cpu: float = 0.0
+    worker_cpu: float = 0.0  # the event-loop process, in cores
+    helpers_cpu: dict[str, float] = field(default_factory=dict)  # its child processes, in cores
+    machine_busy: float = 0.0  # share of all the machine's cores busy (broker and this script too)
     verdict_kinds: dict[str, int] = field(default_factory=dict)
     latency_rate: float = 0.0
     latency_count: int = 0
@@ -379,11 +410,13 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
     worker = Worker(settings, env, workdir / "worker.log")
     try:
         ids = {f"{run}-{i:07d}" for i in range(n)}
-        cpu_mark: list[tuple[float, float]] = []
+        cpu_mark: list[tuple[float, dict[str, float], tuple[float, float]]] = []
 
         def on_poll(got: int) -> None:
             if got and not cpu_mark:
-                cpu_mark.append((time.monotonic(), cpu_seconds(worker.proc.pid)))
+                cpu_mark.append(
+                    (time.monotonic(), worker_cpu_seconds(worker.proc.pid), machine_busy_seconds())
+                )
                 if args.profile:
                     out = Path(args.profile) / f"worker-{rep}.txt"
                     worker.profile(out, args.profile_seconds)
@@ -391,20 +424,27 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
                 raise RuntimeError(f"worker exited with {worker.proc.returncode}; see {worker.log.name}")
 
         got = await collect_verdicts(verdicts, ids, on_poll)
-        cpu_end = (time.monotonic(), cpu_seconds(worker.proc.pid))
+        cpu_end = (time.monotonic(), worker_cpu_seconds(worker.proc.pid), machine_busy_seconds())
         stamps = sorted(ts for ts, _, _ in got.values())
         result.worker_rate = (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000.0, 1e-9)
         lo, hi = stamps[len(stamps) // 10], stamps[len(stamps) * 9 // 10]
         result.worker_rate_slope = (len(stamps) * 8 // 10) / max((hi - lo) / 1000.0, 1e-9)
-        result.worker_cpu = (cpu_end[1] - cpu_mark[0][1]) / (cpu_end[0] - cpu_mark[0][0])
+        elapsed = cpu_end[0] - cpu_mark[0][0]
+        used = {role: (cpu_end[1][role] - cpu_mark[0][1][role]) / elapsed for role in cpu_end[1]}
+        result.worker_cpu = used.pop("loop")
+        result.helpers_cpu = used
+        (busy_end, total_end), (busy_start, total_start) = cpu_end[2], cpu_mark[0][2]
+        result.machine_busy = (busy_end - busy_start) / max(total_end - total_start, 1e-9)
         kinds: dict[str, int] = {}
         for _, _, verdict in got.values():
             kinds[verdict["verdict"]] = kinds.get(verdict["verdict"], 0) + 1
         result.verdict_kinds = kinds
         print(
             f"  worker: {result.worker_rate:,.0f} articles/s first→last verdict "
-            f"({result.worker_rate_slope:,.0f}/s over the middle 80%), worker CPU {result.worker_cpu:.0%} "
-            f"of one core, verdicts {kinds}",
+            f"({result.worker_rate_slope:,.0f}/s over the middle 80%), verdicts {kinds}\n"
+            f"  CPU (cores): event loop {result.worker_cpu:.2f}, "
+            + ", ".join(f"{role} {cores:.2f}" for role, cores in used.items())
+            + f"; the whole machine {result.machine_busy:.0%} busy ({os.cpu_count()} cores)",
             flush=True,
         )
 
@@ -559,7 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  worker throughput     {worker_rate:9,.0f} articles/s   "
-        f"(middle 80%: {med('worker_rate_slope'):,.0f}/s, worker CPU {med('worker_cpu'):.0%})"
+        f"(middle 80%: {med('worker_rate_slope'):,.0f}/s, event loop {med('worker_cpu'):.2f} cores, "
+        f"machine {med('machine_busy'):.0%} busy)"
     )
     print(f"  ceiling (aiokafka)    {ceiling_rate:9,.0f} articles/s")
     print(f"  worker / ceiling      {statistics.median(r.ratio for r in results):9.2f}")
