@@ -158,18 +158,30 @@ def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
 def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> list[Candidate]:
     """`score` against many candidates, their verifiers compared in one pass when all have fp's
     length; otherwise pair by pair. The figures are identical either way."""
-    stacked = _stacked_verifiers(fp, others)
-    if stacked is None:
-        return [score(fp, other, other_id) for other_id, other in others]
-    jaccard = estimate_jaccard_verified_many(fp.verifier, stacked)
-    sizes = np.fromiter((other.shingle_count for _, other in others), dtype=np.int64, count=len(others))
-    inside, contains = estimate_containment_many(jaccard, fp.shingle_count, sizes)
+    jaccard, inside, contains = _score_arrays(fp, others)
     return [
         Candidate(other_id, j, a, b)
         for (other_id, _), j, a, b in zip(
             others, jaccard.tolist(), inside.tolist(), contains.tolist(), strict=True
         )
     ]
+
+
+def _score_arrays(
+    fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """score_many's figures as arrays (jaccard, containment, contains), one entry per candidate."""
+    stacked = _stacked_verifiers(fp, others)
+    if stacked is None:
+        scored = [score(fp, other, other_id) for other_id, other in others]
+        return tuple(  # type: ignore[return-value]
+            np.array([getattr(c, name) for c in scored], dtype=np.float64)
+            for name in ("jaccard", "containment", "contains")
+        )
+    jaccard = estimate_jaccard_verified_many(fp.verifier, stacked)
+    sizes = np.fromiter((other.shingle_count for _, other in others), dtype=np.int64, count=len(others))
+    inside, contains = estimate_containment_many(jaccard, fp.shingle_count, sizes)
+    return jaccard, inside, contains
 
 
 def _stacked_verifiers(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> np.ndarray | None:
@@ -196,24 +208,27 @@ def _verified_match(
         state.get(other_id) for other_id in candidate_ids(article_id, keys, state, params.max_candidates)
     ]
     others = [other for other in found if other is not None]
-    candidates = score_many(fp, [(other.article_id, other.fingerprint) for other in others])
-    scored = list(zip(candidates, others, strict=True))
+    if not others:
+        return Decision("unique", None, None, None, None, article_id, False, ())
+    jaccard, inside, contains = _score_arrays(fp, [(other.article_id, other.fingerprint) for other in others])
+    seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
-    scored.sort(key=lambda pair: (-pair[0].jaccard, pair[1].seq))
-    top = tuple(candidate for candidate, _ in scored[: params.top_candidates])
+    # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
+    order = np.lexsort((seqs, -jaccard)).tolist()
 
-    duplicates = [pair for pair in scored if pair[0].jaccard >= params.threshold]
-    if duplicates:
-        return _matched("duplicate", *duplicates[0], top)
+    def candidate(i: int) -> Candidate:
+        return Candidate(others[i].article_id, float(jaccard[i]), float(inside[i]), float(contains[i]))
+
+    top = tuple(candidate(i) for i in order[: params.top_candidates])
+    best = order[0]
+    if jaccard[best] >= params.threshold:  # the best is a duplicate whenever any is
+        return _matched("duplicate", candidate(best), others[best], top)
     if params.containment_threshold is not None:
-        partials = [
-            pair
-            for pair in scored
-            if max(pair[0].containment, pair[0].contains) >= params.containment_threshold
-        ]
-        if partials:
-            best = min(partials, key=lambda p: (-max(p[0].containment, p[0].contains), p[1].seq))
-            return _matched("partial", *best, top)
+        reach = np.maximum(inside, contains)
+        partials = np.flatnonzero(reach >= params.containment_threshold)
+        if partials.size:
+            pick = int(partials[np.lexsort((seqs[partials], -reach[partials]))[0]])
+            return _matched("partial", candidate(pick), others[pick], top)
     return Decision("unique", None, None, None, None, article_id, False, top)
 
 

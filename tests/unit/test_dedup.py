@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
 
-from service.core.dedup import decide, score, score_many
+from service.core.dedup import Candidate, candidate_ids, decide, score, score_many
 from service.core.lsh import band_keys
 from service.core.params import DedupParams
-from service.core.signing import EmptyText, fingerprint
+from service.core.signing import EmptyText, Fingerprint, fingerprint
 from service.engine import Engine
 from service.state.memory import MemoryState
 
@@ -221,3 +222,71 @@ def test_scoring_many_candidates_equals_scoring_each(prose: tuple[str, ...]) -> 
     same_other_length = [(i, fingerprint(t, coarse)) for i, t in (("e0", prose[0]), ("e1", prose[2]))]
     assert score_many(query, same_other_length) == [score(query, fp, i) for i, fp in same_other_length]
     assert score_many(query, []) == []
+
+
+def _reference_rule(
+    article_id: str, fp: Fingerprint, state: MemoryState, params: DedupParams
+) -> tuple[str, Candidate | None, tuple[Candidate, ...]]:
+    """The decision rule written plainly, candidate by candidate: what _verified_match computes in
+    array passes."""
+    keys = band_keys(fp.signature, params.lsh.bands, params.lsh.rows)
+    found = [state.get(i) for i in candidate_ids(article_id, keys, state, params.max_candidates)]
+    others = [other for other in found if other is not None]
+    scored = sorted(
+        zip(score_many(fp, [(o.article_id, o.fingerprint) for o in others]), others, strict=True),
+        key=lambda pair: (-pair[0].jaccard, pair[1].seq),
+    )
+    top = tuple(candidate for candidate, _ in scored[: params.top_candidates])
+    duplicates = [candidate for candidate, _ in scored if candidate.jaccard >= params.threshold]
+    if duplicates:
+        return "duplicate", duplicates[0], top
+    assert params.containment_threshold is not None
+    reach = params.containment_threshold
+    partials = [pair for pair in scored if max(pair[0].containment, pair[0].contains) >= reach]
+    if partials:
+        best = min(partials, key=lambda pair: (-max(pair[0].containment, pair[0].contains), pair[1].seq))
+        return "partial", best[0], top
+    return "unique", None, top
+
+
+def test_verdicts_equal_the_rule_applied_candidate_by_candidate(prose: tuple[str, ...]) -> None:
+    params = DedupParams(top_candidates=4)
+    state = MemoryState()
+    state.open_header(params.header())
+    rng = random.Random(7)
+    parts = [p for text in prose for p in text.split(". ") if len(p) > 40]
+    kinds: dict[str, int] = {}
+    texts: dict[str, str] = {}
+    for n in range(160):
+        if n % 5 == 4:  # an exact copy: later articles then meet candidates that tie
+            text = texts[f"a{rng.randrange(n)}"]
+        elif n % 4 == 3:  # a near-copy of an earlier article: duplicates and partials
+            earlier = state.get(f"a{rng.randrange(n)}")
+            assert earlier is not None
+            words = texts[earlier.article_id].split(" ")
+            words = words[rng.randrange(len(words) // 3) :] if rng.random() < 0.5 else words
+            text = " ".join(w if rng.random() > 0.03 else "edited" for w in words)
+        else:  # recombined sentences: many partial overlaps, many candidates
+            text = ". ".join(rng.sample(parts, rng.randint(3, 9)))
+        texts[f"a{n}"] = text
+        fp = fingerprint(text, params)
+        expected = _reference_rule(f"a{n}", fp, state, params)
+        outcome = decide(f"a{n}", fp, state, params)
+        decision = outcome.article.decision
+        kinds[decision.kind] = kinds.get(decision.kind, 0) + 1
+        if not decision.exact:
+            match = None if expected[1] is None else expected[1].article_id
+            assert (decision.kind, decision.match_id, decision.candidates) == (
+                expected[0],
+                match,
+                expected[2],
+            )
+            if expected[1] is not None:
+                assert (decision.jaccard, decision.containment, decision.contains) == (
+                    expected[1].jaccard,
+                    expected[1].containment,
+                    expected[1].contains,
+                )
+        assert outcome.update is not None
+        state.apply(outcome.update)
+    assert min(kinds.get(kind, 0) for kind in ("unique", "duplicate", "partial")) >= 5, kinds
