@@ -229,6 +229,28 @@ def cpu_seconds(pid: int) -> float:
 CHILD_ROLES = {"service.stream.signer": "signing", "service.stream.decider": "decider"}
 
 
+def cpu_between(
+    start: tuple[float, dict[str, float], tuple[float, float]],
+    end: tuple[float, dict[str, float], tuple[float, float]],
+) -> tuple[dict[str, float], float]:
+    """(cores used by each of the worker's processes, share of the machine busy) between two marks."""
+    elapsed = end[0] - start[0]
+    used = {role: (end[1][role] - start[1][role]) / elapsed for role in end[1]}
+    (busy_end, total_end), (busy_start, total_start) = end[2], start[2]
+    return used, (busy_end - busy_start) / max(total_end - total_start, 1e-9)
+
+
+def cpu_mark_now(pid: int) -> tuple[float, dict[str, float], tuple[float, float]]:
+    return time.monotonic(), worker_cpu_seconds(pid), machine_busy_seconds()
+
+
+def describe_cpu(used: dict[str, float], busy: float) -> str:
+    return (
+        ", ".join(f"{role} {cores:.2f}" for role, cores in used.items())
+        + f"; the whole machine {busy:.0%} busy ({os.cpu_count()} cores)"
+    )
+
+
 def worker_cpu_seconds(pid: int) -> dict[str, float]:
     """CPU seconds of the worker's event-loop process and of its child processes, by role."""
     seconds = {"loop": cpu_seconds(pid), **dict.fromkeys(CHILD_ROLES.values(), 0.0)}
@@ -424,17 +446,14 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
                 raise RuntimeError(f"worker exited with {worker.proc.returncode}; see {worker.log.name}")
 
         got = await collect_verdicts(verdicts, ids, on_poll)
-        cpu_end = (time.monotonic(), worker_cpu_seconds(worker.proc.pid), machine_busy_seconds())
+        cpu_end = cpu_mark_now(worker.proc.pid)
         stamps = sorted(ts for ts, _, _ in got.values())
         result.worker_rate = (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000.0, 1e-9)
         lo, hi = stamps[len(stamps) // 10], stamps[len(stamps) * 9 // 10]
         result.worker_rate_slope = (len(stamps) * 8 // 10) / max((hi - lo) / 1000.0, 1e-9)
-        elapsed = cpu_end[0] - cpu_mark[0][0]
-        used = {role: (cpu_end[1][role] - cpu_mark[0][1][role]) / elapsed for role in cpu_end[1]}
-        result.worker_cpu = used.pop("loop")
-        result.helpers_cpu = used
-        (busy_end, total_end), (busy_start, total_start) = cpu_end[2], cpu_mark[0][2]
-        result.machine_busy = (busy_end - busy_start) / max(total_end - total_start, 1e-9)
+        used, result.machine_busy = cpu_between(cpu_mark[0], cpu_end)
+        result.worker_cpu = used["loop"]
+        result.helpers_cpu = {role: cores for role, cores in used.items() if role != "loop"}
         kinds: dict[str, int] = {}
         for _, _, verdict in got.values():
             kinds[verdict["verdict"]] = kinds.get(verdict["verdict"], 0) + 1
@@ -442,17 +461,18 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
         print(
             f"  worker: {result.worker_rate:,.0f} articles/s first→last verdict "
             f"({result.worker_rate_slope:,.0f}/s over the middle 80%), verdicts {kinds}\n"
-            f"  CPU (cores): event loop {result.worker_cpu:.2f}, "
-            + ", ".join(f"{role} {cores:.2f}" for role, cores in used.items())
-            + f"; the whole machine {result.machine_busy:.0%} busy ({os.cpu_count()} cores)",
+            f"  CPU (cores): {describe_cpu(used, result.machine_busy)}",
             flush=True,
         )
 
+        latency_start = cpu_mark_now(worker.proc.pid)
         await latency_phase(args, settings, articles, verdicts, result)
+        latency_used, latency_busy = cpu_between(latency_start, cpu_mark_now(worker.proc.pid))
         print(
             f"  latency at {result.latency_rate:,.0f}/s over {result.latency_count} articles: "
             f"verdict latency_ms p50 {result.latency_p50_ms:.1f} p99 {result.latency_p99_ms:.1f}; "
-            f"end-to-end p50 {result.e2e_p50_ms:.1f} p99 {result.e2e_p99_ms:.1f} ms",
+            f"end-to-end p50 {result.e2e_p50_ms:.1f} p99 {result.e2e_p99_ms:.1f} ms\n"
+            f"  CPU (cores) meanwhile: {describe_cpu(latency_used, latency_busy)}",
             flush=True,
         )
         gc_pauses(env["NEARDUP_METRICS_PORT"], result)
