@@ -22,7 +22,7 @@ from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
 from .metrics import Metrics
 from .signer import Signer, SignItem
-from .stages import BatchOutcome, EntryOutcome, Provenance, SignStage, pack_in_chunks
+from .stages import BatchOutcome, EntryOutcome, Provenance, SignStage, pack_in_chunks, runs_within
 from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
 log = logging.getLogger("neardup.stream")
@@ -30,19 +30,6 @@ SHARD_KEY = b"0"
 # Bytes of signatures messages per decision request: a backlog batch (up to 100 messages of up to
 # 200 articles) is decided in chunks of ~80 articles, so that deciding and publishing overlap.
 DECIDE_CHUNK_BYTES = 256 * 1024
-
-
-def chunked(messages: list[tuple[int, bytes]], max_bytes: int) -> list[list[tuple[int, bytes]]]:
-    """Consecutive runs of messages of at most `max_bytes` of values each (≥1 message per run)."""
-    chunks: list[list[tuple[int, bytes]]] = [[]]
-    size = 0
-    for message in messages:
-        if chunks[-1] and size + len(message[1]) > max_bytes:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(message)
-        size += len(message[1])
-    return chunks
 
 
 def _app_class(fetch_wait_ms: int) -> type[faust.App]:
@@ -208,7 +195,8 @@ def create_app(
             # does not set; the shard's events all share one partition.
             _enter_event(batch[-1])
             events = {event.message.offset: event for event in batch}
-            chunks = chunked([(event.message.offset, event.value) for event in batch], DECIDE_CHUNK_BYTES)
+            messages = [(event.message.offset, event.value) for event in batch]
+            chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
             # Pipelined: the decider works on the next chunk while the loop publishes this one.
             pending = asyncio.ensure_future(decider.decide(chunks[0]))
             try:

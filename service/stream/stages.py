@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
@@ -30,6 +30,7 @@ PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (
 ARTICLE_PREFIX = b"a"
 OFFSET_KEY = b"m:applied-offset"
 CLEAN_KEY = b"closed-cleanly-at"  # in the derived index: the applied offset it was closed at
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,16 +92,22 @@ def pack_signed(records: Sequence[bytes]) -> bytes:
 
 def pack_in_chunks(records: Sequence[bytes], max_bytes: int = PACK_MAX_BYTES) -> list[bytes]:
     """pack_signed over consecutive runs of `records` of at most `max_bytes` each (≥1 record)."""
-    packs: list[bytes] = []
-    start, size = 0, 0
-    for end, record in enumerate(records):
-        if end > start and size + len(record) + _LEN.size > max_bytes:
-            packs.append(pack_signed(records[start:end]))
-            start, size = end, 0
-        size += len(record) + _LEN.size
-    if start < len(records):
-        packs.append(pack_signed(records[start:]))
-    return packs
+    return [pack_signed(run) for run in runs_within(records, lambda r: len(r) + _LEN.size, max_bytes)]
+
+
+def runs_within(items: Sequence[T], size: Callable[[T], int], max_bytes: int) -> list[list[T]]:
+    """Consecutive runs of `items` whose sizes add up to at most `max_bytes` (≥1 item per run: an
+    item larger than that gets a run of its own)."""
+    runs: list[list[T]] = []
+    total = 0
+    for item in items:
+        weight = size(item)
+        if not runs or total + weight > max_bytes:
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += weight
+    return runs
 
 
 def unpack_signed(data: bytes) -> list[bytes]:

@@ -14,7 +14,6 @@ import orjson
 import pytest
 
 from service.state.rocks import RocksOptions, RocksState
-from service.stream.app import chunked
 from service.stream.decider import Decider, Write
 from service.stream.stages import (
     ARTICLE_PREFIX,
@@ -23,6 +22,7 @@ from service.stream.stages import (
     IndexStage,
     encode_signed,
     pack_signed,
+    runs_within,
 )
 from tests.conftest import PROSE
 from tests.unit.test_stages import FUTURE, HISTORY, PARAMS, signed
@@ -153,6 +153,11 @@ async def test_the_in_process_decider_writes_to_the_table_itself(make: Any) -> N
     assert writes == [] and [entry.kind for entry in outcome.entries] == ["unique", "duplicate"]
     assert records[OFFSET_KEY] == b"0" and ARTICLE_PREFIX + b"b" in records
     assert isinstance(here.stage, IndexStage)
+
+
+def chunked(messages: list[tuple[int, bytes]], max_bytes: int) -> list[list[tuple[int, bytes]]]:
+    """How the index agent splits a batch of signatures messages (service/stream/app.py)."""
+    return runs_within(messages, lambda message: len(message[1]), max_bytes)
 
 
 def test_a_batch_is_decided_in_chunks_of_bounded_size() -> None:
