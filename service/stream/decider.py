@@ -23,7 +23,7 @@ from ..core.params import DedupParams
 from ..state.rocks import RocksOptions, RocksState
 from .collector import CollectorPolicy
 from .pipes import Child, ChildFailed, child_main, read_frame, write_frame
-from .stages import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexStage
+from .stages import OFFSET_KEY, BatchOutcome, IndexStage, table_articles
 
 log = logging.getLogger("neardup.decider")
 
@@ -80,13 +80,13 @@ class _TableMirror(MutableMapping[bytes, bytes]):
 
 
 def _table_records(records: MutableMapping[bytes, bytes]) -> Iterator[list[Write]]:
+    """The table's article records in chunks of LOAD_CHUNK, for a rebuild in the child."""
     chunk: list[Write] = []
-    for key, value in records.items():
-        if key.startswith(ARTICLE_PREFIX):
-            chunk.append((key, value))
-            if len(chunk) >= LOAD_CHUNK:
-                yield chunk
-                chunk = []
+    for item in table_articles(records):
+        chunk.append(item)
+        if len(chunk) >= LOAD_CHUNK:
+            yield chunk
+            chunk = []
     if chunk:
         yield chunk
 

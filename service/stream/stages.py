@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -128,6 +128,11 @@ def unpack_signed(data: bytes) -> list[bytes]:
     if position != len(data):
         raise ValueError(f"signatures message has {len(data) - position} trailing bytes")
     return records
+
+
+def table_articles(records: Mapping[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:
+    """The article records of the record table, (key, record), without its metadata."""
+    return ((key, value) for key, value in records.items() if key.startswith(ARTICLE_PREFIX))
 
 
 @dataclass(frozen=True)
@@ -255,8 +260,7 @@ class IndexStage:
         if articles is None:
             articles = [
                 decode_record(value, key[1:].decode(errors="replace"))
-                for key, value in self.records.items()
-                if key.startswith(ARTICLE_PREFIX)
+                for key, value in table_articles(self.records)
             ]
         self.index.clear()
         self.index.open_header(self.params.header())
