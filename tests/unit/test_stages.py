@@ -187,6 +187,15 @@ def signed(article_id: str, text: str, input_offset: int = 0) -> Signed:
     return decode_signed(result.signed)
 
 
+def story_with_a_copy() -> list[Signed]:
+    """a, then b (a copy of a with a byline: a duplicate), then c (unrelated)."""
+    return [
+        signed("a", PROSE[0]),
+        signed("b", PROSE[0] + " Reporting by the wire desk."),
+        signed("c", PROSE[2]),
+    ]
+
+
 class Shard:
     """An index stage over its own RocksDB directory and a dict standing in for the record table."""
 
@@ -253,11 +262,7 @@ def test_redelivery_with_a_higher_offset_repeats_the_verdict(shards: Any) -> Non
 
 def test_replay_at_or_below_the_applied_offset(shards: Any) -> None:
     shard = shards("index")
-    items = [
-        signed("a", PROSE[0]),
-        signed("b", PROSE[0] + " Reporting by the wire desk."),
-        signed("c", PROSE[2]),
-    ]
+    items = story_with_a_copy()
     verdicts = [shard.handle(item, offset)[1] for offset, item in enumerate(items)]
     records_before = dict(shard.records)
     for offset, item in enumerate(items):
@@ -295,11 +300,7 @@ def test_applied_offset_is_restored_from_the_records(shards: Any) -> None:
 
 def test_records_of_one_message_are_decided_in_order_and_replayed_together(shards: Any) -> None:
     shard = shards("index")
-    message = [
-        signed("a", PROSE[0]),
-        signed("b", PROSE[0] + " Reporting by the wire desk."),
-        signed("c", PROSE[2]),
-    ]
+    message = story_with_a_copy()
     first = [shard.stage.handle(item, 5, now=NOW) for item in message]
     assert [r.status for r in first] == ["new", "new", "new"]  # one offset, three articles
     assert [r.verdict["verdict"] for r in first if r.verdict] == ["unique", "duplicate", "unique"]
