@@ -79,6 +79,36 @@ class _TableMirror(MutableMapping[bytes, bytes]):
         return len(self._data)
 
 
+class _WriteCollector(MutableMapping[bytes, bytes]):
+    """The record table as the in-process IndexStage sees it: reads go to the table, writes are
+    collected, so that the agent applies a whole chunk's writes at once in both modes (app.py)."""
+
+    def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
+        self.table = table
+        self._pending: dict[bytes, bytes] = {}
+        self.writes: list[Write] = []
+
+    def drain(self) -> list[Write]:
+        writes, self.writes, self._pending = self.writes, [], {}
+        return writes
+
+    def __getitem__(self, key: bytes) -> bytes:
+        return self._pending[key] if key in self._pending else self.table[key]
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.writes.append((key, value))
+        self._pending[key] = value
+
+    def __delitem__(self, key: bytes) -> None:
+        raise NotImplementedError("the index stage never deletes records")
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.table)  # rebuilds happen at assignment, with no writes pending
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
 def _table_records(records: MutableMapping[bytes, bytes]) -> Iterator[list[Write]]:
     """The table's article records in chunks of LOAD_CHUNK, for a rebuild in the child."""
     chunk: list[Write] = []
@@ -112,6 +142,7 @@ class Decider:
         self.in_process = in_process
         self.gc_freeze_every = gc_freeze_every
         self.stage: IndexStage | None = None  # in_process only
+        self._collector = _WriteCollector(records)  # in_process only
         self._child: Child | None = None
 
     @property
@@ -123,7 +154,10 @@ class Decider:
         table. Returns the number of articles rebuilt, None when the index was kept."""
         if self.in_process:
             if self.stage is None:
-                self.stage = IndexStage(self.params, RocksState(self.index_path, self.options), self.records)
+                self.stage = IndexStage(
+                    self.params, RocksState(self.index_path, self.options), self._collector
+                )
+            self._collector.drain()  # a batch that failed half-way: the stage rebuilds from the table
             return self.stage.open()
         if self._child is None:
             setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every)
@@ -136,11 +170,11 @@ class Decider:
         return cast(int, await child.call(("rebuild",)))
 
     async def decide(self, messages: list[Message]) -> tuple[BatchOutcome, list[Write]]:
-        """Decide a batch; the writes are for the record table, in order (none in process: the stage
-        wrote them already)."""
+        """Decide a batch; the writes are for the record table, in order: the caller applies them
+        before the next batch (a replaced decider rebuilds from the table)."""
         if self.in_process:
             assert self.stage is not None, "open() first"
-            return self.stage.handle_messages(messages), []
+            return self.stage.handle_messages(messages), self._collector.drain()
         for attempt in (1, 2):
             try:
                 if self._child is None:

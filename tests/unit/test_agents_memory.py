@@ -7,18 +7,29 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import faust
 import orjson
 import pytest
+from faust.types import TP
 
 from service.config import Settings
 from service.core.signing import fingerprint
 from service.stream.app import SHARD_KEY, Runtime, create_app
 from service.stream.decider import DeciderFailed
 from service.stream.metrics import Metrics
-from service.stream.stages import OFFSET_KEY, Provenance, SignStage, decode_signed, pack_signed, unpack_signed
+from service.stream.stages import (
+    ARTICLE_PREFIX,
+    OFFSET_KEY,
+    Provenance,
+    SignStage,
+    decode_signed,
+    pack_signed,
+    unpack_signed,
+)
+from service.stream.topics import changelog_topic
 from tests.conftest import PROSE
 
 HIGHWATER = 10
@@ -71,21 +82,27 @@ def wired(
         "signatures": Recorder(),
         "dead_letters": Recorder(),
         "verdicts": Recorder(),
+        "changelog": Recorder(),
     }
     by_topic = {
         settings.signatures_topic: recorders["signatures"],
         settings.dead_letter_topic: recorders["dead_letters"],
         settings.verdicts_topic: recorders["verdicts"],
+        changelog_topic(settings): recorders["changelog"],
     }
 
     async def send(self: faust.topics.Topic, *args: Any, **kwargs: Any) -> None:
         await by_topic[self.get_topic_name()](*args, **kwargs)
 
-    async def produce(topic: str, key: bytes | None, value: bytes | None, *_: Any) -> None:
-        await by_topic[topic](key=key, value=value)
+    async def produce(topic: str, key: bytes | None, value: bytes | None, *_: Any) -> asyncio.Future[Any]:
+        recorder = by_topic[topic]
+        await recorder(key=key, value=value)
+        sent: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        sent.set_result(SimpleNamespace(topic_partition=TP(topic, 0), offset=len(recorder.sent) - 1))
+        return sent
 
     monkeypatch.setattr(faust.topics.Topic, "send", send)
-    monkeypatch.setattr(app.producer, "send", produce)  # verdicts go to the producer directly
+    monkeypatch.setattr(app.producer, "send", produce)  # verdicts and table writes go to the producer
     # the test context never starts the consumer; the index agent asks it for the high-water mark
     monkeypatch.setattr(app.consumer, "highwater", lambda tp: HIGHWATER)
     return app, runtime, recorders
@@ -213,6 +230,11 @@ async def test_index_agent_publishes_verdicts_keyed_by_article(
         k: v for k, v in verdicts[0].items() if k != "latency_ms"
     }
     assert runtime.decider.records[OFFSET_KEY] == b"2"  # checkpointed: offsets 0-2 applied
+    # every table write went to the store and, in the same order, to the changelog
+    changelog = recorders["changelog"].sent
+    assert [key for key, _ in changelog].count(ARTICLE_PREFIX + b"a") == 1  # the re-delivery wrote nothing
+    assert {key for key, _ in changelog} == {ARTICLE_PREFIX + b"a", ARTICLE_PREFIX + b"b", OFFSET_KEY}
+    assert dict(changelog) == {key: runtime.decider.records[key] for key, _ in changelog}
     assert recorders["dead_letters"].sent == []
     registry = runtime.metrics.registry
     assert registry.get_sample_value("neardup_verdicts_total", {"kind": "unique"}) == 2.0

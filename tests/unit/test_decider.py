@@ -145,14 +145,24 @@ async def test_a_cleanly_closed_child_index_is_reopened_and_a_killed_one_rebuilt
         state.close()
 
 
-async def test_the_in_process_decider_writes_to_the_table_itself(make: Any) -> None:
+async def test_the_in_process_decider_returns_its_writes_and_rebuilds_after_lost_ones(make: Any) -> None:
     records: dict[bytes, bytes] = {}
     here = make("here", records, in_process=True)
     await here.open()
     outcome, writes = await here.decide(packed(HISTORY[:2], 0))
-    assert writes == [] and [entry.kind for entry in outcome.entries] == ["unique", "duplicate"]
-    assert records[OFFSET_KEY] == b"0" and ARTICLE_PREFIX + b"b" in records
+    assert [entry.kind for entry in outcome.entries] == ["unique", "duplicate"]
+    assert records == {}  # the agent applies the writes, a whole chunk at once
+    assert dict(writes)[OFFSET_KEY] == b"0" and ARTICLE_PREFIX + b"b" in dict(writes)
     assert isinstance(here.stage, IndexStage)
+    apply(records, writes)
+    # A batch decided but its writes never applied (the agent failed half-way): opened again, the
+    # stage rebuilds from the table, and the re-delivered batch is new again, not a re-delivery.
+    lost, _ = await here.decide(packed(HISTORY[2:3], 1))
+    assert await here.open() == 2
+    again, writes = await here.decide(packed(HISTORY[2:3], 1))
+    assert [entry.status for entry in again.entries] == ["new"]
+    assert comparable(again) == comparable(lost)
+    assert ARTICLE_PREFIX + HISTORY[2][0].encode() in dict(writes)
 
 
 def chunked(messages: list[tuple[int, bytes]], max_bytes: int) -> list[list[tuple[int, bytes]]]:
