@@ -119,6 +119,10 @@ def create_app(
         producer_acks=-1,
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
+        # aiokafka waits for a partition's batch to be sent (one request in flight per broker) before
+        # it starts the next: with the default 16 KB, the record table's changelog (3.5 KB per article)
+        # moved ~4 articles per round trip.
+        producer_max_batch_size=512 * 1024,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
@@ -209,10 +213,12 @@ def create_app(
                         log.critical("index_unavailable: the decider failed twice; stopping the worker")
                         runtime.stop_worker()
                         raise
-                    # into the table before the next decision: a replaced decider rebuilds from it
-                    await write_records(writes)
+                    # into the table's store before the next decision: a replaced decider
+                    # rebuilds from it; the changelog follows while the decider works
+                    store_records(writes)
                     if position + 1 < len(chunks):
                         pending = asyncio.ensure_future(decider.decide(chunks[position + 1]))
+                    await send_changelog(writes)
                     await publish_outcome(outcome, events)
             except BaseException:
                 # Half a batch applied: the index may be ahead of the table. Rebuild it from the
@@ -230,13 +236,16 @@ def create_app(
             metadata = sent.result()
             cast(StoreT, records.data).set_persisted_offset(metadata.topic_partition, metadata.offset)
 
-    async def write_records(writes: list[tuple[bytes, bytes]]) -> None:
-        """A chunk's record-table writes: into the table's store and its changelog, as
-        `records[key] = value` would, but without Faust's per-message futures, callbacks and
-        offset writes, which cost the event loop more than the rest of a verdict (see README)."""
-        last: Any = None
+    # A chunk's record-table writes, as `records[key] = value` would make them (the store, then the
+    # changelog), but without Faust's per-message futures, callbacks and offset writes, which cost
+    # the event loop ~20% of its time per article (see README).
+    def store_records(writes: list[tuple[bytes, bytes]]) -> None:
         for key, value in writes:
             records.data[key] = value
+
+    async def send_changelog(writes: list[tuple[bytes, bytes]]) -> None:
+        last: Any = None
+        for key, value in writes:
             last = await app.producer.send(changelog_name, key, value, 0, None, None)
         if last is not None:
             last.add_done_callback(persist_changelog_offset)
