@@ -189,10 +189,10 @@ def estimate_jaccard_verified_many(
     equal = others == query
     matches = np.count_nonzero(equal, axis=1)
     empty = query == EMPTY_VERIFIER_SLOT
-    if empty.any():  # a short text leaves slots empty; slots empty in both count as equal
-        both_empty = np.count_nonzero(equal & empty, axis=1)
-    else:
-        both_empty = np.zeros(len(others), dtype=np.intp)
+    if not empty.any():  # the usual case (a news-sized text fills every slot): every slot usable
+        return matches / query.size
+    # a short text leaves slots empty; slots empty in both count as equal
+    both_empty = np.count_nonzero(equal & empty, axis=1)
     usable = query.size - both_empty
     with np.errstate(divide="ignore", invalid="ignore"):
         estimates = (matches - both_empty) / usable
@@ -210,6 +210,8 @@ def estimate_containment_many(
         return np.zeros_like(jaccard), np.zeros_like(jaccard)
     intersection = jaccard * (size_a + sizes_b) / (1.0 + jaccard)
     usable = sizes_b > 0
+    if usable.all():  # the usual case, without the masking
+        return np.minimum(1.0, intersection / size_a), np.minimum(1.0, intersection / sizes_b)
     with np.errstate(divide="ignore", invalid="ignore"):
         inside = np.where(usable, np.minimum(1.0, intersection / size_a), 0.0)
         contains = np.where(usable, np.minimum(1.0, intersection / sizes_b), 0.0)
