@@ -173,6 +173,35 @@ def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...])
         reopened.close()
 
 
+def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
+    tmp_path: Path, prose: tuple[str, ...]
+) -> None:
+    """apply() writes bucket lists by appending to their stored bytes: they must stay exactly what
+    bulk_load (orjson.dumps of each list) writes for the same articles, a rebuild's database."""
+    applied = RocksState(tmp_path / "applied")
+    applied.open_header(PARAMS.header())
+    texts = [*prose, prose[0] + " Updated at noon.", prose[0], prose[1] + " Reporting by the wire desk."]
+    for i, text in enumerate(texts):
+        index(applied, f"a{i}", text)
+    index(applied, "a1", prose[2] + " A corrected version.")  # a replacement, out of old buckets
+    articles = list(applied.articles())
+    loaded = RocksState(tmp_path / "loaded")
+    loaded.open_header(PARAMS.header())
+    loaded.bulk_load(articles, PARAMS.lsh.bands, PARAMS.lsh.rows)
+    try:
+
+        def contents(state: RocksState) -> dict[bytes, bytes]:
+            return {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"b", b"c")}
+
+        stored = contents(applied)
+        assert stored == contents(loaded)
+        shared = [value for key, value in stored.items() if key[:1] == b"b" and value.count(b",") >= 2]
+        assert shared, "some bucket holds three articles"
+    finally:
+        applied.close()
+        loaded.close()
+
+
 def test_rocks_refuses_a_second_opener(tmp_path: Path) -> None:
     state = RocksState(tmp_path / "db")
     try:
