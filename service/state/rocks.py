@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import orjson
 from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
@@ -24,6 +24,8 @@ from .records import decode_article, encode_article
 
 _ARTICLE, _BAND, _CONTENT, _META = b"a", b"b", b"c", b"m"
 _HEADER, _SEQ = _META + b"header", _META + b"seq"
+LOAD_CHUNK = 5_000  # records per pass of bulk_load (~20 MB of records and their buckets)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,18 @@ class RocksOptions:
         return options
 
 
+def _runs(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive runs of at most `size` items, read lazily."""
+    run: list[T] = []
+    for item in items:
+        run.append(item)
+        if len(run) >= size:
+            yield run
+            run = []
+    if run:
+        yield run
+
+
 class StateError(Exception):
     """The state directory cannot be used (locked by another process, unreadable, ...)."""
 
@@ -100,26 +114,56 @@ class RocksState:
         Rdict.destroy(str(self.path), self._options.build())
         self._open()
 
-    def bulk_load(self, articles: Iterable[IndexedArticle], bands: int, rows: int) -> int:
-        """Index many articles at once, in arrival order, in a few large WriteBatches."""
+    def bulk_load(
+        self, records: Iterable[tuple[str, bytes]], bands: int, rows: int, chunk: int = LOAD_CHUNK
+    ) -> int:
+        """Index many stored records (article id, record bytes) at once, in memory bounded by
+        `chunk` records whatever their number: a rebuild after a crash must fit beside the worker.
+
+        Records may come in any order (a table yields them by key). Pass one stores them and notes
+        each one's arrival (seq); pass two reads them back in arrival order, `chunk` at a time, and
+        appends them to their buckets and the content map, which thus end as incremental apply()
+        would have left them."""
         self._looked_up, self._looked_up_raw, self._content_looked_up = {}, {}, (b"", None)
-        ordered = sorted(articles, key=lambda a: a.seq)
+        arrivals: list[tuple[int, str]] = []
+        for run in _runs(records, chunk):
+            batch = WriteBatch(raw_mode=True)
+            for article_id, record in run:
+                arrivals.append((decode_article(record, article_id).seq, article_id))
+                batch.put(_ARTICLE + article_id.encode(), record)
+            self._db.write(batch)
+        arrivals.sort()
+        for in_order in _runs(arrivals, chunk):
+            self._index_stored([article_id for _, article_id in in_order], bands, rows)
+        if arrivals:
+            self._seq = max(self._seq, arrivals[-1][0] + 1)
+        self._db.put(_SEQ, str(self._seq).encode())
+        return len(arrivals)
+
+    def _index_stored(self, article_ids: list[str], bands: int, rows: int) -> None:
+        """Add stored articles, given in arrival order after every article indexed so far, to their
+        buckets and to the content map."""
+        stored = cast(
+            list[bytes], self._db.get([_ARTICLE + article_id.encode() for article_id in article_ids])
+        )
         buckets: dict[bytes, list[str]] = {}
         content: dict[bytes, str] = {}
-        batch = WriteBatch(raw_mode=True)
-        for article in ordered:
+        for article_id, record in zip(article_ids, stored, strict=True):
+            article = decode_article(record, article_id)
             for key in band_keys(article.fingerprint.signature, bands, rows):
-                buckets.setdefault(key, []).append(article.article_id)
-            content.setdefault(article.fingerprint.content_hash, article.article_id)
-            batch.put(_ARTICLE + article.article_id.encode(), encode_article(article))
-        for key, members in buckets.items():
+                buckets.setdefault(key, []).append(article_id)
+            content.setdefault(article.fingerprint.content_hash, article_id)
+        bucket_keys, digests = list(buckets), list(content)
+        earlier = cast(list[bytes | None], self._db.get([_BAND + key for key in bucket_keys]))
+        first = cast(list[bytes | None], self._db.get([_CONTENT + digest for digest in digests]))
+        batch = WriteBatch(raw_mode=True)
+        for key, before in zip(bucket_keys, earlier, strict=True):
+            members = buckets[key] if before is None else [*orjson.loads(before), *buckets[key]]
             batch.put(_BAND + key, orjson.dumps(members))
-        for digest, article_id in content.items():
-            batch.put(_CONTENT + digest, article_id.encode())
-        self._seq = max([self._seq, *(a.seq + 1 for a in ordered)])
-        batch.put(_SEQ, str(self._seq).encode())
+        for digest, holder in zip(digests, first, strict=True):
+            if holder is None:
+                batch.put(_CONTENT + digest, content[digest].encode())
         self._db.write(batch)
-        return len(ordered)
 
     def open_header(self, expected: dict[str, Any]) -> None:
         stored = self._db.get(_HEADER)

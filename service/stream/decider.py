@@ -15,7 +15,7 @@ one rebuilds from the table and the batch is decided again, which re-delivery al
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -38,8 +38,8 @@ class DeciderFailed(RuntimeError):
 
 
 class _TableMirror(MutableMapping[bytes, bytes]):
-    """The record table as the child's IndexStage sees it. Reads: the applied offset and, until a
-    rebuild has consumed them, the records the worker sent. Writes: collected for the worker."""
+    """The record table as the child's IndexStage sees it. Reads: the applied offset (a rebuild
+    reads the records as the worker streams them). Writes: collected for the worker."""
 
     def __init__(self) -> None:
         self._data: dict[bytes, bytes] = {}
@@ -48,14 +48,6 @@ class _TableMirror(MutableMapping[bytes, bytes]):
     def reset(self, applied_offset: bytes | None) -> None:
         self._data = {} if applied_offset is None else {OFFSET_KEY: applied_offset}
         self.writes = []
-
-    def load(self, items: Sequence[Write]) -> None:
-        self._data.update(items)
-
-    def forget_records(self) -> None:
-        """After a rebuild the records live in the derived index: do not hold them twice."""
-        offset = self._data.get(OFFSET_KEY)
-        self.reset(offset)
 
     def drain(self) -> list[Write]:
         writes, self.writes = self.writes, []
@@ -165,9 +157,12 @@ class Decider:
         child = self._child
         if await child.call(("reopen", self.records.get(OFFSET_KEY))):
             return None
+        # The child indexes the records as they come, a chunk at a time: neither process ever
+        # holds the whole table.
+        await child.call(("rebuild",))
         for chunk in _table_records(self.records):
             await child.call(("load", chunk))
-        return cast(int, await child.call(("rebuild",)))
+        return cast(int, await child.call(("loaded",)))
 
     async def decide(self, messages: list[Message]) -> tuple[BatchOutcome, list[Write]]:
         """Decide a batch; the writes are for the record table, in order: the caller applies them
@@ -213,9 +208,26 @@ class Decider:
             self._child = None
 
 
+def _streamed_records(requests: BinaryIO, answers: BinaryIO) -> Iterator[Write]:
+    """The record table's article records as the worker streams them for a rebuild: ("load",
+    records) frames, each acknowledged once consumed, up to ("loaded",)."""
+    while True:
+        request = read_frame(requests)
+        if request is None:
+            raise EOFError("the worker went away during a rebuild")
+        op, *args = cast(tuple, request)
+        if op == "loaded":
+            return
+        if op != "load":
+            raise ValueError(f"unexpected request {op!r} during a rebuild")
+        yield from args[0]
+        write_frame(answers, None)
+
+
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """The child's loop. First frame: (params, index path, RocksOptions, freeze interval); then
-    ("reopen", applied offset) → bool, ("load", records) → None, ("rebuild",) → count,
+    ("reopen", applied offset) → bool; ("rebuild",) → "rebuilding", then ("load", records) → None
+    for each chunk of the table, then ("loaded",) → count;
     ("decide", messages) → (outcome, writes), ("close",) → "closed", which ends it (as EOF does,
     without marking the index reusable)."""
     first = read_frame(requests)
@@ -235,13 +247,9 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         elif op == "reopen":
             table.reset(args[0])
             write_frame(answers, stage.reopen())
-        elif op == "load":
-            table.load(args[0])
-            write_frame(answers, None)
         elif op == "rebuild":
-            count = stage.rebuild()
-            table.forget_records()
-            write_frame(answers, count)
+            write_frame(answers, "rebuilding")
+            write_frame(answers, stage.rebuild(_streamed_records(requests, answers)))
         elif op == "close":
             stage.close()
             write_frame(answers, "closed")

@@ -19,7 +19,6 @@ from ..core.dedup import IndexedArticle, decide
 from ..core.params import DedupParams, IncompatibleState
 from ..core.signing import EmptyText, Fingerprint, fingerprint
 from ..messages import InvalidMessage, dead_letter_dict, decode_article, verdict_dict
-from ..state.records import decode_article as decode_record
 from ..state.records import encode_article, pack_sketches, unpack_sketches
 from ..state.rocks import RocksState
 
@@ -255,16 +254,15 @@ class IndexStage:
             self.index.set_meta({CLEAN_KEY: str(self.applied_offset).encode()}, durable=True)
         self.index.close()
 
-    def rebuild(self, articles: Iterable[IndexedArticle] | None = None) -> int:
-        """Re-derive bands and content map from the records; returns the number indexed."""
-        if articles is None:
-            articles = [
-                decode_record(value, key[1:].decode(errors="replace"))
-                for key, value in table_articles(self.records)
-            ]
+    def rebuild(self, records: Iterable[tuple[bytes, bytes]] | None = None) -> int:
+        """Re-derive bands and content map from the record table's article records (key, record),
+        read lazily (default: `records`); returns the number indexed."""
+        if records is None:
+            records = table_articles(self.records)
         self.index.clear()
         self.index.open_header(self.params.header())
-        count = self.index.bulk_load(articles, self.params.lsh.bands, self.params.lsh.rows)
+        stored = ((key[len(ARTICLE_PREFIX) :].decode(errors="replace"), value) for key, value in records)
+        count = self.index.bulk_load(stored, self.params.lsh.bands, self.params.lsh.rows)
         self.applied_offset = self._checkpointed = self._table_offset()
         return count
 

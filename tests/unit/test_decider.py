@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from service.state.rocks import RocksOptions, RocksState
+from service.stream import decider as decider_module
 from service.stream.decider import Decider, Write
 from service.stream.stages import (
     ARTICLE_PREFIX,
@@ -163,6 +164,28 @@ async def test_the_in_process_decider_returns_its_writes_and_rebuilds_after_lost
     assert [entry.status for entry in again.entries] == ["new"]
     assert comparable(again) == comparable(lost)
     assert ARTICLE_PREFIX + HISTORY[2][0].encode() in dict(writes)
+
+
+async def test_a_rebuild_streams_the_table_a_chunk_at_a_time(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decider_module, "LOAD_CHUNK", 2)  # frames of 2 records
+    records: dict[bytes, bytes] = {}
+    first = make("first", records, in_process=False)
+    await first.open()
+    await decide(first, packed(HISTORY, 0))
+    first.kill()
+    indexed = len([key for key in records if key.startswith(ARTICLE_PREFIX)])
+    assert indexed > 2 * decider_module.LOAD_CHUNK
+    rebuilt = make("rebuilt", records, in_process=False)  # a new directory: nothing to reopen
+    assert await rebuilt.open() == indexed
+    here = make("here", {}, in_process=True)
+    await here.open()
+    await decide(here, packed(HISTORY, 0))
+    future = packed(FUTURE, 10)
+    got = await decide(rebuilt, future)
+    assert comparable(got) == comparable(await decide(here, future))
+    assert "duplicate" in {entry.kind for entry in got.entries}  # judged against the rebuilt index
 
 
 def chunked(messages: list[tuple[int, bytes]], max_bytes: int) -> list[list[tuple[int, bytes]]]:

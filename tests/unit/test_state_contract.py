@@ -173,28 +173,30 @@ def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...])
         reopened.close()
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 5_000])
 def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
-    tmp_path: Path, prose: tuple[str, ...]
+    tmp_path: Path, prose: tuple[str, ...], chunk: int
 ) -> None:
-    """apply() writes bucket lists by appending to their stored bytes: they must stay exactly what
-    bulk_load (orjson.dumps of each list) writes for the same articles, a rebuild's database."""
+    """apply() writes bucket lists by appending to their stored bytes, and bulk_load (a rebuild)
+    indexes records in chunks, in whatever order they come: both must give the same database."""
     applied = RocksState(tmp_path / "applied")
     applied.open_header(PARAMS.header())
     texts = [*prose, prose[0] + " Updated at noon.", prose[0], prose[1] + " Reporting by the wire desk."]
     for i, text in enumerate(texts):
         index(applied, f"a{i}", text)
     index(applied, "a1", prose[2] + " A corrected version.")  # a replacement, out of old buckets
-    articles = list(applied.articles())
+    records = sorted((a.article_id, encode_article(a)) for a in applied.articles())  # by id, as a table
     loaded = RocksState(tmp_path / "loaded")
     loaded.open_header(PARAMS.header())
-    loaded.bulk_load(articles, PARAMS.lsh.bands, PARAMS.lsh.rows)
+    assert loaded.bulk_load(iter(records), PARAMS.lsh.bands, PARAMS.lsh.rows, chunk=chunk) == len(records)
     try:
 
         def contents(state: RocksState) -> dict[bytes, bytes]:
-            return {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"b", b"c")}
+            return {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"a", b"b", b"c")}
 
         stored = contents(applied)
         assert stored == contents(loaded)
+        assert loaded.next_seq() == applied.next_seq()
         shared = [value for key, value in stored.items() if key[:1] == b"b" and value.count(b",") >= 2]
         assert shared, "some bucket holds three articles"
     finally:
