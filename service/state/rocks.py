@@ -41,10 +41,6 @@ class RocksOptions:
     # bloom filter took the 25-key multi-get of a new article from ~66 to ~24 µs at 25,000 indexed
     # articles (a one-off timing of RocksState.buckets, not one of tests/benchmarks).
     memtable_bloom_ratio: float = 0.1
-    # Values of at least this many bytes (the article records, ~3.5 KB; bucket lists are far
-    # smaller) go to blob files, so that compactions move pointers instead of rewriting records:
-    # a compaction of the records stalled the stream's decider for ~0.5 s (0: off).
-    blob_min_bytes: int = 1024
     # Off only for state that is rebuilt from elsewhere after a crash (the stream's derived index).
     write_ahead_log: bool = True
     # Decoded article records kept in memory (~3.5 KB each): news clusters are matched again and
@@ -66,11 +62,6 @@ class RocksOptions:
         options.set_compression_type(
             DBCompressionType.lz4() if self.compression == "lz4" else DBCompressionType.none()
         )
-        if self.blob_min_bytes:
-            options.set_enable_blob_files(True)
-            options.set_min_blob_size(self.blob_min_bytes)
-            options.set_blob_compression_type(DBCompressionType.none())  # sketches do not compress
-            options.set_enable_blob_gc(True)  # replaced versions' records are reclaimed
         return options
 
 

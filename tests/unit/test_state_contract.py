@@ -16,7 +16,7 @@ from service.core.shingle import ShingleOptions
 from service.core.signing import fingerprint
 from service.state.port import StateStore
 from service.state.records import CorruptRecord, decode_article, encode_article
-from service.state.rocks import RocksOptions, RocksState, StateError
+from service.state.rocks import RocksState, StateError
 
 MakeState = Callable[[], StateStore]
 PARAMS = DedupParams()
@@ -202,24 +202,6 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     finally:
         applied.close()
         loaded.close()
-
-
-@pytest.mark.parametrize("blob_min_bytes", [1024, 0])
-def test_rocks_keeps_article_records_in_blob_files_unless_told_not_to(
-    tmp_path: Path, prose: tuple[str, ...], blob_min_bytes: int
-) -> None:
-    state = RocksState(tmp_path / "db", RocksOptions(blob_min_bytes=blob_min_bytes))
-    state.open_header(PARAMS.header())
-    articles = [index(state, f"a{i}", text).article for i, text in enumerate(prose)]
-    state.set_meta({b"progress": b"1"}, durable=True)  # flushes the memtable to files
-    state.close()
-    blobs = list((tmp_path / "db").glob("*.blob"))
-    assert bool(blobs) == bool(blob_min_bytes)
-    reopened = RocksState(tmp_path / "db", RocksOptions(blob_min_bytes=blob_min_bytes))
-    try:
-        assert [reopened.get(a.article_id) for a in articles] == articles
-    finally:
-        reopened.close()
 
 
 def test_rocks_refuses_a_second_opener(tmp_path: Path) -> None:
