@@ -47,6 +47,7 @@ class Settings:
     record_cache: int = 100_000
     gc_freeze_every: int = 5_000
     fetch_wait_ms: int = 5
+    rocksdb_nice: int = 10
     log_level: str = "info"
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str = "PLAIN"
@@ -83,6 +84,8 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
+        if not 0 <= self.rocksdb_nice <= 19:
+            raise ConfigError(f"NEARDUP_ROCKSDB_NICE must be in 0..19, got {self.rocksdb_nice}")
         for name in ("gc_freeze_every", "record_cache", "sign_processes"):  # 0 turns each off
             if getattr(self, name) < 0:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 0, got {getattr(self, name)}")

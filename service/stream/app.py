@@ -147,7 +147,11 @@ def create_app(
             params,
             settings.state_path / "index",
             # derived from the record table and rebuilt after a crash: no write-ahead log needed
-            RocksOptions(write_ahead_log=False, record_cache=settings.record_cache),
+            RocksOptions(
+                write_ahead_log=False,
+                record_cache=settings.record_cache,
+                background_nice=settings.rocksdb_nice,
+            ),
             records,
             in_process=not settings.index_process,
             gc_freeze_every=settings.gc_freeze_every,

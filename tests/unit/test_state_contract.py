@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from service.core.shingle import ShingleOptions
 from service.core.signing import fingerprint
 from service.state.port import StateStore
 from service.state.records import CorruptRecord, decode_article, encode_article
-from service.state.rocks import RocksState, StateError
+from service.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
 
 MakeState = Callable[[], StateStore]
 PARAMS = DedupParams()
@@ -202,6 +204,27 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     finally:
         applied.close()
         loaded.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread niceness is read from /proc")
+def test_rocks_background_threads_yield_to_the_thread_that_decides(tmp_path: Path) -> None:
+    def niceness() -> dict[int, int]:
+        return {
+            int(task.name): os.getpriority(os.PRIO_PROCESS, int(task.name))
+            for task in Path("/proc/self/task").iterdir()
+            if (task / "comm").read_text().startswith("rocksdb:")
+        }
+
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    state = RocksState(tmp_path / "db", RocksOptions(background_nice=3))
+    try:
+        lowered = niceness()
+        assert lowered and all(value >= min(19, own + 3) for value in lowered.values())
+        assert lower_background_threads(3) == len(lowered)
+        assert niceness() == lowered  # idempotent: not 3 more each time a database opens
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+    finally:
+        state.close()
 
 
 def test_rocks_refuses_a_second_opener(tmp_path: Path) -> None:
