@@ -71,8 +71,8 @@ class RocksOptions:
         return options
 
 
-def _runs(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """Consecutive runs of at most `size` items, read lazily."""
+def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive runs of at most `size` items, read lazily (itertools.batched from Python 3.12)."""
     run: list[T] = []
     for item in items:
         run.append(item)
@@ -156,14 +156,14 @@ class RocksState:
         would have left them."""
         self._looked_up, self._looked_up_raw, self._content_looked_up = {}, {}, (b"", None)
         arrivals: list[tuple[int, str]] = []
-        for run in _runs(records, chunk):
+        for run in runs_of(records, chunk):
             batch = WriteBatch(raw_mode=True)
             for article_id, record in run:
                 arrivals.append((decode_article(record, article_id).seq, article_id))
                 batch.put(_ARTICLE + article_id.encode(), record)
             self._db.write(batch)
         arrivals.sort()
-        for in_order in _runs(arrivals, chunk):
+        for in_order in runs_of(arrivals, chunk):
             self._index_stored([article_id for _, article_id in in_order], bands, rows)
         if arrivals:
             self._seq = max(self._seq, arrivals[-1][0] + 1)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from ..core.params import DedupParams
-from ..state.rocks import RocksOptions, RocksState
+from ..state.rocks import RocksOptions, RocksState, runs_of
 from .collector import CollectorPolicy
 from .pipes import Child, ChildFailed, child_main, read_frame, write_frame
 from .stages import OFFSET_KEY, BatchOutcome, IndexStage, table_articles
@@ -101,18 +101,6 @@ class _WriteCollector(MutableMapping[bytes, bytes]):
         return len(self.table)
 
 
-def _table_records(records: MutableMapping[bytes, bytes]) -> Iterator[list[Write]]:
-    """The table's article records in chunks of LOAD_CHUNK, for a rebuild in the child."""
-    chunk: list[Write] = []
-    for item in table_articles(records):
-        chunk.append(item)
-        if len(chunk) >= LOAD_CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 class Decider:
     """The index stage of one shard. `in_process`: the stage runs in the calling process on the
     real table; otherwise in a child, started at the first `open`."""
@@ -160,7 +148,7 @@ class Decider:
         # The child indexes the records as they come, a chunk at a time: neither process ever
         # holds the whole table.
         await child.call(("rebuild",))
-        for chunk in _table_records(self.records):
+        for chunk in runs_of(table_articles(self.records), LOAD_CHUNK):
             await child.call(("load", chunk))
         return cast(int, await child.call(("loaded",)))
 
