@@ -127,6 +127,7 @@ def create_app(
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
     )
+    changelog_name = changelog_topic(settings)
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
     dead_letters = _raw_topic(app, settings.dead_letter_topic, 1)
@@ -135,9 +136,8 @@ def create_app(
         key_type=bytes,  # bytes → Faust uses the raw codec for store and changelog
         value_type=bytes,
         partitions=1,
-        changelog_topic=_raw_topic(app, changelog_topic(settings), 1, compacting=True, internal=False),
+        changelog_topic=_raw_topic(app, changelog_name, 1, compacting=True, internal=False),
     )
-    changelog_name = changelog_topic(settings)
     runtime = Runtime(
         settings,
         metrics,

@@ -6,10 +6,10 @@ work: the loop sends a batch of signatures messages and gets back the verdicts (
 for the record table, which it applies to the changelogged Faust table itself. The child runs the same
 IndexStage in the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
 
-The record table stays the durable truth. The child sees it only through `_TableMirror`: the applied
-offset and, for a rebuild, the records the worker streams to it. A child that dies is replaced; the new
-one rebuilds from the table and the batch is decided again, which re-delivery already makes safe
-(records applied after the last checkpoint come back with their stored verdicts).
+The record table stays the durable truth. The child sees it only through `_WriteCollector` over the
+applied offset and, for a rebuild, the records the worker streams to it. A child that dies is
+replaced; the new one rebuilds from the table and the batch is decided again, which re-delivery
+already makes safe (records applied after the last checkpoint come back with their stored verdicts).
 """
 
 from __future__ import annotations
@@ -37,43 +37,11 @@ class DeciderFailed(RuntimeError):
     """The decider child failed twice on the same batch: the worker cannot go on deciding."""
 
 
-class _TableMirror(MutableMapping[bytes, bytes]):
-    """The record table as the child's IndexStage sees it. Reads: the applied offset (a rebuild
-    reads the records as the worker streams them). Writes: collected for the worker."""
-
-    def __init__(self) -> None:
-        self._data: dict[bytes, bytes] = {}
-        self.writes: list[Write] = []
-
-    def reset(self, applied_offset: bytes | None) -> None:
-        self._data = {} if applied_offset is None else {OFFSET_KEY: applied_offset}
-        self.writes = []
-
-    def drain(self) -> list[Write]:
-        writes, self.writes = self.writes, []
-        return writes
-
-    def __getitem__(self, key: bytes) -> bytes:
-        return self._data[key]
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.writes.append((key, value))
-        if key == OFFSET_KEY:
-            self._data[key] = value
-
-    def __delitem__(self, key: bytes) -> None:
-        raise NotImplementedError("the index stage never deletes records")
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
 class _WriteCollector(MutableMapping[bytes, bytes]):
-    """The record table as the in-process IndexStage sees it: reads go to the table, writes are
-    collected, so that the agent applies a whole chunk's writes at once in both modes (app.py)."""
+    """The record table as the IndexStage sees it: reads go to `table`, writes are collected and
+    handed to the agent, which applies a whole chunk's writes at once (app.py). In the worker
+    `table` is the Faust table; in the child, a dict holding only the applied offset the worker
+    sent (a rebuild reads the records as the worker streams them)."""
 
     def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
         self.table = table
@@ -222,7 +190,8 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     if first is None:
         return
     params, path, options, freeze_every = cast(tuple[DedupParams, str, RocksOptions, int], first)
-    table = _TableMirror()
+    applied: dict[bytes, bytes] = {}  # the record table, as far as the child reads it
+    table = _WriteCollector(applied)
     stage = IndexStage(params, RocksState(path, options), table)
     collector = CollectorPolicy(freeze_every)
     write_frame(answers, "ready")
@@ -230,10 +199,16 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         op, *args = cast(tuple, request)
         if op == "decide":
             outcome = stage.handle_messages(args[0])
-            write_frame(answers, (outcome, table.drain()))
+            writes = table.drain()
+            # as the worker's table will have it; the records themselves are not read back
+            applied.update(write for write in writes if write[0] == OFFSET_KEY)
+            write_frame(answers, (outcome, writes))
             collector.after(outcome.handled)
         elif op == "reopen":
-            table.reset(args[0])
+            applied.clear()
+            if args[0] is not None:
+                applied[OFFSET_KEY] = args[0]
+            table.drain()
             write_frame(answers, stage.reopen())
         elif op == "rebuild":
             write_frame(answers, "rebuilding")
