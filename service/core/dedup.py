@@ -95,8 +95,9 @@ class StateReader(Protocol):
 
     def id_for_content(self, content_hash: bytes) -> str | None: ...
 
-    def buckets(self, keys: Sequence[bytes]) -> list[Sequence[str]]:
-        """The article ids in each band bucket, in one round trip where the store allows."""
+    def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[IndexedArticle]:
+        """The distinct articles in the band buckets `keys`, but `exclude`, in order of first
+        appearance (bucket by bucket, each in the order its articles joined it), at most `limit`."""
         ...
 
     def next_seq(self) -> int: ...
@@ -137,14 +138,7 @@ def _exact_match(article_id: str, fp: Fingerprint, state: StateReader) -> Decisi
 
 def candidate_ids(article_id: str, keys: Iterable[bytes], state: StateReader, limit: int) -> list[str]:
     """Distinct articles sharing at least one band, in band order, capped at `limit`."""
-    seen: dict[str, None] = {}
-    for members in state.buckets(list(keys)):
-        for other in members:
-            if other != article_id:
-                seen.setdefault(other, None)
-                if len(seen) >= limit:
-                    return list(seen)
-    return list(seen)
+    return [other.article_id for other in state.candidates(list(keys), article_id, limit)]
 
 
 def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
@@ -204,10 +198,7 @@ def _verified_match(
     state: StateReader,
     params: DedupParams,
 ) -> Decision:
-    found = [
-        state.get(other_id) for other_id in candidate_ids(article_id, keys, state, params.max_candidates)
-    ]
-    others = [other for other in found if other is not None]
+    others = state.candidates(keys, article_id, params.max_candidates)
     if not others:
         return Decision("unique", None, None, None, None, article_id, False, ())
     jaccard, inside, contains = _score_arrays(fp, [(other.article_id, other.fingerprint) for other in others])

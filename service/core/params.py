@@ -10,7 +10,7 @@ from .minhash import ALGORITHM, MinHasher
 from .normalize import DEFAULT_NORMALIZE, NormalizeOptions
 from .shingle import DEFAULT_SHINGLE, ShingleOptions
 
-STATE_FORMAT_VERSION = 2  # 2: content hash over UTF-32 code points
+STATE_FORMAT_VERSION = 3  # 2: content hash over UTF-32 code points; 3: buckets of arrival numbers
 
 
 class IncompatibleState(Exception):

@@ -36,8 +36,15 @@ class MemoryState:
     def band_members(self, key: bytes) -> Sequence[str]:
         return self._bands.get(key, ())
 
-    def buckets(self, keys: Sequence[bytes]) -> list[Sequence[str]]:
-        return [self._bands.get(key, ()) for key in keys]
+    def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[IndexedArticle]:
+        seen: dict[str, None] = {}
+        for key in keys:
+            for other in self._bands.get(key, ()):
+                if other != exclude:
+                    seen.setdefault(other, None)
+                    if len(seen) >= limit:
+                        return [self._articles[i] for i in seen]
+        return [self._articles[i] for i in seen]
 
     def next_seq(self) -> int:
         return self._seq

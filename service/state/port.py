@@ -12,7 +12,7 @@ class StateStore(StateReader, Protocol):
     """A store of indexed articles, band buckets and the exact-content map, with a parameter header."""
 
     def band_members(self, key: bytes) -> Sequence[str]:
-        """One bucket (buckets() reads many at once); for tools and tests."""
+        """The article ids of one bucket, in the order they joined it; for tools and tests."""
         ...
 
     def apply(self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None) -> None:

@@ -1,13 +1,19 @@
 """RocksDB state through rocksdict: articles, band buckets, content map and header in one database.
 
-Key layout (one keyspace, one-byte prefixes): ``a<id>`` → article record, ``b<band key>`` → orjson
-list of article ids, ``c<content hash>`` → first article id, ``m<name>`` → metadata (header, sequence,
-consumed offsets). Every update is one WriteBatch, so a crash leaves either all of it or none.
+Key layout: the records, ~3.5 KB each, in their own column family ("records": arrival number (seq) →
+the record of that article version), so that the small keys the decision looks up many times per
+article live in a small LSM tree of their own. In the default column family, one-byte prefixes:
+``a<id>`` → the seq of its current version, ``b<band key>`` → the seqs of the articles in the bucket,
+``c<content hash>`` → first article id, ``m<name>`` → metadata (header, sequence, consumed offsets).
+Seqs are 8 bytes big-endian: records sort in arrival order, and a bucket grows by appending 8 bytes
+(ids as an orjson list cost ~2x the bytes and a decode per lookup). Every update is one WriteBatch
+over both families, so a crash leaves either all of it or none.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import numpy as np
 import orjson
 from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
@@ -22,9 +29,12 @@ from ..core.dedup import IndexedArticle, IndexUpdate
 from ..core.lsh import band_keys
 from ..core.params import check_header
 from .port import content_heir
-from .records import decode_article, encode_article
+from .records import CorruptRecord, decode_article, encode_article
 
 _ARTICLE, _BAND, _CONTENT, _META = b"a", b"b", b"c", b"m"
+_RECORDS = "records"  # the column family of the records, by arrival number
+_SEQ_KEY = struct.Struct(">Q")
+_SEQ_DTYPE = np.dtype(">u8")
 _HEADER, _SEQ = _META + b"header", _META + b"seq"
 LOAD_CHUNK = 5_000  # records per pass of bulk_load (~20 MB of records and their buckets)
 T = TypeVar("T")
@@ -56,10 +66,13 @@ class RocksOptions:
     def build(self) -> Options:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        options.create_missing_column_families(True)
         table = BlockBasedOptions()
         table.set_bloom_filter(self.bloom_bits_per_key, False)
         table.set_block_cache(Cache(self.block_cache_mb * 1024 * 1024))
-        table.set_cache_index_and_filter_blocks(True)
+        # Index and filter blocks stay with their table files (RocksDB's default, ~1.3 bytes per key),
+        # not in the block cache: there, every lookup in a compacted file fetched its whole filter
+        # block from the cache again, and a multi-get of 25 band keys took ~100 µs instead of 5-22.
         options.set_block_based_table_factory(table)
         options.set_write_buffer_size(self.write_buffer_mb * 1024 * 1024)
         if self.memtable_bloom_ratio:
@@ -120,7 +133,11 @@ class RocksState:
     def _open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = Rdict(str(self.path), self._options.build())
+            self._db = Rdict(
+                str(self.path), self._options.build(), column_families={_RECORDS: self._options.build()}
+            )
+            self._records = self._db.get_column_family(_RECORDS)
+            self._records_handle = self._db.get_column_family_handle(_RECORDS)
             if not self._options.write_ahead_log:
                 write = WriteOptions()
                 write.disable_wal = True  # type: ignore[assignment,method-assign]  # a property; the stubs say method
@@ -131,16 +148,14 @@ class RocksState:
             lower_background_threads(self._options.background_nice)
         seq = self._db.get(_SEQ)
         self._seq = int(seq) if seq is not None else 0
-        self._recent: OrderedDict[str, IndexedArticle] = OrderedDict()
-        # the buckets of the last multi-get, decoded and as stored: decide() reads them and apply()
-        # updates the same ones
-        self._looked_up: dict[bytes, Sequence[str]] = {}
-        self._looked_up_raw: dict[bytes, bytes | None] = {}
+        self._recent: OrderedDict[int, IndexedArticle] = OrderedDict()  # by arrival number
+        # the buckets of the last multi-get as stored: decide() reads them, apply() extends them
+        self._looked_up: dict[bytes, bytes | None] = {}
         self._content_looked_up: tuple[bytes, bytes | None] = (b"", None)  # the last content lookup
 
     def clear(self) -> None:
         """Drop everything (header included): the derived index is about to be rebuilt."""
-        self._db.close()
+        self.close()
         Rdict.destroy(str(self.path), self._options.build())
         self._open()
 
@@ -150,46 +165,44 @@ class RocksState:
         """Index many stored records (article id, record bytes) at once, in memory bounded by
         `chunk` records whatever their number: a rebuild after a crash must fit beside the worker.
 
-        Records may come in any order (a table yields them by key). Pass one stores them and notes
-        each one's arrival (seq); pass two reads them back in arrival order, `chunk` at a time, and
-        appends them to their buckets and the content map, which thus end as incremental apply()
-        would have left them."""
-        self._looked_up, self._looked_up_raw, self._content_looked_up = {}, {}, (b"", None)
-        arrivals: list[tuple[int, str]] = []
+        Records may come in any order (a table yields them by key). Pass one stores them under
+        their arrival numbers; pass two reads them back in that order (the keys sort by it),
+        `chunk` at a time, and appends them to their buckets and the content map, which thus end
+        as incremental apply() would have left them. Into an empty state only."""
+        if next(self._record_items(), None) is not None:
+            raise ValueError(f"bulk_load needs an empty state; {self.path} holds articles (clear() it)")
+        self._looked_up, self._content_looked_up = {}, (b"", None)
+        count = 0
         for run in runs_of(records, chunk):
             batch = WriteBatch(raw_mode=True)
             for article_id, record in run:
-                arrivals.append((decode_article(record, article_id).seq, article_id))
-                batch.put(_ARTICLE + article_id.encode(), record)
+                seq = _SEQ_KEY.pack(decode_article(record, article_id).seq)
+                batch.put(_ARTICLE + article_id.encode(), seq)
+                batch.put(seq, record, self._records_handle)
+                self._seq = max(self._seq, _SEQ_KEY.unpack(seq)[0] + 1)
             self._db.write(batch)
-        arrivals.sort()
-        for in_order in runs_of(arrivals, chunk):
-            self._index_stored([article_id for _, article_id in in_order], bands, rows)
-        if arrivals:
-            self._seq = max(self._seq, arrivals[-1][0] + 1)
+            count += len(run)
+        for stored in runs_of(self._record_items(), chunk):
+            self._index_stored(stored, bands, rows)
         self._db.put(_SEQ, str(self._seq).encode())
-        return len(arrivals)
+        return count
 
-    def _index_stored(self, article_ids: list[str], bands: int, rows: int) -> None:
-        """Add stored articles, given in arrival order after every article indexed so far, to their
-        buckets and to the content map."""
-        stored = cast(
-            list[bytes], self._db.get([_ARTICLE + article_id.encode() for article_id in article_ids])
-        )
-        buckets: dict[bytes, list[str]] = {}
+    def _index_stored(self, stored: list[tuple[bytes, bytes]], bands: int, rows: int) -> None:
+        """Add stored records ((arrival number, record), in arrival order, after every article
+        indexed so far) to their buckets and to the content map."""
+        buckets: dict[bytes, list[bytes]] = {}
         content: dict[bytes, str] = {}
-        for article_id, record in zip(article_ids, stored, strict=True):
-            article = decode_article(record, article_id)
+        for seq, record in stored:
+            article = decode_article(record)
             for key in band_keys(article.fingerprint.signature, bands, rows):
-                buckets.setdefault(key, []).append(article_id)
-            content.setdefault(article.fingerprint.content_hash, article_id)
+                buckets.setdefault(key, []).append(seq)
+            content.setdefault(article.fingerprint.content_hash, article.article_id)
         bucket_keys, digests = list(buckets), list(content)
         earlier = cast(list[bytes | None], self._db.get([_BAND + key for key in bucket_keys]))
         first = cast(list[bytes | None], self._db.get([_CONTENT + digest for digest in digests]))
         batch = WriteBatch(raw_mode=True)
         for key, before in zip(bucket_keys, earlier, strict=True):
-            members = buckets[key] if before is None else [*orjson.loads(before), *buckets[key]]
-            batch.put(_BAND + key, orjson.dumps(members))
+            batch.put(_BAND + key, (before or b"") + b"".join(buckets[key]))
         for digest, holder in zip(digests, first, strict=True):
             if holder is None:
                 batch.put(_CONTENT + digest, content[digest].encode())
@@ -203,23 +216,47 @@ class RocksState:
             check_header(orjson.loads(stored), expected, str(self.path))
 
     def get(self, article_id: str) -> IndexedArticle | None:
-        cached = self._recent.get(article_id)
-        if cached is not None:
-            self._recent.move_to_end(article_id)
-            return cached
-        data = self._db.get(_ARTICLE + article_id.encode())
-        if data is None:
+        seq = self._db.get(_ARTICLE + article_id.encode())
+        if seq is None:
             return None
-        article = decode_article(data, article_id)
-        self._remember(article)
-        return article
+        found = self._arrived(_SEQ_KEY.unpack(seq)[0])
+        if found is None:
+            raise CorruptRecord(f"state record of {article_id!r} is missing")
+        return found
 
-    def _remember(self, article: IndexedArticle) -> None:
+    def _arrived(self, seq: int) -> IndexedArticle | None:
+        """The article version with this arrival number (None: replaced since)."""
+        return self._arrivals([seq])[0]
+
+    def _arrivals(self, seqs: Sequence[int]) -> list[IndexedArticle | None]:
+        """The article versions with these arrival numbers, from the cache or one multi-get."""
+        recent = self._recent
+        found: list[IndexedArticle | None] = []
+        missing: list[int] = []
+        for seq in seqs:
+            article = recent.get(seq)
+            if article is None:
+                missing.append(seq)
+            else:
+                recent.move_to_end(seq)
+            found.append(article)
+        if missing:
+            stored = cast(list[bytes | None], self._records.get([_SEQ_KEY.pack(seq) for seq in missing]))
+            loaded = {
+                seq: self._remember(decode_article(data))
+                for seq, data in zip(missing, stored, strict=True)
+                if data is not None
+            }
+            found = [loaded.get(seq) if article is None else article for seq, article in zip(seqs, found)]
+        return found
+
+    def _remember(self, article: IndexedArticle) -> IndexedArticle:
         """Keep recently read or written records decoded: clusters are matched again and again."""
-        self._recent[article.article_id] = article
-        self._recent.move_to_end(article.article_id)
+        self._recent[article.seq] = article
+        self._recent.move_to_end(article.seq)
         if len(self._recent) > self._options.record_cache:
             self._recent.popitem(last=False)
+        return article
 
     def id_for_content(self, content_hash: bytes) -> str | None:
         data = self._content_id(content_hash)
@@ -234,25 +271,28 @@ class RocksState:
         return last_id
 
     def band_members(self, key: bytes) -> Sequence[str]:
-        data = self._db.get(_BAND + key)
-        return () if data is None else orjson.loads(data)
+        return [a.article_id for a in self._arrivals(_members(self._db.get(_BAND + key))) if a is not None]
 
-    def buckets(self, keys: Sequence[bytes]) -> list[Sequence[str]]:
-        """band_members of many keys in one multi-get."""
+    def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[IndexedArticle]:
+        """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
+        `limit`: one multi-get, the bucket contents merged in one numpy pass."""
         found = cast(list[bytes | None], self._db.get([_BAND + key for key in keys]))
-        lists = [() if data is None else orjson.loads(data) for data in found]
-        self._looked_up = dict(zip(keys, lists, strict=True))
-        self._looked_up_raw = dict(zip(keys, found, strict=True))
-        return lists
+        self._looked_up = dict(zip(keys, found, strict=True))
+        stored = [data for data in found if data]
+        if not stored:
+            return []
+        seqs = np.frombuffer(b"".join(stored), dtype=_SEQ_DTYPE)
+        distinct, first = np.unique(seqs, return_index=True)
+        in_order = distinct[np.argsort(first, kind="stable")][: limit + 1].tolist()
+        articles = [a for a in self._arrivals(in_order) if a is not None and a.article_id != exclude]
+        return articles[:limit]
 
     def _look_up(self, keys: Sequence[bytes]) -> None:
         """Make sure the last lookup covers `keys` (apply() without decide() before it)."""
         missing = [key for key in keys if key not in self._looked_up]
         if missing:
-            known, known_raw = self._looked_up, self._looked_up_raw
-            self.buckets(missing)
-            self._looked_up = {**known, **self._looked_up}
-            self._looked_up_raw = {**known_raw, **self._looked_up_raw}
+            found = cast(list[bytes | None], self._db.get([_BAND + key for key in missing]))
+            self._looked_up.update(zip(missing, found, strict=True))
 
     def next_seq(self) -> int:
         return self._seq
@@ -262,81 +302,71 @@ class RocksState:
     ) -> None:
         """`record`: encode_article(update.article), when the caller has encoded it already."""
         article = update.article
+        seq = _SEQ_KEY.pack(article.seq)
         batch = WriteBatch(raw_mode=True)
         if update.replaced is None:
-            self._join_buckets(batch, article.article_id, update.keys)
+            self._join_buckets(batch, seq, update.keys)
         else:
             self._move_between_buckets(batch, update, update.replaced)
-        self._looked_up, self._looked_up_raw = {}, {}
+            batch.delete(_SEQ_KEY.pack(update.replaced.seq), self._records_handle)
+        self._looked_up = {}
         content_hash = article.fingerprint.content_hash
         if self._content_id(content_hash) is None:
             batch.put(_CONTENT + content_hash, article.article_id.encode())
         self._content_looked_up = (b"", None)  # the write changes it
-        batch.put(_ARTICLE + article.article_id.encode(), record or encode_article(article))
-        seq = max(self._seq, article.seq + 1)
-        batch.put(_SEQ, str(seq).encode())
+        batch.put(_ARTICLE + article.article_id.encode(), seq)
+        batch.put(seq, record or encode_article(article), self._records_handle)
+        next_seq = max(self._seq, article.seq + 1)
+        batch.put(_SEQ, str(next_seq).encode())
         for key, value in (extra or {}).items():
             batch.put(_META + key, value)
         self._db.write(batch)
-        self._seq = seq
+        self._seq = next_seq
         self._remember(article)
 
-    def _join_buckets(self, batch: WriteBatch, article_id: str, keys: Sequence[bytes]) -> None:
-        """A new article joins its buckets. Each stored list grows by one id, written by appending
-        its JSON to the stored bytes (what orjson.dumps of the longer list gives) rather than by
-        decoding and encoding the list again: 25 buckets per article."""
+    def _join_buckets(self, batch: WriteBatch, seq: bytes, keys: Sequence[bytes]) -> None:
+        """A new article joins its buckets: its arrival number appended to each stored one (a new
+        number is in no bucket yet)."""
         self._look_up(keys)
-        encoded = orjson.dumps(article_id)
-        for key in keys:
-            members, stored = self._looked_up[key], self._looked_up_raw[key]
-            if article_id in members:
-                continue
-            batch.put(_BAND + key, stored[:-1] + b"," + encoded + b"]" if stored else b"[" + encoded + b"]")
+        for key in dict.fromkeys(keys):
+            batch.put(_BAND + key, (self._looked_up[key] or b"") + seq)
 
     def _move_between_buckets(self, batch: WriteBatch, update: IndexUpdate, old: IndexedArticle) -> None:
         """A new version of an article: out of its old buckets, into its new ones."""
-        article = update.article
         touched = list(dict.fromkeys((*update.replaced_keys, *update.keys)))
         self._look_up(touched)
-        buckets = {key: list(self._looked_up[key]) for key in touched}
+        buckets = {key: _members(self._looked_up[key]) for key in touched}
         for key in update.replaced_keys:
-            members = buckets[key]
-            if old.article_id in members:
-                members.remove(old.article_id)
+            buckets[key] = [seq for seq in buckets[key] if seq != old.seq]
         if self.id_for_content(old.fingerprint.content_hash) == old.article_id:
             # exact copies share every band, so the first bucket holds any heir of the content
             members = buckets[update.replaced_keys[0]] if update.replaced_keys else []
-            heir = content_heir(old, map(self.get, members))
+            heir = content_heir(old, self._arrivals(members))
             if heir is None:
                 batch.delete(_CONTENT + old.fingerprint.content_hash)
             else:
                 batch.put(_CONTENT + old.fingerprint.content_hash, heir.encode())
             self._content_looked_up = (b"", None)
         for key in update.keys:
-            members = buckets[key]
-            if article.article_id not in members:
-                members.append(article.article_id)
+            if update.article.seq not in buckets[key]:
+                buckets[key].append(update.article.seq)
         for key, members in buckets.items():
             if members:
-                batch.put(_BAND + key, orjson.dumps(members))
+                batch.put(_BAND + key, np.array(members, dtype=_SEQ_DTYPE).tobytes())
             else:
                 batch.delete(_BAND + key)
 
-    def _article_items(self) -> Iterator[tuple[bytes, bytes]]:
-        """(key, record) of every article, in key order (raw mode: keys and values are bytes)."""
-        for key, value in self._db.items(from_key=_ARTICLE):
-            raw_key, raw_value = cast(bytes, key), cast(bytes, value)
-            if not raw_key.startswith(_ARTICLE):
-                return
-            yield raw_key, raw_value
+    def _record_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """(arrival number as stored, record) of every current article version, in arrival order."""
+        for key, value in self._records.items():
+            yield cast(bytes, key), cast(bytes, value)
 
     def articles(self) -> Iterator[IndexedArticle]:
-        """All indexed articles in arrival order (loads them all: for tools and tests)."""
-        found = [decode_article(value, key[1:].decode()) for key, value in self._article_items()]
-        return iter(sorted(found, key=lambda a: a.seq))
+        """All indexed articles in arrival order, read lazily."""
+        return (decode_article(record) for _, record in self._record_items())
 
     def count(self) -> int:
-        return sum(1 for _ in self._article_items())
+        return sum(1 for _ in self._record_items())
 
     def get_meta(self, key: bytes) -> bytes | None:
         return self._db.get(_META + key)
@@ -352,3 +382,9 @@ class RocksState:
 
     def close(self) -> None:
         self._db.close()
+        del self._records, self._records_handle  # each keeps the database, and its lock, alive
+
+
+def _members(stored: bytes | None) -> list[int]:
+    """The arrival numbers a stored bucket holds, in the order they joined it."""
+    return np.frombuffer(stored, dtype=_SEQ_DTYPE).tolist() if stored else []

@@ -179,8 +179,8 @@ def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...])
 def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     tmp_path: Path, prose: tuple[str, ...], chunk: int
 ) -> None:
-    """apply() writes bucket lists by appending to their stored bytes, and bulk_load (a rebuild)
-    indexes records in chunks, in whatever order they come: both must give the same database."""
+    """apply() grows buckets by appending to their stored bytes, and bulk_load (a rebuild) indexes
+    records in chunks, in whatever order they come: both must give the same database."""
     applied = RocksState(tmp_path / "applied")
     applied.open_header(PARAMS.header())
     texts = [*prose, prose[0] + " Updated at noon.", prose[0], prose[1] + " Reporting by the wire desk."]
@@ -194,13 +194,15 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     try:
 
         def contents(state: RocksState) -> dict[bytes, bytes]:
-            return {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"a", b"b", b"c")}
+            small = {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"a", b"b", b"c")}
+            return {**small, **{b"r" + bytes(k): bytes(v) for k, v in state._records.items()}}
 
         stored = contents(applied)
         assert stored == contents(loaded)
         assert loaded.next_seq() == applied.next_seq()
-        shared = [value for key, value in stored.items() if key[:1] == b"b" and value.count(b",") >= 2]
+        shared = [value for key, value in stored.items() if key[:1] == b"b" and len(value) >= 3 * 8]
         assert shared, "some bucket holds three articles"
+        assert sum(key[:1] == b"r" for key in stored) == len(records), "replaced versions are dropped"
     finally:
         applied.close()
         loaded.close()
@@ -267,3 +269,32 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
 def test_corrupt_records_are_named(data: bytes) -> None:
     with pytest.raises(CorruptRecord, match="'key-7'"):
         decode_article(data, "key-7")
+
+
+def test_candidates_in_order_of_first_appearance_without_the_excluded_and_capped(
+    make_state: MakeState, prose: tuple[str, ...]
+) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(4)]
+    index(state, "other", prose[3])
+    keys = band_keys(copies[0].fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
+    expected = list(dict.fromkeys(i for key in keys for i in state.band_members(key)))
+    assert expected[0] == "c0" and len(expected) == 4 and "other" not in expected
+    found = state.candidates(keys, "nobody", 1000)
+    assert [a.article_id for a in found] == expected
+    assert found == [state.get(i) for i in expected]
+    assert [a.article_id for a in state.candidates(keys, "c0", 1000)] == [i for i in expected if i != "c0"]
+    assert [a.article_id for a in state.candidates(keys, "c0", 2)] == [i for i in expected if i != "c0"][:2]
+    assert state.candidates([b"\x00" * 10], "nobody", 1000) == []
+
+
+def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    state = RocksState(tmp_path / "db")
+    state.open_header(PARAMS.header())
+    a = index(state, "a", prose[0]).article
+    try:
+        with pytest.raises(ValueError, match="empty state"):
+            state.bulk_load([("a", encode_article(a))], PARAMS.lsh.bands, PARAMS.lsh.rows)
+    finally:
+        state.close()
