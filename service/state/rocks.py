@@ -247,7 +247,7 @@ class RocksState:
                 for seq, data in zip(missing, stored, strict=True)
                 if data is not None
             }
-            found = [loaded.get(seq) if article is None else article for seq, article in zip(seqs, found, strict=True)]
+            found = [article or loaded.get(seq) for seq, article in zip(seqs, found, strict=True)]
         return found
 
     def _remember(self, article: IndexedArticle) -> IndexedArticle:
