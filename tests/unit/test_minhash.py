@@ -10,9 +10,12 @@ import pytest
 from service.core import minhash
 from service.core.minhash import (
     EMPTY_SLOT,
+    EMPTY_VERIFIER_SLOT,
     MinHasher,
     estimate_containment,
     estimate_jaccard,
+    estimate_jaccard_verified,
+    estimate_jaccard_verified_many,
     kperm_signature,
 )
 from service.core.normalize import normalize
@@ -227,3 +230,22 @@ def test_containment_of_a_truncated_copy_from_signatures(prose: tuple[str, ...])
     inside, contains = estimate_containment(jaccard, head.shingle_count, full.shingle_count)
     assert inside > 0.85
     assert contains == pytest.approx(0.6, abs=0.1)
+
+
+def test_verified_many_is_bit_identical_to_the_one_pair_estimate_on_edge_rows() -> None:
+    rng = np.random.default_rng(5)
+    empty = np.uint32(EMPTY_VERIFIER_SLOT)
+    query = rng.integers(0, 2**32 - 1, 64, dtype=np.uint32)
+    query[[3, 17, 40]] = empty
+    rows = [
+        query.copy(),  # identical, empties included
+        rng.integers(0, 2**32 - 1, 64, dtype=np.uint32),  # nothing in common
+        np.where(rng.random(64) < 0.5, query, rng.integers(0, 2**32 - 1, 64, dtype=np.uint32)),
+        np.full(64, empty, dtype=np.uint32),  # equal to the query only where it is empty
+    ]
+    all_empty = np.full(64, empty, dtype=np.uint32)
+    for q in (query, all_empty, rows[2].astype(np.uint32)):
+        others = np.array(rows, dtype=np.uint32)
+        many = estimate_jaccard_verified_many(q, others).tolist()
+        assert many == [estimate_jaccard_verified(q, row) for row in others]
+    assert estimate_jaccard_verified_many(query, np.array(rows, dtype=np.uint32))[:2].tolist() == [1.0, 0.0]
