@@ -47,6 +47,7 @@ class Settings:
     record_cache: int = 100_000
     gc_freeze_every: int = 5_000
     fetch_wait_ms: int = 5
+    fetch_min_bytes: int = 1
     rocksdb_nice: int = 10
     log_level: str = "info"
     security_protocol: str = "PLAINTEXT"
@@ -81,6 +82,7 @@ class Settings:
             "num_perm",
             "sign_batch",
             "fetch_wait_ms",
+            "fetch_min_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")

@@ -33,16 +33,19 @@ SHARD_KEY = b"0"
 DECIDE_CHUNK_BYTES = 256 * 1024
 
 
-def _app_class(fetch_wait_ms: int) -> type[faust.App]:
+def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
     """faust.App whose consumer waits at most `fetch_wait_ms` for a fetch, instead of the 1500 ms
     Faust hard-codes. The worker reads its input and its own signatures over one connection, and
     aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog ran at
-    ~380 articles/s and 47% of a core; with 5 ms, ~800/s at 100% (tests/benchmarks/bench_stream.py)."""
+    ~380 articles/s and 47% of a core; with 5 ms, ~800/s at 100% (tests/benchmarks/bench_stream.py).
+    The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait."""
 
     class ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Any) -> Any:
             consumer = super()._create_worker_consumer(transport)
-            consumer._fetch_max_wait_ms = fetch_wait_ms  # read when the consumer starts its fetcher
+            # read when the consumer starts its fetcher
+            consumer._fetch_max_wait_ms = fetch_wait_ms
+            consumer._fetch_min_bytes = fetch_min_bytes
             return consumer
 
     class FetchWaitConsumer(aiokafka_driver.Consumer):
@@ -106,7 +109,7 @@ def create_app(
 ) -> tuple[faust.App, Runtime]:
     """The app and what its agents share; `store` is the table store (memory:// for unit tests)."""
     params = settings.params()
-    app = _app_class(settings.fetch_wait_ms)(
+    app = _app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
