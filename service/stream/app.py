@@ -18,7 +18,7 @@ from faust.types.stores import StoreT
 
 from ..config import Settings
 from ..messages import dead_letter_dict
-from ..state.rocks import RocksOptions
+from ..state.rocks import RocksOptions, lower_background_threads
 from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
 from .metrics import Metrics
@@ -331,6 +331,10 @@ async def _open_decider(runtime: Runtime) -> Decider:
     if runtime.needs_open:
         count = await runtime.decider.open()
         runtime.needs_open = False
+        # The record table's RocksDB (Faust's store, in this process) flushes and compacts its 3.5 KB
+        # records in threads of its own: they too yield to the threads that decide and publish.
+        if runtime.settings.rocksdb_nice:
+            lower_background_threads(runtime.settings.rocksdb_nice)
         if count is None:
             log.info("index_reopened")
         else:
