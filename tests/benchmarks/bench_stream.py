@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,6 +350,9 @@ class Result:
     latency_p99_ms: float = 0.0
     e2e_p50_ms: float = 0.0
     e2e_p99_ms: float = 0.0
+    # how the slowest 1% of the measured verdicts spread over the window: in a few seconds (stalls of
+    # the worker) or throughout (a busy machine); seconds since the window began → how many
+    slowest_by_second: dict[int, int] = field(default_factory=dict)
     gc_full_pauses: int = 0
     gc_full_total_ms: float = 0.0
     gc_full_longest_ms: float = 0.0  # the upper bound of the highest histogram bucket reached
@@ -472,7 +475,8 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             f"  latency at {result.latency_rate:,.0f}/s over {result.latency_count} articles: "
             f"verdict latency_ms p50 {result.latency_p50_ms:.1f} p99 {result.latency_p99_ms:.1f}; "
             f"end-to-end p50 {result.e2e_p50_ms:.1f} p99 {result.e2e_p99_ms:.1f} ms\n"
-            f"  CPU (cores) meanwhile: {describe_cpu(latency_used, latency_busy)}",
+            f"  CPU (cores) meanwhile: {describe_cpu(latency_used, latency_busy)}\n"
+            f"  the slowest 1% by second of the window: {result.slowest_by_second}",
             flush=True,
         )
         gc_pauses(env["NEARDUP_METRICS_PORT"], result)
@@ -556,6 +560,10 @@ async def latency_phase(
     result.latency_count = len(measured)
     result.latency_p50_ms, result.latency_p99_ms = percentile(latency, 0.5), percentile(latency, 0.99)
     result.e2e_p50_ms, result.e2e_p99_ms = percentile(e2e, 0.5), percentile(e2e, 0.99)
+    window_start = min(sent_at[a] for a in measured)
+    slowest = sorted(measured, key=lambda a: got[a][2]["latency_ms"])[-max(1, len(measured) // 100) :]
+    seconds = Counter((sent_at[a] - window_start) // 1000 for a in slowest)
+    result.slowest_by_second = dict(sorted(seconds.items()))
 
 
 # ---------------------------------------------------------------------------------------------
