@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -353,6 +354,7 @@ class Result:
     # how the slowest 1% of the measured verdicts spread over the window: in a few seconds (stalls of
     # the worker) or throughout (a busy machine); seconds since the window began → how many
     slowest_by_second: dict[int, int] = field(default_factory=dict)
+    send_p99_ms: float = 0.0  # this process stamping an article → the broker acknowledging it
     gc_full_pauses: int = 0
     gc_full_total_ms: float = 0.0
     gc_full_longest_ms: float = 0.0  # the upper bound of the highest histogram bucket reached
@@ -476,7 +478,8 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             f"verdict latency_ms p50 {result.latency_p50_ms:.1f} p99 {result.latency_p99_ms:.1f}; "
             f"end-to-end p50 {result.e2e_p50_ms:.1f} p99 {result.e2e_p99_ms:.1f} ms\n"
             f"  CPU (cores) meanwhile: {describe_cpu(latency_used, latency_busy)}\n"
-            f"  the slowest 1% by second of the window: {result.slowest_by_second}",
+            f"  the slowest 1% by second of the window: {result.slowest_by_second}; "
+            f"stamp to broker ack p99 {result.send_p99_ms:.1f} ms",
             flush=True,
         )
         gc_pauses(env["NEARDUP_METRICS_PORT"], result)
@@ -529,6 +532,7 @@ async def latency_phase(
     total = int(args.rate * (args.warmup + args.window))
     skip = int(args.rate * args.warmup)
     sent_at: dict[str, int] = {}
+    acked_at: dict[str, float] = {}
     measured: set[str] = set()
 
     async def send_all() -> float:
@@ -544,10 +548,17 @@ async def latency_phase(
             sent_at[article_id] = stamp
             if i >= skip:
                 measured.add(article_id)
-            await producer.send(settings.input_topic, value, key=key, timestamp_ms=stamp)
+            sent = await producer.send(settings.input_topic, value, key=key, timestamp_ms=stamp)
+            sent.add_done_callback(
+                lambda _, article_id=article_id: acked_at.__setitem__(article_id, time.time())
+            )
         await producer.flush()
         return (total - 1) / (time.time() - started)
 
+    # This process holds every verdict of the run: its own full collections would delay the
+    # articles it sends and count as the worker's latency.
+    gc.collect()
+    gc.freeze()
     try:
         ids = {f"{articles.prefix}-{articles.count + i:07d}" for i in range(total)}
         sender = asyncio.create_task(send_all())
@@ -564,6 +575,8 @@ async def latency_phase(
     slowest = sorted(measured, key=lambda a: got[a][2]["latency_ms"])[-max(1, len(measured) // 100) :]
     seconds = Counter((sent_at[a] - window_start) // 1000 for a in slowest)
     result.slowest_by_second = dict(sorted(seconds.items()))
+    # the time from stamping an article to the broker's acknowledgement: a stall on this side
+    result.send_p99_ms = percentile([acked_at[a] * 1000.0 - sent_at[a] for a in measured], 0.99)
 
 
 # ---------------------------------------------------------------------------------------------
