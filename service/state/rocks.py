@@ -23,7 +23,16 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 import orjson
-from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    DBCompressionType,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 
 from ..core.dedup import IndexedArticle, IndexUpdate
 from ..core.lsh import band_keys
@@ -133,9 +142,8 @@ class RocksState:
     def _open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = Rdict(
-                str(self.path), self._options.build(), column_families={_RECORDS: self._options.build()}
-            )
+            options = self._options.build()  # one block cache for both column families
+            self._db = Rdict(str(self.path), options, column_families={_RECORDS: options})
             self._records = self._db.get_column_family(_RECORDS)
             self._records_handle = self._db.get_column_family_handle(_RECORDS)
             if not self._options.write_ahead_log:
@@ -358,7 +366,10 @@ class RocksState:
 
     def _record_items(self) -> Iterator[tuple[bytes, bytes]]:
         """(arrival number as stored, record) of every current article version, in arrival order."""
-        for key, value in self._records.items():
+        scan = ReadOptions()
+        # a scan reads every record once: keep the cache for the lookups (the stubs omit the argument)
+        scan.fill_cache(False)  # type: ignore[call-arg]
+        for key, value in self._records.items(read_opt=scan):
             yield cast(bytes, key), cast(bytes, value)
 
     def articles(self) -> Iterator[IndexedArticle]:
