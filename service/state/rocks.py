@@ -72,18 +72,13 @@ class RocksOptions:
     # again, and a miss costs a read and a decode (~25 µs) per candidate.
     record_cache: int = 20_000
 
-    def build(self, *, compress: bool = True, cache: Cache | None = None) -> Options:
-        """`compress`: False for data that does not compress; `cache`: a block cache to share."""
+    def build(self) -> Options:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
-        # Flushes and compactions sync their files every MB as they write them, rather than
-        # leaving the kernel a burst of tens of MB to write back at once: the p99 episodes at
-        # 500/s fell on such bursts (vmstat), after a flush of the derived index or the table.
-        options.set_bytes_per_sync(1024 * 1024)
         table = BlockBasedOptions()
         table.set_bloom_filter(self.bloom_bits_per_key, False)
-        table.set_block_cache(cache or Cache(self.block_cache_mb * 1024 * 1024))
+        table.set_block_cache(Cache(self.block_cache_mb * 1024 * 1024))
         # Index and filter blocks stay with their table files (RocksDB's default, ~1.3 bytes per key),
         # not in the block cache: there, every lookup in a compacted file fetched its whole filter
         # block from the cache again, and a multi-get of 25 band keys took ~100 µs instead of 5-22.
@@ -93,7 +88,7 @@ class RocksOptions:
             options.set_memtable_prefix_bloom_ratio(self.memtable_bloom_ratio)
             options.set_memtable_whole_key_filtering(True)
         options.set_compression_type(
-            DBCompressionType.lz4() if compress and self.compression == "lz4" else DBCompressionType.none()
+            DBCompressionType.lz4() if self.compression == "lz4" else DBCompressionType.none()
         )
         return options
 
@@ -147,13 +142,8 @@ class RocksState:
     def _open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         try:
-            cache = Cache(self._options.block_cache_mb * 1024 * 1024)  # for both column families
-            # A record is mostly hash values: lz4 left 20,000 of them at 67.8 MB against 67.9 MB
-            # and cost a quarter of the CPU of writing, flushing and compacting them.
-            records = self._options.build(compress=False, cache=cache)
-            self._db = Rdict(
-                str(self.path), self._options.build(cache=cache), column_families={_RECORDS: records}
-            )
+            options = self._options.build()  # one block cache for both column families
+            self._db = Rdict(str(self.path), options, column_families={_RECORDS: options})
             self._records = self._db.get_column_family(_RECORDS)
             self._records_handle = self._db.get_column_family_handle(_RECORDS)
             if not self._options.write_ahead_log:

@@ -31,7 +31,6 @@ SHARD_KEY = b"0"
 # Bytes of signatures messages per decision request: a backlog batch (up to 100 messages of up to
 # 200 articles) is decided in chunks of ~80 articles, so that deciding and publishing overlap.
 DECIDE_CHUNK_BYTES = 256 * 1024
-RECORD_TABLE_WRITE_BUFFER = 16 * 1024 * 1024
 
 
 def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
@@ -141,9 +140,6 @@ def create_app(
         value_type=bytes,
         partitions=1,
         changelog_topic=_raw_topic(app, changelog_name, 1, compacting=True, internal=False),
-        # Faust's default 64 MB memtable made each flush of the table a stall of the worker at
-        # 500/s (a 69 MB write, then its writeback): smaller ones spread the same work.
-        options={"write_buffer_size": RECORD_TABLE_WRITE_BUFFER},
     )
     runtime = Runtime(
         settings,
