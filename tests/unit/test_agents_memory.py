@@ -17,7 +17,7 @@ from faust.types import TP
 
 from service.config import Settings
 from service.core.signing import fingerprint
-from service.stream.app import SHARD_KEY, Runtime, create_app
+from service.stream.app import SHARD_KEY, Runtime, _app_class, create_app
 from service.stream.decider import DeciderFailed
 from service.stream.metrics import Metrics
 from service.stream.stages import (
@@ -302,3 +302,17 @@ async def test_index_agent_stops_the_worker_when_the_decider_cannot_go_on(
     await index_agent.put(_signed(runtime.settings, "a", PROSE[0]), key=SHARD_KEY)
     await _settled(lambda: stops == [True])
     assert recorders["verdicts"].sent == []  # nothing published for the failed batch
+
+
+async def test_the_worker_consumer_fetches_with_the_configured_wait_and_minimum() -> None:
+    """Faust builds its consumer with a 1500 ms fetch wait and a 1-byte minimum; the app's consumer
+    thread must hand aiokafka the configured ones instead."""
+    app = _app_class(7, 4096)(
+        "fetch-settings", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
+    )
+    app.finalize()
+    consumer = app.consumer._thread._create_worker_consumer(app.transport)
+    try:
+        assert (consumer._fetch_max_wait_ms, consumer._fetch_min_bytes) == (7, 4096)
+    finally:
+        await consumer.stop()
