@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core.dedup import candidate_ids, decide, score
+from .core.dedup import decide, score
 from .core.lsh import band_keys
 from .core.normalize import normalize
 from .core.params import DedupParams
@@ -85,10 +85,8 @@ def evaluate(
         fp = fingerprint(article.text, params)
         keys = band_keys(fp.signature, params.lsh.bands, params.lsh.rows)
         found = {}
-        for other_id in candidate_ids(article.article_id, keys, state, params.max_candidates):
-            other = state.get(other_id)
-            if other is not None:
-                found[index_of[other_id]] = score(fp, other.fingerprint, other_id).jaccard
+        for other in state.candidates(keys, article.article_id, params.max_candidates):
+            found[index_of[other.article_id]] = score(fp, other.fingerprint, other.article_id).jaccard
         estimates.append(found)
         outcome = decide(article.article_id, fp, state, params)
         if outcome.update is not None:

@@ -7,7 +7,7 @@ storage and identical in the embedded mode and the stream.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -134,11 +134,6 @@ def _exact_match(article_id: str, fp: Fingerprint, state: StateReader) -> Decisi
         return None
     match = Candidate(first_id, 1.0, 1.0, 1.0)
     return Decision("duplicate", first_id, 1.0, 1.0, 1.0, first.decision.canonical_id, True, (match,))
-
-
-def candidate_ids(article_id: str, keys: Iterable[bytes], state: StateReader, limit: int) -> list[str]:
-    """Distinct articles sharing at least one band, in band order, capped at `limit`."""
-    return [other.article_id for other in state.candidates(list(keys), article_id, limit)]
 
 
 def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from service.core.dedup import Candidate, candidate_ids, decide, score, score_many
+from service.core.dedup import Candidate, decide, score, score_many
 from service.core.lsh import band_keys
 from service.core.params import DedupParams
 from service.core.signing import EmptyText, Fingerprint, fingerprint
@@ -230,8 +230,7 @@ def _reference_rule(
     """The decision rule written plainly, candidate by candidate: what _verified_match computes in
     array passes."""
     keys = band_keys(fp.signature, params.lsh.bands, params.lsh.rows)
-    found = [state.get(i) for i in candidate_ids(article_id, keys, state, params.max_candidates)]
-    others = [other for other in found if other is not None]
+    others = state.candidates(keys, article_id, params.max_candidates)
     scored = sorted(
         zip(score_many(fp, [(o.article_id, o.fingerprint) for o in others]), others, strict=True),
         key=lambda pair: (-pair[0].jaccard, pair[1].seq),
