@@ -184,10 +184,11 @@ class RocksState:
         for run in runs_of(records, chunk):
             batch = WriteBatch(raw_mode=True)
             for article_id, record in run:
-                seq = _SEQ_KEY.pack(decode_article(record, article_id).seq)
+                arrival = decode_article(record, article_id).seq
+                seq = _SEQ_KEY.pack(arrival)
                 batch.put(_ARTICLE + article_id.encode(), seq)
                 batch.put(seq, record, self._records_handle)
-                self._seq = max(self._seq, _SEQ_KEY.unpack(seq)[0] + 1)
+                self._seq = max(self._seq, arrival + 1)
             self._db.write(batch)
             count += len(run)
         for stored in runs_of(self._record_items(), chunk):
