@@ -26,8 +26,9 @@ Usage (broker from deploy/kafka/kafka.sh):
       [--worker-env NAME=VALUE ...]
       [--profile DIR] [--json out.json]
 
---profile DIR records the worker with py-spy (`pip install py-spy`), from the first verdict for
---profile-seconds, as collapsed stacks (worker-N.txt). Targets: >=3,000 articles/s, p99 <= 50 ms.
+--profile DIR records the worker and its helper processes with py-spy (`pip install py-spy`), from
+the first verdict for --profile-seconds, as collapsed stacks (worker-N.txt).
+Targets: >=3,000 articles/s, p99 <= 50 ms.
 """
 
 from __future__ import annotations
@@ -236,7 +237,7 @@ def cpu_between(
 ) -> tuple[dict[str, float], float]:
     """(cores used by each of the worker's processes, share of the machine busy) between two marks."""
     elapsed = end[0] - start[0]
-    used = {role: (end[1][role] - start[1][role]) / elapsed for role in end[1]}
+    used = {role: (end[1][role] - start[1][role]) / elapsed for role in end[1] if role in start[1]}
     (busy_end, total_end), (busy_start, total_start) = end[2], start[2]
     return used, (busy_end - busy_start) / max(total_end - total_start, 1e-9)
 
@@ -253,18 +254,25 @@ def describe_cpu(used: dict[str, float], busy: float) -> str:
 
 
 def worker_cpu_seconds(pid: int) -> dict[str, float]:
-    """CPU seconds of the worker's event-loop process and of its child processes, by role."""
+    """CPU seconds of the worker's event-loop process and of its child processes, by role, and of
+    a local Kafka broker (a `kafka.Kafka` JVM on this machine, when there is exactly one)."""
     seconds = {"loop": cpu_seconds(pid), **dict.fromkeys(CHILD_ROLES.values(), 0.0)}
+    brokers: list[float] = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != pid:
-                continue
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
             command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if " kafka.Kafka " in command:
+                brokers.append(cpu_seconds(int(stat.parent.name)))
+            if parent != pid:
+                continue
             role = next((r for module, r in CHILD_ROLES.items() if module in command), None)
             if role is not None:
                 seconds[role] += cpu_seconds(int(stat.parent.name))
         except (OSError, ValueError, IndexError):
             continue  # exited meanwhile
+    if len(brokers) == 1:
+        seconds["broker"] = brokers[0]
     return seconds
 
 
@@ -308,6 +316,7 @@ class Worker:
                 "-o",
                 str(out),
                 "--threads",
+                "--subprocesses",
                 "--nonblocking",
             ],
             stdout=subprocess.DEVNULL,
