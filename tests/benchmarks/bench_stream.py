@@ -364,6 +364,7 @@ class Result:
     # the worker) or throughout (a busy machine); seconds since the window began → how many
     slowest_by_second: dict[int, int] = field(default_factory=dict)
     send_p99_ms: float = 0.0  # this process stamping an article → the broker acknowledging it
+    window_started_at: float = 0.0  # epoch seconds: to line the slowest seconds up with logs
     gc_full_pauses: int = 0
     gc_full_total_ms: float = 0.0
     gc_full_longest_ms: float = 0.0  # the upper bound of the highest histogram bucket reached
@@ -487,7 +488,9 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             f"verdict latency_ms p50 {result.latency_p50_ms:.1f} p99 {result.latency_p99_ms:.1f}; "
             f"end-to-end p50 {result.e2e_p50_ms:.1f} p99 {result.e2e_p99_ms:.1f} ms\n"
             f"  CPU (cores) meanwhile: {describe_cpu(latency_used, latency_busy)}\n"
-            f"  the slowest 1% by second of the window: {result.slowest_by_second}; "
+            f"  the slowest 1% by second of the window (from "
+            f"{time.strftime('%H:%M:%S', time.gmtime(result.window_started_at))} UTC): "
+            f"{result.slowest_by_second}; "
             f"stamp to broker ack p99 {result.send_p99_ms:.1f} ms",
             flush=True,
         )
@@ -584,6 +587,7 @@ async def latency_phase(
     slowest = sorted(measured, key=lambda a: got[a][2]["latency_ms"])[-max(1, len(measured) // 100) :]
     seconds = Counter((sent_at[a] - window_start) // 1000 for a in slowest)
     result.slowest_by_second = dict(sorted(seconds.items()))
+    result.window_started_at = window_start / 1000.0
     # the time from stamping an article to the broker's acknowledgement: a stall on this side
     result.send_p99_ms = percentile([acked_at[a] * 1000.0 - sent_at[a] for a in measured], 0.99)
 

@@ -1,0 +1,43 @@
+"""How the index agent writes the record table's local store: a chunk of records at a time.
+
+The record table is a Faust table (RocksDB through rocksdict, one partition) backed by its Kafka
+changelog. Written as `table[key] = value`, every record costs Faust's per-key store path and one
+RocksDB write, each appending to the write-ahead log with a system call of its own. The index agent
+writes a whole chunk (~80 records) in one write batch instead: one log append, the same contents.
+The changelog is sent separately (app.py), as before.
+
+Only faust-streaming's rocksdict store (the version is pinned in pyproject.toml) is written directly;
+any other store (the memory store of the unit tests) is written key by key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+from typing import Any
+
+from rocksdict import Rdict, WriteBatch
+
+PARTITION = 0  # the record table has one partition, the index shard's
+
+
+def rocks_db(store: Any) -> Rdict | None:
+    """The rocksdict database under a Faust RocksDB store (opened if need be), None for others."""
+    opener = getattr(store, "_db_for_partition", None)
+    if opener is None or not getattr(store, "use_rocksdict", False):
+        return None
+    db = opener(PARTITION)
+    return db if isinstance(db, Rdict) else None
+
+
+def write(store: MutableMapping[bytes, bytes], writes: Sequence[tuple[bytes, bytes]]) -> None:
+    """A chunk's writes into the store, in one RocksDB write batch (key by key for other stores).
+    The caller sends the same writes to the changelog."""
+    db = rocks_db(store)
+    if db is None:
+        for key, value in writes:
+            store[key] = value
+        return
+    batch = WriteBatch(raw_mode=True)
+    for key, value in writes:
+        batch.put(key, value)
+    db.write(batch)
