@@ -9,8 +9,6 @@ and exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import os
 import pickle
 import signal
@@ -21,10 +19,6 @@ from typing import BinaryIO
 
 _LEN = struct.Struct(">I")
 _STREAM_LIMIT = 64 * 1024 * 1024  # a batch of answers; asyncio's default of 64 KB is far too small
-# Pipe capacity (Linux; unprivileged processes may ask up to /proc/sys/fs/pipe-max-size, 1 MB by
-# default). A decision request is ~256 KB: through the default 64 KB pipe, the loop wrote it in four
-# rounds, each waking the child and waiting for it to read.
-PIPE_BYTES = 1024 * 1024
 
 
 class ChildFailed(RuntimeError):
@@ -89,19 +83,6 @@ class Child:
             self.process.kill()
 
 
-def widen_pipe(fileno: int) -> int | None:
-    """Ask for PIPE_BYTES of capacity on the pipe `fileno`; the capacity it has, None where the
-    platform cannot tell (the default then stays)."""
-    if not hasattr(fcntl, "F_SETPIPE_SZ"):
-        return None
-    with contextlib.suppress(OSError):  # a lower limit set by the administrator: keep the default
-        fcntl.fcntl(fileno, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-    try:
-        return fcntl.fcntl(fileno, fcntl.F_GETPIPE_SZ)
-    except OSError:  # not a pipe
-        return None
-
-
 def frame(message: object) -> bytes:
     """What travels on the pipes, both ways: a length-prefixed pickle."""
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -130,6 +111,4 @@ def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    for pipe in (sys.stdin.buffer, answers):  # the worker's pipes to and from this child
-        widen_pipe(pipe.fileno())
     serve(sys.stdin.buffer, answers)

@@ -4,7 +4,6 @@ and a killed helper does not stop signing."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -13,7 +12,6 @@ import orjson
 import pytest
 
 from service.core.params import DedupParams
-from service.stream.pipes import PIPE_BYTES
 from service.stream.signer import Signer, SignItem
 from service.stream.stages import Provenance, SignResult, SignStage
 from tests.conftest import PROSE
@@ -87,19 +85,3 @@ async def test_without_helpers_signing_stays_in_process() -> None:
     assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
     await signer.warm_up()
     assert signer.helper_pids == []
-
-
-@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="pipe capacity is a Linux setting")
-async def test_helper_pipes_hold_a_whole_request(pooled: Signer) -> None:
-    """The child widens both pipes itself; from the worker's end they have PIPE_BYTES (not the
-    64 KB default that made a 256 KB request take four rounds)."""
-    await pooled.warm_up()
-    assert await pooled.sign(items(20))  # answered: the child has run child_main's set-up
-    for helper in pooled._helpers:
-        process = helper.child.process
-        assert process.stdin is not None and process.stdout is not None
-        ours = [
-            process.stdin.transport.get_extra_info("pipe").fileno(),
-            process.stdout._transport.get_extra_info("pipe").fileno(),  # type: ignore[attr-defined]
-        ]
-        assert [fcntl.fcntl(fileno, fcntl.F_GETPIPE_SZ) for fileno in ours] == [PIPE_BYTES, PIPE_BYTES]
