@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import weakref
@@ -212,29 +213,24 @@ def create_app(
             messages = [(event.message.offset, event.value) for event in batch]
             chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
             # Pipelined: the decider works on the next chunk while the loop publishes this one.
-            pending = asyncio.ensure_future(decider.decide(chunks[0]))
             try:
-                for position in range(len(chunks)):
-                    try:
-                        outcome, writes = await pending
-                    except DeciderFailed:
-                        log.critical("index_unavailable: the decider failed twice; stopping the worker")
-                        runtime.stop_worker()
-                        raise
-                    # into the table's store before the next decision: a replaced decider
-                    # rebuilds from it; the changelog follows while the decider works
-                    record_store.write(records.data, writes)
-                    if position + 1 < len(chunks):
-                        pending = asyncio.ensure_future(decider.decide(chunks[position + 1]))
-                    await send_changelog(writes)
-                    await publish_outcome(outcome, events)
+                async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
+                    async for outcome, writes in answers:
+                        # into the table's store before the next answer: a replaced decider
+                        # rebuilds from it; the changelog follows while the decider works
+                        record_store.write(records.data, writes)
+                        await send_changelog(writes)
+                        await publish_outcome(outcome, events)
+            except DeciderFailed:
+                log.critical("index_unavailable: the decider failed twice; stopping the worker")
+                runtime.needs_open = True
+                runtime.stop_worker()
+                raise
             except BaseException:
                 # Half a batch applied: the index may be ahead of the table. Rebuild it from the
                 # table before the next batch (the re-delivered batch then replays what was applied).
                 runtime.needs_open = True
                 raise
-            finally:
-                pending.cancel()  # only when publishing failed; the child is then replaced
             _record_lag(app, metrics, batch)
 
     def persist_changelog_offset(sent: asyncio.Future[Any]) -> None:

@@ -56,20 +56,32 @@ class Child:
         return self.process.pid
 
     async def call(self, request: object) -> object:
+        async with self.lock:
+            self.submit(request)
+            return await self.receive()
+
+    def submit(self, request: object) -> None:
+        """Queue a request without waiting for its answer: the child reads it once it has answered
+        the ones before. Answers come back in request order (receive). The caller holds `lock`,
+        or is the child's only user, as the decider's index agent is."""
+        assert self.process.stdin is not None
+        if self.process.stdin.is_closing():
+            raise ChildFailed(f"child {self.process.pid}: its pipe is closed")
+        self.process.stdin.write(frame(request))
+
+    async def receive(self) -> object:
+        """The answer to the oldest request not answered yet."""
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
-        data = frame(request)
-        async with self.lock:
-            try:
-                stdin.write(data)
-                await stdin.drain()
-                (size,) = _LEN.unpack(await stdout.readexactly(_LEN.size))
-                return pickle.loads(await stdout.readexactly(size))
-            except (OSError, asyncio.IncompleteReadError, pickle.UnpicklingError) as exc:
-                raise ChildFailed(f"child {self.process.pid}: {type(exc).__name__}: {exc}") from exc
-            except asyncio.CancelledError:
-                self.stop()  # its answer would be read as the next call's: this child is done
-                raise
+        try:
+            await stdin.drain()
+            (size,) = _LEN.unpack(await stdout.readexactly(_LEN.size))
+            return pickle.loads(await stdout.readexactly(size))
+        except (OSError, asyncio.IncompleteReadError, pickle.UnpicklingError) as exc:
+            raise ChildFailed(f"child {self.process.pid}: {type(exc).__name__}: {exc}") from exc
+        except asyncio.CancelledError:
+            self.stop()  # its answer would be read as the next call's: this child is done
+            raise
 
     async def wait(self, timeout: float) -> int | None:
         """The exit code once the child has exited by itself, None if it is still running."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -294,10 +294,11 @@ async def test_index_agent_stops_the_worker_when_the_decider_cannot_go_on(
     _, runtime, recorders = wired
     stops: list[bool] = []
 
-    async def broken(messages: list[tuple[int, bytes]]) -> Any:
+    async def broken(chunks: list[list[tuple[int, bytes]]]) -> AsyncGenerator[Any, None]:
         raise DeciderFailed("failed twice")
+        yield  # an async generator, as Decider.decide_chunks
 
-    monkeypatch.setattr(runtime.decider, "decide", broken)
+    monkeypatch.setattr(runtime.decider, "decide_chunks", broken)
     runtime.stop_worker = lambda: stops.append(True)
     await index_agent.put(_signed(runtime.settings, "a", PROSE[0]), key=SHARD_KEY)
     await _settled(lambda: stops == [True])

@@ -4,6 +4,7 @@ A plain dict stands in for the record table (the Faust table in the worker)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -211,3 +212,70 @@ async def test_the_child_outlives_a_sigterm_to_its_group_and_closes_cleanly(make
     await first.close()
     second = make("index", records, in_process=False)
     assert await second.open() is None  # closed cleanly: kept
+
+
+async def decided_chunks(
+    decider: Decider, chunks: list[Messages], kill_after: int | None = None
+) -> list[Any]:
+    """What the index agent does with decide_chunks: apply each chunk's writes before asking for the
+    next answer. `kill_after`: SIGKILL the child once that many answers are in."""
+    got = []
+    async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
+        async for outcome, writes in answers:
+            apply(decider.records, writes)
+            got.append(comparable(outcome))
+            if len(got) == kill_after:
+                assert decider.child_pid is not None
+                os.kill(decider.child_pid, signal.SIGKILL)
+    return got
+
+
+async def test_chunks_queued_in_the_child_are_decided_in_order_as_in_process(make: Any) -> None:
+    here_records: dict[bytes, bytes] = {}
+    records: dict[bytes, bytes] = {}
+    here = make("here", here_records, in_process=True)
+    child = make("child", records, in_process=False)
+    await here.open()
+    await child.open()
+    chunks = [[message] for message in packed(HISTORY + FUTURE, 0, per_message=1)]
+    assert len(chunks) > 4
+    expected = await decided_chunks(here, chunks)
+    pid = child.child_pid
+    assert await decided_chunks(child, chunks) == expected
+    assert child.child_pid == pid and records == here_records
+    kinds = {row[3] for chunk in expected for row in chunk}
+    assert {"unique", "duplicate"} <= kinds  # later chunks were judged against earlier ones
+
+
+async def test_a_child_killed_with_chunks_queued_is_replaced_and_the_rest_decided_again(make: Any) -> None:
+    here = make("here", {}, in_process=True)
+    child = make("child", {}, in_process=False)
+    await here.open()
+    await child.open()
+    chunks = [[message] for message in packed(HISTORY + FUTURE, 0, per_message=1)]
+    expected = await decided_chunks(here, chunks)
+    before = child.child_pid
+    # killed with the next chunk queued: the replacement rebuilds from the writes applied so far
+    got = await decided_chunks(child, chunks, kill_after=2)
+    assert got == expected
+    assert child.child_pid not in (None, before)
+    assert child.records == here.records
+
+
+async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight(make: Any) -> None:
+    here = make("here", {}, in_process=True)
+    child = make("child", {}, in_process=False)
+    await here.open()
+    await child.open()
+    chunks = [[message] for message in packed(HISTORY, 0, per_message=1)]
+    pid = child.child_pid
+    async with contextlib.aclosing(child.decide_chunks(chunks)) as answers:
+        async for _, writes in answers:
+            apply(child.records, writes)
+            break  # the agent failed while publishing: the second chunk is still queued
+    assert child.child_pid is None  # its answer would have been read as the next request's
+    # the agent then reopens (the shard's index is rebuilt from the table) and decides again
+    assert await child.open() == 1
+    assert child.child_pid not in (None, pid)
+    await decided_chunks(here, chunks[:1])
+    assert await decided_chunks(child, chunks[1:]) == await decided_chunks(here, chunks[1:])
