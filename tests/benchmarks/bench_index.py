@@ -8,6 +8,7 @@ configuration, and prints the main-thread CPU time per article per block of arti
 
   baseline   record cache of 20,000 decoded records (the default before NEARDUP_RECORD_CACHE)
   current    record cache of 100,000 (the default)
+  memtable   as current, with a 32 MB memtable for the small keys (the default before 8 MB)
 
 and, after the current run, the time of a full garbage collection with everything the run left alive,
 without and with the worker's collector policy (gc.freeze of the survivors, service/stream/collector.py).
@@ -36,6 +37,13 @@ from service.core.params import DedupParams  # noqa: E402
 from service.state.rocks import RocksOptions, RocksState  # noqa: E402
 from service.stream.stages import IndexStage, Provenance, Signed, SignStage, decode_signed  # noqa: E402
 
+CONFIGURATIONS = {
+    "baseline": RocksOptions(write_ahead_log=False, record_cache=20_000),
+    "current": RocksOptions(write_ahead_log=False, record_cache=100_000),
+    # the memtable of the small keys as it was: 32 MB instead of 8
+    "memtable": RocksOptions(write_ahead_log=False, record_cache=100_000, write_buffer_mb=32),
+}
+
 
 def signed_articles(count: int, seed: int) -> list[Signed]:
     corpus = load_corpus(CORPUS if CORPUS.exists() else SAMPLE)
@@ -51,10 +59,9 @@ def signed_articles(count: int, seed: int) -> list[Signed]:
 
 
 def run(
-    items: list[Signed], record_cache: int, block: int, state_dir: Path
+    items: list[Signed], options: RocksOptions, block: int, state_dir: Path
 ) -> tuple[list[float], IndexStage]:
     """µs of main-thread CPU per article, per block (RocksDB's own threads are not counted)."""
-    options = RocksOptions(write_ahead_log=False, record_cache=record_cache)
     stage = IndexStage(DedupParams(), RocksState(state_dir, options), {})
     stage.open()
     per_block: list[float] = []
@@ -93,10 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     items = signed_articles(args.articles, args.seed)
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="neardup-bench-index-") as tmp:
-        for name, cache in (("baseline", 20_000), ("current", 100_000)):
-            per_block, stage = run(items, cache, args.block, Path(tmp) / name)
+        for name, options in CONFIGURATIONS.items():
+            per_block, stage = run(items, options, args.block, Path(tmp) / name)
             results[name] = per_block
-            print(f"  {name:9} record cache {cache:>7,}: µs/article per {args.block:,} articles:")
+            print(
+                f"  {name:9} record cache {options.record_cache:>7,}, memtable {options.write_buffer_mb} MB: "
+                f"µs/article per {args.block:,} articles:"
+            )
             print("    " + " ".join(f"{value:.0f}" for value in per_block), flush=True)
             if name == "current":
                 gc.unfreeze()
@@ -108,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             stage.close()
             del stage
 
-    base, cur = results["baseline"], results["current"]
+    base, cur, big = results["baseline"], results["current"], results["memtable"]
     tail = max(1, len(cur) // 5)  # the last fifth of the run: the largest index
     base_tail, cur_tail = statistics.median(base[-tail:]), statistics.median(cur[-tail:])
+    big_tail = statistics.median(big[-tail:])
     print(f"\nsummary: {args.articles:,} articles, index stage in process, main-thread CPU time")
     print(f"  first block            baseline {base[0]:.0f} µs/article, current {cur[0]:.0f} µs/article")
     print(
@@ -118,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         f"current {cur_tail:.0f} µs/article"
     )
     print(f"  current / baseline     {cur_tail / base_tail:.2f} at the largest index")
+    print(
+        f"  current / memtable     {cur_tail / big_tail:.2f} at the largest index "
+        f"({cur_tail:.0f} against {big_tail:.0f} µs/article with the 32 MB memtable)"
+    )
     print(f"  growth, last / first   baseline {base_tail / base[0]:.2f}x, current {cur_tail / cur[0]:.2f}x")
     print(
         f"  full gc.collect()      {plain:.1f} ms with the run's objects live; "
