@@ -53,11 +53,15 @@ class Signer:
         self.stage = stage
         self.processes = processes
         self._helpers: list[_Helper] = []
+        # The worker warms up at start while the first batch may already be signing: without the
+        # lock both started helpers, and a worker asked for one ran two.
+        self._starting = asyncio.Lock()
 
     async def warm_up(self) -> None:
         """Start the helpers now (each imports numpy and the core, ~1 s), not on the first article."""
-        while len(self._helpers) < self.processes:
-            self._helpers.append(await _Helper.start(self.stage))
+        async with self._starting:
+            while len(self._helpers) < self.processes:
+                self._helpers.append(await _Helper.start(self.stage))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         if self.processes == 0 or not items:

@@ -85,3 +85,14 @@ async def test_without_helpers_signing_stays_in_process() -> None:
     assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
     await signer.warm_up()
     assert signer.helper_pids == []
+
+
+async def test_concurrent_warm_ups_start_the_configured_number_of_helpers() -> None:
+    """The worker warms up at start while its first batch may already be signing."""
+    signer = Signer(STAGE, processes=1)
+    try:
+        results, _ = await asyncio.gather(signer.sign(items(40)), signer.warm_up())
+        assert len(results) == 40
+        assert len(signer.helper_pids) == 1
+    finally:
+        signer.close()
