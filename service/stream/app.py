@@ -30,8 +30,9 @@ from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
-# Bytes of signatures messages per decision request: a backlog batch (up to 100 messages of up to
-# 200 articles) is decided in chunks of ~80 articles, so that deciding and publishing overlap.
+# Bytes of signatures messages per decision request: a backlog batch (up to 100 messages) is decided
+# in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
+# articles, ~640 KB) is one message, and so a chunk of its own.
 DECIDE_CHUNK_BYTES = 256 * 1024
 
 
