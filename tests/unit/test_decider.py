@@ -4,6 +4,7 @@ A plain dict stands in for the record table (the Faust table in the worker)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -61,7 +62,10 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
 
     yield build
     for decider in made:
+        process = None if decider._child is None else decider._child.process
         decider.kill()
+        if process is not None:  # reaped before the test's event loop closes
+            await asyncio.wait_for(process.wait(), 10)
         if decider.stage is not None:
             decider.stage.index.close()
 
@@ -269,11 +273,14 @@ async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight
     await child.open()
     chunks = [[message] for message in packed(HISTORY, 0, per_message=1)]
     pid = child.child_pid
+    assert child._child is not None
+    process = child._child.process
     async with contextlib.aclosing(child.decide_chunks(chunks)) as answers:
         async for _, writes in answers:
             apply(child.records, writes)
             break  # the agent failed while publishing: the second chunk is still queued
     assert child.child_pid is None  # its answer would have been read as the next request's
+    assert await asyncio.wait_for(process.wait(), 10) == -signal.SIGKILL
     # the agent then reopens (the shard's index is rebuilt from the table) and decides again
     assert await child.open() == 1
     assert child.child_pid not in (None, pid)
