@@ -222,15 +222,13 @@ def create_app(
                         record_store.write(records.data, writes)
                         await send_changelog(writes)
                         await publish_outcome(outcome, events)
-            except DeciderFailed:
-                log.critical("index_unavailable: the decider failed twice; stopping the worker")
-                runtime.needs_open = True
-                runtime.stop_worker()
-                raise
-            except BaseException:
+            except BaseException as exc:
                 # Half a batch applied: the index may be ahead of the table. Rebuild it from the
                 # table before the next batch (the re-delivered batch then replays what was applied).
                 runtime.needs_open = True
+                if isinstance(exc, DeciderFailed):
+                    log.critical("index_unavailable: the decider failed twice; stopping the worker")
+                    runtime.stop_worker()
                 raise
             _record_lag(app, metrics, batch)
 

@@ -4,8 +4,7 @@ The record table is a Faust table (RocksDB through rocksdict, one partition) bac
 changelog. Written as `table[key] = value`, every record costs Faust's per-key store path and one
 RocksDB write, each appending to the write-ahead log with a system call of its own. The index agent
 writes a whole chunk (up to 200 records) in one write batch instead: one log append, the same
-contents.
-The changelog is sent separately (app.py), as before.
+contents. The changelog is sent separately (app.py), as before.
 
 Only faust-streaming's rocksdict store (the version is pinned in pyproject.toml) is written directly;
 any other store (the memory store of the unit tests) is written key by key.
