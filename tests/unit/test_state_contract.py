@@ -16,6 +16,7 @@ from service.core.lsh import band_keys
 from service.core.params import DedupParams, IncompatibleState
 from service.core.shingle import ShingleOptions
 from service.core.signing import fingerprint
+from service.state import rocks
 from service.state.port import StateStore
 from service.state.records import CorruptRecord, decode_article, encode_article
 from service.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
@@ -287,6 +288,27 @@ def test_candidates_in_order_of_first_appearance_without_the_excluded_and_capped
     assert [a.article_id for a in state.candidates(keys, "c0", 1000)] == [i for i in expected if i != "c0"]
     assert [a.article_id for a in state.candidates(keys, "c0", 2)] == [i for i in expected if i != "c0"][:2]
     assert state.candidates([b"\x00" * 10], "nobody", 1000) == []
+
+
+def test_rocks_candidates_merge_small_and_large_bucket_lists_alike(
+    tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster's buckets are merged by dict up to SMALL_MERGE entries, by numpy beyond: the same
+    candidates in the same order either way (here 12 copies: ~300 entries)."""
+    state = RocksState(tmp_path / "db")
+    state.open_header(PARAMS.header())
+    copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(12)]
+    keys = band_keys(copies[5].fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
+    entries = sum(len(state.band_members(key)) for key in keys)
+    by_default = [a.article_id for a in state.candidates(keys, "c5", 1000)]
+    monkeypatch.setattr(rocks, "SMALL_MERGE", entries)
+    by_dict = [a.article_id for a in state.candidates(keys, "c5", 1000)]
+    monkeypatch.setattr(rocks, "SMALL_MERGE", 0)
+    by_numpy = [a.article_id for a in state.candidates(keys, "c5", 1000)]
+    assert by_dict == by_numpy == by_default
+    assert by_dict == list(dict.fromkeys(i for key in keys for i in state.band_members(key) if i != "c5"))
+    assert entries > 256 and len(by_dict) == 11 and "c5" not in by_dict
+    assert [a.article_id for a in state.candidates(keys, "c5", 3)] == by_dict[:3]
 
 
 def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, prose: tuple[str, ...]) -> None:
