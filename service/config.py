@@ -46,8 +46,8 @@ class Settings:
     index_process: int = 1
     record_cache: int = 100_000
     gc_freeze_every: int = 5_000
-    fetch_wait_ms: int = 2
-    fetch_min_bytes: int = 65_536
+    fetch_wait_ms: int = 20
+    fetch_min_bytes: int = 32_768
     rocksdb_nice: int = 10
     log_level: str = "info"
     security_protocol: str = "PLAINTEXT"
