@@ -103,13 +103,22 @@ class StateReader(Protocol):
     def next_seq(self) -> int: ...
 
 
-def decide(article_id: str, fp: Fingerprint, state: StateReader, params: DedupParams) -> Outcome:
-    """Decide about one article; never names the article itself as its own duplicate."""
+def decide(
+    article_id: str,
+    fp: Fingerprint,
+    state: StateReader,
+    params: DedupParams,
+    keys: Sequence[bytes] | None = None,
+) -> Outcome:
+    """Decide about one article; never names the article itself as its own duplicate. `keys`: the
+    article's band keys when the caller has them (band_keys of its signature), else computed here."""
     existing = state.get(article_id)
     if existing is not None and existing.fingerprint.content_hash == fp.content_hash:
         return Outcome(existing, None)
 
-    keys = tuple(band_keys(fp.signature, params.lsh.bands, params.lsh.rows))
+    keys = (
+        tuple(keys) if keys is not None else tuple(band_keys(fp.signature, params.lsh.bands, params.lsh.rows))
+    )
     decision = _exact_match(article_id, fp, state) or _verified_match(article_id, fp, keys, state, params)
     article = IndexedArticle(
         article_id=article_id,

@@ -82,8 +82,11 @@ def optimal_params(
     return LshParams(bands, rows, threshold, fp, fn)
 
 
+BAND_KEY_BYTES = 10
+
+
 def band_keys(signature: HashArray, bands: int, rows: int) -> list[bytes]:
-    """One 10-byte key per band: 2-byte band index + 8 bytes of the band's murmur3 digest."""
+    """One BAND_KEY_BYTES key per band: 2-byte band index + 8 bytes of the band's murmur3 digest."""
     raw = np.ascontiguousarray(signature[: bands * rows]).tobytes()
     width = rows * 8
     return [

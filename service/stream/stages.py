@@ -16,13 +16,15 @@ from typing import Any, NamedTuple, TypeVar
 import orjson
 
 from ..core.dedup import IndexedArticle, decide
+from ..core.lsh import BAND_KEY_BYTES, band_keys
 from ..core.params import DedupParams, IncompatibleState
 from ..core.signing import EmptyText, Fingerprint, fingerprint
 from ..messages import InvalidMessage, dead_letter_dict, decode_article, verdict_dict
 from ..state.records import encode_article, pack_sketches, unpack_sketches
 from ..state.rocks import RocksState
 
-_SIGNED = b"S1"
+_SIGNED = b"S2"  # with the article's band keys
+_SIGNED_WITHOUT_KEYS = b"S1"  # as written before the sign stage computed the band keys
 _PACKED = b"SP"
 _LEN = struct.Struct(">I")
 PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
@@ -44,15 +46,21 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Signed:
-    """What travels on the signatures topic: one article's fingerprint, no text."""
+    """What travels on the signatures topic: one article's fingerprint, no text, and its LSH band
+    keys, computed in the sign stage, which scales with the input's partitions, rather than in the
+    index stage, which is one process per shard (empty: not computed)."""
 
     article_id: str
     fingerprint: Fingerprint
     provenance: Provenance
+    band_keys: tuple[bytes, ...] = ()
 
 
 def encode_signed(signed: Signed) -> bytes:
+    """S2, meta length, orjson meta, band keys length and the keys back to back, then the sketches."""
     fp, src = signed.fingerprint, signed.provenance
+    if any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
+        raise ValueError(f"band keys must be {BAND_KEY_BYTES} bytes each")
     meta = orjson.dumps(
         {
             "id": signed.article_id,
@@ -63,20 +71,35 @@ def encode_signed(signed: Signed) -> bytes:
             "src": [src.topic, src.partition, src.offset, src.timestamp_ms],
         }
     )
-    return _SIGNED + _LEN.pack(len(meta)) + meta + pack_sketches(fp)
+    keys = b"".join(signed.band_keys)
+    return _SIGNED + _LEN.pack(len(meta)) + meta + _LEN.pack(len(keys)) + keys + pack_sketches(fp)
 
 
 def decode_signed(data: bytes) -> Signed:
-    if data[:2] != _SIGNED:
+    """Inverse of encode_signed; also reads S1 records (no band keys)."""
+    magic = data[:2]
+    if magic not in (_SIGNED, _SIGNED_WITHOUT_KEYS):
         raise ValueError(f"not a signed record: {data[:8]!r}")
     (meta_len,) = _LEN.unpack_from(data, 2)
     meta = orjson.loads(data[6 : 6 + meta_len])
-    signature, verifier = unpack_sketches(data[6 + meta_len :], meta["m"])
+    position = 6 + meta_len
+    keys: tuple[bytes, ...] = ()
+    if magic == _SIGNED:
+        (keys_len,) = _LEN.unpack_from(data, position)
+        position += _LEN.size
+        if keys_len % BAND_KEY_BYTES or position + keys_len > len(data):
+            raise ValueError(f"signed record with {keys_len} bytes of band keys")
+        keys = tuple(
+            data[at : at + BAND_KEY_BYTES] for at in range(position, position + keys_len, BAND_KEY_BYTES)
+        )
+        position += keys_len
+    signature, verifier = unpack_sketches(data[position:], meta["m"])
     topic, partition, offset, timestamp = meta["src"]
     return Signed(
         meta["id"],
         Fingerprint(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
         Provenance(topic, partition, offset, timestamp),
+        keys,
     )
 
 
@@ -111,7 +134,7 @@ def runs_within(items: Sequence[T], size: Callable[[T], int], max_bytes: int) ->
 
 def unpack_signed(data: bytes) -> list[bytes]:
     """The signed records of one signatures message, packed or (as written before packing) single."""
-    if data[:2] == _SIGNED:
+    if data[:2] in (_SIGNED, _SIGNED_WITHOUT_KEYS):
         return [data]
     if data[:2] != _PACKED:
         raise ValueError(f"not a signatures message: {data[:8]!r}")
@@ -155,7 +178,8 @@ class SignStage:
         try:
             article = decode_article(raw, self.max_text_bytes)
             fp = fingerprint(article.text, self.params)
-            return SignResult(signed=encode_signed(Signed(article.article_id, fp, src)))
+            keys = tuple(band_keys(fp.signature, self.params.lsh.bands, self.params.lsh.rows))
+            return SignResult(signed=encode_signed(Signed(article.article_id, fp, src, keys)))
         except InvalidMessage as exc:
             return self._dead(exc.reason, exc.detail, raw, key, src)
         except EmptyText as exc:
@@ -282,7 +306,9 @@ class IndexStage:
             if existing is not None and existing.fingerprint.content_hash == fp.content_hash:
                 return IndexResult(self._verdict(existing, signed, now), existing, "replayed")
             return IndexResult(None, existing, "stale")
-        outcome = decide(article_id, fp, self.index, self.params)
+        # the sign stage's band keys, unless it computed none (an S1 record) or for other params
+        keys = signed.band_keys if len(signed.band_keys) == self.params.lsh.bands else None
+        outcome = decide(article_id, fp, self.index, self.params, keys)
         if outcome.update is not None:
             record = encode_article(outcome.article)
             self.index.apply(outcome.update, record=record)

@@ -153,6 +153,19 @@ def test_decide_reads_without_writing(prose: tuple[str, ...]) -> None:
     assert len(outcome.update.keys) == params.lsh.bands
 
 
+def test_decide_with_the_band_keys_given_equals_decide_computing_them(prose: tuple[str, ...]) -> None:
+    params = DedupParams()
+    state = MemoryState()
+    state.open_header(params.header())
+    for n, text in enumerate([prose[0], prose[0] + " Reporting by the desk.", prose[2]]):
+        fp = fingerprint(text, params)
+        keys = band_keys(fp.signature, params.lsh.bands, params.lsh.rows)
+        given, computed = decide(f"a{n}", fp, state, params, keys), decide(f"a{n}", fp, state, params)
+        assert given.article == computed.article and given.update == computed.update
+        assert computed.update is not None and computed.update.keys == tuple(keys)
+        state.apply(computed.update)
+
+
 @pytest.mark.parametrize("text", ["", "   ", "\n\t \r\n", "\u3000\u00a0"])
 def test_empty_and_whitespace_text_is_refused(engine: Engine, text: str) -> None:
     with pytest.raises(EmptyText):

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
+from service.core.lsh import BAND_KEY_BYTES, band_keys
 from service.core.params import DedupParams
 from service.core.signing import fingerprint
 from service.state.rocks import RocksState
@@ -123,6 +126,51 @@ def test_valid_article_is_signed_and_round_trips(text: str) -> None:
     assert signed.fingerprint == fingerprint(text, PARAMS)
     assert signed.fingerprint.signature.dtype == np.uint64
     assert encode_signed(signed) == result.signed
+
+
+def test_signed_record_carries_the_band_keys_of_its_signature() -> None:
+    result = SignStage(PARAMS, 1_000_000).handle(article("x", PROSE[1]), None, SRC)
+    keys = decode_signed(result.signed or b"").band_keys
+    fp = fingerprint(PROSE[1], PARAMS)
+    assert keys == tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+    assert len(keys) == PARAMS.lsh.bands == 25
+
+
+def s1_record(item: Signed) -> bytes:
+    """`item` as the sign stage wrote it before it computed band keys (S1: no keys section)."""
+    with_keys = encode_signed(item)
+    (meta_len,) = struct.unpack_from(">I", with_keys, 2)
+    keys_end = 6 + meta_len + 4 + BAND_KEY_BYTES * len(item.band_keys)
+    return b"S1" + with_keys[2 : 6 + meta_len] + with_keys[keys_end:]
+
+
+def test_s1_records_without_band_keys_are_still_read() -> None:
+    item = signed("a", PROSE[0])
+    old = decode_signed(s1_record(item))
+    assert old.band_keys == ()
+    assert (old.article_id, old.fingerprint, old.provenance) == (
+        item.article_id,
+        item.fingerprint,
+        item.provenance,
+    )
+    assert unpack_signed(pack_signed([s1_record(item)])) == [s1_record(item)]
+
+
+@pytest.mark.parametrize("keys", [(b"short",), (b"x" * 11,)])
+def test_band_keys_of_another_width_are_refused(keys: tuple[bytes, ...]) -> None:
+    item = dataclasses.replace(signed("a", PROSE[0]), band_keys=keys)
+    with pytest.raises(ValueError, match="band keys"):
+        encode_signed(item)
+
+
+def test_decode_signed_rejects_a_truncated_keys_section() -> None:
+    data = encode_signed(signed("a", PROSE[0]))
+    (meta_len,) = struct.unpack_from(">I", data, 2)
+    at = 6 + meta_len
+    with pytest.raises(ValueError, match="band keys"):
+        decode_signed(data[:at] + struct.pack(">I", 17) + data[at + 4 :])
+    with pytest.raises(ValueError, match="band keys"):
+        decode_signed(data[: at + 4 + 30])
 
 
 def test_signed_record_carries_no_text() -> None:
@@ -341,6 +389,45 @@ FUTURE = [
     ("f", PROSE[4]),
     ("k", PROSE[3]),
 ]
+
+
+def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -> None:
+    """The index stage uses the sign stage's band keys when a record has them and computes them
+    otherwise (S1 records, or keys for other params): the decisions and the state are the same."""
+    items = [*story_with_a_copy(), signed("d", PROSE[2] + " Updated at noon.")]
+    wrong_count = [dataclasses.replace(item, band_keys=item.band_keys[:-1]) for item in items]
+    runs = []
+    for name, batch in (
+        ("keys", items),
+        ("s1", [decode_signed(s1_record(item)) for item in items]),
+        ("other", wrong_count),
+    ):
+        shard = shards(name)
+        runs.append([shard.handle(item, offset) for offset, item in enumerate(batch)])
+        runs[-1].append(sorted(shard.records.items()))
+    assert runs[0] == runs[1] == runs[2]
+    assert [verdict["verdict"] for _, verdict in runs[0][:4]] == [
+        "unique",
+        "duplicate",
+        "unique",
+        "duplicate",
+    ]
+
+
+def test_the_sign_stages_band_keys_are_the_ones_looked_up(shards: Any) -> None:
+    """With every band key the same, an unrelated article shares buckets with everything before it:
+    the verifier still calls it unique, but it now has candidates, so the given keys were used."""
+    same = tuple(bytes([0, band]) + b"\0" * 8 for band in range(PARAMS.lsh.bands))
+    items = story_with_a_copy()
+    plain, bogus = shards("plain"), shards("bogus")
+    _, honest = [plain.handle(item, offset) for offset, item in enumerate(items)][-1]
+    _, shared = [bogus.handle(dataclasses.replace(item, band_keys=same), n) for n, item in enumerate(items)][
+        -1
+    ]
+    assert honest is not None and shared is not None
+    assert honest["verdict"] == shared["verdict"] == "unique"
+    assert honest["candidates"] == []
+    assert [c["article_id"] for c in shared["candidates"]] == ["a", "b"]
 
 
 def test_rebuild_reproduces_subsequent_verdicts(shards: Any) -> None:
