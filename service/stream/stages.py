@@ -7,6 +7,7 @@ index: signed record → verdict, applied to the derived index (RocksDB) and to 
 
 from __future__ import annotations
 
+import functools
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
@@ -75,6 +76,13 @@ def encode_signed(signed: Signed) -> bytes:
     return _SIGNED + _LEN.pack(len(meta)) + meta + _LEN.pack(len(keys)) + keys + pack_sketches(fp)
 
 
+@functools.lru_cache(maxsize=8)
+def _keys_layout(count: int) -> struct.Struct:
+    """`count` band keys back to back: one unpack call slices them all (25 slices in Python cost
+    ~3 µs per article, a third of what computing the keys does)."""
+    return struct.Struct(f"{BAND_KEY_BYTES}s" * count)
+
+
 def decode_signed(data: bytes) -> Signed:
     """Inverse of encode_signed; also reads S1 records (no band keys)."""
     magic = data[:2]
@@ -89,9 +97,7 @@ def decode_signed(data: bytes) -> Signed:
         position += _LEN.size
         if keys_len % BAND_KEY_BYTES or position + keys_len > len(data):
             raise ValueError(f"signed record with {keys_len} bytes of band keys")
-        keys = tuple(
-            data[at : at + BAND_KEY_BYTES] for at in range(position, position + keys_len, BAND_KEY_BYTES)
-        )
+        keys = _keys_layout(keys_len // BAND_KEY_BYTES).unpack_from(data, position)
         position += keys_len
     signature, verifier = unpack_sketches(data[position:], meta["m"])
     topic, partition, offset, timestamp = meta["src"]
