@@ -28,6 +28,7 @@ _SIGNED = b"S2"  # with the article's band keys
 _SIGNED_WITHOUT_KEYS = b"S1"  # as written before the sign stage computed the band keys
 _PACKED = b"SP"
 _LEN = struct.Struct(">I")
+_BANDING = struct.Struct(">HH")  # (bands, rows) of the band keys that follow (0, 0: none)
 PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
 ARTICLE_PREFIX = b"a"
 OFFSET_KEY = b"m:applied-offset"
@@ -55,13 +56,19 @@ class Signed:
     fingerprint: Fingerprint
     provenance: Provenance
     band_keys: tuple[bytes, ...] = ()
+    banding: tuple[int, int] = (0, 0)  # the (bands, rows) that gave band_keys
+
+    def band_keys_for(self, bands: int, rows: int) -> tuple[bytes, ...] | None:
+        """The band keys when they were computed for this banding, else None (compute them)."""
+        return self.band_keys if self.banding == (bands, rows) and self.band_keys else None
 
 
 def encode_signed(signed: Signed) -> bytes:
-    """S2, meta length, orjson meta, band keys length and the keys back to back, then the sketches."""
+    """S2, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
     fp, src = signed.fingerprint, signed.provenance
-    if any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
-        raise ValueError(f"band keys must be {BAND_KEY_BYTES} bytes each")
+    bands, rows = signed.banding if signed.band_keys else (0, 0)
+    if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
+        raise ValueError(f"band keys must be one per band of {signed.banding}, {BAND_KEY_BYTES} bytes each")
     meta = orjson.dumps(
         {
             "id": signed.article_id,
@@ -73,7 +80,7 @@ def encode_signed(signed: Signed) -> bytes:
         }
     )
     keys = b"".join(signed.band_keys)
-    return _SIGNED + _LEN.pack(len(meta)) + meta + _LEN.pack(len(keys)) + keys + pack_sketches(fp)
+    return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(fp)
 
 
 @functools.lru_cache(maxsize=8)
@@ -92,13 +99,14 @@ def decode_signed(data: bytes) -> Signed:
     meta = orjson.loads(data[6 : 6 + meta_len])
     position = 6 + meta_len
     keys: tuple[bytes, ...] = ()
+    bands, rows = 0, 0
     if magic == _SIGNED:
-        (keys_len,) = _LEN.unpack_from(data, position)
-        position += _LEN.size
-        if keys_len % BAND_KEY_BYTES or position + keys_len > len(data):
-            raise ValueError(f"signed record with {keys_len} bytes of band keys")
-        keys = _keys_layout(keys_len // BAND_KEY_BYTES).unpack_from(data, position)
-        position += keys_len
+        bands, rows = _BANDING.unpack_from(data, position)
+        position += _BANDING.size
+        if position + bands * BAND_KEY_BYTES > len(data):
+            raise ValueError(f"signed record announces {bands} band keys and is shorter")
+        keys = _keys_layout(bands).unpack_from(data, position) if bands else ()
+        position += bands * BAND_KEY_BYTES
     signature, verifier = unpack_sketches(data[position:], meta["m"])
     topic, partition, offset, timestamp = meta["src"]
     return Signed(
@@ -106,6 +114,7 @@ def decode_signed(data: bytes) -> Signed:
         Fingerprint(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
         Provenance(topic, partition, offset, timestamp),
         keys,
+        (bands, rows),
     )
 
 
@@ -184,8 +193,10 @@ class SignStage:
         try:
             article = decode_article(raw, self.max_text_bytes)
             fp = fingerprint(article.text, self.params)
-            keys = tuple(band_keys(fp.signature, self.params.lsh.bands, self.params.lsh.rows))
-            return SignResult(signed=encode_signed(Signed(article.article_id, fp, src, keys)))
+            bands, rows = self.params.lsh.bands, self.params.lsh.rows
+            keys = tuple(band_keys(fp.signature, bands, rows))
+            signed = Signed(article.article_id, fp, src, keys, (bands, rows))
+            return SignResult(signed=encode_signed(signed))
         except InvalidMessage as exc:
             return self._dead(exc.reason, exc.detail, raw, key, src)
         except EmptyText as exc:
@@ -312,8 +323,7 @@ class IndexStage:
             if existing is not None and existing.fingerprint.content_hash == fp.content_hash:
                 return IndexResult(self._verdict(existing, signed, now), existing, "replayed")
             return IndexResult(None, existing, "stale")
-        # the sign stage's band keys, unless it computed none (an S1 record) or for other params
-        keys = signed.band_keys if len(signed.band_keys) == self.params.lsh.bands else None
+        keys = signed.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)  # None: S1, other params
         outcome = decide(article_id, fp, self.index, self.params, keys)
         if outcome.update is not None:
             record = encode_article(outcome.article)

@@ -130,24 +130,26 @@ def test_valid_article_is_signed_and_round_trips(text: str) -> None:
 
 def test_signed_record_carries_the_band_keys_of_its_signature() -> None:
     result = SignStage(PARAMS, 1_000_000).handle(article("x", PROSE[1]), None, SRC)
-    keys = decode_signed(result.signed or b"").band_keys
+    item = decode_signed(result.signed or b"")
     fp = fingerprint(PROSE[1], PARAMS)
-    assert keys == tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
-    assert len(keys) == PARAMS.lsh.bands == 25
+    assert item.band_keys == tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+    assert item.banding == (PARAMS.lsh.bands, PARAMS.lsh.rows) == (25, 5)
+    assert item.band_keys_for(25, 5) == item.band_keys
+    assert item.band_keys_for(25, 4) is None and item.band_keys_for(20, 5) is None
 
 
 def s1_record(item: Signed) -> bytes:
     """`item` as the sign stage wrote it before it computed band keys (S1: no keys section)."""
     with_keys = encode_signed(item)
     (meta_len,) = struct.unpack_from(">I", with_keys, 2)
-    keys_end = 6 + meta_len + 4 + BAND_KEY_BYTES * len(item.band_keys)
+    keys_end = 6 + meta_len + 4 + BAND_KEY_BYTES * len(item.band_keys)  # (bands, rows) then the keys
     return b"S1" + with_keys[2 : 6 + meta_len] + with_keys[keys_end:]
 
 
 def test_s1_records_without_band_keys_are_still_read() -> None:
     item = signed("a", PROSE[0])
     old = decode_signed(s1_record(item))
-    assert old.band_keys == ()
+    assert old.band_keys == () and old.banding == (0, 0) and old.band_keys_for(25, 5) is None
     assert (old.article_id, old.fingerprint, old.provenance) == (
         item.article_id,
         item.fingerprint,
@@ -156,9 +158,14 @@ def test_s1_records_without_band_keys_are_still_read() -> None:
     assert unpack_signed(pack_signed([s1_record(item)])) == [s1_record(item)]
 
 
-@pytest.mark.parametrize("keys", [(b"short",), (b"x" * 11,)])
-def test_band_keys_of_another_width_are_refused(keys: tuple[bytes, ...]) -> None:
-    item = dataclasses.replace(signed("a", PROSE[0]), band_keys=keys)
+@pytest.mark.parametrize(
+    ("keys", "banding"),
+    [((b"short",), (1, 5)), ((b"x" * 11,), (1, 5)), ((b"x" * 10,) * 2, (1, 5)), ((b"x" * 10,), (0, 0))],
+)
+def test_band_keys_of_another_width_or_count_are_refused(
+    keys: tuple[bytes, ...], banding: tuple[int, int]
+) -> None:
+    item = dataclasses.replace(signed("a", PROSE[0]), band_keys=keys, banding=banding)
     with pytest.raises(ValueError, match="band keys"):
         encode_signed(item)
 
@@ -168,7 +175,7 @@ def test_decode_signed_rejects_a_truncated_keys_section() -> None:
     (meta_len,) = struct.unpack_from(">I", data, 2)
     at = 6 + meta_len
     with pytest.raises(ValueError, match="band keys"):
-        decode_signed(data[:at] + struct.pack(">I", 17) + data[at + 4 :])
+        decode_signed(data[:at] + struct.pack(">HH", 9999, 5) + data[at + 4 :])
     with pytest.raises(ValueError, match="band keys"):
         decode_signed(data[: at + 4 + 30])
 
@@ -393,14 +400,19 @@ FUTURE = [
 
 def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -> None:
     """The index stage uses the sign stage's band keys when a record has them and computes them
-    otherwise (S1 records, or keys for other params): the decisions and the state are the same."""
+    otherwise (S1 records, or keys of another banding): the decisions and the state are the same."""
     items = [*story_with_a_copy(), signed("d", PROSE[2] + " Updated at noon.")]
-    wrong_count = [dataclasses.replace(item, band_keys=item.band_keys[:-1]) for item in items]
+    other_rows = [  # as a signer configured with 4 rows per band would send them
+        dataclasses.replace(
+            item, band_keys=tuple(band_keys(item.fingerprint.signature, 25, 4)), banding=(25, 4)
+        )
+        for item in items
+    ]
     runs = []
     for name, batch in (
         ("keys", items),
         ("s1", [decode_signed(s1_record(item)) for item in items]),
-        ("other", wrong_count),
+        ("other", [decode_signed(encode_signed(item)) for item in other_rows]),
     ):
         shard = shards(name)
         runs.append([shard.handle(item, offset) for offset, item in enumerate(batch)])
