@@ -82,7 +82,8 @@ def optimal_params(
     return LshParams(bands, rows, threshold, fp, fn)
 
 
-BAND_KEY_BYTES = 10
+_BAND_INDEX_BYTES, _DIGEST_BYTES = 2, 8
+BAND_KEY_BYTES = _BAND_INDEX_BYTES + _DIGEST_BYTES
 
 
 def band_keys(signature: HashArray, bands: int, rows: int) -> list[bytes]:
@@ -90,6 +91,7 @@ def band_keys(signature: HashArray, bands: int, rows: int) -> list[bytes]:
     raw = np.ascontiguousarray(signature[: bands * rows]).tobytes()
     width = rows * 8
     return [
-        band.to_bytes(2, "big") + mmh3.hash_bytes(raw[band * width : (band + 1) * width])[:8]
+        band.to_bytes(_BAND_INDEX_BYTES, "big")
+        + mmh3.hash_bytes(raw[band * width : (band + 1) * width])[:_DIGEST_BYTES]
         for band in range(bands)
     ]

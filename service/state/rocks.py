@@ -302,7 +302,7 @@ class RocksState:
 
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[IndexedArticle]:
         """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
-        `limit`: one multi-get, the bucket contents merged in order of first appearance."""
+        `limit`: one multi-get; the bucket contents merged by dict, or by numpy for a large cluster."""
         found = cast(list[bytes | None], self._db.get([_BAND + key for key in keys]))
         self._looked_up = dict(zip(keys, found, strict=True))
         stored = b"".join(data for data in found if data)

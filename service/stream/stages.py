@@ -105,7 +105,7 @@ def decode_signed(data: bytes) -> Signed:
         position += _BANDING.size
         if position + bands * BAND_KEY_BYTES > len(data):
             raise ValueError(f"signed record announces {bands} band keys and is shorter")
-        keys = _keys_layout(bands).unpack_from(data, position) if bands else ()
+        keys = _keys_layout(bands).unpack_from(data, position)  # () for none
         position += bands * BAND_KEY_BYTES
     signature, verifier = unpack_sketches(data[position:], meta["m"])
     topic, partition, offset, timestamp = meta["src"]
