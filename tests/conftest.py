@@ -6,11 +6,15 @@ The prose is embedded so the tests need nothing outside the repository.
 from __future__ import annotations
 
 import contextlib
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
+import orjson
 import pytest
 
+from service.core.minhash import EMPTY_VERIFIER_SLOT
 from service.core.params import DedupParams
 from service.engine import Engine
 from service.state.memory import MemoryState
@@ -135,3 +139,21 @@ def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
     for state in opened:
         with contextlib.suppress(Exception):  # a RocksState closed by the test itself
             state.close()
+
+
+def wide_verifier_bytes(verifier: np.ndarray, seed: int = 0) -> bytes:
+    """`verifier` as formats before 16-bit verifiers stored it: 32-bit little-endian slots, empty ones
+    0xFFFFFFFF, real ones with (random) high bits above the 16 that are kept."""
+    high = np.random.default_rng(seed).integers(0, 0xFFFF, verifier.size, dtype=np.uint32)
+    wide = (high << np.uint32(16)) | verifier.astype(np.uint32)
+    wide[verifier == EMPTY_VERIFIER_SLOT] = np.iinfo(np.uint32).max
+    return wide.astype("<u4").tobytes()
+
+
+def wide_record(record: bytes) -> bytes:
+    """A record (format N2) as formats before 16-bit verifiers stored it: N1, 32-bit verifier slots."""
+    assert record[:2] == b"N2"
+    (meta_len,) = struct.unpack_from(">I", record, 2)
+    verifier_start = 6 + meta_len + 8 * orjson.loads(record[6 : 6 + meta_len])["slots"]
+    verifier = np.frombuffer(record, dtype="<u2", offset=verifier_start)
+    return b"N1" + record[2:verifier_start] + wide_verifier_bytes(verifier)

@@ -9,9 +9,11 @@ import numpy as np
 import orjson
 
 from ..core.dedup import Candidate, Decision, IndexedArticle
+from ..core.minhash import narrow_verifier
 from ..core.signing import Fingerprint
 
-_MAGIC = b"N1"
+_MAGIC = b"N2"  # 16-bit verifier slots
+_MAGIC_WIDE = b"N1"  # as written before: 32-bit verifier slots, narrowed when read
 _LEN = struct.Struct(">I")
 
 
@@ -46,18 +48,21 @@ def decision_from_dict(data: dict[str, Any]) -> Decision:
 
 
 def pack_sketches(fp: Fingerprint) -> bytes:
-    """Signature (little-endian uint64) then verifier (little-endian uint32), back to back."""
+    """Signature (little-endian uint64) then verifier (little-endian uint16), back to back."""
     return (
         np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
-        + np.ascontiguousarray(fp.verifier, dtype="<u4").tobytes()
+        + np.ascontiguousarray(fp.verifier, dtype="<u2").tobytes()
     )
 
 
-def unpack_sketches(data: bytes, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of pack_sketches, given the number of signature slots."""
+def unpack_sketches(data: bytes, slots: int, *, wide: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of pack_sketches, given the number of signature slots. `wide`: the verifier was
+    written with 32-bit slots (formats before 16-bit verifiers); it comes back narrowed to 16."""
     signature = np.frombuffer(data, dtype="<u8", count=slots).astype(np.uint64)
-    verifier = np.frombuffer(data, dtype="<u4", offset=slots * 8).astype(np.uint32)
-    return signature, verifier
+    if wide:
+        stored = np.frombuffer(data, dtype="<u4", offset=slots * 8)
+        return signature, narrow_verifier(stored, int(np.iinfo(np.uint32).max))
+    return signature, np.frombuffer(data, dtype="<u2", offset=slots * 8).astype(np.uint16)
 
 
 def encode_article(article: IndexedArticle) -> bytes:
@@ -80,11 +85,13 @@ def encode_article(article: IndexedArticle) -> bytes:
 
 def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
     try:
-        if data[:2] != _MAGIC:
-            raise ValueError(f"unknown record format {data[:2]!r}")
+        magic = data[:2]
+        if magic not in (_MAGIC, _MAGIC_WIDE):
+            raise ValueError(f"unknown record format {magic!r}")
         (meta_len,) = _LEN.unpack_from(data, 2)
         meta = orjson.loads(data[6 : 6 + meta_len])
-        signature, verifier = unpack_sketches(data[6 + meta_len :], meta["slots"])
+        sketches = data[6 + meta_len :]
+        signature, verifier = unpack_sketches(sketches, meta["slots"], wide=magic == _MAGIC_WIDE)
         fp = Fingerprint(
             bytes.fromhex(meta["content_hash"]), signature, meta["shingles"], meta["short"], verifier
         )

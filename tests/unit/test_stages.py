@@ -31,7 +31,7 @@ from service.stream.stages import (
     pack_signed,
     unpack_signed,
 )
-from tests.conftest import PROSE
+from tests.conftest import PROSE, wide_record, wide_verifier_bytes
 
 PARAMS = DedupParams()
 SRC = Provenance("neardup-articles", 2, 4711, 1_717_000_000_000)
@@ -138,24 +138,39 @@ def test_signed_record_carries_the_band_keys_of_its_signature() -> None:
     assert item.band_keys_for(25, 4) is None and item.band_keys_for(20, 5) is None
 
 
-def s1_record(item: Signed) -> bytes:
-    """`item` as the sign stage wrote it before it computed band keys (S1: no keys section)."""
-    with_keys = encode_signed(item)
-    (meta_len,) = struct.unpack_from(">I", with_keys, 2)
+def old_record(item: Signed, magic: bytes) -> bytes:
+    """`item` as the sign stage wrote it before 16-bit verifiers: S2 (32-bit verifier slots) or, from
+    before it computed band keys, S1 (no keys section either)."""
+    current = encode_signed(item)
+    (meta_len,) = struct.unpack_from(">I", current, 2)
     keys_end = 6 + meta_len + 4 + BAND_KEY_BYTES * len(item.band_keys)  # (bands, rows) then the keys
-    return b"S1" + with_keys[2 : 6 + meta_len] + with_keys[keys_end:]
+    verifier_start = keys_end + 8 * item.fingerprint.signature.size
+    keys = current[6 + meta_len : keys_end] if magic == b"S2" else b""
+    wide = wide_verifier_bytes(item.fingerprint.verifier)
+    return magic + current[2 : 6 + meta_len] + keys + current[keys_end:verifier_start] + wide
 
 
 def test_s1_records_without_band_keys_are_still_read() -> None:
     item = signed("a", PROSE[0])
-    old = decode_signed(s1_record(item))
+    old = decode_signed(old_record(item, b"S1"))
     assert old.band_keys == () and old.banding == (0, 0) and old.band_keys_for(25, 5) is None
     assert (old.article_id, old.fingerprint, old.provenance) == (
         item.article_id,
         item.fingerprint,
         item.provenance,
     )
-    assert unpack_signed(pack_signed([s1_record(item)])) == [s1_record(item)]
+    assert unpack_signed(pack_signed([old_record(item, b"S1")])) == [old_record(item, b"S1")]
+
+
+def test_s2_records_with_32_bit_verifiers_read_as_16_bit_ones() -> None:
+    item = signed("a", PROSE[0])
+    assert item.fingerprint.verifier.dtype == np.uint16 and item.fingerprint.verifier.size == 512
+    record = old_record(item, b"S2")
+    assert len(record) == len(encode_signed(item)) + 2 * 512
+    old = decode_signed(record)
+    assert old == item
+    assert old.fingerprint.verifier.dtype == np.uint16
+    assert unpack_signed(pack_signed([record, encode_signed(item)])) == [record, encode_signed(item)]
 
 
 @pytest.mark.parametrize(
@@ -400,7 +415,8 @@ FUTURE = [
 
 def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -> None:
     """The index stage uses the sign stage's band keys when a record has them and computes them
-    otherwise (S1 records, or keys of another banding): the decisions and the state are the same."""
+    otherwise (S1 records, or keys of another banding); records of the formats with 32-bit verifiers
+    (S1, S2) are decided on the same 16-bit ones: the decisions and the state are the same."""
     items = [*story_with_a_copy(), signed("d", PROSE[2] + " Updated at noon.")]
     other_rows = [  # as a signer configured with 4 rows per band would send them
         dataclasses.replace(
@@ -411,13 +427,14 @@ def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -
     runs = []
     for name, batch in (
         ("keys", items),
-        ("s1", [decode_signed(s1_record(item)) for item in items]),
+        ("s1", [decode_signed(old_record(item, b"S1")) for item in items]),
+        ("s2", [decode_signed(old_record(item, b"S2")) for item in items]),
         ("other", [decode_signed(encode_signed(item)) for item in other_rows]),
     ):
         shard = shards(name)
         runs.append([shard.handle(item, offset) for offset, item in enumerate(batch)])
         runs[-1].append(sorted(shard.records.items()))
-    assert runs[0] == runs[1] == runs[2]
+    assert runs[0] == runs[1] == runs[2] == runs[3]
     assert [verdict["verdict"] for _, verdict in runs[0][:4]] == [
         "unique",
         "duplicate",
@@ -463,6 +480,24 @@ def test_rebuild_reproduces_subsequent_verdicts(shards: Any) -> None:
     assert restarted.records == live.records
     # the sequence does cover the interesting cases
     assert ("duplicate", True) in kinds and ("partial", False) in kinds and ("unique", False) in kinds
+
+
+def test_a_record_table_with_32_bit_verifiers_rebuilds_to_the_same_verdicts(shards: Any) -> None:
+    """A table written before 16-bit verifiers (records N1) reads as the table written now."""
+    live = shards("live")
+    for offset, (article_id, text) in enumerate(HISTORY):
+        live.handle(signed(article_id, text), offset)
+    old_table = {
+        key: wide_record(value) if key.startswith(ARTICLE_PREFIX) else value
+        for key, value in live.records.items()
+    }
+    assert sum(len(value) for value in old_table.values()) > sum(len(v) for v in live.records.values())
+    restarted = shards("restarted", old_table)
+    fingerprints = [a.fingerprint for a in live.state.articles()]
+    assert [a.fingerprint for a in restarted.state.articles()] == fingerprints
+    for offset, (article_id, text) in enumerate(FUTURE, start=len(HISTORY)):
+        item = signed(article_id, text)
+        assert restarted.handle(item, offset) == live.handle(item, offset), article_id
 
 
 def test_rebuild_on_the_same_directory_wipes_the_derived_index(shards: Any) -> None:

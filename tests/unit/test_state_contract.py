@@ -20,6 +20,7 @@ from service.state import rocks
 from service.state.port import StateStore
 from service.state.records import CorruptRecord, decode_article, encode_article
 from service.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
+from tests.conftest import wide_record
 
 MakeState = Callable[[], StateStore]
 PARAMS = DedupParams()
@@ -264,8 +265,27 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
     assert decode_article(encode_article(unique)) == unique
 
 
+def test_records_with_32_bit_verifiers_decode_to_16_bit_ones(prose: tuple[str, ...]) -> None:
+    """Records written before 16-bit verifiers (N1) decode to what signing gives now."""
+    fp = fingerprint(prose[0], PARAMS)
+    article = IndexedArticle("a", 0, 7, fp, Decision("unique", None, None, None, None, "a", False, ()))
+    current = encode_article(article)
+    old = wide_record(current)
+    assert old[:2] == b"N1" and current[:2] == b"N2" and len(old) == len(current) + 2 * fp.verifier.size
+    decoded = decode_article(old)
+    assert decoded == article
+    assert decoded.fingerprint.verifier.dtype == np.uint16
+
+
 @pytest.mark.parametrize(
-    "data", [b"", b"XX\x00\x00\x00\x02{}", b"N1\x00\x00\x00\x05{}", b"N1\x00\x00\x00\x02{}"]
+    "data",
+    [
+        b"",
+        b"XX\x00\x00\x00\x02{}",
+        b"N1\x00\x00\x00\x05{}",
+        b"N1\x00\x00\x00\x02{}",
+        b"N2\x00\x00\x00\x02{}",
+    ],
 )
 def test_corrupt_records_are_named(data: bytes) -> None:
     with pytest.raises(CorruptRecord, match="'key-7'"):
