@@ -20,9 +20,11 @@ from ._hashing import U64, HashArray, fmix64, mix_scalar
 
 ALGORITHM = "oph-optdens-fmix64-v2"  # v2: shingle hashes are the bare polynomial
 EMPTY_SLOT = np.iinfo(np.uint64).max
-EMPTY_VERIFIER_SLOT = np.iinfo(np.uint16).max
-VerifierArray = npt.NDArray[np.uint16]
-VERIFIER_BITS = 16  # bits kept of each verifier slot (b-bit minwise hashing)
+VerifierArray = npt.NDArray[np.uint8]
+EMPTY_VERIFIER_SLOT = 0xFF
+# Two different minima, cut to 8 bits by narrow_verifier, agree by chance with this probability: the
+# values 0-253 each have 1/256, 254 has 2/256 (a real 255 becomes 254).
+CHANCE_AGREEMENT = (254 + 2 * 2) / 256**2
 _PROBES = 32
 _TOP16_LANE = 3 if sys.byteorder == "little" else 0
 _BUCKET_SORT_SIZES = range(512, 1 << 22)  # where bucketing beats np.sort (measured; see _sorted)
@@ -46,16 +48,16 @@ class MinHasher:
         return _oph_signature(hashes, self.num_perm, self.seed)
 
     def sketches(self, hashes: HashArray, verify_perm: int) -> tuple[HashArray, VerifierArray, int]:
-        """The signature, a finer `verify_perm`-slot verifier of 16-bit slots, and the distinct count.
+        """The signature, a finer `verify_perm`-slot verifier of 8-bit slots, and the distinct count.
 
         Both come from the same sorted permutation (one sort); the verifier only serves to estimate
         Jaccard more tightly than `num_perm` slots can (LSH keeps using the signature). Its slots keep
-        16 bits of each minimum (see narrow_verifier): a quarter of the storage of 64-bit slots."""
+        8 bits of each minimum (see narrow_verifier): an eighth of the storage of 64-bit slots."""
         if verify_perm == 0:
             signature, distinct = self.signature(hashes)
-            return signature, np.empty(0, dtype=np.uint16), distinct
+            return signature, np.empty(0, dtype=np.uint8), distinct
         if hashes.size == 0:
-            empty = np.full(verify_perm, EMPTY_VERIFIER_SLOT, dtype=np.uint16)
+            empty = np.full(verify_perm, EMPTY_VERIFIER_SLOT, dtype=np.uint8)
             return np.full(self.num_perm, EMPTY_SLOT, dtype=np.uint64), empty, 0
         if verify_perm % self.num_perm:
             raise ValueError(f"verify_perm ({verify_perm}) must be a multiple of num_perm ({self.num_perm})")
@@ -69,17 +71,25 @@ class MinHasher:
 
 
 def narrow_verifier(wide: npt.NDArray[np.unsignedinteger], empty: int) -> VerifierArray:
-    """The low 16 bits of each slot of a wider verifier whose empty slots hold `empty` (b-bit
-    minwise hashing, Li and König 2010). Two different minima then agree by chance with probability
-    2**-16 per slot, which biases a Jaccard estimate up by at most (1 - J) * 2**-16 (0.00002); the
-    verifier shrinks from 2 KB to 1 KB at 512 slots, and so does everything that carries it (the
-    signatures topic, the record table and its changelog, the decider's cache and comparisons).
+    """The low 8 bits of each slot of a wider verifier whose empty slots hold `empty`: b-bit minwise
+    hashing (Li and König, 2010). Two different minima then agree by chance with probability
+    CHANCE_AGREEMENT (~1/254) per slot, which the estimator takes out again (unbias); the variance
+    grows by less than 1% at any Jaccard. The verifier is 512 bytes at 512 slots instead of 2 KB
+    at 32 bits, and so is everything that carries it: the signatures topic, the record table and its
+    changelog, the decider's cache and comparisons.
+
     A real slot whose low bits read as EMPTY_VERIFIER_SLOT becomes EMPTY_VERIFIER_SLOT - 1, so that
-    it is never taken for empty. Verifiers stored 32 bits wide (records written before) narrow to
-    exactly what signing gives now: both keep the low bits of the same minimum."""
-    narrow = wide.astype(np.uint16)  # keeps the low 16 bits
+    it is never taken for empty. Verifiers stored wider (records written before: 32 or 16 bits)
+    narrow to exactly what signing gives now: all keep the low bits of the same minimum."""
+    narrow = wide.astype(np.uint8)  # keeps the low 8 bits
     narrow[(narrow == EMPTY_VERIFIER_SLOT) & (wide != empty)] = EMPTY_VERIFIER_SLOT - 1
     return narrow
+
+
+def unbias(agreement: float) -> float:
+    """Jaccard from the share of agreeing usable slots of two 8-bit verifiers: the agreements beyond
+    chance, (P - C) / (1 - C) with C = CHANCE_AGREEMENT, and 0 where chance explains them all."""
+    return max(0.0, (agreement - CHANCE_AGREEMENT) / (1.0 - CHANCE_AGREEMENT))
 
 
 @lru_cache(maxsize=16)
@@ -177,7 +187,8 @@ def estimate_jaccard(a: npt.NDArray[np.unsignedinteger], b: npt.NDArray[np.unsig
 
 def estimate_jaccard_verified(a: VerifierArray, b: VerifierArray) -> float:
     """Jaccard from two verifiers (OPH without densification): equal slots over the slots not empty
-    in both, the estimator of Li, Owen and Zhang (2012)."""
+    in both, the estimator of Li, Owen and Zhang (2012), less the agreements by chance of 8-bit
+    slots (unbias)."""
     if a.shape != b.shape:
         raise ValueError(f"verifiers differ in length: {a.size} vs {b.size}")
     equal = a == b
@@ -188,11 +199,11 @@ def estimate_jaccard_verified(a: VerifierArray, b: VerifierArray) -> float:
     usable = a.size - both_empty
     if usable == 0:
         return 1.0
-    return (matches - both_empty) / usable
+    return unbias((matches - both_empty) / usable)
 
 
 def estimate_jaccard_verified_many(
-    query: VerifierArray, others: npt.NDArray[np.uint16]
+    query: VerifierArray, others: npt.NDArray[np.uint8]
 ) -> npt.NDArray[np.float64]:
     """estimate_jaccard_verified of `query` against each row of `others`, in a few array passes:
     a news cluster gives tens of candidates, and one numpy call per candidate cost more than the
@@ -203,14 +214,20 @@ def estimate_jaccard_verified_many(
     matches = np.count_nonzero(equal, axis=1)
     empty = query == EMPTY_VERIFIER_SLOT
     if not empty.any():  # a text that fills every slot: every slot usable
-        return matches / query.size
+        return _unbias_many(matches / query.size)
     # Slots empty in both count as equal and are left out. A news-sized text leaves one or two of
     # 512 slots empty (e^-6 each for 3,000 shingles), so only those columns are looked at.
     both_empty = np.count_nonzero(equal[:, empty], axis=1)
     usable = query.size - both_empty
-    estimates = np.divide(matches - both_empty, usable, out=np.ones(len(matches)), where=usable != 0)
+    agreement = np.divide(matches - both_empty, usable, out=np.ones(len(matches)), where=usable != 0)
+    estimates = _unbias_many(agreement)  # 1.0 stays 1.0
     estimates[matches == 0] = 0.0
     return estimates
+
+
+def _unbias_many(agreement: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """unbias for an array, with the same floating-point operations."""
+    return np.maximum(0.0, (agreement - CHANCE_AGREEMENT) / (1.0 - CHANCE_AGREEMENT))
 
 
 def estimate_containment_many(

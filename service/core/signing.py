@@ -26,7 +26,7 @@ class Fingerprint:
     signature: HashArray
     shingle_count: int
     short: bool
-    verifier: VerifierArray = field(default_factory=lambda: np.empty(0, dtype=np.uint16))
+    verifier: VerifierArray = field(default_factory=lambda: np.empty(0, dtype=np.uint8))
 
     def __eq__(self, other: object) -> bool:
         return (

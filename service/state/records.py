@@ -12,8 +12,9 @@ from ..core.dedup import Candidate, Decision, IndexedArticle
 from ..core.minhash import narrow_verifier
 from ..core.signing import Fingerprint
 
-_MAGIC = b"N2"  # 16-bit verifier slots
-_MAGIC_WIDE = b"N1"  # as written before: 32-bit verifier slots, narrowed when read
+_MAGIC = b"N3"  # 8-bit verifier slots
+# Formats written before, by the bytes of their verifier slots (narrowed to 8 bits when read).
+_VERIFIER_BYTES = {_MAGIC: 1, b"N2": 2, b"N1": 4}
 _LEN = struct.Struct(">I")
 
 
@@ -48,21 +49,19 @@ def decision_from_dict(data: dict[str, Any]) -> Decision:
 
 
 def pack_sketches(fp: Fingerprint) -> bytes:
-    """Signature (little-endian uint64) then verifier (little-endian uint16), back to back."""
-    return (
-        np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
-        + np.ascontiguousarray(fp.verifier, dtype="<u2").tobytes()
-    )
+    """Signature (little-endian uint64) then verifier (one byte a slot), back to back."""
+    signature = np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
+    return signature + np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
 
 
-def unpack_sketches(data: bytes, slots: int, *, wide: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of pack_sketches, given the number of signature slots. `wide`: the verifier was
-    written with 32-bit slots (formats before 16-bit verifiers); it comes back narrowed to 16."""
+def unpack_sketches(data: bytes, slots: int, verifier_bytes: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of pack_sketches, given the number of signature slots. `verifier_bytes` > 1: the
+    verifier was written with wider slots (earlier formats); it comes back narrowed to 8 bits."""
     signature = np.frombuffer(data, dtype="<u8", count=slots).astype(np.uint64)
-    if wide:
-        stored = np.frombuffer(data, dtype="<u4", offset=slots * 8)
-        return signature, narrow_verifier(stored, int(np.iinfo(np.uint32).max))
-    return signature, np.frombuffer(data, dtype="<u2", offset=slots * 8).astype(np.uint16)
+    if verifier_bytes == 1:
+        return signature, np.frombuffer(data, dtype=np.uint8, offset=slots * 8).copy()
+    stored = np.frombuffer(data, dtype=f"<u{verifier_bytes}", offset=slots * 8)
+    return signature, narrow_verifier(stored, int(np.iinfo(stored.dtype).max))
 
 
 def encode_article(article: IndexedArticle) -> bytes:
@@ -85,13 +84,12 @@ def encode_article(article: IndexedArticle) -> bytes:
 
 def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
     try:
-        magic = data[:2]
-        if magic not in (_MAGIC, _MAGIC_WIDE):
-            raise ValueError(f"unknown record format {magic!r}")
+        verifier_bytes = _VERIFIER_BYTES.get(data[:2])
+        if verifier_bytes is None:
+            raise ValueError(f"unknown record format {data[:2]!r}")
         (meta_len,) = _LEN.unpack_from(data, 2)
         meta = orjson.loads(data[6 : 6 + meta_len])
-        sketches = data[6 + meta_len :]
-        signature, verifier = unpack_sketches(sketches, meta["slots"], wide=magic == _MAGIC_WIDE)
+        signature, verifier = unpack_sketches(data[6 + meta_len :], meta["slots"], verifier_bytes)
         fp = Fingerprint(
             bytes.fromhex(meta["content_hash"]), signature, meta["shingles"], meta["short"], verifier
         )

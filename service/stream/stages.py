@@ -24,12 +24,11 @@ from ..messages import InvalidMessage, dead_letter_dict, decode_article, verdict
 from ..state.records import encode_article, pack_sketches, unpack_sketches
 from ..state.rocks import RocksState
 
-_SIGNED = b"S3"  # with the article's band keys and a 16-bit verifier
-# As written before, with 32-bit verifier slots (narrowed when read): S2 with the band keys, S1
-# from before the sign stage computed them.
-_SIGNED_WIDE = b"S2"
-_SIGNED_WITHOUT_KEYS = b"S1"
-_SIGNED_FORMATS = (_SIGNED, _SIGNED_WIDE, _SIGNED_WITHOUT_KEYS)
+_SIGNED = b"S4"  # with the article's band keys and an 8-bit verifier
+_SIGNED_WITHOUT_KEYS = b"S1"  # from before the sign stage computed the band keys
+# Every format, by the bytes of its verifier slots: those written before (S3, S2, S1) had wider
+# ones, narrowed to 8 bits when read.
+_SIGNED_VERIFIER_BYTES = {_SIGNED: 1, b"S3": 2, b"S2": 4, _SIGNED_WITHOUT_KEYS: 4}
 _PACKED = b"SP"
 _LEN = struct.Struct(">I")
 _BANDING = struct.Struct(">HH")  # (bands, rows) of the band keys that follow (0, 0: none)
@@ -68,7 +67,7 @@ class Signed:
 
 
 def encode_signed(signed: Signed) -> bytes:
-    """S3, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
+    """S4, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
     fp, src = signed.fingerprint, signed.provenance
     bands, rows = signed.banding if signed.band_keys else (0, 0)
     if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
@@ -95,9 +94,10 @@ def _keys_layout(count: int) -> struct.Struct:
 
 
 def decode_signed(data: bytes) -> Signed:
-    """Inverse of encode_signed; also reads the earlier formats S2 and S1 (no band keys)."""
+    """Inverse of encode_signed; also reads the earlier formats S3, S2 and S1 (no band keys)."""
     magic = data[:2]
-    if magic not in _SIGNED_FORMATS:
+    verifier_bytes = _SIGNED_VERIFIER_BYTES.get(magic)
+    if verifier_bytes is None:
         raise ValueError(f"not a signed record: {data[:8]!r}")
     (meta_len,) = _LEN.unpack_from(data, 2)
     meta = orjson.loads(data[6 : 6 + meta_len])
@@ -111,7 +111,7 @@ def decode_signed(data: bytes) -> Signed:
             raise ValueError(f"signed record announces {bands} band keys and is shorter")
         keys = _keys_layout(bands).unpack_from(data, position)  # () for none
         position += bands * BAND_KEY_BYTES
-    signature, verifier = unpack_sketches(data[position:], meta["m"], wide=magic != _SIGNED)
+    signature, verifier = unpack_sketches(data[position:], meta["m"], verifier_bytes)
     topic, partition, offset, timestamp = meta["src"]
     return Signed(
         meta["id"],
@@ -153,7 +153,7 @@ def runs_within(items: Sequence[T], size: Callable[[T], int], max_bytes: int) ->
 
 def unpack_signed(data: bytes) -> list[bytes]:
     """The signed records of one signatures message, packed or (as written before packing) single."""
-    if data[:2] in _SIGNED_FORMATS:
+    if data[:2] in _SIGNED_VERIFIER_BYTES:
         return [data]
     if data[:2] != _PACKED:
         raise ValueError(f"not a signatures message: {data[:8]!r}")

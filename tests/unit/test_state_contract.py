@@ -265,16 +265,20 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
     assert decode_article(encode_article(unique)) == unique
 
 
-def test_records_with_32_bit_verifiers_decode_to_16_bit_ones(prose: tuple[str, ...]) -> None:
-    """Records written before 16-bit verifiers (N1) decode to what signing gives now."""
+@pytest.mark.parametrize(("magic", "width"), [(b"N1", 4), (b"N2", 2)])
+def test_records_with_wider_verifiers_decode_to_8_bit_ones(
+    prose: tuple[str, ...], magic: bytes, width: int
+) -> None:
+    """Records written before 8-bit verifiers (N1: 32-bit slots, N2: 16) decode to what signing
+    gives now."""
     fp = fingerprint(prose[0], PARAMS)
     article = IndexedArticle("a", 0, 7, fp, Decision("unique", None, None, None, None, "a", False, ()))
     current = encode_article(article)
-    old = wide_record(current)
-    assert old[:2] == b"N1" and current[:2] == b"N2" and len(old) == len(current) + 2 * fp.verifier.size
+    old = wide_record(current, magic)
+    assert current[:2] == b"N3" and len(old) == len(current) + (width - 1) * fp.verifier.size
     decoded = decode_article(old)
     assert decoded == article
-    assert decoded.fingerprint.verifier.dtype == np.uint16
+    assert decoded.fingerprint.verifier.dtype == np.uint8
 
 
 @pytest.mark.parametrize(
@@ -285,6 +289,7 @@ def test_records_with_32_bit_verifiers_decode_to_16_bit_ones(prose: tuple[str, .
         b"N1\x00\x00\x00\x05{}",
         b"N1\x00\x00\x00\x02{}",
         b"N2\x00\x00\x00\x02{}",
+        b"N3\x00\x00\x00\x02{}",
     ],
 )
 def test_corrupt_records_are_named(data: bytes) -> None:
