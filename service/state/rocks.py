@@ -1,6 +1,6 @@
 """RocksDB state through rocksdict: articles, band buckets, content map and header in one database.
 
-Key layout: the records, ~3.5 KB each, in their own column family ("records": arrival number (seq) →
+Key layout: the records, ~2 KB each, in their own column family ("records": arrival number (seq) →
 the record of that article version), so that the small keys the decision looks up many times per
 article live in a small LSM tree of their own. In the default column family, one-byte prefixes:
 ``a<id>`` → the seq of its current version, ``b<band key>`` → the seqs of the articles in the bucket,
@@ -61,7 +61,7 @@ class RocksOptions:
     # article: RocksDB's skiplist insert costs grow with its size (cache misses), ~2 us per key at
     # 32 MB against ~0.7 at 8 MB on the development machine.
     write_buffer_mb: int = 8
-    # Memtable of the records (~3.5 KB each, appended in key order): inserts stay cheap at any size.
+    # Memtable of the records (~2 KB each, appended in key order): inserts stay cheap at any size.
     records_write_buffer_mb: int = 32
     compression: str = "lz4"
     block_cache_mb: int = 64
@@ -77,7 +77,7 @@ class RocksOptions:
     background_nice: int = 0
     # Off only for state that is rebuilt from elsewhere after a crash (the stream's derived index).
     write_ahead_log: bool = True
-    # Decoded article records kept in memory (~3.5 KB each): news clusters are matched again and
+    # Decoded article records kept in memory (~2 KB each): news clusters are matched again and
     # again, and a miss costs a read and a decode (~25 µs) per candidate.
     record_cache: int = 20_000
 

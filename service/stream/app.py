@@ -32,7 +32,7 @@ log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
 # Bytes of signatures messages per decision request: a backlog batch (up to 100 messages) is decided
 # in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
-# articles, ~640 KB) is one message, and so a chunk of its own.
+# articles, ~390 KB) is one message, and so a chunk of its own.
 DECIDE_CHUNK_BYTES = 256 * 1024
 
 
@@ -126,8 +126,8 @@ def create_app(
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
         # aiokafka waits for a partition's batch to be sent (one request in flight per broker) before
-        # it starts the next: with the default 16 KB, the record table's changelog (3.5 KB per article)
-        # moved ~4 articles per round trip.
+        # it starts the next: with the default 16 KB, the record table's changelog (3.5 KB per article
+        # at the time, ~2 KB now) moved ~4 articles per round trip.
         producer_max_batch_size=512 * 1024,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8192,
@@ -323,7 +323,7 @@ async def _open_decider(runtime: Runtime) -> Decider:
     if runtime.needs_open:
         count = await runtime.decider.open()
         runtime.needs_open = False
-        # The record table's RocksDB (Faust's store, in this process) flushes and compacts its 3.5 KB
+        # The record table's RocksDB (Faust's store, in this process) flushes and compacts its ~2 KB
         # records in threads of its own: they too yield to the threads that decide and publish.
         if runtime.settings.rocksdb_nice:
             lower_background_threads(runtime.settings.rocksdb_nice)
