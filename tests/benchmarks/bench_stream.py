@@ -2,6 +2,9 @@
 
 Per repetition (fresh app id, topic names and state dir each time):
 
+0. speed       the CPU time this process takes to sign 200 corpus texts (median of five passes): the
+               machine's speed at the time, printed beside the figures, because it varied by up to
+               1.5x from one day to the next; the worker's CPU per article is printed too.
 1. ceiling     the input topic is pre-loaded with N news-sized articles; a plain aiokafka loop in this
                process consumes them and produces each message to another topic (acks=all, as the
                worker): articles/s, the most one Python process can move through Kafka on this machine.
@@ -64,6 +67,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from service.config import Settings  # noqa: E402
+from service.core.params import DedupParams  # noqa: E402
+from service.core.signing import fingerprint  # noqa: E402
 from service.stream.topics import ensure_topics  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
@@ -368,6 +373,9 @@ class Result:
     gc_full_pauses: int = 0
     gc_full_total_ms: float = 0.0
     gc_full_longest_ms: float = 0.0  # the upper bound of the highest histogram bucket reached
+    # the machine's speed at the time: µs to sign one corpus text in this process (see calibrate)
+    signing_us_per_text: float = 0.0
+    worker_us_per_article: float = 0.0  # CPU of the worker's processes (broker excluded) per verdict
 
     @property
     def ratio(self) -> float:
@@ -404,6 +412,21 @@ async def collect_verdicts(
     return got
 
 
+def calibrate(corpus: list[dict[str, Any]], texts: int = 200, passes: int = 5) -> float:
+    """µs of CPU to sign one corpus text here: the same work on the same texts every run, so that runs
+    on different days can be compared (this machine's speed varied by up to 1.5x from one day to
+    the next). Median of `passes`."""
+    sample = [str(record["text"]) for record in corpus[:texts]]
+    params = DedupParams()
+    timings = []
+    for _ in range(passes):
+        started = time.process_time()
+        for text in sample:
+            fingerprint(text, params)
+        timings.append((time.process_time() - started) / len(sample) * 1e6)
+    return statistics.median(timings)
+
+
 async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: int) -> Result:
     run = f"bench{os.getpid()}r{rep}t{int(time.time())}"
     workdir = Path(tempfile.mkdtemp(prefix=f"neardup-{run}-"))
@@ -430,6 +453,8 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
         await admin.close()
 
     result = Result()
+    result.signing_us_per_text = calibrate(corpus)
+    print(f"  machine speed: {result.signing_us_per_text:.1f} µs to sign a corpus text here", flush=True)
     articles = Articles(corpus, run, seed=rep, dup_fraction=args.dup_fraction)
     n = args.articles
     result.preload_rate, size = await preload(settings, articles, n)
@@ -469,6 +494,8 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
         used, result.machine_busy = cpu_between(cpu_mark[0], cpu_end)
         result.worker_cpu = used["loop"]
         result.helpers_cpu = {role: cores for role, cores in used.items() if role != "loop"}
+        worker_cores = sum(cores for role, cores in used.items() if role != "broker")
+        result.worker_us_per_article = worker_cores / max(result.worker_rate, 1e-9) * 1e6
         kinds: dict[str, int] = {}
         for _, _, verdict in got.values():
             kinds[verdict["verdict"]] = kinds.get(verdict["verdict"], 0) + 1
@@ -476,7 +503,8 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
         print(
             f"  worker: {result.worker_rate:,.0f} articles/s first→last verdict "
             f"({result.worker_rate_slope:,.0f}/s over the middle 80%), verdicts {kinds}\n"
-            f"  CPU (cores): {describe_cpu(used, result.machine_busy)}",
+            f"  CPU (cores): {describe_cpu(used, result.machine_busy)}; "
+            f"the worker's processes {result.worker_us_per_article:.0f} µs per article",
             flush=True,
         )
 
@@ -655,6 +683,10 @@ def main(argv: list[str] | None = None) -> int:
         f"  worker throughput     {worker_rate:9,.0f} articles/s   "
         f"(middle 80%: {med('worker_rate_slope'):,.0f}/s, event loop {med('worker_cpu'):.2f} cores, "
         f"machine {med('machine_busy'):.0%} busy)"
+    )
+    print(
+        f"  worker CPU            {med('worker_us_per_article'):9,.0f} µs per article (its processes, "
+        f"broker excluded), on a machine signing a corpus text in {med('signing_us_per_text'):.1f} µs"
     )
     print(f"  ceiling (aiokafka)    {ceiling_rate:9,.0f} articles/s")
     print(f"  worker / ceiling      {statistics.median(r.ratio for r in results):9.2f}")
