@@ -22,6 +22,7 @@ ALGORITHM = "oph-optdens-fmix64-v2"  # v2: shingle hashes are the bare polynomia
 EMPTY_SLOT = np.iinfo(np.uint64).max
 VerifierArray = npt.NDArray[np.uint8]
 EMPTY_VERIFIER_SLOT = 0xFF
+VERIFIER_BITS = 8  # of each verifier slot (narrow_verifier); verdicts carry it for audit
 # Two different minima, cut to 8 bits by narrow_verifier, agree by chance with this probability: the
 # values 0-253 each have 1/256, 254 has 2/256 (a real 255 becomes 254).
 CHANCE_AGREEMENT = (254 + 2 * 2) / 256**2

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .lsh import LshParams, explicit_params, optimal_params
-from .minhash import ALGORITHM, MinHasher
+from .minhash import ALGORITHM, VERIFIER_BITS, MinHasher
 from .normalize import DEFAULT_NORMALIZE, NormalizeOptions
 from .shingle import DEFAULT_SHINGLE, ShingleOptions
 
@@ -60,7 +60,10 @@ class DedupParams:
             lsh = _cached_optimal(candidate_threshold, self.num_perm, self.false_negative_weight)
         object.__setattr__(self, "lsh", lsh)
         thresholds = {"threshold": self.threshold, "containment_threshold": self.containment_threshold}
-        object.__setattr__(self, "_audit", {**self.header(), **thresholds})
+        # verify_bits: how the Jaccard estimate was made, for an auditor who recomputes it. Not in the
+        # header: state written with wider slots is narrowed when read, so it stays usable.
+        audit = {**self.header(), "verify_bits": VERIFIER_BITS, **thresholds}
+        object.__setattr__(self, "_audit", audit)
 
     @property
     def candidate_threshold(self) -> float:

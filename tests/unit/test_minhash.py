@@ -12,6 +12,7 @@ from service.core.minhash import (
     CHANCE_AGREEMENT,
     EMPTY_SLOT,
     EMPTY_VERIFIER_SLOT,
+    VERIFIER_BITS,
     MinHasher,
     estimate_containment,
     estimate_jaccard,
@@ -310,3 +311,15 @@ def test_8_bit_verifier_estimates_are_unbiased_with_the_error_of_full_slots() ->
     rmse_8, rmse_32 = (float(np.sqrt(np.mean(np.square(e)))) for e in (errors_8, errors_32))
     assert abs(float(np.mean(errors_8))) < 0.003
     assert rmse_8 < 1.1 * rmse_32
+
+
+def test_verdicts_name_the_verifier_bits_but_stored_state_does_not_depend_on_them(
+    prose: tuple[str, ...],
+) -> None:
+    params = DedupParams()
+    assert params.audit()["verify_bits"] == VERIFIER_BITS
+    # the signing really keeps that many bits: no slot above 2**bits - 1
+    verifier = fingerprint(" ".join(prose), params).verifier
+    assert verifier.dtype.itemsize * 8 == VERIFIER_BITS and int(verifier.max()) < 2**VERIFIER_BITS
+    # state written with wider slots is narrowed when read, so the header must not refuse it
+    assert "verify_bits" not in params.header()
