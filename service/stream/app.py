@@ -15,6 +15,7 @@ import faust
 import orjson
 from faust.streams import _current_event
 from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.types import TP
 from faust.types.stores import StoreT
 
 from ..config import Settings
@@ -25,7 +26,16 @@ from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
 from .metrics import Metrics
 from .signer import Signer, SignItem
-from .stages import BatchOutcome, EntryOutcome, Provenance, SignStage, pack_in_chunks, runs_within
+from .stages import (
+    OFFSET_KEY,
+    BatchOutcome,
+    EntryOutcome,
+    Provenance,
+    SignStage,
+    offset_gaps,
+    pack_in_chunks,
+    runs_within,
+)
 from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
 
 log = logging.getLogger("neardup.stream")
@@ -75,6 +85,9 @@ class Runtime:
     collector: CollectorPolicy
     decider: Decider
     needs_open: bool = True
+    # the last offset delivered to the agents in each partition, to notice a consumer that skips
+    # messages (faust-streaming has open reports of events skipped around restarts)
+    delivered: dict[Any, int] = field(default_factory=dict)
     # What to do when the index cannot go on (the decider failed twice on a batch): stop the worker
     # the way a supervisor would, so that it restarts and the unacknowledged batch is re-delivered,
     # rather than keep consuming with a crashed agent and a gap that blocks every later commit.
@@ -171,6 +184,7 @@ def create_app(
     @app.agent(articles, name="sign")
     async def sign(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(settings.sign_batch, within=0.005):
+            _check_gaps(runtime, batch)
             items: list[SignItem] = []
             for event in batch:
                 msg = event.message
@@ -207,6 +221,7 @@ def create_app(
     async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(100, within=0.002):
             decider = await _open_decider(runtime)
+            _check_gaps(runtime, batch)
             # Table writes pick the changelog partition from the current event, which take_events()
             # does not set; the shard's events all share one partition.
             _enter_event(batch[-1])
@@ -311,6 +326,20 @@ def _record_lag(app: faust.App, metrics: Metrics, batch: list[faust.EventT]) -> 
             metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))
 
 
+def _check_gaps(runtime: Runtime, batch: list[faust.EventT]) -> None:
+    """Log and count messages the consumer went past without delivering them."""
+    delivered = ((event.message.tp, event.message.offset) for event in batch)
+    for gap in offset_gaps(runtime.delivered, delivered):
+        runtime.metrics.offset_gaps.labels(gap.partition.topic).inc()
+        log.error(
+            "offset_gap topic=%s partition=%d expected=%d got=%d",
+            gap.partition.topic,
+            gap.partition.partition,
+            gap.expected,
+            gap.got,
+        )
+
+
 def _enter_event(event: faust.EventT) -> None:
     """Make `event` Faust's current event, as plain iteration would: table writes need it to pick
     the changelog partition, and take_events() (batching, for throughput) does not set it."""
@@ -323,6 +352,11 @@ async def _open_decider(runtime: Runtime) -> Decider:
     if runtime.needs_open:
         count = await runtime.decider.open()
         runtime.needs_open = False
+        # The shard's next message follows the last one the record table says was applied: a
+        # first message beyond it is a gap too.
+        applied = runtime.decider.records.get(OFFSET_KEY)
+        shard = TP(runtime.settings.signatures_topic, 0)
+        runtime.delivered[shard] = int(applied) if applied is not None else -1
         # The record table's RocksDB (Faust's store, in this process) flushes and compacts its ~2 KB
         # records in threads of its own: they too yield to the threads that decide and publish.
         if runtime.settings.rocksdb_nice:

@@ -39,6 +39,12 @@ class Metrics:
             registry=r,
         )
         self.indexed = Gauge("neardup_indexed_articles", "Articles in the index", registry=r)
+        self.offset_gaps = Counter(
+            "neardup_offset_gaps",
+            "Offsets the consumer skipped: a message came after a gap in its partition",
+            ["topic"],
+            registry=r,
+        )
         self.lag = Gauge(
             "neardup_consumer_lag", "Messages behind the high-water mark", ["topic", "partition"], registry=r
         )

@@ -171,6 +171,28 @@ def unpack_signed(data: bytes) -> list[bytes]:
     return records
 
 
+class OffsetGap(NamedTuple):
+    """Messages of one partition that the consumer went past without delivering them."""
+
+    partition: Any  # the consumer's topic-partition
+    expected: int  # the first offset not delivered
+    got: int  # the offset delivered instead
+
+
+def offset_gaps(last: dict[Any, int], delivered: Iterable[tuple[Any, int]]) -> list[OffsetGap]:
+    """Gaps in `delivered` ((partition, offset) in delivery order), given the last offset delivered
+    before for each partition (`last`, updated in place). Going back is no gap (re-delivery after a
+    restart or rebalance); going forward by more than one is, on topics whose offsets have no holes
+    (not compacted, no transactions), as the signatures topic."""
+    gaps = []
+    for partition, offset in delivered:
+        before = last.get(partition)
+        if before is not None and offset > before + 1:
+            gaps.append(OffsetGap(partition, before + 1, offset))
+        last[partition] = offset
+    return gaps
+
+
 def table_articles(records: Mapping[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:
     """The article records of the record table, (key, record), without its metadata."""
     return ((key, value) for key, value in records.items() if key.startswith(ARTICLE_PREFIX))

@@ -92,7 +92,8 @@ class Deployment:
             "NEARDUP_INPUT_PARTITIONS": str(self.input_partitions),
             "NEARDUP_STATE_DIR": str(self.state_dir(index)),
             "NEARDUP_METRICS_PORT": str(self.metrics_ports[index]),
-            "NEARDUP_LOG_LEVEL": "warning",
+            # NEARDUP_TEST_LOG_LEVEL=info keeps the workers' recovery and rebuild logs, for a failure
+            "NEARDUP_LOG_LEVEL": os.environ.get("NEARDUP_TEST_LOG_LEVEL", "warning"),
             **self.extra_env,
         }
 

@@ -22,11 +22,13 @@ from service.stream.stages import (
     ARTICLE_PREFIX,
     OFFSET_KEY,
     IndexStage,
+    OffsetGap,
     Provenance,
     Signed,
     SignStage,
     decode_signed,
     encode_signed,
+    offset_gaps,
     pack_in_chunks,
     pack_signed,
     unpack_signed,
@@ -606,3 +608,21 @@ def test_a_stale_index_is_rebuilt(tmp_path: Path, case: str) -> None:
     again = _stage(tmp_path / "index", records)
     assert again.open() == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
     again.close()
+
+
+def test_offset_gaps_are_forward_jumps_per_partition() -> None:
+    last: dict[tuple[str, int], int] = {("s", 0): 9}
+    delivered = [
+        (("s", 0), 10),
+        (("s", 0), 11),
+        (("i", 1), 40),
+        (("s", 0), 14),
+        (("i", 1), 41),
+        (("i", 1), 43),
+    ]
+    assert offset_gaps(last, delivered) == [OffsetGap(("s", 0), 12, 14), OffsetGap(("i", 1), 42, 43)]
+    assert last == {("s", 0): 14, ("i", 1): 43}
+    # re-delivery goes back, and a partition seen for the first time has nothing to compare with
+    assert offset_gaps(last, [(("s", 0), 3), (("s", 0), 4), (("t", 0), 500)]) == []
+    # the first message after the recorded one must be the next
+    assert offset_gaps({("s", 0): -1}, [(("s", 0), 1)]) == [OffsetGap(("s", 0), 0, 1)]
