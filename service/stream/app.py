@@ -30,13 +30,15 @@ from .stages import (
     OFFSET_KEY,
     BatchOutcome,
     EntryOutcome,
+    OffsetGap,
     Provenance,
     SignStage,
+    in_log_order,
     offset_gaps,
     pack_in_chunks,
     runs_within,
 )
-from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic
+from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic, read_range
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
@@ -184,7 +186,8 @@ def create_app(
     @app.agent(articles, name="sign")
     async def sign(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(settings.sign_batch, within=0.005):
-            _check_gaps(runtime, batch)
+            # Only noticed: on the input, transaction markers and compaction leave gaps too.
+            _check_gaps(runtime, batch, logging.WARNING)
             items: list[SignItem] = []
             for event in batch:
                 msg = event.message
@@ -221,12 +224,14 @@ def create_app(
     async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(100, within=0.002):
             decider = await _open_decider(runtime)
-            _check_gaps(runtime, batch)
+            gaps = _check_gaps(runtime, batch)
             # Table writes pick the changelog partition from the current event, which take_events()
             # does not set; the shard's events all share one partition.
             _enter_event(batch[-1])
             events = {event.message.offset: event for event in batch}
             messages = [(event.message.offset, event.value) for event in batch]
+            if gaps:
+                messages = await _filled(runtime, messages, gaps)
             chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
             # Pipelined: the decider works on the next chunk while the loop publishes this one.
             try:
@@ -245,6 +250,12 @@ def create_app(
                     log.critical("index_unavailable: the decider failed twice; stopping the worker")
                     runtime.stop_worker()
                 raise
+            for gap in gaps:
+                # Faust never delivered these offsets, so never acknowledges them: let its commits
+                # go past them, now that they are applied.
+                # (Consumer._add_gap: private, as the version is pinned; what Faust itself calls for
+                # offsets a fetch skips, such as transaction markers)
+                await cast(Any, app.consumer)._add_gap(gap.partition, gap.expected, gap.got - 1)
             _record_lag(app, metrics, batch)
 
     def persist_changelog_offset(sent: asyncio.Future[Any]) -> None:
@@ -267,7 +278,7 @@ def create_app(
     async def publish_outcome(outcome: BatchOutcome, events: dict[int, faust.EventT]) -> None:
         for entry in outcome.entries:
             if entry.status == "error":
-                await index_error(entry, events[entry.offset])
+                await index_error(entry, events.get(entry.offset))
                 continue
             if entry.status in ("replayed", "stale"):
                 metrics.replays.labels(entry.status).inc()
@@ -281,20 +292,23 @@ def create_app(
         metrics.indexed.set(outcome.indexed)
         runtime.collector.after(outcome.handled)
 
-    async def index_error(entry: EntryOutcome, event: faust.EventT) -> None:
-        msg = event.message
+    async def index_error(entry: EntryOutcome, event: faust.EventT | None) -> None:
+        # event None: a message read to fill an offset gap, with the shard's key
+        topic, partition, key = settings.signatures_topic, 0, SHARD_KEY
+        if event is not None:
+            topic, partition, key = event.message.topic, event.message.partition, cast(bytes, event.key)
         log.error(
             "index_error topic=%s partition=%d offset=%d error=%s",
-            msg.topic,
-            msg.partition,
-            msg.offset,
+            topic,
+            partition,
+            entry.offset,
             entry.error,
         )
         assert entry.payload is not None and entry.error is not None
         record = dead_letter_dict(
-            "internal_error", entry.error, entry.payload, msg.topic, msg.partition, msg.offset, event.key
+            "internal_error", entry.error, entry.payload, topic, partition, entry.offset, key
         )
-        await dead_letter("internal_error", orjson.dumps(record), event.key)
+        await dead_letter("internal_error", orjson.dumps(record), key)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
     async def on_assigned(sender: Any, assigned: Any = None, **_: Any) -> None:
@@ -326,18 +340,43 @@ def _record_lag(app: faust.App, metrics: Metrics, batch: list[faust.EventT]) -> 
             metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))
 
 
-def _check_gaps(runtime: Runtime, batch: list[faust.EventT]) -> None:
-    """Log and count messages the consumer went past without delivering them."""
+def _check_gaps(runtime: Runtime, batch: list[faust.EventT], level: int = logging.ERROR) -> list[OffsetGap]:
+    """Log and count the messages the consumer went past without delivering them."""
     delivered = ((event.message.tp, event.message.offset) for event in batch)
-    for gap in offset_gaps(runtime.delivered, delivered):
+    gaps = offset_gaps(runtime.delivered, delivered)
+    for gap in gaps:
         runtime.metrics.offset_gaps.labels(gap.partition.topic).inc()
-        log.error(
+        log.log(
+            level,
             "offset_gap topic=%s partition=%d expected=%d got=%d",
             gap.partition.topic,
             gap.partition.partition,
             gap.expected,
             gap.got,
         )
+    return gaps
+
+
+async def _filled(
+    runtime: Runtime, messages: list[tuple[int, bytes]], gaps: list[OffsetGap]
+) -> list[tuple[int, bytes]]:
+    """The shard's messages with those of its gaps read back from Kafka, in log order: the index
+    must see every signatures message, in order, or its verdicts stop matching an uninterrupted run.
+    A gap that cannot be read back (the broker does not answer) stops the worker, so that it
+    restarts from its last commit rather than decide without those messages."""
+    fills: list[tuple[int, bytes]] = []
+    for gap in gaps:
+        try:
+            found = await read_range(
+                runtime.settings, gap.partition.topic, gap.partition.partition, gap.expected, gap.got
+            )
+        except Exception:
+            log.critical("offset_gap_unreadable: stopping the worker", exc_info=True)
+            runtime.stop_worker()
+            raise
+        log.warning("offset_gap_filled expected=%d got=%d read=%d", gap.expected, gap.got, len(found))
+        fills += found
+    return in_log_order(messages, gaps, fills)
 
 
 def _enter_event(event: faust.EventT) -> None:

@@ -193,6 +193,24 @@ def offset_gaps(last: dict[Any, int], delivered: Iterable[tuple[Any, int]]) -> l
     return gaps
 
 
+def in_log_order(
+    messages: Sequence[tuple[int, bytes]], gaps: Sequence[OffsetGap], fills: Sequence[tuple[int, bytes]]
+) -> list[tuple[int, bytes]]:
+    """`messages` ((offset, value), as delivered) with `fills`, the messages read for `gaps`, put
+    back where they belong: each gap's before the message that revealed it."""
+    before: dict[int, list[tuple[int, bytes]]] = {gap.got: [] for gap in gaps}
+    for offset, value in sorted(fills):
+        gap = next((g for g in gaps if g.expected <= offset < g.got), None)
+        if gap is None:
+            raise ValueError(f"message at offset {offset} fills no gap of {list(gaps)}")
+        before[gap.got].append((offset, value))
+    ordered: list[tuple[int, bytes]] = []
+    for offset, value in messages:
+        ordered += before.pop(offset, [])
+        ordered.append((offset, value))
+    return ordered
+
+
 def table_articles(records: Mapping[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:
     """The article records of the record table, (key, record), without its metadata."""
     return ((key, value) for key, value in records.items() if key.startswith(ARTICLE_PREFIX))

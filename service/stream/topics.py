@@ -106,3 +106,42 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
         if topic.get("error_code", 0) == 0 and topic.get("partitions"):
             counts[topic["topic"]] = len(topic["partitions"])
     return counts
+
+
+async def read_range(
+    settings: Settings, topic: str, partition: int, start: int, stop: int, timeout_s: float = 60.0
+) -> list[tuple[int, bytes]]:
+    """The (offset, value) of the messages of one partition from `start` up to `stop` (excluded),
+    read directly with a consumer of no group: what the worker's own consumer went past without
+    delivering it (app.py). Offsets with no message (removed by retention or compaction) are
+    simply absent. Raises TimeoutError when the broker does not answer in `timeout_s`."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        enable_auto_commit=False,
+        group_id=None,
+        max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
+        fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
+        **settings.client_security(),
+    )
+    tp = TopicPartition(topic, partition)
+    found: list[tuple[int, bytes]] = []
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        first = (await consumer.beginning_offsets([tp]))[tp]
+        end = min(stop, (await consumer.end_offsets([tp]))[tp])
+        position = max(start, first)
+        if position >= end:
+            return found
+        consumer.seek(tp, position)
+        async with asyncio.timeout(timeout_s):
+            while position < end:
+                for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                    if start <= record.offset < stop and record.value is not None:
+                        found.append((record.offset, record.value))
+                position = await consumer.position(tp)
+    finally:
+        await consumer.stop()
+    return found

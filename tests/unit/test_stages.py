@@ -28,6 +28,7 @@ from service.stream.stages import (
     SignStage,
     decode_signed,
     encode_signed,
+    in_log_order,
     offset_gaps,
     pack_in_chunks,
     pack_signed,
@@ -626,3 +627,16 @@ def test_offset_gaps_are_forward_jumps_per_partition() -> None:
     assert offset_gaps(last, [(("s", 0), 3), (("s", 0), 4), (("t", 0), 500)]) == []
     # the first message after the recorded one must be the next
     assert offset_gaps({("s", 0): -1}, [(("s", 0), 1)]) == [OffsetGap(("s", 0), 0, 1)]
+
+
+def test_messages_read_for_gaps_go_back_where_they_belong() -> None:
+    gaps = [OffsetGap(("s", 0), 3, 5), OffsetGap(("s", 0), 7, 9)]
+    delivered = [(2, b"c"), (5, b"f"), (6, b"g"), (9, b"j")]
+    read_back = [(8, b"i"), (3, b"d"), (7, b"h"), (4, b"e")]
+    ordered = in_log_order(delivered, gaps, read_back)
+    assert ordered == [(o, bytes([ord("a") + o])) for o in range(2, 10)]
+    # what retention removed is simply absent
+    partly = in_log_order(delivered, gaps, [(4, b"e")])
+    assert partly == [(2, b"c"), (4, b"e"), (5, b"f"), (6, b"g"), (9, b"j")]
+    with pytest.raises(ValueError, match="fills no gap"):
+        in_log_order(delivered, gaps, [(6, b"x")])
