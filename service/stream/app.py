@@ -312,6 +312,9 @@ def create_app(
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
     async def on_assigned(sender: Any, assigned: Any = None, **_: Any) -> None:
+        # Faust starts every partition again from its committed offset: what was delivered before
+        # says nothing about what comes next (the shard's is set again from the applied offset).
+        runtime.delivered.clear()
         if any(tp.topic == settings.signatures_topic for tp in assigned or ()):
             runtime.needs_open = True
 
