@@ -7,6 +7,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -115,8 +116,6 @@ async def read_range(
     read directly with a consumer of no group: what the worker's own consumer went past without
     delivering it (app.py). Offsets with no message (removed by retention or compaction) are
     simply absent. Raises TimeoutError when the broker does not answer in `timeout_s`."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap_servers,
         enable_auto_commit=False,

@@ -17,7 +17,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from service.core.params import DedupParams
+from service.stream.app import SHARD_KEY
 from service.stream.stages import Provenance, SignStage, pack_signed
+from service.stream.topics import DEAD_LETTER_MAX_BYTES
 
 from .conftest import (
     Deployment,
@@ -34,10 +36,12 @@ SKIPPED = 3  # signatures messages the consumer goes past
 
 
 async def append_signatures(bootstrap: str, topic: str, packs: list[bytes]) -> list[int]:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=8 * 1024 * 1024)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_request_size=DEAD_LETTER_MAX_BYTES
+    )
     await producer.start()
     try:
-        sent = [await producer.send_and_wait(topic, pack, key=b"0", partition=0) for pack in packs]
+        sent = [await producer.send_and_wait(topic, pack, key=SHARD_KEY, partition=0) for pack in packs]
     finally:
         await producer.stop()
     return [metadata.offset for metadata in sent]
