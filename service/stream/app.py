@@ -38,7 +38,7 @@ from .stages import (
     pack_in_chunks,
     runs_within,
 )
-from .topics import DEAD_LETTER_MAX_BYTES, changelog_topic, read_range
+from .topics import DEAD_LETTER_MAX_BYTES, StoredMessage, changelog_topic, read_range
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
@@ -186,18 +186,24 @@ def create_app(
     @app.agent(articles, name="sign")
     async def sign(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(settings.sign_batch, within=0.005):
-            # Only noticed: on the input, transaction markers and compaction leave gaps too.
-            _check_gaps(runtime, batch, logging.WARNING)
-            items: list[SignItem] = []
+            _expect_committed(app, runtime, batch)
+            gaps = _check_gaps(runtime, batch, logging.WARNING)
+            entries: list[tuple[Any, int, SignItem]] = []
             for event in batch:
                 msg = event.message
                 stamp = int(msg.timestamp * 1000) if msg.timestamp else None
-                items.append(
-                    (event.value, event.key, Provenance(msg.topic, msg.partition, msg.offset, stamp))
-                )
+                src = Provenance(msg.topic, msg.partition, msg.offset, stamp)
+                entries.append((msg.tp, msg.offset, (event.value, event.key, src)))
+            if gaps:
+                # The index must see the articles of each input partition in their order: one
+                # signed after a later one would be decided without it.
+                fills = [
+                    (tp, found.offset, _sign_item(tp, found)) for tp, found in await _read_gaps(runtime, gaps)
+                ]
+                entries = in_log_order(entries, gaps, fills)
+            items = [item for _, _, item in entries]
             signed: list[bytes] = []
-            for event, result in zip(batch, await runtime.signer.sign(items), strict=True):
-                msg = event.message
+            for (_, key, src), result in zip(items, await runtime.signer.sign(items), strict=True):
                 if result.signed is not None:
                     signed.append(result.signed)
                 else:
@@ -205,14 +211,15 @@ def create_app(
                     log.info(
                         "dead_letter reason=%s topic=%s partition=%d offset=%d",
                         result.reason,
-                        msg.topic,
-                        msg.partition,
-                        msg.offset,
+                        src.topic,
+                        src.partition,
+                        src.offset,
                     )
-                    await dead_letter(result.reason, result.dead_letter, event.key)
-            metrics.articles_in.inc(len(batch))
+                    await dead_letter(result.reason, result.dead_letter, key)
+            metrics.articles_in.inc(len(items))
             for pack in pack_in_chunks(signed):
                 await signatures.send(key=SHARD_KEY, value=pack)
+            await _allow_commits_past(app, gaps)
             _record_lag(app, metrics, batch)
 
     async def publish_verdict(article_id: str, verdict: bytes) -> None:
@@ -231,7 +238,14 @@ def create_app(
             events = {event.message.offset: event for event in batch}
             messages = [(event.message.offset, event.value) for event in batch]
             if gaps:
-                messages = await _filled(runtime, messages, gaps)
+                shard = batch[-1].message.tp
+                delivered = [(shard, offset, value) for offset, value in messages]
+                fills = [
+                    (shard, found.offset, found.value)
+                    for _, found in await _read_gaps(runtime, gaps)
+                    if found.value is not None
+                ]
+                messages = [(offset, value) for _, offset, value in in_log_order(delivered, gaps, fills)]
             chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
             # Pipelined: the decider works on the next chunk while the loop publishes this one.
             try:
@@ -250,12 +264,7 @@ def create_app(
                     log.critical("index_unavailable: the decider failed twice; stopping the worker")
                     runtime.stop_worker()
                 raise
-            for gap in gaps:
-                # Faust never delivered these offsets, so never acknowledges them: let its commits
-                # go past them, now that they are applied.
-                # (Consumer._add_gap: private, as the version is pinned; what Faust itself calls for
-                # offsets a fetch skips, such as transaction markers)
-                await cast(Any, app.consumer)._add_gap(gap.partition, gap.expected, gap.got - 1)
+            await _allow_commits_past(app, gaps)
             _record_lag(app, metrics, batch)
 
     def persist_changelog_offset(sent: asyncio.Future[Any]) -> None:
@@ -360,26 +369,56 @@ def _check_gaps(runtime: Runtime, batch: list[faust.EventT], level: int = loggin
     return gaps
 
 
-async def _filled(
-    runtime: Runtime, messages: list[tuple[int, bytes]], gaps: list[OffsetGap]
-) -> list[tuple[int, bytes]]:
-    """The shard's messages with those of its gaps read back from Kafka, in log order: the index
-    must see every signatures message, in order, or its verdicts stop matching an uninterrupted run.
-    A gap that cannot be read back (the broker does not answer) stops the worker, so that it
-    restarts from its last commit rather than decide without those messages."""
-    fills: list[tuple[int, bytes]] = []
+def _expect_committed(app: faust.App, runtime: Runtime, batch: list[faust.EventT]) -> None:
+    """The first message of an input partition after an assignment must be the one at the group's
+    committed offset, where Faust seeks to: one beyond it (an event fetched before the rebalance and
+    delivered after it, in faust-streaming's open reports) is a gap like any other."""
+    for event in batch:
+        tp = event.message.tp
+        if tp not in runtime.delivered:
+            # Consumer._committed_offset: private, as the version is pinned; None when nothing (or
+            # offset 0: Faust stores it as None) was committed, and then nothing is expected.
+            committed = cast(Any, app.consumer)._committed_offset.get(tp)
+            if committed is not None:
+                runtime.delivered[tp] = committed - 1
+
+
+async def _read_gaps(runtime: Runtime, gaps: list[OffsetGap]) -> list[tuple[Any, StoredMessage]]:
+    """The messages of `gaps` read back from Kafka, with their partitions. A gap that
+    cannot be read back (the broker does not answer) stops the worker, so that it restarts from its
+    last commit rather than go on without those messages."""
+    fills: list[tuple[Any, StoredMessage]] = []
     for gap in gaps:
+        tp = gap.partition
         try:
-            found = await read_range(
-                runtime.settings, gap.partition.topic, gap.partition.partition, gap.expected, gap.got
-            )
+            found = await read_range(runtime.settings, tp.topic, tp.partition, gap.expected, gap.got)
         except Exception:
             log.critical("offset_gap_unreadable: stopping the worker", exc_info=True)
             runtime.stop_worker()
             raise
-        log.warning("offset_gap_filled expected=%d got=%d read=%d", gap.expected, gap.got, len(found))
-        fills += found
-    return in_log_order(messages, gaps, fills)
+        log.warning(
+            "offset_gap_filled topic=%s partition=%d expected=%d got=%d read=%d",
+            tp.topic,
+            tp.partition,
+            gap.expected,
+            gap.got,
+            len(found),
+        )
+        fills += [(tp, message) for message in found]
+    return fills
+
+
+def _sign_item(tp: Any, found: StoredMessage) -> SignItem:
+    """An input message read back for a gap, as the sign stage takes it."""
+    return found.value, found.key, Provenance(tp.topic, tp.partition, found.offset, found.timestamp_ms)
+
+
+async def _allow_commits_past(app: faust.App, gaps: list[OffsetGap]) -> None:
+    """Faust never delivered the offsets of `gaps`, so never acknowledges them: let its commits go
+    past them, now that what they held is handled. (Consumer._add_gap: private, as the version is
+    pinned; what Faust itself calls for offsets a fetch skips, such as transaction markers.)"""
+    for gap in gaps:
+        await cast(Any, app.consumer)._add_gap(gap.partition, gap.expected, gap.got - 1)
 
 
 def _enter_event(event: faust.EventT) -> None:

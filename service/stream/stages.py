@@ -194,20 +194,21 @@ def offset_gaps(last: dict[Any, int], delivered: Iterable[tuple[Any, int]]) -> l
 
 
 def in_log_order(
-    messages: Sequence[tuple[int, bytes]], gaps: Sequence[OffsetGap], fills: Sequence[tuple[int, bytes]]
-) -> list[tuple[int, bytes]]:
-    """`messages` ((offset, value), as delivered) with `fills`, the messages read for `gaps`, put
-    back where they belong: each gap's before the message that revealed it."""
-    before: dict[int, list[tuple[int, bytes]]] = {gap.got: [] for gap in gaps}
-    for offset, value in sorted(fills):
-        gap = next((g for g in gaps if g.expected <= offset < g.got), None)
+    messages: Sequence[tuple[Any, int, T]], gaps: Sequence[OffsetGap], fills: Sequence[tuple[Any, int, T]]
+) -> list[tuple[Any, int, T]]:
+    """`messages` ((partition, offset, payload), as delivered) with `fills`, the messages read for
+    `gaps`, put back where they belong: each gap's before the message that revealed it."""
+    before: dict[tuple[Any, int], list[tuple[Any, int, T]]] = {(gap.partition, gap.got): [] for gap in gaps}
+    for fill in sorted(fills, key=lambda entry: entry[1]):
+        partition, offset, _ = fill
+        gap = next((g for g in gaps if g.partition == partition and g.expected <= offset < g.got), None)
         if gap is None:
-            raise ValueError(f"message at offset {offset} fills no gap of {list(gaps)}")
-        before[gap.got].append((offset, value))
-    ordered: list[tuple[int, bytes]] = []
-    for offset, value in messages:
-        ordered += before.pop(offset, [])
-        ordered.append((offset, value))
+            raise ValueError(f"message at offset {offset} of {partition} fills no gap of {list(gaps)}")
+        before[(gap.partition, gap.got)].append(fill)
+    ordered: list[tuple[Any, int, T]] = []
+    for message in messages:
+        ordered += before.pop((message[0], message[1]), [])
+        ordered.append(message)
     return ordered
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -15,6 +16,15 @@ from ..config import Settings
 
 log = logging.getLogger("neardup.topics")
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
+
+
+class StoredMessage(NamedTuple):
+    """One message as read_range finds it in the log."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None  # None: a tombstone
+    timestamp_ms: int | None
 
 
 class TopicMismatch(RuntimeError):
@@ -111,8 +121,8 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
 
 async def read_range(
     settings: Settings, topic: str, partition: int, start: int, stop: int, timeout_s: float = 60.0
-) -> list[tuple[int, bytes]]:
-    """The (offset, value) of the messages of one partition from `start` up to `stop` (excluded),
+) -> list[StoredMessage]:
+    """The messages of one partition from `start` up to `stop` (excluded),
     read directly with a consumer of no group: what the worker's own consumer went past without
     delivering it (app.py). Offsets with no message (removed by retention or compaction) are
     simply absent. Raises TimeoutError when the broker does not answer in `timeout_s`."""
@@ -125,7 +135,7 @@ async def read_range(
         **settings.client_security(),
     )
     tp = TopicPartition(topic, partition)
-    found: list[tuple[int, bytes]] = []
+    found: list[StoredMessage] = []
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -138,8 +148,8 @@ async def read_range(
         async with asyncio.timeout(timeout_s):
             while position < end:
                 for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
-                    if start <= record.offset < stop and record.value is not None:
-                        found.append((record.offset, record.value))
+                    if start <= record.offset < stop:
+                        found.append(StoredMessage(record.offset, record.key, record.value, record.timestamp))
                 position = await consumer.position(tp)
     finally:
         await consumer.stop()

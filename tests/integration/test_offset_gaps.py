@@ -100,4 +100,5 @@ def test_signatures_the_consumer_went_past_are_read_back_in_order(
     assert f'neardup_offset_gaps_total{{topic="{deployment.topics["signatures"]}"}} 1.0' in metrics
     deployment.kill(worker, signal.SIGTERM)
     log = (deployment.root / "worker0.log").read_text(errors="replace")
-    assert f"offset_gap_filled expected={offsets[0]} got={offsets[SKIPPED]} read={SKIPPED}" in log
+    filled = f"partition=0 expected={offsets[0]} got={offsets[SKIPPED]} read={SKIPPED}"
+    assert f"offset_gap_filled topic={deployment.topics['signatures']} {filled}" in log

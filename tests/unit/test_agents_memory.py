@@ -14,6 +14,7 @@ import faust
 import orjson
 import pytest
 from faust.types import TP
+from prometheus_client import generate_latest
 
 from service.config import Settings
 from service.core.signing import fingerprint
@@ -29,7 +30,7 @@ from service.stream.stages import (
     pack_signed,
     unpack_signed,
 )
-from service.stream.topics import changelog_topic
+from service.stream.topics import StoredMessage, changelog_topic
 from tests.conftest import PROSE
 
 HIGHWATER = 10
@@ -179,6 +180,44 @@ async def test_a_batch_keeps_order_and_splits_outputs(
         (b"k1", "invalid_utf8", 1),
         (b"k3", "empty_text", 3),
     ]
+
+
+async def test_input_messages_the_consumer_went_past_are_read_back_and_signed_in_order(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], sign_agent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, runtime, recorders = wired
+    topic = runtime.settings.input_topic
+    tp = TP(topic, 0)
+    # the group's committed offset, where Faust seeks at assignment: 2
+    app.consumer._committed_offset[tp] = 2
+    stored = {o: StoredMessage(o, f"k{o}".encode(), _article(f"m{o}", o), 1_000 + o) for o in range(2, 9)}
+    asked: list[tuple[str, int, int, int]] = []
+
+    async def read_range(settings: Settings, name: str, partition: int, start: int, stop: int) -> Any:
+        asked.append((name, partition, start, stop))
+        return [stored[o] for o in range(start, stop)]
+
+    monkeypatch.setattr("service.stream.app.read_range", read_range)
+    # delivered: 4, 5, then 8 (2-3 before the first, 6-7 between)
+    for offset in (4, 5, 8):
+        sign_agent.sent_offset = offset
+        await sign_agent.put(stored[offset].value, key=stored[offset].key)
+    signed = _records(await recorders["signatures"].wait_for(7, size=_record_count))
+    assert asked == [(topic, 0, 2, 4), (topic, 0, 6, 8)]
+    assert [decode_signed(r).article_id for r in signed] == [f"m{o}" for o in range(2, 9)]
+    # read back with their provenance: dead letters and latency need it
+    assert decode_signed(signed[0]).provenance == Provenance(topic, 0, 2, 1_002)
+    metrics = generate_latest(runtime.metrics.registry).decode()
+    assert f'neardup_offset_gaps_total{{topic="{topic}"}} 2.0' in metrics
+    # Once Faust has acknowledged what it delivered (the test context does not, its topics are not
+    # subscribed), its commits go past the offsets it never delivered; without the gaps, never.
+    app.consumer._acked[tp] = [4, 5, 8]
+    app.consumer._acked_index[tp] = {4, 5, 8}
+    assert app.consumer._new_offset(tp) == 9
+
+
+def _article(article_id: str, seed: int) -> bytes:
+    return orjson.dumps({"id": article_id, "text": f"{PROSE[seed % len(PROSE)]} Item {seed}."})
 
 
 # --- the index agent ------------------------------------------------------------------------------

@@ -630,13 +630,31 @@ def test_offset_gaps_are_forward_jumps_per_partition() -> None:
 
 
 def test_messages_read_for_gaps_go_back_where_they_belong() -> None:
-    gaps = [OffsetGap(("s", 0), 3, 5), OffsetGap(("s", 0), 7, 9)]
-    delivered = [(2, b"c"), (5, b"f"), (6, b"g"), (9, b"j")]
-    read_back = [(8, b"i"), (3, b"d"), (7, b"h"), (4, b"e")]
+    s, i = ("s", 0), ("i", 1)
+    gaps = [OffsetGap(s, 3, 5), OffsetGap(s, 7, 9), OffsetGap(i, 3, 4)]
+    delivered = [(s, 2, b"c"), (i, 2, b"C"), (s, 5, b"f"), (i, 4, b"E"), (s, 6, b"g"), (s, 9, b"j")]
+    read_back = [(s, 8, b"i"), (i, 3, b"D"), (s, 3, b"d"), (s, 7, b"h"), (s, 4, b"e")]
     ordered = in_log_order(delivered, gaps, read_back)
-    assert ordered == [(o, bytes([ord("a") + o])) for o in range(2, 10)]
+    assert [(p, o, v) for p, o, v in ordered if p == s] == [
+        (s, o, bytes([ord("a") + o])) for o in range(2, 10)
+    ]
+    assert [(p, o, v) for p, o, v in ordered if p == i] == [
+        (i, o, bytes([ord("A") + o])) for o in range(2, 5)
+    ]
+    # each read-back message comes just before the delivered one that revealed its gap
+    assert ordered.index((i, 3, b"D")) == ordered.index((i, 4, b"E")) - 1
     # what retention removed is simply absent
-    partly = in_log_order(delivered, gaps, [(4, b"e")])
-    assert partly == [(2, b"c"), (4, b"e"), (5, b"f"), (6, b"g"), (9, b"j")]
+    partly = in_log_order(delivered, gaps, [(s, 4, b"e")])
+    assert partly == [
+        (s, 2, b"c"),
+        (i, 2, b"C"),
+        (s, 4, b"e"),
+        (s, 5, b"f"),
+        (i, 4, b"E"),
+        (s, 6, b"g"),
+        (s, 9, b"j"),
+    ]
     with pytest.raises(ValueError, match="fills no gap"):
-        in_log_order(delivered, gaps, [(6, b"x")])
+        in_log_order(delivered, gaps, [(s, 6, b"x")])
+    with pytest.raises(ValueError, match="fills no gap"):  # the right offsets, the wrong partition
+        in_log_order(delivered, gaps, [(i, 8, b"x")])
