@@ -41,7 +41,13 @@ class Metrics:
         self.indexed = Gauge("neardup_indexed_articles", "Articles in the index", registry=r)
         self.offset_gaps = Counter(
             "neardup_offset_gaps",
-            "Offsets the consumer skipped: a message came after a gap in its partition",
+            "Gaps in the offsets delivered: a message came after a gap in its partition",
+            ["topic"],
+            registry=r,
+        )
+        self.offset_gap_messages = Counter(
+            "neardup_offset_gap_messages",
+            "Messages found in the gaps (read back and handled in their place): the consumer skipped them",
             ["topic"],
             registry=r,
         )

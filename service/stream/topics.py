@@ -19,7 +19,7 @@ DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 
 
 class StoredMessage(NamedTuple):
-    """One message as read_range finds it in the log."""
+    """One message as LogReader.read finds it in the log."""
 
     offset: int
     key: bytes | None
@@ -119,38 +119,53 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     return counts
 
 
-async def read_range(
-    settings: Settings, topic: str, partition: int, start: int, stop: int, timeout_s: float = 60.0
-) -> list[StoredMessage]:
-    """The messages of one partition from `start` up to `stop` (excluded),
-    read directly with a consumer of no group: what the worker's own consumer went past without
-    delivering it (app.py). Offsets with no message (removed by retention or compaction) are
-    simply absent. Raises TimeoutError when the broker does not answer in `timeout_s`."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        enable_auto_commit=False,
-        group_id=None,
-        max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
-        fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
-        **settings.client_security(),
-    )
-    tp = TopicPartition(topic, partition)
-    found: list[StoredMessage] = []
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        first = (await consumer.beginning_offsets([tp]))[tp]
-        end = min(stop, (await consumer.end_offsets([tp]))[tp])
-        position = max(start, first)
-        if position >= end:
-            return found
-        consumer.seek(tp, position)
-        async with asyncio.timeout(timeout_s):
-            while position < end:
+class LogReader:
+    """Reads ranges of a partition's log directly, with a consumer of no group: what the worker's
+    own consumer went past without delivering it (app.py). The consumer is started at the first
+    read and kept: starting one took ~0.5 s, and an input written in transactions has a gap (its
+    commit marker) after every transaction. One read at a time (the agents share it)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()
+
+    async def read(
+        self, topic: str, partition: int, start: int, stop: int, timeout_s: float = 60.0
+    ) -> list[StoredMessage]:
+        """The messages from offset `start` up to `stop` (excluded). Offsets with no message (a
+        transaction marker; removed by retention or compaction) are simply absent. Raises
+        TimeoutError when the broker does not answer in `timeout_s`."""
+        async with self._lock, asyncio.timeout(timeout_s):
+            consumer = await self._started()
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            consumer.seek(tp, start)  # before the log's start: reset to it (auto_offset_reset)
+            found: list[StoredMessage] = []
+            while await consumer.position(tp) < stop:
                 for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
                     if start <= record.offset < stop:
                         found.append(StoredMessage(record.offset, record.key, record.value, record.timestamp))
-                position = await consumer.position(tp)
-    finally:
-        await consumer.stop()
-    return found
+            return found
+
+    async def _started(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.settings.bootstrap_servers,
+                enable_auto_commit=False,
+                group_id=None,
+                auto_offset_reset="earliest",
+                # a gap that holds only a transaction marker answered after the default 500 ms wait
+                fetch_max_wait_ms=10,
+                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
+                fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
+                **self.settings.client_security(),
+            )
+            await consumer.start()
+            self._consumer = consumer
+        return self._consumer
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.stop()

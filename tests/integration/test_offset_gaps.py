@@ -98,7 +98,49 @@ def test_signatures_the_consumer_went_past_are_read_back_in_order(
         assert got == [expected[article["id"]]], article["id"]
     metrics = deployment.metrics(0)
     assert f'neardup_offset_gaps_total{{topic="{deployment.topics["signatures"]}"}} 1.0' in metrics
+    signatures_read_back = f'neardup_offset_gap_messages_total{{topic="{deployment.topics["signatures"]}"}}'
+    assert f"{signatures_read_back} {SKIPPED}.0" in metrics
     deployment.kill(worker, signal.SIGTERM)
     log = (deployment.root / "worker0.log").read_text(errors="replace")
     filled = f"partition=0 expected={offsets[0]} got={offsets[SKIPPED]} read={SKIPPED}"
     assert f"offset_gap_filled topic={deployment.topics['signatures']} {filled}" in log
+
+
+async def produce_in_transactions(
+    bootstrap: str, topic: str, articles: list[dict], per_transaction: int
+) -> None:
+    """Each transaction ends with a commit marker, which takes an offset of its own: the consumer
+    sees a gap of one after every transaction, with nothing to read back."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"neardup-test-{topic}")
+    await producer.start()
+    try:
+        for start in range(0, len(articles), per_transaction):
+            async with producer.transaction():
+                for article in articles[start : start + per_transaction]:
+                    await producer.send(topic, orjson.dumps(article), key=article["id"].encode(), partition=0)
+    finally:
+        await producer.stop()
+
+
+def test_transaction_markers_in_the_input_are_gaps_with_nothing_missing(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    articles = load_sample()
+    per_transaction = 50
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
+    deployment.create_topics()
+    asyncio.run(
+        produce_in_transactions(deployment.bootstrap, deployment.topics["input"], articles, per_transaction)
+    )
+    worker = deployment.start_worker()
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    records = reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=180)
+    verdicts = verdicts_by_id(records)
+    assert {article_id: without_latency(seen[0]) for article_id, seen in verdicts.items()} == expected
+    markers = -(-len(articles) // per_transaction)
+    metrics = deployment.metrics(0)
+    # every marker but the last is followed by a message, which reveals it
+    assert f'neardup_offset_gaps_total{{topic="{deployment.topics["input"]}"}} {markers - 1}.0' in metrics
+    assert f"neardup_articles_in_total {len(articles)}.0" in metrics
+    assert f'neardup_offset_gap_messages_total{{topic="{deployment.topics["input"]}"}} 0.0' in metrics
+    deployment.kill(worker, signal.SIGTERM)

@@ -193,11 +193,11 @@ async def test_input_messages_the_consumer_went_past_are_read_back_and_signed_in
     stored = {o: StoredMessage(o, f"k{o}".encode(), _article(f"m{o}", o), 1_000 + o) for o in range(2, 9)}
     asked: list[tuple[str, int, int, int]] = []
 
-    async def read_range(settings: Settings, name: str, partition: int, start: int, stop: int) -> Any:
+    async def read(name: str, partition: int, start: int, stop: int) -> Any:
         asked.append((name, partition, start, stop))
         return [stored[o] for o in range(start, stop)]
 
-    monkeypatch.setattr("service.stream.app.read_range", read_range)
+    monkeypatch.setattr(runtime.log_reader, "read", read)
     # delivered: 4, 5, then 8 (2-3 before the first, 6-7 between)
     for offset in (4, 5, 8):
         sign_agent.sent_offset = offset
@@ -209,6 +209,7 @@ async def test_input_messages_the_consumer_went_past_are_read_back_and_signed_in
     assert decode_signed(signed[0]).provenance == Provenance(topic, 0, 2, 1_002)
     metrics = generate_latest(runtime.metrics.registry).decode()
     assert f'neardup_offset_gaps_total{{topic="{topic}"}} 2.0' in metrics
+    assert f'neardup_offset_gap_messages_total{{topic="{topic}"}} 4.0' in metrics
     # Once Faust has acknowledged what it delivered (the test context does not, its topics are not
     # subscribed), its commits go past the offsets it never delivered; without the gaps, never.
     app.consumer._acked[tp] = [4, 5, 8]
