@@ -9,7 +9,9 @@ bench_core.py` measures both — OPH matched its accuracy at an order of magnitu
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -17,6 +19,16 @@ import numpy as np
 import numpy.typing as npt
 
 from ._hashing import U64, HashArray, fmix64, mix_scalar
+from .shingle import shingle_hashes_of_units
+
+try:  # built from _sketch.c at install; the numpy code here stays the reference and the fallback
+    from . import _sketch as _compiled
+except ImportError:  # pragma: no cover - a source checkout without a C compiler
+    _compiled = None  # type: ignore[assignment]
+if os.environ.get("NEARDUP_COMPILED") == "0":  # numpy everywhere: A/B measurements, debugging
+    _compiled = None  # type: ignore[assignment]
+
+COMPILED = _compiled is not None  # reported by the benchmarks
 
 ALGORITHM = "oph-optdens-fmix64-v2"  # v2: shingle hashes are the bare polynomial
 EMPTY_SLOT = np.iinfo(np.uint64).max
@@ -64,7 +76,29 @@ class MinHasher:
             raise ValueError(f"verify_perm ({verify_perm}) must be a multiple of num_perm ({self.num_perm})")
         seed_key, probes = _tables(self.num_perm, self.seed)
         values, distinct = _permuted(hashes, seed_key)
-        wide = _bin_minima(values, verify_perm)
+        return self._finished(_bin_minima(values, verify_perm), probes, distinct)
+
+    def sketches_of_units(
+        self, units: HashArray, k: int, verify_perm: int
+    ) -> tuple[HashArray, VerifierArray, int]:
+        """sketches(shingle_hashes_of_units(units, k), verify_perm), the same values: where _sketch
+        is built, shingling, permuting and binning are one compiled pass over the units (a dozen
+        numpy passes and a sort otherwise, half of what signing a news text cost)."""
+        if _compiled is None or units.size < k:
+            return self.sketches(shingle_hashes_of_units(units, k), verify_perm)
+        if verify_perm % self.num_perm:
+            raise ValueError(f"verify_perm ({verify_perm}) must be a multiple of num_perm ({self.num_perm})")
+        seed_key, probes = _tables(self.num_perm, self.seed)
+        minima = np.full(verify_perm or self.num_perm, EMPTY_SLOT, dtype=np.uint64)
+        distinct = _compiled.oph_minima(np.ascontiguousarray(units, dtype=np.uint64), k, seed_key, minima)
+        if verify_perm == 0:
+            return _densified(minima, probes), np.empty(0, dtype=np.uint8), distinct
+        return self._finished(minima, probes, distinct)
+
+    def _finished(
+        self, wide: HashArray, probes: npt.NDArray[np.intp], distinct: int
+    ) -> tuple[HashArray, VerifierArray, int]:
+        """Signature and verifier from the verifier's bin minima."""
         # num_perm bins are unions of consecutive verify_perm bins (the bin boundaries coincide), so
         # the signature is the minimum of each group: the same values a direct num_perm pass gives.
         signature = _densified(wide.reshape(self.num_perm, -1).min(axis=1), probes)
@@ -218,8 +252,26 @@ def estimate_jaccard_verified_many(
         return _unbias_many(matches / query.size)
     # Slots empty in both count as equal and are left out. A news-sized text leaves one or two of
     # 512 slots empty (e^-6 each for 3,000 shingles), so only those columns are looked at.
-    both_empty = np.count_nonzero(equal[:, empty], axis=1)
-    usable = query.size - both_empty
+    return _estimates(matches, np.count_nonzero(equal[:, empty], axis=1), query.size)
+
+
+def estimate_jaccard_verified_each(
+    query: VerifierArray, others: Sequence[VerifierArray]
+) -> npt.NDArray[np.float64]:
+    """estimate_jaccard_verified_many for verifiers not stacked into a matrix, the same figures:
+    where _sketch is built, one compiled pass over them, without building the matrix."""
+    if _compiled is None:
+        return estimate_jaccard_verified_many(query, np.array(others, dtype=np.uint8, ndmin=2))
+    matches, both_empty = _compiled.agreements(query, others, EMPTY_VERIFIER_SLOT)
+    counts = np.frombuffer(matches, dtype=np.int64)
+    return _estimates(counts, np.frombuffer(both_empty, dtype=np.int64), query.size)
+
+
+def _estimates(
+    matches: npt.NDArray[np.int64], both_empty: npt.NDArray[np.int64], size: int
+) -> npt.NDArray[np.float64]:
+    """Jaccard estimates from each verifier's equal slots and, of those, slots empty in both."""
+    usable = size - both_empty
     agreement = np.divide(matches - both_empty, usable, out=np.ones(len(matches)), where=usable != 0)
     estimates = _unbias_many(agreement)  # 1.0 stays 1.0
     estimates[matches == 0] = 0.0

@@ -11,7 +11,7 @@ from ._hashing import HashArray
 from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
 from .normalize import canonical_code_points, normalize
 from .params import DedupParams
-from .shingle import shingle_hashes, shingle_hashes_of_units
+from .shingle import shingle_hashes
 
 
 class EmptyText(ValueError):
@@ -59,14 +59,17 @@ def fingerprint(text: str, params: DedupParams) -> Fingerprint:
         if points.size == 0:
             raise EmptyText("text is empty after normalization")
         digest = mmh3.hash_bytes(points.tobytes())
-        hashes = shingle_hashes_of_units(points.astype(np.uint64), params.shingle.k)
         units = points.size
+        signature, verifier, distinct = params.hasher.sketches_of_units(
+            points.astype(np.uint64), params.shingle.k, params.verify_perm
+        )
     else:
         canonical = normalize(text, params.normalize)
         if not canonical:
             raise EmptyText("text is empty after normalization")
         digest = content_hash(canonical)
-        hashes = shingle_hashes(canonical, params.shingle)
         units = len(canonical.split())
-    signature, verifier, distinct = params.hasher.sketches(hashes, params.verify_perm)
+        signature, verifier, distinct = params.hasher.sketches(
+            shingle_hashes(canonical, params.shingle), params.verify_perm
+        )
     return Fingerprint(digest, signature, distinct, units < params.shingle.k, verifier)

@@ -67,6 +67,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from service.config import Settings  # noqa: E402
+from service.core import minhash  # noqa: E402
 from service.core.params import DedupParams  # noqa: E402
 from service.core.signing import fingerprint  # noqa: E402
 from service.stream.topics import ensure_topics  # noqa: E402
@@ -415,15 +416,20 @@ async def collect_verdicts(
 def calibrate(corpus: list[dict[str, Any]], texts: int = 200, passes: int = 5) -> float:
     """µs of CPU to sign one corpus text here: the same work on the same texts every run, so that runs
     on different days can be compared (this machine's speed varied by up to 1.5x from one day to
-    the next). Median of `passes`."""
+    the next). Median of `passes`. Always the numpy path (not the compiled loops of _sketch.c, which
+    came later): the same code as the figures measured before them."""
     sample = [str(record["text"]) for record in corpus[:texts]]
     params = DedupParams()
     timings = []
-    for _ in range(passes):
-        started = time.process_time()
-        for text in sample:
-            fingerprint(text, params)
-        timings.append((time.process_time() - started) / len(sample) * 1e6)
+    compiled, minhash._compiled = minhash._compiled, None
+    try:
+        for _ in range(passes):
+            started = time.process_time()
+            for text in sample:
+                fingerprint(text, params)
+            timings.append((time.process_time() - started) / len(sample) * 1e6)
+    finally:
+        minhash._compiled = compiled
     return statistics.median(timings)
 
 
@@ -679,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         f"summary: median of {len(results)} repetition(s), {args.articles} articles of "
         f"{med('article_kb'):.2f} KB, one worker process, broker {args.broker}"
     )
+    compiled = minhash.COMPILED and "NEARDUP_COMPILED=0" not in args.worker_env
+    print(f"  compiled loops (service/core/_sketch.c) in the worker: {'yes' if compiled else 'no, numpy'}")
     print(
         f"  worker throughput     {worker_rate:9,.0f} articles/s   "
         f"(middle 80%: {med('worker_rate_slope'):,.0f}/s, event loop {med('worker_cpu'):.2f} cores, "

@@ -17,14 +17,15 @@ from service.core.minhash import (
     estimate_containment,
     estimate_jaccard,
     estimate_jaccard_verified,
+    estimate_jaccard_verified_each,
     estimate_jaccard_verified_many,
     kperm_signature,
     narrow_verifier,
     unbias,
 )
-from service.core.normalize import normalize
+from service.core.normalize import canonical_code_points, normalize
 from service.core.params import DedupParams
-from service.core.shingle import shingle_hashes
+from service.core.shingle import shingle_hashes, shingle_hashes_of_units
 from service.core.signing import fingerprint
 from service.core.similarity import exact_jaccard
 
@@ -323,3 +324,52 @@ def test_verdicts_name_the_verifier_bits_but_stored_state_does_not_depend_on_the
     assert verifier.dtype.itemsize * 8 == VERIFIER_BITS and int(verifier.max()) < 2**VERIFIER_BITS
     # state written with wider slots is narrowed when read, so the header must not refuse it
     assert "verify_bits" not in params.header()
+
+
+def test_the_compiled_loops_are_built() -> None:
+    """_sketch.c is compiled at install (pip install -e .); without it signing takes ~2x longer."""
+    assert minhash.COMPILED, "service/core/_sketch.c was not built: reinstall with a C compiler"
+
+
+def _unit_arrays(prose: tuple[str, ...]) -> list[np.ndarray]:
+    """Code points of real texts and edge cases, and random 64-bit units (word hashes)."""
+    rng = np.random.default_rng(7)
+    texts = [*prose, "abcde", "aaaaaaaaaaaaaaaa", "ab ab ab ab ab ab", "héllo wörld ✓ 日本語のテキスト" * 20]
+    arrays = [canonical_code_points(text).astype(np.uint64) for text in texts]
+    arrays += [rng.integers(0, 2**64, size, dtype=np.uint64) for size in (5, 6, 40, 3000)]
+    arrays.append(
+        np.array([0, 0, 0, 0, 0, 0, 2**64 - 1, 2**64 - 1, 2**64 - 1, 2**64 - 1, 2**64 - 1], dtype=np.uint64)
+    )
+    return arrays
+
+
+@pytest.mark.parametrize(
+    ("num_perm", "verify_perm", "k"), [(128, 512, 5), (128, 0, 5), (64, 256, 3), (16, 16, 9)]
+)
+def test_compiled_sketches_equal_the_numpy_reference(
+    prose: tuple[str, ...], num_perm: int, verify_perm: int, k: int
+) -> None:
+    hasher = MinHasher(num_perm, seed=3)
+    for units in _unit_arrays(prose):
+        expected = hasher.sketches(shingle_hashes_of_units(units, k), verify_perm)
+        got = hasher.sketches_of_units(units, k, verify_perm)
+        assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+        assert got[2] == expected[2]
+
+
+def test_compiled_agreements_equal_the_stacked_estimates() -> None:
+    rng = np.random.default_rng(11)
+    query = rng.integers(0, EMPTY_VERIFIER_SLOT, 512, dtype=np.uint8)
+    query[[4, 90, 300]] = EMPTY_VERIFIER_SLOT
+    rows = [
+        np.where(rng.random(512) < share, query, rng.integers(0, 256, 512, dtype=np.uint8))
+        for share in np.linspace(0, 1, 25)
+    ]
+    rows.append(np.full(512, EMPTY_VERIFIER_SLOT, dtype=np.uint8))
+    rows = [row.astype(np.uint8) for row in rows]
+    for q in (query, np.where(query == EMPTY_VERIFIER_SLOT, 0, query).astype(np.uint8), rows[-1]):
+        expected = estimate_jaccard_verified_many(q, np.array(rows)).tolist()
+        assert estimate_jaccard_verified_each(q, rows).tolist() == expected
+        assert estimate_jaccard_verified_each(q, rows[3:4]).tolist() == expected[3:4]
+    with pytest.raises(ValueError, match="differ in length"):
+        estimate_jaccard_verified_each(query, [query, query[:100]])
