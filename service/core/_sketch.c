@@ -9,11 +9,14 @@
  *     num_bins items, filled with EMPTY_SLOT by the caller) if it is the least of its bin
  *     (minhash.py: _bin_minima). Returns the number of distinct shingle hashes.
  *
- * agreements(query, others, empty) -> (matches, both_empty)
- *     query: uint8 buffer of m verifier slots; others: a sequence of uint8 buffers of m slots each.
- *     For each of the others, the slots equal to the query's and, of those, the slots empty in both
- *     (== empty): the two counts estimate_jaccard_verified_many (minhash.py) starts from, as two
- *     bytes objects of native int64 (np.frombuffer reads them without a copy).
+ * scores(query, candidates, size_a, empty, chance) -> (jaccard, containment, contains)
+ *     query: uint8 buffer of m verifier slots; candidates: a sequence of objects with a `verifier`
+ *     (uint8 buffer of m slots) and a `shingle_count` (Fingerprint). For each candidate: the Jaccard
+ *     estimate from the verifiers (minhash.py: estimate_jaccard_verified_many, slots equal to `empty`
+ *     in both left out, chance agreements taken out) and the containment estimates derived from it
+ *     with the distinct counts (estimate_containment_many), as three bytes objects of native
+ *     float64, with the same floating-point operations in the same order (built without contracting
+ *     them into fused multiply-adds). ValueError when a verifier's length differs from the query's.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,6 +72,7 @@ static Py_ssize_t count_distinct(const uint64_t *values, Py_ssize_t count, int *
 }
 
 static PyObject *oph_minima(PyObject *self, PyObject *args) {
+    (void)self;
     Py_buffer units, minima;
     Py_ssize_t k;
     unsigned long long seed_key;
@@ -120,54 +124,103 @@ done:
     return result;
 }
 
-static PyObject *agreements(PyObject *self, PyObject *args) {
+/* The Jaccard estimate of two verifiers from their equal slots and, of those, slots empty in both
+ * (minhash.py: estimate_jaccard_verified_many, _estimates and _unbias_many, the same operations). */
+static double jaccard_estimate(Py_ssize_t equal, Py_ssize_t both_empty, Py_ssize_t size, double chance) {
+    if (equal == 0) {
+        return 0.0;
+    }
+    Py_ssize_t usable = size - both_empty;
+    double agreement = usable != 0 ? (double)(equal - both_empty) / (double)usable : 1.0;
+    double estimate = (agreement - chance) / (1.0 - chance);
+    return estimate > 0.0 ? estimate : 0.0;
+}
+
+static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t size, Py_ssize_t size_a,
+                        int empty, double chance, double *jaccard, double *inside, double *contains) {
+    PyObject *verifier = PyObject_GetAttrString(candidate, "verifier");
+    if (verifier == NULL) {
+        return -1;
+    }
+    PyObject *count = PyObject_GetAttrString(candidate, "shingle_count");
+    if (count == NULL) {
+        Py_DECREF(verifier);
+        return -1;
+    }
+    Py_ssize_t size_b = PyLong_AsSsize_t(count);
+    Py_DECREF(count);
+    if (size_b == -1 && PyErr_Occurred()) {
+        Py_DECREF(verifier);
+        return -1;
+    }
+    Py_buffer theirs;
+    int status = PyObject_GetBuffer(verifier, &theirs, PyBUF_SIMPLE);
+    Py_DECREF(verifier);
+    if (status < 0) {
+        return -1;
+    }
+    if (theirs.len != size) {
+        PyBuffer_Release(&theirs);
+        PyErr_SetString(PyExc_ValueError, "verifiers differ in length");
+        return -1;
+    }
+    const uint8_t *slot = (const uint8_t *)theirs.buf;
+    Py_ssize_t equal = 0, both_empty = 0;
+    for (Py_ssize_t i = 0; i < size; i++) { /* branch-free: the compiler vectorises it */
+        int same = mine[i] == slot[i];
+        equal += same;
+        both_empty += same & (mine[i] == (uint8_t)empty);
+    }
+    PyBuffer_Release(&theirs);
+    double j = jaccard_estimate(equal, both_empty, size, chance);
+    *jaccard = j;
+    *inside = 0.0;
+    *contains = 0.0;
+    if (size_a > 0 && size_b > 0) { /* estimate_containment_many: |A∩B| = J(|A|+|B|)/(1+J) */
+        double intersection = j * (double)(size_a + size_b) / (1.0 + j);
+        double a = intersection / (double)size_a, b = intersection / (double)size_b;
+        *inside = a < 1.0 ? a : 1.0;
+        *contains = b < 1.0 ? b : 1.0;
+    }
+    return 0;
+}
+
+static PyObject *scores(PyObject *self, PyObject *args) {
+    (void)self;
     Py_buffer query;
     PyObject *others;
+    Py_ssize_t size_a;
     int empty;
-    if (!PyArg_ParseTuple(args, "y*Oi", &query, &others, &empty)) {
+    double chance;
+    if (!PyArg_ParseTuple(args, "y*Onid", &query, &others, &size_a, &empty, &chance)) {
         return NULL;
     }
-    PyObject *result = NULL, *matches = NULL, *both_empty = NULL;
-    PyObject *sequence = PySequence_Fast(others, "others must be a sequence of buffers");
+    PyObject *result = NULL, *jaccard = NULL, *inside = NULL, *contains = NULL;
+    PyObject *sequence = PySequence_Fast(others, "others must be a sequence");
     if (sequence == NULL) {
         goto done;
     }
     Py_ssize_t rows = PySequence_Fast_GET_SIZE(sequence);
-    matches = PyBytes_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(int64_t));
-    both_empty = PyBytes_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(int64_t));
-    if (matches == NULL || both_empty == NULL) {
+    jaccard = PyBytes_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(double));
+    inside = PyBytes_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(double));
+    contains = PyBytes_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(double));
+    if (jaccard == NULL || inside == NULL || contains == NULL) {
         goto done;
     }
-    int64_t *match_count = (int64_t *)PyBytes_AS_STRING(matches);
-    int64_t *empty_count = (int64_t *)PyBytes_AS_STRING(both_empty);
-    const uint8_t *mine = (const uint8_t *)query.buf;
-    Py_ssize_t size = query.len;
+    double *j = (double *)PyBytes_AS_STRING(jaccard);
+    double *a = (double *)PyBytes_AS_STRING(inside);
+    double *b = (double *)PyBytes_AS_STRING(contains);
     for (Py_ssize_t row = 0; row < rows; row++) {
-        Py_buffer other;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, row), &other, PyBUF_SIMPLE) < 0) {
+        if (write_scores(PySequence_Fast_GET_ITEM(sequence, row), (const uint8_t *)query.buf, query.len,
+                         size_a, empty, chance, &j[row], &a[row], &b[row]) < 0) {
             goto done;
         }
-        if (other.len != size) {
-            PyBuffer_Release(&other);
-            PyErr_SetString(PyExc_ValueError, "verifiers differ in length");
-            goto done;
-        }
-        const uint8_t *theirs = (const uint8_t *)other.buf;
-        int64_t equal = 0, empty_in_both = 0;
-        for (Py_ssize_t slot = 0; slot < size; slot++) {
-            if (mine[slot] == theirs[slot]) {
-                equal++;
-                empty_in_both += mine[slot] == (uint8_t)empty;
-            }
-        }
-        PyBuffer_Release(&other);
-        match_count[row] = equal;
-        empty_count[row] = empty_in_both;
     }
-    result = PyTuple_Pack(2, matches, both_empty);
+    result = PyTuple_Pack(3, jaccard, inside, contains);
 done:
-    Py_XDECREF(matches);
-    Py_XDECREF(both_empty);
+    Py_XDECREF(jaccard);
+    Py_XDECREF(inside);
+    Py_XDECREF(contains);
     Py_XDECREF(sequence);
     PyBuffer_Release(&query);
     return result;
@@ -175,10 +228,10 @@ done:
 
 static PyMethodDef methods[] = {
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
-    {"agreements", agreements, METH_VARARGS, "Equal slots, and of those empty ones, of a verifier against others."},
+    {"scores", scores, METH_VARARGS, "Jaccard and containment estimates of a verifier against candidates'."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sketch", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sketch", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__sketch(void) { return PyModule_Create(&module); }

@@ -14,7 +14,12 @@ from typing import Literal, Protocol
 import numpy as np
 
 from .lsh import band_keys
-from .minhash import estimate_containment, estimate_containment_many, estimate_jaccard_verified_each
+from .minhash import (
+    estimate_containment,
+    estimate_containment_many,
+    estimate_jaccard_verified_many,
+    verified_scores,
+)
 from .params import DedupParams
 from .signing import Fingerprint
 
@@ -169,17 +174,33 @@ def _score_arrays(
     fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """score_many's figures as arrays (jaccard, containment, contains), one entry per candidate."""
-    size = fp.verifier.size
-    if not size or any(other.verifier.size != size for _, other in others):
+    compiled = verified_scores(fp.verifier, fp.shingle_count, [other for _, other in others])
+    if compiled is not None:
+        return compiled
+    stacked = _stacked_verifiers(fp, others)
+    if stacked is None:
         scored = [score(fp, other, other_id) for other_id, other in others]
         return tuple(  # type: ignore[return-value]
             np.array([getattr(c, name) for c in scored], dtype=np.float64)
             for name in ("jaccard", "containment", "contains")
         )
-    jaccard = estimate_jaccard_verified_each(fp.verifier, [other.verifier for _, other in others])
+    jaccard = estimate_jaccard_verified_many(fp.verifier, stacked)
     sizes = np.fromiter((other.shingle_count for _, other in others), dtype=np.int64, count=len(others))
     inside, contains = estimate_containment_many(jaccard, fp.shingle_count, sizes)
     return jaccard, inside, contains
+
+
+def _stacked_verifiers(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> np.ndarray | None:
+    """The candidates' verifiers as one matrix, or None when there is nothing to gain (fewer than
+    two) or they cannot be compared in one pass (a length differs from fp's)."""
+    size = fp.verifier.size
+    if len(others) < 2 or not size:
+        return None
+    try:
+        stacked = np.array([other.verifier for _, other in others])
+    except ValueError:  # lengths differ among the candidates
+        return None
+    return stacked if stacked.ndim == 2 and stacked.shape[1] == size else None
 
 
 def _verified_match(

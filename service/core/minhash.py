@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -255,16 +256,32 @@ def estimate_jaccard_verified_many(
     return _estimates(matches, np.count_nonzero(equal[:, empty], axis=1), query.size)
 
 
-def estimate_jaccard_verified_each(
-    query: VerifierArray, others: Sequence[VerifierArray]
-) -> npt.NDArray[np.float64]:
-    """estimate_jaccard_verified_many for verifiers not stacked into a matrix, the same figures:
-    where _sketch is built, one compiled pass over them, without building the matrix."""
+class _Sketched(Protocol):
+    @property
+    def verifier(self) -> VerifierArray: ...
+
+    @property
+    def shingle_count(self) -> int: ...
+
+
+ScoreArrays = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
+
+
+def verified_scores(verifier: VerifierArray, size: int, others: Sequence[_Sketched]) -> ScoreArrays | None:
+    """(jaccard, containment, contains) of a text's verifier and distinct count against each of
+    `others` (Fingerprints): estimate_jaccard_verified_many, then estimate_containment_many, in one
+    compiled pass with the same figures, without stacking the verifiers or building arrays of their
+    sizes (tens of candidates per article, numpy's per-call costs exceeded the comparisons). None
+    where _sketch is not built or a verifier's length differs: the caller computes them itself."""
     if _compiled is None:
-        return estimate_jaccard_verified_many(query, np.array(others, dtype=np.uint8, ndmin=2))
-    matches, both_empty = _compiled.agreements(query, others, EMPTY_VERIFIER_SLOT)
-    counts = np.frombuffer(matches, dtype=np.int64)
-    return _estimates(counts, np.frombuffer(both_empty, dtype=np.int64), query.size)
+        return None
+    try:
+        jaccard, inside, contains = _compiled.scores(
+            verifier, others, size, EMPTY_VERIFIER_SLOT, CHANCE_AGREEMENT
+        )
+    except ValueError:
+        return None
+    return tuple(np.frombuffer(data, dtype=np.float64) for data in (jaccard, inside, contains))  # type: ignore[return-value]
 
 
 def _estimates(

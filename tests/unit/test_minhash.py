@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,13 +16,14 @@ from service.core.minhash import (
     VERIFIER_BITS,
     MinHasher,
     estimate_containment,
+    estimate_containment_many,
     estimate_jaccard,
     estimate_jaccard_verified,
-    estimate_jaccard_verified_each,
     estimate_jaccard_verified_many,
     kperm_signature,
     narrow_verifier,
     unbias,
+    verified_scores,
 )
 from service.core.normalize import canonical_code_points, normalize
 from service.core.params import DedupParams
@@ -357,19 +359,26 @@ def test_compiled_sketches_equal_the_numpy_reference(
         assert got[2] == expected[2]
 
 
-def test_compiled_agreements_equal_the_stacked_estimates() -> None:
+def test_compiled_scores_equal_the_numpy_estimates() -> None:
     rng = np.random.default_rng(11)
     query = rng.integers(0, EMPTY_VERIFIER_SLOT, 512, dtype=np.uint8)
     query[[4, 90, 300]] = EMPTY_VERIFIER_SLOT
     rows = [
-        np.where(rng.random(512) < share, query, rng.integers(0, 256, 512, dtype=np.uint8))
+        np.where(rng.random(512) < share, query, rng.integers(0, 256, 512, dtype=np.uint8)).astype(np.uint8)
         for share in np.linspace(0, 1, 25)
     ]
-    rows.append(np.full(512, EMPTY_VERIFIER_SLOT, dtype=np.uint8))
-    rows = [row.astype(np.uint8) for row in rows]
-    for q in (query, np.where(query == EMPTY_VERIFIER_SLOT, 0, query).astype(np.uint8), rows[-1]):
-        expected = estimate_jaccard_verified_many(q, np.array(rows)).tolist()
-        assert estimate_jaccard_verified_each(q, rows).tolist() == expected
-        assert estimate_jaccard_verified_each(q, rows[3:4]).tolist() == expected[3:4]
-    with pytest.raises(ValueError, match="differ in length"):
-        estimate_jaccard_verified_each(query, [query, query[:100]])
+    rows += [np.full(512, EMPTY_VERIFIER_SLOT, dtype=np.uint8), (query + np.uint8(1)) % np.uint8(255)]
+    sizes = [int(n) for n in rng.integers(0, 6000, len(rows))]
+    sizes[3] = 0  # a candidate with no shingles: no containment
+    others = [SimpleNamespace(verifier=row, shingle_count=n) for row, n in zip(rows, sizes, strict=True)]
+    no_empty = np.where(query == EMPTY_VERIFIER_SLOT, 0, query).astype(np.uint8)
+    for q, size in ((query, 3000), (no_empty, 17), (rows[-2], 2500), (query, 0)):
+        jaccard = estimate_jaccard_verified_many(q, np.array(rows))
+        expected = (jaccard, *estimate_containment_many(jaccard, size, np.array(sizes, dtype=np.int64)))
+        got = verified_scores(q, size, others)
+        assert got is not None
+        for have, want in zip(got, expected, strict=True):
+            assert have.tolist() == want.tolist()
+    assert (
+        verified_scores(query, 10, [*others, SimpleNamespace(verifier=query[:100], shingle_count=5)]) is None
+    )
