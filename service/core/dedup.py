@@ -161,7 +161,7 @@ def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
 def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> list[Candidate]:
     """`score` against many candidates, their verifiers compared in one pass when all have fp's
     length; otherwise pair by pair. The figures are identical either way."""
-    jaccard, inside, contains = _score_arrays(fp, others)
+    jaccard, inside, contains = _score_arrays(fp, [other for _, other in others])
     return [
         Candidate(other_id, j, a, b)
         for (other_id, _), j, a, b in zip(
@@ -171,33 +171,33 @@ def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> li
 
 
 def _score_arrays(
-    fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]
+    fp: Fingerprint, others: Sequence[Fingerprint]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """score_many's figures as arrays (jaccard, containment, contains), one entry per candidate."""
-    compiled = verified_scores(fp.verifier, fp.shingle_count, [other for _, other in others])
+    compiled = verified_scores(fp.verifier, fp.shingle_count, others)
     if compiled is not None:
         return compiled
     stacked = _stacked_verifiers(fp, others)
     if stacked is None:
-        scored = [score(fp, other, other_id) for other_id, other in others]
+        scored = [score(fp, other, "") for other in others]
         return tuple(  # type: ignore[return-value]
             np.array([getattr(c, name) for c in scored], dtype=np.float64)
             for name in ("jaccard", "containment", "contains")
         )
     jaccard = estimate_jaccard_verified_many(fp.verifier, stacked)
-    sizes = np.fromiter((other.shingle_count for _, other in others), dtype=np.int64, count=len(others))
+    sizes = np.fromiter((other.shingle_count for other in others), dtype=np.int64, count=len(others))
     inside, contains = estimate_containment_many(jaccard, fp.shingle_count, sizes)
     return jaccard, inside, contains
 
 
-def _stacked_verifiers(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> np.ndarray | None:
+def _stacked_verifiers(fp: Fingerprint, others: Sequence[Fingerprint]) -> np.ndarray | None:
     """The candidates' verifiers as one matrix, or None when there is nothing to gain (fewer than
     two) or they cannot be compared in one pass (a length differs from fp's)."""
     size = fp.verifier.size
     if len(others) < 2 or not size:
         return None
     try:
-        stacked = np.array([other.verifier for _, other in others])
+        stacked = np.array([other.verifier for other in others])
     except ValueError:  # lengths differ among the candidates
         return None
     return stacked if stacked.ndim == 2 and stacked.shape[1] == size else None
@@ -213,7 +213,7 @@ def _verified_match(
     others = state.candidates(keys, article_id, params.max_candidates)
     if not others:
         return Decision("unique", None, None, None, None, article_id, False, ())
-    jaccard, inside, contains = _score_arrays(fp, [(other.article_id, other.fingerprint) for other in others])
+    jaccard, inside, contains = _score_arrays(fp, [other.fingerprint for other in others])
     seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
