@@ -9,6 +9,11 @@
  *     num_bins items, filled with EMPTY_SLOT by the caller) if it is the least of its bin
  *     (minhash.py: _bin_minima). Returns the number of distinct shingle hashes.
  *
+ * collapse_spaces(points, is_space, out) -> length
+ *     points: uint32 code points; is_space: a bool (uint8) table by code point; out: a writable
+ *     uint32 buffer at least as long as points. Writes the points with every run of spaces made one
+ *     U+0020 and none at either end (normalize.py: canonical_code_points) and returns how many.
+ *
  * scores(query, candidates, size_a, empty, chance) -> (jaccard, containment, contains)
  *     query: uint8 buffer of m verifier slots; candidates: a sequence of objects with a `verifier`
  *     (uint8 buffer of m slots) and a `shingle_count` (Fingerprint). For each candidate: the Jaccard
@@ -124,6 +129,41 @@ done:
     return result;
 }
 
+static PyObject *collapse_spaces(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer points, table, out;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &points, &table, &out)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t count = points.len / 4;
+    if (points.len % 4 || out.len < points.len) {
+        PyErr_SetString(PyExc_ValueError, "points must be uint32, out at least as long");
+        goto done;
+    }
+    const uint32_t *point = (const uint32_t *)points.buf;
+    const uint8_t *space = (const uint8_t *)table.buf;
+    uint32_t *written = (uint32_t *)out.buf;
+    Py_ssize_t length = 0;
+    int after_space = 1; /* drops leading spaces */
+    for (Py_ssize_t i = 0; i < count; i++) { /* branch-free: spaces are too irregular to predict */
+        uint32_t code = point[i];
+        int is_space = (Py_ssize_t)code < table.len ? space[code] != 0 : 0;
+        written[length] = is_space ? 32 : code;
+        length += !(is_space & after_space);
+        after_space = is_space;
+    }
+    if (length > 0 && written[length - 1] == 32) {
+        length--;
+    }
+    result = PyLong_FromSsize_t(length);
+done:
+    PyBuffer_Release(&points);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 /* The Jaccard estimate of two verifiers from their equal slots and, of those, slots empty in both
  * (minhash.py: estimate_jaccard_verified_many, _estimates and _unbias_many, the same operations). */
 static double jaccard_estimate(Py_ssize_t equal, Py_ssize_t both_empty, Py_ssize_t size, double chance) {
@@ -228,6 +268,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
+    {"collapse_spaces", collapse_spaces, METH_VARARGS, "Runs of spaces as one U+0020, none at the ends."},
     {"scores", scores, METH_VARARGS, "Jaccard and containment estimates of a verifier against candidates'."},
     {NULL, NULL, 0, NULL},
 };

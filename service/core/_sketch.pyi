@@ -9,6 +9,9 @@ import numpy.typing as npt
 def oph_minima(
     units: npt.NDArray[np.uint64], k: int, seed_key: int, minima: npt.NDArray[np.uint64]
 ) -> int: ...
+def collapse_spaces(
+    points: npt.NDArray[np.uint32], is_space: npt.NDArray[np.bool_], out: npt.NDArray[np.uint32]
+) -> int: ...
 def scores(
     query: npt.NDArray[np.uint8], others: Sequence[Any], size_a: int, empty: int, chance: float
 ) -> tuple[bytes, bytes, bytes]: ...

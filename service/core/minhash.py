@@ -9,7 +9,6 @@ bench_core.py` measures both — OPH matched its accuracy at an order of magnitu
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,17 +18,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from . import compiled
 from ._hashing import U64, HashArray, fmix64, mix_scalar
 from .shingle import shingle_hashes_of_units
-
-try:  # built from _sketch.c at install; the numpy code here stays the reference and the fallback
-    from . import _sketch as _compiled
-except ImportError:  # pragma: no cover - a source checkout without a C compiler
-    _compiled = None  # type: ignore[assignment]
-if os.environ.get("NEARDUP_COMPILED") == "0":  # numpy everywhere: A/B measurements, debugging
-    _compiled = None  # type: ignore[assignment]
-
-COMPILED = _compiled is not None  # reported by the benchmarks
 
 ALGORITHM = "oph-optdens-fmix64-v2"  # v2: shingle hashes are the bare polynomial
 EMPTY_SLOT = np.iinfo(np.uint64).max
@@ -85,13 +76,14 @@ class MinHasher:
         """sketches(shingle_hashes_of_units(units, k), verify_perm), the same values: where _sketch
         is built, shingling, permuting and binning are one compiled pass over the units (a dozen
         numpy passes and a sort otherwise, half of what signing a news text cost)."""
-        if _compiled is None or units.size < k:
+        loops = compiled.loops()
+        if loops is None or units.size < k:
             return self.sketches(shingle_hashes_of_units(units, k), verify_perm)
         if verify_perm % self.num_perm:
             raise ValueError(f"verify_perm ({verify_perm}) must be a multiple of num_perm ({self.num_perm})")
         seed_key, probes = _tables(self.num_perm, self.seed)
         minima = np.full(verify_perm or self.num_perm, EMPTY_SLOT, dtype=np.uint64)
-        distinct = _compiled.oph_minima(np.ascontiguousarray(units, dtype=np.uint64), k, seed_key, minima)
+        distinct = loops.oph_minima(np.ascontiguousarray(units, dtype=np.uint64), k, seed_key, minima)
         if verify_perm == 0:
             return _densified(minima, probes), np.empty(0, dtype=np.uint8), distinct
         return self._finished(minima, probes, distinct)
@@ -273,10 +265,11 @@ def verified_scores(verifier: VerifierArray, size: int, others: Sequence[_Sketch
     compiled pass with the same figures, without stacking the verifiers or building arrays of their
     sizes (tens of candidates per article, numpy's per-call costs exceeded the comparisons). None
     where _sketch is not built or a verifier's length differs: the caller computes them itself."""
-    if _compiled is None:
+    loops = compiled.loops()
+    if loops is None:
         return None
     try:
-        jaccard, inside, contains = _compiled.scores(
+        jaccard, inside, contains = loops.scores(
             verifier, others, size, EMPTY_VERIFIER_SLOT, CHANCE_AGREEMENT
         )
     except ValueError:

@@ -9,6 +9,8 @@ import numpy as np
 import numpy.typing as npt
 from charset_normalizer import from_bytes
 
+from . import compiled
+
 
 @dataclass(frozen=True)
 class NormalizeOptions:
@@ -63,6 +65,10 @@ def canonical_code_points(text: str, options: NormalizeOptions = DEFAULT_NORMALI
     points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
     if not options.collapse_whitespace or points.size == 0:
         return points.astype(np.uint32)
+    loops = compiled.loops()
+    if loops is not None:  # the same in one pass (the numpy below took ~16 µs of ~19 per news text)
+        collapsed = np.empty(points.size, dtype=np.uint32)
+        return collapsed[: loops.collapse_spaces(points, _IS_SPACE, collapsed)]
     space = _IS_SPACE[points]
     after_space = np.empty_like(space)
     after_space[0] = True  # drops leading whitespace

@@ -67,7 +67,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from service.config import Settings  # noqa: E402
-from service.core import minhash  # noqa: E402
+from service.core import compiled  # noqa: E402
 from service.core.params import DedupParams  # noqa: E402
 from service.core.signing import fingerprint  # noqa: E402
 from service.stream.topics import ensure_topics  # noqa: E402
@@ -421,7 +421,7 @@ def calibrate(corpus: list[dict[str, Any]], texts: int = 200, passes: int = 5) -
     sample = [str(record["text"]) for record in corpus[:texts]]
     params = DedupParams()
     timings = []
-    compiled, minhash._compiled = minhash._compiled, None
+    previous = compiled.enable(False)
     try:
         for _ in range(passes):
             started = time.process_time()
@@ -429,7 +429,7 @@ def calibrate(corpus: list[dict[str, Any]], texts: int = 200, passes: int = 5) -
                 fingerprint(text, params)
             timings.append((time.process_time() - started) / len(sample) * 1e6)
     finally:
-        minhash._compiled = compiled
+        compiled.enable(previous)
     return statistics.median(timings)
 
 
@@ -685,8 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         f"summary: median of {len(results)} repetition(s), {args.articles} articles of "
         f"{med('article_kb'):.2f} KB, one worker process, broker {args.broker}"
     )
-    compiled = minhash.COMPILED and "NEARDUP_COMPILED=0" not in args.worker_env
-    print(f"  compiled loops (service/core/_sketch.c) in the worker: {'yes' if compiled else 'no, numpy'}")
+    in_worker = compiled.BUILT and "NEARDUP_COMPILED=0" not in args.worker_env
+    print(f"  compiled loops (service/core/_sketch.c) in the worker: {'yes' if in_worker else 'no, numpy'}")
     print(
         f"  worker throughput     {worker_rate:9,.0f} articles/s   "
         f"(middle 80%: {med('worker_rate_slope'):,.0f}/s, event loop {med('worker_cpu'):.2f} cores, "

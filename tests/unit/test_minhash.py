@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from service.core import minhash
+from service.core import compiled, minhash
 from service.core.minhash import (
     CHANCE_AGREEMENT,
     EMPTY_SLOT,
@@ -330,7 +330,8 @@ def test_verdicts_name_the_verifier_bits_but_stored_state_does_not_depend_on_the
 
 def test_the_compiled_loops_are_built() -> None:
     """_sketch.c is compiled at install (pip install -e .); without it signing takes ~2x longer."""
-    assert minhash.COMPILED, "service/core/_sketch.c was not built: reinstall with a C compiler"
+    assert compiled.BUILT, "service/core/_sketch.c was not built: reinstall with a C compiler"
+    assert compiled.loops() is not None
 
 
 def _unit_arrays(prose: tuple[str, ...]) -> list[np.ndarray]:
@@ -382,3 +383,25 @@ def test_compiled_scores_equal_the_numpy_estimates() -> None:
     assert (
         verified_scores(query, 10, [*others, SimpleNamespace(verifier=query[:100], shingle_count=5)]) is None
     )
+
+
+def test_compiled_space_collapsing_equals_the_numpy_reference(prose: tuple[str, ...]) -> None:
+    texts = [
+        *prose,
+        "  leading and trailing  ",
+        "\t\n tabs\u00a0and\u3000ideographic\u2028separators \r\n",
+        " ",
+        "x",
+        "a  b",
+        "  ",
+        "no_space_at_all",
+        "\ud800 lone surrogate  ",
+    ]
+    expected = []
+    previous = compiled.enable(False)
+    try:
+        expected = [canonical_code_points(text).tolist() for text in texts]
+    finally:
+        compiled.enable(previous)
+    assert [canonical_code_points(text).tolist() for text in texts] == expected
+    assert canonical_code_points("  a \t b ").dtype == np.uint32
