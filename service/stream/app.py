@@ -22,6 +22,7 @@ from ..config import Settings
 from ..messages import dead_letter_dict
 from ..state.rocks import RocksOptions, lower_background_threads
 from . import record_store
+from .batches import SentBatch, send_in_batches
 from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
 from .metrics import Metrics
@@ -225,10 +226,10 @@ def create_app(
             await _allow_commits_past(app, gaps)
             _record_lag(app, metrics, batch)
 
-    async def publish_verdict(article_id: str, verdict: bytes) -> None:
-        # The producer directly, not Topic.send: Faust's per-message wrapping cost more CPU than
-        # the index decision itself. Faust flushes this same producer before it commits offsets.
-        await app.producer.send(settings.verdicts_topic, article_id.encode(), verdict, None, None, None)
+    def producer() -> Any:
+        # aiokafka's producer under Faust's (Producer._ensure_producer: private, as the version is
+        # pinned), for batches of our own (batches.py); Faust flushes it before it commits offsets
+        return cast(Any, app.producer)._ensure_producer()
 
     @app.agent(signatures, name="index")
     async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
@@ -270,24 +271,28 @@ def create_app(
             await _allow_commits_past(app, gaps)
             _record_lag(app, metrics, batch)
 
-    def persist_changelog_offset(sent: asyncio.Future[Any]) -> None:
+    def persist_changelog_offset(last: SentBatch) -> Callable[[asyncio.Future[Any]], None]:
         # What Faust's own table writes do per message, once per chunk here: the store remembers
         # how far the changelog is reflected in it, so that recovery reads only what follows.
-        if not sent.cancelled() and sent.exception() is None:
-            metadata = sent.result()
-            cast(StoreT, records.data).set_persisted_offset(metadata.topic_partition, metadata.offset)
+        def persist(sent: asyncio.Future[Any]) -> None:
+            if not sent.cancelled() and sent.exception() is None:
+                first = sent.result()  # of the batch's first message
+                store = cast(StoreT, records.data)
+                store.set_persisted_offset(first.topic_partition, first.offset + last.messages - 1)
+
+        return persist
 
     # A chunk's record-table writes go to the store (record_store.write: one batch) and to the
     # changelog, as `records[key] = value` would send them, but without Faust's per-message futures,
-    # callbacks and offset writes, which cost the event loop ~20% of its time per article (README).
+    # callbacks and offset writes, which cost the event loop ~20% of its time per article (README),
+    # and in batches of our own (batches.py).
     async def send_changelog(writes: list[tuple[bytes, bytes]]) -> None:
-        last: Any = None
-        for key, value in writes:
-            last = await app.producer.send(changelog_name, key, value, 0, None, None)
-        if last is not None:
-            last.add_done_callback(persist_changelog_offset)
+        sent = await send_in_batches(producer(), changelog_name, writes, partition=0)
+        if sent:  # one partition: the last batch holds the last write
+            sent[-1].sent.add_done_callback(persist_changelog_offset(sent[-1]))
 
     async def publish_outcome(outcome: BatchOutcome, events: dict[int, faust.EventT]) -> None:
+        verdicts: list[tuple[bytes | None, bytes]] = []
         for entry in outcome.entries:
             if entry.status == "error":
                 await index_error(entry, events.get(entry.offset))
@@ -300,7 +305,10 @@ def create_app(
                 metrics.verdicts.labels(entry.kind).inc()
                 if entry.latency_ms is not None:
                     metrics.latency.observe(entry.latency_ms / 1000.0)
-            await publish_verdict(entry.article_id, entry.verdict)
+            verdicts.append((entry.article_id.encode(), entry.verdict))
+        # Keyed by article id, so that every verdict of an article lands in the same partition.
+        # Not Topic.send: Faust's per-message wrapping cost more CPU than the index decision itself.
+        await send_in_batches(producer(), settings.verdicts_topic, verdicts)
         metrics.indexed.set(outcome.indexed)
         runtime.collector.after(outcome.handled)
 

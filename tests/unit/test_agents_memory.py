@@ -95,15 +95,34 @@ def wired(
     async def send(self: faust.topics.Topic, *args: Any, **kwargs: Any) -> None:
         await by_topic[self.get_topic_name()](*args, **kwargs)
 
-    async def produce(topic: str, key: bytes | None, value: bytes | None, *_: Any) -> asyncio.Future[Any]:
-        recorder = by_topic[topic]
-        await recorder(key=key, value=value)
-        sent: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        sent.set_result(SimpleNamespace(topic_partition=TP(topic, 0), offset=len(recorder.sent) - 1))
-        return sent
+    class Producer:
+        """Stands in for aiokafka's producer: the verdicts and the table's changelog go to it in
+        batches (service/stream/batches.py), recorded message by message as they are submitted."""
+
+        async def partitions_for(self, topic: str) -> set[int]:
+            return {0}
+
+        def _partition(self, topic: str, *_: Any) -> int:
+            return 0
+
+        def create_batch(self) -> Any:
+            batch: list[tuple[bytes | None, bytes]] = []
+            return SimpleNamespace(
+                append=lambda key, value, timestamp: batch.append((key, value)) or 1, items=batch
+            )
+
+        async def send_batch(self, batch: Any, topic: str, *, partition: int) -> asyncio.Future[Any]:
+            recorder = by_topic[topic]
+            first = len(recorder.sent)
+            for key, value in batch.items:
+                await recorder(key=key, value=value)
+            sent: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            sent.set_result(SimpleNamespace(topic_partition=TP(topic, partition), offset=first))
+            return sent
 
     monkeypatch.setattr(faust.topics.Topic, "send", send)
-    monkeypatch.setattr(app.producer, "send", produce)  # verdicts and table writes go to the producer
+    fake = Producer()
+    monkeypatch.setattr(app.producer, "_ensure_producer", lambda: fake)  # verdicts and table writes
     # the test context never starts the consumer; the index agent asks it for the high-water mark
     monkeypatch.setattr(app.consumer, "highwater", lambda tp: HIGHWATER)
     return app, runtime, recorders

@@ -1,0 +1,52 @@
+"""Messages sent as aiokafka batches built here, one per partition, instead of one send per message.
+
+aiokafka's per-message send (a future, a metadata check and a callback for each) cost ~10 µs of the
+event loop a message; appending to a batch ~3 (one-off timing against the local broker). The worker
+sends two messages per article this way: its verdict and its record-table changelog entry. Order is
+kept: within a partition, batches go out in the order they are submitted, messages in the order
+they were appended. Partitions are the ones aiokafka's send would pick (its partitioner on the key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+Message = tuple[bytes | None, bytes]  # (key, value)
+
+
+class SentBatch(NamedTuple):
+    """A submitted batch: `sent` resolves to the metadata of its first message once acknowledged."""
+
+    sent: asyncio.Future[Any]
+    messages: int
+
+
+async def send_in_batches(
+    producer: Any, topic: str, messages: Sequence[Message], *, partition: int | None = None
+) -> list[SentBatch]:
+    """Send `messages` to `topic` (to `partition`, else by key as send() would) in as few batches as
+    the producer's batch size allows. `producer`: an aiokafka AIOKafkaProducer."""
+    if not messages:
+        return []
+    await producer.partitions_for(topic)  # metadata, for the partitioner
+    open_batches: dict[int, tuple[Any, int]] = {}
+    submitted: list[SentBatch] = []
+    for key, value in messages:
+        target = (
+            partition if partition is not None else producer._partition(topic, None, None, None, key, value)
+        )
+        batch, count = open_batches.get(target, (None, 0))
+        if batch is not None and batch.append(key=key, value=value, timestamp=None) is not None:
+            open_batches[target] = (batch, count + 1)
+            continue
+        if batch is not None:  # full: send it, start the next
+            submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))
+        batch = producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=None) is None:
+            raise ValueError(f"a message of {len(value)} bytes does not fit in a batch for {topic}")
+        open_batches[target] = (batch, 1)
+    for target, (batch, count) in open_batches.items():
+        submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))
+    return submitted

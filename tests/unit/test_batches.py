@@ -1,0 +1,70 @@
+"""send_in_batches: messages grouped per partition in order, batches split where they fill."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from service.stream.batches import send_in_batches
+
+
+class FakeProducer:
+    """aiokafka's producer as send_in_batches uses it: batches hold `capacity` messages; keys go to
+    partition len(key) % 3; submitted batches are recorded in order."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.submitted: list[tuple[str, int, list[tuple[bytes | None, bytes]]]] = []
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0, 1, 2}
+
+    def _partition(
+        self, topic: str, partition: Any, key: Any, value: Any, serialized_key: bytes, _: Any
+    ) -> int:
+        return len(serialized_key) % 3
+
+    def create_batch(self) -> Any:
+        items: list[tuple[bytes | None, bytes]] = []
+
+        def append(*, key: bytes | None, value: bytes, timestamp: None) -> Any:
+            if len(items) >= self.capacity:
+                return None
+            items.append((key, value))
+            return SimpleNamespace(size=len(value))
+
+        return SimpleNamespace(append=append, items=items)
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        self.submitted.append((topic, partition, list(batch.items)))
+        sent: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        sent.set_result(SimpleNamespace(offset=0))
+        return sent
+
+
+async def test_messages_keep_their_order_within_each_partition() -> None:
+    producer = FakeProducer(capacity=2)
+    messages = [(b"k" * (i % 4 + 1), f"v{i}".encode()) for i in range(11)]
+    sent = await send_in_batches(producer, "verdicts", messages)
+    assert [batch.messages for batch in sent] == [len(items) for _, _, items in producer.submitted]
+    assert all(len(items) <= 2 for _, _, items in producer.submitted)
+    for partition in range(3):
+        got = [m for _, p, items in producer.submitted if p == partition for m in items]
+        assert got == [m for m in messages if len(m[0]) % 3 == partition]
+    assert sum(batch.messages for batch in sent) == len(messages)
+
+
+async def test_a_fixed_partition_and_nothing_to_send() -> None:
+    producer = FakeProducer(capacity=100)
+    messages = [(b"a", b"1"), (b"bb", b"2"), (None, b"3")]
+    sent = await send_in_batches(producer, "changelog", messages, partition=0)
+    assert producer.submitted == [("changelog", 0, messages)] and sent[0].messages == 3
+    assert await send_in_batches(producer, "changelog", []) == []
+
+
+async def test_a_message_larger_than_a_batch_is_an_error() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        await send_in_batches(FakeProducer(capacity=0), "verdicts", [(b"k", b"v")])
