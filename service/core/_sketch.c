@@ -9,6 +9,11 @@
  *     num_bins items, filled with EMPTY_SLOT by the caller) if it is the least of its bin
  *     (minhash.py: _bin_minima). Returns the number of distinct shingle hashes.
  *
+ * band_keys(signature, bands, rows) -> list of bytes
+ *     signature: uint64 buffer of at least bands * rows slots. For each band, 2 bytes of its index
+ *     (big-endian) and the first 8 bytes of MurmurHash3_x64_128 (seed 0) of its rows' bytes: what
+ *     lsh.band_keys computes with mmh3.hash_bytes, one Python call per band.
+ *
  * collapse_spaces(points, is_space, out) -> length
  *     points: uint32 code points; is_space: a bool (uint8) table by code point; out: a writable
  *     uint32 buffer at least as long as points. Writes the points with every run of spaces made one
@@ -127,6 +132,89 @@ done:
     PyBuffer_Release(&units);
     PyBuffer_Release(&minima);
     return result;
+}
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t load_le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+/* The first 64 bits (h1) of MurmurHash3_x64_128 of `data` with seed 0 (Austin Appleby's public
+ * domain algorithm): the first 8 bytes of mmh3.hash_bytes, read little-endian. */
+static uint64_t murmur3_h1(const uint8_t *data, size_t length) {
+    const uint64_t c1 = 0x87C37B91114253D5ULL, c2 = 0x4CF5AD432745937FULL;
+    uint64_t h1 = 0, h2 = 0;
+    size_t blocks = length / 16;
+    for (size_t i = 0; i < blocks; i++) {
+        uint64_t k1 = load_le64(data + i * 16), k2 = load_le64(data + i * 16 + 8);
+        k1 *= c1; k1 = rotl64(k1, 31); k1 *= c2; h1 ^= k1;
+        h1 = rotl64(h1, 27); h1 += h2; h1 = h1 * 5 + 0x52DCE729;
+        k2 *= c2; k2 = rotl64(k2, 33); k2 *= c1; h2 ^= k2;
+        h2 = rotl64(h2, 31); h2 += h1; h2 = h2 * 5 + 0x38495AB5;
+    }
+    const uint8_t *tail = data + blocks * 16;
+    size_t rest = length & 15;
+    uint64_t k1 = 0, k2 = 0;
+    for (size_t i = rest; i > 8; i--) {
+        k2 ^= (uint64_t)tail[i - 1] << (8 * (i - 9));
+    }
+    if (rest > 8) {
+        k2 *= c2; k2 = rotl64(k2, 33); k2 *= c1; h2 ^= k2;
+    }
+    for (size_t i = rest < 8 ? rest : 8; i > 0; i--) {
+        k1 ^= (uint64_t)tail[i - 1] << (8 * (i - 1));
+    }
+    if (rest > 0) {
+        k1 *= c1; k1 = rotl64(k1, 31); k1 *= c2; h1 ^= k1;
+    }
+    h1 ^= (uint64_t)length;
+    h2 ^= (uint64_t)length;
+    h1 += h2;
+    h2 += h1;
+    h1 = fmix64(h1);
+    h2 = fmix64(h2);
+    return h1 + h2;
+}
+
+static PyObject *band_keys(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer signature;
+    Py_ssize_t bands, rows;
+    if (!PyArg_ParseTuple(args, "y*nn", &signature, &bands, &rows)) {
+        return NULL;
+    }
+    PyObject *keys = NULL;
+    if (bands < 0 || bands > 65535 || rows < 1 || signature.len < bands * rows * 8) {
+        PyErr_SetString(PyExc_ValueError, "the signature is shorter than bands * rows slots");
+        goto done;
+    }
+    keys = PyList_New(bands);
+    if (keys == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t band = 0; band < bands; band++) {
+        uint8_t key[10];
+        uint64_t digest = murmur3_h1((const uint8_t *)signature.buf + band * rows * 8, (size_t)(rows * 8));
+        key[0] = (uint8_t)(band >> 8);
+        key[1] = (uint8_t)band;
+        for (int i = 0; i < 8; i++) {
+            key[2 + i] = (uint8_t)(digest >> (8 * i));
+        }
+        PyObject *item = PyBytes_FromStringAndSize((const char *)key, sizeof key);
+        if (item == NULL) {
+            Py_CLEAR(keys);
+            goto done;
+        }
+        PyList_SET_ITEM(keys, band, item);
+    }
+done:
+    PyBuffer_Release(&signature);
+    return keys;
 }
 
 static PyObject *collapse_spaces(PyObject *self, PyObject *args) {
@@ -268,6 +356,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
+    {"band_keys", band_keys, METH_VARARGS, "The LSH band keys of a signature (lsh.band_keys)."},
     {"collapse_spaces", collapse_spaces, METH_VARARGS, "Runs of spaces as one U+0020, none at the ends."},
     {"scores", scores, METH_VARARGS, "Jaccard and containment estimates of a verifier against candidates'."},
     {NULL, NULL, 0, NULL},

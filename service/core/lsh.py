@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import mmh3
 import numpy as np
 
+from . import compiled
 from ._hashing import HashArray
 
 _GRID = 1001  # integration points on [0, 1]; the S-curve is smooth, the trapezoid rule is plenty
@@ -88,6 +89,9 @@ BAND_KEY_BYTES = _BAND_INDEX_BYTES + _DIGEST_BYTES
 
 def band_keys(signature: HashArray, bands: int, rows: int) -> list[bytes]:
     """One BAND_KEY_BYTES key per band: 2-byte band index + 8 bytes of the band's murmur3 digest."""
+    loops = compiled.loops()
+    if loops is not None and signature.dtype == np.uint64:  # the same keys, ~1 µs instead of ~20
+        return loops.band_keys(np.ascontiguousarray(signature), bands, rows)
     raw = np.ascontiguousarray(signature[: bands * rows]).tobytes()
     width = rows * 8
     return [

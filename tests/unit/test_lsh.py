@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.core import compiled
 from service.core.lsh import (
     band_keys,
     candidate_probability,
@@ -155,3 +156,17 @@ def test_slots_outside_the_bands_do_not_matter() -> None:
     changed = sig.copy()
     changed[125:] = 0  # 25 x 5 uses slots 0..124
     assert band_keys(sig, 25, 5) == band_keys(changed, 25, 5)
+
+
+def test_compiled_band_keys_equal_the_mmh3_reference() -> None:
+    rng = np.random.default_rng(5)
+    for bands, rows in ((25, 5), (16, 8), (1, 1), (3, 2), (10, 3), (7, 4)):
+        for _ in range(20):
+            signature = rng.integers(0, 2**64, bands * rows + 3, dtype=np.uint64)
+            previous = compiled.enable(False)
+            try:
+                expected = band_keys(signature, bands, rows)
+            finally:
+                compiled.enable(previous)
+            assert band_keys(signature, bands, rows) == expected
+    assert compiled.loops() is not None
