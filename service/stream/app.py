@@ -17,6 +17,7 @@ from faust.streams import _current_event
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from faust.types.stores import StoreT
+from mode.services import WaitResults
 
 from ..config import Settings
 from ..messages import dead_letter_dict
@@ -25,6 +26,7 @@ from . import record_store
 from .batches import SentBatch, send_in_batches
 from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
+from .inline import run_until_wait
 from .metrics import Metrics
 from .signer import Signer, SignItem
 from .stages import (
@@ -67,6 +69,25 @@ def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
     class FetchWaitConsumer(aiokafka_driver.Consumer):
         def _new_consumer_thread(self) -> ConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+        async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+            """Faust's consumer hands each message to the streams with
+            `wait_first(callback(message), suspend_flow.wait())`: the callback is run inline, and
+            tasks (Faust's way, so that a suspended flow abandons it) only when it has to wait."""
+            if (
+                timeout is None
+                and len(coros) == 2
+                and asyncio.iscoroutine(coros[0])
+                and not (self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set())
+            ):
+                callback, other = coros
+                finished, outcome = run_until_wait(callback)
+                if finished:
+                    if asyncio.iscoroutine(other):
+                        other.close()  # never started: closed, so that it is not reported unawaited
+                    return WaitResults([callback], [outcome], False)
+                coros = (asyncio.ensure_future(outcome, loop=self.loop), other)
+            return await super().wait_first(*coros, timeout=timeout)
 
     class Transport(aiokafka_driver.Transport):
         Consumer = FetchWaitConsumer

@@ -1,0 +1,48 @@
+"""Running a coroutine in the caller's task until it first has to wait, and in a task only then.
+
+Faust hands every input message to its streams through `Service.wait_first(callback(message),
+suspend_flow.wait())`, which starts four tasks and an `asyncio.wait` per message: 33-46 µs, against
+~0.2 µs to run the callback, which nearly always finishes without waiting (a one-off timing). The
+worker's consumer (app.py) runs the callback inline first and pays for the tasks only when it waits.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+
+def run_until_wait(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
+    """Run `coro` in the calling task until it finishes or first waits.
+
+    (True, its result) when it finished; (False, a coroutine that runs the rest of it) when it
+    waits, to be awaited or wrapped in a task. Its exceptions propagate from here or from the rest.
+    """
+    try:
+        waiting_on = coro.send(None)
+    except StopIteration as finished:
+        return True, finished.value
+    return False, _rest_of(coro, waiting_on)
+
+
+@types.coroutine
+def _rest_of(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Generator[Any, Any, Any]:
+    """What `yield from coro` would do, for a coroutine that has already yielded `waiting_on`:
+    pass what it waits on to the task that runs this, and what the task sends or throws back in."""
+    while True:
+        try:
+            received = yield waiting_on
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as thrown:  # a cancellation, most often
+            try:
+                waiting_on = coro.throw(thrown)
+            except StopIteration as finished:
+                return finished.value
+        else:
+            try:
+                waiting_on = coro.send(received)
+            except StopIteration as finished:
+                return finished.value

@@ -1,0 +1,196 @@
+"""Coroutines run inline until they wait (inline.py), and the worker consumer's hand-off built on it:
+the same outcomes as Faust's `wait_first`, with tasks only for callbacks that wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import faust
+import pytest
+
+from service.stream.app import _app_class
+from service.stream.inline import run_until_wait
+
+
+async def test_a_coroutine_that_does_not_wait_finishes_in_the_calling_task() -> None:
+    ran_in: list[asyncio.Task[Any] | None] = []
+
+    async def quick(value: int) -> int:
+        ran_in.append(asyncio.current_task())
+        return value * 2
+
+    assert run_until_wait(quick(21)) == (True, 42)
+    assert ran_in == [asyncio.current_task()]
+
+
+async def test_a_coroutine_that_waits_is_finished_by_its_rest_with_what_it_waited_for() -> None:
+    gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    steps: list[str] = []
+
+    async def slow() -> str:
+        steps.append("before")
+        got = await gate
+        steps.append(got)
+        await asyncio.sleep(0)  # a bare yield: waits on nothing
+        await asyncio.sleep(0.001)
+        return got.upper()
+
+    finished, rest = run_until_wait(slow())
+    assert finished is False and steps == ["before"]
+    task = asyncio.ensure_future(rest)
+    await asyncio.sleep(0)
+    assert not task.done()
+    gate.set_result("opened")
+    assert await task == "OPENED"
+    assert steps == ["before", "opened"]
+
+
+async def test_exceptions_propagate_before_and_after_the_first_wait() -> None:
+    async def fails_at_once() -> None:
+        raise ValueError("at once")
+
+    with pytest.raises(ValueError, match="at once"):
+        run_until_wait(fails_at_once())
+
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def fails_later() -> None:
+        await gate
+        raise KeyError("later")
+
+    finished, rest = run_until_wait(fails_later())
+    assert not finished
+    gate.set_result(None)
+    with pytest.raises(KeyError, match="later"):
+        await rest
+
+    failing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def waits_on_a_failure() -> str:
+        try:
+            await failing
+        except OSError as exc:
+            return f"caught {exc}"
+        return "not raised"
+
+    finished, rest = run_until_wait(waits_on_a_failure())
+    failing.set_exception(OSError("broken"))
+    assert await rest == "caught broken"
+
+
+async def test_cancelling_the_task_cancels_the_coroutine_where_it_waits() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    cleaned: list[str] = []
+
+    async def waits_forever() -> None:
+        try:
+            await gate
+        except asyncio.CancelledError:
+            cleaned.append("cancelled")
+            raise
+
+    _, rest = run_until_wait(waits_forever())
+    task = asyncio.ensure_future(rest)
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == ["cancelled"] and gate.cancelled()
+
+
+async def test_closing_the_rest_unstarted_closes_the_coroutine() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    closed: list[bool] = []
+
+    async def waits() -> None:
+        try:
+            await gate
+        finally:
+            closed.append(True)
+
+    _, rest = run_until_wait(waits())
+    rest.close()
+    assert closed == [True]
+
+
+@pytest.fixture
+async def consumer() -> AsyncIterator[Any]:
+    """The worker app's Faust consumer on the test's loop, not started (no broker needed to hand
+    messages off)."""
+    app = _app_class(7, 4096)(
+        "hand-off",
+        broker="kafka://127.0.0.1:1",
+        store="memory://",
+        web_enabled=False,
+        loop=asyncio.get_running_loop(),
+    )
+    app.finalize()
+    yield app.consumer
+
+
+async def test_the_consumer_runs_a_callback_that_does_not_wait_without_tasks(
+    consumer: Any, recwarn: pytest.WarningsRecorder
+) -> None:
+    ran_in: list[asyncio.Task[Any] | None] = []
+
+    async def deliver(message: str) -> str:
+        ran_in.append(asyncio.current_task())
+        return message
+
+    results = await consumer.wait_first(deliver("m1"), consumer.suspend_flow.wait())
+    assert results.results == ["m1"] and not results.stopped
+    assert ran_in == [asyncio.current_task()]
+    # the flow's wait, never started, is closed rather than left to be reported unawaited
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+async def test_the_consumer_abandons_a_waiting_callback_when_the_flow_is_suspended(consumer: Any) -> None:
+    """As Faust's own hand-off does: a rebalance suspends the flow, and a delivery blocked on a
+    full stream buffer must not hold the consumer."""
+    buffer_has_room: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    delivered: list[str] = []
+
+    async def deliver(message: str) -> None:
+        await buffer_has_room
+        delivered.append(message)
+
+    hand_off = asyncio.ensure_future(consumer.wait_first(deliver("m1"), consumer.suspend_flow.wait()))
+    await asyncio.sleep(0.01)
+    assert not hand_off.done()
+    consumer.suspend_flow.set()
+    results = await asyncio.wait_for(hand_off, 1.0)
+    assert results.results == [True]  # the flow's wait won
+    await asyncio.sleep(0)
+    assert buffer_has_room.cancelled() and delivered == []
+
+
+async def test_the_consumer_finishes_a_callback_that_waits(consumer: Any) -> None:
+    async def deliver(message: str) -> str:
+        await asyncio.sleep(0.005)
+        return message
+
+    results = await consumer.wait_first(deliver("m2"), consumer.suspend_flow.wait())
+    assert results.results == ["m2"] and not results.stopped
+
+
+async def test_with_the_flow_suspended_the_callback_goes_the_way_faust_runs_it(consumer: Any) -> None:
+    ran_in: list[asyncio.Task[Any] | None] = []
+
+    async def deliver(message: str) -> str:
+        ran_in.append(asyncio.current_task())
+        return message
+
+    consumer.suspend_flow.set()
+    results = await consumer.wait_first(deliver("m3"), consumer.suspend_flow.wait())
+    assert "m3" in results.results
+    assert ran_in and ran_in[0] is not asyncio.current_task()
+
+
+def test_the_app_class_uses_this_consumer() -> None:
+    app = _app_class(7, 4096)(
+        "which-consumer", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
+    )
+    assert isinstance(app, faust.App)
+    assert "wait_first" in type(app.consumer).__dict__
