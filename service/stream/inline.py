@@ -8,6 +8,7 @@ worker's consumer (app.py) runs the callback inline first and pays for the tasks
 
 from __future__ import annotations
 
+import asyncio
 import types
 from collections.abc import Coroutine, Generator
 from typing import Any
@@ -46,3 +47,19 @@ def _rest_of(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Generator[Any, 
                 waiting_on = coro.send(received)
             except StopIteration as finished:
                 return finished.value
+
+
+async def wait_for_event(event: Any, timeout: float) -> bool:
+    """Wait at most `timeout` seconds for `event` (an asyncio or mode Event); True when it is set.
+
+    One timer and the event's own waiter: none of the three tasks and `asyncio.wait` that mode's
+    `Service.wait_for_stopped` makes per call, which `Stream.take_events(within=...)` pays every
+    `within` seconds, busy or idle (see LeanStream in app.py)."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -9,9 +9,10 @@ from typing import Any
 
 import faust
 import pytest
+from mode.utils.locks import Event as ModeEvent
 
-from service.stream.app import _app_class
-from service.stream.inline import run_until_wait
+from service.stream.app import LeanStream, _app_class
+from service.stream.inline import run_until_wait, wait_for_event
 
 
 async def test_a_coroutine_that_does_not_wait_finishes_in_the_calling_task() -> None:
@@ -194,3 +195,62 @@ def test_the_app_class_uses_this_consumer() -> None:
     )
     assert isinstance(app, faust.App)
     assert "wait_first" in type(app.consumer).__dict__
+
+
+async def test_wait_for_event_returns_at_once_when_set_when_set_later_and_at_its_timeout() -> None:
+    event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await wait_for_event(event, 0.02) is False
+    assert loop.time() - started >= 0.015
+    loop.call_later(0.01, event.set)
+    started = loop.time()
+    assert await wait_for_event(event, 5.0) is True
+    assert loop.time() - started < 1.0
+    assert await wait_for_event(event, 0.0) is True  # already set: no wait
+
+
+async def test_wait_for_event_accepts_modes_event() -> None:
+    event = ModeEvent()
+    asyncio.get_running_loop().call_later(0.005, event.set)
+    assert await wait_for_event(event, 5.0) is True
+
+
+async def test_a_cancelled_wait_for_event_is_cancelled_not_timed_out() -> None:
+    task = asyncio.ensure_future(wait_for_event(asyncio.Event(), 60.0))
+    await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.fixture
+async def memory_app() -> AsyncIterator[faust.App]:
+    app = _app_class(7, 4096)(
+        "streams", broker="memory://", store="memory://", web_enabled=False, loop=asyncio.get_running_loop()
+    )
+    app.finalize()
+    yield app
+
+
+async def test_the_apps_streams_take_their_bounded_waits_without_tasks(memory_app: faust.App) -> None:
+    stream = memory_app.stream(memory_app.channel())
+    assert isinstance(stream, LeanStream)
+    full = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.005, full.set)
+    won = await stream.wait_first(full, timeout=5.0)
+    assert won.results == [True] and won.done == [full] and not won.stopped
+    # a timeout reads as "stopped", as in mode's Service.wait_first (take_events ignores it)
+    assert (await stream.wait_first(asyncio.Event(), timeout=0.01)).stopped
+
+
+def test_the_agents_read_through_lean_streams(memory_app: faust.App) -> None:
+    """The sign and index agents' take_events loops (exercised in test_agents_memory.py) run on
+    the app's stream class."""
+
+    @memory_app.agent(memory_app.channel(), name="probe")
+    async def probe(stream: Any) -> None:
+        async for _ in stream:
+            pass
+
+    assert isinstance(memory_app.agents["probe"].stream(), LeanStream)
