@@ -13,10 +13,14 @@ Per repetition (fresh app id, topic names and state dir each time):
                records' timestamps (set by the worker's producer). Also the CPU the worker used, in
                cores: its event loop and its child processes (signing helpers, decider), and how
                busy the whole machine was (broker and this script included): whether it ran out.
-3. latency     with the same (warm) worker, articles are produced at a fixed rate (default 500/s) for
-               a warm-up and then a measured window; p50/p99 of the verdict's `latency_ms` (worker
-               clock at the verdict minus the input record's timestamp) and of the end-to-end latency
-               (this process receiving the verdict minus the input record's timestamp).
+3. latency     with the same (warm) worker, articles are produced at a fixed rate (default 500/s),
+               those due within each --tick-ms (default 10) together, for a warm-up and then a
+               measured window; p50/p99 of the verdict's `latency_ms` (worker clock at the verdict
+               minus the input record's timestamp) and of the end-to-end latency (this process
+               receiving the verdict minus the input record's timestamp).
+4. idle        the same worker with no input for --idle seconds (default 10): its CPU, in cores.
+
+Every CPU figure names this script too ("this script"): it is the load, on the same two cores.
 
 Articles (1.2-5 KB of real prose, unique ids) are built from the paragraphs of the news corpus made by
 tests/data/build_news_corpus.py (~/.cache/neardup/news/corpus.jsonl), or of service/data/sample_news.jsonl
@@ -25,7 +29,7 @@ are copies of recent articles with 1-3 words replaced (one in five exact).
 
 Usage (broker from deploy/kafka/kafka.sh):
   python tests/benchmarks/bench_stream.py --broker kafka://127.0.0.1:39092 [--articles 50000]
-      [--rate 500] [--warmup 10] [--window 30] [--repeats 3] [--dup-fraction 0.3]
+      [--rate 500] [--warmup 10] [--window 30] [--idle 10] [--repeats 3] [--dup-fraction 0.3]
       [--worker-env NAME=VALUE ...]
       [--profile DIR] [--json out.json]
 
@@ -41,6 +45,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import math
 import os
 import random
 import shutil
@@ -235,6 +240,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 CHILD_ROLES = {"service.stream.signer": "signing", "service.stream.decider": "decider"}
+LOAD_ROLE = "this script"
+IDLE_SETTLE_S = 3.0  # after the last verdict, before the idle measurement
 
 
 def cpu_between(
@@ -249,7 +256,13 @@ def cpu_between(
 
 
 def cpu_mark_now(pid: int) -> tuple[float, dict[str, float], tuple[float, float]]:
-    return time.monotonic(), worker_cpu_seconds(pid), machine_busy_seconds()
+    """CPU seconds so far of the worker's processes, the broker and this script (the load: it
+    produces and reads back on the same two cores)."""
+    return (
+        time.monotonic(),
+        {**worker_cpu_seconds(pid), LOAD_ROLE: time.process_time()},
+        machine_busy_seconds(),
+    )
 
 
 def describe_cpu(used: dict[str, float], busy: float) -> str:
@@ -358,6 +371,7 @@ class Result:
     worker_rate_slope: float = 0.0
     worker_cpu: float = 0.0  # the event-loop process, in cores
     helpers_cpu: dict[str, float] = field(default_factory=dict)  # its child processes, in cores
+    idle_loop_cores: float = 0.0  # the event loop's process with no input
     machine_busy: float = 0.0  # share of all the machine's cores busy (broker and this script too)
     verdict_kinds: dict[str, int] = field(default_factory=dict)
     latency_rate: float = 0.0
@@ -482,9 +496,7 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
 
         def on_poll(got: int) -> None:
             if got and not cpu_mark:
-                cpu_mark.append(
-                    (time.monotonic(), worker_cpu_seconds(worker.proc.pid), machine_busy_seconds())
-                )
+                cpu_mark.append(cpu_mark_now(worker.proc.pid))
                 if args.profile:
                     out = Path(args.profile) / f"worker-{rep}.txt"
                     worker.profile(out, args.profile_seconds)
@@ -500,7 +512,7 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
         used, result.machine_busy = cpu_between(cpu_mark[0], cpu_end)
         result.worker_cpu = used["loop"]
         result.helpers_cpu = {role: cores for role, cores in used.items() if role != "loop"}
-        worker_cores = sum(cores for role, cores in used.items() if role != "broker")
+        worker_cores = sum(cores for role, cores in used.items() if role not in ("broker", LOAD_ROLE))
         result.worker_us_per_article = worker_cores / max(result.worker_rate, 1e-9) * 1e6
         kinds: dict[str, int] = {}
         for _, _, verdict in got.values():
@@ -534,6 +546,16 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             f"{result.gc_full_total_ms:.0f} ms in all, the longest ≤ {result.gc_full_longest_ms:.0f} ms",
             flush=True,
         )
+        if args.idle > 0:
+            # no input: what the worker spends on polling, timers and its own loops
+            await asyncio.sleep(IDLE_SETTLE_S)
+            idle_start = cpu_mark_now(worker.proc.pid)
+            await asyncio.sleep(args.idle)
+            idle_used, idle_busy = cpu_between(idle_start, cpu_mark_now(worker.proc.pid))
+            result.idle_loop_cores = idle_used["loop"]
+            print(
+                f"  idle for {args.idle:.0f} s, CPU (cores): {describe_cpu(idle_used, idle_busy)}", flush=True
+            )
     finally:
         await verdicts.stop()
         code = worker.stop()
@@ -583,8 +605,11 @@ async def latency_phase(
 
     async def send_all() -> float:
         started = time.time()
+        tick = args.tick_ms / 1000.0
         for i in range(total):
-            due = started + i / args.rate
+            # each article at its due time, rounded up to the next tick: the articles due within
+            # one tick leave together, in one produce request
+            due = started + math.ceil(i / args.rate / tick) * tick if tick > 0 else started + i / args.rate
             delay = due - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -647,6 +672,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--window", type=float, default=30.0, help="seconds of the latency phase measured")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--tick-ms",
+        type=float,
+        default=10.0,
+        help="the latency phase sends the articles due within each tick together (0: one at a time)",
+    )
+    parser.add_argument(
+        "--idle", type=float, default=10.0, help="seconds without input measured at the end (0: skip)"
+    )
     parser.add_argument(
         "--corpus",
         type=Path,
