@@ -95,7 +95,9 @@ def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
         async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
             """Faust's consumer hands each message to the streams with
             `wait_first(callback(message), suspend_flow.wait())`: the callback is run inline, and
-            tasks (Faust's way, so that a suspended flow abandons it) only when it has to wait."""
+            tasks (Faust's way, so that a suspended flow abandons it) only when it has to wait. The
+            callback sets no context variables (Faust sets the current event in the stream's own
+            task), so running it outside a task of its own changes no other task's context."""
             if (
                 timeout is None
                 and len(coros) == 2
