@@ -52,6 +52,11 @@ SHARD_KEY = b"0"
 DECIDE_CHUNK_BYTES = 256 * 1024
 
 
+def _halted(service: Any) -> bool:
+    """What mode's `Service.wait_first` checks before it reports a winner: stopped or crashed."""
+    return bool(service._stopped.is_set() or service._crashed.is_set())
+
+
 class LeanStream(faust.Stream):
     """The worker's Faust streams (faust.Stream with a cheaper bounded wait)."""
 
@@ -64,10 +69,10 @@ class LeanStream(faust.Stream):
             timeout is not None
             and len(coros) == 1
             and isinstance(coros[0], asyncio.Event)
-            and not (self._stopped.is_set() or self._crashed.is_set())
+            and not _halted(self)
         ):
             event = coros[0]
-            if await wait_for_event(event, want_seconds(timeout)) and not self._stopped.is_set():
+            if await wait_for_event(event, want_seconds(timeout)) and not _halted(self):
                 return WaitResults([cast(Any, event)], [True], False)
             return WaitResults([], [], True)  # as mode: a timeout reads as "stopped"
         return await super().wait_first(*coros, timeout=timeout)
@@ -102,7 +107,7 @@ def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
                 timeout is None
                 and len(coros) == 2
                 and asyncio.iscoroutine(coros[0])
-                and not (self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set())
+                and not (self.suspend_flow.is_set() or _halted(self))
             ):
                 callback, other = coros
                 finished, outcome = run_until_wait(callback)
