@@ -44,6 +44,7 @@ class Settings:
     sign_batch: int = 200
     sign_processes: int = 1
     index_process: int = 1
+    index_handoff: int = 1
     record_cache: int = 100_000
     gc_freeze_every: int = 5_000
     fetch_wait_ms: int = 20
@@ -91,8 +92,9 @@ class Settings:
         for name in ("gc_freeze_every", "record_cache", "sign_processes"):  # 0 turns each off
             if getattr(self, name) < 0:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 0, got {getattr(self, name)}")
-        if self.index_process not in (0, 1):
-            raise ConfigError(f"NEARDUP_INDEX_PROCESS must be 0 or 1, got {self.index_process}")
+        for name in ("index_process", "index_handoff"):
+            if getattr(self, name) not in (0, 1):
+                raise ConfigError(f"NEARDUP_{name.upper()} must be 0 or 1, got {getattr(self, name)}")
         if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
             raise ConfigError(f"NEARDUP_SECURITY_PROTOCOL is not a Kafka protocol: {self.security_protocol}")
         try:

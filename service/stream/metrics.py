@@ -51,6 +51,11 @@ class Metrics:
             ["topic"],
             registry=r,
         )
+        self.handed_off = Counter(
+            "neardup_index_handed_off",
+            "Signatures messages decided as soon as their send was acknowledged, not after a fetch",
+            registry=r,
+        )
         self.lag = Gauge(
             "neardup_consumer_lag", "Messages behind the high-water mark", ["topic", "partition"], registry=r
         )

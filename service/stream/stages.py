@@ -212,6 +212,20 @@ def in_log_order(
     return ordered
 
 
+def following_run(after: int, messages: Sequence[tuple[int, T]]) -> list[tuple[int, T]]:
+    """Of `messages` ((offset, payload), in offset order), those that can be decided right after the
+    offset `after` without skipping one: past the ones at or before it (decided already), the
+    offsets that follow it one by one."""
+    run: list[tuple[int, T]] = []
+    for message in messages:
+        if message[0] <= after:
+            continue
+        if message[0] != after + 1 + len(run):
+            break
+        run.append(message)
+    return run
+
+
 def table_articles(records: Mapping[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:
     """The article records of the record table, (key, record), without its metadata."""
     return ((key, value) for key, value in records.items() if key.startswith(ARTICLE_PREFIX))

@@ -95,6 +95,7 @@ def test_several_brokers() -> None:
         ("NEARDUP_GC_FREEZE_EVERY", "-5", "NEARDUP_GC_FREEZE_EVERY"),
         ("NEARDUP_INDEX_PROCESS", "2", "NEARDUP_INDEX_PROCESS"),
         ("NEARDUP_INDEX_PROCESS", "-1", "NEARDUP_INDEX_PROCESS"),
+        ("NEARDUP_INDEX_HANDOFF", "2", "NEARDUP_INDEX_HANDOFF"),
         ("NEARDUP_ROCKSDB_NICE", "20", "NEARDUP_ROCKSDB_NICE"),
         ("NEARDUP_ROCKSDB_NICE", "-1", "NEARDUP_ROCKSDB_NICE"),
         ("NEARDUP_SECURITY_PROTOCOL", "TLS", "NEARDUP_SECURITY_PROTOCOL"),
@@ -169,7 +170,7 @@ def _sample(name: str, default: object) -> str:
         return "kafka://elsewhere:1"
     if name == "security_protocol":
         return "SASL_PLAINTEXT"
-    if name == "index_process":  # 0 or 1
+    if name in ("index_process", "index_handoff"):  # 0 or 1
         return "0"
     if name in ("num_perm", "verify_perm"):  # the verifier must be a multiple of the signature
         return {"num_perm": "64", "verify_perm": "256"}[name]
