@@ -133,31 +133,6 @@ def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
     return App
 
 
-@dataclass
-class Runtime:
-    """What the agents share; `needs_open` is raised whenever the index shard is (re)assigned."""
-
-    settings: Settings
-    metrics: Metrics
-    signer: Signer
-    collector: CollectorPolicy
-    decider: Decider
-    log_reader: LogReader  # reads back what the consumer went past
-    needs_open: bool = True
-    # the last offset delivered to the agents in each partition, to notice a consumer that skips
-    # messages (faust-streaming has open reports of events skipped around restarts)
-    delivered: dict[Any, int] = field(default_factory=dict)
-    # One decision at a time, whether from the index agent or from a hand-off (`_HandOff`)
-    index_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # The last signatures offset decided by a hand-off since the shard's assignment: the consumer
-    # delivers those messages too, and the index agent lets them pass
-    handed_off: int = -1
-    # What to do when the index cannot go on (the decider failed twice on a batch): stop the worker
-    # the way a supervisor would, so that it restarts and the unacknowledged batch is re-delivered,
-    # rather than keep consuming with a crashed agent and a gap that blocks every later commit.
-    stop_worker: Callable[[], None] = field(default=lambda: signal.raise_signal(signal.SIGTERM))
-
-
 class _HandOff:
     """Signatures messages this worker sent, decided as soon as the broker acknowledges them.
 
@@ -193,6 +168,32 @@ class _HandOff:
                 messages.append((metadata.offset, pack))
             if messages:
                 await self._decide(messages)
+
+
+@dataclass
+class Runtime:
+    """What the agents share; `needs_open` is raised whenever the index shard is (re)assigned."""
+
+    settings: Settings
+    metrics: Metrics
+    signer: Signer
+    collector: CollectorPolicy
+    decider: Decider
+    log_reader: LogReader  # reads back what the consumer went past
+    needs_open: bool = True
+    hand_off: _HandOff | None = None  # set by create_app; run by the app's hand_offs task
+    # the last offset delivered to the agents in each partition, to notice a consumer that skips
+    # messages (faust-streaming has open reports of events skipped around restarts)
+    delivered: dict[Any, int] = field(default_factory=dict)
+    # One decision at a time, whether from the index agent or from a hand-off (`_HandOff`)
+    index_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The last signatures offset decided by a hand-off since the shard's assignment: the consumer
+    # delivers those messages too, and the index agent lets them pass
+    handed_off: int = -1
+    # What to do when the index cannot go on (the decider failed twice on a batch): stop the worker
+    # the way a supervisor would, so that it restarts and the unacknowledged batch is re-delivered,
+    # rather than keep consuming with a crashed agent and a gap that blocks every later commit.
+    stop_worker: Callable[[], None] = field(default=lambda: signal.raise_signal(signal.SIGTERM))
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> faust.TopicT:
@@ -401,7 +402,7 @@ def create_app(
             runtime.handed_off = run[-1][0]
             metrics.handed_off.inc(len(run))
 
-    hand_off = _HandOff(decide_handed_off)
+    hand_off = runtime.hand_off = _HandOff(decide_handed_off)
 
     def persist_changelog_offset(last: SentBatch) -> Callable[[asyncio.Future[Any]], None]:
         # What Faust's own table writes do per message, once per chunk here: the store remembers

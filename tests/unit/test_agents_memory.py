@@ -376,3 +376,50 @@ async def test_the_worker_consumer_fetches_with_the_configured_wait_and_minimum(
         assert (consumer._fetch_max_wait_ms, consumer._fetch_min_bytes) == (7, 4096)
     finally:
         await consumer.stop()
+
+
+async def test_a_signatures_message_this_worker_sent_is_decided_once_acknowledged(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]],
+    sign_agent: Any,
+    index_agent: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, runtime, recorders = wired
+    settings = runtime.settings
+    signatures_send = faust.topics.Topic.send
+
+    async def acknowledged(self: faust.topics.Topic, *args: Any, **kwargs: Any) -> Any:
+        # as a broker would: the signatures message's offset comes back with the acknowledgement
+        await signatures_send(self, *args, **kwargs)
+        sent: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        sent.set_result(SimpleNamespace(offset=len(recorders["signatures"].sent)))  # 0: put below
+        return sent
+
+    monkeypatch.setattr(faust.topics.Topic, "send", acknowledged)
+    assert runtime.hand_off is not None
+    hand_offs = asyncio.create_task(runtime.hand_off.run())
+    try:
+        # offset 0 through the consumer: the index is opened, the shard is this worker's
+        await index_agent.put(_signed(settings, "a", PROSE[0]), key=SHARD_KEY)
+        await recorders["verdicts"].wait_for(1)
+        # signed here and sent to offset 1: decided without the consumer delivering it
+        await sign_agent.put(orjson.dumps({"id": "b", "text": PROSE[0] + " By the wire desk."}))
+        verdicts = await recorders["verdicts"].wait_for(2)
+        assert [(key, orjson.loads(value)["verdict"]) for key, value in verdicts] == [
+            (b"a", "unique"),
+            (b"b", "duplicate"),
+        ]
+        registry = runtime.metrics.registry
+        assert registry.get_sample_value("neardup_index_handed_off_total") == 1.0
+        assert runtime.decider.records[OFFSET_KEY] == b"1"
+        # the consumer delivers it too, later: decided already, it is let pass
+        (_, pack), *_ = recorders["signatures"].sent
+        index_agent.sent_offset = 1
+        await index_agent.put(pack, key=SHARD_KEY)
+        await index_agent.put(_signed(settings, "c", PROSE[2]), key=SHARD_KEY)  # offset 2
+        verdicts = await recorders["verdicts"].wait_for(3)
+        assert [key for key, _ in verdicts] == [b"a", b"b", b"c"]
+        await _settled(lambda: runtime.decider.records[OFFSET_KEY] == b"2")
+        assert registry.get_sample_value("neardup_index_replays_total", {"status": "replayed"}) is None
+    finally:
+        hand_offs.cancel()

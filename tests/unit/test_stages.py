@@ -28,6 +28,7 @@ from service.stream.stages import (
     SignStage,
     decode_signed,
     encode_signed,
+    following_run,
     in_log_order,
     offset_gaps,
     pack_in_chunks,
@@ -658,3 +659,13 @@ def test_messages_read_for_gaps_go_back_where_they_belong() -> None:
         in_log_order(delivered, gaps, [(s, 6, b"x")])
     with pytest.raises(ValueError, match="fills no gap"):  # the right offsets, the wrong partition
         in_log_order(delivered, gaps, [(i, 8, b"x")])
+
+
+def test_the_following_run_starts_right_after_the_last_offset_decided() -> None:
+    messages = [(4, "e"), (5, "f"), (6, "g"), (8, "i"), (9, "j")]
+    assert following_run(3, messages) == [(4, "e"), (5, "f"), (6, "g")]  # 7 is missing: stop before 8
+    assert following_run(4, messages) == [(5, "f"), (6, "g")]  # 4 decided already
+    assert following_run(7, messages) == [(8, "i"), (9, "j")]
+    assert following_run(9, messages) == []  # all decided already
+    assert following_run(2, messages) == []  # 3 comes first, and it is not among them
+    assert following_run(-1, [(0, "a")]) == [(0, "a")]
