@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -51,6 +51,12 @@ SHARD_KEY = b"0"
 # in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
 # articles, ~390 KB) is one message, and so a chunk of its own.
 DECIDE_CHUNK_BYTES = 256 * 1024
+# How long a batch waits for more events after its first (LeanStream.take_events): the consumer hands
+# over a fetch's messages together, in far less.
+TAKE_WITHIN_S = 0.001
+# How often an empty take loop looks whether its stream is stopping (it wakes at once for an event).
+IDLE_CHECK_S = 0.1
+CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 
 
 def _halted(service: Any) -> bool:
@@ -59,24 +65,62 @@ def _halted(service: Any) -> bool:
 
 
 class LeanStream(faust.Stream):
-    """The worker's Faust streams (faust.Stream with a cheaper bounded wait)."""
+    """The worker's Faust streams: faust.Stream with a take loop of its own (`take_events`)."""
 
-    async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
-        """`take_events(within=...)` waits for its buffer with `wait_for_stopped(buffer_full,
-        timeout=within)` every `within` seconds: here one timer instead of mode's tasks. A stop
-        is then seen at the next iteration, at most `within` later; waits without a timeout
-        still go mode's way, as they could otherwise miss it."""
-        if (
-            timeout is not None
-            and len(coros) == 1
-            and isinstance(coros[0], asyncio.Event)
-            and not _halted(self)
-        ):
-            event = coros[0]
-            if await wait_for_event(event, want_seconds(timeout)) and not _halted(self):
-                return WaitResults([cast(Any, event)], [True], False)
-            return WaitResults([], [], True)  # as mode: a timeout reads as "stopped"
-        return await super().wait_first(*coros, timeout=timeout)
+    def take_events(self, max_: int, within: Any) -> AsyncGenerator[list[faust.EventT], None]:
+        """Batches of at most `max_` events, each yielded once the buffer is full or `within`
+        seconds after its first event, and acknowledged when the caller asks for the next batch.
+
+        Faust's take_events wakes every `within` whether or not anything came (through mode's
+        waits: three tasks and an `asyncio.wait` each time), and then holds what came for the
+        rest of that tick: at 500 articles/s the sign agent's batches waited a median 5.0 ms in
+        its buffer (the 5 ms tick; a one-off trace of delivery and batch times). This loop sleeps
+        until the first event of a batch, then waits `within` at most for more: the consumer
+        delivers a fetch's messages together, so a short `within` still takes them in one batch."""
+        batches = self._lean_batches(max_, want_seconds(within))
+        self._active_agens.add(batches)  # closed at the stream's stop, as Faust's own
+        return batches
+
+    async def _lean_batches(self, max_: int, within: float) -> AsyncGenerator[list[faust.EventT], None]:
+        buffer: list[faust.EventT] = []
+        arrived = asyncio.Event()  # the buffer holds an event
+        full = asyncio.Event()
+        taken = asyncio.Event()  # the full buffer was handed over: room again
+
+        async def add_to_buffer(value: Any) -> Any:
+            event = self.current_event
+            if event is None:
+                raise RuntimeError("an event reached the take buffer without being current")
+            buffer.append(event)
+            arrived.set()
+            if len(buffer) >= max_:
+                full.set()
+                taken.clear()
+                await taken.wait()  # at most max_ events wait: the consumer waits too
+            return value
+
+        acks_before, self.enable_acks = self.enable_acks, False  # acknowledged once handled
+        self.add_processor(add_to_buffer)
+        self._enable_passive(cast(Any, aiter(self.channel)))
+        try:
+            while not self.should_stop:
+                if not await wait_for_event(arrived, IDLE_CHECK_S):
+                    continue  # nothing came: look at should_stop again
+                if within and len(buffer) < max_:
+                    await wait_for_event(full, within)
+                batch = buffer[:]
+                buffer.clear()
+                arrived.clear()
+                full.clear()
+                taken.set()
+                try:
+                    yield batch
+                finally:
+                    for event in batch:
+                        await self.ack(event)
+        finally:
+            self.enable_acks = acks_before
+            self._processors.remove(add_to_buffer)
 
 
 def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
@@ -286,7 +330,7 @@ def create_app(
 
     @app.agent(articles, name="sign")
     async def sign(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
-        async for batch in stream.take_events(settings.sign_batch, within=0.005):
+        async for batch in stream.take_events(settings.sign_batch, within=TAKE_WITHIN_S):
             _expect_committed(app, runtime, batch)
             # transaction markers take an offset each: on the input a gap is often just that
             gaps = _check_gaps(runtime, batch, logging.INFO)
@@ -333,7 +377,7 @@ def create_app(
 
     @app.agent(signatures, name="index")
     async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
-        async for batch in stream.take_events(100, within=0.002):
+        async for batch in stream.take_events(100, within=TAKE_WITHIN_S):
             async with runtime.index_lock:
                 decider = await _open_decider(runtime)
                 # decided already, as soon as this worker's send of them was acknowledged
@@ -479,8 +523,15 @@ def create_app(
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
     async def close_index(sender: Any, **_: Any) -> None:
-        # The consumer has stopped: no batch is decided any more. The index is flushed (it has no
-        # write-ahead log) and marked reusable when everything applied is checkpointed.
+        # The consumer has stopped: no batch comes from it any more, and no hand-off starts (the
+        # shard is no longer this worker's); one in progress ends first. The index is then flushed
+        # (it has no write-ahead log) and marked reusable when everything applied is checkpointed.
+        runtime.delivered.pop(TP(settings.signatures_topic, 0), None)
+        try:
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await runtime.index_lock.acquire()  # held to the end: nothing decides after this
+        except TimeoutError:
+            log.error("index_close: a decision still runs after %.0f s; closing anyway", CLOSE_WAIT_S)
         await runtime.decider.close()
         await runtime.log_reader.close()
 

@@ -52,9 +52,8 @@ def _rest_of(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Generator[Any, 
 async def wait_for_event(event: Any, timeout: float) -> bool:
     """Wait at most `timeout` seconds for `event` (an asyncio or mode Event); True when it is set.
 
-    One timer and the event's own waiter: none of the three tasks and `asyncio.wait` that mode's
-    `Service.wait_for_stopped` makes per call, which `Stream.take_events(within=...)` pays every
-    `within` seconds, busy or idle (see LeanStream in app.py)."""
+    One timer and the event's own waiter, none of the three tasks and `asyncio.wait` that mode's
+    `Service.wait_for_stopped` makes per call (the worker's take loop, LeanStream in app.py)."""
     if event.is_set():
         return True
     try:

@@ -11,6 +11,7 @@ import faust
 import pytest
 from mode.utils.locks import Event as ModeEvent
 
+from service.stream import app as app_module
 from service.stream.app import LeanStream, _app_class
 from service.stream.inline import run_until_wait, wait_for_event
 
@@ -233,15 +234,63 @@ async def memory_app() -> AsyncIterator[faust.App]:
     yield app
 
 
-async def test_the_apps_streams_take_their_bounded_waits_without_tasks(memory_app: faust.App) -> None:
-    stream = memory_app.stream(memory_app.channel())
-    assert isinstance(stream, LeanStream)
-    full = asyncio.Event()
-    asyncio.get_running_loop().call_later(0.005, full.set)
-    won = await stream.wait_first(full, timeout=5.0)
-    assert won.results == [True] and won.done == [full] and not won.stopped
-    # a timeout reads as "stopped", as in mode's Service.wait_first (take_events ignores it)
-    assert (await stream.wait_first(asyncio.Event(), timeout=0.01)).stopped
+async def _until(condition: Any, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.002)
+
+
+async def test_the_take_loop_hands_over_a_full_buffer_at_once_and_the_rest_within_of_its_first(
+    memory_app: faust.App,
+) -> None:
+    loop = asyncio.get_running_loop()
+    batches: list[tuple[list[Any], float]] = []
+
+    @memory_app.agent(memory_app.channel(), name="taker")
+    async def taker(stream: Any) -> None:
+        async for batch in stream.take_events(3, within=0.2):
+            batches.append(([event.value for event in batch], loop.time()))
+
+    async with taker.test_context() as agent:
+        started = loop.time()
+        for value in range(4):
+            await agent.put(value)
+        await _until(lambda: len(batches) == 2)
+        assert [values for values, _ in batches] == [[0, 1, 2], [3]]
+        assert batches[0][1] - started < 0.15  # full: not held for `within`
+        assert 0.15 <= batches[1][1] - started < 2.0  # held `within` after its first event
+        # a lone event after a quiet spell: `within` after it, not at a tick running meanwhile
+        await asyncio.sleep(0.3)
+        sent = loop.time()
+        await agent.put(4)
+        await _until(lambda: len(batches) == 3)
+        assert batches[2][0] == [4]
+        assert 0.15 <= batches[2][1] - sent < 2.0
+
+
+async def test_an_idle_take_loop_does_not_tick_every_within(
+    memory_app: faust.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+
+    async def counted(event: Any, timeout: float) -> bool:
+        waits.append(timeout)
+        return await wait_for_event(event, timeout)
+
+    monkeypatch.setattr(app_module, "wait_for_event", counted)
+
+    @memory_app.agent(memory_app.channel(), name="idler")
+    async def idler(stream: Any) -> None:
+        async for _ in stream.take_events(10, within=0.001):
+            pass
+
+    async with idler.test_context():
+        await asyncio.sleep(0.35)
+    # ~4 looks at should_stop in 0.35 s, where a 1 ms tick would have woken ~350 times
+    assert 1 <= len(waits) <= 6
+    assert all(timeout == app_module.IDLE_CHECK_S for timeout in waits)
 
 
 def test_the_agents_read_through_lean_streams(memory_app: faust.App) -> None:
