@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from pathlib import Path
 
 import orjson
@@ -27,9 +28,11 @@ from .conftest import (
 pytestmark = pytest.mark.kafka
 
 
-def test_stream_verdicts_equal_embedded_mode(deployment: Deployment, tmp_path: Path) -> None:
+@pytest.mark.parametrize("handoff", [1, 0], ids=["hand-off", "through-the-consumer"])
+def test_stream_verdicts_equal_embedded_mode(deployment: Deployment, tmp_path: Path, handoff: int) -> None:
     articles = load_sample()
     expected = run_embedded(articles, tmp_path)
+    deployment.extra_env["NEARDUP_INDEX_HANDOFF"] = str(handoff)
     deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
@@ -41,6 +44,10 @@ def test_stream_verdicts_equal_embedded_mode(deployment: Deployment, tmp_path: P
     kinds = {v["verdict"] for v in got.values()}
     assert kinds == {"unique", "duplicate", "partial"}
     assert all(orjson.loads(r.value)["latency_ms"] >= 0 for r in records)
+    # decided on the acknowledgement of the worker's own sends, or only as the consumer reads them
+    handed_off = re.search(r"^neardup_index_handed_off_total (\S+)$", deployment.metrics(0), re.MULTILINE)
+    assert handed_off is not None
+    assert (float(handed_off.group(1)) > 0) == bool(handoff)
 
 
 def test_two_workers_three_partitions_see_every_earlier_article(kafka: str, tmp_path: Path) -> None:
