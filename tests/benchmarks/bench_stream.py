@@ -17,7 +17,10 @@ Per repetition (fresh app id, topic names and state dir each time):
                those due within each --tick-ms (default 10) together, for a warm-up and then a
                measured window; p50/p99 of the verdict's `latency_ms` (worker clock at the verdict
                minus the input record's timestamp) and of the end-to-end latency (this process
-               receiving the verdict minus the input record's timestamp).
+               receiving the verdict minus the input record's timestamp). Each measured article's
+               latency split in two legs by record timestamps, read back from the signatures topic:
+               input stamped → its signatures message sent (fetch, batching, signing), and that →
+               its verdict sent (the signatures' way to the index stage, deciding, publishing).
 4. idle        the same worker with no input for --idle seconds (default 10): its CPU, in cores.
 
 Every CPU figure names this script too ("this script"): it is the load, on the same two cores.
@@ -63,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -75,6 +78,7 @@ from service.config import Settings  # noqa: E402
 from service.core import compiled  # noqa: E402
 from service.core.params import DedupParams  # noqa: E402
 from service.core.signing import fingerprint  # noqa: E402
+from service.stream.stages import decode_signed, unpack_signed  # noqa: E402
 from service.stream.topics import ensure_topics  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
@@ -384,6 +388,11 @@ class Result:
     # the worker) or throughout (a busy machine); seconds since the window began → how many
     slowest_by_second: dict[int, int] = field(default_factory=dict)
     send_p99_ms: float = 0.0  # this process stamping an article → the broker acknowledging it
+    # the two legs of the latency (record timestamps): stamped → signatures message sent → verdict sent
+    sign_leg_p50_ms: float = 0.0
+    sign_leg_p99_ms: float = 0.0
+    index_leg_p50_ms: float = 0.0
+    index_leg_p99_ms: float = 0.0
     window_started_at: float = 0.0  # epoch seconds: to line the slowest seconds up with logs
     gc_full_pauses: int = 0
     gc_full_total_ms: float = 0.0
@@ -537,7 +546,10 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             f"  the slowest 1% by second of the window (from "
             f"{time.strftime('%H:%M:%S', time.gmtime(result.window_started_at))} UTC): "
             f"{result.slowest_by_second}; "
-            f"stamp to broker ack p99 {result.send_p99_ms:.1f} ms",
+            f"stamp to broker ack p99 {result.send_p99_ms:.1f} ms\n"
+            f"  legs: stamped to signatures sent p50 {result.sign_leg_p50_ms:.0f} p99 "
+            f"{result.sign_leg_p99_ms:.0f} ms; signatures sent to verdict sent p50 "
+            f"{result.index_leg_p50_ms:.0f} p99 {result.index_leg_p99_ms:.0f} ms (record timestamps)",
             flush=True,
         )
         gc_pauses(env["NEARDUP_METRICS_PORT"], result)
@@ -649,6 +661,45 @@ async def latency_phase(
     result.window_started_at = window_start / 1000.0
     # the time from stamping an article to the broker's acknowledgement: a stall on this side
     result.send_p99_ms = percentile([acked_at[a] * 1000.0 - sent_at[a] for a in measured], 0.99)
+    signed_at = await signatures_sent_at(settings, window_start - 1000, measured)
+    sign_leg = [signed_at[a] - sent_at[a] for a in measured if a in signed_at]
+    index_leg = [got[a][0] - signed_at[a] for a in measured if a in signed_at]
+    if sign_leg:
+        result.sign_leg_p50_ms, result.sign_leg_p99_ms = percentile(sign_leg, 0.5), percentile(sign_leg, 0.99)
+        result.index_leg_p50_ms, result.index_leg_p99_ms = (
+            percentile(index_leg, 0.5),
+            percentile(index_leg, 0.99),
+        )
+
+
+async def signatures_sent_at(settings: Settings, since_ms: int, ids: set[str]) -> dict[str, int]:
+    """When the signatures message of each article in `ids` was sent (its record timestamp, set by
+    the worker's producer), read back from the signatures topic from `since_ms` on."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        max_poll_records=5000,
+        **settings.client_security(),
+    )
+    await consumer.start()
+    try:
+        shard = TopicPartition(settings.signatures_topic, 0)
+        consumer.assign([shard])
+        end = (await consumer.end_offsets([shard]))[shard]
+        found = (await consumer.offsets_for_times({shard: since_ms}))[shard]
+        consumer.seek(shard, found.offset if found is not None else end)
+        sent: dict[str, int] = {}
+        while await consumer.position(shard) < end:
+            batch = await consumer.getmany(shard, timeout_ms=1000)
+            for record in batch.get(shard, []):
+                for signed in unpack_signed(record.value):
+                    article_id = decode_signed(signed).article_id
+                    if article_id in ids:
+                        sent.setdefault(article_id, record.timestamp)
+        return sent
+    finally:
+        await consumer.stop()
 
 
 # ---------------------------------------------------------------------------------------------
