@@ -295,6 +295,7 @@ def create_app(
     changelog_name = changelog_topic(settings)
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
+    signatures_shard = TP(settings.signatures_topic, 0)  # the index shard: one partition
     dead_letters = _raw_topic(app, settings.dead_letter_topic, 1)
     records = app.Table(
         "records",
@@ -427,12 +428,10 @@ def create_app(
                 log.critical("index_unavailable: the decider failed twice; stopping the worker")
                 runtime.stop_worker()
             raise
-        runtime.delivered[TP(settings.signatures_topic, 0)] = messages[-1][0]
 
     async def decide_handed_off(messages: list[tuple[int, bytes]]) -> None:
         async with runtime.index_lock:
-            shard = TP(settings.signatures_topic, 0)
-            last = runtime.delivered.get(shard)
+            last = runtime.delivered.get(signatures_shard)
             if runtime.needs_open or last is None:
                 return  # the shard is not (or not yet) this worker's: the consumer brings them
             run = following_run(last, messages)
@@ -443,7 +442,8 @@ def create_app(
             except Exception:
                 log.exception("handoff_failed: the consumer delivers these messages again")
                 return
-            runtime.handed_off = run[-1][0]
+            # what the index agent's gap check (offset_gaps) records for the batches it decides
+            runtime.delivered[signatures_shard] = runtime.handed_off = run[-1][0]
             metrics.handed_off.inc(len(run))
 
     hand_off = runtime.hand_off = _HandOff(decide_handed_off)
@@ -519,14 +519,14 @@ def create_app(
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
     async def on_revoked(sender: Any, revoked: Any = None, **_: Any) -> None:
         # No hand-off once the shard may be another worker's: it waits for the next assignment.
-        runtime.delivered.pop(TP(settings.signatures_topic, 0), None)
+        runtime.delivered.pop(signatures_shard, None)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
     async def close_index(sender: Any, **_: Any) -> None:
         # The consumer has stopped: no batch comes from it any more, and no hand-off starts (the
         # shard is no longer this worker's); one in progress ends first. The index is then flushed
         # (it has no write-ahead log) and marked reusable when everything applied is checkpointed.
-        runtime.delivered.pop(TP(settings.signatures_topic, 0), None)
+        runtime.delivered.pop(signatures_shard, None)
         try:
             async with asyncio.timeout(CLOSE_WAIT_S):
                 await runtime.index_lock.acquire()  # held to the end: nothing decides after this
