@@ -15,6 +15,7 @@ import numpy as np
 
 from .lsh import band_keys
 from .minhash import (
+    VerifierArray,
     estimate_containment,
     estimate_containment_many,
     estimate_jaccard_verified_many,
@@ -68,6 +69,19 @@ class IndexedArticle:
             and self.fingerprint == other.fingerprint
         )
 
+    # An indexed article is its own Prospect (below).
+    @property
+    def shingle_count(self) -> int:
+        return self.fingerprint.shingle_count
+
+    @property
+    def verifier(self) -> VerifierArray:
+        return self.fingerprint.verifier
+
+    @property
+    def canonical_id(self) -> str:
+        return self.decision.canonical_id
+
     __hash__ = None  # type: ignore[assignment]
 
 
@@ -93,6 +107,32 @@ class Outcome:
         return self.update is None
 
 
+class Prospect(Protocol):
+    """A candidate as verification reads it: what scoring it takes (its verifier and distinct
+    count), its arrival for ties, and its cluster's canonical article for the verdict. An
+    IndexedArticle is one; a store may hand out lighter ones that decode the rest of a record (the
+    fingerprint, read only where verifiers cannot be compared) when asked: tens of candidates per
+    article, most of them never the match."""
+
+    @property
+    def article_id(self) -> str: ...
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def shingle_count(self) -> int: ...
+
+    @property
+    def verifier(self) -> VerifierArray | bytes: ...
+
+    @property
+    def canonical_id(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> Fingerprint: ...
+
+
 class StateReader(Protocol):
     """What the decision needs to read. Adapters: memory and RocksDB (service/state)."""
 
@@ -100,7 +140,7 @@ class StateReader(Protocol):
 
     def id_for_content(self, content_hash: bytes) -> str | None: ...
 
-    def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[IndexedArticle]:
+    def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> Sequence[Prospect]:
         """The distinct articles in the band buckets `keys`, but `exclude`, in order of first
         appearance (bucket by bucket, each in the order its articles joined it), at most `limit`."""
         ...
@@ -213,7 +253,10 @@ def _verified_match(
     others = state.candidates(keys, article_id, params.max_candidates)
     if not others:
         return Decision("unique", None, None, None, None, article_id, False, ())
-    jaccard, inside, contains = _score_arrays(fp, [other.fingerprint for other in others])
+    scored = verified_scores(fp.verifier, fp.shingle_count, others)
+    if scored is None:  # not compiled, or verifiers that cannot be compared: from the fingerprints
+        scored = _score_arrays(fp, [other.fingerprint for other in others])
+    jaccard, inside, contains = scored
     seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
@@ -236,7 +279,7 @@ def _verified_match(
 
 
 def _matched(
-    kind: VerdictKind, candidate: Candidate, other: IndexedArticle, top: tuple[Candidate, ...]
+    kind: VerdictKind, candidate: Candidate, other: Prospect, top: tuple[Candidate, ...]
 ) -> Decision:
     return Decision(
         kind,
@@ -244,7 +287,7 @@ def _matched(
         candidate.jaccard,
         candidate.containment,
         candidate.contains,
-        other.decision.canonical_id,
+        other.canonical_id,
         False,
         top,
     )

@@ -250,7 +250,7 @@ def estimate_jaccard_verified_many(
 
 class _Sketched(Protocol):
     @property
-    def verifier(self) -> VerifierArray: ...
+    def verifier(self) -> VerifierArray | bytes: ...
 
     @property
     def shingle_count(self) -> int: ...
@@ -261,10 +261,11 @@ ScoreArrays = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArra
 
 def verified_scores(verifier: VerifierArray, size: int, others: Sequence[_Sketched]) -> ScoreArrays | None:
     """(jaccard, containment, contains) of a text's verifier and distinct count against each of
-    `others` (Fingerprints): estimate_jaccard_verified_many, then estimate_containment_many, in one
-    compiled pass with the same figures, without stacking the verifiers or building arrays of their
-    sizes (tens of candidates per article, numpy's per-call costs exceeded the comparisons). None
-    where _sketch is not built or a verifier's length differs: the caller computes them itself."""
+    `others` (Fingerprints, or candidates carrying both): estimate_jaccard_verified_many, then
+    estimate_containment_many, in one compiled pass with the same figures, without stacking the
+    verifiers or building arrays of their sizes (tens of candidates per article, numpy's per-call
+    costs exceeded the comparisons). None where _sketch is not built or a verifier's length
+    differs: the caller computes them itself."""
     loops = compiled.loops()
     if loops is None:
         return None

@@ -2,12 +2,15 @@
 
 Key layout: the records, ~2 KB each, in their own column family ("records": arrival number (seq) →
 the record of that article version), so that the small keys the decision looks up many times per
-article live in a small LSM tree of their own. In the default column family, one-byte prefixes:
+article live in a small LSM tree of their own. Beside them, "probes" (seq → what scoring a candidate
+reads: distinct shingles, id, canonical id, verifier; ~0.6 KB and no JSON), so that verifying tens of
+candidates per article reads no whole records (a news stream's clusters reach back past any cache).
+In the default column family, one-byte prefixes:
 ``a<id>`` → the seq of its current version, ``b<band key>`` → the seqs of the articles in the bucket,
 ``c<content hash>`` → first article id, ``m<name>`` → metadata (header, sequence, consumed offsets).
 Seqs are 8 bytes big-endian: records sort in arrival order, and a bucket grows by appending 8 bytes
 (ids as an orjson list cost ~2x the bytes and a decode per lookup). Every update is one WriteBatch
-over both families, so a crash leaves either all of it or none.
+over all three families, so a crash leaves either all of it or none.
 """
 
 from __future__ import annotations
@@ -34,14 +37,17 @@ from rocksdict import (
     WriteOptions,
 )
 
-from ..core.dedup import IndexedArticle, IndexUpdate
+from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.lsh import band_keys
 from ..core.params import check_header
+from ..core.signing import Fingerprint
 from .port import content_heir
 from .records import CorruptRecord, decode_article, encode_article
 
 _ARTICLE, _BAND, _CONTENT, _META = b"a", b"b", b"c", b"m"
 _RECORDS = "records"  # the column family of the records, by arrival number
+_PROBES = "probes"  # the column family of the candidates' probes, by arrival number
+_PROBE_HEAD = struct.Struct(">III")  # distinct shingles, id bytes, canonical id bytes
 _SEQ_KEY = struct.Struct(">Q")
 _SEQ_DTYPE = np.dtype(">u8")
 _HEADER, _SEQ = _META + b"header", _META + b"seq"
@@ -80,6 +86,9 @@ class RocksOptions:
     # Decoded article records kept in memory (~2 KB each): news clusters are matched again and
     # again, and a miss costs a read and a decode (~25 µs) per candidate.
     record_cache: int = 20_000
+    # Candidates' probes kept in memory (~0.9 KB each with their objects): a multi-get of tens of
+    # them from RocksDB costs more than scoring them.
+    probe_cache: int = 100_000
 
     def block_cache(self) -> Cache:
         return Cache(self.block_cache_mb * 1024 * 1024)
@@ -161,9 +170,13 @@ class RocksState:
             cache = self._options.block_cache()  # one block cache for both column families
             options = self._options.build(cache)
             records = self._options.build(cache, records=True)
-            self._db = Rdict(str(self.path), options, column_families={_RECORDS: records})
+            probes = self._options.build(cache, records=True)  # verifiers do not compress either
+            families = {_RECORDS: records, _PROBES: probes}
+            self._db = Rdict(str(self.path), options, column_families=families)
             self._records = self._db.get_column_family(_RECORDS)
             self._records_handle = self._db.get_column_family_handle(_RECORDS)
+            self._probes = self._db.get_column_family(_PROBES)
+            self._probes_handle = self._db.get_column_family_handle(_PROBES)
             if not self._options.write_ahead_log:
                 write = WriteOptions()
                 write.disable_wal = True  # type: ignore[assignment,method-assign]  # a property; the stubs say method
@@ -175,6 +188,7 @@ class RocksState:
         seq = self._db.get(_SEQ)
         self._seq = int(seq) if seq is not None else 0
         self._recent: OrderedDict[int, IndexedArticle] = OrderedDict()  # by arrival number
+        self._probe_cache: OrderedDict[int, StoredProbe] = OrderedDict()  # by arrival number
         # the buckets of the last multi-get as stored: decide() reads them, apply() extends them
         self._looked_up: dict[bytes, bytes | None] = {}
         self._content_looked_up: tuple[bytes, bytes | None] = (b"", None)  # the last content lookup
@@ -219,11 +233,13 @@ class RocksState:
         indexed so far) to their buckets and to the content map."""
         buckets: dict[bytes, list[bytes]] = {}
         content: dict[bytes, str] = {}
+        probes: list[tuple[bytes, bytes]] = []
         for seq, record in stored:
             article = decode_article(record)
             for key in band_keys(article.fingerprint.signature, bands, rows):
                 buckets.setdefault(key, []).append(seq)
             content.setdefault(article.fingerprint.content_hash, article.article_id)
+            probes.append((seq, encode_probe(article)))
         bucket_keys, digests = list(buckets), list(content)
         earlier = cast(list[bytes | None], self._db.get([_BAND + key for key in bucket_keys]))
         first = cast(list[bytes | None], self._db.get([_CONTENT + digest for digest in digests]))
@@ -233,6 +249,8 @@ class RocksState:
         for digest, holder in zip(digests, first, strict=True):
             if holder is None:
                 batch.put(_CONTENT + digest, content[digest].encode())
+        for seq, probe in probes:
+            batch.put(seq, probe, self._probes_handle)
         self._db.write(batch)
 
     def open_header(self, expected: dict[str, Any]) -> None:
@@ -300,9 +318,10 @@ class RocksState:
     def band_members(self, key: bytes) -> Sequence[str]:
         return [a.article_id for a in self._arrivals(_members(self._db.get(_BAND + key))) if a is not None]
 
-    def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[IndexedArticle]:
+    def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[Prospect]:
         """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
-        `limit`: one multi-get; the bucket contents merged by dict, or by numpy for a large cluster."""
+        `limit`, as probes: one multi-get; the bucket contents merged by dict, or by numpy for a large
+        cluster."""
         found = cast(list[bytes | None], self._db.get([_BAND + key for key in keys]))
         self._looked_up = dict(zip(keys, found, strict=True))
         stored = b"".join(data for data in found if data)
@@ -314,8 +333,47 @@ class RocksState:
         else:
             distinct, first = np.unique(seqs, return_index=True)
             in_order = distinct[np.argsort(first, kind="stable")][: limit + 1].tolist()
-        articles = [a for a in self._arrivals(in_order) if a is not None and a.article_id != exclude]
-        return articles[:limit]
+        prospects = [p for p in self._prospects(in_order) if p is not None and p.article_id != exclude]
+        return prospects[:limit]
+
+    def _prospects(self, seqs: Sequence[int]) -> list[Prospect | None]:
+        """The probes of these arrival numbers, from the cache or one multi-get (None: replaced
+        since). An article indexed before probes were stored is read whole: it is its own probe."""
+        cache = self._probe_cache
+        found: list[Prospect | None] = []
+        missing: list[int] = []
+        for seq in seqs:
+            probe = cache.get(seq)
+            if probe is None:
+                missing.append(seq)
+            else:
+                cache.move_to_end(seq)
+            found.append(probe)
+        if not missing:
+            return found
+        stored = cast(list[bytes | None], self._probes.get([_SEQ_KEY.pack(seq) for seq in missing]))
+        loaded: dict[int, Prospect | None] = {}
+        unprobed: list[int] = []
+        for seq, data in zip(missing, stored, strict=True):
+            if data is None:
+                unprobed.append(seq)
+            else:
+                loaded[seq] = self._keep_probe(StoredProbe.decode(seq, data, self))
+        loaded.update(zip(unprobed, self._arrivals(unprobed), strict=True))
+        return [probe or loaded.get(seq) for seq, probe in zip(seqs, found, strict=True)]
+
+    def _keep_probe(self, probe: StoredProbe) -> StoredProbe:
+        self._probe_cache[probe.seq] = probe
+        if len(self._probe_cache) > self._options.probe_cache:
+            self._probe_cache.popitem(last=False)
+        return probe
+
+    def fingerprint_of(self, seq: int) -> Fingerprint:
+        """The fingerprint of the article version with this arrival number, from its record."""
+        article = self._arrived(seq)
+        if article is None:
+            raise CorruptRecord(f"state record of arrival {seq} is missing")
+        return article.fingerprint
 
     def _look_up(self, keys: Sequence[bytes]) -> None:
         """Make sure the last lookup covers `keys` (apply() without decide() before it)."""
@@ -339,6 +397,8 @@ class RocksState:
         else:
             self._move_between_buckets(batch, update, update.replaced)
             batch.delete(_SEQ_KEY.pack(update.replaced.seq), self._records_handle)
+            batch.delete(_SEQ_KEY.pack(update.replaced.seq), self._probes_handle)
+            self._probe_cache.pop(update.replaced.seq, None)
         self._looked_up = {}
         content_hash = article.fingerprint.content_hash
         if self._content_id(content_hash) is None:
@@ -346,6 +406,8 @@ class RocksState:
         self._content_looked_up = (b"", None)  # the write changes it
         batch.put(_ARTICLE + article.article_id.encode(), seq)
         batch.put(seq, record or encode_article(article), self._records_handle)
+        probe = encode_probe(article)
+        batch.put(seq, probe, self._probes_handle)
         next_seq = max(self._seq, article.seq + 1)
         batch.put(_SEQ, str(next_seq).encode())
         for key, value in (extra or {}).items():
@@ -353,6 +415,7 @@ class RocksState:
         self._db.write(batch)
         self._seq = next_seq
         self._remember(article)
+        self._keep_probe(StoredProbe.decode(article.seq, probe, self))  # news clusters: wanted soon
 
     def _join_buckets(self, batch: WriteBatch, seq: bytes, keys: Sequence[bytes]) -> None:
         """A new article joins its buckets: its arrival number appended to each stored one (a new
@@ -414,10 +477,61 @@ class RocksState:
             self._db.flush()
 
     def close(self) -> None:
+        self._probe_cache.clear()  # each probe refers to this state
         self._db.close()
-        del self._records, self._records_handle  # each keeps the database, and its lock, alive
+        # each keeps the database, and its lock, alive
+        del self._records, self._records_handle, self._probes, self._probes_handle
 
 
 def _members(stored: bytes | None) -> list[int]:
     """The arrival numbers a stored bucket holds, in the order they joined it."""
     return np.frombuffer(stored, dtype=_SEQ_DTYPE).tolist() if stored else []
+
+
+def encode_probe(article: IndexedArticle) -> bytes:
+    """What scoring the article as a candidate reads, without JSON: distinct shingles, the lengths
+    of its id and canonical id, both, then its verifier (one byte a slot)."""
+    article_id, canonical = article.article_id.encode(), article.decision.canonical_id.encode()
+    fp = article.fingerprint
+    head = _PROBE_HEAD.pack(fp.shingle_count, len(article_id), len(canonical))
+    return head + article_id + canonical + np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
+
+
+class StoredProbe:
+    """A candidate as the probes family holds it (a Prospect); its fingerprint is read from its
+    record only when asked (where verifiers cannot be compared)."""
+
+    __slots__ = ("_state", "article_id", "canonical_id", "seq", "shingle_count", "verifier")
+
+    def __init__(
+        self,
+        article_id: str,
+        seq: int,
+        shingle_count: int,
+        verifier: bytes,
+        canonical_id: str,
+        state: RocksState,
+    ) -> None:
+        self.article_id = article_id
+        self.seq = seq
+        self.shingle_count = shingle_count
+        self.verifier = verifier
+        self.canonical_id = canonical_id
+        self._state = state
+
+    @classmethod
+    def decode(cls, seq: int, data: bytes, state: RocksState) -> StoredProbe:
+        """Inverse of encode_probe, for the article with arrival number `seq`."""
+        try:
+            count, id_bytes, canonical_bytes = _PROBE_HEAD.unpack_from(data)
+            start = _PROBE_HEAD.size
+            middle = start + id_bytes
+            end = middle + canonical_bytes
+            article_id, canonical = data[start:middle].decode(), data[middle:end].decode()
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise CorruptRecord(f"probe of arrival {seq} cannot be decoded: {exc}") from exc
+        return cls(article_id, seq, count, data[end:], canonical, state)
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return self._state.fingerprint_of(self.seq)

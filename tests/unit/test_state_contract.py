@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.core.dedup import Candidate, Decision, IndexedArticle, Outcome, decide
+from service.core.dedup import Candidate, Decision, IndexedArticle, Outcome, Prospect, decide
 from service.core.lsh import band_keys
 from service.core.params import DedupParams, IncompatibleState
 from service.core.shingle import ShingleOptions
 from service.core.signing import fingerprint
 from service.state import rocks
+from service.state.memory import MemoryState
 from service.state.port import StateStore
 from service.state.records import CorruptRecord, decode_article, encode_article
 from service.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
@@ -197,7 +198,8 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
 
         def contents(state: RocksState) -> dict[bytes, bytes]:
             small = {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"a", b"b", b"c")}
-            return {**small, **{b"r" + bytes(k): bytes(v) for k, v in state._records.items()}}
+            records = {b"r" + bytes(k): bytes(v) for k, v in state._records.items()}
+            return {**small, **records, **{b"p" + bytes(k): bytes(v) for k, v in state._probes.items()}}
 
         stored = contents(applied)
         assert stored == contents(loaded)
@@ -205,6 +207,7 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
         shared = [value for key, value in stored.items() if key[:1] == b"b" and len(value) >= 3 * 8]
         assert shared, "some bucket holds three articles"
         assert sum(key[:1] == b"r" for key in stored) == len(records), "replaced versions are dropped"
+        assert sum(key[:1] == b"p" for key in stored) == len(records), "with their probes"
     finally:
         applied.close()
         loaded.close()
@@ -309,10 +312,88 @@ def test_candidates_in_order_of_first_appearance_without_the_excluded_and_capped
     assert expected[0] == "c0" and len(expected) == 4 and "other" not in expected
     found = state.candidates(keys, "nobody", 1000)
     assert [a.article_id for a in found] == expected
-    assert found == [state.get(i) for i in expected]
+    assert [as_prospect(p) for p in found] == [as_prospect(state.get(i)) for i in expected]
+    assert [p.fingerprint for p in found] == [state.get(i).fingerprint for i in expected]  # type: ignore[union-attr]
     assert [a.article_id for a in state.candidates(keys, "c0", 1000)] == [i for i in expected if i != "c0"]
     assert [a.article_id for a in state.candidates(keys, "c0", 2)] == [i for i in expected if i != "c0"][:2]
     assert state.candidates([b"\x00" * 10], "nobody", 1000) == []
+
+
+def as_prospect(candidate: Prospect | None) -> tuple[object, ...]:
+    """What verification reads of a candidate, comparable whatever its class."""
+    assert candidate is not None
+    verifier = np.frombuffer(candidate.verifier, dtype=np.uint8).tobytes()
+    return (candidate.article_id, candidate.seq, candidate.shingle_count, verifier, candidate.canonical_id)
+
+
+def cluster_with_a_replacement(state: RocksState, prose: tuple[str, ...]) -> list[bytes]:
+    """Five copies of one story (the fourth replaced by another story) and an unrelated article;
+    returns the band keys of the first copy."""
+    copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(5)]
+    index(state, "c3", prose[2])
+    index(state, "other", prose[3])
+    return band_keys(copies[0].fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
+
+
+def test_rocks_candidates_are_probes_that_verify_as_their_records_would(
+    tmp_path: Path, prose: tuple[str, ...]
+) -> None:
+    """The probes family gives what scoring reads without whole records; an empty probe cache
+    (after a reopen) reads them back from RocksDB; the decision is the one the records give."""
+    state = RocksState(tmp_path / "db")
+    state.open_header(PARAMS.header())
+    keys = cluster_with_a_replacement(state, prose)
+    live = state.candidates(keys, "c0", 1000)
+    assert all(isinstance(p, rocks.StoredProbe) for p in live)
+    assert [p.article_id for p in live] == ["c1", "c2", "c4"]
+    assert [as_prospect(p) for p in live] == [as_prospect(state.get(p.article_id)) for p in live]
+    state.close()
+    state = RocksState(tmp_path / "db")
+    try:
+        assert len(state._probe_cache) == 0
+        again = state.candidates(keys, "c0", 1000)
+        assert [as_prospect(p) for p in again] == [as_prospect(p) for p in live]
+        assert len(state._probe_cache) == 4  # c0 too: excluded by id once read
+        memory = MemoryState()
+        memory.open_header(PARAMS.header())
+        cluster_with_a_replacement(memory, prose)  # type: ignore[arg-type]
+        query = fingerprint(prose[0] + " Copy 9.", PARAMS)
+        assert (
+            decide("c9", query, state, PARAMS).article.decision
+            == decide("c9", query, memory, PARAMS).article.decision
+        )
+    finally:
+        state.close()
+
+
+def test_rocks_articles_indexed_without_probes_are_read_whole(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    """A state written before probes were stored: its candidates come from the records, the same."""
+    state = RocksState(tmp_path / "db", RocksOptions(probe_cache=2))
+    state.open_header(PARAMS.header())
+    try:
+        keys = cluster_with_a_replacement(state, prose)
+        with_probes = [as_prospect(p) for p in state.candidates(keys, "c0", 1000)]
+        assert len(state._probe_cache) == 2, "the cache keeps its bound"
+        for key in [bytes(k) for k, _ in state._probes.items()]:
+            del state._probes[key]
+        state._probe_cache.clear()
+        found = state.candidates(keys, "c0", 1000)
+        assert all(isinstance(p, IndexedArticle) for p in found)
+        assert [as_prospect(p) for p in found] == with_probes
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"\x00\x00\x00\x05\x00\x00\x00\x09abc", b"\x00\x00\x00\x05\x00\x00\x00\x02\xff\xfe"]
+)
+def test_corrupt_probes_are_named(data: bytes, tmp_path: Path) -> None:
+    state = RocksState(tmp_path / "db")
+    try:
+        with pytest.raises(CorruptRecord, match="arrival 7"):
+            rocks.StoredProbe.decode(7, data, state)
+    finally:
+        state.close()
 
 
 def test_rocks_candidates_merge_small_and_large_bucket_lists_alike(
