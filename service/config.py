@@ -45,7 +45,8 @@ class Settings:
     sign_processes: int = 1
     index_process: int = 1
     index_handoff: int = 1
-    record_cache: int = 100_000
+    record_cache: int = 20_000
+    probe_cache: int = 100_000
     gc_freeze_every: int = 5_000
     fetch_wait_ms: int = 20
     fetch_min_bytes: int = 32_768
@@ -89,7 +90,7 @@ class Settings:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
         if not 0 <= self.rocksdb_nice <= 19:
             raise ConfigError(f"NEARDUP_ROCKSDB_NICE must be in 0..19, got {self.rocksdb_nice}")
-        for name in ("gc_freeze_every", "record_cache", "sign_processes"):  # 0 turns each off
+        for name in ("gc_freeze_every", "record_cache", "probe_cache", "sign_processes"):  # 0 turns each off
             if getattr(self, name) < 0:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 0, got {getattr(self, name)}")
         for name in ("index_process", "index_handoff"):

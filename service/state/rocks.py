@@ -83,8 +83,8 @@ class RocksOptions:
     background_nice: int = 0
     # Off only for state that is rebuilt from elsewhere after a crash (the stream's derived index).
     write_ahead_log: bool = True
-    # Decoded article records kept in memory (~2 KB each): news clusters are matched again and
-    # again, and a miss costs a read and a decode (~25 µs) per candidate.
+    # Decoded article records kept in memory, read again for exact copies, re-deliveries and
+    # replays; a miss costs a read and a decode (~25 µs). Candidates are read as probes (below).
     record_cache: int = 20_000
     # Candidates' probes kept in memory (~0.9 KB each with their objects): a multi-get of tens of
     # them from RocksDB costs more than scoring them.

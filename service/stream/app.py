@@ -316,6 +316,7 @@ def create_app(
             RocksOptions(
                 write_ahead_log=False,
                 record_cache=settings.record_cache,
+                probe_cache=settings.probe_cache,
                 background_nice=settings.rocksdb_nice,
             ),
             records,

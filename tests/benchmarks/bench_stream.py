@@ -34,10 +34,11 @@ Usage (broker from deploy/kafka/kafka.sh):
   python tests/benchmarks/bench_stream.py --broker kafka://127.0.0.1:39092 [--articles 50000]
       [--rate 500] [--warmup 10] [--window 30] [--idle 10] [--repeats 3] [--dup-fraction 0.3]
       [--worker-env NAME=VALUE ...]
-      [--profile DIR] [--json out.json]
+      [--profile DIR [--profile-phase latency]] [--json out.json]
 
 --profile DIR records the worker and its helper processes with py-spy (`pip install py-spy`), from
-the first verdict for --profile-seconds, as collapsed stacks (worker-N.txt).
+the first verdict for --profile-seconds, as collapsed stacks (worker-N.txt); with --profile-phase
+latency, from the start of the latency phase instead (worker-N-latency.txt).
 Targets: >=3,000 articles/s, p99 <= 50 ms.
 """
 
@@ -506,7 +507,7 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
         def on_poll(got: int) -> None:
             if got and not cpu_mark:
                 cpu_mark.append(cpu_mark_now(worker.proc.pid))
-                if args.profile:
+                if args.profile and args.profile_phase == "throughput":
                     out = Path(args.profile) / f"worker-{rep}.txt"
                     worker.profile(out, args.profile_seconds)
             if worker.proc.poll() is not None:
@@ -535,6 +536,8 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             flush=True,
         )
 
+        if args.profile and args.profile_phase == "latency":
+            worker.profile(Path(args.profile) / f"worker-{rep}-latency.txt", args.profile_seconds)
         latency_start = cpu_mark_now(worker.proc.pid)
         await latency_phase(args, settings, articles, verdicts, result)
         latency_used, latency_busy = cpu_between(latency_start, cpu_mark_now(worker.proc.pid))
@@ -747,6 +750,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", metavar="DIR", help="py-spy flame graph of the worker per repetition")
     parser.add_argument("--profile-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--profile-phase",
+        choices=["throughput", "latency"],
+        default="throughput",
+        help="the phase --profile records, from its start",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the worker's state dir and log")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)

@@ -92,6 +92,7 @@ def test_several_brokers() -> None:
         ("NEARDUP_FETCH_MIN_BYTES", "0", "NEARDUP_FETCH_MIN_BYTES"),
         ("NEARDUP_SIGN_PROCESSES", "-1", "NEARDUP_SIGN_PROCESSES"),
         ("NEARDUP_RECORD_CACHE", "-1", "NEARDUP_RECORD_CACHE"),
+        ("NEARDUP_PROBE_CACHE", "-1", "NEARDUP_PROBE_CACHE"),
         ("NEARDUP_GC_FREEZE_EVERY", "-5", "NEARDUP_GC_FREEZE_EVERY"),
         ("NEARDUP_INDEX_PROCESS", "2", "NEARDUP_INDEX_PROCESS"),
         ("NEARDUP_INDEX_PROCESS", "-1", "NEARDUP_INDEX_PROCESS"),
@@ -191,6 +192,12 @@ def test_every_field_can_be_set_from_the_environment(name: str) -> None:
 
 
 def test_zero_turns_helpers_cache_and_freezing_off() -> None:
-    env = {"NEARDUP_SIGN_PROCESSES": "0", "NEARDUP_RECORD_CACHE": "0", "NEARDUP_GC_FREEZE_EVERY": "0"}
+    env = {
+        "NEARDUP_SIGN_PROCESSES": "0",
+        "NEARDUP_RECORD_CACHE": "0",
+        "NEARDUP_PROBE_CACHE": "0",
+        "NEARDUP_GC_FREEZE_EVERY": "0",
+    }
     settings = Settings.from_env(env)
-    assert (settings.sign_processes, settings.record_cache, settings.gc_freeze_every) == (0, 0, 0)
+    caches = (settings.record_cache, settings.probe_cache)
+    assert (settings.sign_processes, *caches, settings.gc_freeze_every) == (0, 0, 0, 0)
