@@ -86,7 +86,7 @@ class RocksOptions:
     # Decoded article records kept in memory, read again for exact copies, re-deliveries and
     # replays; a miss costs a read and a decode (~25 µs). Candidates are read as probes (below).
     record_cache: int = 20_000
-    # Candidates' probes kept in memory (~0.9 KB each with their objects): a multi-get of tens of
+    # Candidates' probes kept in memory (~0.8 KB each with their objects): a multi-get of tens of
     # them from RocksDB costs more than scoring them.
     probe_cache: int = 100_000
 
@@ -275,16 +275,7 @@ class RocksState:
 
     def _arrivals(self, seqs: Sequence[int]) -> list[IndexedArticle | None]:
         """The article versions with these arrival numbers, from the cache or one multi-get."""
-        recent = self._recent
-        found: list[IndexedArticle | None] = []
-        missing: list[int] = []
-        for seq in seqs:
-            article = recent.get(seq)
-            if article is None:
-                missing.append(seq)
-            else:
-                recent.move_to_end(seq)
-            found.append(article)
+        found, missing = _from_cache(self._recent, seqs)
         if missing:
             stored = cast(list[bytes | None], self._records.get([_SEQ_KEY.pack(seq) for seq in missing]))
             loaded = {
@@ -339,16 +330,8 @@ class RocksState:
     def _prospects(self, seqs: Sequence[int]) -> list[Prospect | None]:
         """The probes of these arrival numbers, from the cache or one multi-get (None: replaced
         since). An article indexed before probes were stored is read whole: it is its own probe."""
-        cache = self._probe_cache
-        found: list[Prospect | None] = []
-        missing: list[int] = []
-        for seq in seqs:
-            probe = cache.get(seq)
-            if probe is None:
-                missing.append(seq)
-            else:
-                cache.move_to_end(seq)
-            found.append(probe)
+        cached, missing = _from_cache(self._probe_cache, seqs)
+        found: list[Prospect | None] = list(cached)
         if not missing:
             return found
         stored = cast(list[bytes | None], self._probes.get([_SEQ_KEY.pack(seq) for seq in missing]))
@@ -481,6 +464,21 @@ class RocksState:
         self._db.close()
         # each keeps the database, and its lock, alive
         del self._records, self._records_handle, self._probes, self._probes_handle
+
+
+def _from_cache(cache: OrderedDict[int, T], seqs: Sequence[int]) -> tuple[list[T | None], list[int]]:
+    """What `cache` holds of `seqs`, in their order (None where it holds nothing; each hit made the
+    most recently used), and the seqs it does not hold."""
+    found: list[T | None] = []
+    missing: list[int] = []
+    for seq in seqs:
+        entry = cache.get(seq)
+        if entry is None:
+            missing.append(seq)
+        else:
+            cache.move_to_end(seq)
+        found.append(entry)
+    return found, missing
 
 
 def _members(stored: bytes | None) -> list[int]:
