@@ -4,8 +4,9 @@ The stream worker's event loop spends most of its time in the index stage once t
 of thousands of articles. This script signs N articles once (the generator of bench_stream.py: new
 articles recombine corpus paragraphs, 30% are near-copies of recent ones), then runs the index stage
 (decide, apply to the derived RocksDB index, write the record) over a fresh state for each
-configuration, each in a process of its own, and prints the main-thread CPU time per article per
-block of articles and the memory the configuration grew by (peak resident set over the run):
+configuration, each in a process of its own (reading the signed articles from a file as it goes),
+and prints the main-thread CPU time per article per block of articles and how much the process's
+memory grew over the run (its peak resident set, less what it held before opening the state):
 
   baseline   no probe cache: every candidate's probe read from RocksDB (and a record cache of
              100,000 decoded records, the default before candidates were read as probes)
@@ -24,11 +25,13 @@ import argparse
 import dataclasses
 import gc
 import json
-import os
 import statistics
+import struct
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +43,16 @@ from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
 from service.core.params import DedupParams  # noqa: E402
 from service.state.rocks import RocksOptions, RocksState  # noqa: E402
-from service.stream.stages import IndexStage, Provenance, Signed, SignStage, decode_signed  # noqa: E402
+from service.stream.stages import (  # noqa: E402
+    ARTICLE_PREFIX,
+    IndexStage,
+    Provenance,
+    Signed,
+    SignStage,
+    decode_signed,
+)
 
+_LEN = struct.Struct(">I")
 CURRENT = RocksOptions(write_ahead_log=False)
 CONFIGURATIONS = {
     "baseline": dataclasses.replace(CURRENT, probe_cache=0, record_cache=100_000),
@@ -51,36 +62,54 @@ CONFIGURATIONS = {
 }
 
 
-def signed_articles(count: int, seed: int) -> list[Signed]:
+def sign_into(path: Path, count: int, seed: int) -> None:
+    """Sign `count` articles once, into a file of length-prefixed signed records: each configuration
+    reads them lazily in a process of its own, so that its memory is the index stage's alone."""
     corpus = load_corpus(CORPUS if CORPUS.exists() else SAMPLE)
     articles = Articles(corpus, "bench", seed, dup_fraction=0.3)
     stage = SignStage(DedupParams(), 1_000_000)
-    out = []
-    for offset in range(count):
-        key, value = articles.next()
-        result = stage.handle(value, key, Provenance("articles", 0, offset, 1_700_000_000_000))
-        assert result.signed is not None, result.reason
-        out.append(decode_signed(result.signed))
-    return out
+    with path.open("wb") as out:
+        for offset in range(count):
+            key, value = articles.next()
+            result = stage.handle(value, key, Provenance("articles", 0, offset, 1_700_000_000_000))
+            assert result.signed is not None, result.reason
+            out.write(_LEN.pack(len(result.signed)) + result.signed)
+
+
+def read_signed(path: Path) -> Iterator[Signed]:
+    with path.open("rb") as signed:
+        while header := signed.read(_LEN.size):
+            (size,) = _LEN.unpack(header)
+            yield decode_signed(signed.read(size))
+
+
+class OffsetsOnly(dict[bytes, bytes]):
+    """The record table as the decider process holds it: the applied offset, not the records (the
+    worker's Faust table keeps those), so that the memory measured is the index stage's."""
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        if not key.startswith(ARTICLE_PREFIX):
+            super().__setitem__(key, value)
 
 
 def run(
-    items: list[Signed], options: RocksOptions, block: int, state_dir: Path
+    items: Iterable[Signed], options: RocksOptions, block: int, state_dir: Path
 ) -> tuple[list[float], IndexStage]:
     """µs of main-thread CPU per article, per block (RocksDB's own threads are not counted)."""
-    stage = IndexStage(DedupParams(), RocksState(state_dir, options), {})
+    stage = IndexStage(DedupParams(), RocksState(state_dir, options), OffsetsOnly())
     stage.open()
     per_block: list[float] = []
-    started = time.thread_time()
+    spent = 0.0
     for offset, item in enumerate(items):
+        started = time.thread_time()
         stage.handle(item, offset)
         stage.applied(offset)
         if offset % 100 == 99:
             stage.checkpoint()
+        spent += time.thread_time() - started
         if (offset + 1) % block == 0:
-            now = time.thread_time()
-            per_block.append((now - started) / block * 1e6)
-            started = now
+            per_block.append(spent / block * 1e6)
+            spent = 0.0
     return per_block, stage
 
 
@@ -92,35 +121,30 @@ def resident_kb(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def measure(items: list[Signed], name: str, options: RocksOptions, block: int, state_dir: Path) -> dict:
-    """One configuration's run, in a child process: its figures only, and its memory growth."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as answer:
-            figures = json.loads(answer.read() or b"{}")
-        os.waitpid(pid, 0)
-        if not figures:
-            raise RuntimeError(f"configuration {name} failed; see its output above")
-        return figures
-    os.close(read_end)
-    try:
-        before = resident_kb("VmRSS")
-        per_block, stage = run(items, options, block, state_dir)
-        figures: dict = {"per_block": per_block, "grown_mb": (resident_kb("VmHWM") - before) / 1024}
-        if name == "current":
-            gc.unfreeze()
-            figures["plain_gc_ms"] = full_collection_ms()
-            gc.collect(1)
-            gc.freeze()
-            figures["frozen_gc_ms"] = full_collection_ms()
-            gc.unfreeze()
-        stage.close()
-        with os.fdopen(write_end, "wb") as out:
-            out.write(json.dumps(figures).encode())
-    finally:
-        os._exit(0)
+def run_configuration(name: str, signed: Path, block: int, state_dir: Path) -> dict:
+    """One configuration's run (in its own process): its figures and how much its memory grew."""
+    before = resident_kb("VmRSS")
+    per_block, stage = run(read_signed(signed), CONFIGURATIONS[name], block, state_dir)
+    figures: dict = {"per_block": per_block, "grown_mb": (resident_kb("VmHWM") - before) / 1024}
+    if name == "current":
+        gc.unfreeze()
+        figures["plain_gc_ms"] = full_collection_ms()
+        gc.collect(1)
+        gc.freeze()
+        figures["frozen_gc_ms"] = full_collection_ms()
+        gc.unfreeze()
+    stage.close()
+    return figures
+
+
+def measure(name: str, signed: Path, block: int, state_dir: Path) -> dict:
+    """run_configuration in a fresh interpreter, which prints its figures as JSON."""
+    command = [sys.executable, __file__, "--configuration", name, "--signed", str(signed)]
+    command += ["--block", str(block), "--state", str(state_dir)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"configuration {name} failed:\n{done.stderr}")
+    return json.loads(done.stdout)
 
 
 def full_collection_ms(repeats: int = 3) -> float:
@@ -139,15 +163,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--articles", type=int, default=50_000)
     parser.add_argument("--block", type=int, default=5_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--configuration", choices=CONFIGURATIONS, help=argparse.SUPPRESS)
+    parser.add_argument("--signed", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.configuration:  # one run, in the process the main one started for it
+        print(json.dumps(run_configuration(args.configuration, args.signed, args.block, args.state)))
+        return 0
 
     print(f"signing {args.articles:,} articles ...", flush=True)
-    items = signed_articles(args.articles, args.seed)
     results: dict[str, list[float]] = {}
     grown: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="neardup-bench-index-") as tmp:
+        signed = Path(tmp) / "signed.bin"
+        sign_into(signed, args.articles, args.seed)
         for name, options in CONFIGURATIONS.items():
-            figures = measure(items, name, options, args.block, Path(tmp) / name)
+            figures = measure(name, signed, args.block, Path(tmp) / name)
             results[name] = per_block = figures["per_block"]
             grown[name] = figures["grown_mb"]
             print(
