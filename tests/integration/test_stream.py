@@ -34,8 +34,14 @@ def test_stream_verdicts_equal_embedded_mode(deployment: Deployment, tmp_path: P
     expected = run_embedded(articles, tmp_path)
     deployment.extra_env["NEARDUP_INDEX_HANDOFF"] = str(handoff)
     deployment.start_worker()
-    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    # A few first, until their verdicts come: the worker then owns the index shard and has decided
+    # from it, so the hand-off can take the rest (else a fast signer may send every signatures
+    # message before the index agent's first batch, and the consumer path decides them all).
+    first = 20
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles[:first])
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    assert len(reader.read_until(lambda r: len(r) >= first, timeout=120)) == first, deployment.logs()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles[first:])
     records = reader.read_until(lambda r: len(r) >= len(articles), timeout=180)
     assert len(records) == len(articles), deployment.logs()
     # The verdict topic is partitioned by article id, so compare per article, not by topic order.
