@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -170,6 +170,13 @@ def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("Stream", LeanStream)
             super().__init__(*args, **kwargs)
+            # run after the agents have stopped, while the event loop still runs
+            self.at_shutdown: list[Callable[[], Awaitable[None]]] = []
+
+        async def on_shutdown(self) -> None:
+            await super().on_shutdown()
+            for close in self.at_shutdown:
+                await close()
 
         def _new_transport(self) -> Any:
             return Transport(self.conf.broker_consumer, self)
@@ -325,6 +332,9 @@ def create_app(
         ),
         LogReader(settings),
     )
+    # The signing helpers end with the worker, inside its event loop (the decider is closed on
+    # the way: close_index); commands.py still stops any that are left once the loop has ended.
+    cast(Any, app).at_shutdown.append(runtime.signer.aclose)
 
     async def dead_letter(reason: str, payload: bytes, key: bytes | None) -> None:
         metrics.dead_letters.labels(reason).inc()

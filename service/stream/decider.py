@@ -187,7 +187,7 @@ class Decider:
         except ChildFailed as exc:
             log.error("decider_close_failed error=%r", str(exc))
         finally:
-            child.stop()
+            await child.end()  # exited by itself after "close", unless it timed out or failed
 
     def kill(self) -> None:
         """Stop the child now, without marking its index reusable (what a crash would leave)."""

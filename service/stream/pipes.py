@@ -9,6 +9,7 @@ and exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import signal
@@ -93,6 +94,14 @@ class Child:
     def stop(self) -> None:
         if self.process.returncode is None:
             self.process.kill()
+
+    async def end(self, timeout: float = 10.0) -> None:
+        """Stop the child and wait until it has exited, inside the event loop: its pipes are then
+        closed while the loop runs, not by the garbage collector once it has closed (which printed
+        a traceback, "Event loop is closed", at every shutdown of the worker)."""
+        self.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.process.wait(), timeout)
 
 
 def frame(message: object) -> bytes:

@@ -96,6 +96,12 @@ class Signer:
             helper.child.stop()
         self._helpers = []
 
+    async def aclose(self) -> None:
+        """At shutdown, once no agent signs any more: the helpers stopped and waited for."""
+        helpers, self._helpers = self._helpers, []
+        for helper in helpers:
+            await helper.child.end()
+
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """The helper's loop: the first frame is (params, max_text_bytes), then batches until EOF."""

@@ -54,6 +54,10 @@ def test_stream_verdicts_equal_embedded_mode(deployment: Deployment, tmp_path: P
     handed_off = re.search(r"^neardup_index_handed_off_total (\S+)$", deployment.metrics(0), re.MULTILINE)
     assert handed_off is not None
     assert (float(handed_off.group(1)) > 0) == bool(handoff)
+    # A clean stop ends the helper processes inside the event loop: no traceback on the way out
+    deployment.stop_all()
+    log = deployment.logs()
+    assert "Traceback" not in log and "Event loop is closed" not in log, log
 
 
 def test_two_workers_three_partitions_see_every_earlier_article(kafka: str, tmp_path: Path) -> None:

@@ -96,3 +96,14 @@ async def test_concurrent_warm_ups_start_the_configured_number_of_helpers() -> N
         assert len(signer.helper_pids) == 1
     finally:
         signer.close()
+
+
+async def test_aclose_ends_the_helpers_inside_the_loop(pooled: Signer) -> None:
+    """At shutdown the helpers have exited before the event loop closes: nothing is left for the
+    garbage collector to close afterwards."""
+    await pooled.warm_up()
+    processes = [helper.child.process for helper in pooled._helpers]
+    await pooled.aclose()
+    assert pooled.helper_pids == []
+    assert all(process.returncode is not None for process in processes)
+    assert comparable(await pooled.sign(items(5))) == comparable(pooled.sign_here(items(5)))  # restarts
