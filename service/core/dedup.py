@@ -214,9 +214,14 @@ def _score_arrays(
     fp: Fingerprint, others: Sequence[Fingerprint]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """score_many's figures as arrays (jaccard, containment, contains), one entry per candidate."""
-    compiled = verified_scores(fp.verifier, fp.shingle_count, others)
-    if compiled is not None:
-        return compiled
+    return verified_scores(fp.verifier, fp.shingle_count, others) or _scored_apart(fp, others)
+
+
+def _scored_apart(
+    fp: Fingerprint, others: Sequence[Fingerprint]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_score_arrays where the compiled pass cannot serve (not built, or verifier lengths differ):
+    the verifiers stacked in numpy, or pair by pair."""
     stacked = _stacked_verifiers(fp, others)
     if stacked is None:
         scored = [score(fp, other, "") for other in others]
@@ -253,10 +258,10 @@ def _verified_match(
     others = state.candidates(keys, article_id, params.max_candidates)
     if not others:
         return Decision("unique", None, None, None, None, article_id, False, ())
-    scored = verified_scores(fp.verifier, fp.shingle_count, others)
-    if scored is None:  # not compiled, or verifiers that cannot be compared: from the fingerprints
-        scored = _score_arrays(fp, [other.fingerprint for other in others])
-    jaccard, inside, contains = scored
+    # from the candidates' verifiers; their fingerprints only where those cannot serve
+    jaccard, inside, contains = verified_scores(fp.verifier, fp.shingle_count, others) or _scored_apart(
+        fp, [other.fingerprint for other in others]
+    )
     seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).

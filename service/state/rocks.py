@@ -20,7 +20,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -239,7 +239,7 @@ class RocksState:
             for key in band_keys(article.fingerprint.signature, bands, rows):
                 buckets.setdefault(key, []).append(seq)
             content.setdefault(article.fingerprint.content_hash, article.article_id)
-            probes.append((seq, encode_probe(article)))
+            probes.append((seq, StoredProbe.of(article, self).encode()))
         bucket_keys, digests = list(buckets), list(content)
         earlier = cast(list[bytes | None], self._db.get([_BAND + key for key in bucket_keys]))
         first = cast(list[bytes | None], self._db.get([_CONTENT + digest for digest in digests]))
@@ -389,8 +389,8 @@ class RocksState:
         self._content_looked_up = (b"", None)  # the write changes it
         batch.put(_ARTICLE + article.article_id.encode(), seq)
         batch.put(seq, record or encode_article(article), self._records_handle)
-        probe = encode_probe(article)
-        batch.put(seq, probe, self._probes_handle)
+        probe = StoredProbe.of(article, self)  # cached below: news clusters want it soon
+        batch.put(seq, probe.encode(), self._probes_handle)
         next_seq = max(self._seq, article.seq + 1)
         batch.put(_SEQ, str(next_seq).encode())
         for key, value in (extra or {}).items():
@@ -398,7 +398,7 @@ class RocksState:
         self._db.write(batch)
         self._seq = next_seq
         self._remember(article)
-        self._keep_probe(StoredProbe.decode(article.seq, probe, self))  # news clusters: wanted soon
+        self._keep_probe(probe)
 
     def _join_buckets(self, batch: WriteBatch, seq: bytes, keys: Sequence[bytes]) -> None:
         """A new article joins its buckets: its arrival number appended to each stored one (a new
@@ -486,40 +486,37 @@ def _members(stored: bytes | None) -> list[int]:
     return np.frombuffer(stored, dtype=_SEQ_DTYPE).tolist() if stored else []
 
 
-def encode_probe(article: IndexedArticle) -> bytes:
-    """What scoring the article as a candidate reads, without JSON: distinct shingles, the lengths
-    of its id and canonical id, both, then its verifier (one byte a slot)."""
-    article_id, canonical = article.article_id.encode(), article.decision.canonical_id.encode()
-    fp = article.fingerprint
-    head = _PROBE_HEAD.pack(fp.shingle_count, len(article_id), len(canonical))
-    return head + article_id + canonical + np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
-
-
+@dataclass(slots=True, eq=False)
 class StoredProbe:
     """A candidate as the probes family holds it (a Prospect); its fingerprint is read from its
     record only when asked (where verifiers cannot be compared)."""
 
-    __slots__ = ("_state", "article_id", "canonical_id", "seq", "shingle_count", "verifier")
+    article_id: str
+    seq: int
+    shingle_count: int
+    verifier: bytes
+    canonical_id: str
+    state: RocksState = field(repr=False)
 
-    def __init__(
-        self,
-        article_id: str,
-        seq: int,
-        shingle_count: int,
-        verifier: bytes,
-        canonical_id: str,
-        state: RocksState,
-    ) -> None:
-        self.article_id = article_id
-        self.seq = seq
-        self.shingle_count = shingle_count
-        self.verifier = verifier
-        self.canonical_id = canonical_id
-        self._state = state
+    @classmethod
+    def of(cls, article: IndexedArticle, state: RocksState) -> StoredProbe:
+        """The probe of an article being indexed (or rebuilt)."""
+        fp = article.fingerprint
+        verifier = np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
+        return cls(
+            article.article_id, article.seq, fp.shingle_count, verifier, article.decision.canonical_id, state
+        )
+
+    def encode(self) -> bytes:
+        """What scoring the article as a candidate reads, without JSON: distinct shingles, the
+        lengths of its id and canonical id, both, then its verifier (one byte a slot)."""
+        article_id, canonical = self.article_id.encode(), self.canonical_id.encode()
+        head = _PROBE_HEAD.pack(self.shingle_count, len(article_id), len(canonical))
+        return head + article_id + canonical + self.verifier
 
     @classmethod
     def decode(cls, seq: int, data: bytes, state: RocksState) -> StoredProbe:
-        """Inverse of encode_probe, for the article with arrival number `seq`."""
+        """Inverse of encode, for the article with arrival number `seq`."""
         try:
             count, id_bytes, canonical_bytes = _PROBE_HEAD.unpack_from(data)
             start = _PROBE_HEAD.size
@@ -532,4 +529,4 @@ class StoredProbe:
 
     @property
     def fingerprint(self) -> Fingerprint:
-        return self._state.fingerprint_of(self.seq)
+        return self.state.fingerprint_of(self.seq)

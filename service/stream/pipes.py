@@ -9,7 +9,6 @@ and exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pickle
 import signal
@@ -100,8 +99,7 @@ class Child:
         closed while the loop runs, not by the garbage collector once it has closed (which printed
         a traceback, "Event loop is closed", at every shutdown of the worker)."""
         self.stop()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.process.wait(), timeout)
+        await self.wait(timeout)
 
 
 def frame(message: object) -> bytes:
