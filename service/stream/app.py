@@ -472,8 +472,8 @@ def create_app(
 
     # A chunk's record-table writes go to the store (record_store.write: one batch) and to the
     # changelog, as `records[key] = value` would send them, but without Faust's per-message futures,
-    # callbacks and offset writes, which cost the event loop ~20% of its time per article (README),
-    # and in batches of our own (batches.py).
+    # callbacks and offset writes, which cost the event loop ~20% of its time per article
+    # (tests/benchmarks/RESULTS.md), and in batches of our own (batches.py).
     async def send_changelog(writes: list[tuple[bytes, bytes]]) -> None:
         sent = await send_in_batches(producer(), changelog_name, writes, partition=0)
         if sent:  # one partition: the last batch holds the last write
