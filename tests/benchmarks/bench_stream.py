@@ -21,6 +21,9 @@ Per repetition (fresh app id, topic names and state dir each time):
                latency split in two legs by record timestamps, read back from the signatures topic:
                input stamped → its signatures message sent (fetch, batching, signing), and that →
                its verdict sent (the signatures' way to the index stage, deciding, publishing).
+   --sweep R1,R2,... then repeats this phase at each of those rates (same worker, same warm-up and
+               window), printing p50/p99 and how busy the machine was at each: where the latency
+               target holds on this machine, and where it breaks.
 4. idle        the same worker with no input for --idle seconds (default 10): its CPU, in cores.
 
 Every CPU figure names this script too ("this script"): it is the load, on the same two cores.
@@ -33,7 +36,7 @@ are copies of recent articles with 1-3 words replaced (one in five exact).
 Usage (broker from deploy/kafka/kafka.sh):
   python tests/benchmarks/bench_stream.py --broker kafka://127.0.0.1:39092 [--articles 50000]
       [--rate 500] [--warmup 10] [--window 30] [--idle 10] [--repeats 3] [--dup-fraction 0.3]
-      [--worker-env NAME=VALUE ...]
+      [--sweep 100,200,300,400] [--worker-env NAME=VALUE ...]
       [--profile DIR [--profile-phase latency]] [--json out.json]
 
 --profile DIR records the worker and its helper processes with py-spy (`pip install py-spy`), from
@@ -395,6 +398,8 @@ class Result:
     index_leg_p50_ms: float = 0.0
     index_leg_p99_ms: float = 0.0
     window_started_at: float = 0.0  # epoch seconds: to line the slowest seconds up with logs
+    # --sweep: per rate, {"rate", "p50_ms", "p99_ms", "machine_busy"}
+    sweep: list[dict[str, float]] = field(default_factory=list)
     gc_full_pauses: int = 0
     gc_full_total_ms: float = 0.0
     gc_full_longest_ms: float = 0.0  # the upper bound of the highest histogram bucket reached
@@ -555,6 +560,8 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             f"{result.index_leg_p50_ms:.0f} p99 {result.index_leg_p99_ms:.0f} ms (record timestamps)",
             flush=True,
         )
+        for rate in args.sweep:
+            result.sweep.append(await sweep_point(args, rate, settings, articles, verdicts, worker.proc.pid))
         gc_pauses(env["NEARDUP_METRICS_PORT"], result)
         print(
             f"  full garbage collections in the worker: {result.gc_full_pauses}, "
@@ -579,6 +586,34 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+async def sweep_point(
+    args: argparse.Namespace,
+    rate: float,
+    settings: Settings,
+    articles: Articles,
+    verdicts: AIOKafkaConsumer,
+    worker_pid: int,
+) -> dict[str, float]:
+    """The latency phase again at `rate` (--sweep), with the same worker."""
+    point = Result()
+    started = cpu_mark_now(worker_pid)
+    await latency_phase(
+        argparse.Namespace(**{**vars(args), "rate": rate}), settings, articles, verdicts, point
+    )
+    used, busy = cpu_between(started, cpu_mark_now(worker_pid))
+    print(
+        f"  sweep: at {point.latency_rate:,.0f}/s verdict latency_ms p50 {point.latency_p50_ms:.1f} "
+        f"p99 {point.latency_p99_ms:.1f} ms; CPU (cores): {describe_cpu(used, busy)}",
+        flush=True,
+    )
+    return {
+        "rate": rate,
+        "p50_ms": point.latency_p50_ms,
+        "p99_ms": point.latency_p99_ms,
+        "machine_busy": busy,
+    }
 
 
 def gc_pauses(port: str, result: Result) -> None:
@@ -733,6 +768,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the latency phase sends the articles due within each tick together (0: one at a time)",
     )
     parser.add_argument(
+        "--sweep",
+        type=lambda text: [float(rate) for rate in text.split(",") if rate],
+        default=[],
+        metavar="R1,R2,...",
+        help="after the latency phase at --rate, the same at each of these rates (articles/s)",
+    )
+    parser.add_argument(
         "--idle", type=float, default=10.0, help="seconds without input measured at the end (0: skip)"
     )
     parser.add_argument(
@@ -796,6 +838,10 @@ def main(argv: list[str] | None = None) -> int:
         f"  latency at {args.rate:.0f}/s      p50 {med('latency_p50_ms'):.1f} ms, p99 {p99:.1f} ms (verdict "
         f"latency_ms); end-to-end p50 {med('e2e_p50_ms'):.1f} ms, p99 {med('e2e_p99_ms'):.1f} ms"
     )
+    for index, rate in enumerate(args.sweep):
+        points = [r.sweep[index] for r in results]
+        p50s, p99s = (statistics.median(point[name] for point in points) for name in ("p50_ms", "p99_ms"))
+        print(f"  sweep at {rate:5.0f}/s      p50 {p50s:.1f} ms, p99 {p99s:.1f} ms")
     print(
         f"  full GC pauses        {med('gc_full_pauses'):.0f} per run, "
         f"longest ≤ {med('gc_full_longest_ms'):.0f} ms"
