@@ -27,6 +27,22 @@
  *     with the distinct counts (estimate_containment_many), as three bytes objects of native
  *     float64, with the same floating-point operations in the same order (built without contracting
  *     them into fused multiply-adds). ValueError when a verifier's length differs from the query's.
+ *
+ * rank(query, candidates, size_a, empty, chance, top, threshold, containment) -> (top, match)
+ *     The decision over an article's candidates (dedup.py: _ranked is the reference) in one call,
+ *     where numpy took a dozen calls on arrays of tens of items: each candidate scored as `scores`
+ *     does, then ordered best first (the higher Jaccard, then the smaller `seq`, then the earlier
+ *     in the sequence). top: a list of (index, jaccard, containment, contains) of the first `top`
+ *     in that order. match: None, or (kind, index, jaccard, containment, contains): kind 1
+ *     (duplicate), the best, when its Jaccard reaches `threshold`; else kind 2 (partial), the
+ *     candidate whose max(containment, contains) is highest and reaches `containment` (ties: the
+ *     smaller seq, then the earlier), unless `containment` is negative. ValueError as `scores`.
+ *
+ * merge_buckets(buckets, count) -> list of int
+ *     buckets: a sequence of bytes (a stored LSH bucket: 8-byte big-endian arrival numbers in the
+ *     order they joined it) or None (no such bucket). The distinct arrival numbers in order of
+ *     first appearance, bucket by bucket, at most `count` of them (rocks.py: merge_buckets, the
+ *     reference, merges them with dict.fromkeys, or numpy for a large cluster).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -354,11 +370,201 @@ done:
     return result;
 }
 
+typedef struct {
+    double jaccard, inside, contains;
+    long long seq;
+    Py_ssize_t index;
+} Scored;
+
+/* Best first: the higher Jaccard, then the earlier arrival, then the earlier in the sequence. */
+static int best_first(const void *left, const void *right) {
+    const Scored *a = (const Scored *)left, *b = (const Scored *)right;
+    if (a->jaccard != b->jaccard) {
+        return a->jaccard > b->jaccard ? -1 : 1;
+    }
+    if (a->seq != b->seq) {
+        return a->seq < b->seq ? -1 : 1;
+    }
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+static int read_seq(PyObject *candidate, long long *seq) {
+    PyObject *value = PyObject_GetAttrString(candidate, "seq");
+    if (value == NULL) {
+        return -1;
+    }
+    *seq = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return (*seq == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* The partial pick: the highest max(containment, contains) reaching `containment`, ties to the
+ * earlier arrival, then to the earlier in the sequence (-1: none). */
+static Py_ssize_t partial_pick(const Scored *scored, Py_ssize_t rows, double containment) {
+    Py_ssize_t pick = -1;
+    double best = 0.0;
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        const Scored *entry = &scored[row];
+        double reach = entry->inside > entry->contains ? entry->inside : entry->contains;
+        if (reach >= containment &&
+            (pick < 0 || reach > best || (reach == best && entry->seq < scored[pick].seq))) {
+            pick = row;
+            best = reach;
+        }
+    }
+    return pick;
+}
+
+static PyObject *rank(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer query;
+    PyObject *others;
+    Py_ssize_t size_a, top;
+    int empty;
+    double chance, threshold, containment;
+    if (!PyArg_ParseTuple(args, "y*Onidndd", &query, &others, &size_a, &empty, &chance, &top, &threshold,
+                          &containment)) {
+        return NULL;
+    }
+    PyObject *result = NULL, *listed = NULL, *match = NULL;
+    Scored *scored = NULL;
+    PyObject *sequence = PySequence_Fast(others, "others must be a sequence");
+    if (sequence == NULL) {
+        goto done;
+    }
+    Py_ssize_t rows = PySequence_Fast_GET_SIZE(sequence);
+    scored = PyMem_Malloc((size_t)(rows > 0 ? rows : 1) * sizeof(Scored));
+    if (scored == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        PyObject *candidate = PySequence_Fast_GET_ITEM(sequence, row);
+        Scored *entry = &scored[row];
+        entry->index = row;
+        if (write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance, &entry->jaccard,
+                         &entry->inside, &entry->contains) < 0 ||
+            read_seq(candidate, &entry->seq) < 0) {
+            goto done;
+        }
+    }
+    Py_ssize_t pick = containment >= 0.0 ? partial_pick(scored, rows, containment) : -1;
+    Scored partial = pick >= 0 ? scored[pick] : (Scored){0};
+    qsort(scored, (size_t)rows, sizeof(Scored), best_first);
+    Py_ssize_t kept = top < 0 ? 0 : (top < rows ? top : rows);
+    listed = PyList_New(kept);
+    if (listed == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < kept; i++) {
+        const Scored *entry = &scored[i];
+        PyObject *item = Py_BuildValue("(nddd)", entry->index, entry->jaccard, entry->inside, entry->contains);
+        if (item == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(listed, i, item);
+    }
+    if (rows > 0 && scored[0].jaccard >= threshold) { /* the best is a duplicate whenever any is */
+        const Scored *best = &scored[0];
+        match = Py_BuildValue("(inddd)", 1, best->index, best->jaccard, best->inside, best->contains);
+    } else if (pick >= 0) {
+        match = Py_BuildValue("(inddd)", 2, partial.index, partial.jaccard, partial.inside, partial.contains);
+    } else {
+        match = Py_NewRef(Py_None);
+    }
+    if (match != NULL) {
+        result = PyTuple_Pack(2, listed, match);
+    }
+done:
+    Py_XDECREF(listed);
+    Py_XDECREF(match);
+    Py_XDECREF(sequence);
+    PyMem_Free(scored);
+    PyBuffer_Release(&query);
+    return result;
+}
+
+static PyObject *merge_buckets(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *buckets;
+    Py_ssize_t wanted;
+    if (!PyArg_ParseTuple(args, "On", &buckets, &wanted)) {
+        return NULL;
+    }
+    PyObject *sequence = PySequence_Fast(buckets, "buckets must be a sequence");
+    if (sequence == NULL) {
+        return NULL;
+    }
+    PyObject *merged = NULL;
+    uint64_t *seen = NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence), total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *stored = PySequence_Fast_GET_ITEM(sequence, i);
+        if (stored == Py_None) {
+            continue;
+        }
+        if (!PyBytes_Check(stored) || PyBytes_GET_SIZE(stored) % 8 != 0) {
+            PyErr_SetString(PyExc_ValueError, "a bucket must be bytes of 8-byte arrival numbers, or None");
+            goto done;
+        }
+        total += PyBytes_GET_SIZE(stored) / 8;
+    }
+    size_t capacity = 16;
+    while (capacity < (size_t)total * 2) {
+        capacity <<= 1;
+    }
+    seen = PyMem_Calloc(capacity, sizeof(uint64_t)); /* arrival number + 1; 0: free */
+    merged = PyList_New(0);
+    if (seen == NULL || merged == NULL) {
+        if (seen == NULL) {
+            PyErr_NoMemory();
+        }
+        Py_CLEAR(merged);
+        goto done;
+    }
+    size_t mask = capacity - 1;
+    for (Py_ssize_t i = 0; i < count && PyList_GET_SIZE(merged) < wanted; i++) {
+        PyObject *stored = PySequence_Fast_GET_ITEM(sequence, i);
+        if (stored == Py_None) {
+            continue;
+        }
+        const uint8_t *bytes = (const uint8_t *)PyBytes_AS_STRING(stored);
+        Py_ssize_t members = PyBytes_GET_SIZE(stored) / 8;
+        for (Py_ssize_t m = 0; m < members && PyList_GET_SIZE(merged) < wanted; m++) {
+            uint64_t seq = 0;
+            for (int b = 0; b < 8; b++) {
+                seq = (seq << 8) | bytes[m * 8 + b];
+            }
+            size_t at = (size_t)fmix64(seq) & mask;
+            while (seen[at] != 0 && seen[at] != seq + 1) {
+                at = (at + 1) & mask;
+            }
+            if (seen[at] != 0) {
+                continue; /* in an earlier bucket already */
+            }
+            seen[at] = seq + 1;
+            PyObject *number = PyLong_FromUnsignedLongLong(seq);
+            if (number == NULL || PyList_Append(merged, number) < 0) {
+                Py_XDECREF(number);
+                Py_CLEAR(merged);
+                goto done;
+            }
+            Py_DECREF(number);
+        }
+    }
+done:
+    PyMem_Free(seen);
+    Py_DECREF(sequence);
+    return merged;
+}
+
 static PyMethodDef methods[] = {
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
     {"band_keys", band_keys, METH_VARARGS, "The LSH band keys of a signature (lsh.band_keys)."},
     {"collapse_spaces", collapse_spaces, METH_VARARGS, "Runs of spaces as one U+0020, none at the ends."},
     {"scores", scores, METH_VARARGS, "Jaccard and containment estimates of a verifier against candidates'."},
+    {"rank", rank, METH_VARARGS, "The candidates scored, best first, and the match among them."},
+    {"merge_buckets", merge_buckets, METH_VARARGS, "The distinct arrival numbers of LSH buckets, in order of first appearance."},
     {NULL, NULL, 0, NULL},
 };
 

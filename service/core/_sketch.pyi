@@ -16,3 +16,14 @@ def collapse_spaces(
 def scores(
     query: npt.NDArray[np.uint8], others: Sequence[Any], size_a: int, empty: int, chance: float
 ) -> tuple[bytes, bytes, bytes]: ...
+def rank(
+    query: npt.NDArray[np.uint8],
+    others: Sequence[Any],
+    size_a: int,
+    empty: int,
+    chance: float,
+    top: int,
+    threshold: float,
+    containment: float,
+) -> tuple[list[tuple[int, float, float, float]], tuple[int, int, float, float, float] | None]: ...
+def merge_buckets(buckets: Sequence[bytes | None], count: int) -> list[int]: ...

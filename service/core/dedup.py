@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from . import compiled
 from .lsh import band_keys
 from .minhash import (
+    CHANCE_AGREEMENT,
+    EMPTY_VERIFIER_SLOT,
     VerifierArray,
     estimate_containment,
     estimate_containment_many,
@@ -248,6 +251,67 @@ def _stacked_verifiers(fp: Fingerprint, others: Sequence[Fingerprint]) -> np.nda
     return stacked if stacked.ndim == 2 and stacked.shape[1] == size else None
 
 
+class Ranked(NamedTuple):
+    """An article's candidates ranked: `top`, the best first (the higher Jaccard, then the earlier
+    arrival), as (index in the candidates, jaccard, containment, contains); `match`, the one the
+    verdict names, as (kind, index, jaccard, containment, contains), or None (unique)."""
+
+    top: list[tuple[int, float, float, float]]
+    match: tuple[VerdictKind, int, float, float, float] | None
+
+
+def rank(fp: Fingerprint, others: Sequence[Prospect], params: DedupParams) -> Ranked:
+    """The decision over the candidates: the compiled pass (_sketch.rank) where built and the
+    verifiers compare, else the numpy reference (_ranked); the same figures either way."""
+    loops = compiled.loops()
+    if loops is not None:
+        containment = params.containment_threshold
+        try:
+            top, match = loops.rank(
+                fp.verifier,
+                others,
+                fp.shingle_count,
+                EMPTY_VERIFIER_SLOT,
+                CHANCE_AGREEMENT,
+                params.top_candidates,
+                params.threshold,
+                -1.0 if containment is None else containment,
+            )
+        except ValueError:  # a verifier's length differs: the reference reads fingerprints
+            return _ranked(fp, others, params)
+        return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
+    return _ranked(fp, others, params)
+
+
+_KINDS: dict[int, VerdictKind] = {1: "duplicate", 2: "partial"}  # _sketch.rank's match kinds
+
+
+def _ranked(fp: Fingerprint, others: Sequence[Prospect], params: DedupParams) -> Ranked:
+    """rank in numpy: the reference the compiled pass is tested against."""
+    # from the candidates' verifiers; their fingerprints only where those cannot serve
+    jaccard, inside, contains = verified_scores(fp.verifier, fp.shingle_count, others) or _scored_apart(
+        fp, [other.fingerprint for other in others]
+    )
+    seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
+    # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
+    order = np.lexsort((seqs, -jaccard)).tolist()
+
+    def entry(i: int) -> tuple[int, float, float, float]:
+        return i, float(jaccard[i]), float(inside[i]), float(contains[i])
+
+    top = [entry(i) for i in order[: params.top_candidates]]
+    best = order[0]
+    if jaccard[best] >= params.threshold:  # the best is a duplicate whenever any is
+        return Ranked(top, ("duplicate", *entry(best)))
+    if params.containment_threshold is not None:
+        reach = np.maximum(inside, contains)
+        partials = np.flatnonzero(reach >= params.containment_threshold)
+        if partials.size:
+            pick = int(partials[np.lexsort((seqs[partials], -reach[partials]))[0]])
+            return Ranked(top, ("partial", *entry(pick)))
+    return Ranked(top, None)
+
+
 def _verified_match(
     article_id: str,
     fp: Fingerprint,
@@ -258,41 +322,10 @@ def _verified_match(
     others = state.candidates(keys, article_id, params.max_candidates)
     if not others:
         return Decision("unique", None, None, None, None, article_id, False, ())
-    # from the candidates' verifiers; their fingerprints only where those cannot serve
-    jaccard, inside, contains = verified_scores(fp.verifier, fp.shingle_count, others) or _scored_apart(
-        fp, [other.fingerprint for other in others]
-    )
-    seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
-    # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
+    top, match = rank(fp, others, params)
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
-    order = np.lexsort((seqs, -jaccard)).tolist()
-
-    def candidate(i: int) -> Candidate:
-        return Candidate(others[i].article_id, float(jaccard[i]), float(inside[i]), float(contains[i]))
-
-    top = tuple(candidate(i) for i in order[: params.top_candidates])
-    best = order[0]
-    if jaccard[best] >= params.threshold:  # the best is a duplicate whenever any is
-        return _matched("duplicate", candidate(best), others[best], top)
-    if params.containment_threshold is not None:
-        reach = np.maximum(inside, contains)
-        partials = np.flatnonzero(reach >= params.containment_threshold)
-        if partials.size:
-            pick = int(partials[np.lexsort((seqs[partials], -reach[partials]))[0]])
-            return _matched("partial", candidate(pick), others[pick], top)
-    return Decision("unique", None, None, None, None, article_id, False, top)
-
-
-def _matched(
-    kind: VerdictKind, candidate: Candidate, other: Prospect, top: tuple[Candidate, ...]
-) -> Decision:
-    return Decision(
-        kind,
-        candidate.article_id,
-        candidate.jaccard,
-        candidate.containment,
-        candidate.contains,
-        other.canonical_id,
-        False,
-        top,
-    )
+    kept = tuple(Candidate(others[i].article_id, j, a, b) for i, j, a, b in top)
+    if match is None:
+        return Decision("unique", None, None, None, None, article_id, False, kept)
+    kind, i, j, a, b = match
+    return Decision(kind, others[i].article_id, j, a, b, others[i].canonical_id, False, kept)

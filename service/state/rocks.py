@@ -37,6 +37,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from ..core import compiled
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.lsh import band_keys
 from ..core.params import check_header
@@ -315,15 +316,11 @@ class RocksState:
         cluster."""
         found = cast(list[bytes | None], self._db.get([_BAND + key for key in keys]))
         self._looked_up = dict(zip(keys, found, strict=True))
-        stored = b"".join(data for data in found if data)
-        if not stored:
+        loops = compiled.loops()
+        # one more than the limit: one of them may be the excluded article
+        in_order = (loops.merge_buckets if loops else merge_buckets)(found, limit + 1)
+        if not in_order:
             return []
-        seqs = np.frombuffer(stored, dtype=_SEQ_DTYPE)
-        if seqs.size <= SMALL_MERGE:
-            in_order = list(dict.fromkeys(seqs.tolist()))[: limit + 1]
-        else:
-            distinct, first = np.unique(seqs, return_index=True)
-            in_order = distinct[np.argsort(first, kind="stable")][: limit + 1].tolist()
         prospects = [p for p in self._prospects(in_order) if p is not None and p.article_id != exclude]
         return prospects[:limit]
 
@@ -479,6 +476,18 @@ def _from_cache(cache: OrderedDict[int, T], seqs: Sequence[int]) -> tuple[list[T
             cache.move_to_end(seq)
         found.append(entry)
     return found, missing
+
+
+def merge_buckets(found: Sequence[bytes | None], count: int) -> list[int]:
+    """The distinct arrival numbers of stored buckets (None: absent), in order of first appearance,
+    at most `count`: by dict for the tens of entries of a typical article's buckets, by numpy for a
+    large cluster's. The reference of the compiled _sketch.merge_buckets, which takes both places."""
+    stored = b"".join(data for data in found if data)
+    seqs = np.frombuffer(stored, dtype=_SEQ_DTYPE)
+    if seqs.size <= SMALL_MERGE:
+        return list(dict.fromkeys(seqs.tolist()))[:count]
+    distinct, first = np.unique(seqs, return_index=True)
+    return cast(list[int], distinct[np.argsort(first, kind="stable")][:count].tolist())
 
 
 def _members(stored: bytes | None) -> list[int]:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import random
 import time
 
+import numpy as np
 import pytest
 
-from service.core.dedup import Candidate, decide, score, score_many
+from service.core import compiled
+from service.core.dedup import Candidate, _ranked, decide, rank, score, score_many
 from service.core.lsh import band_keys
+from service.core.minhash import EMPTY_VERIFIER_SLOT
 from service.core.params import DedupParams
 from service.core.signing import EmptyText, Fingerprint, fingerprint
 from service.engine import Engine
@@ -261,7 +264,20 @@ def _reference_rule(
     return "unique", None, top
 
 
-def test_verdicts_equal_the_rule_applied_candidate_by_candidate(prose: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("compiled_loops", [True, False], ids=["compiled", "numpy"])
+def test_verdicts_equal_the_rule_applied_candidate_by_candidate(
+    prose: tuple[str, ...], compiled_loops: bool
+) -> None:
+    if compiled_loops and not compiled.BUILT:
+        pytest.skip("_sketch is not built")
+    previous = compiled.enable(compiled_loops)
+    try:
+        _check_verdicts_against_the_rule(prose)
+    finally:
+        compiled.enable(previous)
+
+
+def _check_verdicts_against_the_rule(prose: tuple[str, ...]) -> None:
     params = DedupParams(top_candidates=4)
     state = MemoryState()
     state.open_header(params.header())
@@ -302,3 +318,75 @@ def test_verdicts_equal_the_rule_applied_candidate_by_candidate(prose: tuple[str
         assert outcome.update is not None
         state.apply(outcome.update)
     assert min(kinds.get(kind, 0) for kind in ("unique", "duplicate", "partial")) >= 5, kinds
+
+
+class _Prospect:
+    """A candidate as rank reads it: verifier, distinct count, arrival."""
+
+    def __init__(self, article_id: str, seq: int, verifier: np.ndarray, shingle_count: int) -> None:
+        self.article_id, self.seq, self.verifier, self.shingle_count = (
+            article_id,
+            seq,
+            verifier,
+            shingle_count,
+        )
+        self.canonical_id = article_id
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(b"", np.zeros(4, dtype=np.uint64), self.shingle_count, False, self.verifier)
+
+
+def _prospects(rng: np.random.Generator, query: np.ndarray, count: int) -> list[_Prospect]:
+    """Candidates at every level of agreement with `query`, with ties on purpose: exact copies of
+    one another (equal Jaccard, ordered by arrival), and equal reach through the containment side."""
+    rows = []
+    for share in rng.choice([0.0, 0.3, 0.6, 0.75, 0.8, 0.85, 0.95, 1.0], count):
+        row = np.where(
+            rng.random(query.size) < share, query, rng.integers(0, 256, query.size, dtype=np.uint8)
+        )
+        rows.append(row.astype(np.uint8))
+    rows[count // 2] = rows[0].copy()  # a tie in Jaccard
+    sizes = [int(n) for n in rng.choice([0, 200, 1500, 3000, 6000], count)]
+    seqs = [int(s) for s in rng.permutation(10 * count)[:count]]
+    return [_Prospect(f"c{i}", seqs[i], rows[i], sizes[i]) for i in range(count)]
+
+
+@pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
+def test_compiled_ranking_equals_the_numpy_reference() -> None:
+    """_sketch.rank against dedup._ranked: the same top candidates in the same order, the same
+    match, the same figures to the last bit, over many random candidate sets and every setting
+    that changes the outcome."""
+    rng = np.random.default_rng(5)
+    query = rng.integers(0, EMPTY_VERIFIER_SLOT, 512, dtype=np.uint8)
+    query[[3, 77]] = EMPTY_VERIFIER_SLOT
+    settings = [
+        DedupParams(),
+        DedupParams(top_candidates=1, threshold=0.95),
+        DedupParams(top_candidates=10, threshold=1.0, containment_threshold=0.5),
+        DedupParams(threshold=1.0, containment_threshold=None),
+        DedupParams(top_candidates=50),
+    ]
+    kinds: dict[str | None, int] = {}
+    for trial in range(300):
+        others = _prospects(rng, query, int(rng.integers(1, 40)))
+        size = int(rng.choice([0, 150, 3000]))
+        fp = Fingerprint(b"", np.zeros(4, dtype=np.uint64), size, False, query)
+        params = settings[trial % len(settings)]
+        expected = _ranked(fp, others, params)
+        got = rank(fp, others, params)
+        assert got == expected, (trial, params)
+        kind = None if got.match is None else got.match[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+        assert len(got.top) == min(params.top_candidates, len(others))
+    assert min(kinds.get(kind, 0) for kind in (None, "duplicate", "partial")) >= 20, kinds
+
+
+@pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
+def test_ranking_falls_back_to_fingerprints_when_verifier_lengths_differ() -> None:
+    rng = np.random.default_rng(9)
+    query = rng.integers(0, EMPTY_VERIFIER_SLOT, 512, dtype=np.uint8)
+    others = _prospects(rng, query, 6)
+    others[2].verifier = others[2].verifier[:256]  # a candidate from other parameters
+    fp = Fingerprint(b"", np.zeros(4, dtype=np.uint64), 3000, False, query)
+    assert rank(fp, others, DedupParams()) == _ranked(fp, others, DedupParams())

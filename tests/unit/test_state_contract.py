@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.core import compiled
 from service.core.dedup import Candidate, Decision, IndexedArticle, Outcome, Prospect, decide
 from service.core.lsh import band_keys
 from service.core.params import DedupParams, IncompatibleState
@@ -396,11 +397,16 @@ def test_corrupt_probes_are_named(data: bytes, tmp_path: Path) -> None:
         state.close()
 
 
+@pytest.mark.parametrize("compiled_loops", [True, False], ids=["compiled", "numpy"])
 def test_rocks_candidates_merge_small_and_large_bucket_lists_alike(
-    tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, compiled_loops: bool
 ) -> None:
-    """A cluster's buckets are merged by dict up to SMALL_MERGE entries, by numpy beyond: the same
-    candidates in the same order either way (here 12 copies: ~300 entries)."""
+    """A cluster's buckets are merged by the compiled loop where built, else by dict up to
+    SMALL_MERGE entries and by numpy beyond: the same candidates in the same order every way
+    (here 12 copies: ~300 entries)."""
+    if compiled_loops and not compiled.BUILT:
+        pytest.skip("_sketch is not built")
+    monkeypatch.setattr(compiled, "_enabled", compiled_loops)
     state = RocksState(tmp_path / "db")
     state.open_header(PARAMS.header())
     copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(12)]
@@ -415,6 +421,36 @@ def test_rocks_candidates_merge_small_and_large_bucket_lists_alike(
     assert by_dict == list(dict.fromkeys(i for key in keys for i in state.band_members(key) if i != "c5"))
     assert entries > 256 and len(by_dict) == 11 and "c5" not in by_dict
     assert [a.article_id for a in state.candidates(keys, "c5", 3)] == by_dict[:3]
+    assert [a.article_id for a in state.candidates(keys, "c0", 3)] == [i for i in by_dict if i != "c0"][:3]
+
+
+@pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
+def test_compiled_bucket_merge_equals_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_sketch.merge_buckets against rocks.merge_buckets (both of its branches) over random buckets:
+    repeats within and across buckets, absent buckets, arrival number 0, numbers above 2**63, every
+    cap from none to more than there are."""
+    loops = compiled.loops()
+    assert loops is not None
+    rng = np.random.default_rng(17)
+    for trial in range(300):
+        spread = int(rng.choice([4, 60, 2**40]))
+        high = rng.random() < 0.3  # numbers above 2**63
+        buckets: list[bytes | None] = []
+        for _ in range(int(rng.integers(0, 30))):
+            size = int(rng.integers(0, 40))
+            members = rng.integers(0, spread, size, dtype=np.uint64, endpoint=True)
+            if high:
+                members = members | np.uint64(2**63)
+            buckets.append(None if size == 0 and rng.random() < 0.7 else members.astype(">u8").tobytes())
+        total = sum(len(b) // 8 for b in buckets if b)
+        for count in (0, 1, 5, total, total + 3):
+            got = loops.merge_buckets(buckets, count)
+            monkeypatch.setattr(rocks, "SMALL_MERGE", 10**9)
+            assert got == rocks.merge_buckets(buckets, count), (trial, count)
+            monkeypatch.setattr(rocks, "SMALL_MERGE", 0)
+            assert got == rocks.merge_buckets(buckets, count), (trial, count)
+    with pytest.raises(ValueError, match="8-byte"):
+        loops.merge_buckets([b"\x00" * 7], 5)
 
 
 def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, prose: tuple[str, ...]) -> None:
