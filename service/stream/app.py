@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import signal
@@ -481,19 +482,23 @@ def create_app(
 
     async def publish_outcome(outcome: BatchOutcome, events: dict[int, faust.EventT]) -> None:
         verdicts: list[tuple[bytes | None, bytes]] = []
+        # counted per chunk, not per verdict: a labelled counter's increment costs the loop ~3-7 µs
+        counts: collections.Counter[tuple[Any, str | None]] = collections.Counter()
         for entry in outcome.entries:
             if entry.status == "error":
                 await index_error(entry, events.get(entry.offset))
                 continue
             if entry.status in ("replayed", "stale"):
-                metrics.replays.labels(entry.status).inc()
+                counts[(metrics.replays, entry.status)] += 1
             if entry.verdict is None or entry.article_id is None:
                 continue
             if entry.status != "replayed":
-                metrics.verdicts.labels(entry.kind).inc()
+                counts[(metrics.verdicts, entry.kind)] += 1
                 if entry.latency_ms is not None:
                     metrics.latency.observe(entry.latency_ms / 1000.0)
             verdicts.append((entry.article_id.encode(), entry.verdict))
+        for (counter, label), count in counts.items():
+            counter.labels(label).inc(count)
         # Keyed by article id, so that every verdict of an article lands in the same partition.
         # Not Topic.send: Faust's per-message wrapping cost more CPU than the index decision itself.
         await send_in_batches(producer(), settings.verdicts_topic, verdicts)

@@ -301,6 +301,13 @@ async def test_index_agent_publishes_verdicts_keyed_by_article(
     lag = {"topic": settings.signatures_topic, "partition": "0"}
     await _settled(lambda: registry.get_sample_value("neardup_consumer_lag", lag) == HIGHWATER - 2 - 1)
     assert registry.get_sample_value("neardup_indexed_articles") == 2.0
+    # offset 0 again, as after a restart: its stored verdict again, counted as a replay, not a verdict
+    index_agent.sent_offset = 0
+    await index_agent.put(first, key=SHARD_KEY)
+    replayed = await recorders["verdicts"].wait_for(4)
+    assert replayed[3] == sent[0]
+    assert registry.get_sample_value("neardup_index_replays_total", {"status": "replayed"}) == 1.0
+    assert registry.get_sample_value("neardup_verdicts_total", {"kind": "unique"}) == 2.0
     assert not index_agent._crash_reason
 
 
