@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import orjson
@@ -191,7 +191,7 @@ class RocksState:
         self._recent: OrderedDict[int, IndexedArticle] = OrderedDict()  # by arrival number
         self._probe_cache: OrderedDict[int, StoredProbe] = OrderedDict()  # by arrival number
         # the buckets of the last multi-get as stored: decide() reads them, apply() extends them
-        self._looked_up: dict[bytes, bytes | None] = {}
+        self._looked_up: _LookedUp | None = None
         self._content_looked_up: tuple[bytes, bytes | None] = (b"", None)  # the last content lookup
 
     def clear(self) -> None:
@@ -212,7 +212,7 @@ class RocksState:
         as incremental apply() would have left them. Into an empty state only."""
         if next(self._record_items(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.path} holds articles (clear() it)")
-        self._looked_up, self._content_looked_up = {}, (b"", None)
+        self._looked_up, self._content_looked_up = None, (b"", None)
         count = 0
         for run in runs_of(records, chunk):
             batch = WriteBatch(raw_mode=True)
@@ -314,8 +314,9 @@ class RocksState:
         """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
         `limit`, as probes: one multi-get; the bucket contents merged by dict, or by numpy for a large
         cluster."""
-        found = cast(list[bytes | None], self._db.get([_BAND + key for key in keys]))
-        self._looked_up = dict(zip(keys, found, strict=True))
+        buckets = [_BAND + key for key in keys]
+        found = cast(list[bytes | None], self._db.get(cast(list[Any], buckets)))
+        self._looked_up = _LookedUp(keys, buckets, found)
         loops = compiled.loops()
         # one more than the limit: one of them may be the excluded article
         in_order = (loops.merge_buckets if loops else merge_buckets)(found, limit + 1)
@@ -355,12 +356,16 @@ class RocksState:
             raise CorruptRecord(f"state record of arrival {seq} is missing")
         return article.fingerprint
 
-    def _look_up(self, keys: Sequence[bytes]) -> None:
-        """Make sure the last lookup covers `keys` (apply() without decide() before it)."""
-        missing = [key for key in keys if key not in self._looked_up]
+    def _look_up(self, keys: Sequence[bytes]) -> dict[bytes, bytes | None]:
+        """The stored buckets of `keys`, from the last lookup where it covers them (apply() without
+        decide() before it, or a new version's old buckets, read here)."""
+        last = self._looked_up
+        known = {} if last is None else dict(zip(last.keys, last.found, strict=True))
+        missing = [key for key in dict.fromkeys(keys) if key not in known]
         if missing:
             found = cast(list[bytes | None], self._db.get([_BAND + key for key in missing]))
-            self._looked_up.update(zip(missing, found, strict=True))
+            known.update(zip(missing, found, strict=True))
+        return {key: known[key] for key in keys}
 
     def next_seq(self) -> int:
         return self._seq
@@ -379,7 +384,7 @@ class RocksState:
             batch.delete(_SEQ_KEY.pack(update.replaced.seq), self._records_handle)
             batch.delete(_SEQ_KEY.pack(update.replaced.seq), self._probes_handle)
             self._probe_cache.pop(update.replaced.seq, None)
-        self._looked_up = {}
+        self._looked_up = None
         content_hash = article.fingerprint.content_hash
         if self._content_id(content_hash) is None:
             batch.put(_CONTENT + content_hash, article.article_id.encode())
@@ -400,15 +405,18 @@ class RocksState:
     def _join_buckets(self, batch: WriteBatch, seq: bytes, keys: Sequence[bytes]) -> None:
         """A new article joins its buckets: its arrival number appended to each stored one (a new
         number is in no bucket yet)."""
-        self._look_up(keys)
-        for key in dict.fromkeys(keys):
-            batch.put(_BAND + key, (self._looked_up[key] or b"") + seq)
+        last = self._looked_up
+        if last is not None and last.keys is keys:  # as decide() read them just before (the stream)
+            for bucket, stored in zip(last.buckets, last.found, strict=True):
+                batch.put(bucket, (stored or b"") + seq)
+            return
+        for key, stored in self._look_up(keys).items():
+            batch.put(_BAND + key, (stored or b"") + seq)
 
     def _move_between_buckets(self, batch: WriteBatch, update: IndexUpdate, old: IndexedArticle) -> None:
         """A new version of an article: out of its old buckets, into its new ones."""
         touched = list(dict.fromkeys((*update.replaced_keys, *update.keys)))
-        self._look_up(touched)
-        buckets = {key: _members(self._looked_up[key]) for key in touched}
+        buckets = {key: _members(stored) for key, stored in self._look_up(touched).items()}
         for key in update.replaced_keys:
             buckets[key] = [seq for seq in buckets[key] if seq != old.seq]
         if self.id_for_content(old.fingerprint.content_hash) == old.article_id:
@@ -476,6 +484,14 @@ def _from_cache(cache: OrderedDict[int, T], seqs: Sequence[int]) -> tuple[list[T
             cache.move_to_end(seq)
         found.append(entry)
     return found, missing
+
+
+class _LookedUp(NamedTuple):
+    """One multi-get of LSH buckets: the band keys, the bucket keys as stored, what was found."""
+
+    keys: Sequence[bytes]
+    buckets: list[bytes]
+    found: list[bytes | None]
 
 
 def merge_buckets(found: Sequence[bytes | None], count: int) -> list[int]:
