@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import faust
 import orjson
@@ -18,7 +19,7 @@ from prometheus_client import generate_latest
 
 from service.config import Settings
 from service.core.signing import fingerprint
-from service.stream.app import SHARD_KEY, Runtime, _app_class, create_app
+from service.stream.app import SHARD_KEY, LeanMonitor, Runtime, _app_class, create_app
 from service.stream.decider import DeciderFailed
 from service.stream.metrics import Metrics
 from service.stream.stages import (
@@ -430,3 +431,19 @@ async def test_a_signatures_message_this_worker_sent_is_decided_once_acknowledge
         assert registry.get_sample_value("neardup_index_replays_total", {"status": "replayed"}) is None
     finally:
         hand_offs.cancel()
+
+
+def test_the_worker_monitor_keeps_only_the_stall_check_time(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]],
+) -> None:
+    """Faust's consumer reports a stream that stalls from the time its partition's stream last took
+    an event; the rest of Faust's monitor (per-event counters and timings) is left out."""
+    app, _, _ = wired
+    monitor = app.monitor
+    assert isinstance(monitor, LeanMonitor)
+    tp = TP("articles", 2)
+    before = time.monotonic()
+    assert monitor.on_stream_event_in(tp, 7, cast(Any, None), cast(Any, None)) is None
+    assert before <= monitor.stream_inbound_time[tp] <= time.monotonic()
+    monitor.on_stream_event_out(tp, 7, cast(Any, None), cast(Any, None), None)
+    assert monitor.events_total == 0 and monitor.events_active == 0 and not monitor.events_by_stream

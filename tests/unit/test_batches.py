@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from service.stream.batches import send_in_batches
+from service.stream import batches
+from service.stream.batches import partitions_for, send_in_batches
 
 
 class FakeProducer:
@@ -68,3 +71,50 @@ async def test_a_fixed_partition_and_nothing_to_send() -> None:
 async def test_a_message_larger_than_a_batch_is_an_error() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         await send_in_batches(FakeProducer(capacity=0), "verdicts", [(b"k", b"v")])
+
+
+@pytest.mark.skipif(batches._kafka_hash is None, reason="_kafka_hash is not built")
+def test_compiled_murmur2_equals_aiokafkas() -> None:
+    assert batches._kafka_hash is not None
+    rng = random.Random(3)
+    samples = [bytes(rng.randrange(256) for _ in range(n)) for n in range(0, 41) for _ in range(20)]
+    samples += [f"article-{i}".encode() for i in range(200)] + ["dépêche-ü-日本".encode()]
+    for data in samples:
+        assert batches._kafka_hash.murmur2(data) == murmur2(data), data
+
+
+class PartitionedProducer:
+    """What partitions_for reads of aiokafka's producer: its partitioner, its metadata, _partition."""
+
+    def __init__(self, partitions: int, partitioner: Any) -> None:
+        self._partitioner = partitioner
+        self.all = set(range(partitions))
+        self._metadata = SimpleNamespace(
+            partitions_for_topic=lambda topic: self.all, available_partitions_for_topic=lambda topic: self.all
+        )
+        self.asked = 0
+
+    def _partition(
+        self, topic: str, partition: Any, key: Any, value: Any, serialized_key: Any, _: Any
+    ) -> int:
+        self.asked += 1
+        return self._partitioner(serialized_key, list(self.all), list(self.all))
+
+
+@pytest.mark.parametrize("count", [1, 3, 7, 12])
+def test_verdict_partitions_are_the_ones_aiokafkas_default_partitioner_picks(count: int) -> None:
+    keys = [f"article-{i}".encode() for i in range(300)] + [b"", "dépêche".encode()]
+    producer = PartitionedProducer(count, DefaultPartitioner())
+    expected = [DefaultPartitioner()(key, list(range(count)), list(range(count))) for key in keys]
+    assert partitions_for(producer, "verdicts", keys) == expected
+    assert producer.asked == (0 if batches._kafka_hash is not None else len(keys))
+    assert len(set(expected)) == count  # the keys spread over every partition
+
+
+def test_other_partitioners_and_keyless_messages_are_asked_as_send_would_ask() -> None:
+    producer = PartitionedProducer(3, lambda key, all_partitions, available: 2)
+    assert partitions_for(producer, "verdicts", [b"a", b"b"]) == [2, 2]
+    assert producer.asked == 2
+    keyless = PartitionedProducer(3, DefaultPartitioner())
+    assert set(partitions_for(keyless, "verdicts", [None, b"a"])) <= {0, 1, 2}
+    assert keyless.asked == 2

@@ -1,0 +1,6 @@
+"""Types of Kafka's key hash in C (_kafka_hash.c); aiokafka.partitioner is its reference."""
+
+from collections.abc import Sequence
+
+def murmur2(data: bytes) -> int: ...
+def partitions(keys: Sequence[bytes], count: int) -> list[int]: ...
