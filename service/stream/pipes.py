@@ -9,6 +9,7 @@ and exits.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import pickle
 import signal
@@ -19,6 +20,10 @@ from typing import BinaryIO
 
 _LEN = struct.Struct(">I")
 _STREAM_LIMIT = 64 * 1024 * 1024  # a batch of answers; asyncio's default of 64 KB is far too small
+# A sign batch of 200 articles is ~650 KB of requests: through Linux's default 64 KB pipe the event
+# loop wrote it in ~10 rounds (a wake-up, a write, the rest of its buffer moved up each time). 1 MB
+# is the most an unprivileged process may ask (/proc/sys/fs/pipe-max-size, by default).
+PIPE_BYTES = 1024 * 1024
 
 
 class ChildFailed(RuntimeError):
@@ -128,6 +133,20 @@ def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
     the decider must still close its index cleanly after the worker was told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for pipe in (0, 1):  # both pipes to the worker
+        widen_pipe(pipe)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     serve(sys.stdin.buffer, answers)
+
+
+def widen_pipe(fd: int, size: int = PIPE_BYTES) -> int:
+    """Make the pipe at `fd` (either end) hold `size` bytes; returns its size in bytes, 0 where it
+    cannot be changed (not Linux, not a pipe, or above what this user may ask): the default stays."""
+    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setter is None:
+        return 0
+    try:
+        return fcntl.fcntl(fd, setter, size)
+    except OSError:
+        return 0
