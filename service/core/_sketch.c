@@ -9,6 +9,14 @@
  *     num_bins items, filled with EMPTY_SLOT by the caller) if it is the least of its bin
  *     (minhash.py: _bin_minima). Returns the number of distinct shingle hashes.
  *
+ * finish(wide, num_perm, empty, empty_slot, signature, verifier) -> unfilled
+ *     wide: the verifier's bin minima (uint64, a multiple of num_perm of them, `empty` where a bin
+ *     got none). Writes the signature (a writable uint64 buffer of num_perm slots: the least of each
+ *     group of consecutive bins, minhash.py: MinHasher._finished) and the 8-bit verifier (a writable
+ *     uint8 buffer, one byte a bin: the low 8 bits, a real minimum reading as `empty_slot` made
+ *     empty_slot - 1; minhash.py: narrow_verifier). Returns how many signature slots stayed empty
+ *     (the caller densifies them; news-sized texts leave none).
+ *
  * band_keys(signature, bands, rows) -> list of bytes
  *     signature: uint64 buffer of at least bands * rows slots. For each band, 2 bytes of its index
  *     (big-endian) and the first 8 bytes of MurmurHash3_x64_128 (seed 0) of its rows' bytes: what
@@ -558,8 +566,50 @@ done:
     return merged;
 }
 
+static PyObject *finish(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer wide, signature, verifier;
+    Py_ssize_t num_perm;
+    unsigned long long empty;
+    int empty_slot;
+    if (!PyArg_ParseTuple(args, "y*nKiw*w*", &wide, &num_perm, &empty, &empty_slot, &signature, &verifier)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t slots = wide.len / 8;
+    if (num_perm < 1 || slots % num_perm != 0 || signature.len != num_perm * 8 || verifier.len != slots) {
+        PyErr_SetString(PyExc_ValueError, "finish: the verifier's bins must group evenly into num_perm slots");
+        goto done;
+    }
+    const uint64_t *minima = (const uint64_t *)wide.buf;
+    uint64_t *out = (uint64_t *)signature.buf;
+    uint8_t *narrow = (uint8_t *)verifier.buf;
+    Py_ssize_t group = slots / num_perm, unfilled = 0;
+    for (Py_ssize_t slot = 0; slot < num_perm; slot++) {
+        uint64_t least = minima[slot * group];
+        for (Py_ssize_t i = 1; i < group; i++) {
+            uint64_t value = minima[slot * group + i];
+            least = value < least ? value : least;
+        }
+        out[slot] = least;
+        unfilled += least == (uint64_t)empty;
+    }
+    for (Py_ssize_t i = 0; i < slots; i++) {
+        uint8_t low = (uint8_t)minima[i];
+        /* a real minimum whose low bits read as the empty slot is never taken for empty */
+        narrow[i] = (low == (uint8_t)empty_slot && minima[i] != (uint64_t)empty) ? (uint8_t)(empty_slot - 1) : low;
+    }
+    result = PyLong_FromSsize_t(unfilled);
+done:
+    PyBuffer_Release(&wide);
+    PyBuffer_Release(&signature);
+    PyBuffer_Release(&verifier);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
+    {"finish", finish, METH_VARARGS, "Signature and 8-bit verifier from the verifier's bin minima."},
     {"band_keys", band_keys, METH_VARARGS, "The LSH band keys of a signature (lsh.band_keys)."},
     {"collapse_spaces", collapse_spaces, METH_VARARGS, "Runs of spaces as one U+0020, none at the ends."},
     {"scores", scores, METH_VARARGS, "Jaccard and containment estimates of a verifier against candidates'."},

@@ -27,3 +27,11 @@ def rank(
     containment: float,
 ) -> tuple[list[tuple[int, float, float, float]], tuple[int, int, float, float, float] | None]: ...
 def merge_buckets(buckets: Sequence[bytes | None], count: int) -> list[int]: ...
+def finish(
+    wide: npt.NDArray[np.uint64],
+    num_perm: int,
+    empty: int,
+    empty_slot: int,
+    signature: npt.NDArray[np.uint64],
+    verifier: npt.NDArray[np.uint8],
+) -> int: ...

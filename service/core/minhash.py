@@ -92,6 +92,13 @@ class MinHasher:
         self, wide: HashArray, probes: npt.NDArray[np.intp], distinct: int
     ) -> tuple[HashArray, VerifierArray, int]:
         """Signature and verifier from the verifier's bin minima."""
+        loops = compiled.loops()
+        if loops is not None:  # the same in one pass (numpy's eight calls took ~24 µs a text)
+            signature = np.empty(self.num_perm, dtype=np.uint64)
+            verifier = np.empty(wide.size, dtype=np.uint8)
+            if loops.finish(wide, self.num_perm, EMPTY_SLOT, EMPTY_VERIFIER_SLOT, signature, verifier):
+                _densify(signature, signature != EMPTY_SLOT, probes)
+            return signature, verifier, distinct
         # num_perm bins are unions of consecutive verify_perm bins (the bin boundaries coincide), so
         # the signature is the minimum of each group: the same values a direct num_perm pass gives.
         signature = _densified(wide.reshape(self.num_perm, -1).min(axis=1), probes)

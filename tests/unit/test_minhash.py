@@ -360,6 +360,35 @@ def test_compiled_sketches_equal_the_numpy_reference(
         assert got[2] == expected[2]
 
 
+@pytest.mark.parametrize(("num_perm", "verify_perm"), [(128, 512), (64, 256), (16, 16)])
+def test_compiled_finish_equals_the_numpy_reference(num_perm: int, verify_perm: int) -> None:
+    """_sketch.finish (signature and 8-bit verifier from the bin minima) against the numpy code it
+    replaces: bins left empty (a short text: the signature densified, here up to nearly every bin),
+    minima whose low 8 bits read as the empty verifier slot."""
+    hasher = MinHasher(num_perm, seed=5)
+    _, probes = minhash._tables(num_perm, 5)
+    rng = np.random.default_rng(21)
+    cases = []
+    for empty_share in (0.0, 0.01, 0.3, 0.9, 0.97):
+        wide = rng.integers(0, 2**64 - 1, verify_perm, dtype=np.uint64)
+        wide[rng.random(verify_perm) < 0.05] |= np.uint64(0xFF)  # low bits as the empty slot's
+        wide[rng.random(verify_perm) < empty_share] = EMPTY_SLOT
+        wide[0] = 12_345  # a text has one shingle at least: some bin is filled
+        cases.append(wide)
+    for wide in cases:
+        got = hasher._finished(wide.copy(), probes, 7)
+        previous = compiled.enable(False)
+        try:
+            expected = hasher._finished(wide.copy(), probes, 7)
+        finally:
+            compiled.enable(previous)
+        assert got[0].dtype == expected[0].dtype and got[1].dtype == expected[1].dtype
+        assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+        assert got[2] == expected[2] == 7
+    assert int(np.count_nonzero(cases[0] == EMPTY_SLOT)) == 0
+    assert int(np.count_nonzero(cases[-1].reshape(num_perm, -1).min(axis=1) == EMPTY_SLOT)) > 0
+
+
 def test_compiled_scores_equal_the_numpy_estimates() -> None:
     rng = np.random.default_rng(11)
     query = rng.integers(0, EMPTY_VERIFIER_SLOT, 512, dtype=np.uint8)
