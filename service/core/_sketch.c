@@ -2,8 +2,9 @@
  * minhash.py and shingle.py (which stays the reference, and the fallback where this module is not
  * built), in one pass over the data instead of a dozen array passes with their temporaries.
  *
- * oph_minima(units, k, seed_key, minima) -> distinct
- *     units: uint64 buffer (code points or word hashes), at least k of them. For every window of k
+ * oph_minima(units, k, seed_key, minima[, width]) -> distinct
+ *     units: uint64 buffer (code points or word hashes), or uint32 (code points) with width 4, at
+ *     least k of them. For every window of k
  *     units: the polynomial shingle hash (shingle.py: h = h * POLY + unit, mod 2**64), permuted by
  *     fmix64(h ^ seed_key) (minhash.py: _permuted), kept in `minima` (a writable uint64 buffer of
  *     num_bins items, filled with EMPTY_SLOT by the caller) if it is the least of its bin
@@ -108,16 +109,17 @@ static Py_ssize_t count_distinct(const uint64_t *values, Py_ssize_t count, int *
 static PyObject *oph_minima(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer units, minima;
-    Py_ssize_t k;
+    Py_ssize_t k, width = 8;
     unsigned long long seed_key;
-    if (!PyArg_ParseTuple(args, "y*nKw*", &units, &k, &seed_key, &minima)) {
+    if (!PyArg_ParseTuple(args, "y*nKw*|n", &units, &k, &seed_key, &minima, &width)) {
         return NULL;
     }
     PyObject *result = NULL;
-    Py_ssize_t count = units.len / 8;
+    uint64_t *widened = NULL;
+    Py_ssize_t count = (width == 4 || width == 8) ? units.len / width : 0;
     Py_ssize_t bins = minima.len / 8;
-    if (units.len % 8 || minima.len % 8 || bins < 1 || bins > 65536) {
-        PyErr_SetString(PyExc_ValueError, "units and minima must be uint64 buffers (1..65536 bins)");
+    if ((width != 4 && width != 8) || units.len % width || minima.len % 8 || bins < 1 || bins > 65536) {
+        PyErr_SetString(PyExc_ValueError, "units must be uint32 or uint64 (width 4 or 8), minima uint64 (1..65536 bins)");
         goto done;
     }
     if (k < 1 || count < k) {
@@ -125,6 +127,18 @@ static PyObject *oph_minima(PyObject *self, PyObject *args) {
         goto done;
     }
     const uint64_t *unit = (const uint64_t *)units.buf;
+    if (width == 4) { /* code points: widened here, as astype(np.uint64) would */
+        widened = malloc((size_t)count * sizeof(uint64_t));
+        if (widened == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        const uint32_t *narrow = (const uint32_t *)units.buf;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            widened[i] = narrow[i];
+        }
+        unit = widened;
+    }
     uint64_t *minimum = (uint64_t *)minima.buf;
     Py_ssize_t windows = count - k + 1;
     uint64_t *permuted = malloc((size_t)windows * sizeof(uint64_t));
@@ -153,6 +167,7 @@ static PyObject *oph_minima(PyObject *self, PyObject *args) {
     }
     result = PyLong_FromSsize_t(distinct);
 done:
+    free(widened);
     PyBuffer_Release(&units);
     PyBuffer_Release(&minima);
     return result;

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -71,19 +71,23 @@ class MinHasher:
         return self._finished(_bin_minima(values, verify_perm), probes, distinct)
 
     def sketches_of_units(
-        self, units: HashArray, k: int, verify_perm: int
+        self, units: HashArray | npt.NDArray[np.uint32], k: int, verify_perm: int
     ) -> tuple[HashArray, VerifierArray, int]:
         """sketches(shingle_hashes_of_units(units, k), verify_perm), the same values: where _sketch
         is built, shingling, permuting and binning are one compiled pass over the units (a dozen
         numpy passes and a sort otherwise, half of what signing a news text cost)."""
         loops = compiled.loops()
         if loops is None or units.size < k:
-            return self.sketches(shingle_hashes_of_units(units, k), verify_perm)
+            return self.sketches(shingle_hashes_of_units(units.astype(np.uint64, copy=False), k), verify_perm)
         if verify_perm % self.num_perm:
             raise ValueError(f"verify_perm ({verify_perm}) must be a multiple of num_perm ({self.num_perm})")
         seed_key, probes = _tables(self.num_perm, self.seed)
         minima = np.full(verify_perm or self.num_perm, EMPTY_SLOT, dtype=np.uint64)
-        distinct = loops.oph_minima(np.ascontiguousarray(units, dtype=np.uint64), k, seed_key, minima)
+        # code points as they come (uint32, widened in the pass), anything else as uint64
+        passed: npt.NDArray[Any] = np.ascontiguousarray(
+            units if units.dtype == np.uint32 else units.astype(np.uint64, copy=False)
+        )
+        distinct = loops.oph_minima(passed, k, seed_key, minima, passed.itemsize)
         if verify_perm == 0:
             return _densified(minima, probes), np.empty(0, dtype=np.uint8), distinct
         return self._finished(minima, probes, distinct)

@@ -61,7 +61,7 @@ def fingerprint(text: str, params: DedupParams) -> Fingerprint:
         digest = mmh3.hash_bytes(points.tobytes())
         units = points.size
         signature, verifier, distinct = params.hasher.sketches_of_units(
-            points.astype(np.uint64), params.shingle.k, params.verify_perm
+            points, params.shingle.k, params.verify_perm
         )
     else:
         canonical = normalize(text, params.normalize)

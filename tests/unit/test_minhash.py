@@ -358,6 +358,10 @@ def test_compiled_sketches_equal_the_numpy_reference(
         got = hasher.sketches_of_units(units, k, verify_perm)
         assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
         assert got[2] == expected[2]
+        if int(units.max(initial=0)) <= 0x10FFFF:  # code points: also as the uint32 signing passes
+            as_points = hasher.sketches_of_units(units.astype(np.uint32), k, verify_perm)
+            assert np.array_equal(as_points[0], expected[0]) and np.array_equal(as_points[1], expected[1])
+            assert as_points[2] == expected[2]
 
 
 @pytest.mark.parametrize(("num_perm", "verify_perm"), [(128, 512), (64, 256), (16, 16)])
