@@ -312,8 +312,8 @@ class RocksState:
 
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[Prospect]:
         """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
-        `limit`, as probes: one multi-get; the bucket contents merged by dict, or by numpy for a large
-        cluster."""
+        `limit`, as probes: one multi-get; the bucket contents merged by the compiled loop, else by
+        merge_buckets."""
         buckets = [_BAND + key for key in keys]
         found = cast(list[bytes | None], self._db.get(cast(list[Any], buckets)))
         self._looked_up = _LookedUp(keys, buckets, found)
