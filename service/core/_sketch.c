@@ -69,13 +69,33 @@ static inline uint64_t fmix64(uint64_t k) {
     return k;
 }
 
-/* Distinct values among `count` well-mixed 64-bit values: an open-addressing set indexed by their
- * low bits (fmix64 output, so no further hashing), zero counted on the side. */
-static Py_ssize_t count_distinct(const uint64_t *values, Py_ssize_t count, int *failed) {
+/* Open-addressing sets of nonzero 64-bit values (count_distinct, merge_buckets): a power of two
+ * of at least twice as many slots as values, so that linear probing stays short; 0 marks a free
+ * slot. */
+static size_t set_capacity(Py_ssize_t values) {
     size_t capacity = 16;
-    while (capacity < (size_t)count * 2) {
+    while (capacity < (size_t)values * 2) {
         capacity <<= 1;
     }
+    return capacity;
+}
+
+/* Adds `value` (nonzero) to the set, probing from slot `at`: 1 when it was not in it yet. */
+static inline int set_add(uint64_t *slots, size_t mask, size_t at, uint64_t value) {
+    while (slots[at] != 0 && slots[at] != value) {
+        at = (at + 1) & mask;
+    }
+    if (slots[at] != 0) {
+        return 0;
+    }
+    slots[at] = value;
+    return 1;
+}
+
+/* Distinct values among `count` well-mixed 64-bit values: a set indexed by their low bits (fmix64
+ * output, so no further hashing), zero counted on the side. */
+static Py_ssize_t count_distinct(const uint64_t *values, Py_ssize_t count, int *failed) {
+    size_t capacity = set_capacity(count);
     uint64_t *slots = calloc(capacity, sizeof(uint64_t));
     if (slots == NULL) {
         *failed = 1;
@@ -93,14 +113,7 @@ static Py_ssize_t count_distinct(const uint64_t *values, Py_ssize_t count, int *
             }
             continue;
         }
-        size_t at = (size_t)value & mask;
-        while (slots[at] != 0 && slots[at] != value) {
-            at = (at + 1) & mask;
-        }
-        if (slots[at] == 0) {
-            slots[at] = value;
-            distinct++;
-        }
+        distinct += set_add(slots, mask, (size_t)value & mask, value);
     }
     free(slots);
     return distinct;
@@ -532,11 +545,8 @@ static PyObject *merge_buckets(PyObject *self, PyObject *args) {
         }
         total += PyBytes_GET_SIZE(stored) / 8;
     }
-    size_t capacity = 16;
-    while (capacity < (size_t)total * 2) {
-        capacity <<= 1;
-    }
-    seen = PyMem_Calloc(capacity, sizeof(uint64_t)); /* arrival number + 1; 0: free */
+    size_t capacity = set_capacity(total);
+    seen = PyMem_Calloc(capacity, sizeof(uint64_t)); /* arrival number + 1, as 0 marks a free slot */
     merged = PyList_New(0);
     if (seen == NULL || merged == NULL) {
         if (seen == NULL) {
@@ -558,14 +568,9 @@ static PyObject *merge_buckets(PyObject *self, PyObject *args) {
             for (int b = 0; b < 8; b++) {
                 seq = (seq << 8) | bytes[m * 8 + b];
             }
-            size_t at = (size_t)fmix64(seq) & mask;
-            while (seen[at] != 0 && seen[at] != seq + 1) {
-                at = (at + 1) & mask;
-            }
-            if (seen[at] != 0) {
+            if (!set_add(seen, mask, (size_t)fmix64(seq) & mask, seq + 1)) {
                 continue; /* in an earlier bucket already */
             }
-            seen[at] = seq + 1;
             PyObject *number = PyLong_FromUnsignedLongLong(seq);
             if (number == NULL || PyList_Append(merged, number) < 0) {
                 Py_XDECREF(number);
