@@ -277,8 +277,8 @@ def rank(fp: Fingerprint, others: Sequence[Prospect], params: DedupParams) -> Ra
                 params.threshold,
                 -1.0 if containment is None else containment,
             )
-        except ValueError:  # a verifier's length differs: the reference reads fingerprints
-            return _ranked(fp, others, params)
+        except ValueError:  # a verifier's length differs: scored from the fingerprints
+            return _ranked(fp, others, params, _scored_apart(fp, [other.fingerprint for other in others]))
         return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
     return _ranked(fp, others, params)
 
@@ -286,11 +286,19 @@ def rank(fp: Fingerprint, others: Sequence[Prospect], params: DedupParams) -> Ra
 _KINDS: dict[int, VerdictKind] = {1: "duplicate", 2: "partial"}  # _sketch.rank's match kinds
 
 
-def _ranked(fp: Fingerprint, others: Sequence[Prospect], params: DedupParams) -> Ranked:
-    """rank in numpy: the reference the compiled pass is tested against."""
+def _ranked(
+    fp: Fingerprint,
+    others: Sequence[Prospect],
+    params: DedupParams,
+    scored: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> Ranked:
+    """rank in numpy: the reference the compiled pass is tested against. `scored`: the candidates'
+    (jaccard, containment, contains) when the caller has them already."""
     # from the candidates' verifiers; their fingerprints only where those cannot serve
-    jaccard, inside, contains = verified_scores(fp.verifier, fp.shingle_count, others) or _scored_apart(
-        fp, [other.fingerprint for other in others]
+    jaccard, inside, contains = (
+        scored
+        or verified_scores(fp.verifier, fp.shingle_count, others)
+        or _scored_apart(fp, [other.fingerprint for other in others])
     )
     seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
