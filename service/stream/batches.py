@@ -38,8 +38,10 @@ async def send_in_batches(
     if not messages:
         return []
     await producer.partitions_for(topic)  # metadata, for the partitioner
-    keys = [key for key, _ in messages]
-    targets = [partition] * len(messages) if partition is not None else partitions_for(producer, topic, keys)
+    if partition is not None:
+        targets = [partition] * len(messages)
+    else:
+        targets = partitions_for(producer, topic, [key for key, _ in messages])
     open_batches: dict[int, tuple[Any, int]] = {}
     submitted: list[SentBatch] = []
     for (key, value), target in zip(messages, targets, strict=True):
