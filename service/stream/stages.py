@@ -399,21 +399,22 @@ class IndexStage:
         cannot be handled comes back as an error with its bytes, for the dead-letter topic."""
         entries: list[EntryOutcome] = []
         handled = 0
-        for offset, value in messages:
-            try:
-                records = unpack_signed(value)
-            except Exception as exc:  # a corrupt internal message must not stop the shard
-                entries.append(EntryOutcome.failed(offset, value, exc))
-                records = []
-            handled += len(records)
-            for record in records:
+        with self.index.batched():  # one write to the derived index for the batch
+            for offset, value in messages:
                 try:
-                    result = self.handle(decode_signed(record), offset, now)
-                except Exception as exc:
-                    entries.append(EntryOutcome.failed(offset, record, exc))
-                    continue
-                entries.append(EntryOutcome.of(offset, result))
-            self.applied(offset)
+                    records = unpack_signed(value)
+                except Exception as exc:  # a corrupt internal message must not stop the shard
+                    entries.append(EntryOutcome.failed(offset, value, exc))
+                    records = []
+                handled += len(records)
+                for record in records:
+                    try:
+                        result = self.handle(decode_signed(record), offset, now)
+                    except Exception as exc:
+                        entries.append(EntryOutcome.failed(offset, record, exc))
+                        continue
+                    entries.append(EntryOutcome.of(offset, result))
+                self.applied(offset)
         self.checkpoint()
         return BatchOutcome(entries, self.index.next_seq(), handled)
 
