@@ -502,6 +502,10 @@ def test_rocks_articles_applied_in_batches_give_the_decisions_and_database_of_on
                 for article_id, text in texts[start : start + split]:
                     got.append(index(batched, article_id, text).article)
                     assert batched._records.get(seq_key(got[-1])) is None  # not written yet
+                # read as probes, as written ones are (not as whole records, a slower way round)
+                prospects = batched.candidates(tuple(keys_of(got[-1])), "", 100)
+                assert got[-1].article_id in [p.article_id for p in prospects]
+                assert all(isinstance(p, rocks.StoredProbe) for p in prospects)
             assert batched._records.get(seq_key(got[-1])) is not None  # written at the end
         assert got == expected
         assert [a.decision.exact for a in got].count(True) >= 2, "exact copies were matched inside batches"
