@@ -10,13 +10,11 @@ In the default column family, one-byte prefixes:
 ``c<content hash>`` → first article id, ``m<name>`` → metadata (header, sequence, consumed offsets).
 Seqs are 8 bytes big-endian: records sort in arrival order, and a bucket grows by appending 8 bytes
 (ids as an orjson list cost ~2x the bytes and a decode per lookup). Every update is one WriteBatch
-over all three families, so a crash leaves either all of it or none; inside `batched()`, the updates
-of a whole chunk of articles are one WriteBatch.
+over all three families, so a crash leaves either all of it or none.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 import threading
@@ -195,46 +193,9 @@ class RocksState:
         # the buckets of the last multi-get as stored: decide() reads them, apply() extends them
         self._looked_up: _LookedUp | None = None
         self._content_looked_up: tuple[bytes, bytes | None] = (b"", None)  # the last content lookup
-        self._unwritten: _Writes | None = None  # inside batched(): the chunk's updates so far
-
-    @contextlib.contextmanager
-    def batched(self) -> Iterator[None]:
-        """Apply the updates made inside as one RocksDB write at the end, each article's still all
-        or nothing; reads inside see them. A chunk of articles then costs one write instead of one
-        per article, and a bucket that several of them join is written once."""
-        if self._unwritten is not None:
-            raise RuntimeError("batched() does not nest")
-        self._unwritten = _Writes()
-        try:
-            yield
-        finally:
-            unwritten, self._unwritten = self._unwritten, None
-            self._write(unwritten)
-
-    def _write(self, writes: _Writes) -> None:
-        """Write `writes` in one WriteBatch (nothing when empty)."""
-        if not writes:
-            return
-        batch = WriteBatch(raw_mode=True)
-        for family, changes in (
-            (None, writes.default),
-            (self._records_handle, writes.records),
-            (self._probes_handle, writes.probes),
-        ):
-            for key, value in changes.items():
-                if value is None:
-                    batch.delete(key, family)
-                else:
-                    batch.put(key, value, family)
-        self._db.write(batch)
-
-    def _no_updates_unwritten(self, doing: str) -> None:
-        if self._unwritten is not None:
-            raise RuntimeError(f"{doing} inside batched()")
 
     def clear(self) -> None:
         """Drop everything (header included): the derived index is about to be rebuilt."""
-        self._no_updates_unwritten("clear")
         self.close()
         Rdict.destroy(str(self.path), self._options.build())
         self._open()
@@ -249,7 +210,6 @@ class RocksState:
         their arrival numbers; pass two reads them back in that order (the keys sort by it),
         `chunk` at a time, and appends them to their buckets and the content map, which thus end
         as incremental apply() would have left them. Into an empty state only."""
-        self._no_updates_unwritten("bulk_load")
         if next(self._record_items(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.path} holds articles (clear() it)")
         self._looked_up, self._content_looked_up = None, (b"", None)
@@ -302,7 +262,7 @@ class RocksState:
             check_header(orjson.loads(stored), expected, str(self.path))
 
     def get(self, article_id: str) -> IndexedArticle | None:
-        seq = self._read(_ARTICLE + article_id.encode())
+        seq = self._db.get(_ARTICLE + article_id.encode())
         if seq is None:
             return None
         found = self._arrived(_SEQ_KEY.unpack(seq)[0])
@@ -318,10 +278,7 @@ class RocksState:
         """The article versions with these arrival numbers, from the cache or one multi-get."""
         found, missing = _from_cache(self._recent, seqs)
         if missing:
-            keys = [_SEQ_KEY.pack(seq) for seq in missing]
-            stored = cast(list[bytes | None], self._records.get(cast(list[Any], keys)))
-            if self._unwritten is not None:
-                stored = _overlaid(self._unwritten.records, keys, stored)
+            stored = cast(list[bytes | None], self._records.get([_SEQ_KEY.pack(seq) for seq in missing]))
             loaded = {
                 seq: self._remember(decode_article(data))
                 for seq, data in zip(missing, stored, strict=True)
@@ -346,19 +303,12 @@ class RocksState:
         """The stored first id of a content; decide() asks for the content apply() then writes."""
         last_hash, last_id = self._content_looked_up
         if content_hash != last_hash:
-            last_id = self._read(_CONTENT + content_hash)
+            last_id = self._db.get(_CONTENT + content_hash)
             self._content_looked_up = (content_hash, last_id)
         return last_id
 
     def band_members(self, key: bytes) -> Sequence[str]:
-        return [a.article_id for a in self._arrivals(_members(self._read(_BAND + key))) if a is not None]
-
-    def _read(self, key: bytes) -> bytes | None:
-        """One key of the default family, as the unwritten updates leave it."""
-        unwritten = self._unwritten
-        if unwritten is not None and key in unwritten.default:
-            return unwritten.default[key]
-        return self._db.get(key)
+        return [a.article_id for a in self._arrivals(_members(self._db.get(_BAND + key))) if a is not None]
 
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[Prospect]:
         """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
@@ -366,8 +316,6 @@ class RocksState:
         merge_buckets."""
         buckets = [_BAND + key for key in keys]
         found = cast(list[bytes | None], self._db.get(cast(list[Any], buckets)))
-        if self._unwritten is not None:
-            found = _overlaid(self._unwritten.default, buckets, found)
         self._looked_up = _LookedUp(keys, buckets, found)
         loops = compiled.loops()
         # one more than the limit: one of them may be the excluded article
@@ -384,10 +332,7 @@ class RocksState:
         found: list[Prospect | None] = list(cached)
         if not missing:
             return found
-        keys = [_SEQ_KEY.pack(seq) for seq in missing]
-        stored = cast(list[bytes | None], self._probes.get(cast(list[Any], keys)))
-        if self._unwritten is not None:
-            stored = _overlaid(self._unwritten.probes, keys, stored)
+        stored = cast(list[bytes | None], self._probes.get([_SEQ_KEY.pack(seq) for seq in missing]))
         loaded: dict[int, Prospect | None] = {}
         unprobed: list[int] = []
         for seq, data in zip(missing, stored, strict=True):
@@ -418,10 +363,7 @@ class RocksState:
         known = {} if last is None else dict(zip(last.keys, last.found, strict=True))
         missing = [key for key in dict.fromkeys(keys) if key not in known]
         if missing:
-            buckets = [_BAND + key for key in missing]
-            found = cast(list[bytes | None], self._db.get(cast(list[Any], buckets)))
-            if self._unwritten is not None:
-                found = _overlaid(self._unwritten.default, buckets, found)
+            found = cast(list[bytes | None], self._db.get([_BAND + key for key in missing]))
             known.update(zip(missing, found, strict=True))
         return {key: known[key] for key in keys}
 
@@ -434,47 +376,44 @@ class RocksState:
         """`record`: encode_article(update.article), when the caller has encoded it already."""
         article = update.article
         seq = _SEQ_KEY.pack(article.seq)
-        writes = _Writes()  # this article's: into the chunk's (batched()) only once all are made
+        batch = WriteBatch(raw_mode=True)
         if update.replaced is None:
-            self._join_buckets(writes, seq, update.keys)
+            self._join_buckets(batch, seq, update.keys)
         else:
-            self._move_between_buckets(writes, update, update.replaced)
-            replaced = _SEQ_KEY.pack(update.replaced.seq)
-            writes.records[replaced] = writes.probes[replaced] = None
+            self._move_between_buckets(batch, update, update.replaced)
+            batch.delete(_SEQ_KEY.pack(update.replaced.seq), self._records_handle)
+            batch.delete(_SEQ_KEY.pack(update.replaced.seq), self._probes_handle)
             self._probe_cache.pop(update.replaced.seq, None)
         self._looked_up = None
         content_hash = article.fingerprint.content_hash
         if self._content_id(content_hash) is None:
-            writes.default[_CONTENT + content_hash] = article.article_id.encode()
+            batch.put(_CONTENT + content_hash, article.article_id.encode())
         self._content_looked_up = (b"", None)  # the write changes it
-        writes.default[_ARTICLE + article.article_id.encode()] = seq
-        writes.records[seq] = record or encode_article(article)
+        batch.put(_ARTICLE + article.article_id.encode(), seq)
+        batch.put(seq, record or encode_article(article), self._records_handle)
         probe = StoredProbe.of(article, self)  # cached below: news clusters want it soon
-        writes.probes[seq] = probe.encode()
+        batch.put(seq, probe.encode(), self._probes_handle)
         next_seq = max(self._seq, article.seq + 1)
-        writes.default[_SEQ] = str(next_seq).encode()
+        batch.put(_SEQ, str(next_seq).encode())
         for key, value in (extra or {}).items():
-            writes.default[_META + key] = value
-        if self._unwritten is None:
-            self._write(writes)
-        else:
-            self._unwritten.update(writes)
+            batch.put(_META + key, value)
+        self._db.write(batch)
         self._seq = next_seq
         self._remember(article)
         self._keep_probe(probe)
 
-    def _join_buckets(self, writes: _Writes, seq: bytes, keys: Sequence[bytes]) -> None:
+    def _join_buckets(self, batch: WriteBatch, seq: bytes, keys: Sequence[bytes]) -> None:
         """A new article joins its buckets: its arrival number appended to each stored one (a new
         number is in no bucket yet)."""
-        last, default = self._looked_up, writes.default
+        last = self._looked_up
         if last is not None and last.keys is keys:  # as decide() read them just before (the stream)
             for bucket, stored in zip(last.buckets, last.found, strict=True):
-                default[bucket] = (stored or b"") + seq
+                batch.put(bucket, (stored or b"") + seq)
             return
         for key, stored in self._look_up(keys).items():
-            default[_BAND + key] = (stored or b"") + seq
+            batch.put(_BAND + key, (stored or b"") + seq)
 
-    def _move_between_buckets(self, writes: _Writes, update: IndexUpdate, old: IndexedArticle) -> None:
+    def _move_between_buckets(self, batch: WriteBatch, update: IndexUpdate, old: IndexedArticle) -> None:
         """A new version of an article: out of its old buckets, into its new ones."""
         touched = list(dict.fromkeys((*update.replaced_keys, *update.keys)))
         buckets = {key: _members(stored) for key, stored in self._look_up(touched).items()}
@@ -484,18 +423,22 @@ class RocksState:
             # exact copies share every band, so the first bucket holds any heir of the content
             members = buckets[update.replaced_keys[0]] if update.replaced_keys else []
             heir = content_heir(old, self._arrivals(members))
-            writes.default[_CONTENT + old.fingerprint.content_hash] = None if heir is None else heir.encode()
+            if heir is None:
+                batch.delete(_CONTENT + old.fingerprint.content_hash)
+            else:
+                batch.put(_CONTENT + old.fingerprint.content_hash, heir.encode())
             self._content_looked_up = (b"", None)
         for key in update.keys:
             if update.article.seq not in buckets[key]:
                 buckets[key].append(update.article.seq)
         for key, members in buckets.items():
-            stored = np.array(members, dtype=_SEQ_DTYPE).tobytes() if members else None
-            writes.default[_BAND + key] = stored  # None: the bucket is empty now
+            if members:
+                batch.put(_BAND + key, np.array(members, dtype=_SEQ_DTYPE).tobytes())
+            else:
+                batch.delete(_BAND + key)
 
     def _record_items(self) -> Iterator[tuple[bytes, bytes]]:
         """(arrival number as stored, record) of every current article version, in arrival order."""
-        self._no_updates_unwritten("reading every record")
         scan = ReadOptions()
         # a scan reads every record once: keep the cache for the lookups (the stubs omit the argument)
         scan.fill_cache(False)  # type: ignore[call-arg]
@@ -510,11 +453,10 @@ class RocksState:
         return sum(1 for _ in self._record_items())
 
     def get_meta(self, key: bytes) -> bytes | None:
-        return self._read(_META + key)
+        return self._db.get(_META + key)
 
     def set_meta(self, values: dict[bytes, bytes], *, durable: bool = False) -> None:
         """`durable`: on disk when this returns, even without a write-ahead log (flushes)."""
-        self._no_updates_unwritten("set_meta")
         batch = WriteBatch(raw_mode=True)
         for key, value in values.items():
             batch.put(_META + key, value)
@@ -523,7 +465,6 @@ class RocksState:
             self._db.flush()
 
     def close(self) -> None:
-        self._no_updates_unwritten("close")
         self._probe_cache.clear()  # each probe refers to this state
         self._db.close()
         # each keeps the database, and its lock, alive
@@ -543,35 +484,6 @@ def _from_cache(cache: OrderedDict[int, T], seqs: Sequence[int]) -> tuple[list[T
             cache.move_to_end(seq)
         found.append(entry)
     return found, missing
-
-
-class _Writes:
-    """The puts (a value) and deletes (None) of one RocksDB write, by column family, in dicts: reads
-    see them before they are written, and the last change of a key is the one written."""
-
-    __slots__ = ("default", "probes", "records")
-
-    def __init__(self) -> None:
-        self.default: dict[bytes, bytes | None] = {}
-        self.records: dict[bytes, bytes | None] = {}
-        self.probes: dict[bytes, bytes | None] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.default or self.records or self.probes)
-
-    def update(self, other: _Writes) -> None:
-        self.default.update(other.default)
-        self.records.update(other.records)
-        self.probes.update(other.probes)
-
-
-def _overlaid(
-    changes: dict[bytes, bytes | None], keys: Sequence[bytes], stored: list[bytes | None]
-) -> list[bytes | None]:
-    """`stored`, the values of `keys` in RocksDB, as the unwritten `changes` leave them."""
-    if not changes:
-        return stored
-    return [changes.get(key, value) for key, value in zip(keys, stored, strict=True)]
 
 
 class _LookedUp(NamedTuple):

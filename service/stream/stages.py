@@ -7,7 +7,6 @@ index: signed record → verdict, applied to the derived index (RocksDB) and to 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import struct
 import time
@@ -36,11 +35,7 @@ _BANDING = struct.Struct(">HH")  # (bands, rows) of the band keys that follow (0
 PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
 ARTICLE_PREFIX = b"a"
 OFFSET_KEY = b"m:applied-offset"
-CLEAN_KEY = b"closed-cleanly-at"
-# Articles from which a batch is applied to the derived index in one RocksDB write (RocksState.batched):
-# in process, chunks of 200 articles took ~0.9x the CPU of writing each article apart, chunks of 10
-# ~1.1x (reads then go through the unwritten updates in Python for little saved).
-BATCHED_WRITE_MIN = 50  # in the derived index: the applied offset it was closed at
+CLEAN_KEY = b"closed-cleanly-at"  # in the derived index: the applied offset it was closed at
 T = TypeVar("T")
 
 
@@ -403,29 +398,22 @@ class IndexStage:
         decided in order, then checkpointed. Never raises for bad input: a message or record that
         cannot be handled comes back as an error with its bytes, for the dead-letter topic."""
         entries: list[EntryOutcome] = []
-        unpacked: list[tuple[int, bytes, list[bytes] | Exception]] = []
+        handled = 0
         for offset, value in messages:
             try:
-                unpacked.append((offset, value, unpack_signed(value)))
+                records = unpack_signed(value)
             except Exception as exc:  # a corrupt internal message must not stop the shard
-                unpacked.append((offset, value, exc))
-        handled = sum(len(records) for _, _, records in unpacked if isinstance(records, list))
-        # A backlog's chunk is written to the derived index in one write; a few articles are written
-        # one by one (see BATCHED_WRITE_MIN).
-        batched = self.index.batched() if handled >= BATCHED_WRITE_MIN else contextlib.nullcontext()
-        with batched:
-            for offset, value, records in unpacked:
-                if isinstance(records, Exception):
-                    entries.append(EntryOutcome.failed(offset, value, records))
-                    records = []
-                for record in records:
-                    try:
-                        result = self.handle(decode_signed(record), offset, now)
-                    except Exception as exc:
-                        entries.append(EntryOutcome.failed(offset, record, exc))
-                        continue
-                    entries.append(EntryOutcome.of(offset, result))
-                self.applied(offset)
+                entries.append(EntryOutcome.failed(offset, value, exc))
+                records = []
+            handled += len(records)
+            for record in records:
+                try:
+                    result = self.handle(decode_signed(record), offset, now)
+                except Exception as exc:
+                    entries.append(EntryOutcome.failed(offset, record, exc))
+                    continue
+                entries.append(EntryOutcome.of(offset, result))
+            self.applied(offset)
         self.checkpoint()
         return BatchOutcome(entries, self.index.next_seq(), handled)
 

@@ -18,7 +18,6 @@ from service.core.lsh import BAND_KEY_BYTES, band_keys
 from service.core.params import DedupParams
 from service.core.signing import fingerprint
 from service.state.rocks import RocksState
-from service.stream import stages
 from service.stream.stages import (
     ARTICLE_PREFIX,
     OFFSET_KEY,
@@ -670,30 +669,3 @@ def test_the_following_run_starts_right_after_the_last_offset_decided() -> None:
     assert following_run(9, messages) == []  # all decided already
     assert following_run(2, messages) == []  # 3 comes first, and it is not among them
     assert following_run(-1, [(0, "a")]) == [(0, "a")]
-
-
-def test_a_backlog_written_in_one_batch_gets_the_verdicts_and_index_of_one_message_at_a_time(
-    shards: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A chunk of BATCHED_WRITE_MIN articles or more is applied to the derived index in one write
-    (RocksState.batched), a smaller one article by article: the same verdicts, records and index."""
-    items = [*HISTORY, *FUTURE] * 3 + [(f"n{i}", PROSE[i % 5] + f" Item {i}.") for i in range(12)]
-    messages = [
-        (offset, pack_signed([encode_signed(signed(article_id, text, offset)) for article_id, text in run]))
-        for offset, run in enumerate(items[i : i + 4] for i in range(0, len(items), 4))
-    ]
-    assert sum(len(unpack_signed(value)) for _, value in messages) >= stages.BATCHED_WRITE_MIN
-    batches: list[int] = []
-    batched = RocksState.batched
-    monkeypatch.setattr(RocksState, "batched", lambda self: batches.append(1) or batched(self))
-    at_once, apart = shards("at-once"), shards("apart")
-    whole = at_once.stage.handle_messages(messages, now=NOW)
-    assert batches == [1]
-    parts = [apart.stage.handle_messages([message], now=NOW) for message in messages]
-    assert batches == [1], "a message of 4 articles is written article by article"
-    assert whole.entries == [entry for part in parts for entry in part.entries]
-    assert {e.kind for e in whole.entries} >= {"unique", "duplicate", "partial"}
-    assert {e.status for e in whole.entries} >= {"new", "redelivered"}
-    assert at_once.records == apart.records
-    assert [a.article_id for a in at_once.state.articles()] == [a.article_id for a in apart.state.articles()]
-    assert whole.indexed == parts[-1].indexed == at_once.state.next_seq()

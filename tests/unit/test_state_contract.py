@@ -179,27 +179,6 @@ def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...])
         reopened.close()
 
 
-def contents(state: RocksState) -> dict[bytes, bytes]:
-    """What the database holds of articles: ids, buckets, contents, records (r) and probes (p)."""
-    small = {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"a", b"b", b"c")}
-    records = {b"r" + bytes(k): bytes(v) for k, v in state._records.items()}
-    return {**small, **records, **{b"p" + bytes(k): bytes(v) for k, v in state._probes.items()}}
-
-
-def texts_with_copies_and_versions(prose: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(id, text): near and exact copies, then new versions, one of the first holder of a content
-    whose copies inherit it."""
-    return [
-        *((f"a{i}", text) for i, text in enumerate(prose)),
-        ("near", prose[0] + " Updated at noon."),
-        ("copy-1", prose[1]),
-        ("copy-2", prose[1]),
-        ("a1", prose[2] + " A corrected version."),  # the first holder of prose[1]'s content
-        ("near", prose[3] + " Reporting by the wire desk."),
-        ("later", prose[1]),
-    ]
-
-
 @pytest.mark.parametrize("chunk", [1, 3, 5_000])
 def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     tmp_path: Path, prose: tuple[str, ...], chunk: int
@@ -217,6 +196,12 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     loaded.open_header(PARAMS.header())
     assert loaded.bulk_load(iter(records), PARAMS.lsh.bands, PARAMS.lsh.rows, chunk=chunk) == len(records)
     try:
+
+        def contents(state: RocksState) -> dict[bytes, bytes]:
+            small = {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"a", b"b", b"c")}
+            records = {b"r" + bytes(k): bytes(v) for k, v in state._records.items()}
+            return {**small, **records, **{b"p" + bytes(k): bytes(v) for k, v in state._probes.items()}}
+
         stored = contents(applied)
         assert stored == contents(loaded)
         assert loaded.next_seq() == applied.next_seq()
@@ -475,89 +460,5 @@ def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, pro
     try:
         with pytest.raises(ValueError, match="empty state"):
             state.bulk_load([("a", encode_article(a))], PARAMS.lsh.bands, PARAMS.lsh.rows)
-    finally:
-        state.close()
-
-
-def seq_key(article: IndexedArticle) -> bytes:
-    return article.seq.to_bytes(8, "big")
-
-
-@pytest.mark.parametrize("split", [1, 4, 100])
-def test_rocks_articles_applied_in_batches_give_the_decisions_and_database_of_one_by_one(
-    tmp_path: Path, prose: tuple[str, ...], split: int
-) -> None:
-    """Inside batched() a chunk's updates reach RocksDB in one write at its end; decisions within it
-    must read them before that (no caches here: records and probes are read through it too)."""
-    one_by_one = RocksState(tmp_path / "one-by-one")
-    batched = RocksState(tmp_path / "batched", RocksOptions(record_cache=0, probe_cache=0))
-    try:
-        for state in (one_by_one, batched):
-            state.open_header(PARAMS.header())
-        texts = texts_with_copies_and_versions(prose)
-        expected = [index(one_by_one, article_id, text).article for article_id, text in texts]
-        got: list[IndexedArticle] = []
-        for start in range(0, len(texts), split):
-            with batched.batched():
-                for article_id, text in texts[start : start + split]:
-                    got.append(index(batched, article_id, text).article)
-                    assert batched._records.get(seq_key(got[-1])) is None  # not written yet
-                # read as probes, as written ones are (not as whole records, a slower way round)
-                prospects = batched.candidates(tuple(keys_of(got[-1])), "", 100)
-                assert got[-1].article_id in [p.article_id for p in prospects]
-                assert all(isinstance(p, rocks.StoredProbe) for p in prospects)
-            assert batched._records.get(seq_key(got[-1])) is not None  # written at the end
-        assert got == expected
-        assert [a.decision.exact for a in got].count(True) >= 2, "exact copies were matched inside batches"
-        assert contents(batched) == contents(one_by_one)
-        assert batched.next_seq() == one_by_one.next_seq() == len(texts)
-    finally:
-        one_by_one.close()
-        batched.close()
-
-
-def test_rocks_batched_keeps_an_article_that_failed_half_way_out(
-    tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    state = RocksState(tmp_path / "state")
-    state.open_header(PARAMS.header())
-    try:
-        with state.batched():
-            index(state, "kept", prose[0])
-            outcome = decide("failed", fingerprint(prose[1], PARAMS), state, PARAMS)
-            assert outcome.update is not None
-            with monkeypatch.context() as patch:  # fails after its buckets and content were updated
-                patch.setattr(rocks.StoredProbe, "of", classmethod(lambda cls, *_: 1 / 0))
-                with pytest.raises(ZeroDivisionError):
-                    state.apply(outcome.update)
-            assert state.get("failed") is None
-        assert [a.article_id for a in state.articles()] == ["kept"]
-        assert state.id_for_content(outcome.article.fingerprint.content_hash) is None
-        assert all(list(state.band_members(key)) == [] for key in outcome.update.keys)
-    finally:
-        state.close()
-
-
-def test_rocks_batched_refuses_what_would_skip_or_lose_its_updates(
-    tmp_path: Path, prose: tuple[str, ...]
-) -> None:
-    state = RocksState(tmp_path / "state")
-    state.open_header(PARAMS.header())
-    try:
-        with state.batched():
-            index(state, "a", prose[0])
-            for refused in (
-                state.batched().__enter__,
-                lambda: state.set_meta({b"k": b"v"}),
-                state.count,
-                lambda: list(state.articles()),
-                state.close,
-                state.clear,
-            ):
-                with pytest.raises(RuntimeError, match="batched"):
-                    refused()
-        assert state.count() == 1
-        state.set_meta({b"k": b"v"})
-        assert state.get_meta(b"k") == b"v"
     finally:
         state.close()
