@@ -541,9 +541,9 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
             flush=True,
         )
 
+        prepared = prepare(args, articles)  # before the profile: it records the phase from its start
         if args.profile and args.profile_phase == "latency":
             worker.profile(Path(args.profile) / f"worker-{rep}-latency.txt", args.profile_seconds)
-        prepared = prepare(args, articles)
         latency_start = cpu_mark_now(worker.proc.pid)
         await latency_phase(args, settings, prepared, verdicts, result)
         latency_used, latency_busy = cpu_between(latency_start, cpu_mark_now(worker.proc.pid))
