@@ -43,6 +43,7 @@ class Settings:
     web_port: int = 6066
     sign_batch: int = 200
     sign_processes: int = 1
+    sign_nice: int = 10
     index_process: int = 1
     index_handoff: int = 1
     record_cache: int = 20_000
@@ -88,8 +89,9 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
-        if not 0 <= self.rocksdb_nice <= 19:
-            raise ConfigError(f"NEARDUP_ROCKSDB_NICE must be in 0..19, got {self.rocksdb_nice}")
+        for name in ("rocksdb_nice", "sign_nice"):
+            if not 0 <= getattr(self, name) <= 19:
+                raise ConfigError(f"NEARDUP_{name.upper()} must be in 0..19, got {getattr(self, name)}")
         for name in ("gc_freeze_every", "record_cache", "probe_cache", "sign_processes"):  # 0 turns each off
             if getattr(self, name) < 0:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 0, got {getattr(self, name)}")

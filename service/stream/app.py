@@ -329,7 +329,7 @@ def create_app(
     runtime = Runtime(
         settings,
         metrics,
-        Signer(SignStage(params, settings.max_text_bytes), settings.sign_processes),
+        Signer(SignStage(params, settings.max_text_bytes), settings.sign_processes, settings.sign_nice),
         CollectorPolicy(settings.gc_freeze_every),
         Decider(
             params,

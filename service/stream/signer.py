@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import BinaryIO
 
 from ..core.params import DedupParams
@@ -30,9 +31,9 @@ class _Helper:
         self.child = child
 
     @classmethod
-    async def start(cls, stage: SignStage) -> _Helper:
+    async def start(cls, stage: SignStage, nice: int) -> _Helper:
         # answered once the helper is ready
-        return cls(await Child.start("service.stream.signer", (stage.params, stage.max_text_bytes)))
+        return cls(await Child.start("service.stream.signer", (stage.params, stage.max_text_bytes, nice)))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         wire: list[_Wire] = [
@@ -47,11 +48,16 @@ class _Helper:
 class Signer:
     """Signs batches in `processes` helpers (0: in the calling process), results in input order.
     A helper that fails is replaced and the batch signed again; if that fails too, the batch is
-    signed in-process, so input never stalls on a broken helper."""
+    signed in-process, so input never stalls on a broken helper.
 
-    def __init__(self, stage: SignStage, processes: int) -> None:
+    `nice`: niceness the helpers add to their own. Signing can run on any core while deciding is
+    one serial process: on a saturated machine the helpers then yield the CPU to the decider and
+    sign in larger batches meanwhile (tests/benchmarks/RESULTS.md has what it gains)."""
+
+    def __init__(self, stage: SignStage, processes: int, nice: int = 0) -> None:
         self.stage = stage
         self.processes = processes
+        self.nice = nice
         self._helpers: list[_Helper] = []
         # The worker warms up at start while the first batch may already be signing: without the
         # lock both started helpers, and a worker asked for one ran two.
@@ -61,7 +67,7 @@ class Signer:
         """Start the helpers now (each imports numpy and the core, ~1 s), not on the first article."""
         async with self._starting:
             while len(self._helpers) < self.processes:
-                self._helpers.append(await _Helper.start(self.stage))
+                self._helpers.append(await _Helper.start(self.stage, self.nice))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         if self.processes == 0 or not items:
@@ -104,12 +110,14 @@ class Signer:
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The helper's loop: the first frame is (params, max_text_bytes), then batches until EOF."""
+    """The helper's loop: the first frame is (params, max_text_bytes, nice), then batches until EOF."""
     first = read_frame(requests)
     if first is None:
         return
-    assert isinstance(first, tuple) and isinstance(first[0], DedupParams), "expected (params, limit)"
+    assert isinstance(first, tuple) and isinstance(first[0], DedupParams), "expected (params, limit, nice)"
     stage = SignStage(first[0], int(first[1]))
+    if first[2]:
+        os.nice(int(first[2]))
     write_frame(answers, "ready")
     while (batch := read_frame(requests)) is not None:
         results = []

@@ -99,6 +99,8 @@ def test_several_brokers() -> None:
         ("NEARDUP_INDEX_HANDOFF", "2", "NEARDUP_INDEX_HANDOFF"),
         ("NEARDUP_ROCKSDB_NICE", "20", "NEARDUP_ROCKSDB_NICE"),
         ("NEARDUP_ROCKSDB_NICE", "-1", "NEARDUP_ROCKSDB_NICE"),
+        ("NEARDUP_SIGN_NICE", "20", "NEARDUP_SIGN_NICE"),
+        ("NEARDUP_SIGN_NICE", "-3", "NEARDUP_SIGN_NICE"),
         ("NEARDUP_SECURITY_PROTOCOL", "TLS", "NEARDUP_SECURITY_PROTOCOL"),
         ("NEARDUP_THRESHOLD", "1.5", "threshold"),
         ("NEARDUP_THRESHOLD", "0", "threshold"),

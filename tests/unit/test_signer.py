@@ -129,3 +129,17 @@ async def test_helper_pipes_hold_a_whole_sign_batch(pooled: Signer) -> None:
         assert widen_pipe(not_a_pipe) == 0  # left as it is
     finally:
         os.close(not_a_pipe)
+
+
+async def test_helpers_run_at_the_niceness_they_are_given() -> None:
+    """On a busy machine the helpers yield the CPU to the serial decider (NEARDUP_SIGN_NICE)."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    for nice in (0, 7):
+        signer = Signer(STAGE, processes=1, nice=nice)
+        try:
+            batch = items(20)
+            assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
+            [pid] = signer.helper_pids
+            assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, own + nice)
+        finally:
+            signer.close()
