@@ -43,7 +43,7 @@ class Settings:
     web_port: int = 6066
     sign_batch: int = 200
     sign_processes: int = 1
-    sign_nice: int = 10
+    sign_nice: int = 0
     index_process: int = 1
     index_handoff: int = 1
     record_cache: int = 20_000

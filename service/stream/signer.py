@@ -52,7 +52,8 @@ class Signer:
 
     `nice`: niceness the helpers add to their own. Signing can run on any core while deciding is
     one serial process: on a saturated machine the helpers then yield the CPU to the decider and
-    sign in larger batches meanwhile (tests/benchmarks/RESULTS.md has what it gains)."""
+    sign in larger batches meanwhile. They yield to every other process too, which costs where
+    other busy processes share the CPU group (tests/benchmarks/RESULTS.md has both)."""
 
     def __init__(self, stage: SignStage, processes: int, nice: int = 0) -> None:
         self.stage = stage
