@@ -367,6 +367,25 @@ def test_rocks_candidates_are_probes_that_verify_as_their_records_would(
         state.close()
 
 
+def test_rocks_probe_cache_is_not_reordered_by_hits(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    """The probe cache drops the probe stored or read back longest ago, however recently it was a
+    candidate: no reordering on the decider's hot path."""
+    state = RocksState(tmp_path / "db", RocksOptions(probe_cache=3))
+    state.open_header(PARAMS.header())
+    try:
+        cluster_with_a_replacement(state, prose)  # arrivals 0-6; c3's first version (3) replaced
+        assert list(state._probe_cache) == [4, 5, 6]
+        [hit] = state._prospects([4])
+        assert hit is not None and hit.article_id == "c4"
+        index(state, "late", prose[1])  # arrival 7
+        assert list(state._probe_cache) == [5, 6, 7]
+        [read_back] = state._prospects([4])  # from RocksDB now, and cached again
+        assert read_back is not None and as_prospect(read_back) == as_prospect(hit)
+        assert list(state._probe_cache) == [6, 7, 4]
+    finally:
+        state.close()
+
+
 def test_rocks_articles_indexed_without_probes_are_read_whole(tmp_path: Path, prose: tuple[str, ...]) -> None:
     """A state written before probes were stored: its candidates come from the records, the same."""
     state = RocksState(tmp_path / "db", RocksOptions(probe_cache=2))
