@@ -87,8 +87,8 @@ class RocksOptions:
     # Decoded article records kept in memory, read again for exact copies, re-deliveries and
     # replays; a miss costs a read and a decode (~25 µs). Candidates are read as probes (below).
     record_cache: int = 20_000
-    # Candidates' probes kept in memory (~0.8 KB each with their objects), the latest arrivals:
-    # a multi-get of tens of them from RocksDB costs more than scoring them.
+    # Candidates' probes kept in memory (~0.8 KB each with their objects), the latest stored or read
+    # back: a multi-get of tens of them from RocksDB costs more than scoring them.
     probe_cache: int = 100_000
 
     def block_cache(self) -> Cache:
