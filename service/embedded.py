@@ -18,9 +18,10 @@ from typing import BinaryIO
 import orjson
 
 from .core.params import DedupParams
+from .core.retention import NO_RETENTION, Retention
 from .core.signing import EmptyText
 from .engine import Engine
-from .messages import InvalidMessage, dead_letter_dict, decode_article, dumps, verdict_dict
+from .messages import Deletion, InvalidMessage, dead_letter_dict, decode_article, dumps, verdict_dict
 from .state.port import StateStore
 
 DEFAULT_MAX_TEXT_BYTES = 1_000_000
@@ -35,14 +36,24 @@ class RunSummary:
     dead_letters: Counter[str] = field(default_factory=Counter)
     resumed_from_line: int = 0
     seconds: float = 0.0
+    deleted: int = 0
+    unknown_deletes: int = 0
+    expired: int = 0
+    refused_times: int = 0
 
     def render(self) -> str:
         rate = self.articles / self.seconds if self.seconds > 0 else 0.0
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(self.verdicts.items())) or "none"
         dead = ", ".join(f"{k}={v}" for k, v in sorted(self.dead_letters.items())) or "none"
         resumed = f" (resumed at line {self.resumed_from_line + 1})" if self.resumed_from_line else ""
+        removed = ""
+        if self.deleted or self.unknown_deletes or self.expired or self.refused_times:
+            removed = (
+                f"; deleted={self.deleted} unknown_deletes={self.unknown_deletes} "
+                f"expired={self.expired} refused_times={self.refused_times}"
+            )
         return (
-            f"articles={self.articles}{resumed} verdicts: {kinds}; dead letters: {dead}; "
+            f"articles={self.articles}{resumed} verdicts: {kinds}; dead letters: {dead}{removed}; "
             f"{self.seconds:.2f}s, {rate:,.0f} articles/s"
         )
 
@@ -82,9 +93,12 @@ def run_file(
     dead_letter_path: Path | None = None,
     max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
     progress: bool = False,
+    retention: Retention = NO_RETENTION,
 ) -> RunSummary:
-    """Process a JSON-lines file of articles into a JSON-lines file of verdicts."""
-    engine = Engine(state, params)
+    """Process a JSON-lines file of articles into a JSON-lines file of verdicts. A line
+    `{"id": ..., "deleted": true}` deletes an article: the verdict file gets
+    `{"article_id": ..., "deleted": true}` in its place (a deletion of an unknown id is counted)."""
+    engine = Engine(state, params, retention)
     summary = RunSummary()
     started = time.perf_counter()
     progress_key = _PROGRESS_KEY + str(input_path.resolve()).encode()
@@ -112,7 +126,13 @@ def run_file(
             summary.articles += 1
             try:
                 article = decode_article(body, max_text_bytes)
-                record = engine.process(article.article_id, article.text, None)
+                if isinstance(article, Deletion):
+                    _delete(engine, article.article_id, out, summary)
+                    record = None
+                else:
+                    record = engine.process(
+                        article.article_id, article.text, published_at=article.published_at
+                    )
             except InvalidMessage as exc:
                 _write_dead(dead, exc.reason, exc.detail, body, input_path, line_no, summary)
                 record = None
@@ -128,8 +148,21 @@ def run_file(
             state.set_meta({progress_key: orjson.dumps(mark)})
             bar.update(in_offset, summary.articles)
     bar.update(in_offset, summary.articles, final=True)
+    state.compact()
     summary.seconds = time.perf_counter() - started
+    summary.expired = sum(engine.counts.expired)
+    summary.refused_times = engine.counts.refused_times
     return summary
+
+
+def _delete(engine: Engine, article_id: str, out: BinaryIO, summary: RunSummary) -> None:
+    """A deletion: its line in the verdict file (the tombstone of a compacted topic), or counted
+    when the id is unknown."""
+    if engine.delete(article_id) is None:
+        summary.unknown_deletes += 1
+        return
+    out.write(dumps({"article_id": article_id, "deleted": True}) + b"\n")
+    summary.deleted += 1
 
 
 class ResumeMismatch(RuntimeError):

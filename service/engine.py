@@ -1,27 +1,118 @@
-"""The two stages joined in one process, over any StateStore: the embedded mode's engine."""
+"""fingerprint → decide → apply → expire over any StateStore: the one engine of embedded mode,
+evaluation and the worker's index stage."""
 
 from __future__ import annotations
 
-from .core.dedup import IndexedArticle, decide
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .core.dedup import IndexedArticle, Outcome, decide
 from .core.params import DedupParams
-from .core.signing import fingerprint
+from .core.retention import NO_RETENTION, Retention, event_time
+from .core.signing import Fingerprint, fingerprint
 from .state.port import StateStore
 
 
-class Engine:
-    """sign → decide → apply, for callers that hold the whole pipeline (CLI, tests, benchmarks)."""
+@dataclass
+class EngineCounts:
+    """What the engine did beside deciding, for the summary and the metrics."""
 
-    def __init__(self, state: StateStore, params: DedupParams) -> None:
+    refused_times: int = 0  # published_at present but unparseable or too far ahead: not used
+    unknown_deletes: int = 0  # deletes of ids the index does not hold
+    expired: list[int] = field(default_factory=list)  # articles removed by each expiry pass
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """One article through the engine: its outcome, and the articles an expiry pass removed."""
+
+    outcome: Outcome
+    expired: list[IndexedArticle]
+
+
+class Engine:
+    """The index side of the pipeline, and sign → index for callers that hold the text."""
+
+    def __init__(self, state: StateStore, params: DedupParams, retention: Retention = NO_RETENTION) -> None:
         state.open_header(params.header())
         self.state = state
         self.params = params
+        self.retention = retention
+        self.counts = EngineCounts()
 
-    def process(self, article_id: str, text: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle:
-        """Verdict-bearing record for one article; raises signing.EmptyText for empty texts."""
+    def process(
+        self,
+        article_id: str,
+        text: str,
+        extra: dict[bytes, bytes] | None = None,
+        *,
+        published_at: str | None = None,
+    ) -> IndexedArticle:
+        """Verdict-bearing record for one article; raises signing.EmptyText for empty texts. Its
+        time (embedded mode): `published_at` when valid and not ahead of the clock, else the newest
+        valid time seen so far, else now."""
         fp = fingerprint(text, self.params)
-        outcome = decide(article_id, fp, self.state, self.params)
+        now_ms = round(time.time() * 1000)
+        newest = self.state.counts.newest_ms
+        fallback = now_ms if newest is None else newest
+        return self.index(article_id, fp, self.article_time(published_at, now_ms, fallback), extra=extra)
+
+    def article_time(self, published_at: str | None, reference_ms: int, fallback_ms: int) -> int:
+        stamp = event_time(published_at, reference_ms, fallback_ms, self.retention.skew_ms)
+        if stamp.refused:
+            self.counts.refused_times += 1
+        return stamp.time_ms
+
+    def index(
+        self,
+        article_id: str,
+        fp: Fingerprint,
+        time_ms: int,
+        keys: Sequence[bytes] | None = None,
+        extra: dict[bytes, bytes] | None = None,
+        record: bytes | None = None,
+    ) -> IndexedArticle:
+        """Decide about a signed article and apply it; see `index_outcome`."""
+        return self.index_outcome(article_id, fp, time_ms, keys, extra, record).outcome.article
+
+    def index_outcome(
+        self,
+        article_id: str,
+        fp: Fingerprint,
+        time_ms: int,
+        keys: Sequence[bytes] | None = None,
+        extra: dict[bytes, bytes] | None = None,
+        record: bytes | None = None,
+    ) -> Indexed:
+        """Decide, apply (with `extra` metadata in the same write), then expire what the window
+        leaves behind. An article already older than the window is still decided (against what
+        is held) and then expires with the next pass."""
+        cutoff = self.retention.cutoff(self._newest(time_ms))
+        outcome = decide(article_id, fp, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
-            self.state.apply(outcome.update, extra)
+            self.state.apply(outcome.update, extra, record=record)
         elif extra:
             self.state.set_meta(extra)
-        return outcome.article
+        return Indexed(outcome, self.expire_due())
+
+    def _newest(self, time_ms: int) -> int:
+        newest = self.state.counts.newest_ms
+        return time_ms if newest is None else max(newest, time_ms)
+
+    def expire_due(self) -> list[IndexedArticle]:
+        """An expiry pass when the cutoff has moved far enough since the last one."""
+        counts = self.state.counts
+        cutoff = self.retention.cutoff(counts.newest_ms)
+        if cutoff is None or not self.retention.due(cutoff, counts.expired_before_ms):
+            return []
+        removed = self.state.expire(cutoff)
+        self.counts.expired.append(len(removed))
+        return removed
+
+    def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
+        """Delete an article; None (and counted) when the index does not hold it."""
+        removed = self.state.delete(article_id, extra)
+        if removed is None:
+            self.counts.unknown_deletes += 1
+        return removed

@@ -50,8 +50,32 @@ class Article:
     language: str | None = None
 
 
-def decode_article(raw: bytes | None, max_text_bytes: int) -> Article:
-    """Bytes → Article, or InvalidMessage naming the reason and the offending field."""
+@dataclass(frozen=True)
+class Deletion:
+    """A request to delete an article: a tombstone on the input topic (key = id, no value), or
+    `{"id": "...", "deleted": true}`."""
+
+    article_id: str
+
+
+def decode_message(raw: bytes | None, key: bytes | None, max_text_bytes: int) -> Article | Deletion:
+    """An input message: an article, or a deletion. InvalidMessage names what is wrong."""
+    if raw is None:
+        if not key:
+            raise InvalidMessage("invalid_json", "tombstone without a key: no article id to delete")
+        try:
+            article_id = key.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidMessage("invalid_utf8", f"tombstone key, byte {exc.start}: {exc.reason}") from exc
+        if len(article_id) > MAX_ID_LENGTH:
+            raise InvalidMessage("schema_violation", f"tombstone key is longer than {MAX_ID_LENGTH}")
+        return Deletion(article_id)
+    return decode_article(raw, max_text_bytes)
+
+
+def decode_article(raw: bytes | None, max_text_bytes: int) -> Article | Deletion:
+    """Bytes → Article (or Deletion for `{"id": ..., "deleted": true}`), or InvalidMessage naming
+    the reason and the offending field."""
     if raw is None:
         raise InvalidMessage("invalid_json", "message has no value (tombstone)")
     if len(raw) > max_text_bytes + 64 * 1024:
@@ -67,13 +91,20 @@ def decode_article(raw: bytes | None, max_text_bytes: int) -> Article:
     return article_from_dict(data, max_text_bytes)
 
 
-def article_from_dict(data: Any, max_text_bytes: int) -> Article:
+def article_from_dict(data: Any, max_text_bytes: int) -> Article | Deletion:
     if not isinstance(data, dict):
         raise InvalidMessage("schema_violation", f"article must be an object, got {type(data).__name__}")
     article_id = data.get("id")
     if not isinstance(article_id, str) or not article_id or len(article_id) > MAX_ID_LENGTH:
         raise InvalidMessage(
             "schema_violation", f"field 'id' must be a string of 1..{MAX_ID_LENGTH} characters"
+        )
+    deleted = data.get("deleted")
+    if deleted is True:
+        return Deletion(article_id)
+    if deleted is not None and deleted is not False:
+        raise InvalidMessage(
+            "schema_violation", f"field 'deleted' must be true or false (article {article_id!r})"
         )
     text = data.get("text")
     if not isinstance(text, str):

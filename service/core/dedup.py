@@ -56,19 +56,32 @@ class Decision:
 
 @dataclass(frozen=True, eq=False)
 class IndexedArticle:
-    """One indexed article version: its fingerprint, its order of arrival, and its decision."""
+    """One indexed article version: its fingerprint, its order of arrival, its decision, the band
+    keys it was indexed under (so that it can be taken out again without its signature), its event
+    time (what retention compares), and its cluster: the arrival number and id of the cluster's
+    first article (-1 and "": the article is its own)."""
 
     article_id: str
     version: int
     seq: int
     fingerprint: Fingerprint
     decision: Decision
+    keys: tuple[bytes, ...] = ()
+    time_ms: int = 0
+    cluster: int = -1
+    cluster_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cluster < 0:
+            object.__setattr__(self, "cluster", self.seq)
+            object.__setattr__(self, "cluster_id", self.article_id)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, IndexedArticle)
-            and (self.article_id, self.version, self.seq, self.decision)
-            == (other.article_id, other.version, other.seq, other.decision)
+            and (self.article_id, self.version, self.seq, self.decision, self.keys, self.time_ms)
+            == (other.article_id, other.version, other.seq, other.decision, other.keys, other.time_ms)
+            and (self.cluster, self.cluster_id) == (other.cluster, other.cluster_id)
             and self.fingerprint == other.fingerprint
         )
 
@@ -84,6 +97,12 @@ class IndexedArticle:
     @property
     def canonical_id(self) -> str:
         return self.decision.canonical_id
+
+    @property
+    def in_buckets(self) -> bool:
+        """An exact copy stays out of the buckets: the article that first had its content is
+        there under the same band keys, and stands for every copy."""
+        return not self.decision.exact
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -133,6 +152,15 @@ class Prospect(Protocol):
     def canonical_id(self) -> str: ...
 
     @property
+    def cluster(self) -> int: ...
+
+    @property
+    def cluster_id(self) -> str: ...
+
+    @property
+    def time_ms(self) -> int: ...
+
+    @property
     def fingerprint(self) -> Fingerprint: ...
 
 
@@ -141,7 +169,14 @@ class StateReader(Protocol):
 
     def get(self, article_id: str) -> IndexedArticle | None: ...
 
-    def id_for_content(self, content_hash: bytes) -> str | None: ...
+    def holder_of(self, content_hash: bytes) -> IndexedArticle | None:
+        """The indexed article that stands for this content (the earliest one still held)."""
+        ...
+
+    def head_of(self, cluster: int) -> str | None:
+        """The id of the cluster's earliest surviving article when its first one is gone (deleted,
+        expired or replaced); None while the first one is held."""
+        ...
 
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> Sequence[Prospect]:
         """The distinct articles in the band buckets `keys`, but `exclude`, in order of first
@@ -157,9 +192,13 @@ def decide(
     state: StateReader,
     params: DedupParams,
     keys: Sequence[bytes] | None = None,
+    time_ms: int = 0,
+    not_before_ms: int | None = None,
 ) -> Outcome:
     """Decide about one article; never names the article itself as its own duplicate. `keys`: the
-    article's band keys when the caller has them (band_keys of its signature), else computed here."""
+    article's band keys when the caller has them (band_keys of its signature), else computed here.
+    `time_ms`: its event time, stored for retention; `not_before_ms`: the retention cutoff, before
+    which an article is never a match even while it waits for the next expiry pass."""
     existing = state.get(article_id)
     if existing is not None and existing.fingerprint.content_hash == fp.content_hash:
         return Outcome(existing, None)
@@ -167,30 +206,46 @@ def decide(
     keys = (
         tuple(keys) if keys is not None else tuple(band_keys(fp.signature, params.lsh.bands, params.lsh.rows))
     )
-    decision = _exact_match(article_id, fp, state) or _verified_match(article_id, fp, keys, state, params)
+    seq = state.next_seq()
+    decision, cluster, cluster_id = _exact_match(article_id, fp, state, not_before_ms) or _verified_match(
+        article_id, seq, fp, keys, state, params, not_before_ms
+    )
     article = IndexedArticle(
         article_id=article_id,
         version=0 if existing is None else existing.version + 1,
-        seq=state.next_seq(),
+        seq=seq,
         fingerprint=fp,
         decision=decision,
+        keys=keys,
+        time_ms=time_ms,
+        cluster=cluster,
+        cluster_id=cluster_id,
     )
-    replaced_keys: tuple[bytes, ...] = ()
-    if existing is not None:
-        old = existing.fingerprint.signature
-        replaced_keys = tuple(band_keys(old, params.lsh.bands, params.lsh.rows))
+    replaced_keys = () if existing is None else existing.keys
     return Outcome(article, IndexUpdate(article, keys, existing, replaced_keys))
 
 
-def _exact_match(article_id: str, fp: Fingerprint, state: StateReader) -> Decision | None:
-    first_id = state.id_for_content(fp.content_hash)
-    if first_id is None or first_id == article_id:
+Matched = tuple[Decision, int, str]  # the decision, and the cluster it puts the article in
+
+
+def canonical_of(state: StateReader, member: Prospect) -> str:
+    """The canonical article of `member`'s cluster: its first article, or when that one is gone,
+    the earliest member still held (the cluster is handed on, never lost with its first article)."""
+    return state.head_of(member.cluster) or member.cluster_id
+
+
+def _exact_match(
+    article_id: str, fp: Fingerprint, state: StateReader, not_before_ms: int | None
+) -> Matched | None:
+    first = state.holder_of(fp.content_hash)
+    if first is None or first.article_id == article_id:
         return None
-    first = state.get(first_id)
-    if first is None:
+    if not_before_ms is not None and first.time_ms < not_before_ms:
         return None
-    match = Candidate(first_id, 1.0, 1.0, 1.0)
-    return Decision("duplicate", first_id, 1.0, 1.0, 1.0, first.decision.canonical_id, True, (match,))
+    match = Candidate(first.article_id, 1.0, 1.0, 1.0)
+    canonical = canonical_of(state, first)
+    decision = Decision("duplicate", first.article_id, 1.0, 1.0, 1.0, canonical, True, (match,))
+    return decision, first.cluster, first.cluster_id
 
 
 def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
@@ -322,18 +377,24 @@ def _ranked(
 
 def _verified_match(
     article_id: str,
+    seq: int,
     fp: Fingerprint,
     keys: Sequence[bytes],
     state: StateReader,
     params: DedupParams,
-) -> Decision:
+    not_before_ms: int | None,
+) -> Matched:
     others = state.candidates(keys, article_id, params.max_candidates)
+    if not_before_ms is not None:
+        others = [other for other in others if other.time_ms >= not_before_ms]
     if not others:
-        return Decision("unique", None, None, None, None, article_id, False, ())
+        return Decision("unique", None, None, None, None, article_id, False, ()), seq, article_id
     top, match = rank(fp, others, params)
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
     kept = tuple(Candidate(others[i].article_id, j, a, b) for i, j, a, b in top)
     if match is None:
-        return Decision("unique", None, None, None, None, article_id, False, kept)
+        return Decision("unique", None, None, None, None, article_id, False, kept), seq, article_id
     kind, i, j, a, b = match
-    return Decision(kind, others[i].article_id, j, a, b, others[i].canonical_id, False, kept)
+    other = others[i]
+    canonical = canonical_of(state, other)
+    return Decision(kind, other.article_id, j, a, b, canonical, False, kept), other.cluster, other.cluster_id

@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from ..core.dedup import IndexedArticle, IndexUpdate, StateReader
+from .index import Counts, IndexStats
 
 
 class StateStore(StateReader, Protocol):
-    """A store of indexed articles, band buckets and the exact-content map, with a parameter header."""
+    """Indexed articles, band buckets, content map and clusters, with a parameter header."""
+
+    counts: Counts
 
     def band_members(self, key: bytes) -> Sequence[str]:
         """The article ids of one bucket, in the order they joined it; for tools and tests."""
         ...
 
-    def apply(self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None) -> None:
-        """Apply one update atomically, with optional extra keys (e.g. consumed offsets)."""
+    def apply(
+        self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
+    ) -> None:
+        """Apply one update atomically, with optional extra keys (e.g. consumed offsets); `record`:
+        the article's encoded record when the caller has it."""
+        ...
+
+    def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
+        """Delete an article, atomically with `extra`; None when it is not held."""
+        ...
+
+    def expire(self, cutoff_ms: int) -> list[IndexedArticle]:
+        """Remove the articles older than `cutoff_ms`; returns them."""
         ...
 
     def open_header(self, expected: dict[str, Any]) -> None:
@@ -27,21 +41,12 @@ class StateStore(StateReader, Protocol):
 
     def count(self) -> int: ...
 
+    def stats(self, *, full: bool = False) -> IndexStats: ...
+
     def get_meta(self, key: bytes) -> bytes | None: ...
 
     def set_meta(self, values: dict[bytes, bytes]) -> None: ...
 
+    def compact(self) -> None: ...
+
     def close(self) -> None: ...
-
-
-def content_heir(old: IndexedArticle, others: Iterable[IndexedArticle | None]) -> str | None:
-    """The article that takes over `old`'s content in the content map when `old` is replaced: the
-    earliest remaining article with the same content, as a rebuild from the records would choose."""
-    same = [
-        other
-        for other in others
-        if other is not None
-        and other.article_id != old.article_id
-        and other.fingerprint.content_hash == old.fingerprint.content_hash
-    ]
-    return min(same, key=lambda a: a.seq).article_id if same else None

@@ -1,0 +1,104 @@
+"""Event time and the retention window: which time an article counts under, and what has expired.
+
+An article's time is its `published_at` when that parses and is not ahead of the reference clock
+(the Kafka record timestamp in the worker, the wall clock in embedded mode) by more than an allowed
+skew; otherwise a fallback the caller supplies. Articles older than the newest time seen minus the
+window expire. Only accepted times move the newest time, so one article stamped 2099 cannot expire
+the whole index, and a file of last year's news expires by its own dates.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+# RFC 3339: a full date, "T" or a space, a time, and an offset ("Z" or ±hh:mm) that it requires
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$",
+)
+
+
+def parse_duration_ms(text: str) -> int:
+    """`30d`, `12h`, `90m`, `45s`, `2w` (a bare number: seconds) → milliseconds; `0` → 0."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (expected e.g. 30d, 12h, 90m, 45s, or 0)")
+    number, unit = match.groups()
+    return round(float(number) * _UNITS_MS[unit or "s"])
+
+
+def format_duration_ms(value: int) -> str:
+    """The shortest exact unit: 2592000000 → '30d'; 0 → '0'."""
+    if value == 0:
+        return "0"
+    for unit in ("w", "d", "h", "m", "s"):
+        if value % _UNITS_MS[unit] == 0:
+            return f"{value // _UNITS_MS[unit]}{unit}"
+    return f"{value / 1000:g}s"
+
+
+def parse_rfc3339_ms(text: str) -> int | None:
+    """Milliseconds since the epoch, or None when `text` is not an RFC 3339 date-time."""
+    if not isinstance(text, str) or _RFC3339.match(text) is None:
+        return None
+    try:
+        stamp = datetime.fromisoformat(text.replace("z", "Z").replace("t", "T"))
+    except ValueError:
+        return None
+    return round(stamp.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class EventTime:
+    """The time an article counts under, and whether its `published_at` was refused (present, but
+    unparseable or too far ahead of the reference clock)."""
+
+    time_ms: int
+    refused: bool
+
+
+def event_time(published_at: str | None, reference_ms: int, fallback_ms: int, skew_ms: int) -> EventTime:
+    """`published_at` when valid and at most `skew_ms` ahead of `reference_ms`, else `fallback_ms`."""
+    if published_at is None:
+        return EventTime(fallback_ms, False)
+    stamp = parse_rfc3339_ms(published_at)
+    if stamp is None or stamp > reference_ms + skew_ms:
+        return EventTime(fallback_ms, True)
+    return EventTime(stamp, False)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """The window (0: keep forever) and how far apart expiry passes run: expiry walks the oldest
+    arrivals by time, and running it for every article would cost a scan start each time."""
+
+    window_ms: int = 0
+    skew_ms: int = 10 * 60_000
+
+    @property
+    def enabled(self) -> bool:
+        return self.window_ms > 0
+
+    @property
+    def step_ms(self) -> int:
+        """Expiry runs when the cutoff has moved by this much: 1/1000 of the window, at least 1 s."""
+        return max(1000, self.window_ms // 1000)
+
+    def cutoff(self, newest_ms: int | None) -> int | None:
+        """Articles with a time before this have expired (None: nothing expires)."""
+        if not self.enabled or newest_ms is None:
+            return None
+        return newest_ms - self.window_ms
+
+    def due(self, cutoff_ms: int | None, last_cutoff_ms: int | None) -> bool:
+        """Whether an expiry pass should run for `cutoff_ms`, the last one having run for
+        `last_cutoff_ms`."""
+        if cutoff_ms is None:
+            return False
+        return last_cutoff_ms is None or cutoff_ms - last_cutoff_ms >= self.step_ms
+
+
+NO_RETENTION = Retention()  # keep forever

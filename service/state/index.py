@@ -1,0 +1,670 @@
+"""The LSH index over an ordered key-value store: one implementation, two stores (memory, RocksDB).
+
+Key layout (one-byte prefixes in the main family; seqs, the arrival numbers, are 8 bytes big-endian
+so that keys sort in arrival order):
+
+- ``a<id>`` → seq of the article's current version
+- ``b<band key>`` → the seqs of the bucket's latest members, at most ``bucket_cap`` of them: a
+  bucket never grows past a small fixed size, so adding a member rewrites at most that many bytes
+  and a lookup reads at most that many, however large the story's cluster
+- ``c<content hash>`` → seq of the article that stands for this content (its holder, in the buckets)
+- ``x<content hash><seq>`` → exact copies of a held content: out of the buckets (the holder stands
+  for them), kept so that the next one takes over when the holder goes
+- ``k<cluster seq><seq>`` → id: the members of a cluster, in arrival order
+- ``h<cluster seq>`` → seq and id of the cluster's earliest surviving member, once its first is gone
+- ``t<time><seq>`` → the arrivals by event time: expiry walks them from the oldest
+- ``m<name>`` → metadata (header, next seq, counters, offsets)
+
+and the records, one per article version, in a family of their own keyed by seq (records.py).
+Every change is one write batch: a crash leaves all of it or none.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, cast
+
+import numpy as np
+import orjson
+
+from ..core import compiled
+from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
+from ..core.params import IncompatibleState, check_header
+from .records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
+
+ARTICLE, BAND, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"b", b"c", b"x", b"k", b"h", b"t", b"m"
+SEQ = struct.Struct(">Q")
+_TIME_BIAS = 1 << 63  # event times may be negative (before 1970): biased so they sort as unsigned
+_SEQ_DTYPE = np.dtype(">u8")
+HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
+DEFAULT_BUCKET_CAP = 64
+LOAD_CHUNK = 5_000  # records per pass of bulk_load
+EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
+# Bucket entries up to which merge_buckets merges them with a dict rather than numpy.
+SMALL_MERGE = 256
+T = TypeVar("T")
+
+
+def seq_key(seq: int) -> bytes:
+    return SEQ.pack(seq)
+
+
+def time_key(time_ms: int, seq: int) -> bytes:
+    return TIME + SEQ.pack(time_ms + _TIME_BIAS) + SEQ.pack(seq)
+
+
+class KeyValue(Protocol):
+    """The store under the index: a main family and a records family, ordered by key."""
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]: ...
+
+    def records(self, keys: list[bytes]) -> list[bytes | None]: ...
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The main family's entries whose key starts with `prefix`, in key order."""
+        ...
+
+    def scan_records(self) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def write(self, batch: Batch) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def size_bytes(self) -> int: ...
+
+
+@dataclass
+class Batch:
+    """Writes collected for one atomic write: key → value, None deleting it. Reads during an
+    operation look here first, so that its later steps see its earlier ones."""
+
+    main: dict[bytes, bytes | None] = field(default_factory=dict)
+    records: dict[bytes, bytes | None] = field(default_factory=dict)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.main[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.main[key] = None
+
+
+class MemoryKV:
+    """KeyValue in dicts; the keys that are scanned (prefixes x, k, t) also kept sorted."""
+
+    SCANNED = (COPY, MEMBER, TIME)
+
+    def __init__(self) -> None:
+        self._main: dict[bytes, bytes] = {}
+        self._records: dict[bytes, bytes] = {}
+        self._sorted: list[bytes] = []
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self._main.get(key) for key in keys]
+
+    def records(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self._records.get(key) for key in keys]
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        if prefix[:1] in self.SCANNED:
+            start = bisect.bisect_left(self._sorted, prefix)
+            keys = []
+            for key in self._sorted[start:]:
+                if not key.startswith(prefix):
+                    break
+                keys.append(key)
+        else:
+            keys = sorted(key for key in self._main if key.startswith(prefix))
+        for key in keys:
+            value = self._main.get(key)
+            if value is not None:
+                yield key, value
+
+    def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
+        for key in sorted(self._records):
+            yield key, self._records[key]
+
+    def write(self, batch: Batch) -> None:
+        for key, value in batch.main.items():
+            scanned = key[:1] in self.SCANNED
+            if value is None:
+                if self._main.pop(key, None) is not None and scanned:
+                    del self._sorted[bisect.bisect_left(self._sorted, key)]
+            else:
+                if scanned and key not in self._main:
+                    bisect.insort(self._sorted, key)
+                self._main[key] = value
+        for key, value in batch.records.items():
+            if value is None:
+                self._records.pop(key, None)
+            else:
+                self._records[key] = value
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def size_bytes(self) -> int:
+        return sum(len(k) + len(v) for k, v in self._main.items()) + sum(
+            len(k) + len(v) for k, v in self._records.items()
+        )
+
+
+@dataclass
+class Counts:
+    """What the index holds and what it removed, kept with it (the stats and the gauges)."""
+
+    articles: int = 0
+    clusters: int = 0
+    buckets: int = 0
+    expired: int = 0
+    deleted: int = 0
+    newest_ms: int | None = None
+    expired_before_ms: int | None = None  # the cutoff of the last expiry pass
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> Counts:
+        return cls() if data is None else cls(**orjson.loads(data))
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """`neardup stats`: what the state holds."""
+
+    articles: int
+    clusters: int
+    buckets: int
+    largest_bucket: int | None  # None: not counted (it needs a scan of every bucket)
+    oldest_ms: int | None
+    newest_ms: int | None
+    expired: int
+    deleted: int
+    bytes_on_disk: int
+    bucket_cap: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class IndexState:
+    """The state port (StateStore) over a KeyValue store. One writer at a time."""
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        *,
+        bucket_cap: int = DEFAULT_BUCKET_CAP,
+        record_cache: int = 20_000,
+        probe_cache: int = 100_000,
+    ) -> None:
+        if bucket_cap < 1:
+            raise ValueError(f"bucket_cap must be at least 1, got {bucket_cap}")
+        self.kv = kv
+        self.bucket_cap = bucket_cap
+        self._record_cache_size = record_cache
+        self._probe_cache_size = probe_cache
+        self._load()
+
+    def _load(self) -> None:
+        seq, counts = self.kv.get_many([SEQ_KEY, COUNTS_KEY])
+        self._seq = int(seq) if seq is not None else 0
+        self.counts = Counts.decode(counts)
+        self._recent: OrderedDict[int, IndexedArticle] = OrderedDict()
+        # the first stored or read back is the first out: hits do not reorder it
+        self._probes: OrderedDict[int, Probe] = OrderedDict()
+        self._looked_up: tuple[Sequence[bytes], list[bytes | None]] | None = None
+        self._holder_looked_up: tuple[bytes, bytes | None] = (b"", None)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def open_header(self, expected: dict[str, Any]) -> None:
+        """Write the header on empty state; otherwise refuse a state of another format or other
+        parameters, saying how to rebuild it."""
+        (stored,) = self.kv.get_many([HEADER_KEY])
+        if stored is None:
+            if next(self.kv.scan_records(), None) is not None:
+                raise IncompatibleState(
+                    f"{self.where} holds articles but no header: it was not written by neardup"
+                )
+            self.kv.write(Batch(main={HEADER_KEY: orjson.dumps(expected)}))
+            return
+        header = orjson.loads(stored)
+        if header.get("format") != expected.get("format"):
+            raise IncompatibleState(
+                f"state at {self.where} has format {header.get('format')!r}; this version reads "
+                f"format {expected.get('format')!r} only. Rebuild it: embedded mode, run again with "
+                "a new --state directory; the worker, delete its state directory (it rebuilds the "
+                "index from the record table's changelog, which must then be deleted too when it was "
+                "written by an earlier format: use a new NEARDUP_APP_ID and replay the input)"
+            )
+        check_header(header, expected, self.where)
+
+    @property
+    def where(self) -> str:
+        return "memory"
+
+    def get(self, article_id: str) -> IndexedArticle | None:
+        (seq,) = self.kv.get_many([ARTICLE + article_id.encode()])
+        if seq is None:
+            return None
+        found = self._arrivals([SEQ.unpack(seq)[0]])[0]
+        if found is None:
+            raise CorruptRecord(f"state record of {article_id!r} is missing")
+        return found
+
+    def _arrivals(self, seqs: Sequence[int]) -> list[IndexedArticle | None]:
+        """The article versions with these seqs, from the cache or one multi-get (None: gone)."""
+        found: list[IndexedArticle | None] = []
+        missing: list[int] = []
+        for seq in seqs:
+            article = self._recent.get(seq)
+            if article is None:
+                missing.append(seq)
+            else:
+                self._recent.move_to_end(seq)
+            found.append(article)
+        if missing:
+            stored = self.kv.records([seq_key(seq) for seq in missing])
+            loaded = {
+                seq: self._remember(decode_article(data, str(seq)))
+                for seq, data in zip(missing, stored, strict=True)
+                if data is not None
+            }
+            found = [article or loaded.get(seq) for seq, article in zip(seqs, found, strict=True)]
+        return found
+
+    def _remember(self, article: IndexedArticle) -> IndexedArticle:
+        self._recent[article.seq] = article
+        self._recent.move_to_end(article.seq)
+        if len(self._recent) > self._record_cache_size:
+            self._recent.popitem(last=False)
+        return article
+
+    def holder_of(self, content_hash: bytes) -> IndexedArticle | None:
+        seq = self._holder_seq(content_hash)
+        return None if seq is None else self._arrivals([SEQ.unpack(seq)[0]])[0]
+
+    def _holder_seq(self, content_hash: bytes, batch: Batch | None = None) -> bytes | None:
+        key = CONTENT + content_hash
+        if batch is not None and key in batch.main:
+            return batch.main[key]
+        last_hash, last_seq = self._holder_looked_up
+        if content_hash != last_hash:
+            (last_seq,) = self.kv.get_many([key])
+            self._holder_looked_up = (content_hash, last_seq)
+        return last_seq
+
+    def id_for_content(self, content_hash: bytes) -> str | None:
+        holder = self.holder_of(content_hash)
+        return None if holder is None else holder.article_id
+
+    def head_of(self, cluster: int) -> str | None:
+        (head,) = self.kv.get_many([HEAD + seq_key(cluster)])
+        return None if head is None else head[SEQ.size :].decode()
+
+    def band_members(self, key: bytes) -> Sequence[str]:
+        """The ids in one bucket, in the order they joined it (tools and tests)."""
+        (stored,) = self.kv.get_many([BAND + key])
+        return [a.article_id for a in self._arrivals(_members(stored)) if a is not None]
+
+    def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[Prospect]:
+        """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
+        `limit`, as probes: one multi-get, merged by the compiled loop where built."""
+        found = self.kv.get_many([BAND + key for key in keys])
+        self._looked_up = (keys, found)
+        loops = compiled.loops()
+        # one more than the limit: one of them may be the excluded article
+        in_order = (loops.merge_buckets if loops else merge_buckets)(found, limit + 1)
+        if not in_order:
+            return []
+        prospects = [p for p in self._prospects(in_order) if p is not None and p.article_id != exclude]
+        return cast(list[Prospect], prospects[:limit])
+
+    def _prospects(self, seqs: Sequence[int]) -> list[Probe | None]:
+        """The probes of these seqs, from the cache or one multi-get of their records."""
+        cache = self._probes
+        found: list[Probe | None] = [cache.get(seq) for seq in seqs]
+        missing = [seq for seq, probe in zip(seqs, found, strict=True) if probe is None]
+        if not missing:
+            return found
+        stored = self.kv.records([seq_key(seq) for seq in missing])
+        loaded = {
+            seq: self._keep_probe(decode_probe(data, str(seq)))
+            for seq, data in zip(missing, stored, strict=True)
+            if data is not None
+        }
+        return [probe or loaded.get(seq) for seq, probe in zip(seqs, found, strict=True)]
+
+    def _keep_probe(self, probe: Probe) -> Probe:
+        self._probes[probe.seq] = probe
+        if len(self._probes) > self._probe_cache_size:
+            self._probes.popitem(last=False)
+        return probe
+
+    def next_seq(self) -> int:
+        return self._seq
+
+    def articles(self) -> Iterator[IndexedArticle]:
+        """All indexed articles in arrival order, read lazily."""
+        return (decode_article(record, str(SEQ.unpack(key)[0])) for key, record in self.kv.scan_records())
+
+    def count(self) -> int:
+        return self.counts.articles
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        return self.kv.get_many([META + key])[0]
+
+    def set_meta(self, values: dict[bytes, bytes], *, durable: bool = False) -> None:
+        """`durable`: on disk when this returns, even without a write-ahead log."""
+        self.kv.write(Batch(main={META + key: value for key, value in values.items()}))
+        if durable:
+            self.kv.flush()
+
+    def oldest_ms(self) -> int | None:
+        for key, _ in self.kv.scan(TIME):
+            return SEQ.unpack_from(key, 1)[0] - _TIME_BIAS
+        return None
+
+    def stats(self, *, full: bool = False) -> IndexStats:
+        """Counts kept with the index; `full`: also the largest bucket (a scan of every bucket)."""
+        largest = None
+        if full:
+            largest = max((len(value) // SEQ.size for _, value in self.kv.scan(BAND)), default=0)
+        return IndexStats(
+            articles=self.counts.articles,
+            clusters=self.counts.clusters,
+            buckets=self.counts.buckets,
+            largest_bucket=largest,
+            oldest_ms=self.oldest_ms(),
+            newest_ms=self.counts.newest_ms,
+            expired=self.counts.expired,
+            deleted=self.counts.deleted,
+            bytes_on_disk=self.kv.size_bytes(),
+            bucket_cap=self.bucket_cap,
+        )
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def apply(
+        self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
+    ) -> None:
+        """Index one article version (replacing its earlier one), atomically with `extra`
+        metadata. `record`: encode_article(update.article), when the caller has it already."""
+        article = update.article
+        batch = Batch()
+        if update.replaced is not None:
+            self._remove(batch, update.replaced, keep_id=True)
+            self._looked_up = None  # the buckets may have changed in this batch
+        self._add(batch, article)
+        stored = record or encode_article(article)
+        batch.records[seq_key(article.seq)] = stored
+        self._seq = max(self._seq, article.seq + 1)
+        batch.put(SEQ_KEY, str(self._seq).encode())
+        self._write(batch, extra)
+        self._remember(article)
+        self._keep_probe(decode_probe(stored))
+
+    def _add(self, batch: Batch, article: IndexedArticle) -> None:
+        """Into the content map and the buckets (an exact copy: beside its content's holder),
+        its cluster, the time index and the id map."""
+        seq = seq_key(article.seq)
+        content_hash = article.fingerprint.content_hash
+        holder = self._holder_seq(content_hash, batch)
+        if article.decision.exact and holder is not None:
+            batch.put(COPY + content_hash + seq, b"")
+        else:
+            # Not an exact copy, yet its content is held: the holder had expired when it was
+            # decided. The newer one stands for the content from now on.
+            if holder is not None:
+                batch.put(COPY + content_hash + holder, b"")
+            batch.put(CONTENT + content_hash, seq)
+            self._join_buckets(batch, article.seq, article.keys)
+        self._holder_looked_up = (b"", None)
+        if article.cluster == article.seq:
+            self.counts.clusters += 1
+        batch.put(MEMBER + seq_key(article.cluster) + seq, article.article_id.encode())
+        batch.put(time_key(article.time_ms, article.seq), b"")
+        batch.put(ARTICLE + article.article_id.encode(), seq)
+        self.counts.articles += 1
+        if self.counts.newest_ms is None or article.time_ms > self.counts.newest_ms:
+            self.counts.newest_ms = article.time_ms
+
+    def _write(self, batch: Batch, extra: dict[bytes, bytes] | None = None) -> None:
+        for key, value in (extra or {}).items():
+            batch.put(META + key, value)
+        batch.put(COUNTS_KEY, self.counts.encode())
+        self.kv.write(batch)
+
+    def _buckets(self, keys: Sequence[bytes], batch: Batch) -> list[bytes | None]:
+        """The stored buckets of `keys`, as this batch leaves them; from the last candidates()
+        lookup where it is of these keys and the batch has not touched them."""
+        last = self._looked_up
+        names = [BAND + key for key in keys]
+        if last is not None and last[0] is keys and not any(name in batch.main for name in names):
+            return last[1]
+        stored = self.kv.get_many([name for name in names if name not in batch.main])
+        pending = iter(stored)
+        return [batch.main[name] if name in batch.main else next(pending) for name in names]
+
+    def _join_buckets(
+        self, batch: Batch, seq: int, keys: Sequence[bytes], *, if_absent: bool = False
+    ) -> None:
+        """The article joins its buckets; each keeps its latest `bucket_cap` members. `if_absent`:
+        not where it is a member already (an earlier holder of a content taking over again)."""
+        entry = seq_key(seq)
+        limit = self.bucket_cap * SEQ.size
+        for key, stored in zip(keys, self._buckets(keys, batch), strict=True):
+            if if_absent and seq in _members(stored):
+                continue
+            if stored is None:
+                self.counts.buckets += 1
+                batch.put(BAND + key, entry)
+            else:
+                batch.put(BAND + key, (stored + entry)[-limit:])
+        self._looked_up = None
+
+    def _leave_buckets(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
+        for key, stored in zip(keys, self._buckets(keys, batch), strict=True):
+            if not stored:
+                continue
+            members = _members(stored)
+            if seq not in members:
+                continue
+            kept = b"".join(seq_key(other) for other in members if other != seq)
+            if kept:
+                batch.put(BAND + key, kept)
+            else:
+                self.counts.buckets -= 1
+                batch.delete(BAND + key)
+
+    def _remove(self, batch: Batch, old: IndexedArticle, *, keep_id: bool = False) -> None:
+        """Take one article version out of every structure; `keep_id`: its id gets a new version
+        in the same batch."""
+        seq = seq_key(old.seq)
+        content_hash = old.fingerprint.content_hash
+        self._leave_buckets(batch, old.seq, old.keys)
+        if self._holder_seq(content_hash, batch) == seq:
+            heir = self._first(COPY + content_hash, batch, skip=seq)
+            if heir is None:
+                batch.delete(CONTENT + content_hash)
+            else:
+                heir_seq = heir[-SEQ.size :]
+                batch.put(CONTENT + content_hash, heir_seq)
+                batch.delete(heir)
+                self._join_buckets(batch, SEQ.unpack(heir_seq)[0], old.keys, if_absent=True)  # same keys
+        else:
+            batch.delete(COPY + content_hash + seq)
+        self._holder_looked_up = (b"", None)
+        self._hand_on_cluster(batch, old)
+        batch.delete(time_key(old.time_ms, old.seq))
+        if not keep_id:
+            batch.delete(ARTICLE + old.article_id.encode())
+        batch.records[seq] = None
+        self.counts.articles -= 1
+        self._recent.pop(old.seq, None)
+        self._probes.pop(old.seq, None)
+
+    def _hand_on_cluster(self, batch: Batch, old: IndexedArticle) -> None:
+        """Out of its cluster; when it was the cluster's head (its first article, or the one the
+        cluster was handed on to), the earliest surviving member becomes the head."""
+        cluster = seq_key(old.cluster)
+        member = MEMBER + cluster + seq_key(old.seq)
+        batch.delete(member)
+        head_key = HEAD + cluster
+        head = batch.main[head_key] if head_key in batch.main else self.kv.get_many([head_key])[0]
+        head_seq = old.cluster if head is None else SEQ.unpack_from(head)[0]
+        if head_seq != old.seq:
+            return
+        successor = self._first(MEMBER + cluster, batch, skip=seq_key(old.seq), value=True)
+        if successor is None:
+            batch.delete(head_key)
+            self.counts.clusters -= 1
+        else:
+            batch.put(head_key, successor)
+
+    def _first(self, prefix: bytes, batch: Batch, skip: bytes, *, value: bool = False) -> bytes | None:
+        """The first key under `prefix` (its last 8 bytes a seq other than `skip`) that the batch
+        does not delete; `value`: return that seq followed by the stored value instead."""
+        for key, stored in self.kv.scan(prefix):
+            if key[-SEQ.size :] == skip or batch.main.get(key, b"") is None:
+                continue
+            return key[-SEQ.size :] + stored if value else key
+        return None
+
+    def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
+        """Delete an article (all of it: its current version); None when it is not held."""
+        old = self.get(article_id)
+        if old is None:
+            if extra:
+                self.set_meta(extra)
+            return None
+        batch = Batch()
+        self._remove(batch, old)
+        self.counts.deleted += 1
+        self._write(batch, extra)
+        self._looked_up = None
+        return old
+
+    def expire(self, cutoff_ms: int, limit: int = EXPIRY_PASS) -> list[IndexedArticle]:
+        """Remove the articles whose time is before `cutoff_ms`, the oldest first, at most
+        `limit` in one pass; returns them."""
+        due: list[int] = []
+        bound = time_key(cutoff_ms, 0)
+        for key, _ in self.kv.scan(TIME):
+            if key >= bound or len(due) >= limit:
+                break
+            due.append(SEQ.unpack_from(key, 1 + SEQ.size)[0])
+        removed = [article for article in self._arrivals(due) if article is not None]
+        for article in removed:
+            batch = Batch()
+            self._remove(batch, article)
+            self.counts.expired += 1
+            self._write(batch)
+        self._looked_up = None
+        if len(due) < limit:
+            self.counts.expired_before_ms = cutoff_ms
+            self._write(Batch())
+        return removed
+
+    def clear(self) -> None:
+        """Drop everything (header included): the index is about to be rebuilt."""
+        self.kv.clear()
+        self._load()
+
+    def bulk_load(
+        self, records: Iterable[tuple[str, bytes]], bands: int = 0, rows: int = 0, chunk: int = LOAD_CHUNK
+    ) -> int:
+        """Index many stored records (article id, record) into an empty state, in memory bounded
+        by `chunk` records: pass one stores them by seq; pass two reads them back in arrival order
+        and adds them to the content map, the buckets and their clusters as apply() would have;
+        a last pass hands on each cluster whose first article is gone. (`bands`, `rows`: unused,
+        the records carry their band keys.)"""
+        if next(self.kv.scan_records(), None) is not None:
+            raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
+        self._looked_up, self._holder_looked_up = None, (b"", None)
+        count = 0
+        for run in _runs_of(records, chunk):
+            batch = Batch()
+            for _, record in run:
+                probe = decode_probe(record)
+                batch.records[seq_key(probe.seq)] = record
+                self._seq = max(self._seq, probe.seq + 1)
+            self.kv.write(batch)
+            count += len(run)
+        for stored in _runs_of(self.kv.scan_records(), chunk):
+            self._index_stored([decode_article(record) for _, record in stored])
+        self._hand_on_orphans()
+        self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
+        return count
+
+    def _index_stored(self, articles: list[IndexedArticle]) -> None:
+        """Records in arrival order, after every one indexed so far: into every structure."""
+        batch = Batch()
+        for article in articles:
+            self._add(batch, article)
+        self.kv.write(batch)
+        self._holder_looked_up = (b"", None)
+
+    def _hand_on_orphans(self) -> None:
+        """Clusters whose first article is gone get their earliest surviving member as head."""
+        batch = Batch()
+        last_cluster = None
+        for key, article_id in self.kv.scan(MEMBER):
+            cluster = key[1 : 1 + SEQ.size]
+            if cluster == last_cluster:
+                continue
+            last_cluster = cluster
+            if self.kv.records([cluster])[0] is None:
+                self.counts.clusters += 1
+                batch.put(HEAD + cluster, key[-SEQ.size :] + article_id)
+        self.kv.write(batch)
+
+    def compact(self) -> None:
+        """Reclaim the space of removed and overwritten entries (at close of a run)."""
+
+    def close(self) -> None:
+        self._probes.clear()
+        self._recent.clear()
+        self.kv.close()
+
+
+def _runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    run: list[T] = []
+    for item in items:
+        run.append(item)
+        if len(run) >= size:
+            yield run
+            run = []
+    if run:
+        yield run
+
+
+def merge_buckets(found: Sequence[bytes | None], count: int) -> list[int]:
+    """The distinct seqs of stored buckets (None: absent), in order of first appearance, at most
+    `count`: the reference of the compiled _sketch.merge_buckets."""
+    stored = b"".join(data for data in found if data)
+    seqs = np.frombuffer(stored, dtype=_SEQ_DTYPE)
+    if seqs.size <= SMALL_MERGE:
+        return list(dict.fromkeys(seqs.tolist()))[:count]
+    distinct, first = np.unique(seqs, return_index=True)
+    return cast(list[int], distinct[np.argsort(first, kind="stable")][:count].tolist())
+
+
+def _members(stored: bytes | None) -> list[int]:
+    """The seqs a stored bucket holds, in the order they joined it."""
+    return np.frombuffer(stored, dtype=_SEQ_DTYPE).tolist() if stored else []
