@@ -183,16 +183,18 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluation import evaluate, render
-    from .messages import InvalidMessage, decode_article
+    from .messages import Article, InvalidMessage, decode_article
 
     params = params_from_args(args)
     articles = []
     for line in Path(args.input).read_bytes().splitlines():
         if line.strip():
             try:
-                articles.append(decode_article(line, 10_000_000))
+                article = decode_article(line, 10_000_000)
             except InvalidMessage:
                 continue
+            if isinstance(article, Article):
+                articles.append(article)
     if args.limit:
         articles = articles[: args.limit]
     result = evaluate(articles, params, margin=args.margin, sample_size=args.samples)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.params import DedupParams
+from .core.retention import Retention, parse_duration_ms
 from .core.shingle import ShingleOptions
 
 
@@ -48,6 +49,9 @@ class Settings:
     index_handoff: int = 1
     record_cache: int = 20_000
     probe_cache: int = 100_000
+    bucket_cap: int = 64
+    retention: str = "0"
+    time_skew: str = "10m"
     gc_freeze_every: int = 5_000
     fetch_wait_ms: int = 20
     fetch_min_bytes: int = 32_768
@@ -98,6 +102,14 @@ class Settings:
         for name in ("index_process", "index_handoff"):
             if getattr(self, name) not in (0, 1):
                 raise ConfigError(f"NEARDUP_{name.upper()} must be 0 or 1, got {getattr(self, name)}")
+        if self.bucket_cap < 1:
+            raise ConfigError(f"NEARDUP_BUCKET_CAP must be ≥ 1, got {self.bucket_cap}")
+        for name in ("retention", "time_skew"):
+            try:
+                if parse_duration_ms(getattr(self, name)) < 0:
+                    raise ValueError("negative")
+            except ValueError as exc:
+                raise ConfigError(f"NEARDUP_{name.upper()}: {exc}") from exc
         if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
             raise ConfigError(f"NEARDUP_SECURITY_PROTOCOL is not a Kafka protocol: {self.security_protocol}")
         try:
@@ -116,6 +128,9 @@ class Settings:
             seed=self.seed,
             shingle=ShingleOptions(self.shingle_size),
         )
+
+    def retention_window(self) -> Retention:
+        return Retention(parse_duration_ms(self.retention), parse_duration_ms(self.time_skew))
 
     @property
     def bootstrap_servers(self) -> str:

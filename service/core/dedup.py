@@ -82,7 +82,7 @@ class IndexedArticle:
             and (self.article_id, self.version, self.seq, self.decision, self.keys, self.time_ms)
             == (other.article_id, other.version, other.seq, other.decision, other.keys, other.time_ms)
             and (self.cluster, self.cluster_id) == (other.cluster, other.cluster_id)
-            and self.fingerprint == other.fingerprint
+            and _same_sketches(self.fingerprint, other.fingerprint)
         )
 
     # An indexed article is its own Prospect (below).
@@ -105,6 +105,16 @@ class IndexedArticle:
         return not self.decision.exact
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _same_sketches(a: Fingerprint, b: Fingerprint) -> bool:
+    """Fingerprints equal as an indexed article keeps them: where there is a verifier, the record
+    keeps no signature (band keys and verifier serve instead), so signatures are not compared."""
+    if a.verifier.size and b.verifier.size:
+        return (a.content_hash, a.shingle_count, a.short) == (b.content_hash, b.shingle_count, b.short) and bool(
+            np.array_equal(a.verifier, b.verifier)
+        )
+    return a == b
 
 
 @dataclass(frozen=True)

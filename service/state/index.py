@@ -22,6 +22,7 @@ Every change is one write batch: a crash leaves all of it or none.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,12 +35,14 @@ import orjson
 from ..core import compiled
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
+from ..core.signing import Fingerprint
 from .records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
 
 ARTICLE, BAND, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"b", b"c", b"x", b"k", b"h", b"t", b"m"
 SEQ = struct.Struct(">Q")
 _TIME_BIAS = 1 << 63  # event times may be negative (before 1970): biased so they sort as unsigned
 _SEQ_DTYPE = np.dtype(">u8")
+_NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
@@ -416,7 +419,7 @@ class IndexState:
         self._seq = max(self._seq, article.seq + 1)
         batch.put(SEQ_KEY, str(self._seq).encode())
         self._write(batch, extra)
-        self._remember(article)
+        self._remember(_as_stored(article))
         self._keep_probe(decode_probe(stored))
 
     def _add(self, batch: Batch, article: IndexedArticle) -> None:
@@ -641,6 +644,16 @@ class IndexState:
         self._probes.clear()
         self._recent.clear()
         self.kv.close()
+
+
+def _as_stored(article: IndexedArticle) -> IndexedArticle:
+    """The article as its record gives it back: without its signature where it has a verifier
+    (records keep what the signature served: band keys and verifier)."""
+    fp = article.fingerprint
+    if not fp.verifier.size or not fp.signature.size:
+        return article
+    stripped = Fingerprint(fp.content_hash, _NO_SIGNATURE, fp.shingle_count, fp.short, fp.verifier)
+    return dataclasses.replace(article, fingerprint=stripped)
 
 
 def _runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -170,7 +170,8 @@ class RocksKV:
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         read = ReadOptions()
-        read.set_iterate_upper_bound(_successor(prefix))
+        if prefix.rstrip(b"\xff"):
+            read.set_iterate_upper_bound(_successor(prefix))
         for key, value in self._db.items(from_key=prefix, read_opt=read):
             yield cast(bytes, key), cast(bytes, value)
 
@@ -218,7 +219,7 @@ class RocksKV:
 
 
 def _successor(prefix: bytes) -> bytes:
-    """The first key after every key that starts with `prefix` (prefix is never all 0xff)."""
+    """The first key after every key that starts with `prefix` (not empty, not all 0xff)."""
     trimmed = prefix.rstrip(b"\xff")
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 

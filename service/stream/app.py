@@ -329,7 +329,11 @@ def create_app(
     runtime = Runtime(
         settings,
         metrics,
-        Signer(SignStage(params, settings.max_text_bytes), settings.sign_processes, settings.sign_nice),
+        Signer(
+            SignStage(params, settings.max_text_bytes, settings.retention_window().skew_ms),
+            settings.sign_processes,
+            settings.sign_nice,
+        ),
         CollectorPolicy(settings.gc_freeze_every),
         Decider(
             params,
@@ -339,11 +343,13 @@ def create_app(
                 write_ahead_log=False,
                 record_cache=settings.record_cache,
                 probe_cache=settings.probe_cache,
+                bucket_cap=settings.bucket_cap,
                 background_nice=settings.rocksdb_nice,
             ),
             records,
             in_process=not settings.index_process,
             gc_freeze_every=settings.gc_freeze_every,
+            retention=settings.retention_window(),
         ),
         LogReader(settings),
     )
@@ -376,9 +382,11 @@ def create_app(
                 entries = in_log_order(entries, gaps, fills)
             items = [item for _, _, item in entries]
             signed: list[bytes] = []
+            refused_times = 0
             for (_, key, src), result in zip(items, await runtime.signer.sign(items), strict=True):
                 if result.signed is not None:
                     signed.append(result.signed)
+                    refused_times += result.refused_time
                 else:
                     assert result.dead_letter is not None and result.reason is not None
                     log.info(
@@ -390,6 +398,8 @@ def create_app(
                     )
                     await dead_letter(result.reason, result.dead_letter, key)
             metrics.articles_in.inc(len(items))
+            if refused_times:
+                metrics.refused_times.inc(refused_times)
             for pack in pack_in_chunks(signed):
                 sent = await signatures.send(key=SHARD_KEY, value=pack)
                 if settings.index_handoff:
@@ -489,13 +499,13 @@ def create_app(
     # changelog, as `records[key] = value` would send them, but without Faust's per-message futures,
     # callbacks and offset writes, which cost the event loop ~20% of its time per article
     # (tests/benchmarks/RESULTS.md), and in batches of our own (batches.py).
-    async def send_changelog(writes: list[tuple[bytes, bytes]]) -> None:
+    async def send_changelog(writes: list[tuple[bytes, bytes | None]]) -> None:
         sent = await send_in_batches(producer(), changelog_name, writes, partition=0)
         if sent:  # one partition: the last batch holds the last write
             sent[-1].sent.add_done_callback(persist_changelog_offset(sent[-1]))
 
     async def publish_outcome(outcome: BatchOutcome, events: dict[int, faust.EventT]) -> None:
-        verdicts: list[tuple[bytes | None, bytes]] = []
+        verdicts: list[tuple[bytes | None, bytes | None]] = []
         # counted per chunk, not per verdict: a labelled counter's increment costs the loop ~3-7 µs
         counts: collections.Counter[tuple[Any, str | None]] = collections.Counter()
         for entry in outcome.entries:
@@ -504,6 +514,14 @@ def create_app(
                 continue
             if entry.status in ("replayed", "stale"):
                 counts[(metrics.replays, entry.status)] += 1
+            if entry.expired:
+                metrics.expired.inc(entry.expired)
+            if entry.status in ("deleted", "unknown_delete"):
+                counts[(metrics.deletes, entry.status)] += 1
+                if entry.status == "deleted" and entry.article_id is not None:
+                    # a tombstone: consumers with a compacted view of the verdicts drop it too
+                    verdicts.append((entry.article_id.encode(), None))
+                continue
             if entry.verdict is None or entry.article_id is None:
                 continue
             if entry.status != "replayed":
@@ -517,6 +535,12 @@ def create_app(
         # Not Topic.send: Faust's per-message wrapping cost more CPU than the index decision itself.
         await send_in_batches(producer(), settings.verdicts_topic, verdicts)
         metrics.indexed.set(outcome.indexed)
+        metrics.clusters.set(outcome.clusters)
+        metrics.buckets.set(outcome.buckets)
+        if outcome.oldest_ms is not None:
+            metrics.oldest.set(outcome.oldest_ms / 1000.0)
+        if outcome.newest_ms is not None:
+            metrics.newest.set(outcome.newest_ms / 1000.0)
         runtime.collector.after(outcome.handled)
 
     async def index_error(entry: EntryOutcome, event: faust.EventT | None) -> None:

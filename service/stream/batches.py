@@ -20,7 +20,7 @@ try:  # built at install (pyproject.toml: ext-modules, optional)
 except ImportError:  # pragma: no cover - a source checkout without a C compiler
     _kafka_hash = None  # type: ignore[assignment]
 
-Message = tuple[bytes | None, bytes]  # (key, value)
+Message = tuple[bytes | None, bytes | None]  # (key, value); a value None is a tombstone
 
 
 class SentBatch(NamedTuple):
@@ -53,7 +53,8 @@ async def send_in_batches(
             submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))
         batch = producer.create_batch()
         if batch.append(key=key, value=value, timestamp=None) is None:
-            raise ValueError(f"a message of {len(value)} bytes does not fit in a batch for {topic}")
+            size = 0 if value is None else len(value)
+            raise ValueError(f"a message of {size} bytes does not fit in a batch for {topic}")
         open_batches[target] = (batch, 1)
     for target, (batch, count) in open_batches.items():
         submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))

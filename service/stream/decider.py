@@ -21,19 +21,21 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from ..core.params import DedupParams
+from ..core.retention import NO_RETENTION, Retention
 from ..state.rocks import RocksOptions, RocksState, runs_of
 from .collector import CollectorPolicy
 from .pipes import Child, ChildFailed, child_main, read_frame, write_frame
-from .stages import OFFSET_KEY, BatchOutcome, IndexStage, table_articles
+from .stages import INPUTS_KEY, OFFSET_KEY, BatchOutcome, IndexStage, table_articles
 
 log = logging.getLogger("neardup.decider")
 
 Message = tuple[int, bytes]  # (offset, value) of one signatures message
-Write = tuple[bytes, bytes]  # (key, value) for the record table
+Write = tuple[bytes, bytes | None]  # (key, value) for the record table; None deletes the key
 Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
 LOAD_CHUNK = 2000  # records per frame while streaming the table for a rebuild (~7 MB)
 CLOSE_TIMEOUT_S = 30.0
+_CHECKPOINTS = (OFFSET_KEY, INPUTS_KEY)  # the table's keys the child reads: what was applied
 
 
 class DeciderFailed(RuntimeError):
@@ -48,7 +50,7 @@ class _WriteCollector(MutableMapping[bytes, bytes]):
 
     def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
         self.table = table
-        self._pending: dict[bytes, bytes] = {}
+        self._pending: dict[bytes, bytes | None] = {}
         self.writes: list[Write] = []
 
     def drain(self) -> list[Write]:
@@ -56,14 +58,21 @@ class _WriteCollector(MutableMapping[bytes, bytes]):
         return writes
 
     def __getitem__(self, key: bytes) -> bytes:
-        return self._pending[key] if key in self._pending else self.table[key]
+        if key in self._pending:
+            value = self._pending[key]
+            if value is None:
+                raise KeyError(key)
+            return value
+        return self.table[key]
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.writes.append((key, value))
         self._pending[key] = value
 
     def __delitem__(self, key: bytes) -> None:
-        raise NotImplementedError("the index stage never deletes records")
+        """Deleted in the table's store, a tombstone in its changelog (deletes, expiry)."""
+        self.writes.append((key, None))
+        self._pending[key] = None
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.table)  # rebuilds happen at assignment, with no writes pending
@@ -85,7 +94,9 @@ class Decider:
         *,
         in_process: bool,
         gc_freeze_every: int = 0,
+        retention: Retention = NO_RETENTION,
     ) -> None:
+        self.retention = retention
         self.params = params
         self.index_path = index_path
         self.options = options
@@ -106,15 +117,15 @@ class Decider:
         if self.in_process:
             if self.stage is None:
                 self.stage = IndexStage(
-                    self.params, RocksState(self.index_path, self.options), self._collector
+                    self.params, RocksState(self.index_path, self.options), self._collector, self.retention
                 )
             self._collector.drain()  # a batch that failed half-way: the stage rebuilds from the table
             return self.stage.open()
         if self._child is None:
-            setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every)
+            setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every, self.retention)
             self._child = await Child.start("service.stream.decider", setup)
         child = self._child
-        if await child.call(("reopen", self.records.get(OFFSET_KEY))):
+        if await child.call(("reopen", self.records.get(OFFSET_KEY), self.records.get(INPUTS_KEY))):
             return None
         # The child indexes the records as they come, a chunk at a time: neither process ever
         # holds the whole table.
@@ -196,7 +207,7 @@ class Decider:
             self._child = None
 
 
-def _streamed_records(requests: BinaryIO, answers: BinaryIO) -> Iterator[Write]:
+def _streamed_records(requests: BinaryIO, answers: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
     """The record table's article records as the worker streams them for a rebuild: ("load",
     records) frames, each acknowledged once consumed, up to ("loaded",)."""
     while True:
@@ -213,18 +224,20 @@ def _streamed_records(requests: BinaryIO, answers: BinaryIO) -> Iterator[Write]:
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The child's loop. First frame: (params, index path, RocksOptions, freeze interval); then
-    ("reopen", applied offset) → bool; ("rebuild",) → "rebuilding", then ("load", records) → None
+    """The child's loop. First frame: (params, index path, RocksOptions, freeze interval,
+    retention); then ("reopen", applied offset, applied inputs) → bool; ("rebuild",) → "rebuilding", then ("load", records) → None
     for each chunk of the table, then ("loaded",) → count;
     ("decide", messages) → (outcome, writes), ("close",) → "closed", which ends it (as EOF does,
     without marking the index reusable)."""
     first = read_frame(requests)
     if first is None:
         return
-    params, path, options, freeze_every = cast(tuple[DedupParams, str, RocksOptions, int], first)
+    params, path, options, freeze_every, retention = cast(
+        tuple[DedupParams, str, RocksOptions, int, Retention], first
+    )
     applied: dict[bytes, bytes] = {}  # the record table, as far as the child reads it
     table = _WriteCollector(applied)
-    stage = IndexStage(params, RocksState(path, options), table)
+    stage = IndexStage(params, RocksState(path, options), table, retention)
     collector = CollectorPolicy(freeze_every)
     write_frame(answers, "ready")
     while (request := read_frame(requests)) is not None:
@@ -233,13 +246,14 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
             outcome = stage.handle_messages(args[0])
             writes = table.drain()
             # as the worker's table will have it; the records themselves are not read back
-            applied.update(write for write in writes if write[0] == OFFSET_KEY)
+            applied.update((key, value) for key, value in writes if key in _CHECKPOINTS and value is not None)
             write_frame(answers, (outcome, writes))
             collector.after(outcome.handled)
         elif op == "reopen":
             applied.clear()
-            if args[0] is not None:
-                applied[OFFSET_KEY] = args[0]
+            for key, value in zip(_CHECKPOINTS, args, strict=True):
+                if value is not None:
+                    applied[key] = value
             table.drain()
             write_frame(answers, stage.reopen())
         elif op == "rebuild":

@@ -39,6 +39,28 @@ class Metrics:
             registry=r,
         )
         self.indexed = Gauge("neardup_indexed_articles", "Articles in the index", registry=r)
+        self.clusters = Gauge("neardup_index_clusters", "Clusters of articles in the index", registry=r)
+        self.buckets = Gauge("neardup_index_buckets", "LSH band buckets in the index", registry=r)
+        self.oldest = Gauge(
+            "neardup_index_oldest_seconds", "Event time of the oldest article held (Unix seconds)", registry=r
+        )
+        self.newest = Gauge(
+            "neardup_index_newest_seconds",
+            "Newest event time seen (Unix seconds): retention counts from it",
+            registry=r,
+        )
+        self.expired = Counter("neardup_expired", "Articles removed by the retention window", registry=r)
+        self.deletes = Counter(
+            "neardup_deletes",
+            "Deletions (input tombstones) by outcome: deleted, or unknown id",
+            ["status"],
+            registry=r,
+        )
+        self.refused_times = Counter(
+            "neardup_refused_times",
+            "Articles whose published_at was not used (unparseable, or ahead of the record timestamp)",
+            registry=r,
+        )
         self.offset_gaps = Counter(
             "neardup_offset_gaps",
             "Gaps in the offsets delivered: a message came after a gap in its partition",
@@ -70,6 +92,8 @@ class Metrics:
             self.dead_letters.labels(reason)
         for kind in ("unique", "duplicate", "partial"):
             self.verdicts.labels(kind)
+        for status in ("deleted", "unknown_delete"):
+            self.deletes.labels(status)
         self.started = time.time()
         self.ready = threading.Event()
 

@@ -29,15 +29,21 @@ def rocks_db(store: Any) -> Rdict | None:
     return db if isinstance(db, Rdict) else None
 
 
-def write(store: MutableMapping[bytes, bytes], writes: Sequence[tuple[bytes, bytes]]) -> None:
-    """A chunk's writes into the store, in one RocksDB write batch (key by key for other stores).
-    The caller sends the same writes to the changelog."""
+def write(store: MutableMapping[bytes, bytes], writes: Sequence[tuple[bytes, bytes | None]]) -> None:
+    """A chunk's writes into the store, in one RocksDB write batch (key by key for other stores);
+    a value None deletes the key. The caller sends the same writes to the changelog."""
     db = rocks_db(store)
     if db is None:
         for key, value in writes:
-            store[key] = value
+            if value is None:
+                store.pop(key, None)
+            else:
+                store[key] = value
         return
     batch = WriteBatch(raw_mode=True)
     for key, value in writes:
-        batch.put(key, value)
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
     db.write(batch)

@@ -16,32 +16,35 @@ from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
-from ..core.dedup import IndexedArticle, decide
+from ..core.dedup import IndexedArticle
 from ..core.lsh import BAND_KEY_BYTES, band_keys
 from ..core.params import DedupParams, IncompatibleState
+from ..core.retention import NO_RETENTION, Retention, event_time
 from ..core.signing import EmptyText, Fingerprint, fingerprint
-from ..messages import InvalidMessage, dead_letter_dict, decode_article, verdict_dict
-from ..state.records import encode_article, pack_sketches, unpack_sketches
+from ..engine import Engine
+from ..messages import Deletion, InvalidMessage, dead_letter_dict, decode_message, verdict_dict
+from ..state.records import MAGIC as RECORD_MAGIC
+from ..state.records import CorruptRecord, encode_article, pack_sketches, unpack_sketches
 from ..state.rocks import RocksState
 
-_SIGNED = b"S4"  # with the article's band keys and an 8-bit verifier
-_SIGNED_WITHOUT_KEYS = b"S1"  # from before the sign stage computed the band keys
-# Every format, by the bytes of its verifier slots: those written before (S3, S2, S1) had wider
-# ones, narrowed to 8 bits when read.
-_SIGNED_VERIFIER_BYTES = {_SIGNED: 1, b"S3": 2, b"S2": 4, _SIGNED_WITHOUT_KEYS: 4}
+_SIGNED = b"S5"  # band keys, 8-bit verifier, event time
+_DELETE = b"SD"  # a deletion: id and provenance
 _PACKED = b"SP"
 _LEN = struct.Struct(">I")
 _BANDING = struct.Struct(">HH")  # (bands, rows) of the band keys that follow (0, 0: none)
 PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
 ARTICLE_PREFIX = b"a"
 OFFSET_KEY = b"m:applied-offset"
+# in the record table: the input offsets applied, per input partition (replay safety), with the
+# offset of the signatures message that last moved them
+INPUTS_KEY = b"m:applied-inputs"
 CLEAN_KEY = b"closed-cleanly-at"  # in the derived index: the applied offset it was closed at
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where an article came from, for dead letters, latency and audit."""
+    """Where an article came from, for dead letters, latency, audit and replay safety."""
 
     topic: str
     partition: int
@@ -51,23 +54,33 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Signed:
-    """What travels on the signatures topic: one article's fingerprint, no text, and its LSH band
-    keys, computed in the sign stage, which scales with the input's partitions, rather than in the
-    index stage, which is one process per shard (empty: not computed)."""
+    """What travels on the signatures topic: one article's fingerprint, no text, its LSH band keys
+    (computed in the sign stage, which scales with the input's partitions, rather than in the index
+    stage, one process per shard; empty: not computed) and its event time."""
 
     article_id: str
     fingerprint: Fingerprint
     provenance: Provenance
     band_keys: tuple[bytes, ...] = ()
     banding: tuple[int, int] = (0, 0)  # the (bands, rows) that gave band_keys
+    time_ms: int = 0
+    refused_time: bool = False  # its published_at was present but not used
 
     def band_keys_for(self, bands: int, rows: int) -> tuple[bytes, ...] | None:
         """The band keys when they were computed for this banding, else None (compute them)."""
         return self.band_keys if self.banding == (bands, rows) and self.band_keys else None
 
 
+@dataclass(frozen=True)
+class SignedDeletion:
+    """A deletion on the signatures topic, in its place in the input's order."""
+
+    article_id: str
+    provenance: Provenance
+
+
 def encode_signed(signed: Signed) -> bytes:
-    """S4, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
+    """S5, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
     fp, src = signed.fingerprint, signed.provenance
     bands, rows = signed.banding if signed.band_keys else (0, 0)
     if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
@@ -80,38 +93,45 @@ def encode_signed(signed: Signed) -> bytes:
             "s": fp.short,
             "m": fp.signature.size,
             "src": [src.topic, src.partition, src.offset, src.timestamp_ms],
+            "t": signed.time_ms,
+            "r": signed.refused_time,
         }
     )
     keys = b"".join(signed.band_keys)
     return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(fp)
 
 
+def encode_deletion(deletion: SignedDeletion) -> bytes:
+    src = deletion.provenance
+    meta = {"id": deletion.article_id, "src": [src.topic, src.partition, src.offset, src.timestamp_ms]}
+    return _DELETE + orjson.dumps(meta)
+
+
 @functools.lru_cache(maxsize=8)
 def _keys_layout(count: int) -> struct.Struct:
     """`count` band keys back to back: one unpack call slices them all (25 slices in Python cost
-    ~3 µs per article, a third of what computing the keys does)."""
+    a third of what computing the keys does)."""
     return struct.Struct(f"{BAND_KEY_BYTES}s" * count)
 
 
-def decode_signed(data: bytes) -> Signed:
-    """Inverse of encode_signed; also reads the earlier formats S3, S2 and S1 (no band keys)."""
+def decode_signed(data: bytes) -> Signed | SignedDeletion:
+    """Inverse of encode_signed and encode_deletion."""
     magic = data[:2]
-    verifier_bytes = _SIGNED_VERIFIER_BYTES.get(magic)
-    if verifier_bytes is None:
+    if magic == _DELETE:
+        meta = orjson.loads(data[2:])
+        return SignedDeletion(meta["id"], Provenance(*meta["src"]))
+    if magic != _SIGNED:
         raise ValueError(f"not a signed record: {data[:8]!r}")
     (meta_len,) = _LEN.unpack_from(data, 2)
     meta = orjson.loads(data[6 : 6 + meta_len])
     position = 6 + meta_len
-    keys: tuple[bytes, ...] = ()
-    bands, rows = 0, 0
-    if magic != _SIGNED_WITHOUT_KEYS:
-        bands, rows = _BANDING.unpack_from(data, position)
-        position += _BANDING.size
-        if position + bands * BAND_KEY_BYTES > len(data):
-            raise ValueError(f"signed record announces {bands} band keys and is shorter")
-        keys = _keys_layout(bands).unpack_from(data, position)  # () for none
-        position += bands * BAND_KEY_BYTES
-    signature, verifier = unpack_sketches(data[position:], meta["m"], verifier_bytes)
+    bands, rows = _BANDING.unpack_from(data, position)
+    position += _BANDING.size
+    if position + bands * BAND_KEY_BYTES > len(data):
+        raise ValueError(f"signed record announces {bands} band keys and is shorter")
+    keys = _keys_layout(bands).unpack_from(data, position)  # () for none
+    position += bands * BAND_KEY_BYTES
+    signature, verifier = unpack_sketches(data[position:], meta["m"])
     topic, partition, offset, timestamp = meta["src"]
     return Signed(
         meta["id"],
@@ -119,6 +139,8 @@ def decode_signed(data: bytes) -> Signed:
         Provenance(topic, partition, offset, timestamp),
         keys,
         (bands, rows),
+        meta["t"],
+        meta["r"],
     )
 
 
@@ -152,8 +174,8 @@ def runs_within(items: Sequence[T], size: Callable[[T], int], max_bytes: int) ->
 
 
 def unpack_signed(data: bytes) -> list[bytes]:
-    """The signed records of one signatures message, packed or (as written before packing) single."""
-    if data[:2] in _SIGNED_VERIFIER_BYTES:
+    """The signed records of one signatures message, packed or single."""
+    if data[:2] in (_SIGNED, _DELETE):
         return [data]
     if data[:2] != _PACKED:
         raise ValueError(f"not a signatures message: {data[:8]!r}")
@@ -238,24 +260,34 @@ class SignResult:
     signed: bytes | None = None
     dead_letter: bytes | None = None
     reason: str | None = None
+    refused_time: bool = False  # the article's published_at was present but not used
 
 
 class SignStage:
     """Stateless and CPU-bound: scales with input partitions and workers."""
 
-    def __init__(self, params: DedupParams, max_text_bytes: int) -> None:
+    def __init__(
+        self, params: DedupParams, max_text_bytes: int, time_skew_ms: int = NO_RETENTION.skew_ms
+    ) -> None:
         self.params = params
         self.max_text_bytes = max_text_bytes
+        self.time_skew_ms = time_skew_ms
 
     def handle(self, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
-        """Never raises: every failure becomes a dead letter carrying the original bytes."""
+        """Never raises: every failure becomes a dead letter carrying the original bytes. A
+        tombstone (a key, no value) becomes a deletion."""
         try:
-            article = decode_article(raw, self.max_text_bytes)
+            article = decode_message(raw, key, self.max_text_bytes)
+            if isinstance(article, Deletion):
+                return SignResult(signed=encode_deletion(SignedDeletion(article.article_id, src)))
             fp = fingerprint(article.text, self.params)
             bands, rows = self.params.lsh.bands, self.params.lsh.rows
             keys = tuple(band_keys(fp.signature, bands, rows))
-            signed = Signed(article.article_id, fp, src, keys, (bands, rows))
-            return SignResult(signed=encode_signed(signed))
+            # the record's timestamp is the reference and the fallback; without one, the clock
+            stamp = src.timestamp_ms if src.timestamp_ms is not None else round(time.time() * 1000)
+            when = event_time(article.published_at, stamp, stamp, self.time_skew_ms)
+            signed = Signed(article.article_id, fp, src, keys, (bands, rows), when.time_ms, when.refused)
+            return SignResult(signed=encode_signed(signed), refused_time=when.refused)
         except InvalidMessage as exc:
             return self._dead(exc.reason, exc.detail, raw, key, src)
         except EmptyText as exc:
@@ -281,13 +313,14 @@ class EntryOutcome(NamedTuple):
     latency_ms: float | None = None
     error: str | None = None
     payload: bytes | None = None
+    expired: int = 0
 
     @classmethod
     def of(cls, offset: int, result: IndexResult) -> EntryOutcome:
         verdict = result.verdict
         if verdict is None:
             article_id = None if result.article is None else result.article.article_id
-            return cls(offset, article_id, result.status)
+            return cls(offset, article_id, result.status, expired=result.expired)
         return cls(
             offset,
             verdict["article_id"],
@@ -295,6 +328,7 @@ class EntryOutcome(NamedTuple):
             orjson.dumps(verdict),
             verdict["verdict"],
             verdict["latency_ms"],
+            expired=result.expired,
         )
 
     @classmethod
@@ -306,25 +340,50 @@ class BatchOutcome(NamedTuple):
     entries: list[EntryOutcome]
     indexed: int  # articles in the index after the batch
     handled: int  # signed records handled (what the collector policy counts)
+    clusters: int = 0
+    buckets: int = 0
+    oldest_ms: int | None = None
+    newest_ms: int | None = None
 
 
 @dataclass(frozen=True)
 class IndexResult:
     verdict: dict[str, Any] | None
     article: IndexedArticle | None
-    status: str  # "new", "redelivered", "replayed", "stale"
+    # "new", "redelivered", "replayed", "stale", "deleted", "unknown_delete"
+    status: str
+    expired: int = 0  # articles an expiry pass removed after this one
 
 
 class IndexStage:
     """One writer per shard. The durable truth is `records` (article id → record bytes, plus the
-    applied offset); `index` (bands, content map) is derived from it and rebuilt on assignment."""
+    applied offsets); `index` (bands, content map, clusters, times) is derived from it and
+    rebuilt on assignment. Deciding, applying and expiring go through the one Engine."""
 
-    def __init__(self, params: DedupParams, index: RocksState, records: MutableMapping[bytes, bytes]) -> None:
+    def __init__(
+        self,
+        params: DedupParams,
+        index: RocksState,
+        records: MutableMapping[bytes, bytes],
+        retention: Retention = NO_RETENTION,
+    ) -> None:
         self.params = params
         self.index = index
         self.records = records
+        self.retention = retention
+        self.engine: Engine | None = None
         self.applied_offset = -1
         self._checkpointed = -1
+        # per input partition ("topic:partition"), the last input offset applied
+        self.inputs: dict[str, int] = {}
+        self._inputs_checkpointed: dict[str, int] = {}
+        self.refused_times = 0
+        self.unknown_deletes = 0
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            self.engine = Engine(self.index, self.params, self.retention)
+        return self.engine
 
     def open(self) -> int | None:
         """At assignment: reopen, else rebuild. Returns the number of articles rebuilt, None when
@@ -346,6 +405,8 @@ class IndexStage:
         # before the first change.
         self.index.set_meta({CLEAN_KEY: b""}, durable=True)
         self.applied_offset = self._checkpointed = table_offset
+        self._load_inputs()
+        self.engine = None
         return True
 
     def close(self) -> None:
@@ -355,15 +416,20 @@ class IndexStage:
         self.index.close()
 
     def rebuild(self, records: Iterable[tuple[bytes, bytes]] | None = None) -> int:
-        """Re-derive bands and content map from the record table's article records (key, record),
-        read lazily (default: `records`); returns the number indexed."""
+        """Re-derive the index from the record table's article records (key, record), read lazily
+        (default: `records`); returns the number indexed. A table of an earlier format is refused."""
         if records is None:
             records = table_articles(self.records)
         self.index.clear()
         self.index.open_header(self.params.header())
         stored = ((key[len(ARTICLE_PREFIX) :].decode(errors="replace"), value) for key, value in records)
-        count = self.index.bulk_load(stored, self.params.lsh.bands, self.params.lsh.rows)
+        try:
+            count = self.index.bulk_load(_current_format(stored))
+        except CorruptRecord as exc:
+            raise IncompatibleState(str(exc)) from exc
         self.applied_offset = self._checkpointed = self._table_offset()
+        self._load_inputs()
+        self.engine = None
         return count
 
     def _table_offset(self) -> int:
@@ -371,25 +437,66 @@ class IndexStage:
         stored = self.records.get(OFFSET_KEY)
         return int(stored) if stored is not None else -1
 
-    def handle(self, signed: Signed, offset: int, now: float | None = None) -> IndexResult:
+    def _load_inputs(self) -> None:
+        stored = self.records.get(INPUTS_KEY)
+        self.inputs = dict(orjson.loads(stored)) if stored else {}
+        self._inputs_checkpointed = dict(self.inputs)
+
+    def handle(self, signed: Signed | SignedDeletion, offset: int, now: float | None = None) -> IndexResult:
         """Decide one signed record of the signatures message at `offset`. A message holds many
-        records: call `applied(offset)` once all of them are handled."""
+        records: call `applied(offset)` once all of them are handled.
+
+        A record is applied once, however it comes back: a signatures message at or before the
+        applied offset (a restart of this stage), or an input message at or before the input
+        offset applied for its partition (a restart of the sign stage, a rebalance, a producer
+        retry: the input is signed again) gets its stored verdict, never a new version."""
+        src = signed.provenance
+        partition = f"{src.topic}:{src.partition}"
+        done = self.inputs.get(partition, -1)
+        if offset <= self.applied_offset or src.offset <= done:
+            return self._replay(signed, now)
+        self.inputs[partition] = src.offset
+        if isinstance(signed, SignedDeletion):
+            return self._delete(signed.article_id)
         article_id, fp = signed.article_id, signed.fingerprint
-        if offset <= self.applied_offset:
-            # Applied before a restart; Faust re-delivers from its last commit. Re-send the stored
-            # verdict when the stored version is this one, so consumers see an identical verdict.
-            existing = self.index.get(article_id)
-            if existing is not None and existing.fingerprint.content_hash == fp.content_hash:
-                return IndexResult(self._verdict(existing, signed, now), existing, "replayed")
-            return IndexResult(None, existing, "stale")
-        keys = signed.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)  # None: S1, other params
-        outcome = decide(article_id, fp, self.index, self.params, keys)
+        if signed.refused_time:
+            self.refused_times += 1
+        keys = signed.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
+        record = None
+        indexed = self._engine().index_outcome(article_id, fp, signed.time_ms, keys)
+        outcome = indexed.outcome
         if outcome.update is not None:
             record = encode_article(outcome.article)
-            self.index.apply(outcome.update, record=record)
             self.records[ARTICLE_PREFIX + article_id.encode()] = record
+        for gone in indexed.expired:
+            self._forget(gone.article_id)
         status = "redelivered" if outcome.redelivered else "new"
-        return IndexResult(self._verdict(outcome.article, signed, now), outcome.article, status)
+        return IndexResult(
+            self._verdict(outcome.article, signed, now), outcome.article, status, len(indexed.expired)
+        )
+
+    def _replay(self, signed: Signed | SignedDeletion, now: float | None) -> IndexResult:
+        """The stored verdict when the stored version is this one; nothing otherwise (a version
+        since replaced, or a deletion already applied)."""
+        if isinstance(signed, SignedDeletion):
+            return IndexResult(None, None, "stale")
+        existing = self.index.get(signed.article_id)
+        if existing is not None and existing.fingerprint.content_hash == signed.fingerprint.content_hash:
+            return IndexResult(self._verdict(existing, signed, now), existing, "replayed")
+        return IndexResult(None, existing, "stale")
+
+    def _delete(self, article_id: str) -> IndexResult:
+        removed = self._engine().delete(article_id)
+        if removed is None:
+            self.unknown_deletes += 1
+            return IndexResult(None, None, "unknown_delete")
+        self._forget(article_id)
+        return IndexResult(None, removed, "deleted")
+
+    def _forget(self, article_id: str) -> None:
+        """The article's record leaves the table: its changelog gets a tombstone, so that a
+        rebuild does not bring it back."""
+        del self.records[ARTICLE_PREFIX + article_id.encode()]
 
     def handle_messages(
         self, messages: Sequence[tuple[int, bytes]], now: float | None = None
@@ -415,16 +522,23 @@ class IndexStage:
                 entries.append(EntryOutcome.of(offset, result))
             self.applied(offset)
         self.checkpoint()
-        return BatchOutcome(entries, self.index.next_seq(), handled)
+        counts = self.index.counts
+        oldest = self.index.oldest_ms() if counts.articles else None
+        return BatchOutcome(
+            entries, counts.articles, handled, counts.clusters, counts.buckets, oldest, counts.newest_ms
+        )
 
     def applied(self, offset: int) -> None:
         """Every record of the message at `offset` is handled: a replay of it is recognised."""
         self.applied_offset = max(self.applied_offset, offset)
 
     def checkpoint(self) -> None:
-        """Record the applied offset in the record table: once per batch, not per article (one
+        """Record the applied offsets in the record table: once per batch, not per article (one
         changelog message fewer per article). After a crash, articles applied after the last
         checkpoint come back as re-deliveries of their own records: the same verdict, no new write."""
+        if self.inputs != self._inputs_checkpointed:
+            self.records[INPUTS_KEY] = orjson.dumps(self.inputs)
+            self._inputs_checkpointed = dict(self.inputs)
         if self.applied_offset != self._checkpointed:
             self.records[OFFSET_KEY] = str(self.applied_offset).encode()
             self._checkpointed = self.applied_offset
@@ -434,3 +548,15 @@ class IndexStage:
         now_ms = (time.time() if now is None else now) * 1000.0
         latency = None if sent is None else round(max(now_ms - sent, 0.0), 3)
         return verdict_dict(article, self.params, latency)
+
+
+def _current_format(records: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
+    """The records, refusing the first of an earlier format with a message that says what to do."""
+    for article_id, record in records:
+        if record[:2] != RECORD_MAGIC:
+            raise IncompatibleState(
+                f"the record table holds a record of an earlier state format ({record[:2]!r}, article "
+                f"{article_id!r}); this version cannot rebuild from it. Start from a new NEARDUP_APP_ID "
+                "(new changelog and consumer group) and a new state directory, and replay the input"
+            )
+        yield article_id, record

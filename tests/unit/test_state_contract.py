@@ -16,13 +16,13 @@ from service.core.dedup import Candidate, Decision, IndexedArticle, Outcome, Pro
 from service.core.lsh import band_keys
 from service.core.params import DedupParams, IncompatibleState
 from service.core.shingle import ShingleOptions
-from service.core.signing import fingerprint
-from service.state import rocks
+from service.core.signing import Fingerprint, fingerprint
+from service.state import index as index_module
+from service.state.index import IndexState
 from service.state.memory import MemoryState
 from service.state.port import StateStore
-from service.state.records import CorruptRecord, decode_article, encode_article
+from service.state.records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
 from service.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
-from tests.conftest import wide_record
 
 MakeState = Callable[[], StateStore]
 PARAMS = DedupParams()
@@ -36,7 +36,7 @@ def index(state: StateStore, article_id: str, text: str, extra: dict[bytes, byte
 
 
 def keys_of(article: IndexedArticle) -> set[bytes]:
-    return set(band_keys(article.fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+    return set(article.keys)
 
 
 def test_empty_state(make_state: MakeState) -> None:
@@ -187,7 +187,13 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     records in chunks, in whatever order they come: both must give the same database."""
     applied = RocksState(tmp_path / "applied")
     applied.open_header(PARAMS.header())
-    texts = [*prose, prose[0] + " Updated at noon.", prose[0], prose[1] + " Reporting by the wire desk."]
+    texts = [
+        *prose,
+        prose[0] + " Updated at noon.",
+        prose[0],
+        prose[0] + " Reporting by the wire desk.",
+        prose[1] + " Reporting by the wire desk.",
+    ]
     for i, text in enumerate(texts):
         index(applied, f"a{i}", text)
     index(applied, "a1", prose[2] + " A corrected version.")  # a replacement, out of old buckets
@@ -197,18 +203,13 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     assert loaded.bulk_load(iter(records), PARAMS.lsh.bands, PARAMS.lsh.rows, chunk=chunk) == len(records)
     try:
 
-        def contents(state: RocksState) -> dict[bytes, bytes]:
-            small = {bytes(k): bytes(v) for k, v in state._db.items() if bytes(k)[:1] in (b"a", b"b", b"c")}
-            records = {b"r" + bytes(k): bytes(v) for k, v in state._records.items()}
-            return {**small, **records, **{b"p" + bytes(k): bytes(v) for k, v in state._probes.items()}}
-
         stored = contents(applied)
         assert stored == contents(loaded)
         assert loaded.next_seq() == applied.next_seq()
         shared = [value for key, value in stored.items() if key[:1] == b"b" and len(value) >= 3 * 8]
         assert shared, "some bucket holds three articles"
         assert sum(key[:1] == b"r" for key in stored) == len(records), "replaced versions are dropped"
-        assert sum(key[:1] == b"p" for key in stored) == len(records), "with their probes"
+        assert sum(key[:1] == b"x" for key in stored) == 1, "the exact copy beside its holder"
     finally:
         applied.close()
         loaded.close()
@@ -245,6 +246,12 @@ def test_rocks_refuses_a_second_opener(tmp_path: Path) -> None:
     RocksState(tmp_path / "db").close()  # free again after close
 
 
+def contents(state: IndexState) -> dict[bytes, bytes]:
+    """Everything a state holds: its main family, and its records under "r"."""
+    main = dict(state.kv.scan(b""))
+    return {**main, **{b"r" + key: value for key, value in state.kv.scan_records()}}
+
+
 def test_record_round_trip(prose: tuple[str, ...]) -> None:
     fp = fingerprint(prose[0], PARAMS)
     decision = Decision(
@@ -257,32 +264,46 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
         False,
         (Candidate("other", 0.625, 0.97, 0.61), Candidate("ünïcode-id", 0.5, 0.5, 0.5)),
     )
-    article = IndexedArticle("id with spaces/ü", 3, 12345, fp, decision)
+    keys = tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+    article = IndexedArticle("id with spaces/ü", 3, 12345, fp, decision, keys, -86_400_000, 12000, "root")
     data = encode_article(article)
     decoded = decode_article(data)
-    assert decoded == article
-    assert decoded.fingerprint.signature.dtype == np.uint64
-    assert decoded.fingerprint.signature.flags.writeable
+    # the signature is not kept where there is a verifier: band keys and verifier serve instead
+    assert decoded == dataclasses.replace(article, fingerprint=without_signature(fp))
+    assert decoded.keys == keys and decoded.time_ms == -86_400_000
+    assert (decoded.cluster, decoded.cluster_id) == (12000, "root")
+    probe = decode_probe(data)
+    assert (probe.article_id, probe.seq, probe.cluster, probe.cluster_id, probe.time_ms) == (
+        "id with spaces/ü",
+        12345,
+        12000,
+        "root",
+        -86_400_000,
+    )
+    assert probe.verifier == fp.verifier.tobytes() and probe.canonical_id == "root"
     unique = dataclasses.replace(
         article, decision=Decision("unique", None, None, None, None, "id", False, ())
     )
-    assert decode_article(encode_article(unique)) == unique
+    assert decode_article(encode_article(unique)) == dataclasses.replace(unique, fingerprint=without_signature(fp))
+    assert len(data) < 1000, "a record is ~0.9 KB: 512-byte verifier, 25 band keys, the decision"
 
 
-@pytest.mark.parametrize(("magic", "width"), [(b"N1", 4), (b"N2", 2)])
-def test_records_with_wider_verifiers_decode_to_8_bit_ones(
-    prose: tuple[str, ...], magic: bytes, width: int
-) -> None:
-    """Records written before 8-bit verifiers (N1: 32-bit slots, N2: 16) decode to what signing
-    gives now."""
-    fp = fingerprint(prose[0], PARAMS)
-    article = IndexedArticle("a", 0, 7, fp, Decision("unique", None, None, None, None, "a", False, ()))
-    current = encode_article(article)
-    old = wide_record(current, magic)
-    assert current[:2] == b"N3" and len(old) == len(current) + (width - 1) * fp.verifier.size
-    decoded = decode_article(old)
-    assert decoded == article
-    assert decoded.fingerprint.verifier.dtype == np.uint8
+def without_signature(fp: Fingerprint) -> Fingerprint:
+    return Fingerprint(fp.content_hash, np.empty(0, dtype=np.uint64), fp.shingle_count, fp.short, fp.verifier)
+
+
+def test_records_keep_the_signature_where_there_is_no_verifier(prose: tuple[str, ...]) -> None:
+    params = DedupParams(verify_perm=0)
+    fp = fingerprint(prose[0], params)
+    assert fp.verifier.size == 0
+    article = IndexedArticle("a", 0, 1, fp, Decision("unique", None, None, None, None, "a", False, ()))
+    decoded = decode_article(encode_article(article))
+    assert decoded == article and decoded.fingerprint.signature.dtype == np.uint64
+
+
+def test_records_of_earlier_formats_are_refused_by_name(prose: tuple[str, ...]) -> None:
+    with pytest.raises(CorruptRecord, match="unknown record format b'N3'"):
+        decode_article(b"N3\x00\x00\x00\x02{}" + b"\x00" * 600, "key-7")
 
 
 @pytest.mark.parametrize(
@@ -290,15 +311,17 @@ def test_records_with_wider_verifiers_decode_to_8_bit_ones(
     [
         b"",
         b"XX\x00\x00\x00\x02{}",
-        b"N1\x00\x00\x00\x05{}",
-        b"N1\x00\x00\x00\x02{}",
-        b"N2\x00\x00\x00\x02{}",
+        b"N4\x00\x00\x00\x05{}",
+        b"N4" + b"\x00" * 40 + b"\x00\x09" + b"\x00" * 20,
         b"N3\x00\x00\x00\x02{}",
     ],
 )
 def test_corrupt_records_are_named(data: bytes) -> None:
     with pytest.raises(CorruptRecord, match="'key-7'"):
         decode_article(data, "key-7")
+    if data[:2] != b"N4" or len(data) < 48:
+        with pytest.raises(CorruptRecord, match="'key-7'"):
+            decode_probe(data, "key-7")
 
 
 def test_candidates_in_order_of_first_appearance_without_the_excluded_and_capped(
@@ -324,7 +347,16 @@ def as_prospect(candidate: Prospect | None) -> tuple[object, ...]:
     """What verification reads of a candidate, comparable whatever its class."""
     assert candidate is not None
     verifier = np.frombuffer(candidate.verifier, dtype=np.uint8).tobytes()
-    return (candidate.article_id, candidate.seq, candidate.shingle_count, verifier, candidate.canonical_id)
+    return (
+        candidate.article_id,
+        candidate.seq,
+        candidate.shingle_count,
+        verifier,
+        candidate.canonical_id,
+        candidate.cluster,
+        candidate.cluster_id,
+        candidate.time_ms,
+    )
 
 
 def cluster_with_a_replacement(state: RocksState, prose: tuple[str, ...]) -> list[bytes]:
@@ -339,25 +371,25 @@ def cluster_with_a_replacement(state: RocksState, prose: tuple[str, ...]) -> lis
 def test_rocks_candidates_are_probes_that_verify_as_their_records_would(
     tmp_path: Path, prose: tuple[str, ...]
 ) -> None:
-    """The probes family gives what scoring reads without whole records; an empty probe cache
-    (after a reopen) reads them back from RocksDB; the decision is the one the records give."""
+    """Candidates are probes read from the front of their records; an empty probe cache (after a
+    reopen) reads them back from RocksDB; the decision is the one the memory state gives."""
     state = RocksState(tmp_path / "db")
     state.open_header(PARAMS.header())
     keys = cluster_with_a_replacement(state, prose)
     live = state.candidates(keys, "c0", 1000)
-    assert all(isinstance(p, rocks.StoredProbe) for p in live)
+    assert all(isinstance(p, Probe) for p in live)
     assert [p.article_id for p in live] == ["c1", "c2", "c4"]
     assert [as_prospect(p) for p in live] == [as_prospect(state.get(p.article_id)) for p in live]
     state.close()
     state = RocksState(tmp_path / "db")
     try:
-        assert len(state._probe_cache) == 0
+        assert len(state._probes) == 0
         again = state.candidates(keys, "c0", 1000)
         assert [as_prospect(p) for p in again] == [as_prospect(p) for p in live]
-        assert len(state._probe_cache) == 4  # c0 too: excluded by id once read
+        assert len(state._probes) == 4  # c0 too: excluded by id once read
         memory = MemoryState()
         memory.open_header(PARAMS.header())
-        cluster_with_a_replacement(memory, prose)  # type: ignore[arg-type]
+        cluster_with_a_replacement(memory, prose)
         query = fingerprint(prose[0] + " Copy 9.", PARAMS)
         assert (
             decide("c9", query, state, PARAMS).article.decision
@@ -374,44 +406,14 @@ def test_rocks_probe_cache_is_not_reordered_by_hits(tmp_path: Path, prose: tuple
     state.open_header(PARAMS.header())
     try:
         cluster_with_a_replacement(state, prose)  # arrivals 0-6; c3's first version (3) replaced
-        assert list(state._probe_cache) == [4, 5, 6]
+        assert list(state._probes) == [4, 5, 6]
         [hit] = state._prospects([4])
         assert hit is not None and hit.article_id == "c4"
         index(state, "late", prose[1])  # arrival 7
-        assert list(state._probe_cache) == [5, 6, 7]
+        assert list(state._probes) == [5, 6, 7]
         [read_back] = state._prospects([4])  # from RocksDB now, and cached again
         assert read_back is not None and as_prospect(read_back) == as_prospect(hit)
-        assert list(state._probe_cache) == [6, 7, 4]
-    finally:
-        state.close()
-
-
-def test_rocks_articles_indexed_without_probes_are_read_whole(tmp_path: Path, prose: tuple[str, ...]) -> None:
-    """A state written before probes were stored: its candidates come from the records, the same."""
-    state = RocksState(tmp_path / "db", RocksOptions(probe_cache=2))
-    state.open_header(PARAMS.header())
-    try:
-        keys = cluster_with_a_replacement(state, prose)
-        with_probes = [as_prospect(p) for p in state.candidates(keys, "c0", 1000)]
-        assert len(state._probe_cache) == 2, "the cache keeps its bound"
-        for key in [bytes(k) for k, _ in state._probes.items()]:
-            del state._probes[key]
-        state._probe_cache.clear()
-        found = state.candidates(keys, "c0", 1000)
-        assert all(isinstance(p, IndexedArticle) for p in found)
-        assert [as_prospect(p) for p in found] == with_probes
-    finally:
-        state.close()
-
-
-@pytest.mark.parametrize(
-    "data", [b"", b"\x00\x00\x00\x05\x00\x00\x00\x09abc", b"\x00\x00\x00\x05\x00\x00\x00\x02\xff\xfe"]
-)
-def test_corrupt_probes_are_named(data: bytes, tmp_path: Path) -> None:
-    state = RocksState(tmp_path / "db")
-    try:
-        with pytest.raises(CorruptRecord, match="arrival 7"):
-            rocks.StoredProbe.decode(7, data, state)
+        assert list(state._probes) == [6, 7, 4]
     finally:
         state.close()
 
@@ -432,9 +434,9 @@ def test_rocks_candidates_merge_small_and_large_bucket_lists_alike(
     keys = band_keys(copies[5].fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
     entries = sum(len(state.band_members(key)) for key in keys)
     by_default = [a.article_id for a in state.candidates(keys, "c5", 1000)]
-    monkeypatch.setattr(rocks, "SMALL_MERGE", entries)
+    monkeypatch.setattr(index_module, "SMALL_MERGE", entries)
     by_dict = [a.article_id for a in state.candidates(keys, "c5", 1000)]
-    monkeypatch.setattr(rocks, "SMALL_MERGE", 0)
+    monkeypatch.setattr(index_module, "SMALL_MERGE", 0)
     by_numpy = [a.article_id for a in state.candidates(keys, "c5", 1000)]
     assert by_dict == by_numpy == by_default
     assert by_dict == list(dict.fromkeys(i for key in keys for i in state.band_members(key) if i != "c5"))
@@ -464,10 +466,10 @@ def test_compiled_bucket_merge_equals_the_reference(monkeypatch: pytest.MonkeyPa
         total = sum(len(b) // 8 for b in buckets if b)
         for count in (0, 1, 5, total, total + 3):
             got = loops.merge_buckets(buckets, count)
-            monkeypatch.setattr(rocks, "SMALL_MERGE", 10**9)
-            assert got == rocks.merge_buckets(buckets, count), (trial, count)
-            monkeypatch.setattr(rocks, "SMALL_MERGE", 0)
-            assert got == rocks.merge_buckets(buckets, count), (trial, count)
+            monkeypatch.setattr(index_module, "SMALL_MERGE", 10**9)
+            assert got == index_module.merge_buckets(buckets, count), (trial, count)
+            monkeypatch.setattr(index_module, "SMALL_MERGE", 0)
+            assert got == index_module.merge_buckets(buckets, count), (trial, count)
     with pytest.raises(ValueError, match="8-byte"):
         loops.merge_buckets([b"\x00" * 7], 5)
 

@@ -1,0 +1,206 @@
+"""The index of a stream that never ends, on every store: capped buckets, copies represented by
+their holder, deletes that hand a cluster on, expiry by event time, stats, the format header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from service.core.dedup import Outcome, decide
+from service.core.params import DedupParams, IncompatibleState
+from service.core.retention import Retention
+from service.core.signing import fingerprint
+from service.engine import Engine
+from service.state.index import HEADER_KEY, Batch, IndexState
+from service.state.memory import MemoryState
+from service.state.port import StateStore
+from service.state.rocks import RocksOptions, RocksState
+from tests.unit.test_state_contract import MakeState, contents
+
+PARAMS = DedupParams()
+DAY_MS = 86_400_000
+
+
+def index(state: StateStore, article_id: str, text: str, time_ms: int = 0) -> Outcome:
+    outcome = decide(article_id, fingerprint(text, PARAMS), state, PARAMS, time_ms=time_ms)
+    assert outcome.update is not None
+    state.apply(outcome.update)
+    return outcome
+
+
+@pytest.fixture(params=["memory", "rocks"])
+def capped(request: pytest.FixtureRequest, tmp_path: Path) -> StateStore:
+    state: IndexState
+    if request.param == "memory":
+        state = MemoryState(bucket_cap=3)
+    else:
+        state = RocksState(tmp_path / "capped", RocksOptions(bucket_cap=3))
+    state.open_header(PARAMS.header())
+    return state
+
+
+def test_a_bucket_keeps_its_latest_members_up_to_the_cap(capped: IndexState, prose: tuple[str, ...]) -> None:
+    copies = [index(capped, f"c{i}", prose[0] + f" Copy number {i}.").article for i in range(8)]
+    shared = set(copies[0].keys).intersection(*(c.keys for c in copies[1:]))
+    assert shared, "near copies share buckets"
+    for key in shared:
+        assert list(capped.band_members(key)) == ["c5", "c6", "c7"]
+    largest = capped.stats(full=True).largest_bucket
+    assert largest == 3
+    # what one article reads is bounded too: at most the cap per bucket
+    found = capped.candidates(copies[0].keys, "nobody", 1000)
+    assert 3 <= len(found) <= 3 * len(copies[0].keys)
+    late = index(capped, "late", prose[0] + " Copy number 9.").article.decision
+    assert late.kind == "duplicate" and late.match_id in {"c5", "c6", "c7"}
+    assert late.canonical_id == "c0", "the cluster's first article stays its canonical"
+    capped.close()
+
+
+def test_exact_copies_stay_out_of_the_buckets_and_the_next_one_takes_over(
+    make_state: MakeState, prose: tuple[str, ...]
+) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    first = index(state, "first", prose[0]).article
+    copies = [index(state, f"copy-{i}", prose[0]).article for i in range(3)]
+    assert all(c.decision.exact and c.decision.match_id == "first" for c in copies)
+    for key in first.keys:
+        assert list(state.band_members(key)) == ["first"]
+    assert state.delete("first") is not None
+    assert state.id_for_content(first.fingerprint.content_hash) == "copy-0"
+    for key in first.keys:
+        assert list(state.band_members(key)) == ["copy-0"]
+    later = index(state, "later", prose[0]).article.decision
+    assert (later.exact, later.match_id, later.canonical_id) == (True, "copy-0", "copy-0")
+    near = index(state, "near", prose[0] + " Reporting by the wire desk.").article.decision
+    assert (near.kind, near.match_id) == ("duplicate", "copy-0")
+
+
+def test_a_deleted_canonical_hands_its_cluster_to_the_next_surviving_member(
+    make_state: MakeState, prose: tuple[str, ...]
+) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    index(state, "a", prose[0])
+    b = index(state, "b", prose[0] + " Reporting by the wire desk.").article
+    index(state, "c", prose[0] + " Additional reporting from the bureau.")
+    index(state, "other", prose[2])
+    assert b.decision.canonical_id == "a"
+    before = state.stats()
+    removed = state.delete("a")
+    assert removed is not None and removed.article_id == "a"
+    assert state.get("a") is None and state.stats().articles == before.articles - 1
+    assert state.stats().clusters == before.clusters, "the cluster lives on in b and c"
+    assert state.head_of(b.cluster) == "b"
+    d = index(state, "d", prose[0] + " Updated at noon.").article.decision
+    assert d.kind == "duplicate" and d.match_id in {"b", "c"} and d.canonical_id == "b"
+    state.delete("b")
+    e = index(state, "e", prose[0] + " Updated at one.").article.decision
+    assert e.kind == "duplicate" and e.canonical_id == "c"
+    for article_id in ("c", "d", "e"):
+        state.delete(article_id)
+    assert state.stats().clusters == before.clusters - 1, "its last member gone, the cluster is gone"
+    assert index(state, "f", prose[0]).article.decision.kind == "unique"
+    assert state.delete("nobody") is None
+
+
+def test_expiry_removes_old_articles_from_every_structure(
+    make_state: MakeState, prose: tuple[str, ...]
+) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    for day, text in enumerate(prose):
+        index(state, f"day{day}", text, time_ms=day * DAY_MS)
+    index(state, "copy0", prose[0], time_ms=4 * DAY_MS)  # an exact copy, recent
+    index(state, "near1", prose[1] + " Reporting by the wire desk.", time_ms=1 * DAY_MS)
+    assert state.stats().articles == 7
+    removed = state.expire(2 * DAY_MS)
+    assert sorted(a.article_id for a in removed) == ["day0", "day1", "near1"]
+    assert [a.article_id for a in state.articles()] == ["day2", "day3", "day4", "copy0"]
+    stats = state.stats()
+    assert (stats.articles, stats.expired, stats.oldest_ms, stats.newest_ms) == (4, 3, 2 * DAY_MS, 4 * DAY_MS)
+    assert state.get("day1") is None
+    # the copy inside the window stands for the content now: a later copy matches it
+    again = index(state, "again", prose[0], time_ms=5 * DAY_MS).article.decision
+    assert (again.exact, again.match_id, again.canonical_id) == (True, "copy0", "copy0")
+    # what expired is never named: a later copy of it is unique
+    late = index(state, "late1", prose[1] + " Reporting by the wire desk.", time_ms=5 * DAY_MS).article
+    assert late.decision.kind == "unique"
+
+
+def test_after_expiry_and_deletes_a_rebuild_gives_the_same_state(
+    tmp_path: Path, prose: tuple[str, ...]
+) -> None:
+    """What removal leaves equals what indexing the surviving records from scratch gives."""
+    state = RocksState(tmp_path / "live")
+    state.open_header(PARAMS.header())
+    texts = [
+        *prose,
+        prose[0] + " Updated at noon.",
+        prose[0],
+        prose[0] + " By the desk.",
+        prose[2] + " Again.",
+    ]
+    for i, text in enumerate(texts):
+        index(state, f"a{i}", text, time_ms=i * DAY_MS)
+    state.expire(2 * DAY_MS)
+    state.delete("a6")
+    records = [(a.article_id, _record(state, a.seq)) for a in state.articles()]
+    rebuilt = RocksState(tmp_path / "rebuilt")
+    rebuilt.open_header(PARAMS.header())
+    rebuilt.bulk_load(iter(records))
+    try:
+        live, fresh = contents(state), contents(rebuilt)
+        assert {k: v for k, v in live.items() if not k.startswith(b"mcounts")} == {
+            k: v for k, v in fresh.items() if not k.startswith(b"mcounts")
+        }
+        kept = orjson.loads(live[b"mcounts"])
+        assert (kept["articles"], kept["clusters"], kept["buckets"]) == (
+            rebuilt.counts.articles,
+            rebuilt.counts.clusters,
+            rebuilt.counts.buckets,
+        )
+    finally:
+        state.close()
+        rebuilt.close()
+
+
+def _record(state: IndexState, seq: int) -> bytes:
+    from service.state.index import seq_key
+
+    (record,) = state.kv.records([seq_key(seq)])
+    assert record is not None
+    return record
+
+
+def test_the_engine_expires_by_event_time_and_never_matches_what_is_past_the_window(
+    prose: tuple[str, ...],
+) -> None:
+    engine = Engine(MemoryState(), PARAMS, Retention(window_ms=3 * DAY_MS))
+    year_ago = "2025-03-0{}T12:00:00Z"
+    engine.process("old", prose[0], published_at=year_ago.format(1))
+    engine.process("mid", prose[1], published_at=year_ago.format(2))
+    # a file of last year's news expires by its own dates, not by today's
+    assert engine.state.count() == 2
+    copy = engine.process("copy", prose[0], published_at=year_ago.format(5))
+    assert copy.decision.kind == "unique", "'old' is four days older than the newest: expired"
+    assert engine.state.get("old") is None and engine.state.get("mid") is not None
+    # a date far ahead of the clock is refused: it takes the newest valid time, expires nothing
+    engine.process("future", prose[3], published_at="2099-01-01T00:00:00Z")
+    assert engine.counts.refused_times == 1 and engine.state.get("mid") is not None
+    assert engine.state.counts.newest_ms == engine.state.get("future").time_ms  # type: ignore[union-attr]
+    engine.process("garbled", prose[4], published_at="yesterday")
+    assert engine.counts.refused_times == 2
+
+
+def test_a_state_of_an_earlier_format_is_refused_with_how_to_rebuild(tmp_path: Path) -> None:
+    state = RocksState(tmp_path / "old")
+    old_header = {**PARAMS.header(), "format": 3}
+    state.kv.write(Batch(main={HEADER_KEY: orjson.dumps(old_header)}))
+    try:
+        with pytest.raises(IncompatibleState, match="format 3.*Rebuild"):
+            state.open_header(PARAMS.header())
+    finally:
+        state.close()
