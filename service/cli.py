@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from .core.lsh import candidate_probability, error_areas
 from .core.minhash import estimate_jaccard
@@ -15,6 +17,7 @@ from .core.normalize import decode_bytes, normalize
 from .core.params import DedupParams, IncompatibleState
 from .core.shingle import ShingleOptions, shingle_hashes, shingle_set, shingle_strings
 from .core.similarity import block_similarity, exact_containment, exact_jaccard
+from .state.index import IndexStats
 
 
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -150,15 +153,22 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
+    from .core.retention import Retention, parse_duration_ms
     from .embedded import ResumeMismatch, run_file
     from .state.memory import MemoryState
     from .state.port import StateStore
-    from .state.rocks import RocksState, StateError
+    from .state.rocks import RocksOptions, RocksState, StateError
 
     params = params_from_args(args)
+    try:
+        retention = Retention(parse_duration_ms(args.retention), parse_duration_ms(args.time_skew))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     state: StateStore
     try:
-        state = RocksState(args.state) if args.state else MemoryState()
+        options = RocksOptions(bucket_cap=args.bucket_cap)
+        state = RocksState(args.state, options) if args.state else MemoryState(args.bucket_cap)
     except StateError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -171,6 +181,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             dead_letter_path=Path(args.dead_letters) if args.dead_letters else None,
             max_text_bytes=args.max_text_bytes,
             progress=sys.stderr.isatty() and not args.quiet,
+            retention=retention,
         )
     except (IncompatibleState, ResumeMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -179,6 +190,60 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         state.close()
     print(summary.render())
     return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """What a state holds: from a state directory (embedded mode's, or a worker's, read beside it),
+    or from a worker's record-table changelog on the broker."""
+    stats: IndexStats
+    if args.state:
+        from .state.rocks import RocksState, StateError
+
+        path = Path(args.state)
+        if (path / "index" / "CURRENT").exists():  # a worker's state directory
+            path = path / "index"
+        if not (path / "CURRENT").exists():
+            print(f"error: no state at {args.state}", file=sys.stderr)
+            return 2
+        try:
+            state = RocksState(path, read_only=True)
+        except StateError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            stats = state.stats(full=True)
+        finally:
+            state.close()
+    else:
+        from .stream.commands import changelog_stats
+
+        stats = changelog_stats(args)
+    if args.json:
+        print(orjson.dumps(stats.as_dict()).decode())
+    else:
+        print(render_stats(stats))
+    return 0
+
+
+def render_stats(stats: IndexStats) -> str:
+    def when(ms: int | None) -> str:
+        if ms is None:
+            return "-"
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+
+    largest = "-" if stats.largest_bucket is None else f"{stats.largest_bucket:,}"
+    return "\n".join(
+        [
+            f"articles indexed   {stats.articles:,}",
+            f"clusters           {stats.clusters:,}",
+            f"oldest article     {when(stats.oldest_ms)}",
+            f"newest article     {when(stats.newest_ms)}",
+            f"buckets            {stats.buckets:,} (largest {largest} members, capped at {stats.bucket_cap})",
+            f"bytes on disk      {stats.bytes_on_disk:,}",
+            f"expired            {stats.expired:,}",
+            f"deleted            {stats.deleted:,}",
+        ]
+    )
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -235,8 +300,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dead-letters", default=None, help="default: OUTPUT.dead.jsonl")
     p.add_argument("--max-text-bytes", type=int, default=1_000_000)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--retention",
+        default="0",
+        help="expire articles older than the newest article time minus this (30d, 12h; 0: keep forever)",
+    )
+    p.add_argument(
+        "--time-skew",
+        default="10m",
+        help="a published_at further ahead of the clock than this is not used",
+    )
+    p.add_argument("--bucket-cap", type=int, default=64, help="latest members an LSH bucket keeps")
     _engine_flags(p)
     p.set_defaults(func=cmd_dedup)
+
+    p = sub.add_parser("stats", help="what a state holds: articles, clusters, times, buckets, bytes")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--state", help="a state directory (embedded --state, or a worker's NEARDUP_STATE_DIR)"
+    )
+    where.add_argument("--broker", help="a broker: the worker's record-table changelog (see NEARDUP_APP_ID)")
+    p.add_argument("--app-id", default=None, help="with --broker: the worker's NEARDUP_APP_ID")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("evaluate", help="LSH verdicts against brute-force exact Jaccard")
     p.add_argument("input")

@@ -6,15 +6,11 @@ The prose is embedded so the tests need nothing outside the repository.
 from __future__ import annotations
 
 import contextlib
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
-import orjson
 import pytest
 
-from service.core.minhash import EMPTY_VERIFIER_SLOT
 from service.core.params import DedupParams
 from service.engine import Engine
 from service.state.memory import MemoryState
@@ -139,23 +135,3 @@ def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
     for state in opened:
         with contextlib.suppress(Exception):  # a RocksState closed by the test itself
             state.close()
-
-
-def wide_verifier_bytes(verifier: np.ndarray, width: int = 4, seed: int = 0) -> bytes:
-    """`verifier` as earlier formats stored it: `width`-byte little-endian slots (4 or 2), empty ones
-    all ones, real ones with (random) high bits above the 8 that are kept."""
-    dtype = np.dtype(f"<u{width}")
-    high = np.random.default_rng(seed).integers(0, 2 ** (8 * width - 8) - 1, verifier.size, dtype=dtype)
-    wide = (high << dtype.type(8)) | verifier.astype(dtype)
-    wide[verifier == EMPTY_VERIFIER_SLOT] = np.iinfo(dtype).max
-    return wide.tobytes()
-
-
-def wide_record(record: bytes, magic: bytes = b"N1") -> bytes:
-    """A record (format N3) as earlier formats stored it: N1 (32-bit verifier slots) or N2 (16-bit)."""
-    assert record[:2] == b"N3"
-    (meta_len,) = struct.unpack_from(">I", record, 2)
-    verifier_start = 6 + meta_len + 8 * orjson.loads(record[6 : 6 + meta_len])["slots"]
-    verifier = np.frombuffer(record, dtype=np.uint8, offset=verifier_start)
-    width = {b"N1": 4, b"N2": 2}[magic]
-    return magic + record[2:verifier_start] + wide_verifier_bytes(verifier, width)

@@ -111,9 +111,11 @@ def _same_sketches(a: Fingerprint, b: Fingerprint) -> bool:
     """Fingerprints equal as an indexed article keeps them: where there is a verifier, the record
     keeps no signature (band keys and verifier serve instead), so signatures are not compared."""
     if a.verifier.size and b.verifier.size:
-        return (a.content_hash, a.shingle_count, a.short) == (b.content_hash, b.shingle_count, b.short) and bool(
-            np.array_equal(a.verifier, b.verifier)
-        )
+        return (a.content_hash, a.shingle_count, a.short) == (
+            b.content_hash,
+            b.shingle_count,
+            b.short,
+        ) and bool(np.array_equal(a.verifier, b.verifier))
     return a == b
 
 

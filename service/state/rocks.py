@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 from rocksdict import (
+    AccessType,
     BlockBasedOptions,
     Cache,
     DBCompressionType,
@@ -131,15 +132,18 @@ class StateError(Exception):
 
 
 class RocksKV:
-    """The index's KeyValue store on RocksDB."""
+    """The index's KeyValue store on RocksDB. `read_only`: beside a process that writes it (the
+    stats of a running worker's index), without its lock."""
 
-    def __init__(self, path: Path, options: RocksOptions) -> None:
+    def __init__(self, path: Path, options: RocksOptions, *, read_only: bool = False) -> None:
         self.path = path
         self._options = options
+        self._read_only = read_only
         self._open()
 
     def _open(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+        if not self._read_only:
+            self.path.mkdir(parents=True, exist_ok=True)
         try:
             cache = self._options.block_cache()  # one block cache for both column families
             options = self._options.build(cache)
@@ -150,7 +154,8 @@ class RocksKV:
             for name in existing:
                 if name not in families and name != "default":
                     families[name] = self._options.build(cache, records=True)
-            self._db = Rdict(str(self.path), options, column_families=families)
+            access = AccessType.read_only() if self._read_only else AccessType.read_write()
+            self._db = Rdict(str(self.path), options, column_families=families, access_type=access)
             self._records = self._db.get_column_family(_RECORDS)
             self._records_handle = self._db.get_column_family_handle(_RECORDS)
             if not self._options.write_ahead_log:
@@ -227,11 +232,13 @@ def _successor(prefix: bytes) -> bytes:
 class RocksState(IndexState):
     """The index on disk. One writer at a time: RocksDB's lock file enforces it."""
 
-    def __init__(self, path: str | Path, options: RocksOptions = RocksOptions()) -> None:
+    def __init__(
+        self, path: str | Path, options: RocksOptions = RocksOptions(), *, read_only: bool = False
+    ) -> None:
         self.path = Path(path)
         self.options = options
         super().__init__(
-            RocksKV(self.path, options),
+            RocksKV(self.path, options, read_only=read_only),
             bucket_cap=options.bucket_cap,
             record_cache=options.record_cache,
             probe_cache=options.probe_cache,

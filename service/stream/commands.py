@@ -1,20 +1,24 @@
-"""Stream commands: `neardup worker`, `neardup produce FILE.jsonl`, `neardup tail`."""
+"""Stream commands: `neardup worker`, `neardup produce FILE.jsonl`, `neardup tail`, and the
+changelog side of `neardup stats`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from ..config import ConfigError, Settings
+from ..state.index import IndexStats
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -263,3 +267,74 @@ async def tail(
     finally:
         await consumer.stop()
     return seen
+
+
+def changelog_stats(args: argparse.Namespace) -> IndexStats:
+    """`neardup stats --broker`: the worker's record table as its changelog holds it, indexed into
+    a scratch state (what a rebuild would give); bytes are those of the live records in the log,
+    expired and deleted the tombstones it still holds (compaction drops them in time)."""
+    import tempfile
+
+    from rocksdict import Options, Rdict
+
+    from ..state.rocks import RocksState
+    from .stages import ARTICLE_PREFIX
+    from .topics import changelog_topic
+
+    settings = _settings(args, app_id=args.app_id)
+    with tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch:
+        # the compacted view: the last value per key
+        latest = Rdict(str(Path(scratch) / "latest"), Options(raw_mode=True))
+        try:
+            tombstones = asyncio.run(_read_changelog(settings, changelog_topic(settings), latest))
+            state = RocksState(Path(scratch) / "index")
+            try:
+                records = (
+                    (key[len(ARTICLE_PREFIX) :].decode(), value)
+                    for key, value in _raw_items(latest)
+                    if key.startswith(ARTICLE_PREFIX)
+                )
+                state.bulk_load(records)
+                stats = state.stats(full=True)
+            finally:
+                state.close()
+            live = sum(len(value) for key, value in _raw_items(latest) if key.startswith(ARTICLE_PREFIX))
+        finally:
+            latest.close()
+    return dataclasses.replace(stats, bytes_on_disk=live, deleted=tombstones, expired=0)
+
+
+def _raw_items(db: Any) -> Iterator[tuple[bytes, bytes]]:
+    for key, value in db.items():
+        yield cast(bytes, key), cast(bytes, value)
+
+
+async def _read_changelog(settings: Settings, topic: str, latest: Any) -> int:
+    """Every message of the changelog into `latest` (tombstones remove their key); returns the
+    number of tombstones read."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        enable_auto_commit=False,
+        group_id=None,
+        auto_offset_reset="earliest",
+        **settings.client_security(),
+    )
+    await consumer.start()
+    tombstones = 0
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        while await consumer.position(tp) < end:
+            for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                if record.value is None:
+                    tombstones += 1
+                    with contextlib.suppress(KeyError):
+                        del latest[record.key]
+                else:
+                    latest[record.key] = record.value
+    finally:
+        await consumer.stop()
+    return tombstones

@@ -225,8 +225,9 @@ def _streamed_records(requests: BinaryIO, answers: BinaryIO) -> Iterator[tuple[b
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """The child's loop. First frame: (params, index path, RocksOptions, freeze interval,
-    retention); then ("reopen", applied offset, applied inputs) → bool; ("rebuild",) → "rebuilding", then ("load", records) → None
-    for each chunk of the table, then ("loaded",) → count;
+    retention); then ("reopen", applied offset, applied inputs) → bool; ("rebuild",) →
+    "rebuilding", then ("load", records) → None for each chunk of the table, then ("loaded",) →
+    count;
     ("decide", messages) → (outcome, writes), ("close",) → "closed", which ends it (as EOF does,
     without marking the index reusable)."""
     first = read_frame(requests)

@@ -4,8 +4,8 @@ the topics' `send` replaced by recorders. A fast check of the agents' wiring, no
 from __future__ import annotations
 
 import asyncio
-import itertools
 import base64
+import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path

@@ -175,6 +175,8 @@ def _sample(name: str, default: object) -> str:
         return "SASL_PLAINTEXT"
     if name in ("index_process", "index_handoff"):  # 0 or 1
         return "0"
+    if name in ("retention", "time_skew"):  # durations
+        return {"retention": "30d", "time_skew": "5m"}[name]
     if name in ("num_perm", "verify_perm"):  # the verifier must be a multiple of the signature
         return {"num_perm": "64", "verify_perm": "256"}[name]
     if isinstance(default, int):
@@ -203,3 +205,15 @@ def test_zero_turns_helpers_cache_and_freezing_off() -> None:
     settings = Settings.from_env(env)
     caches = (settings.record_cache, settings.probe_cache)
     assert (settings.sign_processes, *caches, settings.gc_freeze_every) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize(("name", "raw"), [("RETENTION", "30 days"), ("TIME_SKEW", "-5m"), ("BUCKET_CAP", "0")])
+def test_retention_settings_are_checked(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=f"NEARDUP_{name}"):
+        Settings.from_env({f"NEARDUP_{name}": raw})
+
+
+def test_the_retention_window_from_settings() -> None:
+    window = Settings.from_env({"NEARDUP_RETENTION": "12h", "NEARDUP_TIME_SKEW": "1m"}).retention_window()
+    assert (window.window_ms, window.skew_ms) == (12 * 3_600_000, 60_000)
+    assert not Settings().retention_window().enabled, "the default keeps articles forever"

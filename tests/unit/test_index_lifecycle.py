@@ -200,7 +200,7 @@ def test_a_state_of_an_earlier_format_is_refused_with_how_to_rebuild(tmp_path: P
     old_header = {**PARAMS.header(), "format": 3}
     state.kv.write(Batch(main={HEADER_KEY: orjson.dumps(old_header)}))
     try:
-        with pytest.raises(IncompatibleState, match="format 3.*Rebuild"):
+        with pytest.raises(IncompatibleState, match=r"format 3.*Rebuild"):
             state.open_header(PARAMS.header())
     finally:
         state.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import itertools
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,17 +15,19 @@ import numpy as np
 import orjson
 import pytest
 
-from service.core.lsh import BAND_KEY_BYTES, band_keys
-from service.core.params import DedupParams
+from service.core.lsh import band_keys
+from service.core.params import DedupParams, IncompatibleState
 from service.core.signing import fingerprint
 from service.state.rocks import RocksState
 from service.stream.stages import (
     ARTICLE_PREFIX,
+    INPUTS_KEY,
     OFFSET_KEY,
     IndexStage,
     OffsetGap,
     Provenance,
     Signed,
+    SignedDeletion,
     SignStage,
     decode_signed,
     encode_signed,
@@ -35,7 +38,7 @@ from service.stream.stages import (
     pack_signed,
     unpack_signed,
 )
-from tests.conftest import PROSE, wide_record, wide_verifier_bytes
+from tests.conftest import PROSE
 
 PARAMS = DedupParams()
 SRC = Provenance("neardup-articles", 2, 4711, 1_717_000_000_000)
@@ -68,7 +71,6 @@ BAD: list[tuple[str, bytes | None, str]] = [
     ("oversized multibyte text", article("a", "€" * 34), "oversized"),  # 102 bytes, 34 characters
     ("empty text", article("a", ""), "empty_text"),
     ("whitespace text", article("a", " \n\t\u3000 \r\n "), "empty_text"),
-    ("tombstone", None, "invalid_json"),
 ]
 
 
@@ -142,40 +144,34 @@ def test_signed_record_carries_the_band_keys_of_its_signature() -> None:
     assert item.band_keys_for(25, 4) is None and item.band_keys_for(20, 5) is None
 
 
-def old_record(item: Signed, magic: bytes) -> bytes:
-    """`item` as the sign stage wrote it before 8-bit verifiers: S3 (16-bit verifier slots), S2
-    (32-bit) or, from before it computed band keys, S1 (32-bit, no keys section either)."""
-    current = encode_signed(item)
-    (meta_len,) = struct.unpack_from(">I", current, 2)
-    keys_end = 6 + meta_len + 4 + BAND_KEY_BYTES * len(item.band_keys)  # (bands, rows) then the keys
-    verifier_start = keys_end + 8 * item.fingerprint.signature.size
-    keys = b"" if magic == b"S1" else current[6 + meta_len : keys_end]
-    wide = wide_verifier_bytes(item.fingerprint.verifier, 2 if magic == b"S3" else 4)
-    return magic + current[2 : 6 + meta_len] + keys + current[keys_end:verifier_start] + wide
+def test_a_tombstone_becomes_a_deletion_in_its_place(sign: SignStage) -> None:
+    result = sign.handle(None, b"wire-7", SRC)
+    assert result.dead_letter is None and result.signed is not None
+    deletion = decode_signed(result.signed)
+    assert deletion == SignedDeletion("wire-7", SRC)
+    assert unpack_signed(pack_signed([result.signed])) == [result.signed]
+    as_json = sign.handle(b'{"id": "wire-7", "deleted": true}', b"wire-7", SRC)
+    assert as_json.signed == result.signed
 
 
-def test_s1_records_without_band_keys_are_still_read() -> None:
-    item = signed("a", PROSE[0])
-    old = decode_signed(old_record(item, b"S1"))
-    assert old.band_keys == () and old.banding == (0, 0) and old.band_keys_for(25, 5) is None
-    assert (old.article_id, old.fingerprint, old.provenance) == (
-        item.article_id,
-        item.fingerprint,
-        item.provenance,
+def test_a_tombstone_without_a_key_is_dead_lettered(sign: SignStage) -> None:
+    result = sign.handle(None, None, SRC)
+    assert result.signed is None and result.reason == "invalid_json"
+    assert "tombstone" in orjson.loads(result.dead_letter or b"")["detail"]
+
+
+def test_the_event_time_is_published_at_or_the_record_timestamp(sign: SignStage) -> None:
+    stage = SignStage(PARAMS, max_text_bytes=1_000_000)
+    dated = decode_signed(
+        stage.handle(article("a", "A body.", published_at="2024-05-29T12:00:00Z"), None, SRC).signed or b""
     )
-    assert unpack_signed(pack_signed([old_record(item, b"S1")])) == [old_record(item, b"S1")]
-
-
-@pytest.mark.parametrize(("magic", "width"), [(b"S2", 4), (b"S3", 2)])
-def test_records_with_wider_verifiers_read_as_8_bit_ones(magic: bytes, width: int) -> None:
-    item = signed("a", PROSE[0])
-    assert item.fingerprint.verifier.dtype == np.uint8 and item.fingerprint.verifier.size == 512
-    record = old_record(item, magic)
-    assert len(record) == len(encode_signed(item)) + (width - 1) * 512
-    old = decode_signed(record)
-    assert old == item
-    assert old.fingerprint.verifier.dtype == np.uint8
-    assert unpack_signed(pack_signed([record, encode_signed(item)])) == [record, encode_signed(item)]
+    assert isinstance(dated, Signed) and dated.time_ms == 1_716_984_000_000 and not dated.refused_time
+    undated = decode_signed(stage.handle(article("a", "A body."), None, SRC).signed or b"")
+    assert isinstance(undated, Signed) and undated.time_ms == SRC.timestamp_ms
+    ahead = stage.handle(article("a", "A body.", published_at="2099-01-01T00:00:00Z"), None, SRC)
+    future = decode_signed(ahead.signed or b"")
+    assert ahead.refused_time and isinstance(future, Signed)
+    assert future.time_ms == SRC.timestamp_ms and future.refused_time
 
 
 @pytest.mark.parametrize(
@@ -255,11 +251,18 @@ def test_unpack_rejects_malformed_messages(data: bytes, message: str) -> None:
 # --- index ----------------------------------------------------------------------------------------
 
 
-def signed(article_id: str, text: str, input_offset: int = 0) -> Signed:
-    src = Provenance(SRC.topic, SRC.partition, input_offset, SRC.timestamp_ms)
+_INPUT_OFFSETS = itertools.count()
+
+
+def signed(article_id: str, text: str, input_offset: int | None = None) -> Signed:
+    """Signed as the sign stage would, by default from the next message of its input partition."""
+    offset = next(_INPUT_OFFSETS) if input_offset is None else input_offset
+    src = Provenance(SRC.topic, SRC.partition, offset, SRC.timestamp_ms)
     result = SignStage(PARAMS, 1_000_000).handle(article(article_id, text), article_id.encode(), src)
     assert result.signed is not None, result.reason
-    return decode_signed(result.signed)
+    item = decode_signed(result.signed)
+    assert isinstance(item, Signed)
+    return item
 
 
 def story_with_a_copy() -> list[Signed]:
@@ -325,14 +328,19 @@ def test_redelivery_with_a_higher_offset_repeats_the_verdict(shards: Any) -> Non
     item = signed("b", PROSE[0] + " Reporting by the wire desk.")
     status, first = shard.handle(item, 1)
     shard.handle(signed("c", PROSE[2]), 2)
-    records_before = {k: v for k, v in shard.records.items() if k != OFFSET_KEY}
+    records_before = {k: v for k, v in shard.records.items() if k not in (OFFSET_KEY, INPUTS_KEY)}
 
-    status, again = shard.handle(item, 3)  # produced twice upstream: a new offset, the same record
+    # the same article sent again upstream: a new input message with the same content
+    status, again = shard.handle(signed("b", PROSE[0] + " Reporting by the wire desk."), 3)
     assert status == "redelivered"
     assert again == first
-    assert {k: v for k, v in shard.records.items() if k != OFFSET_KEY} == records_before
+    assert {k: v for k, v in shard.records.items() if k not in (OFFSET_KEY, INPUTS_KEY)} == records_before
     assert shard.records[OFFSET_KEY] == b"3" and shard.stage.applied_offset == 3
     assert shard.state.count() == 3
+    # the same input message signed again (a producer retry, a restart of the sign stage): the
+    # stored verdict, recognised by where it came from
+    status, replayed = shard.handle(item, 4)
+    assert (status, replayed) == ("replayed", first)
 
 
 def test_replay_at_or_below_the_applied_offset(shards: Any) -> None:
@@ -419,9 +427,8 @@ FUTURE = [
 
 
 def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -> None:
-    """The index stage uses the sign stage's band keys when a record has them and computes them
-    otherwise (S1 records, or keys of another banding); records of the formats with wider verifiers
-    (S1, S2, S3) are decided on the same 8-bit ones: the decisions and the state are the same."""
+    """The index stage uses the sign stage's band keys when a record has them for its banding and
+    computes them otherwise: the decisions and the state are the same."""
     items = [*story_with_a_copy(), signed("d", PROSE[2] + " Updated at noon.")]
     other_rows = [  # as a signer configured with 4 rows per band would send them
         dataclasses.replace(
@@ -432,15 +439,12 @@ def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -
     runs = []
     for name, batch in (
         ("keys", items),
-        ("s1", [decode_signed(old_record(item, b"S1")) for item in items]),
-        ("s2", [decode_signed(old_record(item, b"S2")) for item in items]),
-        ("s3", [decode_signed(old_record(item, b"S3")) for item in items]),
         ("other", [decode_signed(encode_signed(item)) for item in other_rows]),
     ):
         shard = shards(name)
-        runs.append([shard.handle(item, offset) for offset, item in enumerate(batch)])
+        runs.append([shard.handle(item, offset) for offset, item in enumerate(batch)])  # type: ignore[arg-type]
         runs[-1].append(sorted(shard.records.items()))
-    assert runs[0] == runs[1] == runs[2] == runs[3] == runs[4]
+    assert runs[0] == runs[1]
     assert [verdict["verdict"] for _, verdict in runs[0][:4]] == [
         "unique",
         "duplicate",
@@ -488,23 +492,12 @@ def test_rebuild_reproduces_subsequent_verdicts(shards: Any) -> None:
     assert ("duplicate", True) in kinds and ("partial", False) in kinds and ("unique", False) in kinds
 
 
-@pytest.mark.parametrize("magic", [b"N1", b"N2"])
-def test_a_record_table_with_wider_verifiers_rebuilds_to_the_same_verdicts(shards: Any, magic: bytes) -> None:
-    """A table written before 8-bit verifiers (records N1, N2) reads as the table written now."""
+def test_a_record_table_of_an_earlier_format_is_refused(shards: Any) -> None:
     live = shards("live")
-    for offset, (article_id, text) in enumerate(HISTORY):
-        live.handle(signed(article_id, text), offset)
-    old_table = {
-        key: wide_record(value, magic) if key.startswith(ARTICLE_PREFIX) else value
-        for key, value in live.records.items()
-    }
-    assert sum(len(value) for value in old_table.values()) > sum(len(v) for v in live.records.values())
-    restarted = shards("restarted", old_table)
-    fingerprints = [a.fingerprint for a in live.state.articles()]
-    assert [a.fingerprint for a in restarted.state.articles()] == fingerprints
-    for offset, (article_id, text) in enumerate(FUTURE, start=len(HISTORY)):
-        item = signed(article_id, text)
-        assert restarted.handle(item, offset) == live.handle(item, offset), article_id
+    live.handle(signed("a", PROSE[0]), 0)
+    old_table = {**live.records, ARTICLE_PREFIX + b"old": b"N3\x00\x00\x00\x02{}"}
+    with pytest.raises(IncompatibleState, match=r"earlier state format.*NEARDUP_APP_ID"):
+        shards("restarted", old_table)
 
 
 def test_rebuild_on_the_same_directory_wipes_the_derived_index(shards: Any) -> None:

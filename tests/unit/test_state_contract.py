@@ -202,7 +202,6 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     loaded.open_header(PARAMS.header())
     assert loaded.bulk_load(iter(records), PARAMS.lsh.bands, PARAMS.lsh.rows, chunk=chunk) == len(records)
     try:
-
         stored = contents(applied)
         assert stored == contents(loaded)
         assert loaded.next_seq() == applied.next_seq()
@@ -284,7 +283,9 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
     unique = dataclasses.replace(
         article, decision=Decision("unique", None, None, None, None, "id", False, ())
     )
-    assert decode_article(encode_article(unique)) == dataclasses.replace(unique, fingerprint=without_signature(fp))
+    assert decode_article(encode_article(unique)) == dataclasses.replace(
+        unique, fingerprint=without_signature(fp)
+    )
     assert len(data) < 1000, "a record is ~0.9 KB: 512-byte verifier, 25 band keys, the decision"
 
 
