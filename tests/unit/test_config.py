@@ -207,7 +207,9 @@ def test_zero_turns_helpers_cache_and_freezing_off() -> None:
     assert (settings.sign_processes, *caches, settings.gc_freeze_every) == (0, 0, 0, 0)
 
 
-@pytest.mark.parametrize(("name", "raw"), [("RETENTION", "30 days"), ("TIME_SKEW", "-5m"), ("BUCKET_CAP", "0")])
+@pytest.mark.parametrize(
+    ("name", "raw"), [("RETENTION", "30 days"), ("TIME_SKEW", "-5m"), ("BUCKET_CAP", "0")]
+)
 def test_retention_settings_are_checked(name: str, raw: str) -> None:
     with pytest.raises(ConfigError, match=f"NEARDUP_{name}"):
         Settings.from_env({f"NEARDUP_{name}": raw})
