@@ -48,8 +48,14 @@ cert_args=()
 if [ -n "${PIP_CERT:-}" ]; then
   cert_args=(--volume "$PIP_CERT:$PIP_CERT:ro" --build-arg "PIP_CERT=$PIP_CERT")
 fi
+# the image this tag named before, removed below once replaced: each build of changed code would
+# otherwise leave a full copy of the virtual environment behind, untagged
+previous="$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
 # --format docker keeps the HEALTHCHECK (the OCI image format has no field for it)
 podman build --runtime "$RUNTIME" --network host --format docker \
   --build-arg "BASE=$BASE" --build-arg "BUILD_BASE=$BUILD_BASE" "${cert_args[@]}" \
   --ignorefile deploy/Dockerfile.dockerignore -f deploy/Dockerfile -t "$IMAGE" . >&2
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$IMAGE")" ]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true   # still in use by a container: left
+fi
 echo "$IMAGE"
