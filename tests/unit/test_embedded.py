@@ -289,3 +289,70 @@ def test_resume_refuses_an_output_shorter_than_the_state_says(tmp_path: Path) ->
         more.write(orjson.dumps({"id": "a3", "text": "one more article, about a harbour"}) + b"\n")
     assert main(["dedup", str(source), "-o", str(out), "--state", str(state), "-q"]) == 2
     assert not out.exists() or b"\x00" not in out.read_bytes()
+
+
+def test_a_deleted_line_removes_the_article_and_writes_its_tombstone(
+    tmp_path: Path, prose: tuple[str, ...], capsys
+) -> None:
+    source = tmp_path / "in.jsonl"
+    lines = [
+        article("a", prose[0]),
+        article("b", prose[0] + FOOTER),
+        orjson.dumps({"id": "a", "deleted": True}),
+        orjson.dumps({"id": "nobody", "deleted": True}),
+        article("c", prose[0] + " Reporting by the wire desk."),
+        article("d", prose[0]),
+    ]
+    source.write_bytes(b"".join(line + b"\n" for line in lines))
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    assert cli.main(["dedup", str(source), "-o", str(out), "--state", str(state), "-q"]) == 0
+    assert "deleted=1 unknown_deletes=1" in capsys.readouterr().out
+    records = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert records[2] == {"article_id": "a", "deleted": True}
+    assert [r["article_id"] for r in records] == ["a", "b", "a", "c", "d"]
+    c, d = records[3], records[4]
+    assert (c["verdict"], c["match_id"], c["canonical_id"]) == ("duplicate", "b", "b")
+    # its exact copy is gone: the text matches the surviving near copies, never the deleted one
+    assert (d["verdict"], d["exact"], d["canonical_id"]) == ("duplicate", False, "b")
+    assert d["match_id"] in {"b", "c"}
+    assert cli.main(["stats", "--state", str(state), "--json"]) == 0
+    stats = orjson.loads(capsys.readouterr().out)
+    assert (stats["articles"], stats["deleted"]) == (3, 1)
+
+
+def test_retention_expires_a_file_of_old_news_by_its_own_dates(
+    tmp_path: Path, prose: tuple[str, ...], capsys
+) -> None:
+    source = tmp_path / "in.jsonl"
+    lines = [
+        article("old", prose[0], published_at="2025-01-01T08:00:00Z"),
+        article("mid", prose[1], published_at="2025-01-20T08:00:00Z"),
+        article("inside", prose[1] + FOOTER, published_at="2025-02-01T08:00:00Z"),
+        article("outside", prose[0] + FOOTER, published_at="2025-02-10T08:00:00Z"),
+        article("future", prose[2], published_at="2099-01-01T00:00:00Z"),
+    ]
+    source.write_bytes(b"".join(line + b"\n" for line in lines))
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    args = ["dedup", str(source), "-o", str(out), "--state", str(state), "--retention", "30d", "-q"]
+    assert cli.main(args) == 0
+    summary = capsys.readouterr().out
+    assert "expired=1" in summary and "refused_times=1" in summary
+    verdicts = {v["article_id"]: v for v in map(orjson.loads, out.read_bytes().splitlines())}
+    assert (verdicts["inside"]["verdict"], verdicts["inside"]["match_id"]) == ("duplicate", "mid")
+    assert verdicts["outside"]["verdict"] == "unique", "its original is 40 days older: expired"
+    assert cli.main(["stats", "--state", str(state)]) == 0
+    shown = capsys.readouterr().out
+    assert "articles indexed   4" in shown and "expired            1" in shown
+    assert "oldest article     2025-01-20T08:00:00+00:00" in shown
+    assert "newest article     2025-02-10T08:00:00+00:00" in shown, "2099 was refused"
+
+
+def test_state_is_compact_after_a_run(tmp_path: Path) -> None:
+    """Everything under the state directory after a run over the sample, per article: the
+    figure the README quotes for embedded mode (the issue's target is 1.2 KB)."""
+    sample = Path(embedded.__file__).parent / "data" / "sample_news.jsonl"
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    assert cli.main(["dedup", str(sample), "-o", str(out), "--state", str(state), "-q"]) == 0
+    articles = len(sample.read_bytes().splitlines())
+    size = sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
+    assert size / articles < 3000, f"{size / articles:.0f} bytes per article"
