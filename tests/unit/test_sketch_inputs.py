@@ -1,6 +1,8 @@
 """The compiled loops (service/core/_sketch.c) check their arguments: wrong lengths, counts and
 values raise ValueError naming the argument (TypeError for what is not a buffer or a sequence)
-before any memory is touched, and buffers at any address give the results aligned ones give."""
+before any memory is touched, and buffers at any address give the results aligned ones give.
+.ci/asan runs these against a build under AddressSanitizer, where a read or write outside a buffer
+aborts the run instead of passing unnoticed."""
 
 from __future__ import annotations
 
