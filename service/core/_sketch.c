@@ -58,8 +58,9 @@
  * counts), counts and byte values in range; ValueError naming the argument otherwise (TypeError
  * for what is not a buffer or a sequence). Buffers may start at any address (a memoryview slice,
  * np.frombuffer at an offset): their items are read and written through memcpy, never through a
- * cast pointer, which would be undefined behaviour when misaligned. Sequences of objects are
- * copied into a tuple first, as reading an attribute can run Python code that changes a list.
+ * cast pointer, which would be undefined behaviour when misaligned. A sequence of candidates is
+ * walked holding each candidate and checking the list's length at every step, as reading an
+ * attribute can run Python code that changes the list.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -70,7 +71,10 @@
 #define POLY 0x9E3779B97F4A7C15ULL
 
 /* Items of Python buffers at any alignment: memcpy of a fixed size compiles to a single move where
- * the target allows unaligned access (x86-64, arm64), so the aligned case costs nothing more. */
+ * the target allows unaligned access (x86-64, arm64), so the aligned case costs nothing more. A
+ * memcpy store may write anything as far as the compiler knows, though, including the parsed
+ * arguments (their address went to PyArg_ParseTuple): the loops that store read copies of those in
+ * locals, which would otherwise be loaded again after every store. */
 static inline uint64_t get_u64(const void *buf, Py_ssize_t i) {
     uint64_t v;
     memcpy(&v, (const char *)buf + i * 8, 8);
@@ -192,15 +196,18 @@ static PyObject *oph_minima(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    const Py_ssize_t span = k;
+    const uint64_t key = (uint64_t)seed_key;
+    void *const minimum = minima.buf;
     for (Py_ssize_t i = 0; i < windows; i++) {
         uint64_t hash = get_u64(unit, i);
-        for (Py_ssize_t j = 1; j < k; j++) {
+        for (Py_ssize_t j = 1; j < span; j++) {
             hash = hash * POLY + get_u64(unit, i + j);
         }
-        uint64_t value = fmix64(hash ^ (uint64_t)seed_key);
+        uint64_t value = fmix64(hash ^ key);
         Py_ssize_t bin = (Py_ssize_t)(((value >> 32) * (uint64_t)bins) >> 32); /* < bins <= 2**16 */
-        if (value < get_u64(minima.buf, bin)) {
-            put_u64(minima.buf, bin, value);
+        if (value < get_u64(minimum, bin)) {
+            put_u64(minimum, bin, value);
         }
         permuted[i] = value;
     }
@@ -319,18 +326,20 @@ static PyObject *collapse_spaces(PyObject *self, PyObject *args) {
         (out.len < points.len && invalid("out must be at least as long as points"))) {
         goto done;
     }
-    Py_ssize_t count = points.len / 4;
-    const uint8_t *space = (const uint8_t *)table.buf; /* one byte a code point: any alignment */
+    const Py_ssize_t count = points.len / 4, known = table.len;
+    const void *const point = points.buf;
+    void *const written = out.buf;
+    const uint8_t *const space = (const uint8_t *)table.buf; /* one byte a code point: any alignment */
     Py_ssize_t length = 0;
     int after_space = 1; /* drops leading spaces */
     for (Py_ssize_t i = 0; i < count; i++) { /* branch-free: spaces are too irregular to predict */
-        uint32_t code = get_u32(points.buf, i);
-        int is_space = (Py_ssize_t)code < table.len ? space[code] != 0 : 0;
-        put_u32(out.buf, length, is_space ? 32 : code); /* length <= i < count: inside out */
+        uint32_t code = get_u32(point, i);
+        int is_space = (Py_ssize_t)code < known ? space[code] != 0 : 0;
+        put_u32(written, length, is_space ? 32 : code); /* length <= i < count: inside out */
         length += !(is_space & after_space);
         after_space = is_space;
     }
-    if (length > 0 && get_u32(out.buf, length - 1) == 32) {
+    if (length > 0 && get_u32(written, length - 1) == 32) {
         length--;
     }
     result = PyLong_FromSsize_t(length);
@@ -409,8 +418,7 @@ static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t siz
 }
 
 /* scores' and rank's common arguments: nonzero (ValueError or TypeError set) when one is out of
- * range. `others` is then copied into a tuple: a candidate's attribute may be computed by Python
- * code, which could shrink a list being walked or drop the last reference to its items. */
+ * range. */
 static int scoring_arguments_invalid(PyObject *others, Py_ssize_t size_a, int empty, double chance) {
     if (!PySequence_Check(others)) {
         PyErr_SetString(PyExc_TypeError, "others must be a sequence");
@@ -425,6 +433,17 @@ static int scoring_arguments_invalid(PyObject *others, Py_ssize_t size_a, int em
     return 0;
 }
 
+/* Candidate `row` of `sequence` (from PySequence_Fast) as a new reference, or NULL (RuntimeError)
+ * when the list has become shorter. Reading a candidate's attributes can run Python code, which
+ * could shrink the list being walked, or drop the last reference to the candidate being read. */
+static PyObject *candidate_at(PyObject *sequence, Py_ssize_t row) {
+    if (row >= PySequence_Fast_GET_SIZE(sequence)) {
+        PyErr_SetString(PyExc_RuntimeError, "others changed size during the call");
+        return NULL;
+    }
+    return Py_NewRef(PySequence_Fast_GET_ITEM(sequence, row));
+}
+
 static PyObject *scores(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer query;
@@ -437,10 +456,11 @@ static PyObject *scores(PyObject *self, PyObject *args) {
     }
     PyObject *result = NULL, *jaccard = NULL, *inside = NULL, *contains = NULL;
     PyObject *sequence = NULL;
-    if (scoring_arguments_invalid(others, size_a, empty, chance) || (sequence = PySequence_Tuple(others)) == NULL) {
+    if (scoring_arguments_invalid(others, size_a, empty, chance) ||
+        (sequence = PySequence_Fast(others, "others must be a sequence")) == NULL) {
         goto done;
     }
-    Py_ssize_t rows = PyTuple_GET_SIZE(sequence);
+    Py_ssize_t rows = PySequence_Fast_GET_SIZE(sequence);
     jaccard = PyBytes_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(double));
     inside = PyBytes_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(double));
     contains = PyBytes_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(double));
@@ -449,8 +469,13 @@ static PyObject *scores(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t row = 0; row < rows; row++) {
         double j, a, b;
-        if (write_scores(PyTuple_GET_ITEM(sequence, row), (const uint8_t *)query.buf, query.len, size_a, empty,
-                         chance, &j, &a, &b) < 0) {
+        PyObject *candidate = candidate_at(sequence, row);
+        if (candidate == NULL) {
+            goto done;
+        }
+        int status = write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance, &j, &a, &b);
+        Py_DECREF(candidate);
+        if (status < 0) {
             goto done;
         }
         memcpy(PyBytes_AS_STRING(jaccard) + row * sizeof(double), &j, sizeof(double));
@@ -526,22 +551,29 @@ static PyObject *rank(PyObject *self, PyObject *args) {
     PyObject *result = NULL, *listed = NULL, *match = NULL, *sequence = NULL;
     Scored *scored = NULL;
     if (scoring_arguments_invalid(others, size_a, empty, chance) || (top < 0 && invalid("top must be >= 0")) ||
-        (sequence = PySequence_Tuple(others)) == NULL) {
+        (sequence = PySequence_Fast(others, "others must be a sequence")) == NULL) {
         goto done;
     }
-    Py_ssize_t rows = PyTuple_GET_SIZE(sequence);
+    Py_ssize_t rows = PySequence_Fast_GET_SIZE(sequence);
     scored = PyMem_Malloc((size_t)(rows > 0 ? rows : 1) * sizeof(Scored));
     if (scored == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t row = 0; row < rows; row++) {
-        PyObject *candidate = PyTuple_GET_ITEM(sequence, row);
+        PyObject *candidate = candidate_at(sequence, row);
+        if (candidate == NULL) {
+            goto done;
+        }
         Scored *entry = &scored[row];
         entry->index = row;
-        if (write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance, &entry->jaccard,
-                         &entry->inside, &entry->contains) < 0 ||
-            read_seq(candidate, &entry->seq) < 0) {
+        int status = write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance,
+                                  &entry->jaccard, &entry->inside, &entry->contains);
+        if (status == 0) {
+            status = read_seq(candidate, &entry->seq);
+        }
+        Py_DECREF(candidate);
+        if (status < 0) {
             goto done;
         }
     }
@@ -596,42 +628,45 @@ static PyObject *merge_buckets(PyObject *self, PyObject *args) {
         invalid("count must be >= 0");
         return NULL;
     }
-    /* A tuple: the buckets are sized once and then read, and allocating the result can run
-     * Python code (a collection's finalizers) that could change a list in between. */
-    PyObject *sequence = PySequence_Tuple(buckets);
-    if (sequence == NULL) {
+    /* The result list first: making it can start a garbage collection, whose finalizers could
+     * change a list of buckets. From PySequence_Fast on, no Python code runs (ints and a list's
+     * growth are not tracked by the collector), so a list is read in place, sized in one pass and
+     * merged in the next, without a copy. */
+    PyObject *merged = PyList_New(0);
+    if (merged == NULL) {
         return NULL;
     }
-    PyObject *merged = NULL;
+    PyObject *sequence = PySequence_Fast(buckets, "buckets must be a sequence");
+    if (sequence == NULL) {
+        Py_DECREF(merged);
+        return NULL;
+    }
     uint64_t *seen = NULL;
-    Py_ssize_t count = PyTuple_GET_SIZE(sequence), total = 0;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence), total = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *stored = PyTuple_GET_ITEM(sequence, i);
+        PyObject *stored = PySequence_Fast_GET_ITEM(sequence, i);
         if (stored == Py_None) {
             continue;
         }
         if (!PyBytes_Check(stored) || PyBytes_GET_SIZE(stored) % 8 != 0) {
             invalid("each of buckets must be bytes of 8-byte arrival numbers, or None");
+            Py_CLEAR(merged);
             goto done;
         }
         Py_ssize_t members = PyBytes_GET_SIZE(stored) / 8; /* the same bytes may repeat: saturate */
         total = members > PY_SSIZE_T_MAX - total ? PY_SSIZE_T_MAX : total + members;
     }
-    /* every value the set takes is appended to the result, which stops at `wanted` */
-    size_t capacity = set_capacity(total < wanted ? total : wanted);
+    size_t capacity = set_capacity(total);
     /* arrival number + 1, as 0 marks a free slot */
     seen = capacity ? PyMem_Calloc(capacity, sizeof(uint64_t)) : NULL;
-    merged = PyList_New(0);
-    if (seen == NULL || merged == NULL) {
-        if (seen == NULL) {
-            PyErr_NoMemory();
-        }
+    if (seen == NULL) {
+        PyErr_NoMemory();
         Py_CLEAR(merged);
         goto done;
     }
     size_t mask = capacity - 1;
     for (Py_ssize_t i = 0; i < count && PyList_GET_SIZE(merged) < wanted; i++) {
-        PyObject *stored = PyTuple_GET_ITEM(sequence, i);
+        PyObject *stored = PySequence_Fast_GET_ITEM(sequence, i);
         if (stored == Py_None) {
             continue;
         }
@@ -681,23 +716,27 @@ static PyObject *finish(PyObject *self, PyObject *args) {
         ((empty_slot < 0 || empty_slot > 255) && invalid("empty_slot must be a byte value, 0..255"))) {
         goto done;
     }
-    const void *minima = wide.buf;
-    uint8_t *narrow = (uint8_t *)verifier.buf; /* one byte a bin: any alignment */
-    Py_ssize_t slots = wide.len / 8, group = slots / num_perm, unfilled = 0;
-    for (Py_ssize_t slot = 0; slot < num_perm; slot++) {
+    const void *const minima = wide.buf;
+    void *const out = signature.buf;
+    uint8_t *const narrow = (uint8_t *)verifier.buf; /* one byte a bin: any alignment */
+    const Py_ssize_t slots = wide.len / 8, slots_out = num_perm, group = slots / num_perm;
+    const uint64_t vacant = (uint64_t)empty;
+    const uint8_t vacant_slot = (uint8_t)empty_slot, stand_in = (uint8_t)(empty_slot - 1);
+    Py_ssize_t unfilled = 0;
+    for (Py_ssize_t slot = 0; slot < slots_out; slot++) {
         uint64_t least = get_u64(minima, slot * group);
         for (Py_ssize_t i = 1; i < group; i++) {
             uint64_t value = get_u64(minima, slot * group + i);
             least = value < least ? value : least;
         }
-        put_u64(signature.buf, slot, least);
-        unfilled += least == (uint64_t)empty;
+        put_u64(out, slot, least);
+        unfilled += least == vacant;
     }
     for (Py_ssize_t i = 0; i < slots; i++) {
         uint64_t minimum = get_u64(minima, i);
         uint8_t low = (uint8_t)minimum;
         /* a real minimum whose low bits read as the empty slot is never taken for empty */
-        narrow[i] = (low == (uint8_t)empty_slot && minimum != (uint64_t)empty) ? (uint8_t)(empty_slot - 1) : low;
+        narrow[i] = (low == vacant_slot && minimum != vacant) ? stand_in : low;
     }
     result = PyLong_FromSsize_t(unfilled);
 done:

@@ -427,29 +427,52 @@ def test_scores_and_rank_read_a_query_at_any_offset() -> None:
     assert sketch.rank(misaligned(QUERY), others, *args) == sketch.rank(QUERY, candidates(6), *args)
 
 
-class _Shrinking:
-    """A candidate whose verifier, when read, empties the list of candidates it is in."""
+class _Changing:
+    """A candidate that, when its verifier is read, changes the list of candidates it is in: puts a
+    plain copy of itself in its place (dropping the list's reference to it), or empties the list."""
 
-    def __init__(self, owner: list[Any], verifier: np.ndarray, seq: int) -> None:
-        self.owner, self._verifier, self.shingle_count, self.seq = owner, verifier, 50, seq
+    def __init__(self, owner: list[Any], index: int, verifier: np.ndarray, empty_the_list: bool) -> None:
+        self.owner, self.index, self.empty_the_list = owner, index, empty_the_list
+        self._verifier, self.shingle_count, self.seq = verifier, 50 + index, index
 
     @property
     def verifier(self) -> np.ndarray:
-        self.owner.clear()
+        if self.empty_the_list:
+            self.owner.clear()
+        else:
+            self.owner[self.index] = SimpleNamespace(
+                verifier=self._verifier, shingle_count=self.shingle_count, seq=self.seq
+            )
         return self._verifier
 
 
-@pytest.mark.parametrize("entry", ["scores", "rank"])
-def test_candidates_changing_their_list_during_the_call(entry: str) -> None:
-    """The candidates are taken as they were when called: a list emptied by an attribute read is
-    neither read past its new end nor its dropped items after they are freed."""
-    rows = [verifier_of(np.random.default_rng(i)) for i in range(4)]
-    plain = [SimpleNamespace(verifier=row, shingle_count=50, seq=i) for i, row in enumerate(rows)]
+def _changing_and_plain(empty_the_list: bool) -> tuple[list[Any], list[SimpleNamespace]]:
+    rows = [c.verifier for c in candidates(4)]
+    plain = [SimpleNamespace(verifier=row, shingle_count=50 + i, seq=i) for i, row in enumerate(rows)]
     changing: list[Any] = []
-    changing += [_Shrinking(changing, row, i) for i, row in enumerate(rows)]
+    changing += [_Changing(changing, i, row, empty_the_list) for i, row in enumerate(rows)]
+    return changing, plain
+
+
+@pytest.mark.parametrize("entry", ["scores", "rank"])
+def test_a_candidate_replaced_in_its_list_while_read(entry: str) -> None:
+    """The candidate being read is held: the list dropping it (its last reference) does not free it
+    under the call."""
+    changing, plain = _changing_and_plain(empty_the_list=False)
     extra = (4, 0.5, 0.1) if entry == "rank" else ()
     got = getattr(sketch, entry)(QUERY, changing, *SCORING, *extra)
-    assert changing == [] and got == getattr(sketch, entry)(QUERY, plain, *SCORING, *extra)
+    assert all(isinstance(c, SimpleNamespace) for c in changing)
+    assert got == getattr(sketch, entry)(QUERY, plain, *SCORING, *extra)
+
+
+@pytest.mark.parametrize("entry", ["scores", "rank"])
+def test_a_list_emptied_while_read_raises(entry: str) -> None:
+    """Not read past its new end, nor the candidates it dropped."""
+    changing, _ = _changing_and_plain(empty_the_list=True)
+    extra = (4, 0.5, 0.1) if entry == "rank" else ()
+    with pytest.raises(RuntimeError, match="others changed size"):
+        getattr(sketch, entry)(QUERY, changing, *SCORING, *extra)
+    assert changing == []
 
 
 def test_merge_buckets_counts_and_repeats() -> None:
