@@ -52,13 +52,50 @@
  *     order they joined it) or None (no such bucket). The distinct arrival numbers in order of
  *     first appearance, bucket by bucket, at most `count` of them (rocks.py: merge_buckets, the
  *     reference, merges them with dict.fromkeys, or numpy for a large cluster).
+ *
+ * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
+ * number of items, non-empty where an item is read, consistent with each other and with the
+ * counts), counts and byte values in range; ValueError naming the argument otherwise (TypeError
+ * for what is not a buffer or a sequence). Buffers may start at any address (a memoryview slice,
+ * np.frombuffer at an offset): their items are read and written through memcpy, never through a
+ * cast pointer, which would be undefined behaviour when misaligned. A sequence of candidates is
+ * walked holding each candidate and checking the list's length at every step, as reading an
+ * attribute can run Python code that changes the list.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define POLY 0x9E3779B97F4A7C15ULL
+
+/* Items of Python buffers at any alignment: memcpy of a fixed size compiles to a single move where
+ * the target allows unaligned access (x86-64, arm64), so the aligned case costs nothing more. A
+ * memcpy store may write anything as far as the compiler knows, though, including the parsed
+ * arguments (their address went to PyArg_ParseTuple): the loops that store read copies of those in
+ * locals, which would otherwise be loaded again after every store. */
+static inline uint64_t get_u64(const void *buf, Py_ssize_t i) {
+    uint64_t v;
+    memcpy(&v, (const char *)buf + i * 8, 8);
+    return v;
+}
+
+static inline void put_u64(void *buf, Py_ssize_t i, uint64_t v) { memcpy((char *)buf + i * 8, &v, 8); }
+
+static inline uint32_t get_u32(const void *buf, Py_ssize_t i) {
+    uint32_t v;
+    memcpy(&v, (const char *)buf + i * 4, 4);
+    return v;
+}
+
+static inline void put_u32(void *buf, Py_ssize_t i, uint32_t v) { memcpy((char *)buf + i * 4, &v, 4); }
+
+/* Sets ValueError(message) and returns -1: the checks below read as one line each. */
+static int invalid(const char *message) {
+    PyErr_SetString(PyExc_ValueError, message);
+    return -1;
+}
 
 static inline uint64_t fmix64(uint64_t k) {
     k ^= k >> 33;
@@ -71,8 +108,11 @@ static inline uint64_t fmix64(uint64_t k) {
 
 /* Open-addressing sets of nonzero 64-bit values (count_distinct, merge_buckets): a power of two
  * of at least twice as many slots as values, so that linear probing stays short; 0 marks a free
- * slot. */
+ * slot. 0 where no such set could be allocated (the doubling would overflow first). */
 static size_t set_capacity(Py_ssize_t values) {
+    if ((size_t)values > SIZE_MAX / 4 / sizeof(uint64_t)) {
+        return 0;
+    }
     size_t capacity = 16;
     while (capacity < (size_t)values * 2) {
         capacity <<= 1;
@@ -96,7 +136,7 @@ static inline int set_add(uint64_t *slots, size_t mask, size_t at, uint64_t valu
  * output, so no further hashing), zero counted on the side. */
 static Py_ssize_t count_distinct(const uint64_t *values, Py_ssize_t count, int *failed) {
     size_t capacity = set_capacity(count);
-    uint64_t *slots = calloc(capacity, sizeof(uint64_t));
+    uint64_t *slots = capacity ? calloc(capacity, sizeof(uint64_t)) : NULL;
     if (slots == NULL) {
         *failed = 1;
         return 0;
@@ -129,45 +169,45 @@ static PyObject *oph_minima(PyObject *self, PyObject *args) {
     }
     PyObject *result = NULL;
     uint64_t *widened = NULL;
-    Py_ssize_t count = (width == 4 || width == 8) ? units.len / width : 0;
-    Py_ssize_t bins = minima.len / 8;
-    if ((width != 4 && width != 8) || units.len % width || minima.len % 8 || bins < 1 || bins > 65536) {
-        PyErr_SetString(PyExc_ValueError, "units must be uint32 or uint64 (width 4 or 8), minima uint64 (1..65536 bins)");
+    if ((width != 4 && width != 8 && invalid("width must be 4 (uint32 units) or 8 (uint64 units)")) ||
+        (units.len % width && invalid("units must be a whole number of width-byte items")) ||
+        (k < 1 && invalid("k must be >= 1")) ||
+        (units.len / width < k && invalid("units must hold at least k items")) ||
+        (minima.len % 8 && invalid("minima must be uint64 (a multiple of 8 bytes)")) ||
+        ((minima.len < 8 || minima.len > 65536 * 8) && invalid("minima must hold 1..65536 bins"))) {
         goto done;
     }
-    if (k < 1 || count < k) {
-        PyErr_SetString(PyExc_ValueError, "need k >= 1 and at least k units");
-        goto done;
-    }
-    const uint64_t *unit = (const uint64_t *)units.buf;
+    Py_ssize_t count = units.len / width, bins = minima.len / 8;
+    const void *unit = units.buf;
     if (width == 4) { /* code points: widened here, as astype(np.uint64) would */
         widened = malloc((size_t)count * sizeof(uint64_t));
         if (widened == NULL) {
             PyErr_NoMemory();
             goto done;
         }
-        const uint32_t *narrow = (const uint32_t *)units.buf;
         for (Py_ssize_t i = 0; i < count; i++) {
-            widened[i] = narrow[i];
+            widened[i] = get_u32(units.buf, i);
         }
         unit = widened;
     }
-    uint64_t *minimum = (uint64_t *)minima.buf;
     Py_ssize_t windows = count - k + 1;
     uint64_t *permuted = malloc((size_t)windows * sizeof(uint64_t));
     if (permuted == NULL) {
         PyErr_NoMemory();
         goto done;
     }
+    const Py_ssize_t span = k;
+    const uint64_t key = (uint64_t)seed_key;
+    void *const minimum = minima.buf;
     for (Py_ssize_t i = 0; i < windows; i++) {
-        uint64_t hash = unit[i];
-        for (Py_ssize_t j = 1; j < k; j++) {
-            hash = hash * POLY + unit[i + j];
+        uint64_t hash = get_u64(unit, i);
+        for (Py_ssize_t j = 1; j < span; j++) {
+            hash = hash * POLY + get_u64(unit, i + j);
         }
-        uint64_t value = fmix64(hash ^ (uint64_t)seed_key);
-        uint64_t bin = ((value >> 32) * (uint64_t)bins) >> 32;
-        if (value < minimum[bin]) {
-            minimum[bin] = value;
+        uint64_t value = fmix64(hash ^ key);
+        Py_ssize_t bin = (Py_ssize_t)(((value >> 32) * (uint64_t)bins) >> 32); /* < bins <= 2**16 */
+        if (value < get_u64(minimum, bin)) {
+            put_u64(minimum, bin, value);
         }
         permuted[i] = value;
     }
@@ -241,8 +281,13 @@ static PyObject *band_keys(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *keys = NULL;
-    if (bands < 0 || bands > 65535 || rows < 1 || signature.len < bands * rows * 8) {
-        PyErr_SetString(PyExc_ValueError, "the signature is shorter than bands * rows slots");
+    /* rows compared with the slots per band rather than bands * rows with the slots: no product to
+     * overflow */
+    if (((bands < 0 || bands > 65535) && invalid("bands must be 0..65535 (a 2-byte band index)")) ||
+        (rows < 1 && invalid("rows must be >= 1")) ||
+        (signature.len % 8 && invalid("signature must be uint64 (a multiple of 8 bytes)")) ||
+        (bands > 0 && rows > signature.len / 8 / bands &&
+         invalid("signature must hold at least bands * rows slots"))) {
         goto done;
     }
     keys = PyList_New(bands);
@@ -276,24 +321,25 @@ static PyObject *collapse_spaces(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    Py_ssize_t count = points.len / 4;
-    if (points.len % 4 || out.len < points.len) {
-        PyErr_SetString(PyExc_ValueError, "points must be uint32, out at least as long");
+    if ((points.len % 4 && invalid("points must be uint32 (a multiple of 4 bytes)")) ||
+        (out.len % 4 && invalid("out must be uint32 (a multiple of 4 bytes)")) ||
+        (out.len < points.len && invalid("out must be at least as long as points"))) {
         goto done;
     }
-    const uint32_t *point = (const uint32_t *)points.buf;
-    const uint8_t *space = (const uint8_t *)table.buf;
-    uint32_t *written = (uint32_t *)out.buf;
+    const Py_ssize_t count = points.len / 4, known = table.len;
+    const void *const point = points.buf;
+    void *const written = out.buf;
+    const uint8_t *const space = (const uint8_t *)table.buf; /* one byte a code point: any alignment */
     Py_ssize_t length = 0;
     int after_space = 1; /* drops leading spaces */
     for (Py_ssize_t i = 0; i < count; i++) { /* branch-free: spaces are too irregular to predict */
-        uint32_t code = point[i];
-        int is_space = (Py_ssize_t)code < table.len ? space[code] != 0 : 0;
-        written[length] = is_space ? 32 : code;
+        uint32_t code = get_u32(point, i);
+        int is_space = (Py_ssize_t)code < known ? space[code] != 0 : 0;
+        put_u32(written, length, is_space ? 32 : code); /* length <= i < count: inside out */
         length += !(is_space & after_space);
         after_space = is_space;
     }
-    if (length > 0 && written[length - 1] == 32) {
+    if (length > 0 && get_u32(written, length - 1) == 32) {
         length--;
     }
     result = PyLong_FromSsize_t(length);
@@ -333,7 +379,10 @@ static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t siz
     }
     Py_ssize_t size_b = PyLong_AsSsize_t(count);
     Py_DECREF(count);
-    if (size_b == -1 && PyErr_Occurred()) {
+    if ((size_b == -1 && PyErr_Occurred()) ||
+        /* size_a + size_b below must not overflow (size_a >= 0, checked by the caller) */
+        ((size_b < 0 || size_b > PY_SSIZE_T_MAX - size_a) &&
+         invalid("a candidate's shingle_count must be >= 0, and with size_a fit in a Py_ssize_t"))) {
         Py_DECREF(verifier);
         return -1;
     }
@@ -345,8 +394,7 @@ static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t siz
     }
     if (theirs.len != size) {
         PyBuffer_Release(&theirs);
-        PyErr_SetString(PyExc_ValueError, "verifiers differ in length");
-        return -1;
+        return invalid("a candidate's verifier differs in length from query");
     }
     const uint8_t *slot = (const uint8_t *)theirs.buf;
     Py_ssize_t equal = 0, both_empty = 0;
@@ -369,6 +417,33 @@ static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t siz
     return 0;
 }
 
+/* scores' and rank's common arguments: nonzero (ValueError or TypeError set) when one is out of
+ * range. */
+static int scoring_arguments_invalid(PyObject *others, Py_ssize_t size_a, int empty, double chance) {
+    if (!PySequence_Check(others)) {
+        PyErr_SetString(PyExc_TypeError, "others must be a sequence");
+        return -1;
+    }
+    if ((size_a < 0 && invalid("size_a must be >= 0")) ||
+        ((empty < 0 || empty > 255) && invalid("empty must be a byte value, 0..255")) ||
+        /* chance 1 or more divides by zero or flips the sign of the estimates; NaN fails both */
+        (!(chance >= 0.0 && chance < 1.0) && invalid("chance must be in [0, 1)"))) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Candidate `row` of `sequence` (from PySequence_Fast) as a new reference, or NULL (RuntimeError)
+ * when the list has become shorter. Reading a candidate's attributes can run Python code, which
+ * could shrink the list being walked, or drop the last reference to the candidate being read. */
+static PyObject *candidate_at(PyObject *sequence, Py_ssize_t row) {
+    if (row >= PySequence_Fast_GET_SIZE(sequence)) {
+        PyErr_SetString(PyExc_RuntimeError, "others changed size during the call");
+        return NULL;
+    }
+    return Py_NewRef(PySequence_Fast_GET_ITEM(sequence, row));
+}
+
 static PyObject *scores(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer query;
@@ -380,8 +455,9 @@ static PyObject *scores(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL, *jaccard = NULL, *inside = NULL, *contains = NULL;
-    PyObject *sequence = PySequence_Fast(others, "others must be a sequence");
-    if (sequence == NULL) {
+    PyObject *sequence = NULL;
+    if (scoring_arguments_invalid(others, size_a, empty, chance) ||
+        (sequence = PySequence_Fast(others, "others must be a sequence")) == NULL) {
         goto done;
     }
     Py_ssize_t rows = PySequence_Fast_GET_SIZE(sequence);
@@ -391,14 +467,20 @@ static PyObject *scores(PyObject *self, PyObject *args) {
     if (jaccard == NULL || inside == NULL || contains == NULL) {
         goto done;
     }
-    double *j = (double *)PyBytes_AS_STRING(jaccard);
-    double *a = (double *)PyBytes_AS_STRING(inside);
-    double *b = (double *)PyBytes_AS_STRING(contains);
     for (Py_ssize_t row = 0; row < rows; row++) {
-        if (write_scores(PySequence_Fast_GET_ITEM(sequence, row), (const uint8_t *)query.buf, query.len,
-                         size_a, empty, chance, &j[row], &a[row], &b[row]) < 0) {
+        double j, a, b;
+        PyObject *candidate = candidate_at(sequence, row);
+        if (candidate == NULL) {
             goto done;
         }
+        int status = write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance, &j, &a, &b);
+        Py_DECREF(candidate);
+        if (status < 0) {
+            goto done;
+        }
+        memcpy(PyBytes_AS_STRING(jaccard) + row * sizeof(double), &j, sizeof(double));
+        memcpy(PyBytes_AS_STRING(inside) + row * sizeof(double), &a, sizeof(double));
+        memcpy(PyBytes_AS_STRING(contains) + row * sizeof(double), &b, sizeof(double));
     }
     result = PyTuple_Pack(3, jaccard, inside, contains);
 done:
@@ -466,10 +548,10 @@ static PyObject *rank(PyObject *self, PyObject *args) {
                           &containment)) {
         return NULL;
     }
-    PyObject *result = NULL, *listed = NULL, *match = NULL;
+    PyObject *result = NULL, *listed = NULL, *match = NULL, *sequence = NULL;
     Scored *scored = NULL;
-    PyObject *sequence = PySequence_Fast(others, "others must be a sequence");
-    if (sequence == NULL) {
+    if (scoring_arguments_invalid(others, size_a, empty, chance) || (top < 0 && invalid("top must be >= 0")) ||
+        (sequence = PySequence_Fast(others, "others must be a sequence")) == NULL) {
         goto done;
     }
     Py_ssize_t rows = PySequence_Fast_GET_SIZE(sequence);
@@ -479,19 +561,26 @@ static PyObject *rank(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t row = 0; row < rows; row++) {
-        PyObject *candidate = PySequence_Fast_GET_ITEM(sequence, row);
+        PyObject *candidate = candidate_at(sequence, row);
+        if (candidate == NULL) {
+            goto done;
+        }
         Scored *entry = &scored[row];
         entry->index = row;
-        if (write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance, &entry->jaccard,
-                         &entry->inside, &entry->contains) < 0 ||
-            read_seq(candidate, &entry->seq) < 0) {
+        int status = write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance,
+                                  &entry->jaccard, &entry->inside, &entry->contains);
+        if (status == 0) {
+            status = read_seq(candidate, &entry->seq);
+        }
+        Py_DECREF(candidate);
+        if (status < 0) {
             goto done;
         }
     }
     Py_ssize_t pick = containment >= 0.0 ? partial_pick(scored, rows, containment) : -1;
     Scored partial = pick >= 0 ? scored[pick] : (Scored){0};
     qsort(scored, (size_t)rows, sizeof(Scored), best_first);
-    Py_ssize_t kept = top < 0 ? 0 : (top < rows ? top : rows);
+    Py_ssize_t kept = top < rows ? top : rows;
     listed = PyList_New(kept);
     if (listed == NULL) {
         goto done;
@@ -531,11 +620,27 @@ static PyObject *merge_buckets(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "On", &buckets, &wanted)) {
         return NULL;
     }
-    PyObject *sequence = PySequence_Fast(buckets, "buckets must be a sequence");
-    if (sequence == NULL) {
+    if (!PySequence_Check(buckets)) {
+        PyErr_SetString(PyExc_TypeError, "buckets must be a sequence");
         return NULL;
     }
-    PyObject *merged = NULL;
+    if (wanted < 0) {
+        invalid("count must be >= 0");
+        return NULL;
+    }
+    /* The result list first: making it can start a garbage collection, whose finalizers could
+     * change a list of buckets. From PySequence_Fast on, no Python code runs (ints and a list's
+     * growth are not tracked by the collector), so a list is read in place, sized in one pass and
+     * merged in the next, without a copy. */
+    PyObject *merged = PyList_New(0);
+    if (merged == NULL) {
+        return NULL;
+    }
+    PyObject *sequence = PySequence_Fast(buckets, "buckets must be a sequence");
+    if (sequence == NULL) {
+        Py_DECREF(merged);
+        return NULL;
+    }
     uint64_t *seen = NULL;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence), total = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -544,18 +649,18 @@ static PyObject *merge_buckets(PyObject *self, PyObject *args) {
             continue;
         }
         if (!PyBytes_Check(stored) || PyBytes_GET_SIZE(stored) % 8 != 0) {
-            PyErr_SetString(PyExc_ValueError, "a bucket must be bytes of 8-byte arrival numbers, or None");
+            invalid("each of buckets must be bytes of 8-byte arrival numbers, or None");
+            Py_CLEAR(merged);
             goto done;
         }
-        total += PyBytes_GET_SIZE(stored) / 8;
+        Py_ssize_t members = PyBytes_GET_SIZE(stored) / 8; /* the same bytes may repeat: saturate */
+        total = members > PY_SSIZE_T_MAX - total ? PY_SSIZE_T_MAX : total + members;
     }
     size_t capacity = set_capacity(total);
-    seen = PyMem_Calloc(capacity, sizeof(uint64_t)); /* arrival number + 1, as 0 marks a free slot */
-    merged = PyList_New(0);
-    if (seen == NULL || merged == NULL) {
-        if (seen == NULL) {
-            PyErr_NoMemory();
-        }
+    /* arrival number + 1, as 0 marks a free slot */
+    seen = capacity ? PyMem_Calloc(capacity, sizeof(uint64_t)) : NULL;
+    if (seen == NULL) {
+        PyErr_NoMemory();
         Py_CLEAR(merged);
         goto done;
     }
@@ -600,28 +705,38 @@ static PyObject *finish(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    Py_ssize_t slots = wide.len / 8;
-    if (num_perm < 1 || slots % num_perm != 0 || signature.len != num_perm * 8 || verifier.len != slots) {
-        PyErr_SetString(PyExc_ValueError, "finish: the verifier's bins must group evenly into num_perm slots");
+    /* num_perm <= the bins before num_perm * 8 is formed: no product to overflow, and every group
+     * holds one bin at least, the first of which is read unconditionally */
+    if ((num_perm < 1 && invalid("num_perm must be >= 1")) ||
+        (wide.len % 8 && invalid("wide must be uint64 (a multiple of 8 bytes)")) ||
+        ((wide.len / 8 < num_perm || (wide.len / 8) % num_perm) &&
+         invalid("wide must hold a nonzero multiple of num_perm bins")) ||
+        (signature.len != num_perm * 8 && invalid("signature must be num_perm uint64 slots")) ||
+        (verifier.len != wide.len / 8 && invalid("verifier must be one byte per bin of wide")) ||
+        ((empty_slot < 0 || empty_slot > 255) && invalid("empty_slot must be a byte value, 0..255"))) {
         goto done;
     }
-    const uint64_t *minima = (const uint64_t *)wide.buf;
-    uint64_t *out = (uint64_t *)signature.buf;
-    uint8_t *narrow = (uint8_t *)verifier.buf;
-    Py_ssize_t group = slots / num_perm, unfilled = 0;
-    for (Py_ssize_t slot = 0; slot < num_perm; slot++) {
-        uint64_t least = minima[slot * group];
+    const void *const minima = wide.buf;
+    void *const out = signature.buf;
+    uint8_t *const narrow = (uint8_t *)verifier.buf; /* one byte a bin: any alignment */
+    const Py_ssize_t slots = wide.len / 8, slots_out = num_perm, group = slots / num_perm;
+    const uint64_t vacant = (uint64_t)empty;
+    const uint8_t vacant_slot = (uint8_t)empty_slot, stand_in = (uint8_t)(empty_slot - 1);
+    Py_ssize_t unfilled = 0;
+    for (Py_ssize_t slot = 0; slot < slots_out; slot++) {
+        uint64_t least = get_u64(minima, slot * group);
         for (Py_ssize_t i = 1; i < group; i++) {
-            uint64_t value = minima[slot * group + i];
+            uint64_t value = get_u64(minima, slot * group + i);
             least = value < least ? value : least;
         }
-        out[slot] = least;
-        unfilled += least == (uint64_t)empty;
+        put_u64(out, slot, least);
+        unfilled += least == vacant;
     }
     for (Py_ssize_t i = 0; i < slots; i++) {
-        uint8_t low = (uint8_t)minima[i];
+        uint64_t minimum = get_u64(minima, i);
+        uint8_t low = (uint8_t)minimum;
         /* a real minimum whose low bits read as the empty slot is never taken for empty */
-        narrow[i] = (low == (uint8_t)empty_slot && minima[i] != (uint64_t)empty) ? (uint8_t)(empty_slot - 1) : low;
+        narrow[i] = (low == vacant_slot && minimum != vacant) ? stand_in : low;
     }
     result = PyLong_FromSsize_t(unfilled);
 done:

@@ -1,4 +1,6 @@
-"""Types of the compiled loops (_sketch.c); the numpy code in minhash.py is their reference."""
+"""Types of the compiled loops (_sketch.c); the numpy code in minhash.py is their reference. Any
+contiguous buffer of the right length is taken where an array is named, at any alignment; wrong
+lengths and values raise ValueError (see the comment at the top of _sketch.c)."""
 
 from collections.abc import Sequence
 from typing import Any
@@ -7,7 +9,11 @@ import numpy as np
 import numpy.typing as npt
 
 def oph_minima(
-    units: npt.NDArray[np.uint64], k: int, seed_key: int, minima: npt.NDArray[np.uint64]
+    units: npt.NDArray[np.uint64] | npt.NDArray[np.uint32],
+    k: int,
+    seed_key: int,
+    minima: npt.NDArray[np.uint64],
+    width: int = 8,
 ) -> int: ...
 def band_keys(signature: npt.NDArray[np.uint64], bands: int, rows: int) -> list[bytes]: ...
 def collapse_spaces(

@@ -1,17 +1,43 @@
 """The compiled loops of _sketch.c, when built: signing and scoring call them where they exist and
 compute the same values with numpy otherwise (the numpy code stays the reference the tests compare
 them with). NEARDUP_COMPILED=0 in the environment turns them off, for A/B measurements and to rule
-them out when debugging."""
+them out when debugging.
+
+NEARDUP_SKETCH_PATH=/path/to/_sketch.so loads that build of _sketch.c instead of the installed one
+(.ci/asan: one built with AddressSanitizer; or another version, for A/B timings). It must load: an
+error there is raised, not taken for a missing build."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
+import sys
 from types import ModuleType
 
-try:  # built at install (pyproject.toml: ext-modules, optional)
-    from . import _sketch
-except ImportError:  # pragma: no cover - a source checkout without a C compiler
-    _sketch = None  # type: ignore[assignment]
+
+def _load(path: str) -> ModuleType:
+    """The extension module at `path`, as service.core._sketch (its init function is named after
+    the last part of that name, whatever the file is called)."""
+    name = f"{__package__}._sketch"
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    if spec is None:  # pragma: no cover - only for a path that is not a file name
+        raise ImportError(f"NEARDUP_SKETCH_PATH={path}: not a loadable module")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+_sketch: ModuleType | None
+if os.environ.get("NEARDUP_SKETCH_PATH"):
+    _sketch = _load(os.environ["NEARDUP_SKETCH_PATH"])
+else:
+    try:  # built at install (pyproject.toml: ext-modules, optional)
+        from . import _sketch
+    except ImportError:  # pragma: no cover - a source checkout without a C compiler
+        _sketch = None
 
 BUILT = _sketch is not None
 _enabled = BUILT and os.environ.get("NEARDUP_COMPILED") != "0"

@@ -1,0 +1,484 @@
+"""The compiled loops (service/core/_sketch.c) check their arguments: wrong lengths, counts and
+values raise ValueError naming the argument (TypeError for what is not a buffer or a sequence)
+before any memory is touched, and buffers at any address give the results aligned ones give.
+.ci/asan runs these against a build under AddressSanitizer, where a read or write outside a buffer
+aborts the run instead of passing unnoticed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.core import compiled
+from service.core.minhash import CHANCE_AGREEMENT, EMPTY_SLOT, EMPTY_VERIFIER_SLOT
+
+pytestmark = pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
+
+# the module itself, not compiled.loops(): a test elsewhere turning the loops off must not skip these
+sketch: Any = compiled._sketch
+
+ENTRY_POINTS = {"oph_minima", "finish", "band_keys", "collapse_spaces", "scores", "rank", "merge_buckets"}
+
+
+def test_every_entry_point_is_checked_here() -> None:
+    """A function added to _sketch.c gets its cases below."""
+    assert {name for name in dir(sketch) if not name.startswith("_")} == ENTRY_POINTS
+
+
+def misaligned(array: np.ndarray) -> np.ndarray:
+    """A writable copy of `array` one byte past an aligned address (a view into a bytearray)."""
+    raw = bytearray(array.nbytes + 1)
+    view = np.frombuffer(raw, dtype=array.dtype, count=array.size, offset=1)
+    view[...] = array
+    assert view.ctypes.data % 2 == 1 and view.flags.writeable
+    return view
+
+
+def tail(size: int) -> memoryview:
+    """`size` writable bytes at an odd address, at the very end of their allocation."""
+    return memoryview(bytearray(size + 1))[1:]
+
+
+def units(count: int, dtype: type = np.uint64) -> np.ndarray:
+    return np.random.default_rng(count).integers(1, 0x10FFFF, count).astype(dtype)
+
+
+def minima(bins: int = 64) -> np.ndarray:
+    return np.full(bins, EMPTY_SLOT, dtype=np.uint64)
+
+
+def verifier_of(rng: np.random.Generator, size: int = 64) -> np.ndarray:
+    return rng.integers(0, 256, size, dtype=np.uint8)
+
+
+def candidates(count: int = 3) -> list[SimpleNamespace]:
+    """Candidates agreeing with QUERY on from none to nearly all of their slots."""
+    rng = np.random.default_rng(count)
+    rows = [np.where(rng.random(QUERY.size) < i / count, QUERY, verifier_of(rng)) for i in range(count)]
+    return [SimpleNamespace(verifier=row, shingle_count=100 + i, seq=i) for i, row in enumerate(rows)]
+
+
+QUERY = verifier_of(np.random.default_rng(99))
+SCORING = (100, EMPTY_VERIFIER_SLOT, CHANCE_AGREEMENT)  # size_a, empty, chance
+
+
+def scores(
+    query: Any = QUERY, others: Any = None, size_a: Any = 100, empty: Any = 255, chance: Any = 0.01
+) -> Any:
+    return sketch.scores(query, candidates() if others is None else others, size_a, empty, chance)
+
+
+def rank(
+    query: Any = QUERY,
+    others: Any = None,
+    size_a: Any = 100,
+    empty: Any = 255,
+    chance: Any = 0.01,
+    top: Any = 5,
+) -> Any:
+    return sketch.rank(
+        query, candidates() if others is None else others, size_a, empty, chance, top, 0.8, 0.5
+    )
+
+
+BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
+    # oph_minima(units, k, seed_key, minima[, width])
+    ("oph_minima-units-empty", lambda: sketch.oph_minima(b"", 1, 7, minima()), ValueError, "units"),
+    ("oph_minima-units-empty-tail", lambda: sketch.oph_minima(tail(0), 1, 7, minima()), ValueError, "units"),
+    ("oph_minima-units-ragged", lambda: sketch.oph_minima(b"\1" * 43, 5, 7, minima()), ValueError, "units"),
+    (
+        "oph_minima-units-ragged-u32",
+        lambda: sketch.oph_minima(b"\1" * 22, 5, 7, minima(), 4),
+        ValueError,
+        "units",
+    ),
+    (
+        "oph_minima-units-fewer-than-k",
+        lambda: sketch.oph_minima(units(4), 5, 7, minima()),
+        ValueError,
+        "units",
+    ),
+    ("oph_minima-k-zero", lambda: sketch.oph_minima(units(9), 0, 7, minima()), ValueError, "k must"),
+    ("oph_minima-k-negative", lambda: sketch.oph_minima(units(9), -3, 7, minima()), ValueError, "k must"),
+    ("oph_minima-width", lambda: sketch.oph_minima(units(9), 5, 7, minima(), 2), ValueError, "width"),
+    ("oph_minima-width-zero", lambda: sketch.oph_minima(units(9), 5, 7, minima(), 0), ValueError, "width"),
+    ("oph_minima-minima-empty", lambda: sketch.oph_minima(units(9), 5, 7, tail(0)), ValueError, "minima"),
+    ("oph_minima-minima-ragged", lambda: sketch.oph_minima(units(9), 5, 7, tail(12)), ValueError, "minima"),
+    (
+        "oph_minima-minima-too-many",
+        lambda: sketch.oph_minima(units(9), 5, 7, minima(65537)),
+        ValueError,
+        "minima",
+    ),
+    ("oph_minima-minima-read-only", lambda: sketch.oph_minima(units(9), 5, 7, bytes(64)), TypeError, ""),
+    ("oph_minima-units-str", lambda: sketch.oph_minima("abcdefgh", 5, 7, minima()), TypeError, ""),
+    ("oph_minima-k-str", lambda: sketch.oph_minima(units(9), "5", 7, minima()), TypeError, ""),
+    # finish(wide, num_perm, empty, empty_slot, signature, verifier)
+    (
+        "finish-wide-empty",
+        lambda: sketch.finish(b"", 1, EMPTY_SLOT, 255, tail(8), tail(0)),
+        ValueError,
+        "wide",
+    ),
+    (
+        "finish-wide-empty-tail",
+        lambda: sketch.finish(tail(0), 1, EMPTY_SLOT, 255, tail(8), tail(0)),
+        ValueError,
+        "wide",
+    ),
+    (
+        "finish-wide-ragged",
+        lambda: sketch.finish(tail(20), 1, EMPTY_SLOT, 255, tail(8), tail(2)),
+        ValueError,
+        "wide",
+    ),
+    (
+        "finish-wide-fewer-than-num_perm",
+        lambda: sketch.finish(minima(2), 4, EMPTY_SLOT, 255, tail(32), tail(2)),
+        ValueError,
+        "wide",
+    ),
+    (
+        "finish-wide-not-a-multiple",
+        lambda: sketch.finish(minima(6), 4, EMPTY_SLOT, 255, tail(32), tail(6)),
+        ValueError,
+        "wide",
+    ),
+    (
+        "finish-num_perm-zero",
+        lambda: sketch.finish(minima(8), 0, EMPTY_SLOT, 255, tail(0), tail(8)),
+        ValueError,
+        "num_perm",
+    ),
+    (
+        "finish-num_perm-negative",
+        lambda: sketch.finish(minima(8), -2, EMPTY_SLOT, 255, tail(8), tail(8)),
+        ValueError,
+        "num_perm",
+    ),
+    (
+        "finish-num_perm-overflowing",
+        lambda: sketch.finish(minima(8), 2**61, EMPTY_SLOT, 255, tail(0), tail(8)),
+        ValueError,
+        "wide",
+    ),
+    (
+        "finish-signature-short",
+        lambda: sketch.finish(minima(8), 4, EMPTY_SLOT, 255, tail(24), tail(8)),
+        ValueError,
+        "signature",
+    ),
+    (
+        "finish-signature-long",
+        lambda: sketch.finish(minima(8), 4, EMPTY_SLOT, 255, tail(40), tail(8)),
+        ValueError,
+        "signature",
+    ),
+    (
+        "finish-verifier-short",
+        lambda: sketch.finish(minima(8), 4, EMPTY_SLOT, 255, tail(32), tail(7)),
+        ValueError,
+        "verifier",
+    ),
+    (
+        "finish-verifier-long",
+        lambda: sketch.finish(minima(8), 4, EMPTY_SLOT, 255, tail(32), tail(9)),
+        ValueError,
+        "verifier",
+    ),
+    (
+        "finish-empty_slot-high",
+        lambda: sketch.finish(minima(8), 4, EMPTY_SLOT, 256, tail(32), tail(8)),
+        ValueError,
+        "empty_slot",
+    ),
+    (
+        "finish-empty_slot-negative",
+        lambda: sketch.finish(minima(8), 4, EMPTY_SLOT, -1, tail(32), tail(8)),
+        ValueError,
+        "empty_slot",
+    ),
+    (
+        "finish-signature-read-only",
+        lambda: sketch.finish(minima(8), 4, EMPTY_SLOT, 255, bytes(32), tail(8)),
+        TypeError,
+        "",
+    ),
+    ("finish-wide-none", lambda: sketch.finish(None, 4, EMPTY_SLOT, 255, tail(32), tail(8)), TypeError, ""),
+    # band_keys(signature, bands, rows)
+    ("band_keys-signature-empty", lambda: sketch.band_keys(tail(0), 1, 1), ValueError, "signature"),
+    ("band_keys-signature-ragged", lambda: sketch.band_keys(tail(12), 1, 1), ValueError, "signature"),
+    ("band_keys-signature-short", lambda: sketch.band_keys(minima(24), 5, 5), ValueError, "signature"),
+    ("band_keys-rows-overflowing", lambda: sketch.band_keys(minima(24), 8, 2**61), ValueError, "signature"),
+    ("band_keys-bands-negative", lambda: sketch.band_keys(minima(24), -1, 5), ValueError, "bands"),
+    ("band_keys-bands-too-many", lambda: sketch.band_keys(minima(24), 65536, 1), ValueError, "bands"),
+    ("band_keys-rows-zero", lambda: sketch.band_keys(minima(24), 4, 0), ValueError, "rows"),
+    ("band_keys-signature-list", lambda: sketch.band_keys([1, 2, 3], 1, 1), TypeError, ""),
+    # collapse_spaces(points, is_space, out)
+    (
+        "collapse_spaces-points-ragged",
+        lambda: sketch.collapse_spaces(tail(7), tail(33), tail(8)),
+        ValueError,
+        "points",
+    ),
+    (
+        "collapse_spaces-out-ragged",
+        lambda: sketch.collapse_spaces(tail(8), tail(33), tail(9)),
+        ValueError,
+        "out",
+    ),
+    (
+        "collapse_spaces-out-short",
+        lambda: sketch.collapse_spaces(tail(8), tail(33), tail(4)),
+        ValueError,
+        "out",
+    ),
+    (
+        "collapse_spaces-out-empty",
+        lambda: sketch.collapse_spaces(tail(4), tail(33), tail(0)),
+        ValueError,
+        "out",
+    ),
+    (
+        "collapse_spaces-out-read-only",
+        lambda: sketch.collapse_spaces(tail(8), tail(33), bytes(8)),
+        TypeError,
+        "",
+    ),
+    ("collapse_spaces-is_space-none", lambda: sketch.collapse_spaces(tail(8), None, tail(8)), TypeError, ""),
+    # scores(query, others, size_a, empty, chance)
+    ("scores-verifier-longer", lambda: scores(query=QUERY[:-1]), ValueError, "verifier"),
+    ("scores-verifier-empty-query", lambda: scores(query=tail(0)), ValueError, "verifier"),
+    ("scores-size_a-negative", lambda: scores(size_a=-1), ValueError, "size_a"),
+    ("scores-empty-high", lambda: scores(empty=256), ValueError, "empty"),
+    ("scores-empty-negative", lambda: scores(empty=-1), ValueError, "empty"),
+    ("scores-chance-one", lambda: scores(chance=1.0), ValueError, "chance"),
+    ("scores-chance-negative", lambda: scores(chance=-0.5), ValueError, "chance"),
+    ("scores-chance-nan", lambda: scores(chance=float("nan")), ValueError, "chance"),
+    (
+        "scores-shingle_count-negative",
+        lambda: scores(others=[SimpleNamespace(verifier=QUERY, shingle_count=-1)]),
+        ValueError,
+        "shingle_count",
+    ),
+    (
+        "scores-shingle_count-overflowing",
+        lambda: scores(size_a=10, others=[SimpleNamespace(verifier=QUERY, shingle_count=2**63 - 5)]),
+        ValueError,
+        "shingle_count",
+    ),
+    ("scores-others-int", lambda: scores(others=5), TypeError, "others"),
+    ("scores-others-set", lambda: scores(others={1, 2}), TypeError, "others"),
+    ("scores-query-str", lambda: scores(query="abc"), TypeError, ""),
+    (
+        "scores-verifier-not-a-buffer",
+        lambda: scores(others=[SimpleNamespace(verifier=[1] * 64, shingle_count=5)]),
+        TypeError,
+        "",
+    ),
+    (
+        "scores-no-shingle_count",
+        lambda: scores(others=[SimpleNamespace(verifier=QUERY)]),
+        AttributeError,
+        "shingle_count",
+    ),
+    # rank(query, others, size_a, empty, chance, top, threshold, containment)
+    ("rank-verifier-longer", lambda: rank(query=QUERY[:-1]), ValueError, "verifier"),
+    ("rank-size_a-negative", lambda: rank(size_a=-1), ValueError, "size_a"),
+    ("rank-empty-high", lambda: rank(empty=300), ValueError, "empty"),
+    ("rank-chance-one", lambda: rank(chance=1.0), ValueError, "chance"),
+    ("rank-chance-nan", lambda: rank(chance=float("nan")), ValueError, "chance"),
+    ("rank-top-negative", lambda: rank(top=-1), ValueError, "top"),
+    (
+        "rank-shingle_count-negative",
+        lambda: rank(others=[SimpleNamespace(verifier=QUERY, shingle_count=-1, seq=0)]),
+        ValueError,
+        "shingle_count",
+    ),
+    ("rank-others-int", lambda: rank(others=5), TypeError, "others"),
+    ("rank-query-none", lambda: rank(query=None), TypeError, ""),
+    (
+        "rank-no-seq",
+        lambda: rank(others=[SimpleNamespace(verifier=QUERY, shingle_count=5)]),
+        AttributeError,
+        "seq",
+    ),
+    # merge_buckets(buckets, count)
+    ("merge_buckets-count-negative", lambda: sketch.merge_buckets([bytes(8)], -1), ValueError, "count"),
+    (
+        "merge_buckets-bucket-ragged",
+        lambda: sketch.merge_buckets([bytes(8), bytes(7)], 5),
+        ValueError,
+        "buckets",
+    ),
+    ("merge_buckets-bucket-str", lambda: sketch.merge_buckets(["abcdefgh"], 5), ValueError, "buckets"),
+    (
+        "merge_buckets-bucket-bytearray",
+        lambda: sketch.merge_buckets([bytearray(8)], 5),
+        ValueError,
+        "buckets",
+    ),
+    ("merge_buckets-buckets-int", lambda: sketch.merge_buckets(5, 5), TypeError, "buckets"),
+    ("merge_buckets-count-str", lambda: sketch.merge_buckets([bytes(8)], "5"), TypeError, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"), [case[1:] for case in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_arguments_raise(call: Callable[[], Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match or None):
+        call()
+
+
+def test_every_entry_point_has_bad_calls() -> None:
+    assert {case[0].split("-")[0] for case in BAD_CALLS} == ENTRY_POINTS
+
+
+def test_a_rejected_call_leaves_its_outputs_untouched() -> None:
+    """The checks come before the first write."""
+    signature, verifier = np.zeros(4, dtype=np.uint64), np.zeros(7, dtype=np.uint8)
+    with pytest.raises(ValueError, match="verifier"):
+        sketch.finish(minima(8), 4, EMPTY_SLOT, 255, signature, verifier)
+    out = np.zeros(3, dtype=np.uint32)
+    with pytest.raises(ValueError, match="out"):
+        sketch.collapse_spaces(np.array([65, 32, 66, 67], dtype=np.uint32), np.ones(40, dtype=bool), out)
+    assert not signature.any() and not verifier.any() and not out.any()
+
+
+# Misaligned but valid: the same results as aligned buffers.
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32])
+def test_oph_minima_reads_misaligned_units_and_minima(dtype: type) -> None:
+    points = units(300, dtype)
+    width = np.dtype(dtype).itemsize
+    aligned = minima(64)
+    distinct = sketch.oph_minima(points, 5, 0x1234, aligned, width)
+    shifted = misaligned(minima(64))
+    assert sketch.oph_minima(misaligned(points), 5, 0x1234, shifted, width) == distinct
+    assert np.array_equal(shifted, aligned) and int(np.count_nonzero(aligned != EMPTY_SLOT)) > 32
+
+
+def test_oph_minima_at_the_smallest_sizes() -> None:
+    """Exactly k units and a single bin: one window, read to its last unit."""
+    one_bin = tail(8)
+    one_bin[:] = np.full(1, EMPTY_SLOT, dtype=np.uint64).tobytes()
+    assert sketch.oph_minima(misaligned(units(5)), 5, 3, one_bin) == 1
+    assert np.frombuffer(one_bin, dtype=np.uint64)[0] != EMPTY_SLOT
+
+
+def test_finish_reads_and_writes_misaligned_buffers() -> None:
+    rng = np.random.default_rng(3)
+    wide = rng.integers(0, 2**64 - 1, 512, dtype=np.uint64)
+    wide[::7] = EMPTY_SLOT
+    wide[::11] |= np.uint64(0xFF)  # low bits as the empty verifier slot's
+    signature, verifier = np.empty(128, dtype=np.uint64), np.empty(512, dtype=np.uint8)
+    unfilled = sketch.finish(wide, 128, EMPTY_SLOT, EMPTY_VERIFIER_SLOT, signature, verifier)
+    out_signature, out_verifier = misaligned(signature), misaligned(verifier)
+    args = (misaligned(wide), 128, EMPTY_SLOT, EMPTY_VERIFIER_SLOT, out_signature, out_verifier)
+    assert sketch.finish(*args) == unfilled
+    assert np.array_equal(out_signature, signature) and np.array_equal(out_verifier, verifier)
+    assert np.array_equal(signature, wide.reshape(128, 4).min(axis=1))
+
+
+def test_finish_with_one_bin() -> None:
+    signature, verifier = tail(8), tail(1)
+    assert (
+        sketch.finish(np.array([EMPTY_SLOT], dtype=np.uint64), 1, EMPTY_SLOT, 255, signature, verifier) == 1
+    )
+    assert sketch.finish(np.array([0x1FF], dtype=np.uint64), 1, EMPTY_SLOT, 255, signature, verifier) == 0
+    assert bytes(verifier) == b"\xfe" and np.frombuffer(signature, dtype=np.uint64)[0] == 0x1FF
+
+
+def test_band_keys_read_a_misaligned_signature() -> None:
+    signature = np.random.default_rng(8).integers(0, 2**64, 128, dtype=np.uint64)
+    keys = sketch.band_keys(signature, 25, 5)
+    assert len(keys) == 25 and sketch.band_keys(misaligned(signature), 25, 5) == keys
+    assert sketch.band_keys(misaligned(signature[:125]), 25, 5) == keys  # exactly bands * rows slots
+    assert sketch.band_keys(tail(0), 0, 5) == []
+
+
+def test_collapse_spaces_reads_and_writes_misaligned_buffers() -> None:
+    text = "  a  b\t\tc d \u3000 e  "
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    is_space = np.zeros(0x3001, dtype=bool)
+    is_space[[9, 32, 0x3000]] = True
+    out = np.empty(points.size, dtype=np.uint32)
+    length = sketch.collapse_spaces(points, is_space, out)
+    assert out[:length].tobytes().decode("utf-32-le") == "a b c d e"
+    shifted = misaligned(np.zeros(points.size, dtype=np.uint32))
+    assert sketch.collapse_spaces(misaligned(points), misaligned(is_space), shifted) == length
+    assert np.array_equal(shifted[:length], out[:length])
+    assert sketch.collapse_spaces(tail(0), is_space, tail(0)) == 0
+
+
+def test_scores_and_rank_read_a_query_at_any_offset() -> None:
+    others = candidates(6)
+    others[2].verifier = misaligned(others[2].verifier)
+    expected = sketch.scores(QUERY, candidates(6), *SCORING)
+    assert sketch.scores(misaligned(QUERY), others, *SCORING) == expected
+    assert max(np.frombuffer(expected[0], dtype=np.float64)) > 0  # figures, not all zero
+    args = (*SCORING, 4, 0.5, 0.1)
+    assert sketch.rank(misaligned(QUERY), others, *args) == sketch.rank(QUERY, candidates(6), *args)
+
+
+class _Changing:
+    """A candidate that, when its verifier is read, changes the list of candidates it is in: puts a
+    plain copy of itself in its place (dropping the list's reference to it), or empties the list."""
+
+    def __init__(self, owner: list[Any], index: int, verifier: np.ndarray, empty_the_list: bool) -> None:
+        self.owner, self.index, self.empty_the_list = owner, index, empty_the_list
+        self._verifier, self.shingle_count, self.seq = verifier, 50 + index, index
+
+    @property
+    def verifier(self) -> np.ndarray:
+        if self.empty_the_list:
+            self.owner.clear()
+        else:
+            self.owner[self.index] = SimpleNamespace(
+                verifier=self._verifier, shingle_count=self.shingle_count, seq=self.seq
+            )
+        return self._verifier
+
+
+def _changing_and_plain(empty_the_list: bool) -> tuple[list[Any], list[SimpleNamespace]]:
+    rows = [c.verifier for c in candidates(4)]
+    plain = [SimpleNamespace(verifier=row, shingle_count=50 + i, seq=i) for i, row in enumerate(rows)]
+    changing: list[Any] = []
+    changing += [_Changing(changing, i, row, empty_the_list) for i, row in enumerate(rows)]
+    return changing, plain
+
+
+@pytest.mark.parametrize("entry", ["scores", "rank"])
+def test_a_candidate_replaced_in_its_list_while_read(entry: str) -> None:
+    """The candidate being read is held: the list dropping it (its last reference) does not free it
+    under the call."""
+    changing, plain = _changing_and_plain(empty_the_list=False)
+    extra = (4, 0.5, 0.1) if entry == "rank" else ()
+    got = getattr(sketch, entry)(QUERY, changing, *SCORING, *extra)
+    assert all(isinstance(c, SimpleNamespace) for c in changing)
+    assert got == getattr(sketch, entry)(QUERY, plain, *SCORING, *extra)
+
+
+@pytest.mark.parametrize("entry", ["scores", "rank"])
+def test_a_list_emptied_while_read_raises(entry: str) -> None:
+    """Not read past its new end, nor the candidates it dropped."""
+    changing, _ = _changing_and_plain(empty_the_list=True)
+    extra = (4, 0.5, 0.1) if entry == "rank" else ()
+    with pytest.raises(RuntimeError, match="others changed size"):
+        getattr(sketch, entry)(QUERY, changing, *SCORING, *extra)
+    assert changing == []
+
+
+def test_merge_buckets_counts_and_repeats() -> None:
+    bucket = np.arange(1, 6, dtype=">u8").tobytes()
+    assert sketch.merge_buckets([bucket, None, bucket], 0) == []
+    assert sketch.merge_buckets([bucket, None, bucket], 3) == [1, 2, 3]
+    # a count far above the members: the set is sized by the members
+    assert sketch.merge_buckets((bucket,) * 1000, 2**62) == [1, 2, 3, 4, 5]
+    assert sketch.merge_buckets([], 10) == []
