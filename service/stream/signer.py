@@ -33,7 +33,8 @@ class _Helper:
     @classmethod
     async def start(cls, stage: SignStage, nice: int) -> _Helper:
         # answered once the helper is ready
-        return cls(await Child.start("service.stream.signer", (stage.params, stage.max_text_bytes, nice)))
+        setup = (stage.params, stage.max_text_bytes, nice, stage.time_skew_ms)
+        return cls(await Child.start("service.stream.signer", setup))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         wire: list[_Wire] = [
@@ -42,7 +43,7 @@ class _Helper:
         answer = await self.child.call(wire)
         if not isinstance(answer, list) or len(answer) != len(items):
             raise ChildFailed(f"helper {self.child.pid} answered {type(answer).__name__}")
-        return [SignResult(signed, dead, reason) for signed, dead, reason in answer]
+        return [SignResult(signed, dead, reason, refused) for signed, dead, reason, refused in answer]
 
 
 class Signer:
@@ -111,12 +112,15 @@ class Signer:
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The helper's loop: the first frame is (params, max_text_bytes, nice), then batches until EOF."""
+    """The helper's loop: the first frame is (params, max_text_bytes, nice, time skew in ms), then
+    batches until EOF."""
     first = read_frame(requests)
     if first is None:
         return
-    assert isinstance(first, tuple) and isinstance(first[0], DedupParams), "expected (params, limit, nice)"
-    stage = SignStage(first[0], int(first[1]))
+    assert isinstance(first, tuple) and isinstance(first[0], DedupParams), (
+        "expected (params, limit, nice, skew)"
+    )
+    stage = SignStage(first[0], int(first[1]), int(first[3]))
     if first[2]:
         os.nice(int(first[2]))
     write_frame(answers, "ready")
@@ -124,7 +128,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         results = []
         for raw, key, topic, partition, offset, timestamp in batch:  # type: ignore[attr-defined]
             result = stage.handle(raw, key, Provenance(topic, partition, offset, timestamp))
-            results.append((result.signed, result.dead_letter, result.reason))
+            results.append((result.signed, result.dead_letter, result.reason, result.refused_time))
         write_frame(answers, results)
 
 

@@ -15,10 +15,11 @@ import pytest
 from service.core.params import DedupParams
 from service.stream.pipes import PIPE_BYTES, widen_pipe
 from service.stream.signer import Signer, SignItem
-from service.stream.stages import Provenance, SignResult, SignStage
+from service.stream.stages import Provenance, Signed, SignResult, SignStage, decode_signed
 from tests.conftest import PROSE
 
-STAGE = SignStage(DedupParams(), max_text_bytes=10_000)
+PARAMS = DedupParams()
+STAGE = SignStage(PARAMS, max_text_bytes=10_000)
 
 
 def comparable(results: list[SignResult]) -> list[tuple[bytes | None, str | None, dict[str, object] | None]]:
@@ -143,3 +144,21 @@ async def test_helpers_run_at_the_niceness_they_are_given() -> None:
             assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, own + nice)
         finally:
             signer.close()
+
+
+async def test_helpers_sign_with_the_configured_skew_and_report_refused_times() -> None:
+    """A published_at 30 minutes ahead of its record: within a one-hour skew it is the article's
+    time; within ten minutes it is refused, and the helper says so."""
+    stamp = 1_700_000_000_000
+    raw = orjson.dumps({"id": "a", "text": PROSE[0], "published_at": "2023-11-14T22:43:20Z"})
+    item: SignItem = (raw, b"a", Provenance("in", 0, 0, stamp))
+    for skew_ms, refused in ((3_600_000, False), (600_000, True)):
+        signer = Signer(SignStage(PARAMS, 1_000_000, skew_ms), processes=1)
+        try:
+            [result] = await signer.sign([item])
+        finally:
+            signer.close()
+        assert result.refused_time is refused
+        signed = decode_signed(result.signed or b"")
+        assert isinstance(signed, Signed)
+        assert signed.time_ms == (stamp if refused else stamp + 1_800_000)

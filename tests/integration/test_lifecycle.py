@@ -1,0 +1,238 @@
+"""The index of a stream that never ends, through the real broker and real RocksDB: deletes by
+tombstone, expiry across a retention window, updates re-delivered after SIGKILL, a hot story, and
+rebuilds after the state directory is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from .conftest import (
+    REPO,
+    Deployment,
+    TopicReader,
+    load_sample,
+    produce,
+    produce_articles,
+    run_embedded,
+    without_latency,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def verdict_log(records: list[Any]) -> list[tuple[str, dict[str, Any] | None]]:
+    """(key, verdict or None for a tombstone), in the order the topic holds them per partition."""
+    return [(r.key.decode(), None if r.value is None else orjson.loads(r.value)) for r in records]
+
+
+def latest(records: list[Any]) -> dict[str, dict[str, Any] | None]:
+    """A compacted view of the verdict topic: the last value per key."""
+    view: dict[str, dict[str, Any] | None] = {}
+    for key, verdict in verdict_log(records):
+        view[key] = verdict
+    return view
+
+
+def metric(deployment: Deployment, name: str) -> float:
+    for line in deployment.metrics(0).splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def stats_from_broker(deployment: Deployment) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "stats", "--broker", f"kafka://{deployment.bootstrap}", "--json"],
+        cwd=REPO,
+        env=deployment.env(0),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return json.loads(out.stdout)
+
+
+def stats_of_state(deployment: Deployment) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "stats", "--state", str(deployment.state_dir(0)), "--json"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return json.loads(out.stdout)
+
+
+def restart_without_state(deployment: Deployment, worker: Any) -> Any:
+    """SIGKILL, the state directory deleted, a new worker: it rebuilds from the changelog."""
+    deployment.kill(worker, signal.SIGKILL)
+    shutil.rmtree(deployment.state_dir(0))
+    return deployment.start_worker()
+
+
+def test_a_tombstone_deletes_a_canonical_which_hands_its_cluster_on(deployment: Deployment) -> None:
+    sample = load_sample(40)
+    story = sample[0]["text"]
+    worker = deployment.start_worker()
+    topic = deployment.topics["input"]
+    articles = [
+        {"id": "a", "text": story},
+        {"id": "b", "text": story + " Reporting by the wire desk."},
+        {"id": "other", "text": sample[5]["text"]},
+    ]
+    produce_articles(deployment.bootstrap, topic, articles)
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    reader.read_until(lambda r: len(r) >= 3, timeout=120)
+    asyncio.run(produce(deployment.bootstrap, topic, [(b"a", None), (b"nobody", None)]))
+    produce_articles(deployment.bootstrap, topic, [{"id": "c", "text": story + " Updated at noon."}])
+    records = reader.read_until(lambda r: "c" in latest(r), timeout=120)
+    view = latest(records)
+    assert view["a"] is None, "the verdict topic got a tombstone under the deleted id"
+    c = view["c"]
+    assert c is not None and (c["verdict"], c["match_id"], c["canonical_id"]) == ("duplicate", "b", "b")
+    assert view["b"] is not None and view["b"]["canonical_id"] == "a"  # as it was decided
+    assert ("nobody", None) not in verdict_log(records), "an unknown id gets no tombstone"
+    assert metric(deployment, 'neardup_deletes_total{status="deleted"}') == 1.0
+    assert metric(deployment, 'neardup_deletes_total{status="unknown_delete"}') == 1.0
+    assert metric(deployment, "neardup_indexed_articles") == 3.0
+
+    # the deletion reached the changelog: a rebuild does not bring "a" back
+    worker = restart_without_state(deployment, worker)
+    produce_articles(deployment.bootstrap, topic, [{"id": "d", "text": story}])
+    view = latest(reader.read_until(lambda r: "d" in latest(r), timeout=180))
+    d = view["d"]
+    assert d is not None and not d["exact"] and d["match_id"] in {"b", "c"} and d["canonical_id"] == "b"
+    stats = stats_from_broker(deployment)
+    assert stats["articles"] == 4 and stats["deleted"] >= 1
+    deployment.kill(worker, signal.SIGTERM)
+
+
+def test_articles_expire_across_the_retention_window(deployment: Deployment) -> None:
+    sample = load_sample(40)
+    deployment.extra_env["NEARDUP_RETENTION"] = "30d"
+    worker = deployment.start_worker()
+    topic = deployment.topics["input"]
+    today = datetime.now(UTC).replace(microsecond=0)
+
+    def dated(article_id: str, text: str, days_ago: float) -> dict[str, Any]:
+        when = (today - timedelta(days=days_ago)).isoformat().replace("+00:00", "Z")
+        return {"id": article_id, "text": text, "published_at": when}
+
+    old, mid = sample[0]["text"], sample[3]["text"]
+    articles = [
+        dated("old", old, 45),
+        dated("mid", mid, 20),
+        dated("inside", mid + " Reporting by the wire desk.", 10),
+        dated("outside", old + " Reporting by the wire desk.", 2),
+        # refused (far ahead of its record's timestamp): it counts under that timestamp, now
+        {"id": "future", "text": sample[7]["text"], "published_at": "2099-01-01T00:00:00Z"},
+    ]
+    produce_articles(deployment.bootstrap, topic, articles)
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    view = latest(reader.read_until(lambda r: len(latest(r)) >= 5, timeout=120))
+    inside, outside = view["inside"], view["outside"]
+    assert inside is not None and (inside["verdict"], inside["match_id"]) == ("duplicate", "mid")
+    assert outside is not None and outside["verdict"] == "unique", "its original is 43 days older"
+    assert metric(deployment, "neardup_expired_total") == 1.0
+    assert metric(deployment, "neardup_refused_times_total") == 1.0
+    assert metric(deployment, "neardup_indexed_articles") == 4.0
+    oldest = (today - timedelta(days=20)).timestamp()
+    assert metric(deployment, "neardup_index_oldest_seconds") == oldest  # mid's
+    deployment.kill(worker, signal.SIGTERM)
+    held = stats_of_state(deployment)
+    assert (held["articles"], held["expired"]) == (4, 1)
+
+    # rebuilt from the changelog, the expired article stays gone
+    worker = deployment.start_worker()
+    worker = restart_without_state(deployment, worker)
+    produce_articles(deployment.bootstrap, topic, [dated("again", old, 1)])
+    view = latest(reader.read_until(lambda r: "again" in latest(r), timeout=180))
+    again = view["again"]
+    assert again is not None and again["match_id"] == "outside" and not again["exact"]
+    deployment.kill(worker, signal.SIGTERM)
+    assert stats_of_state(deployment)["articles"] == 5
+
+
+@pytest.mark.slow
+def test_updates_redelivered_after_sigkill_keep_their_versions(deployment: Deployment) -> None:
+    """Every article is sent twice (a correction with new text later); the worker is killed
+    while input is pending, before its offsets are committed: the input comes back and is signed
+    again, yet no article gets a third version."""
+    sample = load_sample()
+    count = 1500
+    rng = random.Random(7)
+    first = [
+        {"id": f"u{i:04d}", "text": f"{sample[i % len(sample)]['text']} Edition {i}."} for i in range(count)
+    ]
+    second = [
+        {"id": a["id"], "text": a["text"] + f" Correction: figure {rng.randrange(10**6)} was wrong."}
+        for a in first
+    ]
+    deployment.create_topics()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], first + second)
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    worker = deployment.start_worker()
+    for target in (700, 1900):
+        seen = reader.read_until(lambda r, t=target: len(r) >= t, timeout=300)
+        assert len(seen) < 2 * count, "killed while input is pending"
+        deployment.kill(worker, signal.SIGKILL)
+        worker = deployment.start_worker()
+    records = reader.read_until(
+        lambda r: sum(1 for _, v in verdict_log(r) if v is not None and v["version"] == 1) >= count,
+        timeout=600,
+    )
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for key, verdict in verdict_log(records):
+        assert verdict is not None
+        by_id.setdefault(key, []).append(verdict)
+    assert len(by_id) == count
+    versions = {v["version"] for seen in by_id.values() for v in seen}
+    assert versions == {0, 1}, f"versions seen: {sorted(versions)}"
+    for article_id, seen in by_id.items():
+        assert seen[-1]["version"] == 1, article_id
+    redelivered = len(records) - 2 * count
+    assert redelivered > 0, "the kills landed before the input was committed: some came back"
+    deployment.kill(worker, signal.SIGTERM)
+    assert stats_of_state(deployment)["articles"] == count
+    print(f"verdicts={len(records)} redelivered={redelivered}")
+
+
+@pytest.mark.slow
+def test_a_hot_story_of_20000_copies(deployment: Deployment, tmp_path: Path) -> None:
+    sample = load_sample(60)
+    story = max((a["text"] for a in sample), key=len)
+    words = story.split(" ")
+    rng = random.Random(3)
+    articles = []
+    for i in range(20_000):
+        edited = list(words)
+        for _ in range(rng.randint(0, 3)):
+            edited[rng.randrange(len(edited))] = rng.choice(words)
+        articles.append({"id": f"hot{i:05d}", "text": " ".join(edited) + f" Desk {i % 50}."})
+    articles += [{"id": f"news{i}", "text": a["text"]} for i, a in enumerate(sample[1:])]
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
+    deployment.create_topics()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    worker = deployment.start_worker()
+    records = reader.read_until(lambda r: len(r) >= len(articles), timeout=900)
+    got = {key: without_latency(v) for key, v in verdict_log(records) if v is not None}
+    assert got == expected
+    kinds = {v["verdict"] for v in got.values()}
+    assert kinds >= {"unique", "duplicate"}
+    deployment.kill(worker, signal.SIGTERM)
+    held = stats_of_state(deployment)
+    assert held["largest_bucket"] <= held["bucket_cap"] == 64
+    assert held["articles"] == len(articles)
