@@ -10,7 +10,7 @@ so that keys sort in arrival order):
 - ``c<content hash>`` → seq of the article that stands for this content (its holder, in the buckets)
 - ``x<content hash><seq>`` → exact copies of a held content: out of the buckets (the holder stands
   for them), kept so that the next one takes over when the holder goes
-- ``k<cluster seq><seq>`` → id: the members of a cluster, in arrival order
+- ``k<cluster seq><seq>``: the members of a cluster, in arrival order
 - ``h<cluster seq>`` → seq and id of the cluster's earliest surviving member, once its first is gone
 - ``t<time><seq>`` → the arrivals by event time: expiry walks them from the oldest
 - ``m<name>`` → metadata (header, next seq, counters, offsets)
@@ -440,7 +440,7 @@ class IndexState:
         self._holder_looked_up = (b"", None)
         if article.cluster == article.seq:
             self.counts.clusters += 1
-        batch.put(MEMBER + seq_key(article.cluster) + seq, article.article_id.encode())
+        batch.put(MEMBER + seq_key(article.cluster) + seq, b"")
         batch.put(time_key(article.time_ms, article.seq), b"")
         batch.put(ARTICLE + article.article_id.encode(), seq)
         self.counts.articles += 1
@@ -533,20 +533,27 @@ class IndexState:
         head_seq = old.cluster if head is None else SEQ.unpack_from(head)[0]
         if head_seq != old.seq:
             return
-        successor = self._first(MEMBER + cluster, batch, skip=seq_key(old.seq), value=True)
+        successor = self._first(MEMBER + cluster, batch, skip=seq_key(old.seq))
         if successor is None:
             batch.delete(head_key)
             self.counts.clusters -= 1
         else:
-            batch.put(head_key, successor)
+            batch.put(head_key, self._head_entry(successor[-SEQ.size :]))
 
-    def _first(self, prefix: bytes, batch: Batch, skip: bytes, *, value: bool = False) -> bytes | None:
+    def _head_entry(self, seq: bytes) -> bytes:
+        """What a cluster's head key holds: the head's seq and id (read once here, not per member)."""
+        article = self._arrivals([SEQ.unpack(seq)[0]])[0]
+        if article is None:
+            raise CorruptRecord(f"state record of arrival {SEQ.unpack(seq)[0]} is missing")
+        return seq + article.article_id.encode()
+
+    def _first(self, prefix: bytes, batch: Batch, skip: bytes) -> bytes | None:
         """The first key under `prefix` (its last 8 bytes a seq other than `skip`) that the batch
-        does not delete; `value`: return that seq followed by the stored value instead."""
-        for key, stored in self.kv.scan(prefix):
+        does not delete."""
+        for key, _ in self.kv.scan(prefix):
             if key[-SEQ.size :] == skip or batch.main.get(key, b"") is None:
                 continue
-            return key[-SEQ.size :] + stored if value else key
+            return key
         return None
 
     def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
@@ -627,14 +634,14 @@ class IndexState:
         """Clusters whose first article is gone get their earliest surviving member as head."""
         batch = Batch()
         last_cluster = None
-        for key, article_id in self.kv.scan(MEMBER):
+        for key, _ in self.kv.scan(MEMBER):
             cluster = key[1 : 1 + SEQ.size]
             if cluster == last_cluster:
                 continue
             last_cluster = cluster
             if self.kv.records([cluster])[0] is None:
                 self.counts.clusters += 1
-                batch.put(HEAD + cluster, key[-SEQ.size :] + article_id)
+                batch.put(HEAD + cluster, self._head_entry(key[-SEQ.size :]))
         self.kv.write(batch)
 
     def compact(self) -> None:

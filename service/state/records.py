@@ -12,81 +12,106 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import orjson
 
-from ..core.dedup import Candidate, Decision, IndexedArticle
+from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.signing import Fingerprint
 
 MAGIC = b"N4"
 # seq, version, time (ms), cluster seq, distinct shingles, flags, then the byte lengths of: id,
-# cluster id, content hash, verifier, band keys, decision
+# cluster id, content hash, verifier, band digests, decision
 _HEAD = struct.Struct(">QIqQIBHHBHHH")
 _SHORT = 1  # flag: the text was shorter than k
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
+# A band key is the band's index then its digest: the index is the key's position, so only the
+# digests are stored.
+_BAND_INDEX = struct.Struct(">H")
+_DIGEST = BAND_KEY_BYTES - _BAND_INDEX.size
+# The decision, in binary: kind, flags, the match's place among the candidates, the candidates
+# (id, Jaccard, containment, contains: 8-byte floats, so that a replayed verdict is identical);
+# the match and the canonical id only where the rest does not give them.
+_KINDS: tuple[VerdictKind, ...] = ("unique", "duplicate", "partial")
+_DECISION = struct.Struct(">BBBB")  # kind, flags, match index, candidates
+_EXACT, _CANONICAL_SELF, _CANONICAL_CLUSTER, _MATCH_APART = 1, 2, 4, 8
+_SCORES = struct.Struct(">ddd")
+_ID_LEN = struct.Struct(">H")
 
 
 class CorruptRecord(ValueError):
     """A stored record could not be decoded; its key is named so it can be inspected."""
 
 
-def decision_to_dict(decision: Decision) -> dict[str, Any]:
-    return {
-        "kind": decision.kind,
-        "match_id": decision.match_id,
-        "jaccard": decision.jaccard,
-        "containment": decision.containment,
-        "contains": decision.contains,
-        "canonical_id": decision.canonical_id,
-        "exact": decision.exact,
-        "candidates": [[c.article_id, c.jaccard, c.containment, c.contains] for c in decision.candidates],
-    }
+def _pack_id(text: str) -> bytes:
+    data = text.encode()
+    return _ID_LEN.pack(len(data)) + data
 
 
-def decision_from_dict(data: dict[str, Any]) -> Decision:
-    return Decision(
-        kind=data["kind"],
-        match_id=data["match_id"],
-        jaccard=data["jaccard"],
-        containment=data["containment"],
-        contains=data["contains"],
-        canonical_id=data["canonical_id"],
-        exact=data["exact"],
-        candidates=tuple(Candidate(c[0], c[1], c[2], c[3]) for c in data["candidates"]),
+def _unpack_id(data: bytes, position: int) -> tuple[str, int]:
+    (size,) = _ID_LEN.unpack_from(data, position)
+    start = position + _ID_LEN.size
+    if start + size > len(data):
+        raise ValueError("decision is truncated")
+    return data[start : start + size].decode(), start + size
+
+
+def _compact_decision(decision: Decision, article_id: str, cluster_id: str) -> bytes:
+    candidates = decision.candidates
+    match = decision.match_id
+    where = next(
+        (
+            i
+            for i, c in enumerate(candidates)
+            if c.article_id == match
+            and (c.jaccard, c.containment, c.contains)
+            == (decision.jaccard, decision.containment, decision.contains)
+        ),
+        255,
     )
+    flags = _EXACT if decision.exact else 0
+    if decision.canonical_id == article_id:
+        flags |= _CANONICAL_SELF
+    elif decision.canonical_id == cluster_id:
+        flags |= _CANONICAL_CLUSTER
+    if match is not None and where == 255:
+        flags |= _MATCH_APART
+    parts = [_DECISION.pack(_KINDS.index(decision.kind), flags, where, len(candidates))]
+    if flags & _MATCH_APART:
+        assert match is not None and decision.jaccard is not None
+        parts += (_pack_id(match), _SCORES.pack(decision.jaccard, decision.containment, decision.contains))
+    if not flags & (_CANONICAL_SELF | _CANONICAL_CLUSTER):
+        parts.append(_pack_id(decision.canonical_id))
+    for c in candidates:
+        parts += (_pack_id(c.article_id), _SCORES.pack(c.jaccard, c.containment, c.contains))
+    return b"".join(parts)
 
 
-def _compact_decision(decision: Decision) -> bytes:
-    """The decision as a short JSON array (its keys would double its size)."""
-    return orjson.dumps(
-        [
-            decision.kind,
-            decision.match_id,
-            decision.jaccard,
-            decision.containment,
-            decision.contains,
-            decision.canonical_id,
-            decision.exact,
-            [[c.article_id, c.jaccard, c.containment, c.contains] for c in decision.candidates],
-        ]
-    )
-
-
-def _decision_of(data: bytes) -> Decision:
-    kind, match_id, jaccard, containment, contains, canonical, exact, candidates = orjson.loads(data)
-    return Decision(
-        kind,
-        match_id,
-        jaccard,
-        containment,
-        contains,
-        canonical,
-        exact,
-        tuple(Candidate(c[0], c[1], c[2], c[3]) for c in candidates),
-    )
+def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
+    kind, flags, where, count = _DECISION.unpack_from(data)
+    position = _DECISION.size
+    match: tuple[str, float, float, float] | None = None
+    if flags & _MATCH_APART:
+        match_id, position = _unpack_id(data, position)
+        match = (match_id, *_SCORES.unpack_from(data, position))
+        position += _SCORES.size
+    canonical = article_id if flags & _CANONICAL_SELF else cluster_id
+    if not flags & (_CANONICAL_SELF | _CANONICAL_CLUSTER):
+        canonical, position = _unpack_id(data, position)
+    candidates = []
+    for _ in range(count):
+        candidate_id, position = _unpack_id(data, position)
+        candidates.append(Candidate(candidate_id, *_SCORES.unpack_from(data, position)))
+        position += _SCORES.size
+    if position != len(data):
+        raise ValueError(f"decision has {len(data) - position} bytes too many or few")
+    if match is None and where != 255:
+        chosen = candidates[where]
+        match = (chosen.article_id, chosen.jaccard, chosen.containment, chosen.contains)
+    verdict = _KINDS[kind]
+    if match is None:
+        return Decision(verdict, None, None, None, None, canonical, bool(flags & _EXACT), tuple(candidates))
+    return Decision(verdict, *match, canonical, bool(flags & _EXACT), tuple(candidates))
 
 
 def encode_article(article: IndexedArticle) -> bytes:
@@ -94,8 +119,10 @@ def encode_article(article: IndexedArticle) -> bytes:
     fp = article.fingerprint
     article_id, cluster_id = article.article_id.encode(), article.cluster_id.encode()
     verifier = np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
-    keys = b"".join(article.keys)
-    decision = _compact_decision(article.decision)
+    keys = b"".join(key[_BAND_INDEX.size :] for key in article.keys)
+    if any(_BAND_INDEX.unpack_from(key)[0] != band for band, key in enumerate(article.keys)):
+        raise ValueError("band keys must be in band order, each led by its band's index")
+    decision = _compact_decision(article.decision, article.article_id, article.cluster_id)
     signature = b"" if verifier else np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
     head = _HEAD.pack(
         article.seq,
@@ -184,7 +211,7 @@ def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
             parts.append(data[position : position + length])
             position += length
         article_id, cluster_id, verifier, keys, content_hash, decision = parts
-        if len(decision) != decision_len or keys_len % BAND_KEY_BYTES:
+        if len(decision) != decision_len or keys_len % _DIGEST:
             raise ValueError("record is truncated")
         signature = (
             np.frombuffer(data, dtype="<u8", offset=position).astype(np.uint64) if not verifier else None
@@ -196,19 +223,23 @@ def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
             bool(flags & _SHORT),
             np.frombuffer(verifier, dtype=np.uint8).copy(),
         )
-        band_keys = tuple(keys[i : i + BAND_KEY_BYTES] for i in range(0, keys_len, BAND_KEY_BYTES))
+        band_keys = tuple(
+            _BAND_INDEX.pack(band) + keys[start : start + _DIGEST]
+            for band, start in enumerate(range(0, keys_len, _DIGEST))
+        )
+        own_id, cluster_text = article_id.decode(), cluster_id.decode()
         return IndexedArticle(
-            article_id.decode(),
+            own_id,
             version,
             seq,
             fp,
-            _decision_of(decision),
+            _decision_of(decision, own_id, cluster_text),
             band_keys,
             time_ms,
             cluster,
-            cluster_id.decode(),
+            cluster_text,
         )
-    except (ValueError, KeyError, TypeError, struct.error) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
 
 

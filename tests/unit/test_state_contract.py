@@ -484,3 +484,31 @@ def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, pro
             state.bulk_load([("a", encode_article(a))], PARAMS.lsh.bands, PARAMS.lsh.rows)
     finally:
         state.close()
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        Decision("unique", None, None, None, None, "self", False, ()),
+        Decision("unique", None, None, None, None, "self", False, (Candidate("x", 0.25, 0.5, 0.125),)),
+        Decision("duplicate", "m", 1.0, 1.0, 1.0, "root", True, (Candidate("m", 1.0, 1.0, 1.0),)),
+        # a partial picked by containment from beyond the top candidates kept
+        Decision(
+            "partial",
+            "far",
+            0.3,
+            0.95,
+            0.31,
+            "handed-on",
+            False,
+            tuple(Candidate(f"c{i}", 0.5 - i / 10, 0.5, 0.5) for i in range(3)),
+        ),
+        # the match among the candidates but with other figures (never made so; still kept exact)
+        Decision("duplicate", "c0", 0.9, 0.9, 0.9, "root", False, (Candidate("c0", 0.8, 0.8, 0.8),)),
+    ],
+)
+def test_every_decision_survives_its_binary_form(decision: Decision, prose: tuple[str, ...]) -> None:
+    fp = fingerprint(prose[0], PARAMS)
+    keys = tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+    article = IndexedArticle("self", 0, 9, fp, decision, keys, 0, 3, "root")
+    assert decode_article(encode_article(article)).decision == decision
