@@ -11,7 +11,12 @@ member, the layout before buckets were capped: what the cap buys.
 Targets: the hot story's last block within 1.5x of its first, and within 2x of the ordinary
 stream's rate (its median block).
 
+With --retention-days D, the ordinary stream once more under a retention window of D days, the
+articles a minute apart in event time: once the window is full, every article expires one, and the
+rate beside the run without retention is expiry's cost.
+
 Usage: python tests/benchmarks/bench_hot_story.py [--articles 100000] [--block 10000] [--uncapped 20000]
+                                                  [--retention-days 7]
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
 from service.core.lsh import band_keys  # noqa: E402
 from service.core.params import DedupParams  # noqa: E402
+from service.core.retention import NO_RETENTION, Retention  # noqa: E402
 from service.core.signing import Fingerprint, fingerprint  # noqa: E402
 from service.engine import Engine  # noqa: E402
 from service.state.rocks import RocksOptions, RocksState  # noqa: E402
 
 PARAMS = DedupParams()
+MINUTE_MS = 60_000
 Signed = tuple[str, Fingerprint, tuple[bytes, ...]]
 
 
@@ -76,26 +83,32 @@ def sign(texts: list[str], prefix: str) -> list[Signed]:
     return signed
 
 
-def run(name: str, signed: list[Signed], block: int, options: RocksOptions) -> list[float]:
-    """Articles/s per block of `block`, indexing into a fresh state."""
+def run(
+    name: str, signed: list[Signed], block: int, options: RocksOptions, retention: Retention = NO_RETENTION
+) -> list[float]:
+    """Articles/s per block of `block`, indexing into a fresh state; the articles are a minute
+    apart in event time."""
     rates = []
     with tempfile.TemporaryDirectory(prefix="neardup-hot-") as directory:
         state = RocksState(Path(directory) / "state", options)
-        engine = Engine(state, PARAMS)
+        engine = Engine(state, PARAMS, retention)
         kinds: dict[str, int] = {}
         try:
             for start in range(0, len(signed), block):
                 chunk = signed[start : start + block]
                 began = time.perf_counter()
-                for article_id, fp, keys in chunk:
-                    kind = engine.index(article_id, fp, 0, keys).decision.kind
+                for n, (article_id, fp, keys) in enumerate(chunk, start):
+                    kind = engine.index(article_id, fp, n * MINUTE_MS, keys).decision.kind
                     kinds[kind] = kinds.get(kind, 0) + 1
                 rates.append(len(chunk) / (time.perf_counter() - began))
                 print(f"  {name:<9} block {start // block + 1:>3}: {rates[-1]:>8,.0f} articles/s", flush=True)
             stats = state.stats(full=True)
         finally:
             state.close()
-    print(f"  {name:<9} verdicts {kinds}; largest bucket {stats.largest_bucket}, buckets {stats.buckets:,}")
+    print(
+        f"  {name:<9} verdicts {kinds}; largest bucket {stats.largest_bucket}, buckets {stats.buckets:,}, "
+        f"held {stats.articles:,}, expired {stats.expired:,} in {len(engine.counts.expired):,} passes"
+    )
     return rates
 
 
@@ -106,6 +119,12 @@ def main() -> None:
     parser.add_argument("--articles", type=int, default=100_000, help="of each stream")
     parser.add_argument("--block", type=int, default=10_000)
     parser.add_argument("--uncapped", type=int, default=0, help="hot copies indexed with uncapped buckets")
+    parser.add_argument(
+        "--retention-days",
+        type=float,
+        default=0,
+        help="also the ordinary stream under this retention window (articles a minute apart): expiry's cost",
+    )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
@@ -125,6 +144,16 @@ def main() -> None:
     flat, near = first / last, news_median / last
     print(f"  first/last {flat:.2f}x (target <= 1.5x): {'PASS' if flat <= 1.5 else 'FAIL'}")
     print(f"  ordinary/last {near:.2f}x (target <= 2x): {'PASS' if near <= 2 else 'FAIL'}")
+    if args.retention_days:
+        print()
+        window = Retention(window_ms=round(args.retention_days * 1440 * MINUTE_MS))
+        expiring = run("expiring", news, args.block, options, window)
+        steady = expiring[-len(expiring) // 2 :]
+        print(
+            f"ordinary news under a {args.retention_days:g}-day window (~1 article expired per article once "
+            f"full): median block of the second half {statistics.median(steady):,.0f} articles/s, "
+            f"{statistics.median(steady) / news_median:.2f}x the rate without retention"
+        )
     if args.uncapped:
         print()
         uncapped = run("uncapped", hot[: args.uncapped], args.block, RocksOptions(bucket_cap=10**9))
