@@ -156,3 +156,22 @@ def test_unknown_command_is_an_error(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main(["no-such-command"])
     assert info.value.code == 2
+
+
+def test_evaluate_credits_an_exact_copy_through_its_content_holder(prose: tuple[str, ...]) -> None:
+    """The index keeps exact copies out of its buckets (their content's holder stands for them):
+    a later near copy is a candidate pair with the copy too, with the holder's estimate."""
+    from service.core.params import DedupParams
+    from service.evaluation import evaluate
+    from service.messages import Article
+
+    articles = [
+        Article("a", prose[0]),
+        Article("a-copy", prose[0]),
+        Article("b", prose[0] + " Reporting by the wire desk."),
+        Article("other", prose[2]),
+    ]
+    result = evaluate(articles, DedupParams(), sample_size=0)
+    assert result.true_pairs == 3  # (a-copy, a), (b, a), (b, a-copy)
+    assert result.candidates_found == 3 and result.represented == 1
+    assert result.all_pairs.tp == 3 and result.all_pairs.fn == 0
