@@ -76,11 +76,21 @@ def sign_into(path: Path, count: int, seed: int) -> None:
             out.write(_LEN.pack(len(result.signed)) + result.signed)
 
 
+def signed_articles(count: int, seed: int) -> list[Signed]:
+    """`count` articles signed in memory (bench_rebuild.py), as sign_into writes them."""
+    with tempfile.TemporaryDirectory(prefix="neardup-signed-") as directory:
+        path = Path(directory) / "signed"
+        sign_into(path, count, seed)
+        return list(read_signed(path))
+
+
 def read_signed(path: Path) -> Iterator[Signed]:
     with path.open("rb") as signed:
         while header := signed.read(_LEN.size):
             (size,) = _LEN.unpack(header)
-            yield decode_signed(signed.read(size))
+            item = decode_signed(signed.read(size))
+            assert isinstance(item, Signed)
+            yield item
 
 
 class OffsetsOnly(dict[bytes, bytes]):
