@@ -98,13 +98,14 @@ def test_bad_messages_go_to_dead_letters_and_valid_ones_get_verdicts(deployment:
         (b"x5", b'["an", "array"]', "schema_violation"),
         (b"x6", orjson.dumps({"id": "x6", "text": "w " * 300_000}), "oversized"),
         (b"x7", b'{"id": "x7", "text": "   \\n\\t "}', "empty_text"),
-        (None, None, "invalid_json"),  # a tombstone without a key: no id to delete
     ]
     messages: list[tuple[bytes | None, bytes | None]] = []
     for i, article in enumerate(valid):
         messages.append((article["id"].encode(), orjson.dumps(article)))
         if i < len(bad):
             messages.append((bad[i][0], bad[i][1]))
+    # a tombstone (key, no value) deletes an article: of an unknown id, it is counted, no dead letter
+    messages.append((b"x8", None))
     deployment.extra_env["NEARDUP_MAX_TEXT_BYTES"] = "500000"
     deployment.start_worker()
 
@@ -126,6 +127,11 @@ def test_bad_messages_go_to_dead_letters_and_valid_ones_get_verdicts(deployment:
         lambda r: len(r) >= len(valid), timeout=120
     )
     assert sorted(orjson.loads(r.value)["article_id"] for r in verdicts) == sorted(a["id"] for a in valid)
+    assert 'neardup_deletes_total{status="unknown_delete"} 1.0' in deployment.metrics(0)
+    again = TopicReader(deployment.bootstrap, deployment.topics["dead"]).read_until(
+        lambda r: False, timeout=3
+    )
+    assert len(again) == len(bad), "the tombstone was not dead-lettered"
 
 
 def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment) -> None:
