@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,12 @@ from typing import Any
 from .core.params import DedupParams
 from .core.retention import Retention, parse_duration_ms
 from .core.shingle import ShingleOptions
+
+# Kafka's bounds: the broker's default group.min.session.timeout.ms, and Faust's request timeout,
+# which a session timeout may not exceed.
+MIN_SESSION_TIMEOUT_MS = 6_000
+MAX_SESSION_TIMEOUT_MS = 90_000
+_INSTANCE_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 class ConfigError(ValueError):
@@ -56,6 +65,9 @@ class Settings:
     fetch_wait_ms: int = 20
     fetch_min_bytes: int = 32_768
     rocksdb_nice: int = 10
+    instance_id: str = ""
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
     log_level: str = "info"
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str = "PLAIN"
@@ -110,6 +122,21 @@ class Settings:
                     raise ValueError("negative")
             except ValueError as exc:
                 raise ConfigError(f"NEARDUP_{name.upper()}: {exc}") from exc
+        if self.instance_id not in ("", "off") and not _INSTANCE_ID.fullmatch(self.instance_id):
+            raise ConfigError(
+                f"NEARDUP_INSTANCE_ID may hold letters, digits, '.', '_' and '-' (at most 249): "
+                f"{self.instance_id!r}"
+            )
+        if not MIN_SESSION_TIMEOUT_MS <= self.session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
+            raise ConfigError(
+                f"NEARDUP_SESSION_TIMEOUT_MS must be in {MIN_SESSION_TIMEOUT_MS}..{MAX_SESSION_TIMEOUT_MS}, "
+                f"got {self.session_timeout_ms}"
+            )
+        if not 1 <= self.heartbeat_interval_ms <= self.session_timeout_ms // 3:
+            raise ConfigError(
+                "NEARDUP_HEARTBEAT_INTERVAL_MS must be ≥ 1 and at most a third of the session timeout, "
+                f"got {self.heartbeat_interval_ms}"
+            )
         if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
             raise ConfigError(f"NEARDUP_SECURITY_PROTOCOL is not a Kafka protocol: {self.security_protocol}")
         try:
@@ -131,6 +158,22 @@ class Settings:
 
     def retention_window(self) -> Retention:
         return Retention(parse_duration_ms(self.retention), parse_duration_ms(self.time_skew))
+
+    def group_instance_id(self) -> str | None:
+        """The consumer's static group membership id (Kafka's group.instance.id), None for none.
+
+        A member with one is not removed from the group when its process dies: a worker restarted
+        with the same id takes its place, and its partitions, at once, instead of waiting for the
+        dead member's session to expire. By default the host name (in Kubernetes the pod's name,
+        stable in a StatefulSet) and the state directory, which no two workers share; hashed, as
+        Kafka allows only [a-zA-Z0-9._-] in the id."""
+        if self.instance_id == "off":
+            return None
+        if self.instance_id:
+            return self.instance_id
+        path = str(self.state_path.resolve()).encode()
+        host = re.sub(r"[^a-zA-Z0-9._-]", "_", socket.gethostname())[:200]
+        return f"{host}-{hashlib.sha256(path).hexdigest()[:12]}"
 
     @property
     def bootstrap_servers(self) -> str:

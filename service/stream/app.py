@@ -311,6 +311,11 @@ def create_app(
         # at the time, ~2 KB now) moved ~4 articles per round trip.
         producer_max_batch_size=512 * 1024,
         broker_commit_interval=1.0,
+        # A restarted worker takes its place in the group at once (Settings.group_instance_id); a
+        # dead one's partitions go to the others once its session expires: README, "Membership".
+        consumer_group_instance_id=settings.group_instance_id(),
+        broker_session_timeout=settings.session_timeout_ms / 1000,
+        broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000,
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
     )

@@ -100,11 +100,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     metrics.watch_gc()
     server = serve(metrics, settings.metrics_host, settings.metrics_port)
     log.info(
-        "starting app_id=%s broker=%s input=%s state_dir=%s metrics=%s:%d",
+        "starting app_id=%s broker=%s input=%s state_dir=%s instance_id=%s metrics=%s:%d",
         settings.app_id,
         settings.bootstrap_servers,
         settings.input_topic,
         settings.state_dir,
+        settings.group_instance_id(),
         settings.metrics_host,
         settings.metrics_port,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -230,6 +231,25 @@ def load_sample(limit: int | None = None) -> list[dict[str, Any]]:
     lines = (REPO / "service" / "data" / "sample_news.jsonl").read_bytes().splitlines()
     articles = [orjson.loads(line) for line in lines if line.strip()]
     return articles[:limit] if limit else articles
+
+
+def stream_of(count: int) -> list[dict[str, Any]]:
+    """`count` articles cycling through the sample with seeded edits: duplicates, partial copies
+    and unique texts all occur, and the index keeps growing."""
+    sample = load_sample()
+    out = []
+    for i in range(count):
+        base = sample[i % len(sample)]["text"]
+        words = base.split()
+        rng = random.Random(i)
+        cycle = i // len(sample)
+        if cycle % 3 == 1:
+            words = words[int(len(words) * 0.3) :]
+        elif cycle % 3 == 2:
+            for _ in range(max(1, len(words) // 10)):
+                words[rng.randrange(len(words))] = f"w{rng.randrange(10**6)}"
+        out.append({"id": f"c{i:05d}", "text": " ".join(words) + f" Dispatch {cycle}."})
+    return out
 
 
 def run_embedded(articles: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ the changelog, and later verdicts do not change.
 from __future__ import annotations
 
 import dataclasses
-import random
 import shutil
 import signal
 import subprocess
@@ -29,30 +28,12 @@ from .conftest import (
     load_sample,
     produce_articles,
     run_embedded,
+    stream_of,
     verdicts_by_id,
     without_latency,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-
-def stream_of(count: int) -> list[dict[str, Any]]:
-    """`count` articles cycling through the sample with seeded edits: duplicates, partial copies
-    and unique texts all occur, and the index keeps growing."""
-    sample = load_sample()
-    out = []
-    for i in range(count):
-        base = sample[i % len(sample)]["text"]
-        words = base.split()
-        rng = random.Random(i)
-        cycle = i // len(sample)
-        if cycle % 3 == 1:
-            words = words[int(len(words) * 0.3) :]
-        elif cycle % 3 == 2:
-            for _ in range(max(1, len(words) // 10)):
-                words[rng.randrange(len(words))] = f"w{rng.randrange(10**6)}"
-        out.append({"id": f"c{i:05d}", "text": " ".join(words) + f" Dispatch {cycle}."})
-    return out
 
 
 def reference_state(articles: list[dict[str, Any]], tmp: Path) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,8 @@ def _sample(name: str, default: object) -> str:
         return {"retention": "30d", "time_skew": "5m"}[name]
     if name in ("num_perm", "verify_perm"):  # the verifier must be a multiple of the signature
         return {"num_perm": "64", "verify_perm": "256"}[name]
+    if name == "session_timeout_ms":  # within Kafka's bounds, and three heartbeats
+        return "20000"
     if isinstance(default, int):
         return "7"
     if isinstance(default, float):
@@ -219,3 +222,27 @@ def test_the_retention_window_from_settings() -> None:
     window = Settings.from_env({"NEARDUP_RETENTION": "12h", "NEARDUP_TIME_SKEW": "1m"}).retention_window()
     assert (window.window_ms, window.skew_ms) == (12 * 3_600_000, 60_000)
     assert not Settings().retention_window().enabled, "the default keeps articles forever"
+
+
+def test_the_group_instance_id_is_stable_per_host_and_state_dir(tmp_path: Path) -> None:
+    first = Settings(state_dir=str(tmp_path / "a")).group_instance_id()
+    assert first == Settings(state_dir=str(tmp_path / "a")).group_instance_id()
+    assert first != Settings(state_dir=str(tmp_path / "b")).group_instance_id()
+    assert first is not None and re.fullmatch(r"[a-zA-Z0-9._-]+", first), "Kafka's allowed characters"
+    assert Settings(instance_id="neardup-worker-0").group_instance_id() == "neardup-worker-0"
+    assert Settings(instance_id="off").group_instance_id() is None
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("INSTANCE_ID", "pod/0"),
+        ("SESSION_TIMEOUT_MS", "5000"),
+        ("SESSION_TIMEOUT_MS", "120000"),
+        ("HEARTBEAT_INTERVAL_MS", "0"),
+        ("HEARTBEAT_INTERVAL_MS", "4000"),
+    ],
+)
+def test_membership_settings_are_checked(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=f"NEARDUP_{name}"):
+        Settings.from_env({f"NEARDUP_{name}": raw})

@@ -1,0 +1,112 @@
+"""How soon verdicts flow again after a worker dies, through the real broker.
+
+A worker restarted after SIGKILL takes its place in the consumer group at once (static membership:
+NEARDUP_INSTANCE_ID), and when the worker that owns the index shard dies for good, another takes
+the shard over once the dead one's session expires (NEARDUP_SESSION_TIMEOUT_MS). Both keep the
+verdicts of an uninterrupted (embedded) run.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from .conftest import (
+    Deployment,
+    TopicReader,
+    produce_articles,
+    run_embedded,
+    stream_of,
+    verdicts_by_id,
+    without_latency,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+RESTART_WITHIN_S = 10.0
+FAILOVER_WITHIN_S = 30.0
+
+
+def first_verdict_times(records: list[Any]) -> dict[str, float]:
+    """When each article's first verdict was produced (its record's timestamp), in seconds."""
+    first: dict[str, float] = {}
+    for record in records:
+        article_id = orjson.loads(record.value)["article_id"]
+        first[article_id] = min(first.get(article_id, float("inf")), record.timestamp / 1000)
+    return first
+
+
+def assert_as_embedded(records: list[Any], expected: dict[str, dict[str, Any]], logs: str) -> None:
+    verdicts = verdicts_by_id(records)
+    missing = sorted(set(expected) - set(verdicts))
+    assert not missing, f"{len(missing)} articles without verdict, e.g. {missing[:5]}\n{logs}"
+    differing = [i for i, seen in verdicts.items() if any(without_latency(v) != expected[i] for v in seen)]
+    assert not differing, f"{len(differing)} verdicts differ from the embedded run, e.g. {differing[:5]}"
+
+
+def indexed_articles(deployment: Deployment, index: int) -> float:
+    """The worker's neardup_indexed_articles: above 0 only where the index shard was decided."""
+    found = re.search(r"^neardup_indexed_articles (\S+)$", deployment.metrics(index), re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_restarted_worker_resumes_within_10s(deployment: Deployment, tmp_path: Path) -> None:
+    articles = stream_of(6_000)
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
+    deployment.create_topics()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    worker = deployment.start_worker()
+    reader.read_until(lambda r: len(r) >= 1_500, timeout=300)
+    deployment.kill(worker, signal.SIGKILL)
+    killed = time.time()
+    restarted = time.time()
+    deployment.start_worker()
+    records = reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=300)
+    assert_as_embedded(records, expected, deployment.logs())
+    first = first_verdict_times(records)
+    new = [t for t in first.values() if t > killed]
+    assert len(new) < len(articles) and new, "the kill lands while input is pending"
+    resumed = min(new) - restarted
+    print(f"restart to first new verdict: {resumed:.1f} s ({len(first) - len(new)} before the kill)")
+    assert resumed < RESTART_WITHIN_S, deployment.logs()
+
+
+def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: Path) -> None:
+    # One input partition: the log order, and so every verdict, is the embedded run's whichever
+    # worker signs and decides.
+    dep = Deployment(kafka, tmp_path, input_partitions=1)
+    articles = stream_of(6_000)
+    half = len(articles) // 2
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
+    try:
+        dep.create_topics()
+        workers = [dep.start_worker(0), dep.start_worker(1)]
+        produce_articles(dep.bootstrap, dep.topics["input"], articles[:half])
+        reader = TopicReader(dep.bootstrap, dep.topics["verdicts"])
+        reader.read_until(lambda r: len(r) >= 1_000, timeout=300)
+        owner = max((0, 1), key=lambda i: indexed_articles(dep, i))
+        assert indexed_articles(dep, owner) > 0 and indexed_articles(dep, 1 - owner) == 0
+        dep.kill(workers[owner], signal.SIGKILL)
+        killed = time.time()
+        produce_articles(dep.bootstrap, dep.topics["input"], articles[half:])
+        input_end = time.time()
+        records = reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=300)
+        assert_as_embedded(records, expected, dep.logs())
+        first = first_verdict_times(records)
+        assert sum(t < killed for t in first.values()) < half, "the kill lands while input is pending"
+        done = max(first.values())
+        print(
+            f"failover: every verdict {done - input_end:.1f} s after the input's end "
+            f"({done - killed:.1f} s after the kill)"
+        )
+        assert done - input_end < FAILOVER_WITHIN_S, dep.logs()
+        assert indexed_articles(dep, 1 - owner) > 0
+    finally:
+        dep.stop_all()
