@@ -60,6 +60,9 @@ TAKE_WITHIN_S = 0.001
 # How often an empty take loop looks whether its stream is stopping (it wakes at once for an event).
 IDLE_CHECK_S = 0.1
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
+# Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
+# A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
+HANDOFF_QUEUE = 16
 
 
 def _halted(service: Any) -> bool:
@@ -207,16 +210,27 @@ class _HandOff:
     each, a one-off split of the record timestamps). The acknowledgement gives its offset, so while
     this worker owns the shard it can be decided at once, in the shard's order: only when it follows
     the last message decided (`stages.following_run`); otherwise (another worker's messages first,
-    the shard elsewhere, a failed send) the consumer brings it, as it brings every message anyway."""
+    the shard elsewhere, a failed send) the consumer brings it, as it brings every message anyway.
 
-    def __init__(self, decide: Callable[[list[tuple[int, bytes]]], Any]) -> None:
+    The queue holds `maxsize` messages: when it is full, the message is not handed off (nor are
+    those after it, which no longer follow the last one decided) and the consumer brings it. The
+    hand-off only saves latency; making the sign stage wait for it instead would tie the input's
+    pace to the decisions', which the consumer's path keeps apart."""
+
+    def __init__(
+        self, decide: Callable[[list[tuple[int, bytes]]], Any], maxsize: int = HANDOFF_QUEUE
+    ) -> None:
         self._decide = decide
-        self._sent: asyncio.Queue[tuple[Any, bytes]] = asyncio.Queue()
+        self._sent: asyncio.Queue[tuple[Any, bytes]] = asyncio.Queue(maxsize)
+        self.dropped = 0  # messages left to the consumer because the queue was full
 
     def submit(self, sent: Any, pack: bytes) -> None:
         """`sent`: what Topic.send returned, awaitable for the message's metadata."""
         if asyncio.isfuture(sent):
-            self._sent.put_nowait((sent, pack))
+            try:
+                self._sent.put_nowait((sent, pack))
+            except asyncio.QueueFull:
+                self.dropped += 1
 
     async def run(self) -> None:
         """In send order; whatever is acknowledged meanwhile is decided together (one pipelined
