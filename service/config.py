@@ -56,6 +56,8 @@ class Settings:
     sign_nice: int = 0
     index_process: int = 1
     index_handoff: int = 1
+    helper_timeout: float = 20.0
+    helper_item_timeout_ms: float = 100.0
     record_cache: int = 20_000
     probe_cache: int = 100_000
     bucket_cap: int = 64
@@ -114,6 +116,11 @@ class Settings:
         for name in ("index_process", "index_handoff"):
             if getattr(self, name) not in (0, 1):
                 raise ConfigError(f"NEARDUP_{name.upper()} must be 0 or 1, got {getattr(self, name)}")
+        if not self.helper_timeout > 0 or not self.helper_item_timeout_ms >= 0:
+            raise ConfigError(
+                "NEARDUP_HELPER_TIMEOUT must be > 0 and NEARDUP_HELPER_ITEM_TIMEOUT_MS ≥ 0, got "
+                f"{self.helper_timeout} and {self.helper_item_timeout_ms}"
+            )
         if self.bucket_cap < 1:
             raise ConfigError(f"NEARDUP_BUCKET_CAP must be ≥ 1, got {self.bucket_cap}")
         for name in ("retention", "time_skew"):

@@ -4,6 +4,7 @@ tests check against; it is hand-written because it runs on every message."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,6 +27,11 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
 )
 OPTIONAL_STRING_FIELDS = ("title", "url", "source", "published_at", "language")
 MAX_ID_LENGTH = 512
+# The dead-letter topic's max.message.bytes (stream/topics.py creates it so), and the producer's
+# largest request.
+DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
+# What a dead letter leaves of that limit for the Kafka record's own framing and headers.
+DEAD_LETTER_HEADROOM = 64 * 1024
 
 
 class InvalidMessage(ValueError):
@@ -162,18 +168,39 @@ def dead_letter_dict(
     partition: int | None = None,
     offset: int | None = None,
     key: bytes | None = None,
+    max_bytes: int = DEAD_LETTER_MAX_BYTES,
 ) -> dict[str, Any]:
-    """Everything needed to inspect and replay a rejected message; the bytes as base64."""
-    return {
+    """Everything needed to inspect and replay a rejected message; the bytes as base64.
+
+    The encoded record and its key (the Kafka record's key too) fit in `max_bytes` less the
+    headroom: a value too large for that (base64 is 4/3 larger) is cut to its first bytes, marked
+    `value_truncated`, with the original's `value_size` and `value_sha256` to check it against the
+    message its topic, partition and offset point to."""
+    record: dict[str, Any] = {
         "reason": reason,
         "detail": detail,
         "topic": topic,
         "partition": partition,
         "offset": offset,
         "key_b64": None if key is None else base64.b64encode(key).decode(),
-        "value_b64": None if original is None else base64.b64encode(original).decode(),
+        "value_b64": None,
         "failed_at": time.time(),
     }
+    if original is None:
+        return record
+    room = max_bytes - DEAD_LETTER_HEADROOM - len(key or b"")
+    if len(orjson.dumps(record)) + _base64_size(len(original)) > room:
+        record["value_truncated"] = True
+        record["value_size"] = len(original)
+        record["value_sha256"] = hashlib.sha256(original).hexdigest()
+        keep = max(0, room - len(orjson.dumps(record))) // 4 * 3
+        original = original[:keep]
+    record["value_b64"] = base64.b64encode(original).decode()
+    return record
+
+
+def _base64_size(size: int) -> int:
+    return (size + 2) // 3 * 4
 
 
 def dumps(record: dict[str, Any]) -> bytes:

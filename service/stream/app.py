@@ -32,7 +32,8 @@ from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
 from .inline import run_until_wait, wait_for_event
 from .metrics import Metrics
-from .signer import Signer, SignItem
+from .pipes import CallTimeout
+from .signer import Signer, SignerFailed, SignItem
 from .stages import (
     OFFSET_KEY,
     BatchOutcome,
@@ -60,6 +61,9 @@ TAKE_WITHIN_S = 0.001
 # How often an empty take loop looks whether its stream is stopping (it wakes at once for an event).
 IDLE_CHECK_S = 0.1
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
+# Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
+# A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
+HANDOFF_QUEUE = 16
 
 
 def _halted(service: Any) -> bool:
@@ -72,7 +76,9 @@ class LeanStream(faust.Stream):
 
     def take_events(self, max_: int, within: Any) -> AsyncGenerator[list[faust.EventT], None]:
         """Batches of at most `max_` events, each yielded once the buffer is full or `within`
-        seconds after its first event, and acknowledged when the caller asks for the next batch.
+        seconds after its first event, and acknowledged when the caller asks for the next batch
+        (never one whose handling raised or was cancelled: Faust commits acknowledged offsets only,
+        and such a batch must be delivered again).
 
         Faust's take_events wakes every `within` whether or not anything came (through mode's
         waits: three tasks and an `asyncio.wait` each time), and then holds what came for the
@@ -116,11 +122,9 @@ class LeanStream(faust.Stream):
                 arrived.clear()
                 full.clear()
                 taken.set()
-                try:
-                    yield batch
-                finally:
-                    for event in batch:
-                        await self.ack(event)
+                yield batch
+                for event in batch:
+                    await self.ack(event)
         finally:
             self.enable_acks = acks_before
             self._processors.remove(add_to_buffer)
@@ -187,6 +191,21 @@ def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
             super().__init__(*args, **kwargs)
             # run after the agents have stopped, while the event loop still runs
             self.at_shutdown: list[Callable[[], Awaitable[None]]] = []
+            # whether the worker stops itself for a failure, and what an agent that raises does
+            # (Runtime.fail; set by create_app)
+            self.failed: Callable[[], bool] = lambda: False
+            self.agent_failed: Callable[[Any, BaseException], None] = lambda agent, exc: None
+
+        async def _on_agent_error(self, agent: Any, exc: BaseException) -> None:
+            self.agent_failed(agent, exc)
+            await super()._on_agent_error(agent, exc)
+
+        async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
+            """Faust waits here, at a stop or a rebalance, until every message delivered is
+            acknowledged. A batch that failed never is (it must come back after the restart): a
+            worker stopping for a failure does not wait, and commits what was acknowledged."""
+            if not self.failed():
+                await super()._consumer_wait_empty(consumer, logger)
 
         async def on_shutdown(self) -> None:
             await super().on_shutdown()
@@ -207,16 +226,27 @@ class _HandOff:
     each, a one-off split of the record timestamps). The acknowledgement gives its offset, so while
     this worker owns the shard it can be decided at once, in the shard's order: only when it follows
     the last message decided (`stages.following_run`); otherwise (another worker's messages first,
-    the shard elsewhere, a failed send) the consumer brings it, as it brings every message anyway."""
+    the shard elsewhere, a failed send) the consumer brings it, as it brings every message anyway.
 
-    def __init__(self, decide: Callable[[list[tuple[int, bytes]]], Any]) -> None:
+    The queue holds `maxsize` messages: when it is full, the message is not handed off (nor are
+    those after it, which no longer follow the last one decided) and the consumer brings it. The
+    hand-off only saves latency; making the sign stage wait for it instead would tie the input's
+    pace to the decisions', which the consumer's path keeps apart."""
+
+    def __init__(
+        self, decide: Callable[[list[tuple[int, bytes]]], Any], maxsize: int = HANDOFF_QUEUE
+    ) -> None:
         self._decide = decide
-        self._sent: asyncio.Queue[tuple[Any, bytes]] = asyncio.Queue()
+        self._sent: asyncio.Queue[tuple[Any, bytes]] = asyncio.Queue(maxsize)
+        self.dropped = 0  # messages left to the consumer because the queue was full
 
     def submit(self, sent: Any, pack: bytes) -> None:
         """`sent`: what Topic.send returned, awaitable for the message's metadata."""
         if asyncio.isfuture(sent):
-            self._sent.put_nowait((sent, pack))
+            try:
+                self._sent.put_nowait((sent, pack))
+            except asyncio.QueueFull:
+                self.dropped += 1
 
     async def run(self) -> None:
         """In send order; whatever is acknowledged meanwhile is decided together (one pipelined
@@ -256,10 +286,19 @@ class Runtime:
     # The last signatures offset decided by a hand-off since the shard's assignment: the consumer
     # delivers those messages too, and the index agent lets them pass
     handed_off: int = -1
-    # What to do when the index cannot go on (the decider failed twice on a batch): stop the worker
-    # the way a supervisor would, so that it restarts and the unacknowledged batch is re-delivered,
-    # rather than keep consuming with a crashed agent and a gap that blocks every later commit.
+    # What to do when the index or signing cannot go on (the decider or a signing helper failed
+    # twice on a batch, an agent raised): stop the worker the way a supervisor would, so that it
+    # restarts and the unacknowledged batch is re-delivered, rather than keep consuming with a
+    # crashed agent and a gap that blocks every later commit.
     stop_worker: Callable[[], None] = field(default=lambda: signal.raise_signal(signal.SIGTERM))
+    failed: bool = False  # stopped for such a failure: the worker exits non-zero
+
+    def fail(self, message: str, *, exc_info: bool = False) -> None:
+        """Stop the worker for a failure it cannot go on from (logged once)."""
+        if not self.failed:
+            log.critical(message, exc_info=exc_info)
+            self.failed = True
+            self.stop_worker()
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> faust.TopicT:
@@ -331,6 +370,7 @@ def create_app(
         partitions=1,
         changelog_topic=_raw_topic(app, changelog_name, 1, compacting=True, internal=False),
     )
+    timeout = CallTimeout(settings.helper_timeout, settings.helper_item_timeout_ms / 1000)
     runtime = Runtime(
         settings,
         metrics,
@@ -338,6 +378,7 @@ def create_app(
             SignStage(params, settings.max_text_bytes, settings.retention_window().skew_ms),
             settings.sign_processes,
             settings.sign_nice,
+            timeout,
         ),
         CollectorPolicy(settings.gc_freeze_every),
         Decider(
@@ -355,12 +396,21 @@ def create_app(
             in_process=not settings.index_process,
             gc_freeze_every=settings.gc_freeze_every,
             retention=settings.retention_window(),
+            timeout=timeout,
         ),
         LogReader(settings),
     )
     # The signing helpers end with the worker, inside its event loop (the decider is closed on
     # the way: close_index); commands.py still stops any that are left once the loop has ended.
     cast(Any, app).at_shutdown.append(runtime.signer.aclose)
+    cast(Any, app).failed = lambda: runtime.failed
+
+    def agent_failed(agent: Any, exc: BaseException) -> None:
+        # Faust would go on with a new agent, past the batch that raised; that batch is not
+        # acknowledged (LeanStream), so not committed: a restart brings it back.
+        runtime.fail(f"agent_failed agent={agent.name} error={exc!r}; stopping the worker")
+
+    cast(Any, app).agent_failed = agent_failed
 
     async def dead_letter(reason: str, payload: bytes, key: bytes | None) -> None:
         metrics.dead_letters.labels(reason).inc()
@@ -386,9 +436,17 @@ def create_app(
                 ]
                 entries = in_log_order(entries, gaps, fills)
             items = [item for _, _, item in entries]
+            try:
+                results = await runtime.signer.sign(items)
+            except SignerFailed as exc:
+                runtime.fail(f"signing_unavailable: {exc}; stopping the worker")
+                # Neither this batch (never acknowledged) nor any after it: a replaced agent
+                # would sign the next batches ahead of this one. The worker's stop cancels this.
+                await asyncio.Event().wait()
+                raise
             signed: list[bytes] = []
             refused_times = 0
-            for (_, key, src), result in zip(items, await runtime.signer.sign(items), strict=True):
+            for (_, key, src), result in zip(items, results, strict=True):
                 if result.signed is not None:
                     signed.append(result.signed)
                     refused_times += result.refused_time
@@ -466,8 +524,7 @@ def create_app(
             # table before the next batch (the re-delivered batch then replays what was applied).
             runtime.needs_open = True
             if isinstance(exc, DeciderFailed):
-                log.critical("index_unavailable: the decider failed twice; stopping the worker")
-                runtime.stop_worker()
+                runtime.fail(f"index_unavailable: {exc}; stopping the worker")
             raise
 
     async def decide_handed_off(messages: list[tuple[int, bytes]]) -> None:
@@ -658,8 +715,7 @@ async def _read_gaps(runtime: Runtime, gaps: list[OffsetGap]) -> list[tuple[Any,
         try:
             found = await runtime.log_reader.read(tp.topic, tp.partition, gap.expected, gap.got)
         except Exception:
-            log.critical("offset_gap_unreadable: stopping the worker", exc_info=True)
-            runtime.stop_worker()
+            runtime.fail("offset_gap_unreadable: stopping the worker", exc_info=True)
             raise
         # messages in a gap were skipped by the consumer; none: a transaction marker, or removed
         runtime.metrics.offset_gap_messages.labels(tp.topic).inc(len(found))

@@ -125,11 +125,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     ]
     try:
         app.main()
+    except SystemExit:
+        if not runtime.failed:
+            raise
+        # Faust exits 0 after the stop the worker asked for itself (app.py: Runtime.fail), which
+        # whatever supervises the worker must see as a failure
     finally:
         runtime.signer.close()
         runtime.decider.kill()  # closed cleanly on shutdown already (app.py: close_index)
         server.shutdown()
-    return 0
+    return 1 if runtime.failed else 0
 
 
 def cmd_produce(args: argparse.Namespace) -> int:

@@ -24,8 +24,17 @@ from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, Retention
 from ..state.rocks import RocksOptions, RocksState, runs_of
 from .collector import CollectorPolicy
-from .pipes import Child, ChildFailed, child_main, read_frame, write_frame
-from .stages import INPUTS_KEY, OFFSET_KEY, BatchOutcome, IndexStage, table_articles
+from .pipes import (
+    DEFAULT_TIMEOUT,
+    CallTimeout,
+    Child,
+    ChildFailed,
+    HelperFault,
+    child_main,
+    read_frame,
+    write_frame,
+)
+from .stages import INPUTS_KEY, OFFSET_KEY, BatchOutcome, IndexStage, signed_count, table_articles
 
 log = logging.getLogger("neardup.decider")
 
@@ -39,7 +48,8 @@ _CHECKPOINTS = (OFFSET_KEY, INPUTS_KEY)  # the table's keys the child reads: wha
 
 
 class DeciderFailed(RuntimeError):
-    """The decider child failed twice on the same batch: the worker cannot go on deciding."""
+    """The decider child failed (died or hung) twice on the same batch: the worker cannot go on
+    deciding."""
 
 
 class _WriteCollector(MutableMapping[bytes, bytes]):
@@ -83,7 +93,8 @@ class _WriteCollector(MutableMapping[bytes, bytes]):
 
 class Decider:
     """The index stage of one shard. `in_process`: the stage runs in the calling process on the
-    real table; otherwise in a child, started at the first `open`."""
+    real table; otherwise in a child, started at the first `open`, that must answer each request
+    within `timeout` (or be killed and replaced)."""
 
     def __init__(
         self,
@@ -95,8 +106,10 @@ class Decider:
         in_process: bool,
         gc_freeze_every: int = 0,
         retention: Retention = NO_RETENTION,
+        timeout: CallTimeout = DEFAULT_TIMEOUT,
     ) -> None:
         self.retention = retention
+        self.timeout = timeout
         self.params = params
         self.index_path = index_path
         self.options = options
@@ -124,15 +137,18 @@ class Decider:
         if self._child is None:
             setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every, self.retention)
             self._child = await Child.start("service.stream.decider", setup)
-        child = self._child
-        if await child.call(("reopen", self.records.get(OFFSET_KEY), self.records.get(INPUTS_KEY))):
+        child, timeout = self._child, self.timeout
+        reopen = ("reopen", self.records.get(OFFSET_KEY), self.records.get(INPUTS_KEY))
+        if await child.call(reopen, timeout.seconds()):
             return None
         # The child indexes the records as they come, a chunk at a time: neither process ever
         # holds the whole table.
-        await child.call(("rebuild",))
+        await child.call(("rebuild",), timeout.seconds())
+        loaded = 0
         for chunk in runs_of(table_articles(self.records), LOAD_CHUNK):
-            await child.call(("load", chunk))
-        return cast(int, await child.call(("loaded",)))
+            await child.call(("load", chunk), timeout.seconds(len(chunk)))
+            loaded += len(chunk)
+        return cast(int, await child.call(("loaded",), timeout.seconds(loaded)))
 
     async def decide(self, messages: list[Message]) -> tuple[BatchOutcome, list[Write]]:
         """Decide one chunk of messages (see decide_chunks)."""
@@ -168,7 +184,8 @@ class Decider:
                     while queued < min(answered + QUEUED_CHUNKS, len(chunks)):
                         child.submit(("decide", chunks[queued]))
                         queued += 1
-                    answer = cast(Answer, await child.receive())
+                    articles = sum(signed_count(value) for _, value in chunks[answered])
+                    answer = cast(Answer, await child.receive(self.timeout.seconds(articles)))
                     answered += 1
                     yield answer
                 return
@@ -192,7 +209,7 @@ class Decider:
             return
         child, self._child = self._child, None
         try:
-            await child.call(("close",))
+            await child.call(("close",), CLOSE_TIMEOUT_S)
             if await child.wait(CLOSE_TIMEOUT_S) is None:
                 log.error("decider_close_timeout pid=%d", child.pid)
         except ChildFailed as exc:
@@ -241,9 +258,11 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     stage = IndexStage(params, RocksState(path, options), table, retention)
     collector = CollectorPolicy(freeze_every)
     write_frame(answers, "ready")
+    fault = HelperFault("decider")
     while (request := read_frame(requests)) is not None:
         op, *args = cast(tuple, request)
         if op == "decide":
+            fault.next_batch()
             outcome = stage.handle_messages(args[0])
             writes = table.drain()
             # as the worker's table will have it; the records themselves are not read back

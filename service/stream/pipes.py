@@ -15,7 +15,9 @@ import pickle
 import signal
 import struct
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import BinaryIO
 
 _LEN = struct.Struct(">I")
@@ -24,10 +26,33 @@ _STREAM_LIMIT = 64 * 1024 * 1024  # a batch of answers; asyncio's default of 64 
 # loop wrote it in ~10 rounds (a wake-up, a write, the rest of its buffer moved up each time). 1 MB
 # is the most an unprivileged process may ask (/proc/sys/fs/pipe-max-size, by default).
 PIPE_BYTES = 1024 * 1024
+# A child's start imports numpy and the core: seconds on a busy machine, whatever its batches take.
+START_TIMEOUT_S = 60.0
+FAULT_VARIABLE = "NEARDUP_TEST_HELPER_FAULT"
 
 
 class ChildFailed(RuntimeError):
-    """A child process exited or answered garbage."""
+    """A child process exited, answered garbage, or did not answer in time."""
+
+
+class ChildTimedOut(ChildFailed):
+    """A child did not answer within its timeout: deemed hung, it was killed."""
+
+
+@dataclass(frozen=True)
+class CallTimeout:
+    """How long a child may take to answer one request: `base_s`, plus `per_item_s` for each item
+    of work in it (an article to sign or decide, a record to load), so that large batches are not
+    taken for a hang."""
+
+    base_s: float = 20.0
+    per_item_s: float = 0.1
+
+    def seconds(self, items: int = 0) -> float:
+        return self.base_s + self.per_item_s * items
+
+
+DEFAULT_TIMEOUT = CallTimeout()  # the settings' defaults (NEARDUP_HELPER_TIMEOUT, ..._ITEM_TIMEOUT_MS)
 
 
 class Child:
@@ -38,7 +63,7 @@ class Child:
         self.lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, module: str, setup: object) -> Child:
+    async def start(cls, module: str, setup: object, timeout: float = START_TIMEOUT_S) -> Child:
         """Start `python -m module` and send it `setup`; returns once the child answered it."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -50,7 +75,7 @@ class Child:
         )
         child = cls(process)
         try:
-            await child.call(setup)
+            await child.call(setup, timeout)
         except ChildFailed:
             child.stop()
             raise
@@ -60,10 +85,10 @@ class Child:
     def pid(self) -> int:
         return self.process.pid
 
-    async def call(self, request: object) -> object:
+    async def call(self, request: object, timeout: float | None = None) -> object:
         async with self.lock:
             self.submit(request)
-            return await self.receive()
+            return await self.receive(timeout)
 
     def submit(self, request: object) -> None:
         """Queue a request without waiting for its answer: the child reads it once it has answered
@@ -74,15 +99,21 @@ class Child:
             raise ChildFailed(f"child {self.process.pid}: its pipe is closed")
         self.process.stdin.write(frame(request))
 
-    async def receive(self) -> object:
-        """The answer to the oldest request not answered yet."""
+    async def receive(self, timeout: float | None = None) -> object:
+        """The answer to the oldest request not answered yet. A child that does not answer within
+        `timeout` seconds (None: no limit) is killed: ChildTimedOut."""
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
+        deadline = asyncio.timeout(timeout)
         try:
-            await stdin.drain()
-            (size,) = _LEN.unpack(await stdout.readexactly(_LEN.size))
-            return pickle.loads(await stdout.readexactly(size))
+            async with deadline:
+                await stdin.drain()
+                (size,) = _LEN.unpack(await stdout.readexactly(_LEN.size))
+                return pickle.loads(await stdout.readexactly(size))
         except (OSError, asyncio.IncompleteReadError, pickle.UnpicklingError) as exc:
+            if deadline.expired():  # TimeoutError is an OSError
+                self.stop()  # a late answer would be read as the next request's
+                raise ChildTimedOut(f"child {self.process.pid}: no answer in {timeout:.1f} s") from exc
             raise ChildFailed(f"child {self.process.pid}: {type(exc).__name__}: {exc}") from exc
         except asyncio.CancelledError:
             self.stop()  # its answer would be read as the next call's: this child is done
@@ -124,6 +155,34 @@ def read_frame(stream: BinaryIO) -> object | None:
 def write_frame(stream: BinaryIO, answer: object) -> None:
     stream.write(frame(answer))
     stream.flush()
+
+
+class HelperFault:
+    """For tests only: makes child processes hang or crash, to test how the worker copes.
+
+    NEARDUP_TEST_HELPER_FAULT=<hang|crash>:<signer|decider>:<n> makes every child of that kind
+    (each replacement too, counting again from 1) hang for good, or exit at once with status 70,
+    when its n-th batch comes (a batch to sign; a "decide" request). Unset, or naming the other
+    kind of child, it does nothing."""
+
+    def __init__(self, child: str, spec: str | None = None) -> None:
+        spec = os.environ.get(FAULT_VARIABLE, "") if spec is None else spec
+        self.action, self.at, self.batches = "", 0, 0
+        if spec:
+            action, kind, at = spec.split(":")
+            if action not in ("hang", "crash") or kind not in ("signer", "decider"):
+                raise ValueError(f"{FAULT_VARIABLE}={spec!r}: expected <hang|crash>:<signer|decider>:<n>")
+            if kind == child:
+                self.action, self.at = action, int(at)
+
+    def next_batch(self) -> None:
+        self.batches += 1
+        if self.batches != self.at:
+            return
+        if self.action == "crash":
+            os._exit(70)
+        while True:
+            time.sleep(3600)
 
 
 def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:

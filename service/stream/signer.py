@@ -11,10 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from ..core.params import DedupParams
-from .pipes import Child, ChildFailed, child_main, read_frame, write_frame
+from .pipes import (
+    DEFAULT_TIMEOUT,
+    CallTimeout,
+    Child,
+    ChildFailed,
+    HelperFault,
+    child_main,
+    read_frame,
+    write_frame,
+)
 from .stages import Provenance, SignResult, SignStage
 
 log = logging.getLogger("neardup.signer")
@@ -24,23 +33,28 @@ _Wire = tuple[bytes | None, bytes | None, str, int, int, int | None]  # plain tu
 MIN_CHUNK = 16  # smaller batches are not worth splitting across helpers
 
 
+class SignerFailed(RuntimeError):
+    """Signing helpers failed (died or hung) twice on the same batch: the worker cannot go on."""
+
+
 class _Helper:
     """One signing child; used by one batch at a time."""
 
-    def __init__(self, child: Child) -> None:
+    def __init__(self, child: Child, timeout: CallTimeout) -> None:
         self.child = child
+        self.timeout = timeout
 
     @classmethod
-    async def start(cls, stage: SignStage, nice: int) -> _Helper:
+    async def start(cls, stage: SignStage, nice: int, timeout: CallTimeout) -> _Helper:
         # answered once the helper is ready
         setup = (stage.params, stage.max_text_bytes, nice, stage.time_skew_ms)
-        return cls(await Child.start("service.stream.signer", setup))
+        return cls(await Child.start("service.stream.signer", setup), timeout)
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         wire: list[_Wire] = [
             (raw, key, src.topic, src.partition, src.offset, src.timestamp_ms) for raw, key, src in items
         ]
-        answer = await self.child.call(wire)
+        answer = await self.child.call(wire, self.timeout.seconds(len(items)))
         if not isinstance(answer, list) or len(answer) != len(items):
             raise ChildFailed(f"helper {self.child.pid} answered {type(answer).__name__}")
         return [SignResult(signed, dead, reason, refused) for signed, dead, reason, refused in answer]
@@ -48,18 +62,22 @@ class _Helper:
 
 class Signer:
     """Signs batches in `processes` helpers (0: in the calling process), results in input order.
-    A helper that fails is replaced and the batch signed again; if that fails too, the batch is
-    signed in-process, so input never stalls on a broken helper.
+    A helper that fails (dies, or does not answer within `timeout`) is replaced and the batch signed
+    again; if that fails too, SignerFailed: a batch that hangs or kills a helper would do the same
+    to the worker's own process, and it must be neither skipped nor signed out of order.
 
     `nice`: niceness the helpers add to their own. Signing can run on any core while deciding is
     one serial process: on a saturated machine the helpers then yield the CPU to the decider and
     sign in larger batches meanwhile. They yield to every other process too, which costs where
     other busy processes share the CPU group (tests/benchmarks/RESULTS.md has both)."""
 
-    def __init__(self, stage: SignStage, processes: int, nice: int = 0) -> None:
+    def __init__(
+        self, stage: SignStage, processes: int, nice: int = 0, timeout: CallTimeout = DEFAULT_TIMEOUT
+    ) -> None:
         self.stage = stage
         self.processes = processes
         self.nice = nice
+        self.timeout = timeout
         self._helpers: list[_Helper] = []
         # The worker warms up at start while the first batch may already be signing: without the
         # lock both started helpers, and a worker asked for one ran two.
@@ -69,7 +87,7 @@ class Signer:
         """Start the helpers now (each imports numpy and the core, ~1 s), not on the first article."""
         async with self._starting:
             while len(self._helpers) < self.processes:
-                self._helpers.append(await _Helper.start(self.stage, self.nice))
+                self._helpers.append(await _Helper.start(self.stage, self.nice, self.timeout))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         if self.processes == 0 or not items:
@@ -81,7 +99,7 @@ class Signer:
             except ChildFailed as exc:
                 log.error("sign_helper_failed attempt=%d error=%r", attempt, str(exc))
                 self.close()
-        return self.sign_here(items)
+        raise SignerFailed(f"signing helpers failed twice on a batch of {len(items)} articles")
 
     def sign_here(self, items: list[SignItem]) -> list[SignResult]:
         return [self.stage.handle(raw, key, src) for raw, key, src in items]
@@ -90,10 +108,15 @@ class Signer:
         parts = max(1, min(len(self._helpers), len(items) // MIN_CHUNK))
         size = -(-len(items) // parts)
         chunks = [items[start : start + size] for start in range(0, len(items), size)]
+        # every part answered or failed (each within its timeout) before the batch is retried
         done = await asyncio.gather(
-            *(helper.sign(chunk) for helper, chunk in zip(self._helpers[: len(chunks)], chunks, strict=True))
+            *(helper.sign(chunk) for helper, chunk in zip(self._helpers[: len(chunks)], chunks, strict=True)),
+            return_exceptions=True,
         )
-        return [result for chunk in done for result in chunk]
+        for part in done:
+            if isinstance(part, BaseException):
+                raise part
+        return [result for chunk in cast(list[list[SignResult]], done) for result in chunk]
 
     @property
     def helper_pids(self) -> list[int]:
@@ -124,7 +147,9 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     if first[2]:
         os.nice(int(first[2]))
     write_frame(answers, "ready")
+    fault = HelperFault("signer")
     while (batch := read_frame(requests)) is not None:
+        fault.next_batch()
         results = []
         for raw, key, topic, partition, offset, timestamp in batch:  # type: ignore[attr-defined]
             result = stage.handle(raw, key, Provenance(topic, partition, offset, timestamp))

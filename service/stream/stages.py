@@ -173,6 +173,14 @@ def runs_within(items: Sequence[T], size: Callable[[T], int], max_bytes: int) ->
     return runs
 
 
+def signed_count(data: bytes) -> int:
+    """How many signed records a signatures message holds, as its header says (at most one per
+    4 bytes of it, whatever a corrupt header says)."""
+    if data[:2] == _PACKED and len(data) >= 2 + _LEN.size:
+        return min(_LEN.unpack_from(data, 2)[0], len(data) // _LEN.size)
+    return 1
+
+
 def unpack_signed(data: bytes) -> list[bytes]:
     """The signed records of one signatures message, packed or single."""
     if data[:2] in (_SIGNED, _DELETE):

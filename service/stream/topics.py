@@ -13,9 +13,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from ..config import Settings
+from ..messages import DEAD_LETTER_MAX_BYTES
 
 log = logging.getLogger("neardup.topics")
-DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 
 
 class StoredMessage(NamedTuple):

@@ -20,9 +20,10 @@ from prometheus_client import generate_latest
 
 from service.config import Settings
 from service.core.signing import fingerprint
-from service.stream.app import SHARD_KEY, LeanMonitor, Runtime, _app_class, create_app
+from service.stream.app import SHARD_KEY, LeanMonitor, LeanStream, Runtime, _app_class, create_app
 from service.stream.decider import DeciderFailed
 from service.stream.metrics import Metrics
+from service.stream.signer import SignerFailed
 from service.stream.stages import (
     ARTICLE_PREFIX,
     INPUTS_KEY,
@@ -384,6 +385,52 @@ async def test_index_agent_stops_the_worker_when_the_decider_cannot_go_on(
     await index_agent.put(_signed(runtime.settings, "a", PROSE[0]), key=SHARD_KEY)
     await _settled(lambda: stops == [True])
     assert recorders["verdicts"].sent == []  # nothing published for the failed batch
+    assert runtime.failed  # the worker exits non-zero
+
+
+async def test_the_sign_agent_stops_the_worker_when_signing_cannot_go_on(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Helpers failing twice on a batch: the worker is stopped (to exit non-zero), nothing of the
+    batch is published or acknowledged, and no later batch is signed meanwhile."""
+    app, runtime, recorders = wired
+    stops: list[bool] = []
+    acked: list[Any] = []
+    signed: list[int] = []
+
+    async def broken(items: list[Any]) -> Any:
+        signed.append(len(items))
+        raise SignerFailed("signing helpers failed twice")
+
+    async def ack(self: Any, event: Any) -> bool:
+        acked.append(event.value)
+        return True
+
+    monkeypatch.setattr(runtime.signer, "sign", broken)
+    monkeypatch.setattr(LeanStream, "ack", ack)
+    runtime.stop_worker = lambda: stops.append(True)
+    async with app.agents["sign"].test_context() as agent:
+        await agent.put(_article("a", 0), key=b"a")
+        await _settled(lambda: stops == [True])
+        await agent.put(_article("b", 1), key=b"b")
+        await asyncio.sleep(0.1)
+    assert runtime.failed and signed == [1]  # the next batch was not taken
+    assert recorders["signatures"].sent == [] and recorders["dead_letters"].sent == []
+    assert acked == []
+
+
+async def test_an_agent_that_raises_stops_the_worker_once_without_waiting_for_its_batch(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]],
+) -> None:
+    """Faust's default would replace the agent and go on past the batch; the worker stops instead,
+    and its stop does not wait for the batch that will never be acknowledged."""
+    app, runtime, _ = wired
+    stops: list[bool] = []
+    runtime.stop_worker = lambda: stops.append(True)
+    assert not cast(Any, app).failed()
+    for name in ("sign", "index"):
+        await cast(Any, app)._on_agent_error(app.agents[name], RuntimeError("broker gone"))
+    assert stops == [True] and runtime.failed and cast(Any, app).failed()
 
 
 async def test_the_worker_consumer_fetches_with_the_configured_wait_and_minimum() -> None:

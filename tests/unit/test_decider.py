@@ -17,7 +17,8 @@ import pytest
 
 from service.state.rocks import RocksOptions, RocksState
 from service.stream import decider as decider_module
-from service.stream.decider import Decider, Write
+from service.stream.decider import Decider, DeciderFailed, Write
+from service.stream.pipes import FAULT_VARIABLE, CallTimeout
 from service.stream.stages import (
     ARTICLE_PREFIX,
     OFFSET_KEY,
@@ -26,6 +27,7 @@ from service.stream.stages import (
     encode_signed,
     pack_signed,
     runs_within,
+    signed_count,
 )
 from tests.conftest import PROSE
 from tests.unit.test_stages import FUTURE, HISTORY, PARAMS, signed
@@ -55,8 +57,8 @@ def comparable(outcome: BatchOutcome) -> list[tuple[Any, ...]]:
 async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
     made: list[Decider] = []
 
-    def build(name: str, records: dict[bytes, bytes], *, in_process: bool) -> Decider:
-        decider = Decider(PARAMS, tmp_path / name, RocksOptions(), records, in_process=in_process)
+    def build(name: str, records: dict[bytes, bytes], *, in_process: bool, **more: Any) -> Decider:
+        decider = Decider(PARAMS, tmp_path / name, RocksOptions(), records, in_process=in_process, **more)
         made.append(decider)
         return decider
 
@@ -286,3 +288,42 @@ async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight
     assert child.child_pid not in (None, pid)
     await decided_chunks(here, chunks[:1])
     assert await decided_chunks(child, chunks[1:]) == await decided_chunks(here, chunks[1:])
+
+
+async def test_a_hung_child_is_killed_and_replaced_within_its_timeout(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(FAULT_VARIABLE, "hang:decider:2")  # each child hangs on its second batch
+    here = make("here", {}, in_process=True)
+    child = make("child", {}, in_process=False, timeout=CallTimeout(base_s=2.0, per_item_s=0.01))
+    await here.open()
+    await child.open()
+    history, future = packed(HISTORY, 0), packed(FUTURE, 10)
+    assert comparable(await decide(child, history)) == comparable(await decide(here, history))
+    hung = child.child_pid
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    got = await decide(child, future)  # a replacement, rebuilt from the record table
+    assert 2.0 <= loop.time() - started < 30
+    assert child.child_pid not in (None, hung)
+    assert comparable(got) == comparable(await decide(here, future))
+    assert child.records == here.records
+
+
+async def test_a_child_hanging_twice_on_a_batch_is_fatal(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAULT_VARIABLE, "hang:decider:1")  # every child hangs on its first batch
+    child = make("child", {}, in_process=False, timeout=CallTimeout(base_s=1.0, per_item_s=0.0))
+    await child.open()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(DeciderFailed, match="twice"):
+        await child.decide(packed(HISTORY, 0))
+    assert loop.time() - started < 30
+    assert child.child_pid is None  # none left hanging
+
+
+def test_a_message_counts_its_articles_for_the_timeout() -> None:
+    records = [encode_signed(signed(article_id, text)) for article_id, text in HISTORY]
+    assert signed_count(pack_signed(records)) == len(records)
+    assert signed_count(records[0]) == 1
+    assert signed_count(b"SP\xff\xff\xff\xff") == 1  # a corrupt count: at most one per 4 bytes

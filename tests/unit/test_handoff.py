@@ -7,7 +7,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from service.stream.app import _HandOff
+from service.stream.app import HANDOFF_QUEUE, _HandOff
 
 
 def _acknowledged(offset: int) -> asyncio.Future[Any]:
@@ -60,3 +60,28 @@ async def test_a_failed_send_leaves_it_and_those_sent_after_it_to_the_consumer()
     await asyncio.sleep(0.01)
     assert decided == [[(3, b"d")], [(6, b"h")]]
     runner.cancel()
+
+
+async def test_a_full_queue_leaves_the_message_to_the_consumer() -> None:
+    """Bounded: while the decisions lag, at most `maxsize` messages wait; the next are not handed
+    off (the consumer delivers them), and the sign stage does not wait for room."""
+    decided: list[list[tuple[int, bytes]]] = []
+
+    async def decide(messages: list[tuple[int, bytes]]) -> None:
+        decided.append(messages)
+
+    hand_off = _HandOff(decide, maxsize=2)
+    for offset in range(4):
+        hand_off.submit(_acknowledged(offset), b"m%d" % offset)
+    assert hand_off.dropped == 2
+    runner = asyncio.create_task(hand_off.run())
+    await asyncio.sleep(0.01)
+    assert decided == [[(0, b"m0"), (1, b"m1")]]
+    hand_off.submit(_acknowledged(4), b"m4")  # room again
+    await asyncio.sleep(0.01)
+    assert decided[-1] == [(4, b"m4")] and hand_off.dropped == 2
+    runner.cancel()
+
+
+def test_the_queue_is_bounded_by_default() -> None:
+    assert _HandOff(lambda messages: None)._sent.maxsize == HANDOFF_QUEUE > 0

@@ -293,6 +293,36 @@ async def test_an_idle_take_loop_does_not_tick_every_within(
     assert all(timeout == app_module.IDLE_CHECK_S for timeout in waits)
 
 
+async def test_a_batch_whose_handling_raised_is_never_acknowledged(
+    memory_app: faust.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faust commits acknowledged offsets only: a batch the agent failed on must come back after a
+    restart, so it stays unacknowledged even when its take loop is closed."""
+    acked: list[Any] = []
+
+    async def ack(self: Any, event: Any) -> bool:
+        acked.append(event.value)
+        return True
+
+    monkeypatch.setattr(LeanStream, "ack", ack)
+    handled: list[list[Any]] = []
+
+    @memory_app.agent(memory_app.channel(), name="failing")
+    async def failing(stream: Any) -> None:
+        async for batch in stream.take_events(10, within=0.001):
+            handled.append([event.value for event in batch])
+            if handled[-1] == ["bad"]:
+                raise RuntimeError("handling failed")
+
+    async with failing.test_context() as agent:
+        await agent.put("good")
+        await _until(lambda: handled == [["good"]])
+        await agent.put("bad")
+        await _until(lambda: len(handled) == 2)
+        await _until(lambda: acked == ["good"])  # acknowledged when the next batch was asked for
+    assert acked == ["good"]
+
+
 def test_the_agents_read_through_lean_streams(memory_app: faust.App) -> None:
     """The sign and index agents' take_events loops (exercised in test_agents_memory.py) run on
     the app's stream class."""

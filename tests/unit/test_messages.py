@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 import typing
 
@@ -12,6 +13,8 @@ import pytest
 from service.core.params import DedupParams
 from service.engine import Engine
 from service.messages import (
+    DEAD_LETTER_HEADROOM,
+    DEAD_LETTER_MAX_BYTES,
     DEAD_LETTER_REASONS,
     MAX_ID_LENGTH,
     OPTIONAL_STRING_FIELDS,
@@ -240,3 +243,36 @@ def test_dead_letter_without_value_or_key() -> None:
 def test_empty_bytes_are_not_none() -> None:
     record = dead_letter_dict("invalid_json", "empty", b"", key=b"")
     assert record["value_b64"] == "" and record["key_b64"] == ""
+
+
+def test_a_dead_letter_too_large_for_the_topic_carries_the_start_of_the_value_and_its_hash() -> None:
+    limit = DEAD_LETTER_HEADROOM + 4000
+    original = bytes(range(256)) * 20  # 5,120 bytes: 6,828 in base64
+    key = b"k" * 100
+    record = dead_letter_dict("oversized", "too large", original, "in", 2, 7, key, max_bytes=limit)
+    assert record["value_truncated"] is True
+    assert record["value_size"] == len(original)
+    assert record["value_sha256"] == hashlib.sha256(original).hexdigest()
+    kept = base64.b64decode(record["value_b64"], validate=True)
+    assert 0 < len(kept) < len(original) and original.startswith(kept)
+    # the record and its key fit in the limit less the headroom, and use most of it
+    used = len(dumps(record)) + len(key)
+    assert limit - DEAD_LETTER_HEADROOM - 8 <= used <= limit - DEAD_LETTER_HEADROOM
+    assert (record["topic"], record["partition"], record["offset"]) == ("in", 2, 7)
+    assert base64.b64decode(record["key_b64"]) == key
+
+
+def test_a_dead_letter_that_fits_is_whole_and_unmarked() -> None:
+    original = b"x" * 2000
+    record = dead_letter_dict("oversized", "too large", original, max_bytes=DEAD_LETTER_HEADROOM + 4000)
+    assert base64.b64decode(record["value_b64"]) == original
+    assert not {"value_truncated", "value_size", "value_sha256"} & set(record)
+
+
+def test_a_message_at_the_producer_limit_dead_letters_within_the_topic_limit() -> None:
+    """The default limit: the dead-letter topic's max.message.bytes, which a message near the
+    input's own limit (the same 8 MB) exceeds by a third once in base64."""
+    original = b"{" + b"a" * (DEAD_LETTER_MAX_BYTES - 200)
+    record = dead_letter_dict("oversized", "message is too large", original, "in", 0, 1, b"id")
+    assert record["value_truncated"] is True and record["value_size"] == len(original)
+    assert len(dumps(record)) + 2 <= DEAD_LETTER_MAX_BYTES - DEAD_LETTER_HEADROOM

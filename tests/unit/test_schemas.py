@@ -13,7 +13,14 @@ from jsonschema import Draft202012Validator
 
 from service.core.params import DedupParams
 from service.engine import Engine
-from service.messages import DEAD_LETTER_REASONS, InvalidMessage, decode_article, verdict_dict
+from service.messages import (
+    DEAD_LETTER_HEADROOM,
+    DEAD_LETTER_MAX_BYTES,
+    DEAD_LETTER_REASONS,
+    InvalidMessage,
+    decode_article,
+    verdict_dict,
+)
 from service.state.memory import MemoryState
 from service.stream import stages
 from service.stream.stages import Provenance, SignStage
@@ -165,6 +172,18 @@ def test_sign_stage_dead_letters_validate(reason: str) -> None:
     record = orjson.loads(result.dead_letter)
     assert record["reason"] == reason
     assert _errors("dead-letter", record) == []
+
+
+def test_a_dead_letter_cut_to_fit_the_topic_validates() -> None:
+    raw = b'{"id": "big", "text": "' + b"x" * (7 * 1024 * 1024) + b'"}'
+    result = SignStage(DedupParams(), 1_000_000).handle(raw, b"big", Provenance("in", 0, 5, None))
+    assert result.reason == "oversized" and result.dead_letter is not None
+    assert len(result.dead_letter) + len(b"big") <= DEAD_LETTER_MAX_BYTES - DEAD_LETTER_HEADROOM
+    record = orjson.loads(result.dead_letter)
+    assert record["value_truncated"] is True and record["value_size"] == len(raw)
+    assert _errors("dead-letter", record) == []
+    del record["value_sha256"]
+    assert _errors("dead-letter", record)  # a cut value without its hash cannot be checked
 
 
 def test_tombstone_and_keyless_dead_letters_validate() -> None:

@@ -1,5 +1,5 @@
 """service.stream.signer: signing in helper processes gives exactly the in-process results, in order,
-and a killed helper does not stop signing."""
+a killed, crashed or hung helper is replaced, and helpers failing twice on a batch are fatal."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from service.core.params import DedupParams
-from service.stream.pipes import PIPE_BYTES, widen_pipe
-from service.stream.signer import Signer, SignItem
+from service.stream.pipes import FAULT_VARIABLE, PIPE_BYTES, CallTimeout, HelperFault, widen_pipe
+from service.stream.signer import Signer, SignerFailed, SignItem
 from service.stream.stages import Provenance, Signed, SignResult, SignStage, decode_signed
 from tests.conftest import PROSE
 
@@ -162,3 +162,65 @@ async def test_helpers_sign_with_the_configured_skew_and_report_refused_times() 
         signed = decode_signed(result.signed or b"")
         assert isinstance(signed, Signed)
         assert signed.time_ms == (stamp if refused else stamp + 1_800_000)
+
+
+# --- helpers that hang or crash (NEARDUP_TEST_HELPER_FAULT) ---------------------------------------
+
+
+async def test_a_hung_helper_is_killed_and_replaced_within_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(FAULT_VARIABLE, "hang:signer:2")  # each helper hangs on its second batch
+    signer = Signer(STAGE, processes=1, timeout=CallTimeout(base_s=2.0, per_item_s=0.01))
+    try:
+        batch = items(20)
+        expected = comparable(signer.sign_here(batch))
+        assert comparable(await signer.sign(batch)) == expected
+        [hung] = signer.helper_pids
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert comparable(await signer.sign(batch)) == expected  # signed again by its replacement
+        assert 2.2 <= loop.time() - started < 20  # the timeout, then a new helper's start
+        assert signer.helper_pids and hung not in signer.helper_pids
+        with pytest.raises(ProcessLookupError):
+            os.kill(hung, 0)  # killed and reaped
+    finally:
+        await signer.aclose()
+
+
+async def test_crashed_helpers_are_replaced_and_fatal_when_both_attempts_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(FAULT_VARIABLE, "crash:signer:1")  # each helper exits at its first batch...
+    signer = Signer(STAGE, processes=2, timeout=CallTimeout(base_s=30.0))
+    batch = items(40)
+    try:
+        with pytest.raises(SignerFailed):  # ...so the batch fails twice, without waiting for a timeout
+            await asyncio.wait_for(signer.sign(batch), 20)
+        assert signer.helper_pids == []
+        monkeypatch.setenv(FAULT_VARIABLE, "crash:signer:2")  # ...at its second: once per helper
+        assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
+        assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
+    finally:
+        await signer.aclose()
+
+
+async def test_helpers_hanging_twice_on_a_batch_are_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAULT_VARIABLE, "hang:signer:1")  # every helper hangs on its first batch
+    signer = Signer(STAGE, processes=2, timeout=CallTimeout(base_s=1.0, per_item_s=0.0))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(SignerFailed, match="twice"):
+        await signer.sign(items(40))
+    assert loop.time() - started < 30
+    assert signer.helper_pids == []  # none left hanging
+    await signer.aclose()
+
+
+def test_the_fault_hook_does_nothing_unless_asked_for_this_kind_of_child() -> None:
+    for spec in ("", "hang:decider:1"):
+        fault = HelperFault("signer", spec)
+        for _ in range(3):
+            fault.next_batch()  # returns at once
+    with pytest.raises(ValueError, match=FAULT_VARIABLE):
+        HelperFault("signer", "sleep:signer:1")

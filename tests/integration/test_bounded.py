@@ -1,0 +1,125 @@
+"""Bounded through the real broker: a worker whose signing helpers hang stops with a failure instead
+of stalling, and a restart takes up what it left; a message too large for a dead letter is cut to fit
+the dead-letter topic, and the stream goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from service.messages import DEAD_LETTER_MAX_BYTES
+from service.stream.pipes import FAULT_VARIABLE
+
+from .conftest import (
+    Deployment,
+    TopicReader,
+    load_sample,
+    produce_articles,
+    run_embedded,
+    verdicts_by_id,
+    without_latency,
+)
+
+pytestmark = [pytest.mark.kafka]
+
+
+def test_a_worker_whose_signing_helpers_hang_twice_exits_non_zero_and_a_restart_catches_up(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    articles = load_sample(60)
+    deployment.extra_env.update(
+        {
+            FAULT_VARIABLE: "hang:signer:1",
+            "NEARDUP_HELPER_TIMEOUT": "2",
+            "NEARDUP_HELPER_ITEM_TIMEOUT_MS": "0",
+        }
+    )
+    worker = deployment.start_worker()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    started = time.monotonic()
+    try:
+        code = worker.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the worker did not stop:\n{deployment.logs()}") from None
+    # two timeouts of 2 s, a helper's start between them, then the worker's stop
+    assert code == 1, deployment.logs()
+    assert time.monotonic() - started < 60
+    logs = deployment.logs()
+    assert logs.count("signing_unavailable") == 1, logs
+
+    deployment.extra_env.clear()
+    deployment.start_worker()
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    verdicts = verdicts_by_id(
+        reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=180)
+    )
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
+    assert set(verdicts) == set(expected)
+    for article_id, versions in verdicts.items():
+        assert all(without_latency(v) == expected[article_id] for v in versions), article_id
+
+
+INPUT_MAX_BYTES = DEAD_LETTER_MAX_BYTES + 1024 * 1024  # an input topic that takes larger messages
+
+
+async def _produce_large(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=INPUT_MAX_BYTES)
+    await producer.start()
+    try:
+        for key, value in messages:
+            await producer.send_and_wait(topic, value, key=key, partition=0)
+    finally:
+        await producer.stop()
+
+
+async def _create_input_topic(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        configs = {"max.message.bytes": str(INPUT_MAX_BYTES)}
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=configs)])
+    finally:
+        await admin.close()
+
+
+def test_a_message_too_large_for_a_dead_letter_is_cut_to_fit_and_the_stream_goes_on(
+    deployment: Deployment,
+) -> None:
+    """Just under the input topic's limit, over the text limit, and a third larger once in base64
+    than the dead-letter topic takes."""
+    asyncio.run(_create_input_topic(deployment.bootstrap, deployment.topics["input"]))
+    deployment.start_worker()
+    before, after = load_sample(2)
+    big = b'{"id": "huge", "text": "' + b"w " * ((INPUT_MAX_BYTES - 64 * 1024) // 2) + b'"}'
+    messages = [
+        (before["id"].encode(), orjson.dumps(before)),
+        (b"huge", big),
+        (after["id"].encode(), orjson.dumps(after)),
+    ]
+    asyncio.run(_produce_large(deployment.bootstrap, deployment.topics["input"], messages))
+
+    dead = TopicReader(deployment.bootstrap, deployment.topics["dead"]).read_until(
+        lambda r: len(r) >= 1, timeout=120
+    )
+    assert len(dead) == 1, deployment.logs()
+    assert len(dead[0].value) <= DEAD_LETTER_MAX_BYTES
+    letter = orjson.loads(dead[0].value)
+    assert letter["reason"] == "oversized" and letter["value_truncated"] is True
+    assert (letter["topic"], letter["partition"], letter["offset"]) == (deployment.topics["input"], 0, 1)
+    assert letter["value_size"] == len(big)
+    assert letter["value_sha256"] == hashlib.sha256(big).hexdigest()
+    kept = base64.b64decode(letter["value_b64"])
+    assert len(kept) > len(big) // 2 and big.startswith(kept)
+    verdicts = TopicReader(deployment.bootstrap, deployment.topics["verdicts"]).read_until(
+        lambda r: len(r) >= 2, timeout=120
+    )
+    assert sorted(verdicts_by_id(verdicts)) == sorted([before["id"], after["id"]]), deployment.logs()
