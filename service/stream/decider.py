@@ -123,7 +123,8 @@ class Decider:
             return self.stage.open()
         if self._child is None:
             setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every, self.retention)
-            self._child = await Child.start("service.stream.decider", setup)
+            # this module, by the name the package was imported under
+            self._child = await Child.start(__name__, setup)
         child = self._child
         if await child.call(("reopen", self.records.get(OFFSET_KEY), self.records.get(INPUTS_KEY))):
             return None

@@ -32,9 +32,10 @@ class _Helper:
 
     @classmethod
     async def start(cls, stage: SignStage, nice: int) -> _Helper:
-        # answered once the helper is ready
+        # answered once the helper is ready; the child runs this module, by the name the package
+        # was imported under
         setup = (stage.params, stage.max_text_bytes, nice, stage.time_skew_ms)
-        return cls(await Child.start("service.stream.signer", setup))
+        return cls(await Child.start(__name__, setup))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         wire: list[_Wire] = [
