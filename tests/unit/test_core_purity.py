@@ -36,7 +36,7 @@ FORBIDDEN_CALLS = {"open", "input", "print", "exec", "eval", "__import__"}
 
 def imported_names(tree: ast.AST, module: Path) -> list[str]:
     """Absolute names of everything a module imports (relative imports resolved against service.core)."""
-    package = ["service", "core", *module.relative_to(CORE).parent.parts]
+    package = [*service.core.__name__.split("."), *module.relative_to(CORE).parent.parts]
     names: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
