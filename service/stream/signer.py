@@ -2,7 +2,7 @@
 
 Signing (normalize, shingle, MinHash) is the CPU-heavy half of an article's cost and needs no state;
 Faust's event handling, Kafka I/O and the index stage stay in the worker's own process meanwhile.
-Each helper is a child process (`python -m service.stream.signer`, see pipes.py) that signs the
+Each helper is a child process (`python -m neardup.stream.signer`, see pipes.py) that signs the
 batches it reads from its stdin.
 """
 

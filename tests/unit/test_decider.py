@@ -1,4 +1,4 @@
-"""service.stream.decider: the index stage in a child process decides exactly as in the worker, on a
+"""neardup.stream.decider: the index stage in a child process decides exactly as in the worker, on a
 real RocksDB, survives the child being killed, and keeps or rebuilds its index like the stage does.
 A plain dict stands in for the record table (the Faust table in the worker)."""
 
@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
-from service.state.rocks import RocksOptions, RocksState
-from service.stream import decider as decider_module
-from service.stream.decider import Decider, Write
-from service.stream.stages import (
+from neardup.state.rocks import RocksOptions, RocksState
+from neardup.stream import decider as decider_module
+from neardup.stream.decider import Decider, Write
+from neardup.stream.stages import (
     ARTICLE_PREFIX,
     OFFSET_KEY,
     BatchOutcome,

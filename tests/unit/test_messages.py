@@ -1,4 +1,4 @@
-"""service.messages: article decoding and validation, verdict and dead-letter records."""
+"""neardup.messages: article decoding and validation, verdict and dead-letter records."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import typing
 import orjson
 import pytest
 
-from service.core.params import DedupParams
-from service.engine import Engine
-from service.messages import (
+from neardup.core.params import DedupParams
+from neardup.engine import Engine
+from neardup.messages import (
     DEAD_LETTER_REASONS,
     MAX_ID_LENGTH,
     OPTIONAL_STRING_FIELDS,
@@ -24,7 +24,7 @@ from service.messages import (
     dumps,
     verdict_dict,
 )
-from service.state.memory import MemoryState
+from neardup.state.memory import MemoryState
 from tests.conftest import PROSE
 
 LIMIT = 1_000_000

@@ -6,8 +6,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from service.cli import build_parser
-from service.config import Settings
+from neardup.cli import build_parser
+from neardup.config import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
