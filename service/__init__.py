@@ -1,0 +1,24 @@
+"""neardup: near-duplicate detection for news text.
+
+As a library, `neardup.open()` gives a Deduplicator that decides about articles in process, with
+the engine and verdicts of the stream worker (see neardup.api and the README's "Use it as a
+library"). The worker and the embedded mode are the `neardup` command (neardup.cli)."""
+
+from .api import ArticleInput, Deduplicator, Verdict, open
+from .core.params import DedupParams, IncompatibleState
+from .core.shingle import ShingleOptions
+from .messages import Article, InvalidMessage
+from .state.rocks import StateError
+
+__all__ = [
+    "Article",
+    "ArticleInput",
+    "DedupParams",
+    "Deduplicator",
+    "IncompatibleState",
+    "InvalidMessage",
+    "ShingleOptions",
+    "StateError",
+    "Verdict",
+    "open",
+]

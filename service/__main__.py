@@ -1,4 +1,4 @@
-"""python -m service … is the `neardup` command."""
+"""python -m neardup … is the `neardup` command."""
 
 from .cli import main
 

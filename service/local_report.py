@@ -15,8 +15,8 @@ from typing import Literal
 
 import orjson
 
-from service.core.fuzzy import DEFAULT_FUZZY, FuzzyParams, PrefixReference, parse_prefix_reference
-from service.core.local import LocalComparison, Passage, compare_local
+from .core.fuzzy import DEFAULT_FUZZY, FuzzyParams, PrefixReference, parse_prefix_reference
+from .core.local import LocalComparison, Passage, compare_local
 
 REFERENCE_PATH = Path(__file__).resolve().parent / "data" / "prefix_reference.json"
 

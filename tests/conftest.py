@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from service.core.params import DedupParams
-from service.engine import Engine
-from service.state.memory import MemoryState
-from service.state.port import StateStore
-from service.state.rocks import RocksOptions, RocksState
+from neardup.core.params import DedupParams
+from neardup.engine import Engine
+from neardup.state.memory import MemoryState
+from neardup.state.port import StateStore
+from neardup.state.rocks import RocksOptions, RocksState
 
 # A wedding-planner sports story (news, ~2 KB).
 ROMO = (

@@ -17,7 +17,7 @@ from types import ModuleType
 
 
 def _load(path: str) -> ModuleType:
-    """The extension module at `path`, as service.core._sketch (its init function is named after
+    """The extension module at `path`, as neardup.core._sketch (its init function is named after
     the last part of that name, whatever the file is called)."""
     name = f"{__package__}._sketch"
     loader = importlib.machinery.ExtensionFileLoader(name, path)

@@ -14,9 +14,9 @@ import mmh3
 import numpy as np
 import numpy.typing as npt
 
-from service.core._hashing import fmix64
-from service.core.similarity import exact_containment, exact_jaccard
-from service.core.terms import Tokens, tokenize, words
+from ._hashing import fmix64
+from .similarity import exact_containment, exact_jaccard
+from .terms import Tokens, tokenize, words
 
 U64 = npt.NDArray[np.uint64]
 MIN_CHUNK_WORDS = 1

@@ -18,7 +18,7 @@ import mmh3
 import numpy as np
 import numpy.typing as npt
 
-from service.core.fingerprint import (
+from .fingerprint import (
     U64,
     WORD_SEED,
     combine,
@@ -26,7 +26,7 @@ from service.core.fingerprint import (
     set_jaccard,
     word_hashes,
 )
-from service.core.terms import STOPWORDS, vocabulary, words
+from .terms import STOPWORDS, vocabulary, words
 
 Chunking = Literal["content", "fixed"]
 # Key of the reference distribution used when none is asked for: 12 classes keep ~4 index terms per

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.core.fingerprint import (
+from .fingerprint import (
     DEFAULT_CHUNK_WORDS,
     Passage,
     chunk_containment,
@@ -21,7 +21,7 @@ from service.core.fingerprint import (
     set_containment,
     set_jaccard,
 )
-from service.core.fuzzy import (
+from .fuzzy import (
     DEFAULT_FUZZY,
     FuzzyParams,
     PrefixClass,
@@ -32,8 +32,8 @@ from service.core.fuzzy import (
     fuzzy_similarity,
     parse_prefix_reference,
 )
-from service.core.terms import tokenize
-from service.core.vsm import cosine_similarity, cosine_vectors, term_vector_of_words
+from .terms import tokenize
+from .vsm import cosine_similarity, cosine_vectors, term_vector_of_words
 
 __all__ = [
     "DEFAULT_CHUNK_WORDS",

@@ -10,7 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from service.core.terms import stems, words
+from .terms import stems, words
 
 # Raw term frequency, no idf: a pairwise comparison has no collection to take document frequencies
 # from, and raw tf is the plain vector-space model the paper compares against.

@@ -1,6 +1,6 @@
 """The index stage behind one async interface, in a child process (default) or in the worker.
 
-In a child (`python -m service.stream.decider`, NEARDUP_INDEX_PROCESS=1) the derived index, its
+In a child (`python -m neardup.stream.decider`, NEARDUP_INDEX_PROCESS=1) the derived index, its
 record cache and every decision live beside the worker's event loop, which keeps only Faust and Kafka
 work: the loop sends a batch of signatures messages and gets back the verdicts (JSON) and the writes
 for the record table, which it applies to the changelogged Faust table itself. The child runs the same
@@ -136,7 +136,8 @@ class Decider:
             return self.stage.open()
         if self._child is None:
             setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every, self.retention)
-            self._child = await Child.start("service.stream.decider", setup)
+            # this module, by the name the package was imported under
+            self._child = await Child.start(__name__, setup)
         child, timeout = self._child, self.timeout
         reopen = ("reopen", self.records.get(OFFSET_KEY), self.records.get(INPUTS_KEY))
         if await child.call(reopen, timeout.seconds()):

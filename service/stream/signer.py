@@ -2,7 +2,7 @@
 
 Signing (normalize, shingle, MinHash) is the CPU-heavy half of an article's cost and needs no state;
 Faust's event handling, Kafka I/O and the index stage stay in the worker's own process meanwhile.
-Each helper is a child process (`python -m service.stream.signer`, see pipes.py) that signs the
+Each helper is a child process (`python -m neardup.stream.signer`, see pipes.py) that signs the
 batches it reads from its stdin.
 """
 
@@ -46,9 +46,10 @@ class _Helper:
 
     @classmethod
     async def start(cls, stage: SignStage, nice: int, timeout: CallTimeout) -> _Helper:
-        # answered once the helper is ready
+        # answered once the helper is ready; the child runs this module, by the name the package
+        # was imported under
         setup = (stage.params, stage.max_text_bytes, nice, stage.time_skew_ms)
-        return cls(await Child.start("service.stream.signer", setup), timeout)
+        return cls(await Child.start(__name__, setup), timeout)
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         wire: list[_Wire] = [

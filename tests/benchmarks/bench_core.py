@@ -43,12 +43,12 @@ sys.path.insert(0, str(ROOT))
 import datasketch  # noqa: E402
 from datasketch import MinHash  # noqa: E402
 
-from service.core.minhash import estimate_jaccard, kperm_signature  # noqa: E402
-from service.core.normalize import normalize  # noqa: E402
-from service.core.params import DedupParams  # noqa: E402
-from service.core.shingle import shingle_hashes, shingle_set, shingle_strings  # noqa: E402
-from service.core.signing import fingerprint  # noqa: E402
-from service.core.similarity import exact_jaccard  # noqa: E402
+from neardup.core.minhash import estimate_jaccard, kperm_signature  # noqa: E402
+from neardup.core.normalize import normalize  # noqa: E402
+from neardup.core.params import DedupParams  # noqa: E402
+from neardup.core.shingle import shingle_hashes, shingle_set, shingle_strings  # noqa: E402
+from neardup.core.signing import fingerprint  # noqa: E402
+from neardup.core.similarity import exact_jaccard  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
 NUM_PERM = 128

@@ -36,12 +36,12 @@ for path in (ROOT, ROOT / "tests" / "benchmarks"):
 
 from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
-from service.core.lsh import band_keys  # noqa: E402
-from service.core.params import DedupParams  # noqa: E402
-from service.core.retention import NO_RETENTION, Retention  # noqa: E402
-from service.core.signing import Fingerprint, fingerprint  # noqa: E402
-from service.engine import Engine  # noqa: E402
-from service.state.rocks import RocksOptions, RocksState  # noqa: E402
+from neardup.core.lsh import band_keys  # noqa: E402
+from neardup.core.params import DedupParams  # noqa: E402
+from neardup.core.retention import NO_RETENTION, Retention  # noqa: E402
+from neardup.core.signing import Fingerprint, fingerprint  # noqa: E402
+from neardup.engine import Engine  # noqa: E402
+from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
 
 PARAMS = DedupParams()
 MINUTE_MS = 60_000

@@ -41,9 +41,9 @@ for path in (ROOT, ROOT / "tests" / "benchmarks"):
 
 from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
-from service.core.params import DedupParams  # noqa: E402
-from service.state.rocks import RocksOptions, RocksState  # noqa: E402
-from service.stream.stages import (  # noqa: E402
+from neardup.core.params import DedupParams  # noqa: E402
+from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
+from neardup.stream.stages import (  # noqa: E402
     ARTICLE_PREFIX,
     IndexStage,
     Provenance,

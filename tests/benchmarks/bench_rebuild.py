@@ -29,10 +29,10 @@ for path in (ROOT, ROOT / "tests" / "benchmarks"):
 
 from bench_index import signed_articles  # noqa: E402
 
-from service.core.params import DedupParams  # noqa: E402
-from service.state.rocks import RocksOptions, RocksState  # noqa: E402
-from service.stream.decider import Decider  # noqa: E402
-from service.stream.stages import ARTICLE_PREFIX, IndexStage, encode_signed, pack_signed  # noqa: E402
+from neardup.core.params import DedupParams  # noqa: E402
+from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
+from neardup.stream.decider import Decider  # noqa: E402
+from neardup.stream.stages import ARTICLE_PREFIX, IndexStage, encode_signed, pack_signed  # noqa: E402
 
 
 def memory_kb(pid: int, field: str) -> int:

@@ -78,12 +78,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from service.config import Settings  # noqa: E402
-from service.core import compiled  # noqa: E402
-from service.core.params import DedupParams  # noqa: E402
-from service.core.signing import fingerprint  # noqa: E402
-from service.stream.stages import decode_signed, unpack_signed  # noqa: E402
-from service.stream.topics import ensure_topics  # noqa: E402
+from neardup.config import Settings  # noqa: E402
+from neardup.core import compiled  # noqa: E402
+from neardup.core.params import DedupParams  # noqa: E402
+from neardup.core.signing import fingerprint  # noqa: E402
+from neardup.stream.stages import decode_signed, unpack_signed  # noqa: E402
+from neardup.stream.topics import ensure_topics  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"  # tests/data/build_news_corpus.py
@@ -247,7 +247,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
 
 
-CHILD_ROLES = {"service.stream.signer": "signing", "service.stream.decider": "decider"}
+CHILD_ROLES = {"neardup.stream.signer": "signing", "neardup.stream.decider": "decider"}
 LOAD_ROLE = "this script"
 IDLE_SETTLE_S = 3.0  # after the last verdict, before the idle measurement
 
@@ -315,7 +315,7 @@ class Worker:
     def __init__(self, settings: Settings, env: dict[str, str], log_path: Path) -> None:
         self.log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "worker"],
+            [sys.executable, "-m", "neardup", "worker"],
             cwd=ROOT,
             env={**os.environ, **env},
             stdout=self.log,

@@ -25,8 +25,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from service.config import Settings
-from service.stream.topics import ensure_topics
+from neardup.config import Settings
+from neardup.stream.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
@@ -109,7 +109,7 @@ class Deployment:
     def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
         log = (self.root / f"worker{index}.log").open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "worker"],
+            [sys.executable, "-m", "neardup", "worker"],
             cwd=REPO,
             env=self.env(index),
             stdout=log,
@@ -258,7 +258,7 @@ def run_embedded(articles: list[dict[str, Any]], tmp: Path) -> list[dict[str, An
     out = tmp / "embedded-out.jsonl"
     source.write_bytes(b"".join(orjson.dumps(a) + b"\n" for a in articles))
     subprocess.run(
-        [sys.executable, "-m", "service", "dedup", str(source), "-o", str(out), "-q"],
+        [sys.executable, "-m", "neardup", "dedup", str(source), "-o", str(out), "-q"],
         cwd=REPO,
         check=True,
         capture_output=True,

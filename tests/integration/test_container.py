@@ -20,7 +20,7 @@ import orjson
 import pytest
 import yaml
 
-from service.config import Settings
+from neardup.config import Settings
 
 from .conftest import (
     REPO,

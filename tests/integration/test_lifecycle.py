@@ -54,7 +54,7 @@ def metric(deployment: Deployment, name: str) -> float:
 
 def stats_from_broker(deployment: Deployment) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "service", "stats", "--broker", f"kafka://{deployment.bootstrap}", "--json"],
+        [sys.executable, "-m", "neardup", "stats", "--broker", f"kafka://{deployment.bootstrap}", "--json"],
         cwd=REPO,
         env=deployment.env(0),
         check=True,
@@ -66,7 +66,7 @@ def stats_from_broker(deployment: Deployment) -> dict[str, Any]:
 
 def stats_of_state(deployment: Deployment) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "service", "stats", "--state", str(deployment.state_dir(0)), "--json"],
+        [sys.executable, "-m", "neardup", "stats", "--state", str(deployment.state_dir(0)), "--json"],
         cwd=REPO,
         check=True,
         capture_output=True,

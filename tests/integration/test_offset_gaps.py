@@ -16,10 +16,10 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from service.core.params import DedupParams
-from service.stream.app import SHARD_KEY
-from service.stream.stages import Provenance, SignStage, pack_signed
-from service.stream.topics import DEAD_LETTER_MAX_BYTES
+from neardup.core.params import DedupParams
+from neardup.stream.app import SHARD_KEY
+from neardup.stream.stages import Provenance, SignStage, pack_signed
+from neardup.stream.topics import DEAD_LETTER_MAX_BYTES
 
 from .conftest import (
     Deployment,

@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 import pytest
 
-from service.core.dedup import IndexedArticle
-from service.state.rocks import RocksState
+from neardup.core.dedup import IndexedArticle
+from neardup.state.rocks import RocksState
 
 from .conftest import (
     REPO,
@@ -44,7 +44,7 @@ def reference_state(articles: list[dict[str, Any]], tmp: Path) -> list[Any]:
         [
             sys.executable,
             "-m",
-            "service",
+            "neardup",
             "dedup",
             str(source),
             "-o",

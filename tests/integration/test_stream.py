@@ -11,8 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from service.core.params import DedupParams
-from service.core.signing import fingerprint
+from neardup.core.params import DedupParams
+from neardup.core.signing import fingerprint
 
 from .conftest import (
     Deployment,
@@ -153,7 +153,7 @@ def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment)
     from .conftest import REPO
 
     result = subprocess.run(
-        [sys.executable, "-m", "service", "worker"],
+        [sys.executable, "-m", "neardup", "worker"],
         cwd=REPO,
         env=deployment.env(0),
         capture_output=True,

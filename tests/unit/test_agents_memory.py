@@ -34,7 +34,7 @@ from service.stream.stages import (
     pack_signed,
     unpack_signed,
 )
-from service.stream.topics import StoredMessage, changelog_topic
+from neardup.stream.topics import StoredMessage, changelog_topic
 from tests.conftest import PROSE
 
 HIGHWATER = 10

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from service.stream import batches
-from service.stream.batches import partitions_for, send_in_batches
+from neardup.stream import batches
+from neardup.stream.batches import partitions_for, send_in_batches
 
 
 class FakeProducer:

@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from service import cli
-from service.core.lsh import optimal_params
+from neardup import cli
+from neardup.core.lsh import optimal_params
 
 # Seed 004's 1.txt: GBK bytes for "—" and "é" that an ISO-8859-14 reader shows as "ḂẂ" and "ẀḊ".
 SEED_004_1_TXT = (

@@ -1,4 +1,4 @@
-"""service.stream.collector: what survives is frozen out of full collections every so many articles,
+"""neardup.stream.collector: what survives is frozen out of full collections every so many articles,
 and everything is thawed (and collected once) every so often."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.stream.collector import CollectorPolicy
+from neardup.stream.collector import CollectorPolicy
 
 
 @pytest.fixture(autouse=True)

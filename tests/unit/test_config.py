@@ -1,4 +1,4 @@
-"""service.config.Settings: NEARDUP_* parsing, validation, precedence, secrets, the settings table."""
+"""neardup.config.Settings: NEARDUP_* parsing, validation, precedence, secrets, the settings table."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.config import ConfigError, Settings, settings_table
+from neardup.config import ConfigError, Settings, settings_table
 
 SECRET = "s3cr3t-Pa55w0rd-xyzzy"
 

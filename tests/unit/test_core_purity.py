@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import service.core
+import neardup.core
 
-CORE = Path(service.core.__file__).parent
+CORE = Path(neardup.core.__file__).parent
 MODULES = sorted(CORE.rglob("*.py"))
 
 FORBIDDEN_TOP_LEVEL = {
@@ -30,13 +30,13 @@ FORBIDDEN_TOP_LEVEL = {
     "multiprocessing",
     "selectors",
 }
-FORBIDDEN_SERVICE = ("service.state", "service.stream", "service.embedded", "service.engine", "service.cli")
+FORBIDDEN_SERVICE = ("neardup.state", "neardup.stream", "neardup.embedded", "neardup.engine", "neardup.cli")
 FORBIDDEN_CALLS = {"open", "input", "print", "exec", "eval", "__import__"}
 
 
 def imported_names(tree: ast.AST, module: Path) -> list[str]:
-    """Absolute names of everything a module imports (relative imports resolved against service.core)."""
-    package = ["service", "core", *module.relative_to(CORE).parent.parts]
+    """Absolute names of everything a module imports (relative imports resolved against neardup.core)."""
+    package = [*neardup.core.__name__.split("."), *module.relative_to(CORE).parent.parts]
     names: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -87,5 +87,5 @@ def test_the_checker_catches_violations() -> None:
     fake = CORE / "impure_example.py"
     source = "import asyncio\nfrom ..state import rocks\nfrom rocksdict import Rdict\n"
     names = imported_names(ast.parse(source), fake)
-    assert "asyncio" in names and "service.state.rocks" in names and "rocksdict.Rdict" in names
-    assert "service.core.lsh.band_keys" in imported_names(ast.parse("from .lsh import band_keys"), fake)
+    assert "asyncio" in names and "neardup.state.rocks" in names and "rocksdict.Rdict" in names
+    assert "neardup.core.lsh.band_keys" in imported_names(ast.parse("from .lsh import band_keys"), fake)

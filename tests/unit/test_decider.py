@@ -1,4 +1,4 @@
-"""service.stream.decider: the index stage in a child process decides exactly as in the worker, on a
+"""neardup.stream.decider: the index stage in a child process decides exactly as in the worker, on a
 real RocksDB, survives the child being killed, and keeps or rebuilds its index like the stage does.
 A plain dict stands in for the record table (the Faust table in the worker)."""
 

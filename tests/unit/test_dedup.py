@@ -8,14 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from service.core import compiled
-from service.core.dedup import Candidate, _ranked, decide, rank, score, score_many
-from service.core.lsh import band_keys
-from service.core.minhash import EMPTY_VERIFIER_SLOT
-from service.core.params import DedupParams
-from service.core.signing import EmptyText, Fingerprint, fingerprint
-from service.engine import Engine
-from service.state.memory import MemoryState
+from neardup.core import compiled
+from neardup.core.dedup import Candidate, _ranked, decide, rank, score, score_many
+from neardup.core.lsh import band_keys
+from neardup.core.minhash import EMPTY_VERIFIER_SLOT
+from neardup.core.params import DedupParams
+from neardup.core.signing import EmptyText, Fingerprint, fingerprint
+from neardup.engine import Engine
+from neardup.state.memory import MemoryState
 
 BYLINE = "By Staff Writer, Associated Press\n\n"
 FOOTER = "\n\nCopyright 2011 The Associated Press. All rights reserved."

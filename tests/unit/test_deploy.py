@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.config import Settings
+from neardup.config import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"

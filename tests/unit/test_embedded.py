@@ -8,12 +8,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from service import cli, embedded
-from service.core.params import DedupParams
-from service.embedded import run_file
-from service.state.memory import MemoryState
-from service.state.port import StateStore
-from service.state.rocks import RocksState
+from neardup import cli, embedded
+from neardup.core.params import DedupParams
+from neardup.embedded import run_file
+from neardup.state.memory import MemoryState
+from neardup.state.port import StateStore
+from neardup.state.rocks import RocksState
 
 PARAMS = DedupParams()
 FOOTER = " Copyright 2011 The Associated Press. All rights reserved."
@@ -273,7 +273,7 @@ def test_cli_dedup_in_memory_with_dead_letter_path(tmp_path: Path, prose: tuple[
 
 def test_resume_refuses_an_output_shorter_than_the_state_says(tmp_path: Path) -> None:
     """Deleting the output but keeping the state must not pad the new output with NUL bytes."""
-    from service.cli import main
+    from neardup.cli import main
 
     source = tmp_path / "in.jsonl"
     source.write_bytes(

@@ -8,15 +8,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from service.core.dedup import Outcome, decide
-from service.core.params import DedupParams, IncompatibleState
-from service.core.retention import Retention
-from service.core.signing import fingerprint
-from service.engine import Engine
-from service.state.index import HEADER_KEY, Batch, IndexState
-from service.state.memory import MemoryState
-from service.state.port import StateStore
-from service.state.rocks import RocksOptions, RocksState
+from neardup.core.dedup import Outcome, decide
+from neardup.core.params import DedupParams, IncompatibleState
+from neardup.core.retention import Retention
+from neardup.core.signing import fingerprint
+from neardup.engine import Engine
+from neardup.state.index import HEADER_KEY, Batch, IndexState
+from neardup.state.memory import MemoryState
+from neardup.state.port import StateStore
+from neardup.state.rocks import RocksOptions, RocksState
 from tests.unit.test_state_contract import MakeState, contents
 
 PARAMS = DedupParams()
@@ -168,7 +168,7 @@ def test_after_expiry_and_deletes_a_rebuild_gives_the_same_state(
 
 
 def _record(state: IndexState, seq: int) -> bytes:
-    from service.state.index import seq_key
+    from neardup.state.index import seq_key
 
     (record,) = state.kv.records([seq_key(seq)])
     assert record is not None

@@ -11,9 +11,9 @@ import faust
 import pytest
 from mode.utils.locks import Event as ModeEvent
 
-from service.stream import app as app_module
-from service.stream.app import LeanStream, _app_class
-from service.stream.inline import run_until_wait, wait_for_event
+from neardup.stream import app as app_module
+from neardup.stream.app import LeanStream, _app_class
+from neardup.stream.inline import run_until_wait, wait_for_event
 
 
 async def test_a_coroutine_that_does_not_wait_finishes_in_the_calling_task() -> None:

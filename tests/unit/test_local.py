@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.core import fuzzy as fz
-from service.core.fingerprint import chunk_hashes, fingerprint_of_words, word_passages
-from service.core.local import (
+from neardup.core import fuzzy as fz
+from neardup.core.fingerprint import chunk_hashes, fingerprint_of_words, word_passages
+from neardup.core.local import (
     FuzzyParams,
     Passage,
     PrefixClass,
@@ -35,12 +35,12 @@ from service.core.local import (
     matching_passages,
     parse_prefix_reference,
 )
-from service.core.normalize import normalize
-from service.core.shingle import shingle_set
-from service.core.similarity import exact_containment, exact_jaccard
-from service.core.terms import STOPWORDS, stem, tokenize, words
-from service.core.vsm import term_vector
-from service.local_report import (
+from neardup.core.normalize import normalize
+from neardup.core.shingle import shingle_set
+from neardup.core.similarity import exact_containment, exact_jaccard
+from neardup.core.terms import STOPWORDS, stem, tokenize, words
+from neardup.core.vsm import term_vector
+from neardup.local_report import (
     REFERENCE_PATH,
     load_prefix_reference,
     render_compare_local,
@@ -772,7 +772,7 @@ def test_report_colour_uses_ansi_not_markers(reference: PrefixReference) -> None
 
 
 def test_report_chunk_size_and_no_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.local_report as report
+    import neardup.local_report as report
 
     monkeypatch.setattr(report, "default_prefix_reference", lambda k=None: None)
     out = render_compare_local(ROMO, ROMO_PARAPHRASE, chunk_words=3, color=False, width=80)
@@ -829,9 +829,9 @@ def test_report_columns_hold_the_whole_texts(color: bool, width: int, reference:
 
 def _verdict(original: str, copy: str) -> tuple[str, float, float]:
     """Index `original`, then decide about `copy` with the default parameters."""
-    from service.core.params import DedupParams
-    from service.engine import Engine
-    from service.state.memory import MemoryState
+    from neardup.core.params import DedupParams
+    from neardup.engine import Engine
+    from neardup.state.memory import MemoryState
 
     engine = Engine(MemoryState(), DedupParams())
     engine.process("original", original)

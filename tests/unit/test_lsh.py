@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.core import compiled
-from service.core.lsh import (
+from neardup.core import compiled
+from neardup.core.lsh import (
     band_keys,
     candidate_probability,
     error_areas,

@@ -1,4 +1,4 @@
-"""service.messages: article decoding and validation, verdict and dead-letter records."""
+"""neardup.messages: article decoding and validation, verdict and dead-letter records."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from service.messages import (
     dumps,
     verdict_dict,
 )
-from service.state.memory import MemoryState
+from neardup.state.memory import MemoryState
 from tests.conftest import PROSE
 
 LIMIT = 1_000_000

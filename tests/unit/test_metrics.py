@@ -1,4 +1,4 @@
-"""service.stream.metrics: the Prometheus registry and the /metrics + /health HTTP server."""
+"""neardup.stream.metrics: the Prometheus registry and the /metrics + /health HTTP server."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from service.messages import DEAD_LETTER_REASONS
-from service.stream.metrics import Metrics, serve
+from neardup.messages import DEAD_LETTER_REASONS
+from neardup.stream.metrics import Metrics, serve
 
 
 def free_port() -> int:

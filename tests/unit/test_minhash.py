@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from service.core import compiled, minhash
-from service.core.minhash import (
+from neardup.core import compiled, minhash
+from neardup.core.minhash import (
     CHANCE_AGREEMENT,
     EMPTY_SLOT,
     EMPTY_VERIFIER_SLOT,
@@ -25,11 +25,11 @@ from service.core.minhash import (
     unbias,
     verified_scores,
 )
-from service.core.normalize import canonical_code_points, normalize
-from service.core.params import DedupParams
-from service.core.shingle import shingle_hashes, shingle_hashes_of_units
-from service.core.signing import fingerprint
-from service.core.similarity import exact_jaccard
+from neardup.core.normalize import canonical_code_points, normalize
+from neardup.core.params import DedupParams
+from neardup.core.shingle import shingle_hashes, shingle_hashes_of_units
+from neardup.core.signing import fingerprint
+from neardup.core.similarity import exact_jaccard
 
 PINNED_TEXT = "The quick brown fox jumps over the lazy dog."
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.stream.metrics import Metrics
+from neardup.stream.metrics import Metrics
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 DURATION = re.compile(r"^(\d+[smhdwy])+$")

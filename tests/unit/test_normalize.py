@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from service.core.normalize import DEFAULT_NORMALIZE, NormalizeOptions, decode_bytes, normalize
+from neardup.core.normalize import DEFAULT_NORMALIZE, NormalizeOptions, decode_bytes, normalize
 
 # Seed 004's 1.txt: a news paragraph whose dashes and accents were stored as GBK bytes, which a
 # reader assuming ISO-8859-14 shows as "ḂẂ" (A1 AA) and "ẀḊ" (A8 A6). Encoding the text as the reader

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-from service.cli import build_parser
-from service.config import Settings
+from neardup.cli import build_parser
+from neardup.config import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
@@ -28,3 +30,24 @@ def test_every_command_is_documented() -> None:
     commands = next(a for a in parser._actions if a.dest == "command").choices
     for name in commands:
         assert f"`neardup {name}" in README, name
+
+
+def library_example(readme: str = README) -> tuple[str, str]:
+    """The code of "Use it as a library" and the output printed under it: its first python block
+    and the text block after that."""
+    section = readme.split("## Use it as a library", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    output = re.search(r"```python\n.*?```.*?```text\n(.*?)```", section, flags=re.S)
+    assert code is not None and output is not None, "the library section lost its code or its output"
+    return code.group(1), output.group(1)
+
+
+def test_the_library_example_prints_what_the_readme_says(tmp_path: Path) -> None:
+    """Run as a script of its own in an empty directory (it creates its state directory there)."""
+    code, output = library_example()
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == output
+    assert (tmp_path / "dedup-state" / "CURRENT").exists()  # it did use the directory

@@ -1,4 +1,4 @@
-"""service.stream.record_store: the record table's RocksDB written a chunk at a time, other stores
+"""neardup.stream.record_store: the record table's RocksDB written a chunk at a time, other stores
 key by key. (Crash recovery through Faust and the changelog: the SIGKILL integration test.)"""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from rocksdict import Options, Rdict
 
-from service.stream import record_store
+from neardup.stream import record_store
 
 
 class RocksLikeStore(dict[bytes, bytes]):

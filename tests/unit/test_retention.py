@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.core.retention import (
+from neardup.core.retention import (
     Retention,
     event_time,
     format_duration_ms,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.core.normalize import normalize
-from service.core.shingle import ShingleOptions, shingle_hashes, shingle_set, shingle_strings
-from service.core.similarity import exact_jaccard
+from neardup.core.normalize import normalize
+from neardup.core.shingle import ShingleOptions, shingle_hashes, shingle_set, shingle_strings
+from neardup.core.similarity import exact_jaccard
 
 K3 = ShingleOptions(k=3)
 

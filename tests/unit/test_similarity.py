@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.core.normalize import normalize
-from service.core.shingle import shingle_set
-from service.core.similarity import block_similarity, blocks, exact_containment, exact_jaccard
+from neardup.core.normalize import normalize
+from neardup.core.shingle import shingle_set
+from neardup.core.similarity import block_similarity, blocks, exact_containment, exact_jaccard
 
 
 def overlapping_sets(common: int, only_a: int, only_b: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.core import compiled
-from service.core.minhash import CHANCE_AGREEMENT, EMPTY_SLOT, EMPTY_VERIFIER_SLOT
+from neardup.core import compiled
+from neardup.core.minhash import CHANCE_AGREEMENT, EMPTY_SLOT, EMPTY_VERIFIER_SLOT
 
 pytestmark = pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
 

@@ -1,4 +1,4 @@
-"""service.stream.stages: the sign stage (bytes → signed record or dead letter) and the index stage
+"""neardup.stream.stages: the sign stage (bytes → signed record or dead letter) and the index stage
 (signed record → verdict) over RocksDB and a plain dict standing in for the record table."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import numpy as np
 import orjson
 import pytest
 
-from service.core.lsh import band_keys
-from service.core.params import DedupParams, IncompatibleState
-from service.core.signing import fingerprint
-from service.state.rocks import RocksState
-from service.stream.stages import (
+from neardup.core.lsh import band_keys
+from neardup.core.params import DedupParams, IncompatibleState
+from neardup.core.signing import fingerprint
+from neardup.state.rocks import RocksState
+from neardup.stream.stages import (
     ARTICLE_PREFIX,
     INPUTS_KEY,
     OFFSET_KEY,
@@ -107,7 +107,7 @@ def test_schema_violation_detail_names_field(sign: SignStage) -> None:
 
 
 def test_unexpected_errors_do_not_escape(sign: SignStage, monkeypatch: pytest.MonkeyPatch) -> None:
-    import service.stream.stages as stages
+    import neardup.stream.stages as stages
 
     def explode(text: str, params: DedupParams) -> None:
         raise MemoryError("no room")
@@ -513,8 +513,8 @@ def test_rebuild_on_the_same_directory_wipes_the_derived_index(shards: Any) -> N
 
 @pytest.mark.parametrize("kind", ["memory", "rocks"])
 def test_content_map_passes_to_a_remaining_exact_copy(kind: str, tmp_path: Path) -> None:
-    from service.engine import Engine
-    from service.state.memory import MemoryState
+    from neardup.engine import Engine
+    from neardup.state.memory import MemoryState
 
     state = MemoryState() if kind == "memory" else RocksState(tmp_path / "state")
     try:

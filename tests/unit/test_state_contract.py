@@ -11,18 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.core import compiled
-from service.core.dedup import Candidate, Decision, IndexedArticle, Outcome, Prospect, decide
-from service.core.lsh import band_keys
-from service.core.params import DedupParams, IncompatibleState
-from service.core.shingle import ShingleOptions
-from service.core.signing import Fingerprint, fingerprint
-from service.state import index as index_module
-from service.state.index import IndexState
-from service.state.memory import MemoryState
-from service.state.port import StateStore
-from service.state.records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
-from service.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
+from neardup.core import compiled
+from neardup.core.dedup import Candidate, Decision, IndexedArticle, Outcome, Prospect, decide
+from neardup.core.lsh import band_keys
+from neardup.core.params import DedupParams, IncompatibleState
+from neardup.core.shingle import ShingleOptions
+from neardup.core.signing import Fingerprint, fingerprint
+from neardup.state import index as index_module
+from neardup.state.index import IndexState
+from neardup.state.memory import MemoryState
+from neardup.state.port import StateStore
+from neardup.state.records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
+from neardup.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
 
 MakeState = Callable[[], StateStore]
 PARAMS = DedupParams()

@@ -1,0 +1,166 @@
+"""Deduplicate in process: the engine of the stream worker and of `neardup dedup`, without a broker.
+
+    import neardup
+
+    with neardup.open("state/") as dedup:      # neardup.open() keeps the index in memory
+        verdict = dedup.check({"id": "a1", "text": "..."})
+        verdict["verdict"]                      # "unique", "duplicate" or "partial"
+
+A verdict is the dict the worker publishes on the verdicts topic (schemas/verdict.schema.json),
+`latency_ms` being None as in `neardup dedup`'s output. The same articles in the same order get the
+same verdicts as `neardup dedup` gives them with the same settings, and a state directory written
+here can be continued by `neardup dedup --state` and read by `neardup stats --state`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import Any
+
+from .core.params import DedupParams
+from .core.retention import Retention, parse_duration_ms
+from .core.signing import EmptyText
+from .embedded import DEFAULT_MAX_TEXT_BYTES
+from .engine import Engine
+from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_article, verdict_dict
+from .state.memory import MemoryState
+from .state.port import StateStore
+from .state.rocks import RocksOptions, RocksState
+
+Verdict = dict[str, Any]
+ArticleInput = Article | Mapping[str, Any] | bytes | str
+
+
+class Deduplicator:
+    """One index and the engine deciding against it. Not thread-safe: one caller at a time, as a
+    state directory has one writer at a time (RocksDB's lock file enforces it)."""
+
+    def __init__(
+        self,
+        state: StateStore,
+        params: DedupParams,
+        retention: Retention,
+        max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+    ) -> None:
+        """Usually made by `neardup.open`. Raises IncompatibleState when `state` was written with
+        other signing parameters (its signatures and band keys would be meaningless)."""
+        self.params = params
+        self.max_text_bytes = max_text_bytes
+        self._state = state
+        self._engine = Engine(state, params, retention)
+        self._closed = False
+
+    def check(self, article: ArticleInput) -> Verdict:
+        """Decide about one article and add it to the index; returns its verdict.
+
+        `article`: a dict as on the input topic (`{"id": ..., "text": ..., "published_at": ...}`,
+        see schemas/article.schema.json), a `neardup.Article`, or the JSON of one as bytes or str.
+        An id checked again with the same text gets its stored verdict back; with another text, a
+        new version. Raises InvalidMessage (`.reason` as in the dead letters: schema_violation,
+        oversized, empty_text, invalid_json, invalid_utf8) for input the worker would not accept."""
+        self._check_open()
+        parsed = self._article(article)
+        try:
+            record = self._engine.process(parsed.article_id, parsed.text, published_at=parsed.published_at)
+        except EmptyText as exc:
+            raise InvalidMessage("empty_text", f"{exc} (article {parsed.article_id!r})") from exc
+        return verdict_dict(record, self.params)
+
+    def check_many(self, articles: Iterable[ArticleInput]) -> Iterator[Verdict]:
+        """`check` each article in turn, lazily: a verdict is made when it is asked for, so that a
+        long input is never held in memory. Stops with InvalidMessage at the first bad article."""
+        for article in articles:
+            yield self.check(article)
+
+    def delete(self, article_id: str) -> bool:
+        """Remove an article from the index (a retraction): later articles are no longer matched
+        with it. False when the index does not hold it."""
+        self._check_open()
+        return self._engine.delete(article_id) is not None
+
+    def stats(self) -> dict[str, Any]:
+        """What the index holds, as `neardup stats --json` reports it: articles, clusters, buckets,
+        oldest_ms and newest_ms (article times), expired, deleted, bytes_on_disk and so on."""
+        self._check_open()
+        return self._state.stats(full=True).as_dict()
+
+    def close(self) -> None:
+        """Release the state (a state directory's lock); closing again does nothing."""
+        if not self._closed:
+            self._closed = True
+            self._state.close()
+
+    def __enter__(self) -> Deduplicator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the deduplicator is closed")
+
+    def _article(self, article: ArticleInput) -> Article:
+        """The input as a validated Article, by the same checks the worker applies to a message."""
+        if isinstance(article, bytes | str):
+            raw = article.encode("utf-8", errors="surrogatepass") if isinstance(article, str) else article
+            parsed = decode_article(raw.rstrip(b"\r\n"), self.max_text_bytes)
+        elif isinstance(article, Article):
+            # an Article can be built with anything in its fields: check it as the dict it stands for
+            fields = {"id": article.article_id, "text": article.text, "title": article.title}
+            fields |= {"url": article.url, "source": article.source, "published_at": article.published_at}
+            parsed = article_from_dict({**fields, "language": article.language}, self.max_text_bytes)
+        elif isinstance(article, Mapping):
+            parsed = article_from_dict(dict(article), self.max_text_bytes)
+        else:
+            raise InvalidMessage(
+                "schema_violation",
+                f"an article is a dict, a neardup.Article or JSON, got {type(article).__name__}",
+            )
+        if isinstance(parsed, Deletion):
+            raise InvalidMessage(
+                "schema_violation",
+                f"article {parsed.article_id!r} is a deletion: call delete() to remove an article",
+            )
+        return parsed
+
+
+def open(
+    state_dir: str | os.PathLike[str] | None = None,
+    *,
+    retention: str = "0",
+    time_skew: str = "10m",
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+    bucket_cap: int = 64,
+    **params: Any,
+) -> Deduplicator:
+    """A Deduplicator over the RocksDB state in `state_dir` (created when missing, continued when
+    it holds one), or over memory when `state_dir` is None.
+
+    `retention`: articles older than the newest article time minus this expire (`30d`, `12h`; `0`
+    keeps them forever); `time_skew`: a `published_at` further ahead of the clock than this is not
+    used (the article takes the newest time seen instead); `max_text_bytes`: longer texts are
+    refused (reason `oversized`); `bucket_cap`: latest members an LSH bucket keeps. The remaining
+    keywords are DedupParams fields (`threshold=0.8`, `containment_threshold=0.9`, `num_perm=128`,
+    `seed=1`, `shingle=ShingleOptions(5)`, ...), with the same defaults as `neardup dedup` and the
+    worker. Reopening a state directory needs the same signing parameters: IncompatibleState
+    otherwise. A directory another process holds open raises StateError."""
+    parsed = DedupParams(**params)
+    window = Retention(parse_duration_ms(retention), parse_duration_ms(time_skew))
+    state: StateStore
+    if state_dir is None:
+        state = MemoryState(bucket_cap)
+    else:
+        state = RocksState(os.fspath(state_dir), RocksOptions(bucket_cap=bucket_cap))
+    try:
+        return Deduplicator(state, parsed, window, max_text_bytes)
+    except BaseException:
+        state.close()
+        raise

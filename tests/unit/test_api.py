@@ -1,0 +1,200 @@
+"""neardup.open / Deduplicator: the library API decides as `neardup dedup` does, continues a state
+directory, deletes, and refuses bad input with InvalidMessage and its reason."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from jsonschema import Draft202012Validator
+
+import neardup
+from neardup import cli
+from tests.conftest import PROSE
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "service" / "data" / "sample_news.jsonl"
+LINES = SAMPLE.read_bytes().splitlines()
+VERDICT_SCHEMA = Draft202012Validator(json.loads((REPO / "schemas" / "verdict.schema.json").read_text()))
+
+
+def dedup_cli(lines: list[bytes], tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    """The verdicts `neardup dedup` writes for these lines."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_bytes(b"".join(line + b"\n" for line in lines))
+    assert cli.main(["dedup", str(source), "-o", str(out), "-q", *args]) == 0
+    return [orjson.loads(line) for line in out.read_bytes().splitlines()]
+
+
+def without_size(stats: dict[str, Any]) -> dict[str, Any]:
+    """Stats without bytes_on_disk, which changes as RocksDB flushes and compacts."""
+    return {k: v for k, v in stats.items() if k != "bytes_on_disk"}
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return dedup_cli(LINES, tmp_path_factory.mktemp("cli"))
+
+
+def test_verdicts_on_the_sample_equal_neardup_dedup(expected: list[dict[str, Any]]) -> None:
+    with neardup.open() as dedup:
+        verdicts = list(dedup.check_many(orjson.loads(line) for line in LINES))
+    assert len(verdicts) == len(LINES) == len(expected)
+    assert Counter(v["verdict"] for v in verdicts).keys() == {"unique", "duplicate", "partial"}
+    assert verdicts == expected  # latency_ms is None in both
+    for verdict in verdicts[:50]:
+        VERDICT_SCHEMA.validate(verdict)
+
+
+def test_every_input_form_gives_the_same_verdicts(expected: list[dict[str, Any]]) -> None:
+    """Dicts, JSON lines (bytes and str) and Article values, mixed."""
+
+    def form(i: int, line: bytes) -> neardup.ArticleInput:
+        data = orjson.loads(line)
+        return [
+            data,
+            line,
+            line.decode() + "\n",
+            neardup.Article(data["id"], data["text"], title=data.get("title"), source=data.get("source")),
+        ][i % 4]
+
+    with neardup.open() as dedup:
+        verdicts = [dedup.check(form(i, line)) for i, line in enumerate(LINES)]
+    assert [v["verdict"] for v in verdicts] == [v["verdict"] for v in expected]
+    assert [v["match_id"] for v in verdicts] == [v["match_id"] for v in expected]
+
+
+def test_reopening_a_state_dir_continues_it(expected: list[dict[str, Any]], tmp_path: Path) -> None:
+    half = len(LINES) // 2
+    state = tmp_path / "state"
+    with neardup.open(state) as dedup:
+        first = [dedup.check(line) for line in LINES[:half]]
+        written = dedup.stats()
+    with neardup.open(state) as dedup:
+        reopened = dedup.stats()
+        second = [dedup.check(line) for line in LINES[half:]]
+        again = dedup.check(LINES[0])  # a re-delivery gets its stored verdict
+        final = dedup.stats()
+    assert first + second == expected
+    assert again == expected[0]
+    assert without_size(reopened) == without_size(written) and written["articles"] == half
+    assert final["articles"] == len(LINES)
+
+
+def test_the_command_line_continues_a_state_the_library_wrote(
+    expected: list[dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    half = len(LINES) // 2
+    state = tmp_path / "state"
+    with neardup.open(state) as dedup:
+        first = list(dedup.check_many(LINES[:half]))
+    second = dedup_cli(LINES[half:], tmp_path, "--state", str(state))
+    assert first + second == expected
+    assert cli.main(["stats", "--state", str(state), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.splitlines()[-1])
+    with neardup.open(state) as dedup:
+        assert without_size(dedup.stats()) == without_size(stats)
+
+
+def test_reopening_with_other_signing_parameters_is_refused(tmp_path: Path) -> None:
+    neardup.open(tmp_path / "state").close()
+    with pytest.raises(neardup.IncompatibleState):
+        neardup.open(tmp_path / "state", num_perm=64, verify_perm=256)
+    with neardup.open(tmp_path / "state", threshold=0.9) as dedup:  # verdict thresholds may change
+        assert dedup.check(LINES[0])["params"]["threshold"] == 0.9
+
+
+def test_a_state_dir_has_one_writer(tmp_path: Path) -> None:
+    with neardup.open(tmp_path / "state"), pytest.raises(neardup.StateError):
+        neardup.open(tmp_path / "state")
+
+
+def test_delete_takes_an_article_out_of_the_index() -> None:
+    original, copy = PROSE[0], PROSE[0] + " Copyright 2011 The Associated Press."
+    with neardup.open() as dedup:
+        assert dedup.check({"id": "a", "text": original})["verdict"] == "unique"
+        assert dedup.check({"id": "b", "text": copy})["match_id"] == "a"
+        assert dedup.delete("a") is True
+        assert dedup.delete("a") is False  # no longer held
+        assert dedup.delete("never-seen") is False
+        assert dedup.check({"id": "c", "text": copy + " More."})["match_id"] == "b"
+        assert dedup.delete("b") and dedup.delete("c")
+        assert dedup.check({"id": "d", "text": original})["verdict"] == "unique"
+        stats = dedup.stats()
+    assert stats["articles"] == 1 and stats["deleted"] == 3
+
+
+def test_retention_expires_old_articles() -> None:
+    now = datetime.now(UTC)
+    old, recent = (now - timedelta(days=10)).isoformat(), now.isoformat()
+    with neardup.open(retention="1d") as dedup:
+        dedup.check({"id": "old", "text": PROSE[0], "published_at": old})
+        verdict = dedup.check({"id": "new", "text": PROSE[0], "published_at": recent})
+        stats = dedup.stats()
+    assert verdict["verdict"] == "unique"  # the old copy is outside the window: no match, expired
+    assert stats["expired"] == 1 and stats["articles"] == 1
+
+
+@pytest.mark.parametrize(
+    ("article", "reason"),
+    [
+        ({"id": "x"}, "schema_violation"),
+        ({"text": "no id"}, "schema_violation"),
+        ({"id": "", "text": "empty id"}, "schema_violation"),
+        ({"id": "x", "text": 17}, "schema_violation"),
+        ({"id": "x", "text": "t", "published_at": 1}, "schema_violation"),
+        ({"id": "x", "deleted": True}, "schema_violation"),
+        (["x", "text"], "schema_violation"),
+        (None, "schema_violation"),
+        (neardup.Article("x", None), "schema_violation"),  # type: ignore[arg-type]
+        ({"id": "x", "text": "a" * 101}, "oversized"),
+        ({"id": "x", "text": " \n\t "}, "empty_text"),
+        (b'{"id": "x", "text": "cut', "invalid_json"),
+        ("", "invalid_json"),
+        (b'{"id": "x", "text": "caf\xe9"}', "invalid_utf8"),
+    ],
+)
+def test_bad_input_raises_invalid_message(article: Any, reason: str) -> None:
+    with neardup.open(max_text_bytes=100) as dedup:
+        with pytest.raises(neardup.InvalidMessage) as caught:
+            dedup.check(article)
+        assert caught.value.reason == reason
+        assert str(caught.value).startswith(reason)
+        assert dedup.stats()["articles"] == 0
+        assert dedup.check({"id": "x", "text": "still usable"})["verdict"] == "unique"
+
+
+def test_check_many_is_lazy_and_stops_at_bad_input() -> None:
+    with neardup.open() as dedup:
+        articles = [{"id": "a", "text": PROSE[0]}, {"id": "b"}, {"id": "c", "text": PROSE[1]}]
+        verdicts = dedup.check_many(articles)
+        assert dedup.stats()["articles"] == 0
+        assert next(verdicts)["article_id"] == "a"
+        with pytest.raises(neardup.InvalidMessage):
+            next(verdicts)
+        assert dedup.stats()["articles"] == 1
+
+
+def test_settings_reach_the_engine() -> None:
+    with neardup.open(threshold=0.95, containment_threshold=None, num_perm=64, verify_perm=256) as dedup:
+        params = dedup.check({"id": "a", "text": PROSE[0]})["params"]
+    assert (params["threshold"], params["containment_threshold"], params["num_perm"]) == (0.95, None, 64)
+    with pytest.raises(TypeError, match="threshhold"):
+        neardup.open(threshhold=0.9)
+    with pytest.raises(ValueError, match="duration"):
+        neardup.open(retention="a month")
+
+
+def test_a_closed_deduplicator_refuses_work(tmp_path: Path) -> None:
+    dedup = neardup.open(tmp_path / "state")
+    dedup.close()
+    dedup.close()  # closing again does nothing
+    with pytest.raises(ValueError, match="closed"):
+        dedup.check({"id": "a", "text": PROSE[0]})
+    with neardup.open(tmp_path / "state") as reopened:  # the lock was released
+        assert reopened.stats()["articles"] == 0

@@ -1,0 +1,107 @@
+"""The import package is `neardup`, installed from the folder service/: the build lists every
+subpackage, nothing in the repository imports or runs the old top-level name `service` (which would
+collide with any other package of that name), and the installed package does not provide it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import neardup
+from neardup.core import compiled
+
+REPO = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+# Ways of naming the package as a module, not as a folder (service/core/... is a path and stays):
+# import statements, dotted module names, `python -m NAME` and its argument list form. The examples
+# below spell the name through OLD, so that the rename command in the history leaves them alone.
+OLD = "service"
+OLD_NAME = re.compile(
+    rf"\b(?:from|import) {OLD}\b(?=[ .,]|$)"
+    rf"|\b{OLD}\.(?:core|state|stream|cli|config|engine|messages|embedded|evaluation|local_report|api)\b"
+    rf"|-m\s+{OLD}\b(?![/\w])"
+    rf'|"-m",\s*"{OLD}"',
+    re.M,
+)
+SCANNED = ("service", "tests", "deploy", ".ci", "schemas", "README.md")
+SKIPPED_SUFFIXES = {".json", ".jsonl", ".so", ".pyc", ".png"}
+
+
+def scanned_files() -> list[Path]:
+    files: list[Path] = []
+    for root in SCANNED:
+        path = REPO / root
+        candidates = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        files.extend(
+            p for p in candidates if p.suffix not in SKIPPED_SUFFIXES and "__pycache__" not in p.parts
+        )
+    return files
+
+
+def test_the_build_lists_every_subpackage_of_the_folder() -> None:
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"neardup": "service"}
+    folders = {
+        ".".join(("neardup", *init.parent.relative_to(REPO / "service").parts))
+        for init in (REPO / "service").rglob("__init__.py")
+    }
+    assert set(setuptools["packages"]) == folders
+
+
+def test_the_package_is_imported_from_the_service_folder() -> None:
+    assert Path(neardup.__file__).resolve().parent == REPO / "service"
+    assert compiled.__name__ == "neardup.core.compiled"
+
+
+def test_no_file_names_the_old_top_level_package() -> None:
+    files = scanned_files()
+    assert any(p.name == "conftest.py" for p in files) and any(p.name == "asan" for p in files)
+    offenders = [
+        f"{p.relative_to(REPO)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+        for p in files
+        for text in [p.read_text(encoding="utf-8", errors="replace")]
+        for m in OLD_NAME.finditer(text)
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"from {OLD}.engine import Engine",
+        f"import {OLD}.core",
+        f"import {OLD}, pytest",
+        f'    subprocess.run([sys.executable, "-m", "{OLD}", "worker"])',
+        f'[sys.executable, "-m",\n "{OLD}"]',
+        f"python -m {OLD} dedup",
+        f'Child.start("{OLD}.stream.signer", setup)',
+    ],
+)
+def test_the_check_catches_the_old_name(line: str) -> None:
+    assert OLD_NAME.search(line)
+
+
+@pytest.mark.parametrize(
+    "line", ["see service/core/_sketch.c", 'ROOT / "service" / "data"', "the service rejects it"]
+)
+def test_the_check_lets_the_folder_and_the_word_be(line: str) -> None:
+    assert not OLD_NAME.search(line)
+
+
+def test_the_installed_package_has_no_module_named_service(tmp_path: Path) -> None:
+    """Run outside the checkout, where the folder itself is not on sys.path: only neardup is there."""
+    run = subprocess.run(
+        [sys.executable, "-c", f"import neardup.cli\nimport {OLD}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1
+    assert f"No module named '{OLD}'" in run.stderr, run.stderr
