@@ -16,8 +16,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from service.messages import DEAD_LETTER_MAX_BYTES
-from service.stream.pipes import FAULT_VARIABLE
+from neardup.messages import DEAD_LETTER_MAX_BYTES
+from neardup.stream.pipes import FAULT_VARIABLE
 
 from .conftest import (
     Deployment,

@@ -18,13 +18,13 @@ import pytest
 from faust.types import TP
 from prometheus_client import generate_latest
 
-from service.config import Settings
-from service.core.signing import fingerprint
-from service.stream.app import SHARD_KEY, LeanMonitor, LeanStream, Runtime, _app_class, create_app
-from service.stream.decider import DeciderFailed
-from service.stream.metrics import Metrics
-from service.stream.signer import SignerFailed
-from service.stream.stages import (
+from neardup.config import Settings
+from neardup.core.signing import fingerprint
+from neardup.stream.app import SHARD_KEY, LeanMonitor, LeanStream, Runtime, _app_class, create_app
+from neardup.stream.decider import DeciderFailed
+from neardup.stream.metrics import Metrics
+from neardup.stream.signer import SignerFailed
+from neardup.stream.stages import (
     ARTICLE_PREFIX,
     INPUTS_KEY,
     OFFSET_KEY,

@@ -161,9 +161,9 @@ def test_unknown_command_is_an_error(capsys) -> None:
 def test_evaluate_credits_an_exact_copy_through_its_content_holder(prose: tuple[str, ...]) -> None:
     """The index keeps exact copies out of its buckets (their content's holder stands for them):
     a later near copy is a candidate pair with the copy too, with the holder's estimate."""
-    from service.core.params import DedupParams
-    from service.evaluation import evaluate
-    from service.messages import Article
+    from neardup.core.params import DedupParams
+    from neardup.evaluation import evaluate
+    from neardup.messages import Article
 
     articles = [
         Article("a", prose[0]),

@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
-from service.state.rocks import RocksOptions, RocksState
-from service.stream import decider as decider_module
-from service.stream.decider import Decider, DeciderFailed, Write
-from service.stream.pipes import FAULT_VARIABLE, CallTimeout
-from service.stream.stages import (
+from neardup.state.rocks import RocksOptions, RocksState
+from neardup.stream import decider as decider_module
+from neardup.stream.decider import Decider, DeciderFailed, Write
+from neardup.stream.pipes import FAULT_VARIABLE, CallTimeout
+from neardup.stream.stages import (
     ARTICLE_PREFIX,
     OFFSET_KEY,
     BatchOutcome,

@@ -7,7 +7,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from service.stream.app import HANDOFF_QUEUE, _HandOff
+from neardup.stream.app import HANDOFF_QUEUE, _HandOff
 
 
 def _acknowledged(offset: int) -> asyncio.Future[Any]:

@@ -10,9 +10,9 @@ import typing
 import orjson
 import pytest
 
-from service.core.params import DedupParams
-from service.engine import Engine
-from service.messages import (
+from neardup.core.params import DedupParams
+from neardup.engine import Engine
+from neardup.messages import (
     DEAD_LETTER_HEADROOM,
     DEAD_LETTER_MAX_BYTES,
     DEAD_LETTER_REASONS,

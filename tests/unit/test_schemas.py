@@ -11,9 +11,9 @@ import orjson
 import pytest
 from jsonschema import Draft202012Validator
 
-from service.core.params import DedupParams
-from service.engine import Engine
-from service.messages import (
+from neardup.core.params import DedupParams
+from neardup.engine import Engine
+from neardup.messages import (
     DEAD_LETTER_HEADROOM,
     DEAD_LETTER_MAX_BYTES,
     DEAD_LETTER_REASONS,
@@ -21,9 +21,9 @@ from service.messages import (
     decode_article,
     verdict_dict,
 )
-from service.state.memory import MemoryState
-from service.stream import stages
-from service.stream.stages import Provenance, SignStage
+from neardup.state.memory import MemoryState
+from neardup.stream import stages
+from neardup.stream.stages import Provenance, SignStage
 from tests.conftest import PROSE
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"

@@ -1,4 +1,4 @@
-"""service.stream.signer: signing in helper processes gives exactly the in-process results, in order,
+"""neardup.stream.signer: signing in helper processes gives exactly the in-process results, in order,
 a killed, crashed or hung helper is replaced, and helpers failing twice on a batch are fatal."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from service.core.params import DedupParams
-from service.stream.pipes import FAULT_VARIABLE, PIPE_BYTES, CallTimeout, HelperFault, widen_pipe
-from service.stream.signer import Signer, SignerFailed, SignItem
-from service.stream.stages import Provenance, Signed, SignResult, SignStage, decode_signed
+from neardup.core.params import DedupParams
+from neardup.stream.pipes import FAULT_VARIABLE, PIPE_BYTES, CallTimeout, HelperFault, widen_pipe
+from neardup.stream.signer import Signer, SignerFailed, SignItem
+from neardup.stream.stages import Provenance, Signed, SignResult, SignStage, decode_signed
 from tests.conftest import PROSE
 
 PARAMS = DedupParams()
