@@ -113,17 +113,17 @@ def evaluate(
         if i == 0:
             continue
         for j, exact in enumerate(exact_row.tolist()):
-            estimate = estimates[i].get(j)
-            predicted = estimate is not None and estimate >= params.threshold
+            proposed = estimates[i].get(j)
+            predicted = proposed is not None and proposed >= params.threshold
             actual = exact >= params.threshold
             result.all_pairs.add(predicted, actual)
             if abs(exact - params.threshold) > margin:
                 result.outside_margin.add(predicted, actual)
             if actual:
                 result.true_pairs += 1
-                result.candidates_found += estimate is not None
-            if estimate is not None:
-                result.abs_errors.append(abs(estimate - exact))
+                result.candidates_found += proposed is not None
+            if proposed is not None:
+                result.abs_errors.append(abs(proposed - exact))
         if i in sampled:
             top = np.argsort(exact_row)[::-1][:3]
             result.samples.append(
