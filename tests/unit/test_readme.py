@@ -11,15 +11,17 @@ from pathlib import Path
 from neardup.cli import build_parser
 from neardup.config import Settings
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "deploy" / "docs" / "configuration.md").read_text()
 
 
-def test_every_setting_is_in_the_readme_table_with_its_default() -> None:
-    rows = dict(re.findall(r"^\| `(NEARDUP_[A-Z_]+)` \|\s*`?([^|`]*?)`?\s*\|", README, flags=re.M))
+def test_every_setting_is_in_the_configuration_table_with_its_default() -> None:
+    rows = dict(re.findall(r"^\| `(NEARDUP_[A-Z_]+)` \|\s*`?([^|`]*?)`?\s*\|", CONFIGURATION, flags=re.M))
     defaults = Settings()
     for spec in dataclasses.fields(Settings):
         name = f"NEARDUP_{spec.name.upper()}"
-        assert name in rows, f"{name} missing from the README table"
+        assert name in rows, f"{name} missing from deploy/docs/configuration.md"
         if spec.name != "sasl_password":
             assert rows[name].strip() == str(getattr(defaults, spec.name)), name
     assert set(rows) == {f"NEARDUP_{f.name.upper()}" for f in dataclasses.fields(Settings)}
@@ -51,3 +53,10 @@ def test_the_library_example_prints_what_the_readme_says(tmp_path: Path) -> None
     assert run.returncode == 0, run.stderr
     assert run.stdout == output
     assert (tmp_path / "dedup-state" / "CURRENT").exists()  # it did use the directory
+
+
+def test_the_readme_is_a_page_to_start_from() -> None:
+    """Short enough to read: details live in deploy/docs/, every link there resolves."""
+    assert len(README.encode()) <= 10 * 1024
+    for link in re.findall(r"\]\(((?:deploy|tests)/[^)#]+)\)", README):
+        assert (ROOT / link).exists(), link
