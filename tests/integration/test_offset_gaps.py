@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 
 from neardup.core.params import DedupParams
 from neardup.stream.app import SHARD_KEY
@@ -48,15 +50,24 @@ async def append_signatures(bootstrap: str, topic: str, packs: list[bytes]) -> l
 
 
 async def move_group_offset(bootstrap: str, group: str, topic: str, offset: int) -> None:
-    """Commit `offset` for the (stopped, so empty) group, as if its consumer had read up to it."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.commit({tp: offset})
-    finally:
-        await consumer.stop()
+    """Commit `offset` for the stopped worker's group, as if its consumer had read up to it. The
+    worker is a static member, which stays in the group after a clean stop until its session
+    times out (NEARDUP_SESSION_TIMEOUT_MS): until then the broker refuses the commit."""
+    deadline = time.monotonic() + 60
+    while True:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, 0)
+            consumer.assign([tp])
+            await consumer.commit({tp: offset})
+            return
+        except (CommitFailedError, UnknownMemberIdError):
+            if time.monotonic() > deadline:
+                raise
+        finally:
+            await consumer.stop()
+        await asyncio.sleep(1)
 
 
 def test_signatures_the_consumer_went_past_are_read_back_in_order(
