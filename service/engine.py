@@ -12,6 +12,7 @@ from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention, event_time
 from .core.signing import Fingerprint, fingerprint
 from .state.port import StateStore
+from .state.records import encode_article
 
 
 @dataclass
@@ -25,9 +26,11 @@ class EngineCounts:
 
 @dataclass(frozen=True)
 class Indexed:
-    """One article through the engine: its outcome, and the articles an expiry pass removed."""
+    """One article through the engine: its outcome, its record (encoded once, for the state and
+    the caller's durable copy; None on re-delivery), and the articles an expiry pass removed."""
 
     outcome: Outcome
+    record: bytes | None
     expired: list[IndexedArticle]
 
 
@@ -91,10 +94,11 @@ class Engine:
         cutoff = self.retention.cutoff(self._newest(time_ms))
         outcome = decide(article_id, fp, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
+            record = record or encode_article(outcome.article)
             self.state.apply(outcome.update, extra, record=record)
         elif extra:
             self.state.set_meta(extra)
-        return Indexed(outcome, self.expire_due())
+        return Indexed(outcome, record if outcome.update is not None else None, self.expire_due())
 
     def _newest(self, time_ms: int) -> int:
         newest = self.state.counts.newest_ms

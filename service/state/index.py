@@ -22,7 +22,6 @@ Every change is one write batch: a crash leaves all of it or none.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -91,6 +90,7 @@ class Batch:
 
     main: dict[bytes, bytes | None] = field(default_factory=dict)
     records: dict[bytes, bytes | None] = field(default_factory=dict)
+    buckets_written: bool = False  # whether a bucket is among `main`
 
     def put(self, key: bytes, value: bytes) -> None:
         self.main[key] = value
@@ -457,9 +457,9 @@ class IndexState:
         """The stored buckets of `keys`, as this batch leaves them; from the last candidates()
         lookup where it is of these keys and the batch has not touched them."""
         last = self._looked_up
-        names = [BAND + key for key in keys]
-        if last is not None and last[0] is keys and not any(name in batch.main for name in names):
+        if last is not None and last[0] is keys and not batch.buckets_written:
             return last[1]
+        names = [BAND + key for key in keys]
         stored = self.kv.get_many([name for name in names if name not in batch.main])
         pending = iter(stored)
         return [batch.main[name] if name in batch.main else next(pending) for name in names]
@@ -471,7 +471,9 @@ class IndexState:
         not where it is a member already (an earlier holder of a content taking over again)."""
         entry = seq_key(seq)
         limit = self.bucket_cap * SEQ.size
-        for key, stored in zip(keys, self._buckets(keys, batch), strict=True):
+        stored_buckets = self._buckets(keys, batch)
+        batch.buckets_written = True
+        for key, stored in zip(keys, stored_buckets, strict=True):
             if if_absent and seq in _members(stored):
                 continue
             if stored is None:
@@ -482,7 +484,9 @@ class IndexState:
         self._looked_up = None
 
     def _leave_buckets(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
-        for key, stored in zip(keys, self._buckets(keys, batch), strict=True):
+        stored_buckets = self._buckets(keys, batch)
+        batch.buckets_written = True
+        for key, stored in zip(keys, stored_buckets, strict=True):
             if not stored:
                 continue
             members = _members(stored)
@@ -660,7 +664,17 @@ def _as_stored(article: IndexedArticle) -> IndexedArticle:
     if not fp.verifier.size or not fp.signature.size:
         return article
     stripped = Fingerprint(fp.content_hash, _NO_SIGNATURE, fp.shingle_count, fp.short, fp.verifier)
-    return dataclasses.replace(article, fingerprint=stripped)
+    return IndexedArticle(
+        article.article_id,
+        article.version,
+        article.seq,
+        stripped,
+        article.decision,
+        article.keys,
+        article.time_ms,
+        article.cluster,
+        article.cluster_id,
+    )
 
 
 def _runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -119,9 +119,8 @@ def encode_article(article: IndexedArticle) -> bytes:
     fp = article.fingerprint
     article_id, cluster_id = article.article_id.encode(), article.cluster_id.encode()
     verifier = np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
-    keys = b"".join(key[_BAND_INDEX.size :] for key in article.keys)
-    if any(_BAND_INDEX.unpack_from(key)[0] != band for band, key in enumerate(article.keys)):
-        raise ValueError("band keys must be in band order, each led by its band's index")
+    # band_keys() gives them in band order, each led by its index: the decoder puts it back
+    keys = b"".join([key[_BAND_INDEX.size :] for key in article.keys])
     decision = _compact_decision(article.decision, article.article_id, article.cluster_id)
     signature = b"" if verifier else np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
     head = _HEAD.pack(

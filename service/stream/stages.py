@@ -24,7 +24,7 @@ from ..core.signing import EmptyText, Fingerprint, fingerprint
 from ..engine import Engine
 from ..messages import Deletion, InvalidMessage, dead_letter_dict, decode_message, verdict_dict
 from ..state.records import MAGIC as RECORD_MAGIC
-from ..state.records import CorruptRecord, encode_article, pack_sketches, unpack_sketches
+from ..state.records import CorruptRecord, pack_sketches, unpack_sketches
 from ..state.rocks import RocksState
 
 _SIGNED = b"S5"  # band keys, 8-bit verifier, event time
@@ -470,12 +470,10 @@ class IndexStage:
         if signed.refused_time:
             self.refused_times += 1
         keys = signed.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
-        record = None
         indexed = self._engine().index_outcome(article_id, fp, signed.time_ms, keys)
         outcome = indexed.outcome
-        if outcome.update is not None:
-            record = encode_article(outcome.article)
-            self.records[ARTICLE_PREFIX + article_id.encode()] = record
+        if indexed.record is not None:
+            self.records[ARTICLE_PREFIX + article_id.encode()] = indexed.record
         for gone in indexed.expired:
             self._forget(gone.article_id)
         status = "redelivered" if outcome.redelivered else "new"
