@@ -74,10 +74,9 @@ class Engine:
         time_ms: int,
         keys: Sequence[bytes] | None = None,
         extra: dict[bytes, bytes] | None = None,
-        record: bytes | None = None,
     ) -> IndexedArticle:
         """Decide about a signed article and apply it; see `index_outcome`."""
-        return self.index_outcome(article_id, fp, time_ms, keys, extra, record).outcome.article
+        return self.index_outcome(article_id, fp, time_ms, keys, extra).outcome.article
 
     def index_outcome(
         self,
@@ -86,19 +85,19 @@ class Engine:
         time_ms: int,
         keys: Sequence[bytes] | None = None,
         extra: dict[bytes, bytes] | None = None,
-        record: bytes | None = None,
     ) -> Indexed:
         """Decide, apply (with `extra` metadata in the same write), then expire what the window
         leaves behind. An article already older than the window is still decided (against what
         is held) and then expires with the next pass."""
         cutoff = self.retention.cutoff(self._newest(time_ms))
         outcome = decide(article_id, fp, self.state, self.params, keys, time_ms, cutoff)
+        record = None
         if outcome.update is not None:
-            record = record or encode_article(outcome.article)
+            record = encode_article(outcome.article)
             self.state.apply(outcome.update, extra, record=record)
         elif extra:
             self.state.set_meta(extra)
-        return Indexed(outcome, record if outcome.update is not None else None, self.expire_due())
+        return Indexed(outcome, record, self.expire_due())
 
     def _newest(self, time_ms: int) -> int:
         newest = self.state.counts.newest_ms

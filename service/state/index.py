@@ -612,7 +612,7 @@ class IndexState:
             raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
         self._looked_up, self._holder_looked_up = None, (b"", None)
         count = 0
-        for run in _runs_of(records, chunk):
+        for run in runs_of(records, chunk):
             batch = Batch()
             for _, record in run:
                 probe = decode_probe(record)
@@ -620,7 +620,7 @@ class IndexState:
                 self._seq = max(self._seq, probe.seq + 1)
             self.kv.write(batch)
             count += len(run)
-        for stored in _runs_of(self.kv.scan_records(), chunk):
+        for stored in runs_of(self.kv.scan_records(), chunk):
             self._index_stored([decode_article(record) for _, record in stored])
         self._hand_on_orphans()
         self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
@@ -677,7 +677,8 @@ def _as_stored(article: IndexedArticle) -> IndexedArticle:
     )
 
 
-def _runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:
+def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive runs of at most `size` items, read lazily (itertools.batched from Python 3.12)."""
     run: list[T] = []
     for item in items:
         run.append(item)

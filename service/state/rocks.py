@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
@@ -91,18 +91,6 @@ class RocksOptions:
         compress = self.compression == "lz4" and not records
         options.set_compression_type(DBCompressionType.lz4() if compress else DBCompressionType.none())
         return options
-
-
-def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """Consecutive runs of at most `size` items, read lazily (itertools.batched from Python 3.12)."""
-    run: list[T] = []
-    for item in items:
-        run.append(item)
-        if len(run) >= size:
-            yield run
-            run = []
-    if run:
-        yield run
 
 
 def lower_background_threads(nice: int) -> int:

@@ -22,7 +22,8 @@ from typing import BinaryIO, cast
 
 from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, Retention
-from ..state.rocks import RocksOptions, RocksState, runs_of
+from ..state.index import runs_of
+from ..state.rocks import RocksOptions, RocksState
 from .collector import CollectorPolicy
 from .pipes import (
     DEFAULT_TIMEOUT,

@@ -53,6 +53,15 @@ def kafka() -> Iterator[str]:
         subprocess.run([str(KAFKA_SH), "stop", "--wipe"], check=False, env=env, timeout=120)
 
 
+def healthy(url: str) -> bool:
+    """Whether a worker's /health answers 200 now (not yet listening counts as no)."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -127,12 +136,8 @@ class Deployment:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise AssertionError(f"worker {index} exited with {proc.returncode}:\n{self.logs()}")
-            try:
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
+            if healthy(url):
+                return
             time.sleep(0.2)
         raise AssertionError(f"worker {index} not ready after {timeout}s:\n{self.logs()}")
 

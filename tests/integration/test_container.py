@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import time
 import tomllib
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -26,6 +25,7 @@ from .conftest import (
     REPO,
     Deployment,
     TopicReader,
+    healthy,
     load_sample,
     produce_articles,
     run_embedded,
@@ -221,12 +221,8 @@ def wait_healthy(port: int, container: str, timeout: float) -> None:
     url = f"http://127.0.0.1:{port}/health"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
+        if healthy(url):
+            return
         time.sleep(0.5)
     raise AssertionError(
         f"{container} not healthy after {timeout}s:\n{podman('logs', container, check=False)}"
