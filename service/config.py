@@ -58,6 +58,9 @@ class Settings:
     index_handoff: int = 1
     helper_timeout: float = 20.0
     helper_item_timeout_ms: float = 100.0
+    delivery_timeout: float = 300.0
+    stall_timeout: float = 60.0
+    failure_exit_timeout: float = 30.0
     record_cache: int = 20_000
     probe_cache: int = 100_000
     bucket_cap: int = 64
@@ -121,6 +124,9 @@ class Settings:
                 "NEARDUP_HELPER_TIMEOUT must be > 0 and NEARDUP_HELPER_ITEM_TIMEOUT_MS ≥ 0, got "
                 f"{self.helper_timeout} and {self.helper_item_timeout_ms}"
             )
+        for name in ("delivery_timeout", "stall_timeout", "failure_exit_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"NEARDUP_{name.upper()} must be > 0 seconds, got {getattr(self, name)}")
         if self.bucket_cap < 1:
             raise ConfigError(f"NEARDUP_BUCKET_CAP must be ≥ 1, got {self.bucket_cap}")
         for name in ("retention", "time_skew"):

@@ -6,7 +6,9 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import signal
+import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -30,6 +32,8 @@ from . import record_store
 from .batches import SentBatch, send_in_batches
 from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
+from .delivery import Deliveries
+from .faults import AgentFault
 from .inline import run_until_wait, wait_for_event
 from .metrics import Metrics
 from .pipes import CallTimeout
@@ -64,6 +68,7 @@ CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
 # A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
 HANDOFF_QUEUE = 16
+WATCH_INTERVAL_S = 1.0  # how often the event loop reports on itself and its agents (/health)
 
 
 def _halted(service: Any) -> bool:
@@ -76,9 +81,9 @@ class LeanStream(faust.Stream):
 
     def take_events(self, max_: int, within: Any) -> AsyncGenerator[list[faust.EventT], None]:
         """Batches of at most `max_` events, each yielded once the buffer is full or `within`
-        seconds after its first event, and acknowledged when the caller asks for the next batch
-        (never one whose handling raised or was cancelled: Faust commits acknowledged offsets only,
-        and such a batch must be delivered again).
+        seconds after its first event. The caller acknowledges a batch (`acknowledge`) once what it
+        caused is delivered (delivery.py); never one whose handling raised or was cancelled: Faust
+        commits acknowledged offsets only, and such a batch must be delivered again.
 
         Faust's take_events wakes every `within` whether or not anything came (through mode's
         waits: three tasks and an `asyncio.wait` each time), and then holds what came for the
@@ -89,6 +94,12 @@ class LeanStream(faust.Stream):
         batches = self._lean_batches(max_, want_seconds(within))
         self._active_agens.add(batches)  # closed at the stream's stop, as Faust's own
         return batches
+
+    async def acknowledge(self, batch: list[faust.EventT]) -> None:
+        """The batch is handled and everything it caused acknowledged by the broker: its offsets
+        may be committed."""
+        for event in batch:
+            await self.ack(event)
 
     async def _lean_batches(self, max_: int, within: float) -> AsyncGenerator[list[faust.EventT], None]:
         buffer: list[faust.EventT] = []
@@ -123,8 +134,6 @@ class LeanStream(faust.Stream):
                 full.clear()
                 taken.set()
                 yield batch
-                for event in batch:
-                    await self.ack(event)
         finally:
             self.enable_acks = acks_before
             self._processors.remove(add_to_buffer)
@@ -277,6 +286,7 @@ class Runtime:
     decider: Decider
     log_reader: LogReader  # reads back what the consumer went past
     needs_open: bool = True
+    closed: bool = False  # the shutdown closed the index: late acknowledgements leave the store be
     hand_off: _HandOff | None = None  # set by create_app; run by the app's hand_offs task
     # the last offset delivered to the agents in each partition, to notice a consumer that skips
     # messages (faust-streaming has open reports of events skipped around restarts)
@@ -292,13 +302,39 @@ class Runtime:
     # crashed agent and a gap that blocks every later commit.
     stop_worker: Callable[[], None] = field(default=lambda: signal.raise_signal(signal.SIGTERM))
     failed: bool = False  # stopped for such a failure: the worker exits non-zero
+    # Each stage's batches, acknowledged once what they caused is (create_app sets them)
+    signed: Deliveries | None = None
+    indexed: Deliveries | None = None
+    # When each stage last took a batch (monotonic), for the stall check (`stalled_stage`)
+    taken_at: dict[str, float] = field(default_factory=dict)
 
     def fail(self, message: str, *, exc_info: bool = False) -> None:
-        """Stop the worker for a failure it cannot go on from (logged once)."""
+        """Stop the worker for a failure it cannot go on from (logged once): /health turns 503 at
+        once, and a stop that takes longer than the settings allow ends the process (non-zero)."""
         if not self.failed:
             log.critical(message, exc_info=exc_info)
             self.failed = True
+            self.metrics.failure = message
+            _exit_after(self.settings.failure_exit_timeout)
             self.stop_worker()
+
+    def stages(self) -> list[Deliveries]:
+        return [stage for stage in (self.signed, self.indexed) if stage is not None]
+
+
+def _exit_after(seconds: float) -> None:
+    """A stop for a failure waits on the broker (Faust's commit, the producer's flush), which may
+    be the very thing that failed: past `seconds`, exit without it. Nothing is lost: what was not
+    committed comes back after the restart."""
+
+    def exit_now() -> None:
+        log.critical("stop_timeout: still stopping after %.0f s; exiting", seconds)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True
+    timer.start()
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> faust.TopicT:
@@ -343,6 +379,9 @@ def create_app(
         web_enabled=False,  # Faust's web server can show tables; our own serves metrics/health only
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        # A batch the producer could not deliver this long (retrying what is retriable) fails,
+        # and the worker with it (delivery.py): a supervisor restarts it from its last commit.
+        producer_request_timeout=settings.delivery_timeout,
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
         # aiokafka waits for a partition's batch to be sent (one request in flight per broker) before
@@ -362,7 +401,7 @@ def create_app(
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
     signatures_shard = TP(settings.signatures_topic, 0)  # the index shard: one partition
-    dead_letters = _raw_topic(app, settings.dead_letter_topic, 1)
+    _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
     records = app.Table(
         "records",
         key_type=bytes,  # bytes → Faust uses the raw codec for store and changelog
@@ -404,6 +443,9 @@ def create_app(
     # the way: close_index); commands.py still stops any that are left once the loop has ended.
     cast(Any, app).at_shutdown.append(runtime.signer.aclose)
     cast(Any, app).failed = lambda: runtime.failed
+    metrics.stall_timeout = settings.stall_timeout
+    # A replaced decider child rebuilds from the table: first, everything decided before it there
+    runtime.decider.before_rebuild = runtime_drain(runtime)
 
     def agent_failed(agent: Any, exc: BaseException) -> None:
         # Faust would go on with a new agent, past the batch that raised; that batch is not
@@ -412,13 +454,26 @@ def create_app(
 
     cast(Any, app).agent_failed = agent_failed
 
-    async def dead_letter(reason: str, payload: bytes, key: bytes | None) -> None:
-        metrics.dead_letters.labels(reason).inc()
-        await dead_letters.send(key=key, value=payload)
+    fault = AgentFault()
+    signed = runtime.signed = Deliveries("sign", runtime.fail)
+    indexed = runtime.indexed = Deliveries("index", runtime.fail)
+
+    async def send_dead_letters(letters: list[tuple[str, bytes, bytes | None]]) -> list[Any]:
+        """(reason, record, key) each; counted once the broker has them."""
+        if not letters:
+            return []
+        messages = [(key, record) for _, record, key in letters]
+        sent = await send_in_batches(producer(), settings.dead_letter_topic, messages)
+        return [batch.sent for batch in sent]
+
+    def count_dead_letters(letters: list[tuple[str, bytes, bytes | None]]) -> None:
+        for reason, count in collections.Counter(reason for reason, _, _ in letters).items():
+            metrics.dead_letters.labels(reason).inc(count)
 
     @app.agent(articles, name="sign")
     async def sign(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(settings.sign_batch, within=TAKE_WITHIN_S):
+            runtime.taken_at[settings.input_topic] = time.monotonic()
             _expect_committed(app, runtime, batch)
             # transaction markers take an offset each: on the input a gap is often just that
             gaps = _check_gaps(runtime, batch, logging.INFO)
@@ -444,11 +499,12 @@ def create_app(
                 # would sign the next batches ahead of this one. The worker's stop cancels this.
                 await asyncio.Event().wait()
                 raise
-            signed: list[bytes] = []
+            packs: list[bytes] = []
+            letters: list[tuple[str, bytes, bytes | None]] = []
             refused_times = 0
             for (_, key, src), result in zip(items, results, strict=True):
                 if result.signed is not None:
-                    signed.append(result.signed)
+                    packs.append(result.signed)
                     refused_times += result.refused_time
                 else:
                     assert result.dead_letter is not None and result.reason is not None
@@ -459,16 +515,31 @@ def create_app(
                         src.partition,
                         src.offset,
                     )
-                    await dead_letter(result.reason, result.dead_letter, key)
-            metrics.articles_in.inc(len(items))
-            if refused_times:
-                metrics.refused_times.inc(refused_times)
-            for pack in pack_in_chunks(signed):
+                    letters.append((result.reason, result.dead_letter, key))
+            sends = await send_dead_letters(letters)
+            for pack in pack_in_chunks(packs):
                 sent = await signatures.send(key=SHARD_KEY, value=pack)
+                sends.append(sent)
                 if settings.index_handoff:
                     hand_off.submit(sent, pack)
-            await _allow_commits_past(app, gaps)
-            _record_lag(app, metrics, batch)
+            fault.after_batch("sign")
+
+            async def delivered(
+                batch: list[Any] = batch,
+                gaps: list[OffsetGap] = gaps,
+                letters: list[tuple[str, bytes, bytes | None]] = letters,
+                articles: int = len(items),
+                refused_times: int = refused_times,
+            ) -> None:
+                await _allow_commits_past(app, gaps)
+                await stream.acknowledge(batch)
+                count_dead_letters(letters)
+                metrics.articles_in.inc(articles)
+                if refused_times:
+                    metrics.refused_times.inc(refused_times)
+                _record_lag(app, metrics, batch)
+
+            await signed.settle(sends, delivered)
 
     def producer() -> Any:
         # aiokafka's producer under Faust's (Producer._ensure_producer: private, as the version is
@@ -477,48 +548,54 @@ def create_app(
 
     @app.agent(signatures, name="index")
     async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
-        async for batch in stream.take_events(100, within=TAKE_WITHIN_S):
+        async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
+            runtime.taken_at[settings.signatures_topic] = time.monotonic()
             async with runtime.index_lock:
                 decider = await _open_decider(runtime)
                 # decided already, as soon as this worker's send of them was acknowledged
-                fetched, batch = batch, [e for e in batch if e.message.offset > runtime.handed_off]
-                if not batch:
-                    _record_lag(app, metrics, fetched)
-                    continue
-                gaps = _check_gaps(runtime, batch)
-                # Table writes pick the changelog partition from the current event, which take_events()
-                # does not set; the shard's events all share one partition.
-                _enter_event(batch[-1])
-                events = {event.message.offset: event for event in batch}
-                messages = [(event.message.offset, event.value) for event in batch]
-                if gaps:
-                    shard = batch[-1].message.tp
-                    delivered = [(shard, offset, value) for offset, value in messages]
-                    fills = [
-                        (shard, found.offset, found.value)
-                        for _, found in await _read_gaps(runtime, gaps)
-                        if found.value is not None
-                    ]
-                    messages = [(offset, value) for _, offset, value in in_log_order(delivered, gaps, fills)]
-                await decide_and_publish(decider, messages, events)
-                await _allow_commits_past(app, gaps)
-                _record_lag(app, metrics, batch)
+                batch = [e for e in fetched if e.message.offset > runtime.handed_off]
+                gaps = _check_gaps(runtime, batch) if batch else []
+                if batch:
+                    # Table reads pick the store's partition from the current event, which
+                    # take_events() does not set; the shard's events all share one partition.
+                    _enter_event(batch[-1])
+                    messages = [(event.message.offset, event.value) for event in batch]
+                    if gaps:
+                        shard = batch[-1].message.tp
+                        delivered = [(shard, offset, value) for offset, value in messages]
+                        fills = [
+                            (shard, found.offset, found.value)
+                            for _, found in await _read_gaps(runtime, gaps)
+                            if found.value is not None
+                        ]
+                        ordered = in_log_order(delivered, gaps, fills)
+                        messages = [(offset, value) for _, offset, value in ordered]
+                    await decide_and_publish(decider, messages)
+                    fault.after_batch("index")
 
-    async def decide_and_publish(
-        decider: Decider, messages: list[tuple[int, bytes]], events: dict[int, faust.EventT]
-    ) -> None:
-        """Decide signatures messages (in the shard's order, following the last one decided),
-        apply their writes to the record table and publish their verdicts."""
+            async def acknowledge(fetched: list[Any] = fetched, gaps: list[OffsetGap] = gaps) -> None:
+                # after the settling of every chunk of the batch (and of the hand-offs before it)
+                await _allow_commits_past(app, gaps)
+                await stream.acknowledge(fetched)
+                _record_lag(app, metrics, fetched)
+
+            await indexed.settle((), acknowledge)
+
+    async def decide_and_publish(decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+        """Decide signatures messages (in the shard's order, following the last one decided), send
+        each chunk's record-table writes to the changelog and its verdicts, and hand them to the
+        index stage's deliveries: the table's store takes the writes once the changelog has them,
+        so that it is never ahead of the changelog a rebuild reads."""
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
             async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
                 async for outcome, writes in answers:
-                    # into the table's store before the next answer: a replaced decider
-                    # rebuilds from it; the changelog follows while the decider works
-                    record_store.write(records.data, writes)
-                    await send_changelog(writes)
-                    await publish_outcome(outcome, events)
+                    await fault.before_changelog()
+                    changelog = await send_in_batches(producer(), changelog_name, writes, partition=0)
+                    sends, counted = await publish_outcome(outcome)
+                    sends += [batch.sent for batch in changelog]
+                    await indexed.settle(sends, applied(writes, changelog, counted))
         except BaseException as exc:
             # Half a batch applied: the index may be ahead of the table. Rebuild it from the
             # table before the next batch (the re-delivered batch then replays what was applied).
@@ -526,6 +603,25 @@ def create_app(
             if isinstance(exc, DeciderFailed):
                 runtime.fail(f"index_unavailable: {exc}; stopping the worker")
             raise
+
+    def applied(
+        writes: list[tuple[bytes, bytes | None]], changelog: list[SentBatch], counted: Callable[[], None]
+    ) -> Callable[[], None]:
+        """What a chunk's acknowledgement means: its writes into the table's store (one write batch:
+        records and applied offsets together), the store's changelog offset after them (a
+        recovery reads only what follows), its counters."""
+
+        def apply() -> None:
+            if not runtime.closed:  # else the changelog has them: recovery brings them at the start
+                record_store.write(records.data, writes)
+                if changelog:
+                    last = changelog[-1]  # one partition: the last batch holds the last write
+                    first = last.sent.result()
+                    store = cast(StoreT, records.data)
+                    store.set_persisted_offset(first.topic_partition, first.offset + last.messages - 1)
+            counted()
+
+        return apply
 
     async def decide_handed_off(messages: list[tuple[int, bytes]]) -> None:
         async with runtime.index_lock:
@@ -536,7 +632,7 @@ def create_app(
             if not run:
                 return  # another worker's messages come first, or these were decided already
             try:
-                await decide_and_publish(runtime.decider, run, {})
+                await decide_and_publish(runtime.decider, run)
             except Exception:
                 log.exception("handoff_failed: the consumer delivers these messages again")
                 return
@@ -546,38 +642,22 @@ def create_app(
 
     hand_off = runtime.hand_off = _HandOff(decide_handed_off)
 
-    def persist_changelog_offset(last: SentBatch) -> Callable[[asyncio.Future[Any]], None]:
-        # What Faust's own table writes do per message, once per chunk here: the store remembers
-        # how far the changelog is reflected in it, so that recovery reads only what follows.
-        def persist(sent: asyncio.Future[Any]) -> None:
-            if not sent.cancelled() and sent.exception() is None:
-                first = sent.result()  # of the batch's first message
-                store = cast(StoreT, records.data)
-                store.set_persisted_offset(first.topic_partition, first.offset + last.messages - 1)
-
-        return persist
-
-    # A chunk's record-table writes go to the store (record_store.write: one batch) and to the
-    # changelog, as `records[key] = value` would send them, but without Faust's per-message futures,
-    # callbacks and offset writes, which cost the event loop ~20% of its time per article
-    # (tests/benchmarks/RESULTS.md), and in batches of our own (batches.py).
-    async def send_changelog(writes: list[tuple[bytes, bytes | None]]) -> None:
-        sent = await send_in_batches(producer(), changelog_name, writes, partition=0)
-        if sent:  # one partition: the last batch holds the last write
-            sent[-1].sent.add_done_callback(persist_changelog_offset(sent[-1]))
-
-    async def publish_outcome(outcome: BatchOutcome, events: dict[int, faust.EventT]) -> None:
+    async def publish_outcome(outcome: BatchOutcome) -> tuple[list[Any], Callable[[], None]]:
+        """Send a chunk's verdicts (and its dead letters); returns the sends and what counts them
+        once they are acknowledged."""
         verdicts: list[tuple[bytes | None, bytes | None]] = []
-        # counted per chunk, not per verdict: a labelled counter's increment costs the loop ~3-7 µs
+        letters: list[tuple[str, bytes, bytes | None]] = []
+        # counted per chunk, not per verdict: a labelled counter's increment costs the event loop
         counts: collections.Counter[tuple[Any, str | None]] = collections.Counter()
+        latencies: list[float] = []
+        expired = 0
         for entry in outcome.entries:
             if entry.status == "error":
-                await index_error(entry, events.get(entry.offset))
+                letters.append(index_error(entry))
                 continue
             if entry.status in ("replayed", "stale"):
                 counts[(metrics.replays, entry.status)] += 1
-            if entry.expired:
-                metrics.expired.inc(entry.expired)
+            expired += entry.expired
             if entry.status in ("deleted", "unknown_delete"):
                 counts[(metrics.deletes, entry.status)] += 1
                 if entry.status == "deleted" and entry.article_id is not None:
@@ -589,27 +669,36 @@ def create_app(
             if entry.status != "replayed":
                 counts[(metrics.verdicts, entry.kind)] += 1
                 if entry.latency_ms is not None:
-                    metrics.latency.observe(entry.latency_ms / 1000.0)
+                    latencies.append(entry.latency_ms / 1000.0)
             verdicts.append((entry.article_id.encode(), entry.verdict))
-        for (counter, label), count in counts.items():
-            counter.labels(label).inc(count)
         # Keyed by article id, so that every verdict of an article lands in the same partition.
-        # Not Topic.send: Faust's per-message wrapping cost more CPU than the index decision itself.
-        await send_in_batches(producer(), settings.verdicts_topic, verdicts)
-        metrics.indexed.set(outcome.indexed)
-        metrics.clusters.set(outcome.clusters)
-        metrics.buckets.set(outcome.buckets)
-        if outcome.oldest_ms is not None:
-            metrics.oldest.set(outcome.oldest_ms / 1000.0)
-        if outcome.newest_ms is not None:
-            metrics.newest.set(outcome.newest_ms / 1000.0)
+        # Not Topic.send: Faust's per-message wrapping costs more CPU than the index decision itself.
+        sends = [batch.sent for batch in await send_in_batches(producer(), settings.verdicts_topic, verdicts)]
+        sends += await send_dead_letters(letters)
         runtime.collector.after(outcome.handled)
 
-    async def index_error(entry: EntryOutcome, event: faust.EventT | None) -> None:
-        # event None: a message read to fill an offset gap, with the shard's key
-        topic, partition, key = settings.signatures_topic, 0, SHARD_KEY
-        if event is not None:
-            topic, partition, key = event.message.topic, event.message.partition, cast(bytes, event.key)
+        def counted() -> None:
+            for (counter, label), count in counts.items():
+                counter.labels(label).inc(count)
+            for latency in latencies:
+                metrics.latency.observe(latency)
+            if expired:
+                metrics.expired.inc(expired)
+            count_dead_letters(letters)
+            metrics.indexed.set(outcome.indexed)
+            metrics.clusters.set(outcome.clusters)
+            metrics.buckets.set(outcome.buckets)
+            if outcome.oldest_ms is not None:
+                metrics.oldest.set(outcome.oldest_ms / 1000.0)
+            if outcome.newest_ms is not None:
+                metrics.newest.set(outcome.newest_ms / 1000.0)
+
+        return sends, counted
+
+    def index_error(entry: EntryOutcome) -> tuple[str, bytes, bytes | None]:
+        """A record the index stage could not handle, as a dead letter (signatures messages all
+        come from the shard's one partition, under its key)."""
+        topic, partition = settings.signatures_topic, 0
         log.error(
             "index_error topic=%s partition=%d offset=%d error=%s",
             topic,
@@ -619,9 +708,9 @@ def create_app(
         )
         assert entry.payload is not None and entry.error is not None
         record = dead_letter_dict(
-            "internal_error", entry.error, entry.payload, topic, partition, entry.offset, key
+            "internal_error", entry.error, entry.payload, topic, partition, entry.offset, SHARD_KEY
         )
-        await dead_letter("internal_error", orjson.dumps(record), key)
+        return "internal_error", orjson.dumps(record), SHARD_KEY
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
     async def on_assigned(sender: Any, assigned: Any = None, **_: Any) -> None:
@@ -629,6 +718,9 @@ def create_app(
         # says nothing about what comes next (the shard's is set again from the applied offset).
         runtime.delivered.clear()
         runtime.handed_off = -1
+        now = time.monotonic()
+        for tp in assigned or ():
+            runtime.taken_at[tp.topic] = now  # no batch yet: none was due
         if any(tp.topic == settings.signatures_topic for tp in assigned or ()):
             runtime.needs_open = True
 
@@ -646,8 +738,12 @@ def create_app(
         try:
             async with asyncio.timeout(CLOSE_WAIT_S):
                 await runtime.index_lock.acquire()  # held to the end: nothing decides after this
+            if not runtime.failed:  # after a failure, what is unsettled stays so
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await indexed.drain()  # the store takes what the changelog acknowledged
         except TimeoutError:
             log.error("index_close: a decision still runs after %.0f s; closing anyway", CLOSE_WAIT_S)
+        runtime.closed = True
         await runtime.decider.close()
         await runtime.log_reader.close()
 
@@ -660,7 +756,49 @@ def create_app(
     async def hand_offs() -> None:
         await hand_off.run()
 
+    @app.task
+    async def settle_signed() -> None:
+        await signed.run()
+
+    @app.task
+    async def settle_indexed() -> None:
+        await indexed.run()
+
+    @app.timer(interval=WATCH_INTERVAL_S)
+    async def watch() -> None:
+        """What /health reports about the agents, from the event loop (whose own beat it is)."""
+        metrics.loop_beat = time.monotonic()
+        metrics.stalled = stalled_stage(app, runtime)
+
     return app, runtime
+
+
+def runtime_drain(runtime: Runtime) -> Callable[[], Awaitable[None]]:
+    async def drain() -> None:
+        if runtime.indexed is not None:
+            await runtime.indexed.drain()
+
+    return drain
+
+
+def stalled_stage(app: faust.App, runtime: Runtime) -> str | None:
+    """Why the worker is stuck, if it is: a stage whose batches have waited for the broker's
+    acknowledgement longer than the stall timeout, or a partition with messages waiting that its
+    agent has not taken a batch from for that long."""
+    limit = runtime.settings.stall_timeout
+    now = time.monotonic()
+    for stage in runtime.stages():
+        if stage.unsettled and now - stage.settled_at > limit:
+            waited = now - stage.settled_at
+            return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
+    for tp in app.consumer.assignment():
+        highwater = app.consumer.highwater(tp)
+        last = runtime.delivered.get(tp)
+        taken = runtime.taken_at.get(tp.topic, now)
+        if highwater is not None and last is not None and highwater - 1 > last and now - taken > limit:
+            waiting = highwater - 1 - last
+            return f"{tp.topic}:{tp.partition}: {waiting} waiting, none taken for {now - taken:.0f} s"
+    return None
 
 
 def _record_lag(app: faust.App, metrics: Metrics, batch: list[faust.EventT]) -> None:
@@ -755,6 +893,8 @@ async def _open_decider(runtime: Runtime) -> Decider:
     """The index stage: at every assignment of the shard, reopened (after a clean shutdown) or
     rebuilt from the record table."""
     if runtime.needs_open:
+        if runtime.indexed is not None:
+            await runtime.indexed.drain()  # the table as the changelog acknowledged it
         count = await runtime.decider.open()
         runtime.needs_open = False
         # The shard's next message follows the last one the record table says was applied: a

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Iterator, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -120,6 +120,8 @@ class Decider:
         self.stage: IndexStage | None = None  # in_process only
         self._collector = _WriteCollector(records)  # in_process only
         self._child: Child | None = None
+        # awaited before a replacement child rebuilds: the table must hold every chunk answered
+        self.before_rebuild: Callable[[], Awaitable[None]] | None = None
 
     @property
     def child_pid(self) -> int | None:
@@ -179,6 +181,8 @@ class Decider:
             queued = answered
             try:
                 if self._child is None:
+                    if self.before_rebuild is not None:
+                        await self.before_rebuild()
                     await self.open()  # a replacement: rebuilt from the record table
                 child = self._child
                 assert child is not None

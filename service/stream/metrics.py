@@ -96,6 +96,11 @@ class Metrics:
             self.deletes.labels(status)
         self.started = time.time()
         self.ready = threading.Event()
+        # Written by the event loop, read by the HTTP thread (single attribute stores)
+        self.failure: str | None = None  # the failure the worker stops for
+        self.stalled: str | None = None  # what the last watch found stuck
+        self.loop_beat: float | None = None  # monotonic time of the event loop's last watch
+        self.stall_timeout = 60.0
 
     def watch_gc(self) -> Callable[[str, dict[str, Any]], None]:
         """Time every collection: a full (generation 2) pass over a large decoded-record cache took
@@ -112,10 +117,23 @@ class Metrics:
         return on_gc  # for gc.callbacks.remove
 
     def health(self) -> dict[str, Any]:
-        return {
-            "status": "ok" if self.ready.is_set() else "starting",
-            "uptime_s": round(time.time() - self.started, 1),
-        }
+        """ "ok" only while the worker makes progress: "failed" once it stops for a failure,
+        "stalled" when an agent or the event loop itself is stuck (a liveness probe restarts it),
+        "starting" until the helpers are warm."""
+        status, reason = "ok", None
+        beat = self.loop_beat
+        if self.failure is not None:
+            status, reason = "failed", self.failure
+        elif not self.ready.is_set():
+            status = "starting"
+        elif beat is not None and time.monotonic() - beat > self.stall_timeout:
+            status, reason = "stalled", f"event loop unresponsive for {time.monotonic() - beat:.0f} s"
+        elif self.stalled is not None:
+            status, reason = "stalled", self.stalled
+        health: dict[str, Any] = {"status": status, "uptime_s": round(time.time() - self.started, 1)}
+        if reason is not None:
+            health["reason"] = reason
+        return health
 
 
 def serve(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -132,6 +133,23 @@ def wired(
     return app, runtime, recorders
 
 
+@contextlib.asynccontextmanager
+async def _settling(runtime: Runtime) -> AsyncIterator[None]:
+    """The app's settling tasks (delivery.py), which the agents' test context does not start."""
+    tasks = [asyncio.ensure_future(stage.run()) for stage in runtime.stages()]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _all_settled(runtime: Runtime) -> None:
+    """Until every batch handed to the settling tasks is settled (acknowledged, counted)."""
+    for stage in runtime.stages():
+        await asyncio.wait_for(stage.drain(), 5.0)
+
+
 def _records(sent: list[tuple[Any, Any]]) -> list[bytes]:
     """The signed records in the signatures messages sent (each message packs a batch)."""
     return [record for _, value in sent for record in unpack_signed(value)]
@@ -143,8 +161,8 @@ def _record_count(sent: list[tuple[Any, Any]]) -> int:
 
 @pytest.fixture
 async def sign_agent(wired: tuple[faust.App, Runtime, dict[str, Recorder]]) -> AsyncIterator[Any]:
-    app, _, _ = wired
-    async with app.agents["sign"].test_context() as agent:
+    app, runtime, _ = wired
+    async with _settling(runtime), app.agents["sign"].test_context() as agent:
         yield agent
 
 
@@ -162,6 +180,7 @@ async def test_valid_article_is_signed(
     assert signed.fingerprint == fingerprint(PROSE[0], runtime.settings.params())
     assert signed.provenance.topic == runtime.settings.input_topic
     assert recorders["dead_letters"].sent == []
+    await _all_settled(runtime)
     assert runtime.metrics.registry.get_sample_value("neardup_articles_in_total") == 1.0
 
 
@@ -179,6 +198,7 @@ async def test_invalid_json_is_dead_lettered(
     assert record["topic"] == runtime.settings.input_topic
     assert recorders["signatures"].sent == []
     metrics = runtime.metrics.registry
+    await _all_settled(runtime)
     assert metrics.get_sample_value("neardup_dead_letters_total", {"reason": "invalid_json"}) == 1.0
 
 
@@ -230,6 +250,7 @@ async def test_input_messages_the_consumer_went_past_are_read_back_and_signed_in
     assert [decode_signed(r).article_id for r in signed] == [f"m{o}" for o in range(2, 9)]
     # read back with their provenance: dead letters and latency need it
     assert decode_signed(signed[0]).provenance == Provenance(topic, 0, 2, 1_002)
+    await _all_settled(runtime)
     metrics = generate_latest(runtime.metrics.registry).decode()
     assert f'neardup_offset_gaps_total{{topic="{topic}"}} 2.0' in metrics
     assert f'neardup_offset_gap_messages_total{{topic="{topic}"}} 4.0' in metrics
@@ -272,7 +293,7 @@ async def _settled(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 @pytest.fixture
 async def index_agent(wired: tuple[faust.App, Runtime, dict[str, Recorder]]) -> AsyncIterator[Any]:
     app, runtime, _ = wired
-    async with app.agents["index"].test_context() as agent:
+    async with _settling(runtime), app.agents["index"].test_context() as agent:
         yield agent
     await runtime.decider.close()
 
@@ -311,6 +332,7 @@ async def test_index_agent_publishes_verdicts_keyed_by_article(
     assert recorders["dead_letters"].sent == []
     registry = runtime.metrics.registry
     # the second "a" is the same input message produced twice: its stored verdict, not a new one
+    await _all_settled(runtime)
     assert registry.get_sample_value("neardup_verdicts_total", {"kind": "unique"}) == 1.0
     assert registry.get_sample_value("neardup_verdicts_total", {"kind": "duplicate"}) == 1.0
     assert registry.get_sample_value("neardup_index_replays_total", {"status": "replayed"}) == 1.0
@@ -341,6 +363,7 @@ async def test_index_agent_dead_letters_a_corrupt_record(
     assert record["topic"] == runtime.settings.signatures_topic and record["offset"] == 0
     assert base64.b64decode(record["value_b64"]) == b"not a signed record"
     registry = runtime.metrics.registry
+    await _all_settled(runtime)
     await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 1.0)
     assert registry.get_sample_value("neardup_dead_letters_total", {"reason": "internal_error"}) == 1.0
     assert not index_agent._crash_reason
@@ -366,6 +389,7 @@ async def test_index_agent_handles_a_packed_message_and_dead_letters_a_corrupt_e
     assert record["reason"] == "internal_error" and record["offset"] == 0
     assert base64.b64decode(record["value_b64"]) == b"S1 corrupt"  # the entry, not the whole pack
     registry = runtime.metrics.registry
+    await _all_settled(runtime)
     await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 3.0)
     assert runtime.decider.records[OFFSET_KEY] == b"0"
 

@@ -1,0 +1,121 @@
+"""Deliveries: a batch is settled only once its sends are acknowledged, in order; a failed send
+stops the stage for good; and /health reports failures and stalls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from neardup.stream.delivery import Deliveries
+from neardup.stream.faults import AgentFault, InjectedFault
+from neardup.stream.metrics import Metrics
+
+
+async def test_batches_settle_in_order_once_their_sends_are_acknowledged() -> None:
+    loop = asyncio.get_running_loop()
+    failures: list[str] = []
+    stage = Deliveries("test", failures.append)
+    runner = asyncio.ensure_future(stage.run())
+    first, second = loop.create_future(), loop.create_future()
+    settled: list[str] = []
+    await stage.settle([first], lambda: settled.append("first"))
+    await stage.settle([second], lambda: settled.append("second"))
+    second.set_result(None)  # acknowledged first, but its batch comes after the other
+    await asyncio.sleep(0.01)
+    assert settled == [] and stage.unsettled == 2
+    first.set_result(None)
+    await asyncio.wait_for(stage.drain(), 1)
+    assert settled == ["first", "second"] and stage.unsettled == 0 and failures == []
+    runner.cancel()
+
+
+async def test_a_failed_send_stops_the_stage_and_nothing_after_it_settles() -> None:
+    loop = asyncio.get_running_loop()
+    failures: list[str] = []
+    stage = Deliveries("test", failures.append)
+    runner = asyncio.ensure_future(stage.run())
+    failing, later = loop.create_future(), loop.create_future()
+    settled: list[str] = []
+    await stage.settle([failing], lambda: settled.append("failing"))
+    await stage.settle([later], lambda: settled.append("later"))
+    later.set_result(None)
+    failing.set_exception(RuntimeError("MessageSizeTooLarge"))
+    await asyncio.sleep(0.05)
+    assert settled == []
+    assert len(failures) == 1 and "delivery_failed stage=test" in failures[0]
+    assert "MessageSizeTooLarge" in failures[0]
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(stage.drain(), 0.1)
+    runner.cancel()
+
+
+async def test_an_error_while_settling_fails_the_stage() -> None:
+    failures: list[str] = []
+    stage = Deliveries("test", failures.append)
+    runner = asyncio.ensure_future(stage.run())
+
+    def broken() -> None:
+        raise OSError("store closed")
+
+    await stage.settle([], broken)
+    await asyncio.sleep(0.05)
+    assert len(failures) == 1 and "settle_failed" in failures[0]
+    runner.cancel()
+
+
+async def test_a_full_queue_makes_the_stage_wait() -> None:
+    loop = asyncio.get_running_loop()
+    stage = Deliveries("test", lambda message: None, pending=2)
+    runner = asyncio.ensure_future(stage.run())
+    blocked = loop.create_future()
+    await stage.settle([blocked], lambda: None)  # taken by the task, which awaits it
+    await asyncio.sleep(0.01)
+    await stage.settle([], lambda: None)
+    await stage.settle([], lambda: None)
+    third = asyncio.ensure_future(stage.settle([], lambda: None))
+    await asyncio.sleep(0.05)
+    assert not third.done()  # waits for room
+    blocked.set_result(None)
+    await asyncio.wait_for(third, 1)
+    await asyncio.wait_for(stage.drain(), 1)
+    runner.cancel()
+
+
+def test_health_reports_failure_then_stall_then_ok() -> None:
+    metrics = Metrics()
+    assert metrics.health()["status"] == "starting"
+    metrics.ready.set()
+    metrics.loop_beat = time.monotonic()
+    assert metrics.health() == {"status": "ok", "uptime_s": metrics.health()["uptime_s"]}
+    metrics.stalled = "index: 3 batches unacknowledged for 61 s"
+    assert metrics.health()["status"] == "stalled" and "index" in metrics.health()["reason"]
+    metrics.stalled = None
+    metrics.stall_timeout = 0.5
+    metrics.loop_beat = time.monotonic() - 1.0
+    assert metrics.health()["status"] == "stalled" and "event loop" in metrics.health()["reason"]
+    metrics.failure = "delivery_failed stage=index"
+    assert metrics.health() == {
+        "status": "failed",
+        "uptime_s": metrics.health()["uptime_s"],
+        "reason": "delivery_failed stage=index",
+    }
+
+
+async def test_agent_faults_raise_or_delay_where_asked() -> None:
+    assert AgentFault("").action == ""
+    fault = AgentFault("raise:index:2")
+    fault.after_batch("sign")
+    fault.after_batch("index")
+    with pytest.raises(InjectedFault):
+        fault.after_batch("index")
+    delay = AgentFault("delay:index:2:50")
+    started = time.monotonic()
+    await delay.before_changelog()
+    assert time.monotonic() - started < 0.04
+    await delay.before_changelog()
+    assert time.monotonic() - started >= 0.05
+    for bad in ("raise:decider:1", "delay:sign:1:5", "raise:index", "delay:index:1:x"):
+        with pytest.raises(ValueError, match="NEARDUP_TEST_AGENT_FAULT"):
+            AgentFault(bad)
