@@ -154,7 +154,8 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
 
 def cmd_dedup(args: argparse.Namespace) -> int:
     from .core.retention import Retention, parse_duration_ms
-    from .embedded import ResumeMismatch, run_file
+    from .embedded import DEFAULT_FEED_VERDICTS, ResumeMismatch, run_file
+    from .messages import parse_verdict_filter
     from .state.memory import MemoryState
     from .state.port import StateStore
     from .state.rocks import RocksOptions, RocksState, StateError
@@ -162,8 +163,15 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     params = params_from_args(args)
     try:
         retention = Retention(parse_duration_ms(args.retention), parse_duration_ms(args.time_skew))
+        feed_verdicts = DEFAULT_FEED_VERDICTS
+        if args.unique_filter is not None:
+            feed_verdicts = parse_verdict_filter(args.unique_filter)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.unique_filter is not None and args.unique_out is None:
+        # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
+        print("error: --unique-filter needs --unique-out FILE", file=sys.stderr)
         return 2
     state: StateStore
     try:
@@ -182,6 +190,8 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             max_text_bytes=args.max_text_bytes,
             progress=sys.stderr.isatty() and not args.quiet,
             retention=retention,
+            feed_path=Path(args.unique_out) if args.unique_out else None,
+            feed_verdicts=feed_verdicts,
         )
     except (IncompatibleState, ResumeMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -311,6 +321,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="a published_at further ahead of the clock than this is not used",
     )
     p.add_argument("--bucket-cap", type=int, default=64, help="latest members an LSH bucket keeps")
+    p.add_argument(
+        "--unique-out",
+        metavar="FILE",
+        default=None,
+        help="also copy the input lines whose verdict passes --unique-filter here, unchanged, in order",
+    )
+    p.add_argument(
+        "--unique-filter",
+        metavar="KINDS",
+        default=None,
+        help="verdicts --unique-out keeps, comma-separated: unique, duplicate, partial (default: unique)",
+    )
     _engine_flags(p)
     p.set_defaults(func=cmd_dedup)
 

@@ -4,6 +4,10 @@ Resumable: after each article the state records the input and output byte offset
 with the same --state truncates the outputs to those offsets and continues from the input offset; an
 article applied but not yet checkpointed comes back as a re-delivery and gets its stored verdict, so
 the output file holds exactly one verdict per article, in input order.
+
+The filtered feed (--unique-out) is a third output resumed the same way, for the same reason: its
+offset is checkpointed with the others, so a rerun truncates it to what the checkpointed lines
+wrote and the lines after come out once, from their (possibly re-delivered) verdicts.
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -25,6 +30,8 @@ from .messages import Deletion, InvalidMessage, dead_letter_dict, decode_article
 from .state.port import StateStore
 
 DEFAULT_MAX_TEXT_BYTES = 1_000_000
+# What a search indexer behind neardup wants by default: each story once.
+DEFAULT_FEED_VERDICTS = frozenset({"unique"})
 
 
 @dataclass
@@ -40,6 +47,7 @@ class RunSummary:
     unknown_deletes: int = 0
     expired: int = 0
     refused_times: int = 0
+    fed: int | None = None  # lines written to the filtered feed; None without one
 
     def render(self) -> str:
         rate = self.articles / self.seconds if self.seconds > 0 else 0.0
@@ -52,8 +60,9 @@ class RunSummary:
                 f"; deleted={self.deleted} unknown_deletes={self.unknown_deletes} "
                 f"expired={self.expired} refused_times={self.refused_times}"
             )
+        fed = "" if self.fed is None else f"; fed={self.fed}"
         return (
-            f"articles={self.articles}{resumed} verdicts: {kinds}; dead letters: {dead}{removed}; "
+            f"articles={self.articles}{resumed} verdicts: {kinds}; dead letters: {dead}{removed}{fed}; "
             f"{self.seconds:.2f}s, {rate:,.0f} articles/s"
         )
 
@@ -94,28 +103,43 @@ def run_file(
     max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
     progress: bool = False,
     retention: Retention = NO_RETENTION,
+    feed_path: Path | None = None,
+    feed_verdicts: frozenset[str] = DEFAULT_FEED_VERDICTS,
 ) -> RunSummary:
     """Process a JSON-lines file of articles into a JSON-lines file of verdicts. A line
     `{"id": ..., "deleted": true}` deletes an article: the verdict file gets
-    `{"article_id": ..., "deleted": true}` in its place (a deletion of an unknown id is counted)."""
+    `{"article_id": ..., "deleted": true}` in its place (a deletion of an unknown id is counted).
+
+    With `feed_path`, the input lines whose verdict kind is in `feed_verdicts` are also copied
+    there byte for byte (newline-terminated), in input order: what an indexer behind neardup
+    should take in. It follows the verdict file line for line, so a new version of an article is
+    fed when its own verdict passes, and an input line repeating an article (same id and text) is
+    fed again when its stored verdict passes, as the verdict file repeats it (an article a crash
+    left unfinished comes back that way and must still reach the feed); deletions and dead
+    letters never are."""
     engine = Engine(state, params, retention)
     summary = RunSummary()
     started = time.perf_counter()
     progress_key = _PROGRESS_KEY + str(input_path.resolve()).encode()
     saved = state.get_meta(progress_key)
-    in_offset = out_offset = dead_offset = line_no = 0
+    in_offset = out_offset = dead_offset = feed_offset = line_no = 0
     if saved is not None:
         mark = orjson.loads(saved)
         in_offset, out_offset = mark["input"], mark["output"]
         dead_offset, line_no = mark.get("dead", 0), mark["line"]
+        if feed_path is not None:
+            feed_offset = _resumed_feed_offset(mark, feed_path, feed_verdicts)
         summary.resumed_from_line = line_no
     dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
     bar = Progress(input_path.stat().st_size, progress)
-    with (
-        input_path.open("rb") as source,
-        _open_at(output_path, out_offset) as out,
-        _open_at(dead_path, dead_offset) as dead,
-    ):
+    with ExitStack() as files:
+        source = files.enter_context(input_path.open("rb"))
+        out = files.enter_context(_open_at(output_path, out_offset))
+        dead = files.enter_context(_open_at(dead_path, dead_offset))
+        feed = None
+        if feed_path is not None:
+            feed = files.enter_context(_open_at(feed_path, feed_offset))
+            summary.fed = 0
         source.seek(in_offset)
         for raw_line in source:
             line_no += 1
@@ -142,9 +166,15 @@ def run_file(
             if record is not None:
                 out.write(dumps(verdict_dict(record, params)) + b"\n")
                 summary.verdicts[record.decision.kind] += 1
+                if feed is not None and record.decision.kind in feed_verdicts:
+                    feed.write(raw_line if raw_line.endswith(b"\n") else raw_line + b"\n")
+                    summary.fed = (summary.fed or 0) + 1
             out.flush()
             dead.flush()
             mark = {"input": in_offset, "output": out.tell(), "dead": dead.tell(), "line": line_no}
+            if feed is not None:
+                feed.flush()
+                mark |= {"feed": feed.tell(), "feed_verdicts": sorted(feed_verdicts)}
             state.set_meta({progress_key: orjson.dumps(mark)})
             bar.update(in_offset, summary.articles)
     bar.update(in_offset, summary.articles, final=True)
@@ -167,6 +197,25 @@ def _delete(engine: Engine, article_id: str, out: BinaryIO, summary: RunSummary)
 
 class ResumeMismatch(RuntimeError):
     """The state says more was written than the output file holds: they do not belong together."""
+
+
+def _resumed_feed_offset(mark: dict[str, Any], feed_path: Path, feed_verdicts: frozenset[str]) -> int:
+    """Where the feed continues. Refused when the checkpointed run fed nothing or fed other kinds:
+    continuing would leave the feed without the earlier lines, or mix two filters in one file."""
+    if "feed" not in mark:
+        if mark["input"] == 0:
+            return 0
+        raise ResumeMismatch(
+            f"the state's earlier run over this input wrote no --unique-out feed, so {feed_path} "
+            f"would lack lines 1..{mark['line']}; start with a new --state directory"
+        )
+    if mark["feed_verdicts"] != sorted(feed_verdicts):
+        raise ResumeMismatch(
+            f"the state's earlier run fed {','.join(mark['feed_verdicts'])} verdicts, this one "
+            f"{','.join(sorted(feed_verdicts))}: keep the same --unique-filter, or start with a "
+            "new --state directory"
+        )
+    return int(mark["feed"])
 
 
 def _open_at(path: Path, offset: int) -> BinaryIO:

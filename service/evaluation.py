@@ -140,7 +140,7 @@ def exact_jaccard_rows(sets: Sequence[np.ndarray]) -> Iterator[np.ndarray]:
 
     Every pair is computed exactly; instead of one intersection per pair, set i is marked in a
     boolean vector over the global vocabulary and all earlier sets are counted against it at once
-    (gather + bincount), which is ~20x faster than pairwise intersections in Python."""
+    (gather + bincount): one numpy pass per set instead of a Python loop over every pair."""
     if not sets:
         return
     vocabulary, ids = np.unique(np.concatenate(sets), return_inverse=True)

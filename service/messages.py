@@ -7,11 +7,11 @@ import base64
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 
-from .core.dedup import Decision, IndexedArticle
+from .core.dedup import Decision, IndexedArticle, VerdictKind
 from .core.params import DedupParams
 
 DeadLetterReason = Literal[
@@ -32,6 +32,28 @@ MAX_ID_LENGTH = 512
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 # What a dead letter leaves of that limit for the Kafka record's own framing and headers.
 DEAD_LETTER_HEADROOM = 64 * 1024
+
+
+VERDICT_KINDS: tuple[str, ...] = get_args(VerdictKind)
+
+
+def parse_verdict_filter(text: str) -> frozenset[str]:
+    """The verdict kinds a filtered feed passes on, from a comma-separated list ("unique,partial").
+
+    Strict, because a misspelt kind would otherwise pass nothing on and the feed would look like a
+    quiet news day: every listed kind must be one the engine gives, and the list must name one."""
+    kinds = [part.strip() for part in text.split(",")]
+    expected = ", ".join(VERDICT_KINDS)
+    if not any(kinds):
+        raise ValueError(f"the verdict filter {text!r} names no verdict kind: list some of {expected}")
+    if "" in kinds:
+        raise ValueError(f"the verdict filter {text!r} has an empty entry: list some of {expected}")
+    unknown = [kind for kind in kinds if kind not in VERDICT_KINDS]
+    if unknown:
+        raise ValueError(
+            f"unknown verdict kind {unknown[0]!r} in the filter {text!r}: the kinds are {expected}"
+        )
+    return frozenset(kinds)
 
 
 class InvalidMessage(ValueError):

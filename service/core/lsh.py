@@ -35,7 +35,8 @@ class LshParams:
 
 
 def error_areas(threshold: float, bands: int, rows: int) -> tuple[float, float]:
-    """(∫₀ᵗ P(s) ds, ∫ₜ¹ 1-P(s) ds): the false-positive and false-negative areas of seed 003."""
+    """(∫₀ᵗ P(s) ds, ∫ₜ¹ 1-P(s) ds): the false-positive and false-negative areas under the S-curve
+    P(s) = 1-(1-s^rows)^bands on either side of the threshold."""
     low = np.linspace(0.0, threshold, _GRID)
     high = np.linspace(threshold, 1.0, _GRID)
     fp = float(np.trapezoid(candidate_probability(low, bands, rows), low))
@@ -90,7 +91,7 @@ BAND_KEY_BYTES = _BAND_INDEX_BYTES + _DIGEST_BYTES
 def band_keys(signature: HashArray, bands: int, rows: int) -> list[bytes]:
     """One BAND_KEY_BYTES key per band: 2-byte band index + 8 bytes of the band's murmur3 digest."""
     loops = compiled.loops()
-    if loops is not None and signature.dtype == np.uint64:  # the same keys, ~1 µs instead of ~20
+    if loops is not None and signature.dtype == np.uint64:  # the same keys, without a loop per band
         return loops.band_keys(np.ascontiguousarray(signature), bands, rows)
     raw = np.ascontiguousarray(signature[: bands * rows]).tobytes()
     width = rows * 8

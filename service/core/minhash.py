@@ -3,8 +3,8 @@
 One permutation (a seeded fmix64, which is a bijection on 64-bit values) is split into `num_perm`
 bins by its top bits; each bin keeps its minimum. Bins left empty (short texts) borrow the minimum of
 a bin chosen by a seeded probe sequence, which keeps the estimator unbiased (Shrivastava, 2017). The
-classic k-permutation scheme is kept for comparison (`kperm_signature`); `tests/benchmarks/
-bench_core.py` measures both — OPH matched its accuracy at an order of magnitude more speed.
+classic k-permutation scheme is kept for comparison (`kperm_signature`): OPH hashes each shingle
+once instead of num_perm times for the same accuracy, which `tests/benchmarks/bench_core.py` checks.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ VERIFIER_BITS = 8  # of each verifier slot (narrow_verifier); verdicts carry it 
 CHANCE_AGREEMENT = (254 + 2 * 2) / 256**2
 _PROBES = 32
 _TOP16_LANE = 3 if sys.byteorder == "little" else 0
-_BUCKET_SORT_SIZES = range(512, 1 << 22)  # where bucketing beats np.sort (measured; see _sorted)
+_BUCKET_SORT_SIZES = range(512, 1 << 22)  # where bucketing beats np.sort (see _sorted)
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class MinHasher:
     ) -> tuple[HashArray, VerifierArray, int]:
         """sketches(shingle_hashes_of_units(units, k), verify_perm), the same values: where _sketch
         is built, shingling, permuting and binning are one compiled pass over the units (a dozen
-        numpy passes and a sort otherwise, half of what signing a news text cost)."""
+        numpy passes and a sort otherwise, the bulk of what signing a news text costs)."""
         loops = compiled.loops()
         if loops is None or units.size < k:
             return self.sketches(shingle_hashes_of_units(units.astype(np.uint64, copy=False), k), verify_perm)
@@ -97,7 +97,7 @@ class MinHasher:
     ) -> tuple[HashArray, VerifierArray, int]:
         """Signature and verifier from the verifier's bin minima."""
         loops = compiled.loops()
-        if loops is not None:  # the same in one pass (numpy's eight calls took ~24 µs a text)
+        if loops is not None:  # the same in one pass over the bins instead of numpy's eight
             signature = np.empty(self.num_perm, dtype=np.uint64)
             verifier = np.empty(wide.size, dtype=np.uint8)
             if loops.finish(wide, self.num_perm, EMPTY_SLOT, EMPTY_VERIFIER_SLOT, signature, verifier):
@@ -118,8 +118,8 @@ def narrow_verifier(wide: npt.NDArray[np.unsignedinteger], empty: int) -> Verifi
     changelog, the decider's cache and comparisons.
 
     A real slot whose low bits read as EMPTY_VERIFIER_SLOT becomes EMPTY_VERIFIER_SLOT - 1, so that
-    it is never taken for empty. Verifiers stored wider (records written before: 32 or 16 bits)
-    narrow to exactly what signing gives now: all keep the low bits of the same minimum."""
+    it is never taken for empty. Verifiers stored wider (32 or 16 bits, by older state formats)
+    narrow to exactly what signing gives: all keep the low bits of the same minimum."""
     narrow = wide.astype(np.uint8)  # keeps the low 8 bits
     narrow[(narrow == EMPTY_VERIFIER_SLOT) & (wide != empty)] = EMPTY_VERIFIER_SLOT - 1
     return narrow
@@ -178,9 +178,9 @@ def _densified(minima: HashArray, probes: npt.NDArray[np.intp]) -> HashArray:
 
 def _sorted(values: HashArray) -> HashArray:
     """`values` (a fresh array) in ascending order. A radix argsort on the top 16 bits leaves short
-    unsorted runs that timsort finishes in near-linear time: 2-3x faster than np.sort on news-sized
-    inputs (1-30 K shingles); np.sort wins below ~500 values and above a few million. The bucketing
-    key only affects speed: the final sort is complete whatever order the buckets leave."""
+    unsorted runs that timsort finishes in near-linear time, which beats np.sort on news-sized
+    inputs; np.sort wins on very short and very long arrays (hence _BUCKET_SORT_SIZES). The
+    bucketing key only affects speed: the final sort is complete whatever order the buckets leave."""
     if values.size not in _BUCKET_SORT_SIZES:
         values.sort()
         return values
@@ -245,7 +245,7 @@ def estimate_jaccard_verified_many(
     query: VerifierArray, others: npt.NDArray[np.uint8]
 ) -> npt.NDArray[np.float64]:
     """estimate_jaccard_verified of `query` against each row of `others`, in a few array passes:
-    a news cluster gives tens of candidates, and one numpy call per candidate cost more than the
+    a news cluster gives tens of candidates, and one numpy call per candidate costs more than the
     comparison itself. Bit-identical to the one-pair function."""
     if others.ndim != 2 or others.shape[1] != query.size:
         raise ValueError(f"verifiers differ in length: {query.size} vs {others.shape}")
@@ -274,8 +274,8 @@ def verified_scores(verifier: VerifierArray, size: int, others: Sequence[_Sketch
     """(jaccard, containment, contains) of a text's verifier and distinct count against each of
     `others` (Fingerprints, or candidates carrying both): estimate_jaccard_verified_many, then
     estimate_containment_many, in one compiled pass with the same figures, without stacking the
-    verifiers or building arrays of their sizes (tens of candidates per article, numpy's per-call
-    costs exceeded the comparisons). None where _sketch is not built or a verifier's length
+    verifiers or building arrays of their sizes (tens of candidates per article: numpy's per-call
+    overhead outweighs comparisons that small). None where _sketch is not built or a verifier's length
     differs: the caller computes them itself."""
     loops = compiled.loops()
     if loops is None:

@@ -36,7 +36,8 @@ class DedupParams:
     top_candidates: int = 3
     max_candidates: int = 1000
     lsh: LshParams = field(init=False, repr=False, compare=False)
-    # audit() as computed once: every verdict carries it (~10 us per article when rebuilt each time)
+    # audit() as computed once: every verdict carries it, and rebuilding it per article is a cost
+    # on the hot path for a value that never changes
     _audit: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

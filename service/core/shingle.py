@@ -1,4 +1,4 @@
-"""Canonical text → 64-bit hashes of its k-shingles (seed 001's S_k(d)), vectorised with numpy.
+"""Canonical text → 64-bit hashes of its k-shingles (the set S_k(d)), vectorised with numpy.
 
 A shingle's hash is a polynomial over its UTF-32 code points (mod 2**64), so no Python object
 is built per shingle. Texts shorter than k have no k-shingle; they get one "whole text" hash tagged
@@ -84,5 +84,6 @@ def shingle_set(text: str, options: ShingleOptions = DEFAULT_SHINGLE) -> HashArr
 
 
 def shingle_strings(text: str, k: int = 5) -> set[str]:
-    """The literal set S_k(d) of seed 001, as strings: slow, for tests and explanations only."""
+    """The literal set S_k(d) of a text's k-shingles, as strings: slow, for tests and explanations
+    only."""
     return {text[i : i + k] for i in range(len(text) - k + 1)}

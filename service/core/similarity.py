@@ -29,8 +29,8 @@ def exact_containment(a: HashArray, b: HashArray) -> float:
 
 
 def blocks(text: str, width: int = 4) -> list[str]:
-    """Seed 004's blocks: consecutive non-overlapping runs of `width` characters, the last one padded
-    with spaces. Line ends are ordinary characters."""
+    """The blocks of block similarity: consecutive non-overlapping runs of `width` characters, the
+    last one padded with spaces. Line ends are ordinary characters."""
     if len(text) % width:
         text += " " * (width - len(text) % width)
     return [text[i : i + width] for i in range(0, len(text), width)]
@@ -38,7 +38,8 @@ def blocks(text: str, width: int = 4) -> list[str]:
 
 def _block_similarity_one_way(first: list[str], second: list[str]) -> float:
     """s / max(n, m), where each block of `first` seen for the first time takes every equal block
-    out of `second` and counts them, as seed 004's procedure does."""
+    out of `second` and counts them: by the measure's definition a block repeated in `first`
+    counts once, with all its copies in `second`."""
     if not first and not second:
         return 1.0
     remaining = Counter(second)
@@ -54,6 +55,7 @@ def _block_similarity_one_way(first: list[str], second: list[str]) -> float:
 
 
 def block_similarity(text_a: str, text_b: str, width: int = 4) -> float:
-    """Seed 004's 4-character block similarity, computed in both directions, minimum taken."""
+    """4-character block similarity, computed in both directions, minimum taken so that the
+    measure is symmetric."""
     a, b = blocks(text_a, width), blocks(text_b, width)
     return min(_block_similarity_one_way(a, b), _block_similarity_one_way(b, a))

@@ -1,7 +1,7 @@
 """RocksDB state through rocksdict: the index (index.py) over one database of two column families.
 
 The main family holds the small keys (buckets, ids, contents, clusters, times, metadata) that every
-article looks up or writes, in an LSM tree of their own; the records, ~1 KB each, sit in a family of
+article looks up or writes, in an LSM tree of their own; the records, far larger, sit in a family of
 their own keyed by arrival number, so that they are written in key order and do not slow the lookups.
 """
 
@@ -36,33 +36,34 @@ T = TypeVar("T")
 class RocksOptions:
     """The RocksDB knobs worth exposing; the rest keep rocksdict's defaults."""
 
-    # Memtable of the small keys (buckets, ids, contents), looked up and rewritten ~30 times per
-    # article: RocksDB's skiplist insert costs grow with its size (cache misses), ~2 us per key at
-    # 32 MB against ~0.7 at 8 MB on the development machine.
+    # Memtable of the small keys (buckets, ids, contents), looked up and rewritten tens of times
+    # per article: RocksDB's skiplist inserts cost more as it grows (cache misses), so it is kept
+    # small (tests/benchmarks/RESULTS.md compares sizes).
     write_buffer_mb: int = 8
-    # Memtable of the records (~2 KB each, appended in key order): inserts stay cheap at any size.
+    # Memtable of the records (large, appended in key order): inserts stay cheap at any size.
     records_write_buffer_mb: int = 32
     compression: str = "lz4"
     block_cache_mb: int = 64
     # Most band lookups of a new article find nothing: a bloom filter answers those without I/O.
     bloom_bits_per_key: int = 10
     # ...and most of them would otherwise search the memtable's skiplist key by key: a memtable
-    # bloom filter took the 25-key multi-get of a new article from ~66 to ~24 µs at 25,000 indexed
-    # articles (a one-off timing of RocksState.buckets, not one of tests/benchmarks).
+    # bloom filter answers those misses too, which matters because every new article asks for
+    # all its band keys at once.
     memtable_bloom_ratio: float = 0.1
     # Latest members a bucket keeps (index.py): what one article reads and rewrites per bucket.
     bucket_cap: int = DEFAULT_BUCKET_CAP
     # Niceness added to this process's RocksDB flush and compaction threads (Linux; 0: unchanged).
-    # On a busy machine a flush or compaction otherwise takes the core of the thread that decides:
-    # at 500 articles/s after 50,000, verdicts waited 0.1-0.4 s whenever one ran.
+    # On a busy machine a flush or compaction otherwise takes the core of the thread that decides,
+    # and verdicts wait for it: the latency tail comes from those moments.
     background_nice: int = 0
     # Off only for state that is rebuilt from elsewhere after a crash (the stream's derived index).
     write_ahead_log: bool = True
     # Decoded article records kept in memory, read again for exact copies, re-deliveries and
     # replays; a miss costs a read and a decode. Candidates are read as probes (below).
     record_cache: int = 20_000
-    # Candidates' probes kept in memory (~1.2 KB each with their record), the latest stored or read
-    # back: a multi-get of tens of them from RocksDB costs more than scoring them.
+    # Candidates' probes kept in memory (their size per entry: NEARDUP_PROBE_CACHE in
+    # deploy/docs/configuration.md), the latest stored or read back: a multi-get of tens of them
+    # from RocksDB costs more than scoring them.
     probe_cache: int = 100_000
 
     def block_cache(self) -> Cache:
@@ -77,9 +78,9 @@ class RocksOptions:
         table = BlockBasedOptions()
         table.set_bloom_filter(self.bloom_bits_per_key, False)
         table.set_block_cache(cache or self.block_cache())
-        # Index and filter blocks stay with their table files (RocksDB's default, ~1.3 bytes per key),
-        # not in the block cache: there, every lookup in a compacted file fetched its whole filter
-        # block from the cache again, and a multi-get of 25 band keys took ~100 µs instead of 5-22.
+        # Index and filter blocks stay with their table files (RocksDB's default), not in the block
+        # cache: there, every lookup in a compacted file fetches its whole filter block from the
+        # cache again, which costs more than the lookup itself.
         options.set_block_based_table_factory(table)
         memtable_mb = self.records_write_buffer_mb if records else self.write_buffer_mb
         options.set_write_buffer_size(memtable_mb * 1024 * 1024)

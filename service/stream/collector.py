@@ -1,13 +1,13 @@
 """Short garbage-collector pauses for a worker that keeps many objects alive (the record cache).
 
-A full (generation 2) collection walks every live container object. With 20,000 decoded records
-cached it took 100-200 ms in tests/benchmarks/bench_stream.py, stopping every stage of the worker,
-and it grows with the cache. Cached records hold no reference cycles, so reference counting frees
-them when they leave the cache: the collector need not walk them at all. Every `freeze_every`
-articles the policy collects the young generations and freezes what survives (gc.freeze: those
-objects are skipped by later collections). Cyclic garbage that reached the old generation before a
-freeze is only reclaimed when the policy thaws everything again, every `thaw_every_s` seconds, which
-costs one full collection then.
+A full (generation 2) collection walks every live container object: with a large cache of decoded
+records that is a pause which stops every stage of the worker, tops the latency tail
+(tests/benchmarks/RESULTS.md) and grows with the cache. Cached records hold no reference cycles,
+so reference counting frees them when they leave the cache: the collector need not walk them at
+all. Every `freeze_every` articles the policy collects the young generations and freezes what
+survives (gc.freeze: those objects are skipped by later collections). Cyclic garbage that reached
+the old generation before a freeze is only reclaimed when the policy thaws everything again, every
+`thaw_every_s` seconds, which costs one full collection then.
 """
 
 from __future__ import annotations

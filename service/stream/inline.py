@@ -1,9 +1,10 @@
 """Running a coroutine in the caller's task until it first has to wait, and in a task only then.
 
 Faust hands every input message to its streams through `Service.wait_first(callback(message),
-suspend_flow.wait())`, which starts four tasks and an `asyncio.wait` per message: 33-46 µs, against
-~0.2 µs to run the callback, which nearly always finishes without waiting (a one-off timing). The
-worker's consumer (app.py) runs the callback inline first and pays for the tasks only when it waits.
+suspend_flow.wait())`, which starts four tasks and an `asyncio.wait` per message: far more work
+than the callback itself, which nearly always finishes without waiting (tests/benchmarks/RESULTS.md
+compares the two). The worker's consumer (app.py) runs the callback inline first and pays for the
+tasks only when it waits.
 """
 
 from __future__ import annotations

@@ -103,8 +103,8 @@ class Metrics:
         self.stall_timeout = 60.0
 
     def watch_gc(self) -> Callable[[str, dict[str, Any]], None]:
-        """Time every collection: a full (generation 2) pass over a large decoded-record cache took
-        100-200 ms in tests/benchmarks/bench_stream.py, the worst of the latency tail."""
+        """Time every collection: a full (generation 2) pass over a large decoded-record cache stops
+        every stage of the worker, so the pauses explain the latency tail when it grows."""
         started: list[float] = []
 
         def on_gc(phase: str, info: dict[str, Any]) -> None:

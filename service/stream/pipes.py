@@ -2,8 +2,8 @@
 
 Each child is `python -m <module>`, reading length-prefixed pickles from its stdin and answering on
 its stdout, through the worker's own event loop: no pool threads competing with the loop for the GIL
-(concurrent.futures' pool cost ~10% of the worker's CPU). A child whose worker dies reads end-of-file
-and exits.
+(a concurrent.futures pool costs the worker CPU of its own for every request). A child whose worker
+dies reads end-of-file and exits.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import BinaryIO
 
 _LEN = struct.Struct(">I")
 _STREAM_LIMIT = 64 * 1024 * 1024  # a batch of answers; asyncio's default of 64 KB is far too small
-# A sign batch of 200 articles is ~650 KB of requests: through Linux's default 64 KB pipe the event
-# loop wrote it in ~10 rounds (a wake-up, a write, the rest of its buffer moved up each time). 1 MB
+# A sign batch's requests are many times Linux's default 64 KB pipe: through it the event loop
+# writes a batch in many rounds (a wake-up, a write, the rest of its buffer moved up each time). 1 MB
 # is the most an unprivileged process may ask (/proc/sys/fs/pipe-max-size, by default).
 PIPE_BYTES = 1024 * 1024
 # A child's start imports numpy and the core: seconds on a busy machine, whatever its batches take.

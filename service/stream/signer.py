@@ -1,6 +1,6 @@
 """Signing off the event loop: helper processes, so that one worker uses more than one core.
 
-Signing (normalize, shingle, MinHash) is the CPU-heavy half of an article's cost and needs no state;
+Signing (normalize, shingle, MinHash) is the CPU-heavy part of an article's cost and needs no state;
 Faust's event handling, Kafka I/O and the index stage stay in the worker's own process meanwhile.
 Each helper is a child process (`python -m neardup.stream.signer`, see pipes.py) that signs the
 batches it reads from its stdin.
@@ -80,12 +80,13 @@ class Signer:
         self.nice = nice
         self.timeout = timeout
         self._helpers: list[_Helper] = []
-        # The worker warms up at start while the first batch may already be signing: without the
-        # lock both started helpers, and a worker asked for one ran two.
+        # The worker warms up at start while the first batch may already be signing: the lock keeps
+        # both from starting helpers, which would run more than were asked for.
         self._starting = asyncio.Lock()
 
     async def warm_up(self) -> None:
-        """Start the helpers now (each imports numpy and the core, ~1 s), not on the first article."""
+        """Start the helpers now (each imports numpy and the core), not on the first article, so that
+        the first articles do not wait for the imports."""
         async with self._starting:
             while len(self._helpers) < self.processes:
                 self._helpers.append(await _Helper.start(self.stage, self.nice, self.timeout))

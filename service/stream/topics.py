@@ -122,8 +122,9 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
 class LogReader:
     """Reads ranges of a partition's log directly, with a consumer of no group: what the worker's
     own consumer went past without delivering it (app.py). The consumer is started at the first
-    read and kept: starting one took ~0.5 s, and an input written in transactions has a gap (its
-    commit marker) after every transaction. One read at a time (the agents share it)."""
+    read and kept: starting one (connections, metadata) is slow next to a read, and an input written
+    in transactions has a gap (its commit marker) after every transaction. One read at a time (the
+    agents share it)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -155,7 +156,8 @@ class LogReader:
                 enable_auto_commit=False,
                 group_id=None,
                 auto_offset_reset="earliest",
-                # a gap that holds only a transaction marker answered after the default 500 ms wait
+                # a gap that holds only a transaction marker has no record to return: the broker
+                # would answer only once its fetch wait (500 ms by default) has passed
                 fetch_max_wait_ms=10,
                 max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
                 fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 
 import orjson
@@ -356,3 +357,167 @@ def test_state_is_compact_after_a_run(tmp_path: Path) -> None:
     articles = len(sample.read_bytes().splitlines())
     size = sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
     assert size / articles < 1600, f"{size / articles:.0f} bytes per article"
+
+
+def feed_corpus(prose: tuple[str, ...]) -> tuple[list[bytes], list[bool]]:
+    """Lines of every kind the feed must tell apart, and which of them are articles (the lines
+    that get a verdict). The last line has no newline: the feed still ends it with one."""
+    lines_and_kinds = [
+        (article("orig", prose[0], title="Romo weds") + b"\n", True),
+        (article("copy", prose[0]) + b"\n", True),  # exact copy
+        (article("near", prose[0] + FOOTER) + b"\n", True),  # near-duplicate
+        (article("head", prose[3][: len(prose[3]) * 6 // 10]) + b"\n", True),
+        (article("whole", prose[3]) + b"\r\n", True),  # contains "head": partial; CRLF kept
+        (orjson.dumps({"id": "orig", "deleted": True}) + b"\n", False),
+        (b'{"id": "cut", "text": "the json ends\n', False),
+        (article("head", prose[4]) + b"\n", True),  # an update: a new version, judged again
+        (article("other", prose[1]), True),
+    ]
+    return [line for line, _ in lines_and_kinds], [is_article for _, is_article in lines_and_kinds]
+
+
+def expected_feed(lines: list[bytes], is_article: list[bool], verdicts: list[dict], kinds: set[str]) -> bytes:
+    """The feed a verdict file implies: the article lines whose verdict passes, newline-ended."""
+    article_lines = [line for line, keep in zip(lines, is_article, strict=True) if keep]
+    judged = [v for v in verdicts if "verdict" in v]
+    assert len(judged) == len(article_lines)
+    kept = [line for line, v in zip(article_lines, judged, strict=True) if v["verdict"] in kinds]
+    return b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept)
+
+
+@pytest.mark.parametrize("kinds", [{"unique"}, {"unique", "partial"}, {"duplicate"}])
+def test_the_feed_holds_the_original_lines_whose_verdict_passes(
+    tmp_path: Path, prose: tuple[str, ...], kinds: set[str]
+) -> None:
+    lines, is_article = feed_corpus(prose)
+    source, out, feed = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "feed.jsonl"
+    source.write_bytes(b"".join(lines))
+    summary = run_file(source, out, MemoryState(), PARAMS, feed_path=feed, feed_verdicts=frozenset(kinds))
+    verdicts = read_jsonl(out)
+    by_id = {v["article_id"]: v["verdict"] for v in verdicts if "verdict" in v}
+    # the corpus does exercise every kind and the update
+    assert (by_id["orig"], by_id["copy"], by_id["near"], by_id["whole"]) == (
+        "unique",
+        "duplicate",
+        "duplicate",
+        "partial",
+    )
+    assert {"article_id": "orig", "deleted": True} in verdicts
+    assert summary.dead_letters["invalid_json"] == 1
+
+    written = feed.read_bytes()
+    assert written == expected_feed(lines, is_article, verdicts, kinds)
+    assert summary.fed == len(written.splitlines()) and f"fed={summary.fed}" in summary.render()
+    fed_ids = [orjson.loads(line)["id"] for line in written.splitlines()]
+    assert not any(line.startswith(b'{"id": "cut"') for line in written.splitlines())
+    assert not any(b'"deleted"' in line for line in written.splitlines())
+    if kinds == {"unique"}:
+        assert fed_ids == ["orig", "head", "head", "other"]  # both versions of "head" are unique
+        assert lines[0] in written and lines[1] not in written and lines[2] not in written
+        assert written.endswith(lines[-1] + b"\n")
+    if "partial" in kinds:
+        assert lines[4] in written  # byte for byte, its CRLF included
+
+
+def test_without_a_feed_nothing_is_fed(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    lines, _ = feed_corpus(prose)
+    summary = run(tmp_path, lines, MemoryState())
+    assert summary.fed is None and "fed=" not in summary.render()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl", "out.jsonl.dead.jsonl"]
+
+
+def run_fed(tmp: Path, lines: list[bytes], state: StateStore, kinds: frozenset[str]) -> embedded.RunSummary:
+    source = tmp / "in.jsonl"
+    source.write_bytes(b"".join(lines))
+    return run_file(
+        source, tmp / "out.jsonl", state, PARAMS, feed_path=tmp / "feed.jsonl", feed_verdicts=kinds
+    )
+
+
+@pytest.mark.parametrize("crash_at", [1, 4, 9, 15])
+def test_a_crash_before_the_checkpoint_feeds_no_line_twice(
+    tmp_path: Path, prose: tuple[str, ...], reference, crash_at: int
+) -> None:
+    """As test_crash_between_write_and_checkpoint, with a feed that also got half a line."""
+    lines = corpus_lines(prose)
+    kinds = frozenset({"unique", "partial"})
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    run_fed(whole, lines, MemoryState(), kinds)
+    state = RocksState(tmp_path / "state")
+    checkpoint = state.set_meta
+    calls = 0
+
+    def dying_set_meta(values: dict[bytes, bytes]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == crash_at:
+            raise Crash
+        checkpoint(values)
+
+    state.set_meta = dying_set_meta  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Crash):
+            run_fed(tmp_path, lines, state, kinds)
+    finally:
+        state.close()
+    with (tmp_path / "feed.jsonl").open("ab") as feed:
+        feed.write(b'{"id": "torn')
+
+    state = RocksState(tmp_path / "state")
+    try:
+        run_fed(tmp_path, lines, state, kinds)
+    finally:
+        state.close()
+    assert (tmp_path / "out.jsonl").read_bytes() == reference[0]
+    assert (tmp_path / "feed.jsonl").read_bytes() == (whole / "feed.jsonl").read_bytes()
+    fed_ids = [orjson.loads(line)["id"] for line in (tmp_path / "feed.jsonl").read_bytes().splitlines()]
+    passing = [v["article_id"] for v in read_jsonl(tmp_path / "out.jsonl") if v.get("verdict") in kinds]
+    assert fed_ids == passing  # one line per passing verdict: a0 twice, as the input re-delivers it
+
+
+def test_a_resumed_feed_needs_the_same_filter_and_a_fed_start(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    lines = corpus_lines(prose)
+    state = RocksState(tmp_path / "state")
+    try:
+        run_fed(tmp_path, lines[:5], state, frozenset({"unique"}))
+        with pytest.raises(embedded.ResumeMismatch, match="fed unique verdicts, this one partial,unique"):
+            run_fed(tmp_path, lines, state, frozenset({"unique", "partial"}))
+        run(tmp_path, lines[:8], state)  # a run without the feed: the feed misses lines 6..8
+        with pytest.raises(embedded.ResumeMismatch, match=re.escape("would lack lines 1..8")):
+            run_fed(tmp_path, lines, state, frozenset({"unique"}))
+    finally:
+        state.close()
+
+
+def test_cli_dedup_unique_out(tmp_path: Path, prose: tuple[str, ...], capsys) -> None:
+    lines, is_article = feed_corpus(prose)
+    source, out, feed = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "feed.jsonl"
+    source.write_bytes(b"".join(lines))
+    argv = ["dedup", str(source), "-o", str(out), "-q", "--unique-out", str(feed)]
+    assert cli.main(argv) == 0
+    assert f"fed={len(feed.read_bytes().splitlines())}" in capsys.readouterr().out
+    assert feed.read_bytes() == expected_feed(lines, is_article, read_jsonl(out), {"unique"})
+
+    assert cli.main([*argv, "--unique-filter", "unique,partial"]) == 0
+    with_partials = feed.read_bytes()
+    assert with_partials == expected_feed(lines, is_article, read_jsonl(out), {"unique", "partial"})
+    assert lines[4] in with_partials and lines[1] not in with_partials
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--unique-out", "FEED", "--unique-filter", "unique,dupe"], "unknown verdict kind 'dupe'"),
+        (["--unique-out", "FEED", "--unique-filter", ""], "names no verdict kind"),
+        (["--unique-filter", "partial"], "--unique-filter needs --unique-out"),
+    ],
+)
+def test_cli_dedup_refuses_a_bad_filter(tmp_path: Path, capsys, extra: list[str], message: str) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(article("a", "one article about a river") + b"\n")
+    feed = tmp_path / "feed.jsonl"
+    argv = ["dedup", str(source), "-o", str(tmp_path / "out.jsonl"), "-q"]
+    assert cli.main([*argv, *(str(feed) if x == "FEED" else x for x in extra)]) == 2
+    assert message in capsys.readouterr().err
+    assert not feed.exists() and not (tmp_path / "out.jsonl").exists()

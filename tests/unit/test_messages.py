@@ -10,6 +10,7 @@ import typing
 import orjson
 import pytest
 
+from neardup.core.dedup import VerdictKind
 from neardup.core.params import DedupParams
 from neardup.engine import Engine
 from neardup.messages import (
@@ -18,6 +19,7 @@ from neardup.messages import (
     DEAD_LETTER_REASONS,
     MAX_ID_LENGTH,
     OPTIONAL_STRING_FIELDS,
+    VERDICT_KINDS,
     Article,
     DeadLetterReason,
     InvalidMessage,
@@ -25,6 +27,7 @@ from neardup.messages import (
     dead_letter_dict,
     decode_article,
     dumps,
+    parse_verdict_filter,
     verdict_dict,
 )
 from neardup.state.memory import MemoryState
@@ -276,3 +279,27 @@ def test_a_message_at_the_producer_limit_dead_letters_within_the_topic_limit() -
     record = dead_letter_dict("oversized", "message is too large", original, "in", 0, 1, b"id")
     assert record["value_truncated"] is True and record["value_size"] == len(original)
     assert len(dumps(record)) + 2 <= DEAD_LETTER_MAX_BYTES - DEAD_LETTER_HEADROOM
+
+
+def test_the_verdict_filter_knows_the_engine_kinds() -> None:
+    assert set(VERDICT_KINDS) == set(typing.get_args(VerdictKind))
+    assert parse_verdict_filter("unique") == {"unique"}
+    assert parse_verdict_filter(" unique , partial ") == {"unique", "partial"}
+    assert parse_verdict_filter(",".join(VERDICT_KINDS)) == set(VERDICT_KINDS)
+    assert parse_verdict_filter("partial,partial") == {"partial"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "names no verdict kind"),
+        (" , ", "names no verdict kind"),
+        ("unique,,partial", "empty entry"),
+        ("unique,duplicates", "unknown verdict kind 'duplicates'"),
+        ("Unique", "unknown verdict kind 'Unique'"),
+    ],
+)
+def test_a_bad_verdict_filter_says_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        parse_verdict_filter(text)
+    assert all(kind in str(info.value) for kind in VERDICT_KINDS)
