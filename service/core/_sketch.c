@@ -53,6 +53,12 @@
  *     first appearance, bucket by bucket, at most `count` of them (rocks.py: merge_buckets, the
  *     reference, merges them with dict.fromkeys, or numpy for a large cluster).
  *
+ * varints(data, position, count) -> (values, end)
+ *     data: a buffer. The `count` unsigned LEB128 varints from `position` (seven bits a byte, the
+ *     low ones first: a record's head, records.py: _read_varints is the reference) as a tuple of
+ *     ints, and the position after the last. ValueError when one runs past the end of `data` or
+ *     past 64 bits.
+ *
  * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
  * number of items, non-empty where an item is read, consistent with each other and with the
  * counts), counts and byte values in range; ValueError naming the argument otherwise (TypeError
@@ -746,6 +752,49 @@ done:
     return result;
 }
 
+static PyObject *varints(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer data;
+    Py_ssize_t position, count;
+    if (!PyArg_ParseTuple(args, "y*nn", &data, &position, &count)) {
+        return NULL;
+    }
+    PyObject *values = NULL, *result = NULL;
+    if (((position < 0 || position > data.len) && invalid("position must be within data")) ||
+        ((count < 0 || count > data.len - position) && invalid("count must be 0..the bytes after position"))) {
+        goto done;
+    }
+    values = PyTuple_New(count);
+    if (values == NULL) {
+        goto done;
+    }
+    const uint8_t *bytes = (const uint8_t *)data.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t value = 0;
+        int shift = 0;
+        uint8_t byte;
+        do {
+            if ((position >= data.len && invalid("a varint runs past the end of data")) ||
+                (shift > 63 && invalid("a varint runs past 64 bits"))) {
+                goto done;
+            }
+            byte = bytes[position++];
+            value |= (uint64_t)(byte & 0x7F) << shift;
+            shift += 7;
+        } while (byte & 0x80);
+        PyObject *item = PyLong_FromUnsignedLongLong(value);
+        if (item == NULL) {
+            goto done;
+        }
+        PyTuple_SET_ITEM(values, i, item);
+    }
+    result = Py_BuildValue("(On)", values, position);
+done:
+    Py_XDECREF(values);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
     {"finish", finish, METH_VARARGS, "Signature and 8-bit verifier from the verifier's bin minima."},
@@ -754,6 +803,7 @@ static PyMethodDef methods[] = {
     {"scores", scores, METH_VARARGS, "Jaccard and containment estimates of a verifier against candidates'."},
     {"rank", rank, METH_VARARGS, "The candidates scored, best first, and the match among them."},
     {"merge_buckets", merge_buckets, METH_VARARGS, "The distinct arrival numbers of LSH buckets, in order of first appearance."},
+    {"varints", varints, METH_VARARGS, "Unsigned LEB128 varints from a position of a buffer."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,7 +10,7 @@ from .minhash import ALGORITHM, VERIFIER_BITS, MinHasher
 from .normalize import DEFAULT_NORMALIZE, NormalizeOptions
 from .shingle import DEFAULT_SHINGLE, ShingleOptions
 
-STATE_FORMAT_VERSION = 4  # capped buckets, clusters, event times; records without signatures
+STATE_FORMAT_VERSION = 5  # capped buckets, clusters, event times; records without signatures, varint heads
 
 
 class IncompatibleState(Exception):

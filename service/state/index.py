@@ -10,7 +10,8 @@ so that keys sort in arrival order):
 - ``c<content hash>`` → seq of the article that stands for this content (its holder, in the buckets)
 - ``x<content hash><seq>`` → exact copies of a held content: out of the buckets (the holder stands
   for them), kept so that the next one takes over when the holder goes
-- ``k<cluster seq><seq>``: the members of a cluster, in arrival order
+- ``k<cluster seq><seq>``: the members of a cluster but its first article (implied by the cluster
+  seq), in arrival order: most articles are alone in their cluster and write none
 - ``h<cluster seq>`` → seq and id of the cluster's earliest surviving member, once its first is gone
 - ``t<time><seq>`` → the arrivals by event time: expiry walks them from the oldest
 - ``m<name>`` → metadata (header, next seq, counters, offsets)
@@ -440,7 +441,8 @@ class IndexState:
         self._holder_looked_up = (b"", None)
         if article.cluster == article.seq:
             self.counts.clusters += 1
-        batch.put(MEMBER + seq_key(article.cluster) + seq, b"")
+        else:
+            batch.put(MEMBER + seq_key(article.cluster) + seq, b"")
         batch.put(time_key(article.time_ms, article.seq), b"")
         batch.put(ARTICLE + article.article_id.encode(), seq)
         self.counts.articles += 1
@@ -530,13 +532,14 @@ class IndexState:
         """Out of its cluster; when it was the cluster's head (its first article, or the one the
         cluster was handed on to), the earliest surviving member becomes the head."""
         cluster = seq_key(old.cluster)
-        member = MEMBER + cluster + seq_key(old.seq)
-        batch.delete(member)
+        if old.cluster != old.seq:
+            batch.delete(MEMBER + cluster + seq_key(old.seq))
         head_key = HEAD + cluster
         head = batch.main[head_key] if head_key in batch.main else self.kv.get_many([head_key])[0]
         head_seq = old.cluster if head is None else SEQ.unpack_from(head)[0]
         if head_seq != old.seq:
             return
+        # the first article has no member key: it is never the successor, being the earliest
         successor = self._first(MEMBER + cluster, batch, skip=seq_key(old.seq))
         if successor is None:
             batch.delete(head_key)

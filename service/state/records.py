@@ -15,15 +15,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core import compiled
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.signing import Fingerprint
 
-MAGIC = b"N4"
-# seq, version, time (ms), cluster seq, distinct shingles, flags, then the byte lengths of: id,
-# cluster id, content hash, verifier, band digests, decision
-_HEAD = struct.Struct(">QIqQIBHHBHHH")
+MAGIC = b"N5"
+# The head: unsigned LEB128 varints (most of its numbers are small) of seq, version, time (ms,
+# zigzag: it may be negative), seq minus cluster seq (zigzag: 0 for a cluster's own first article),
+# distinct shingles, flags, then the byte lengths of: id, cluster id (0 with _OWN_CLUSTER), content
+# hash, verifier, band digests, decision.
+_HEAD_FIELDS = 12
 _SHORT = 1  # flag: the text was shorter than k
+_OWN_CLUSTER = 2  # flag: the cluster id is the article's own (not stored twice)
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 # A band key is the band's index then its digest: the index is the key's position, so only the
 # digests are stored.
@@ -36,24 +40,73 @@ _KINDS: tuple[VerdictKind, ...] = ("unique", "duplicate", "partial")
 _DECISION = struct.Struct(">BBBB")  # kind, flags, match index, candidates
 _EXACT, _CANONICAL_SELF, _CANONICAL_CLUSTER, _MATCH_APART = 1, 2, 4, 8
 _SCORES = struct.Struct(">ddd")
-_ID_LEN = struct.Struct(">H")
 
 
 class CorruptRecord(ValueError):
     """A stored record could not be decoded; its key is named so it can be inspected."""
 
 
+def _varints(values: tuple[int, ...]) -> bytes:
+    """Unsigned LEB128, one after the other: seven bits a byte, the low ones first."""
+    out = bytearray()
+    for value in values:
+        while value > 0x7F:
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out)
+
+
+def _zigzag(value: int) -> int:
+    return value * 2 if value >= 0 else -value * 2 - 1
+
+
+def _unzigzag(value: int) -> int:
+    return value >> 1 if not value & 1 else -(value >> 1) - 1
+
+
+def _read_varints(data: bytes, position: int, count: int) -> tuple[tuple[int, ...], int]:
+    """`count` varints from `position`, and the position after them (the reference of the
+    compiled _sketch.varints)."""
+    values = []
+    for _ in range(count):
+        value = shift = 0
+        while True:
+            if position >= len(data):
+                raise ValueError("a varint runs past the end of data")
+            if shift > 63:
+                raise ValueError("a varint runs past 64 bits")
+            byte = data[position]
+            position += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        values.append(value)
+    return tuple(values), position
+
+
 def _pack_id(text: str) -> bytes:
     data = text.encode()
-    return _ID_LEN.pack(len(data)) + data
+    return _varints((len(data),)) + data
 
 
 def _unpack_id(data: bytes, position: int) -> tuple[str, int]:
-    (size,) = _ID_LEN.unpack_from(data, position)
-    start = position + _ID_LEN.size
+    size, start = data[position], position + 1
+    if size > 0x7F:  # an id of 128 bytes or more
+        (size,), start = _read_varints(data, position, 1)
     if start + size > len(data):
         raise ValueError("decision is truncated")
     return data[start : start + size].decode(), start + size
+
+
+def _head(data: bytes) -> tuple[tuple[int, ...], int]:
+    """The head's fields and where the ids start."""
+    if data[:2] != MAGIC:
+        raise ValueError(f"unknown record format {data[:2]!r}")
+    loops = compiled.loops()
+    # in C: ~10x faster, and a probe read back from the store is decoded on every cache miss
+    return (loops.varints if loops else _read_varints)(data, len(MAGIC), _HEAD_FIELDS)
 
 
 def _compact_decision(decision: Decision, article_id: str, cluster_id: str) -> bytes:
@@ -117,19 +170,20 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
 def encode_article(article: IndexedArticle) -> bytes:
     """Head, ids, verifier, band keys, content hash, decision (and the signature without verifier)."""
     fp = article.fingerprint
-    article_id, cluster_id = article.article_id.encode(), article.cluster_id.encode()
+    own = article.cluster_id == article.article_id
+    article_id, cluster_id = article.article_id.encode(), b"" if own else article.cluster_id.encode()
     verifier = np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
     # band_keys() gives them in band order, each led by its index: the decoder puts it back
     keys = b"".join([key[_BAND_INDEX.size :] for key in article.keys])
     decision = _compact_decision(article.decision, article.article_id, article.cluster_id)
     signature = b"" if verifier else np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
-    head = _HEAD.pack(
+    fields = (
         article.seq,
         article.version,
-        article.time_ms,
-        article.cluster,
+        _zigzag(article.time_ms),
+        _zigzag(article.seq - article.cluster),
         fp.shingle_count,
-        _SHORT if fp.short else 0,
+        (_SHORT if fp.short else 0) | (_OWN_CLUSTER if own else 0),
         len(article_id),
         len(cluster_id),
         len(fp.content_hash),
@@ -137,6 +191,7 @@ def encode_article(article: IndexedArticle) -> bytes:
         len(keys),
         len(decision),
     )
+    head = _varints(fields)
     return b"".join(
         (MAGIC, head, article_id, cluster_id, verifier, keys, fp.content_hash, decision, signature)
     )
@@ -172,39 +227,26 @@ class Probe:
 def decode_probe(data: bytes, key: str = "?") -> Probe:
     """The front of a record: what scoring it as a candidate reads."""
     try:
-        if data[:2] != MAGIC:
-            raise ValueError(f"unknown record format {data[:2]!r}")
-        seq, _, time_ms, cluster, count, _, id_len, cluster_len, _, verifier_len, _, _ = _HEAD.unpack_from(
-            data, 2
-        )
-        start = 2 + _HEAD.size
+        (seq, _, time, cluster, count, flags, id_len, cluster_len, _, verifier_len, _, _), start = _head(data)
         middle = start + id_len
         end = middle + cluster_len
-        article_id, cluster_id = data[start:middle].decode(), data[middle:end].decode()
-    except (ValueError, struct.error) as exc:
+        if end + verifier_len > len(data):
+            raise ValueError("record is truncated")
+        article_id = data[start:middle].decode()
+        cluster_id = article_id if flags & _OWN_CLUSTER else data[middle:end].decode()
+    except (ValueError, IndexError) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
-    return Probe(article_id, seq, count, data[end : end + verifier_len], cluster, cluster_id, time_ms, data)
+    verifier = data[end : end + verifier_len]
+    return Probe(
+        article_id, seq, count, verifier, seq - _unzigzag(cluster), cluster_id, _unzigzag(time), data
+    )
 
 
 def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
     try:
-        if data[:2] != MAGIC:
-            raise ValueError(f"unknown record format {data[:2]!r}")
-        (
-            seq,
-            version,
-            time_ms,
-            cluster,
-            count,
-            flags,
-            id_len,
-            cluster_len,
-            hash_len,
-            verifier_len,
-            keys_len,
-            decision_len,
-        ) = _HEAD.unpack_from(data, 2)
-        position = 2 + _HEAD.size
+        fields, position = _head(data)
+        seq, version, time, cluster, count, flags = fields[:6]
+        id_len, cluster_len, hash_len, verifier_len, keys_len, decision_len = fields[6:]
         parts = []
         for length in (id_len, cluster_len, verifier_len, keys_len, hash_len, decision_len):
             parts.append(data[position : position + length])
@@ -226,7 +268,8 @@ def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
             _BAND_INDEX.pack(band) + keys[start : start + _DIGEST]
             for band, start in enumerate(range(0, keys_len, _DIGEST))
         )
-        own_id, cluster_text = article_id.decode(), cluster_id.decode()
+        own_id = article_id.decode()
+        cluster_text = own_id if flags & _OWN_CLUSTER else cluster_id.decode()
         return IndexedArticle(
             own_id,
             version,
@@ -234,8 +277,8 @@ def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
             fp,
             _decision_of(decision, own_id, cluster_text),
             band_keys,
-            time_ms,
-            cluster,
+            _unzigzag(time),
+            seq - _unzigzag(cluster),
             cluster_text,
         )
     except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:

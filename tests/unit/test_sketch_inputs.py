@@ -21,7 +21,16 @@ pytestmark = pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built
 # the module itself, not compiled.loops(): a test elsewhere turning the loops off must not skip these
 sketch: Any = compiled._sketch
 
-ENTRY_POINTS = {"oph_minima", "finish", "band_keys", "collapse_spaces", "scores", "rank", "merge_buckets"}
+ENTRY_POINTS = {
+    "oph_minima",
+    "finish",
+    "band_keys",
+    "collapse_spaces",
+    "scores",
+    "rank",
+    "merge_buckets",
+    "varints",
+}
 
 
 def test_every_entry_point_is_checked_here() -> None:
@@ -324,6 +333,14 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ),
     ("merge_buckets-buckets-int", lambda: sketch.merge_buckets(5, 5), TypeError, "buckets"),
     ("merge_buckets-count-str", lambda: sketch.merge_buckets([bytes(8)], "5"), TypeError, ""),
+    # varints(data, position, count)
+    ("varints-position-negative", lambda: sketch.varints(b"\x01", -1, 1), ValueError, "position"),
+    ("varints-position-past", lambda: sketch.varints(b"\x01", 2, 0), ValueError, "position"),
+    ("varints-count-negative", lambda: sketch.varints(b"\x01", 0, -1), ValueError, "count"),
+    ("varints-count-past", lambda: sketch.varints(b"\x01\x02", 1, 2), ValueError, "count"),
+    ("varints-runs-past-the-end", lambda: sketch.varints(b"\x01\x81", 0, 2), ValueError, "end of data"),
+    ("varints-past-64-bits", lambda: sketch.varints(b"\xff" * 10 + b"\x01", 0, 1), ValueError, "64 bits"),
+    ("varints-data-str", lambda: sketch.varints("\x01", 0, 1), TypeError, ""),
 ]
 
 
@@ -482,3 +499,17 @@ def test_merge_buckets_counts_and_repeats() -> None:
     # a count far above the members: the set is sized by the members
     assert sketch.merge_buckets((bucket,) * 1000, 2**62) == [1, 2, 3, 4, 5]
     assert sketch.merge_buckets([], 10) == []
+
+
+def test_varints_agree_with_the_reference() -> None:
+    from neardup.state.records import _read_varints, _varints
+
+    values = (0, 1, 127, 128, 300, 2**32, 2**63 + 5, 2**64 - 1, 16383, 16384)
+    data = b"ab" + _varints(values) + b"tail"
+    assert sketch.varints(data, 2, len(values)) == _read_varints(data, 2, len(values))
+    assert sketch.varints(data, 2, len(values)) == (values, len(data) - 4)
+    assert sketch.varints(memoryview(data)[1:], 1, 3) == ((0, 1, 127), 4)
+    assert sketch.varints(b"", 0, 0) == ((), 0)
+    for bad in (b"\x80", b"\xff" * 10 + b"\x01"):
+        with pytest.raises(ValueError):
+            _read_varints(bad, 0, 1)
