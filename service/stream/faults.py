@@ -10,9 +10,11 @@ holds the index agent's n-th decided chunk that long between its decision and it
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 AGENT_FAULT_VARIABLE = "NEARDUP_TEST_AGENT_FAULT"
+log = logging.getLogger("neardup.faults")
 
 
 class InjectedFault(RuntimeError):
@@ -53,4 +55,5 @@ class AgentFault:
             return
         self.chunks += 1
         if self.chunks == self.at:
+            log.warning("injected_delay chunk=%d seconds=%.1f", self.chunks, self.delay_s)
             await asyncio.sleep(self.delay_s)

@@ -1,0 +1,207 @@
+"""Delivery under faults, through the real broker: a verdict the broker refuses stops the worker
+without committing past it; a broker stopped under load loses nothing; an exception in an agent or
+a helper stops the worker and a restart misses nothing; a kill between a decision and its changelog
+leaves no state that a later rebuild would lack."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from neardup.state.rocks import RocksState
+from neardup.stream.faults import AGENT_FAULT_VARIABLE
+from neardup.stream.pipes import FAULT_VARIABLE
+
+from .conftest import (
+    KAFKA_SH,
+    Deployment,
+    TopicReader,
+    load_sample,
+    produce_articles,
+    run_embedded,
+    stream_of,
+    verdicts_by_id,
+    without_latency,
+)
+from .test_recovery import reference_state, untimed
+
+pytestmark = [pytest.mark.kafka]
+
+
+async def _admin(bootstrap: str, action: Any) -> Any:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return await action(admin)
+    finally:
+        await admin.close()
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int | None:
+    """The group's committed offset for partition 0 of `topic` (None: nothing committed)."""
+
+    async def read(admin: AIOKafkaAdminClient) -> int | None:
+        offsets = await admin.list_consumer_group_offsets(group)
+        for tp, meta in offsets.items():
+            if tp.topic == topic and tp.partition == 0 and meta.offset >= 0:
+                return int(meta.offset)
+        return None
+
+    return asyncio.run(_admin(bootstrap, read))
+
+
+def _wait_exit(deployment: Deployment, worker: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        return worker.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the worker did not stop:\n{deployment.logs()}") from None
+
+
+def _assert_verdicts_as_embedded(
+    deployment: Deployment, articles: list[dict[str, Any]], tmp_path: Path, *, once: bool
+) -> dict[str, list[dict[str, Any]]]:
+    """Every article has its verdict, each repeat equal to the embedded run's; `once`: no repeat."""
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    records = reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=300)
+    if once:  # repeats would arrive right after: give them the time to
+        time.sleep(3)
+        records = reader.read_until(lambda r: len(r) > len(records), timeout=3) or records
+    verdicts = verdicts_by_id(records)
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
+    missing = [a["id"] for a in articles if a["id"] not in verdicts]
+    assert not missing, f"{len(missing)} without verdict, e.g. {missing[:5]}\n{deployment.logs()}"
+    for article_id, seen in verdicts.items():
+        assert all(without_latency(v) == expected[article_id] for v in seen), (article_id, seen)
+        if once:
+            assert len(seen) == 1, (article_id, seen)
+    return verdicts
+
+
+def test_a_verdict_the_broker_refuses_stops_the_worker_without_committing_past_it(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    articles = load_sample(60)
+    verdicts_topic = deployment.topics["verdicts"]
+
+    async def create_small(admin: AIOKafkaAdminClient) -> None:
+        configs = {"max.message.bytes": "200"}  # smaller than any verdict
+        await admin.create_topics([NewTopic(verdicts_topic, 3, 1, topic_configs=configs)])
+
+    asyncio.run(_admin(deployment.bootstrap, create_small))
+    deployment.create_topics()
+    deployment.extra_env["NEARDUP_FAILURE_EXIT_TIMEOUT"] = "15"
+    worker = deployment.start_worker()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    started = time.monotonic()
+    assert _wait_exit(deployment, worker, 90) == 1, deployment.logs()
+    assert time.monotonic() - started < 60
+    logs = deployment.logs()
+    assert logs.count("delivery_failed stage=index") == 1, logs
+    # The signatures were delivered, so the input moved on; none of their verdicts was.
+    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["signatures"]) in (None, 0)
+    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == len(articles)
+
+    async def raise_limit(admin: AIOKafkaAdminClient) -> None:
+        resource = ConfigResource(ConfigResourceType.TOPIC, verdicts_topic, {"max.message.bytes": "1048588"})
+        await admin.alter_configs([resource])
+
+    asyncio.run(_admin(deployment.bootstrap, raise_limit))
+    deployment.start_worker()
+    _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=True)
+
+
+@pytest.mark.slow
+def test_a_broker_stopped_for_30s_under_load_loses_nothing(deployment: Deployment, tmp_path: Path) -> None:
+    articles = stream_of(4_000)
+    deployment.create_topics()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    worker = deployment.start_worker()
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    seen = reader.read_until(lambda r: len(r) >= 500, timeout=300)
+    assert len(verdicts_by_id(seen)) < len(articles), "the broker stops while input is pending"
+    port = deployment.bootstrap.rsplit(":", 1)[1]
+    env = {**os.environ, "NEARDUP_KAFKA_PORT": port}
+    subprocess.run([str(KAFKA_SH), "stop"], check=True, env=env, timeout=120)
+    try:
+        time.sleep(30)
+    finally:
+        subprocess.run([str(KAFKA_SH), "start"], check=True, env=env, timeout=600)
+    verdicts = _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
+    assert worker.poll() is None, f"the worker must go on by itself:\n{deployment.logs()}"
+    versions = {article_id: {v["version"] for v in seen} for article_id, seen in verdicts.items()}
+    assert all(len(found) == 1 for found in versions.values())
+
+
+@pytest.mark.parametrize(
+    ("variable", "spec", "logged"),
+    [
+        (AGENT_FAULT_VARIABLE, "raise:sign:1", "agent_failed"),
+        (AGENT_FAULT_VARIABLE, "raise:index:1", "agent_failed"),
+        (FAULT_VARIABLE, "crash:signer:1", "signing_unavailable"),
+        (FAULT_VARIABLE, "crash:decider:1", "index_unavailable"),
+    ],
+    ids=["sign-agent", "index-agent", "signing-helper", "decider-helper"],
+)
+def test_an_exception_in_an_agent_or_a_helper_stops_the_worker_and_a_restart_misses_nothing(
+    deployment: Deployment, tmp_path: Path, variable: str, spec: str, logged: str
+) -> None:
+    articles = load_sample(80)
+    deployment.extra_env[variable] = spec
+    worker = deployment.start_worker()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    started = time.monotonic()
+    assert _wait_exit(deployment, worker, 90) == 1, deployment.logs()
+    assert time.monotonic() - started < 45
+    assert logged in deployment.logs()
+    deployment.extra_env.clear()
+    deployment.start_worker()
+    _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
+
+
+@pytest.mark.slow
+def test_a_kill_between_decision_and_changelog_leaves_nothing_a_rebuild_lacks(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Killed while a decided chunk waits for its changelog send, restarted on the same state, the
+    stream finished; then the state directory is lost: the index rebuilt from the changelog equals
+    an uninterrupted run's."""
+    articles = load_sample()
+    first, second = articles[:300], articles[300:]
+    deployment.extra_env[AGENT_FAULT_VARIABLE] = "delay:index:2:60000"
+    worker = deployment.start_worker()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], first)
+    log = deployment.root / "worker0.log"
+    deadline = time.monotonic() + 120
+    while "injected_delay" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, deployment.logs()
+        time.sleep(0.1)
+    deployment.kill(worker, signal.SIGKILL)
+    deployment.extra_env.clear()
+    worker = deployment.start_worker()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], second)
+    _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
+    deployment.kill(worker, signal.SIGTERM)
+    shutil.rmtree(deployment.state_dir(0))
+    worker = deployment.start_worker()
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    # the shard's next batch opens the index: rebuilt, as there is no state to reopen
+    probe = [{"id": "probe", "text": "Quarterly rainfall figures for the alpine valleys were published."}]
+    produce_articles(deployment.bootstrap, deployment.topics["input"], probe)
+    reader.read_until(lambda r: "probe" in verdicts_by_id(r), timeout=180)
+    deployment.kill(worker, signal.SIGTERM)
+    rebuilt = RocksState(deployment.state_dir(0) / "index")
+    try:
+        stored = [untimed(a) for a in rebuilt.articles() if a.article_id != "probe"]
+    finally:
+        rebuilt.close()
+    assert stored == [untimed(a) for a in reference_state(articles, tmp_path)]
