@@ -302,6 +302,8 @@ class Runtime:
     # crashed agent and a gap that blocks every later commit.
     stop_worker: Callable[[], None] = field(default=lambda: signal.raise_signal(signal.SIGTERM))
     failed: bool = False  # stopped for such a failure: the worker exits non-zero
+    # What bounds that stop: the worker's command sets `exit_after` (the in-memory tests do not)
+    exit_later: Callable[[float], None] = field(default=lambda seconds: None)
     # Each stage's batches, acknowledged once what they caused is (create_app sets them)
     signed: Deliveries | None = None
     indexed: Deliveries | None = None
@@ -315,14 +317,14 @@ class Runtime:
             log.critical(message, exc_info=exc_info)
             self.failed = True
             self.metrics.failure = message
-            _exit_after(self.settings.failure_exit_timeout)
+            self.exit_later(self.settings.failure_exit_timeout)
             self.stop_worker()
 
     def stages(self) -> list[Deliveries]:
         return [stage for stage in (self.signed, self.indexed) if stage is not None]
 
 
-def _exit_after(seconds: float) -> None:
+def exit_after(seconds: float) -> None:
     """A stop for a failure waits on the broker (Faust's commit, the producer's flush), which may
     be the very thing that failed: past `seconds`, exit without it. Nothing is lost: what was not
     committed comes back after the restart."""

@@ -72,7 +72,7 @@ _FAUST_LEVELS = {"warning": "warn", "critical": "crit"}
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .app import create_app
+    from .app import create_app, exit_after
     from .metrics import Metrics, serve
     from .topics import TopicMismatch, ensure_topics
 
@@ -110,6 +110,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         settings.metrics_port,
     )
     app, runtime = create_app(settings, metrics)
+    runtime.exit_later = exit_after
     faust_level = _FAUST_LEVELS.get(settings.log_level.lower(), settings.log_level.lower())
     # Faust's CLI would turn its web server (which can show tables) back on, bound to 0.0.0.0;
     # --without-web keeps it off, our own server serves /metrics and /health on loopback.
