@@ -13,6 +13,7 @@ from typing import Any
 from .core.params import DedupParams
 from .core.retention import Retention, parse_duration_ms
 from .core.shingle import ShingleOptions
+from .messages import parse_verdict_filter
 
 # Kafka's bounds: the broker's default group.min.session.timeout.ms, and Faust's request timeout,
 # which a session timeout may not exceed.
@@ -37,6 +38,8 @@ class Settings:
     verdicts_topic: str = "neardup-verdicts"
     verdicts_partitions: int = 3
     dead_letter_topic: str = "neardup-dead-letters"
+    unique_topic: str = ""
+    unique_filter: str = "unique"
     state_dir: str = "./var/neardup"
     max_text_bytes: int = 1_000_000
     threshold: float = 0.8
@@ -124,6 +127,10 @@ class Settings:
                 "NEARDUP_HELPER_TIMEOUT must be > 0 and NEARDUP_HELPER_ITEM_TIMEOUT_MS ≥ 0, got "
                 f"{self.helper_timeout} and {self.helper_item_timeout_ms}"
             )
+        try:
+            self.feed_kinds()
+        except ValueError as exc:
+            raise ConfigError(f"NEARDUP_UNIQUE_FILTER: {exc}") from exc
         for name in ("delivery_timeout", "stall_timeout", "failure_exit_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"NEARDUP_{name.upper()} must be > 0 seconds, got {getattr(self, name)}")
@@ -156,6 +163,10 @@ class Settings:
             self.params()
         except ValueError as exc:
             raise ConfigError(f"engine parameters: {exc}") from exc
+
+    def feed_kinds(self) -> frozenset[str]:
+        """The verdict kinds whose articles go to the filtered feed (NEARDUP_UNIQUE_TOPIC)."""
+        return parse_verdict_filter(self.unique_filter)
 
     def params(self) -> DedupParams:
         return DedupParams(

@@ -50,6 +50,7 @@ from .stages import (
     offset_gaps,
     pack_in_chunks,
     runs_within,
+    with_original,
 )
 from .topics import DEAD_LETTER_MAX_BYTES, LogReader, StoredMessage, changelog_topic
 
@@ -457,6 +458,7 @@ def create_app(
     cast(Any, app).agent_failed = agent_failed
 
     fault = AgentFault()
+    feed_kinds = settings.feed_kinds()
     signed = runtime.signed = Deliveries("sign", runtime.fail)
     indexed = runtime.indexed = Deliveries("index", runtime.fail)
 
@@ -480,6 +482,11 @@ def create_app(
             # transaction markers take an offset each: on the input a gap is often just that
             gaps = _check_gaps(runtime, batch, logging.INFO)
             entries: list[tuple[Any, int, SignItem]] = []
+            headers: dict[tuple[Any, int], Any] = {}
+            if settings.unique_topic:  # the input's headers, forwarded with it
+                headers = {
+                    (event.message.tp, event.message.offset): event.message.headers or () for event in batch
+                }
             for event in batch:
                 msg = event.message
                 stamp = int(msg.timestamp * 1000) if msg.timestamp else None
@@ -488,10 +495,10 @@ def create_app(
             if gaps:
                 # The index must see the articles of each input partition in their order: one
                 # signed after a later one would be decided without it.
-                fills = [
-                    (tp, found.offset, _sign_item(tp, found)) for tp, found in await _read_gaps(runtime, gaps)
-                ]
+                read_back = await _read_gaps(runtime, gaps)
+                fills = [(tp, found.offset, _sign_item(tp, found)) for tp, found in read_back]
                 entries = in_log_order(entries, gaps, fills)
+                headers.update(((tp, found.offset), found.headers) for tp, found in read_back)
             items = [item for _, _, item in entries]
             try:
                 results = await runtime.signer.sign(items)
@@ -504,9 +511,15 @@ def create_app(
             packs: list[bytes] = []
             letters: list[tuple[str, bytes, bytes | None]] = []
             refused_times = 0
-            for (_, key, src), result in zip(items, results, strict=True):
+            # the filtered feed forwards each input message as it came (stages.with_original)
+            originals: list[Any] = [None] * len(items)
+            if settings.unique_topic:
+                originals = [(item[0] or b"", headers.get((tp, offset), ())) for tp, offset, item in entries]
+            for (_, key, src), result, original in zip(items, results, originals, strict=True):
                 if result.signed is not None:
-                    packs.append(result.signed)
+                    packs.append(
+                        result.signed if original is None else with_original(result.signed, *original)
+                    )
                     refused_times += result.refused_time
                 else:
                     assert result.dead_letter is not None and result.reason is not None
@@ -652,6 +665,7 @@ def create_app(
         # counted per chunk, not per verdict: a labelled counter's increment costs the event loop
         counts: collections.Counter[tuple[Any, str | None]] = collections.Counter()
         latencies: list[float] = []
+        feed: list[tuple[bytes, bytes, Any]] = []  # (key, input message, headers) for the filtered feed
         expired = 0
         for entry in outcome.entries:
             if entry.status == "error":
@@ -673,10 +687,18 @@ def create_app(
                 if entry.latency_ms is not None:
                     latencies.append(entry.latency_ms / 1000.0)
             verdicts.append((entry.article_id.encode(), entry.verdict))
+            if entry.original is not None and entry.kind in feed_kinds:
+                feed.append((entry.article_id.encode(), entry.original, entry.headers))
         # Keyed by article id, so that every verdict of an article lands in the same partition.
         # Not Topic.send: Faust's per-message wrapping costs more CPU than the index decision itself.
         sends = [batch.sent for batch in await send_in_batches(producer(), settings.verdicts_topic, verdicts)]
         sends += await send_dead_letters(letters)
+        if feed:
+            messages = [(article_id, original) for article_id, original, _ in feed]
+            sent = await send_in_batches(
+                producer(), settings.unique_topic, messages, headers=[headers for _, _, headers in feed]
+            )
+            sends += [batch.sent for batch in sent]
         runtime.collector.after(outcome.handled)
 
         def counted() -> None:

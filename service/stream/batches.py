@@ -31,10 +31,16 @@ class SentBatch(NamedTuple):
 
 
 async def send_in_batches(
-    producer: Any, topic: str, messages: Sequence[Message], *, partition: int | None = None
+    producer: Any,
+    topic: str,
+    messages: Sequence[Message],
+    *,
+    partition: int | None = None,
+    headers: Sequence[Sequence[tuple[str, bytes]]] | None = None,
 ) -> list[SentBatch]:
     """Send `messages` to `topic` (to `partition`, else by key as send() would) in as few batches as
-    the producer's batch size allows. `producer`: an aiokafka AIOKafkaProducer."""
+    the producer's batch size allows; `headers`, one sequence per message, when they have any.
+    `producer`: an aiokafka AIOKafkaProducer."""
     if not messages:
         return []
     await producer.partitions_for(topic)  # metadata, for the partitioner
@@ -44,15 +50,18 @@ async def send_in_batches(
         targets = partitions_for(producer, topic, [key for key, _ in messages])
     open_batches: dict[int, tuple[Any, int]] = {}
     submitted: list[SentBatch] = []
-    for (key, value), target in zip(messages, targets, strict=True):
+    extras: Sequence[Any] = (
+        [{}] * len(messages) if headers is None else [{"headers": list(h)} for h in headers]
+    )
+    for (key, value), target, extra in zip(messages, targets, extras, strict=True):
         batch, count = open_batches.get(target, (None, 0))
-        if batch is not None and batch.append(key=key, value=value, timestamp=None) is not None:
+        if batch is not None and batch.append(key=key, value=value, timestamp=None, **extra) is not None:
             open_batches[target] = (batch, count + 1)
             continue
         if batch is not None:  # full: send it, start the next
             submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))
         batch = producer.create_batch()
-        if batch.append(key=key, value=value, timestamp=None) is None:
+        if batch.append(key=key, value=value, timestamp=None, **extra) is None:
             size = 0 if value is None else len(value)
             raise ValueError(f"a message of {size} bytes does not fit in a batch for {topic}")
         open_batches[target] = (batch, 1)

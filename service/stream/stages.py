@@ -7,6 +7,8 @@ index: signed record → verdict, applied to the derived index (RocksDB) and to 
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import functools
 import struct
 import time
@@ -30,6 +32,8 @@ from ..state.rocks import RocksState
 _SIGNED = b"S5"  # band keys, 8-bit verifier, event time
 _DELETE = b"SD"  # a deletion: id and provenance
 _PACKED = b"SP"
+_FEED = b"SF"  # a signed record wrapped with its input message, for the filtered feed
+Headers = tuple[tuple[str, bytes], ...]
 _LEN = struct.Struct(">I")
 _BANDING = struct.Struct(">HH")  # (bands, rows) of the band keys that follow (0, 0: none)
 PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
@@ -65,6 +69,9 @@ class Signed:
     banding: tuple[int, int] = (0, 0)  # the (bands, rows) that gave band_keys
     time_ms: int = 0
     refused_time: bool = False  # its published_at was present but not used
+    # the input message as it came (value, headers), when the filtered feed is on
+    original: bytes | None = None
+    headers: Headers = ()
 
     def band_keys_for(self, bands: int, rows: int) -> tuple[bytes, ...] | None:
         """The band keys when they were computed for this banding, else None (compute them)."""
@@ -101,6 +108,17 @@ def encode_signed(signed: Signed) -> bytes:
     return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(fp)
 
 
+def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
+    """A signed record (encode_signed) wrapped with the input message it came from, so that the
+    index stage can forward the message unchanged to the filtered feed (NEARDUP_UNIQUE_TOPIC)
+    without reading the input back; a deletion is returned as it is."""
+    if record[:2] != _SIGNED:
+        return record
+    pairs = headers.items() if isinstance(headers, Mapping) else headers  # (name, value) pairs
+    head = orjson.dumps([[name, base64.b64encode(value or b"").decode()] for name, value in pairs])
+    return _FEED + _LEN.pack(len(original)) + original + _LEN.pack(len(head)) + head + record
+
+
 def encode_deletion(deletion: SignedDeletion) -> bytes:
     src = deletion.provenance
     meta = {"id": deletion.article_id, "src": [src.topic, src.partition, src.offset, src.timestamp_ms]}
@@ -117,6 +135,21 @@ def _keys_layout(count: int) -> struct.Struct:
 def decode_signed(data: bytes) -> Signed | SignedDeletion:
     """Inverse of encode_signed and encode_deletion."""
     magic = data[:2]
+    if magic == _FEED:
+        (size,) = _LEN.unpack_from(data, 2)
+        if len(data) < 6 + size + _LEN.size:
+            raise ValueError(f"feed record announces {size} bytes of input message and is shorter")
+        original = data[6 : 6 + size]
+        (head_size,) = _LEN.unpack_from(data, 6 + size)
+        head_at = 6 + size + _LEN.size
+        headers = tuple(
+            (name, base64.b64decode(value))
+            for name, value in orjson.loads(data[head_at : head_at + head_size])
+        )
+        inner = decode_signed(data[head_at + head_size :])
+        if not isinstance(inner, Signed) or len(original) != size:
+            raise ValueError("a feed record must wrap a whole signed record")
+        return dataclasses.replace(inner, original=original, headers=headers)
     if magic == _DELETE:
         meta = orjson.loads(data[2:])
         return SignedDeletion(meta["id"], Provenance(*meta["src"]))
@@ -183,7 +216,7 @@ def signed_count(data: bytes) -> int:
 
 def unpack_signed(data: bytes) -> list[bytes]:
     """The signed records of one signatures message, packed or single."""
-    if data[:2] in (_SIGNED, _DELETE):
+    if data[:2] in (_SIGNED, _DELETE, _FEED):
         return [data]
     if data[:2] != _PACKED:
         raise ValueError(f"not a signatures message: {data[:8]!r}")
@@ -322,13 +355,18 @@ class EntryOutcome(NamedTuple):
     error: str | None = None
     payload: bytes | None = None
     expired: int = 0
+    original: bytes | None = None  # the input message, for the filtered feed (with_original)
+    headers: Headers = ()
 
     @classmethod
-    def of(cls, offset: int, result: IndexResult) -> EntryOutcome:
+    def of(
+        cls, offset: int, result: IndexResult, signed: Signed | SignedDeletion | None = None
+    ) -> EntryOutcome:
         verdict = result.verdict
         if verdict is None:
             article_id = None if result.article is None else result.article.article_id
             return cls(offset, article_id, result.status, expired=result.expired)
+        original, headers = (signed.original, signed.headers) if isinstance(signed, Signed) else (None, ())
         return cls(
             offset,
             verdict["article_id"],
@@ -337,6 +375,8 @@ class EntryOutcome(NamedTuple):
             verdict["verdict"],
             verdict["latency_ms"],
             expired=result.expired,
+            original=original,
+            headers=headers,
         )
 
     @classmethod
@@ -521,11 +561,12 @@ class IndexStage:
             handled += len(records)
             for record in records:
                 try:
-                    result = self.handle(decode_signed(record), offset, now)
+                    signed = decode_signed(record)
+                    result = self.handle(signed, offset, now)
                 except Exception as exc:
                     entries.append(EntryOutcome.failed(offset, record, exc))
                     continue
-                entries.append(EntryOutcome.of(offset, result))
+                entries.append(EntryOutcome.of(offset, result, signed))
             self.applied(offset)
         self.checkpoint()
         counts = self.index.counts

@@ -25,6 +25,7 @@ class StoredMessage(NamedTuple):
     key: bytes | None
     value: bytes | None  # None: a tombstone
     timestamp_ms: int | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class TopicMismatch(RuntimeError):
@@ -53,6 +54,19 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         # a dead letter carries its original bytes base64-encoded (4/3 larger) plus metadata
         TopicSpec(settings.dead_letter_topic, 1, exact=False, max_message_bytes=DEAD_LETTER_MAX_BYTES),
         TopicSpec(changelog_topic(settings), 1, compact=True),
+        # the filtered feed forwards input messages unchanged: as large as the input takes
+        *(
+            [
+                TopicSpec(
+                    settings.unique_topic,
+                    settings.verdicts_partitions,
+                    exact=False,
+                    max_message_bytes=DEAD_LETTER_MAX_BYTES,
+                )
+            ]
+            if settings.unique_topic
+            else []
+        ),
         TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, exact=False),
     ]
 
@@ -146,7 +160,15 @@ class LogReader:
             while await consumer.position(tp) < stop:
                 for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
                     if start <= record.offset < stop:
-                        found.append(StoredMessage(record.offset, record.key, record.value, record.timestamp))
+                        found.append(
+                            StoredMessage(
+                                record.offset,
+                                record.key,
+                                record.value,
+                                record.timestamp,
+                                tuple(record.headers or ()),
+                            )
+                        )
             return found
 
     async def _started(self) -> AIOKafkaConsumer:

@@ -182,6 +182,8 @@ def _sample(name: str, default: object) -> str:
         return {"retention": "30d", "time_skew": "5m"}[name]
     if name in ("num_perm", "verify_perm"):  # the verifier must be a multiple of the signature
         return {"num_perm": "64", "verify_perm": "256"}[name]
+    if name == "unique_filter":
+        return "unique,partial"
     if name == "session_timeout_ms":  # within Kafka's bounds, and three heartbeats
         return "20000"
     if isinstance(default, int):

@@ -30,6 +30,7 @@ from neardup.stream.stages import (
     SignedDeletion,
     SignStage,
     decode_signed,
+    encode_deletion,
     encode_signed,
     following_run,
     in_log_order,
@@ -37,6 +38,7 @@ from neardup.stream.stages import (
     pack_in_chunks,
     pack_signed,
     unpack_signed,
+    with_original,
 )
 from tests.conftest import PROSE
 
@@ -662,3 +664,22 @@ def test_the_following_run_starts_right_after_the_last_offset_decided() -> None:
     assert following_run(9, messages) == []  # all decided already
     assert following_run(2, messages) == []  # 3 comes first, and it is not among them
     assert following_run(-1, [(0, "a")]) == [(0, "a")]
+
+
+def test_a_record_wrapped_with_its_input_message_decodes_with_it() -> None:
+    params = DedupParams()
+    fp = fingerprint(PROSE[0], params)
+    signed = Signed("a", fp, Provenance("in", 2, 7, 1_000), time_ms=1_000)
+    record = encode_signed(signed)
+    original = orjson.dumps({"id": "a", "text": PROSE[0]}) + b" "
+    headers = (("source", b"wire"), ("empty", b""))
+    wrapped = with_original(record, original, headers)
+    assert unpack_signed(pack_signed([wrapped])) == [wrapped]
+    decoded = decode_signed(wrapped)
+    assert isinstance(decoded, Signed)
+    assert decoded.original == original and decoded.headers == headers
+    assert dataclasses.replace(decoded, original=None, headers=()) == decode_signed(record)
+    deletion = encode_deletion(SignedDeletion("a", Provenance("in", 2, 8, None)))
+    assert with_original(deletion, b"", ()) == deletion  # nothing to forward
+    with pytest.raises(ValueError, match="input message"):
+        decode_signed(wrapped[:20])
