@@ -709,6 +709,8 @@ def create_app(
             if expired:
                 metrics.expired.inc(expired)
             count_dead_letters(letters)
+            if feed:
+                metrics.fed.inc(len(feed))
             metrics.indexed.set(outcome.indexed)
             metrics.clusters.set(outcome.clusters)
             metrics.buckets.set(outcome.buckets)
@@ -930,6 +932,7 @@ async def _open_decider(runtime: Runtime) -> Decider:
         # records in threads of its own: they too yield to the threads that decide and publish.
         if runtime.settings.rocksdb_nice:
             lower_background_threads(runtime.settings.rocksdb_nice)
+        runtime.metrics.index_opens.labels("reopened" if count is None else "rebuilt").inc()
         if count is None:
             log.info("index_reopened")
         else:

@@ -78,6 +78,17 @@ class Metrics:
             "Signatures messages decided as soon as their send was acknowledged, not after a fetch",
             registry=r,
         )
+        self.index_opens = Counter(
+            "neardup_index_opens",
+            "Index openings at the shard's assignment: reopened after a clean stop, or rebuilt",
+            ["how"],
+            registry=r,
+        )
+        self.fed = Counter(
+            "neardup_feed_messages",
+            "Input messages forwarded to the filtered feed (NEARDUP_UNIQUE_TOPIC) and acknowledged",
+            registry=r,
+        )
         self.lag = Gauge(
             "neardup_consumer_lag", "Messages behind the high-water mark", ["topic", "partition"], registry=r
         )
@@ -94,6 +105,8 @@ class Metrics:
             self.verdicts.labels(kind)
         for status in ("deleted", "unknown_delete"):
             self.deletes.labels(status)
+        for how in ("reopened", "rebuilt"):
+            self.index_opens.labels(how)
         self.started = time.time()
         self.ready = threading.Event()
         # Written by the event loop, read by the HTTP thread (single attribute stores)
