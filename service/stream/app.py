@@ -818,6 +818,8 @@ def stalled_stage(app: faust.App, runtime: Runtime) -> str | None:
             waited = now - stage.settled_at
             return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
     for tp in app.consumer.assignment():
+        if tp.topic == runtime.settings.signatures_topic and runtime.decider.opening:
+            continue  # the index is being rebuilt before the shard's next batch
         highwater = app.consumer.highwater(tp)
         last = runtime.delivered.get(tp)
         taken = runtime.taken_at.get(tp.topic, now)

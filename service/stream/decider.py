@@ -122,6 +122,7 @@ class Decider:
         self._child: Child | None = None
         # awaited before a replacement child rebuilds: the table must hold every chunk answered
         self.before_rebuild: Callable[[], Awaitable[None]] | None = None
+        self.opening = False
 
     @property
     def child_pid(self) -> int | None:
@@ -130,6 +131,13 @@ class Decider:
     async def open(self) -> int | None:
         """At every assignment of the shard: reopen the derived index or rebuild it from the record
         table. Returns the number of articles rebuilt, None when the index was kept."""
+        self.opening = True  # a rebuild takes as long as the table is large: not a stall
+        try:
+            return await self._open()
+        finally:
+            self.opening = False
+
+    async def _open(self) -> int | None:
         if self.in_process:
             if self.stage is None:
                 self.stage = IndexStage(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,39 @@ async def test_agent_faults_raise_or_delay_where_asked() -> None:
     for bad in ("raise:decider:1", "delay:sign:1:5", "raise:index", "delay:index:1:x"):
         with pytest.raises(ValueError, match="NEARDUP_TEST_AGENT_FAULT"):
             AgentFault(bad)
+
+
+def test_a_stage_or_partition_without_progress_is_reported_stalled() -> None:
+    from types import SimpleNamespace
+
+    from faust.types import TP
+
+    from neardup.stream.app import stalled_stage
+
+    now = time.monotonic()
+    stage = Deliveries("index", lambda message: None)
+    settings = SimpleNamespace(stall_timeout=60.0, signatures_topic="sigs")
+    tp = TP("articles", 0)
+    highwater = {tp: 100}
+    consumer = SimpleNamespace(assignment=lambda: set(highwater), highwater=highwater.get)
+    app: Any = SimpleNamespace(consumer=consumer)
+    runtime: Any = SimpleNamespace(
+        settings=settings,
+        stages=lambda: [stage],
+        delivered={tp: 99},
+        taken_at={"articles": now - 120},
+        decider=SimpleNamespace(opening=False),
+    )
+    assert stalled_stage(app, runtime) is None  # everything taken: nothing waits
+    runtime.delivered[tp] = 40
+    assert "articles:0: 59 waiting" in (stalled_stage(app, runtime) or "")
+    runtime.taken_at["articles"] = now
+    assert stalled_stage(app, runtime) is None  # waiting, but a batch was just taken
+    stage._unsettled, stage.settled_at = 2, now - 61
+    assert "stage index: 2 batches unacknowledged" in (stalled_stage(app, runtime) or "")
+    stage.settled_at = now
+    sigs = TP("sigs", 0)
+    highwater[sigs], runtime.delivered[sigs], runtime.taken_at["sigs"] = 10, 2, now - 300
+    assert "sigs:0" in (stalled_stage(app, runtime) or "")
+    runtime.decider.opening = True
+    assert stalled_stage(app, runtime) is None  # a rebuild in progress is not a stall
