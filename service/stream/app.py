@@ -88,8 +88,7 @@ class LeanStream(faust.Stream):
 
         Faust's take_events wakes every `within` whether or not anything came (through mode's
         waits: three tasks and an `asyncio.wait` each time), and then holds what came for the
-        rest of that tick: at 500 articles/s the sign agent's batches waited a median 5.0 ms in
-        its buffer (the 5 ms tick; a one-off trace of delivery and batch times). This loop sleeps
+        rest of that tick, which adds up to a tick to every article's latency. This loop sleeps
         until the first event of a batch, then waits `within` at most for more: the consumer
         delivers a fetch's messages together, so a short `within` still takes them in one batch."""
         batches = self._lean_batches(max_, want_seconds(within))
@@ -141,8 +140,8 @@ class LeanStream(faust.Stream):
 
 
 class LeanMonitor(Monitor):
-    """Faust's monitor sensor without its per-event counters, timings and string lookups (~3% of
-    the event loop's time at full speed, py-spy): they feed Faust's web pages, disabled here. The
+    """Faust's monitor sensor without its per-event counters, timings and string lookups (a
+    measurable share of the event loop's time at full speed): they feed Faust's web pages, disabled here. The
     time a partition's stream last took an event is kept: Faust's consumer reads it to report
     streams that stall."""
 
@@ -154,8 +153,8 @@ class LeanMonitor(Monitor):
 def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
     """faust.App whose consumer waits at most `fetch_wait_ms` for a fetch, instead of the 1500 ms
     Faust hard-codes. The worker reads its input and its own signatures over one connection, and
-    aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog ran at
-    ~380 articles/s and 47% of a core; with 5 ms, ~800/s at 100% (tests/benchmarks/bench_stream.py).
+    aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog spends most
+    of its time waiting for fetches (deploy/docs/benchmarks.md).
     The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait."""
 
     class ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
@@ -232,8 +231,7 @@ class _HandOff:
     """Signatures messages this worker sent, decided as soon as the broker acknowledges them.
 
     Through the consumer, a signatures message reaches the index agent one fetch round trip after
-    its send: at 500 articles/s about as long as the input's own fetch (14-21 ms at the median of
-    each, a one-off split of the record timestamps). The acknowledgement gives its offset, so while
+    its send: about as long again as the input's own fetch. The acknowledgement gives its offset, so while
     this worker owns the shard it can be decided at once, in the shard's order: only when it follows
     the last message decided (`stages.following_run`); otherwise (another worker's messages first,
     the shard elsewhere, a failed send) the consumer brings it, as it brings every message anyway.
@@ -388,8 +386,8 @@ def create_app(
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
         # aiokafka waits for a partition's batch to be sent (one request in flight per broker) before
-        # it starts the next: with the default 16 KB, the record table's changelog (3.5 KB per article
-        # at the time, ~2 KB now) moved ~4 articles per round trip.
+        # it starts the next: with the default 16 KB, the record table's changelog would move only a
+        # handful of articles per round trip.
         producer_max_batch_size=512 * 1024,
         broker_commit_interval=1.0,
         # A restarted worker takes its place in the group at once (Settings.group_instance_id); a
@@ -930,7 +928,7 @@ async def _open_decider(runtime: Runtime) -> Decider:
         applied = runtime.decider.records.get(OFFSET_KEY)
         shard = TP(runtime.settings.signatures_topic, 0)
         runtime.delivered[shard] = int(applied) if applied is not None else -1
-        # The record table's RocksDB (Faust's store, in this process) flushes and compacts its ~2 KB
+        # The record table's RocksDB (Faust's store, in this process) flushes and compacts its
         # records in threads of its own: they too yield to the threads that decide and publish.
         if runtime.settings.rocksdb_nice:
             lower_background_threads(runtime.settings.rocksdb_nice)

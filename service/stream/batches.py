@@ -1,7 +1,7 @@
 """Messages sent as aiokafka batches built here, one per partition, instead of one send per message.
 
-aiokafka's per-message send (a future, a metadata check and a callback for each) cost ~10 µs of the
-event loop a message; appending to a batch ~3 (one-off timing against the local broker). The worker
+aiokafka's per-message send (a future, a metadata check and a callback for each) costs the event
+loop several times what appending to a batch does. The worker
 sends two messages per article this way: its verdict and its record-table changelog entry. Order is
 kept: within a partition, batches go out in the order they are submitted, messages in the order
 they were appended. Partitions are the ones aiokafka's send would pick (its partitioner on the key).
@@ -73,8 +73,8 @@ async def send_in_batches(
 def partitions_for(producer: Any, topic: str, keys: Sequence[bytes | None]) -> list[int]:
     """The partition aiokafka's send would pick for each key: its default partitioner's choice
     (Kafka's murmur2 of the key over the topic's partitions) computed in C where built, as the
-    partitioner computes it in pure Python (~5-10 µs a key); any other partitioner, or a message
-    without a key (a random partition), is asked as send() would ask it."""
+    partitioner computes it in pure Python, at a cost per key that shows at full speed; any other
+    partitioner, or a message without a key (a random partition), is asked as send() would ask it."""
     partitioner = getattr(producer, "_partitioner", None)
     if _kafka_hash is None or not isinstance(partitioner, DefaultPartitioner) or None in keys:
         return [producer._partition(topic, None, None, None, key, None) for key in keys]

@@ -43,7 +43,7 @@ Message = tuple[int, bytes]  # (offset, value) of one signatures message
 Write = tuple[bytes, bytes | None]  # (key, value) for the record table; None deletes the key
 Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
-LOAD_CHUNK = 2000  # records per frame while streaming the table for a rebuild (~7 MB)
+LOAD_CHUNK = 2000  # records per frame while streaming the table for a rebuild: a few MB
 CLOSE_TIMEOUT_S = 30.0
 _CHECKPOINTS = (OFFSET_KEY, INPUTS_KEY)  # the table's keys the child reads: what was applied
 
@@ -175,8 +175,8 @@ class Decider:
         replaced decider rebuilds from the table, then decides again what was not answered.
 
         In a child, the next chunk is already queued while the caller handles an answer, so the
-        child goes from one chunk to the next without waiting for the event loop (one request at a
-        time left it idle ~20% of the time at full load). Close the iterator (contextlib.aclosing)
+        child goes from one chunk to the next without waiting for the event loop (with one request
+        at a time it would sit idle while the loop publishes). Close the iterator (contextlib.aclosing)
         when leaving early: a child with a request in flight is stopped, as its answer would be
         read as the next one's."""
         if self.in_process:
