@@ -34,25 +34,14 @@ from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
 from .delivery import Deliveries
 from .faults import AgentFault
+from .gaps import OffsetGap, following_run, in_log_order, offset_gaps
 from .inline import run_until_wait, wait_for_event
 from .metrics import Metrics
 from .pipes import CallTimeout
 from .signer import Signer, SignerFailed, SignItem
-from .stages import (
-    OFFSET_KEY,
-    BatchOutcome,
-    EntryOutcome,
-    OffsetGap,
-    Provenance,
-    SignStage,
-    following_run,
-    in_log_order,
-    offset_gaps,
-    pack_in_chunks,
-    runs_within,
-    with_original,
-)
+from .stages import OFFSET_KEY, BatchOutcome, EntryOutcome, SignStage
 from .topics import DEAD_LETTER_MAX_BYTES, LogReader, StoredMessage, changelog_topic
+from .wire import Provenance, pack_in_chunks, runs_within, with_original
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"

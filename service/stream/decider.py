@@ -35,7 +35,8 @@ from .pipes import (
     read_frame,
     write_frame,
 )
-from .stages import INPUTS_KEY, OFFSET_KEY, BatchOutcome, IndexStage, signed_count, table_articles
+from .stages import INPUTS_KEY, OFFSET_KEY, BatchOutcome, IndexStage, table_articles
+from .wire import signed_count
 
 log = logging.getLogger("neardup.decider")
 

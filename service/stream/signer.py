@@ -24,7 +24,8 @@ from .pipes import (
     read_frame,
     write_frame,
 )
-from .stages import Provenance, SignResult, SignStage
+from .stages import SignResult, SignStage
+from .wire import Provenance
 
 log = logging.getLogger("neardup.signer")
 

@@ -7,286 +7,40 @@ index: signed record → verdict, applied to the derived index (RocksDB) and to 
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import functools
-import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import orjson
 
 from ..core.dedup import IndexedArticle
-from ..core.lsh import BAND_KEY_BYTES, band_keys
+from ..core.lsh import band_keys
 from ..core.params import DedupParams, IncompatibleState
 from ..core.retention import NO_RETENTION, Retention, event_time
-from ..core.signing import EmptyText, Fingerprint, fingerprint
+from ..core.signing import EmptyText, fingerprint
 from ..engine import Engine
 from ..messages import Deletion, InvalidMessage, dead_letter_dict, decode_message, verdict_dict
 from ..state.records import MAGIC as RECORD_MAGIC
-from ..state.records import CorruptRecord, pack_sketches, unpack_sketches
+from ..state.records import CorruptRecord
 from ..state.rocks import RocksState
+from .wire import (
+    Headers,
+    Provenance,
+    Signed,
+    SignedDeletion,
+    decode_signed,
+    encode_deletion,
+    encode_signed,
+    unpack_signed,
+)
 
-_SIGNED = b"S5"  # band keys, 8-bit verifier, event time
-_DELETE = b"SD"  # a deletion: id and provenance
-_PACKED = b"SP"
-_FEED = b"SF"  # a signed record wrapped with its input message, for the filtered feed
-Headers = tuple[tuple[str, bytes], ...]
-_LEN = struct.Struct(">I")
-_BANDING = struct.Struct(">HH")  # (bands, rows) of the band keys that follow (0, 0: none)
-PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
 ARTICLE_PREFIX = b"a"
 OFFSET_KEY = b"m:applied-offset"
 # in the record table: the input offsets applied, per input partition (replay safety), with the
 # offset of the signatures message that last moved them
 INPUTS_KEY = b"m:applied-inputs"
 CLEAN_KEY = b"closed-cleanly-at"  # in the derived index: the applied offset it was closed at
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where an article came from, for dead letters, latency, audit and replay safety."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-
-
-@dataclass(frozen=True)
-class Signed:
-    """What travels on the signatures topic: one article's fingerprint, no text, its LSH band keys
-    (computed in the sign stage, which scales with the input's partitions, rather than in the index
-    stage, one process per shard; empty: not computed) and its event time."""
-
-    article_id: str
-    fingerprint: Fingerprint
-    provenance: Provenance
-    band_keys: tuple[bytes, ...] = ()
-    banding: tuple[int, int] = (0, 0)  # the (bands, rows) that gave band_keys
-    time_ms: int = 0
-    refused_time: bool = False  # its published_at was present but not used
-    # the input message as it came (value, headers), when the filtered feed is on
-    original: bytes | None = None
-    headers: Headers = ()
-
-    def band_keys_for(self, bands: int, rows: int) -> tuple[bytes, ...] | None:
-        """The band keys when they were computed for this banding, else None (compute them)."""
-        return self.band_keys if self.banding == (bands, rows) and self.band_keys else None
-
-
-@dataclass(frozen=True)
-class SignedDeletion:
-    """A deletion on the signatures topic, in its place in the input's order."""
-
-    article_id: str
-    provenance: Provenance
-
-
-def encode_signed(signed: Signed) -> bytes:
-    """S5, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
-    fp, src = signed.fingerprint, signed.provenance
-    bands, rows = signed.banding if signed.band_keys else (0, 0)
-    if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
-        raise ValueError(f"band keys must be one per band of {signed.banding}, {BAND_KEY_BYTES} bytes each")
-    meta = orjson.dumps(
-        {
-            "id": signed.article_id,
-            "h": fp.content_hash.hex(),
-            "n": fp.shingle_count,
-            "s": fp.short,
-            "m": fp.signature.size,
-            "src": [src.topic, src.partition, src.offset, src.timestamp_ms],
-            "t": signed.time_ms,
-            "r": signed.refused_time,
-        }
-    )
-    keys = b"".join(signed.band_keys)
-    return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(fp)
-
-
-def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
-    """A signed record (encode_signed) wrapped with the input message it came from, so that the
-    index stage can forward the message unchanged to the filtered feed (NEARDUP_UNIQUE_TOPIC)
-    without reading the input back; a deletion is returned as it is."""
-    if record[:2] != _SIGNED:
-        return record
-    pairs = headers.items() if isinstance(headers, Mapping) else headers  # (name, value) pairs
-    head = orjson.dumps([[name, base64.b64encode(value or b"").decode()] for name, value in pairs])
-    return _FEED + _LEN.pack(len(original)) + original + _LEN.pack(len(head)) + head + record
-
-
-def encode_deletion(deletion: SignedDeletion) -> bytes:
-    src = deletion.provenance
-    meta = {"id": deletion.article_id, "src": [src.topic, src.partition, src.offset, src.timestamp_ms]}
-    return _DELETE + orjson.dumps(meta)
-
-
-@functools.lru_cache(maxsize=8)
-def _keys_layout(count: int) -> struct.Struct:
-    """`count` band keys back to back: one unpack call slices them all (25 slices in Python cost
-    a third of what computing the keys does)."""
-    return struct.Struct(f"{BAND_KEY_BYTES}s" * count)
-
-
-def decode_signed(data: bytes) -> Signed | SignedDeletion:
-    """Inverse of encode_signed and encode_deletion."""
-    magic = data[:2]
-    if magic == _FEED:
-        (size,) = _LEN.unpack_from(data, 2)
-        if len(data) < 6 + size + _LEN.size:
-            raise ValueError(f"feed record announces {size} bytes of input message and is shorter")
-        original = data[6 : 6 + size]
-        (head_size,) = _LEN.unpack_from(data, 6 + size)
-        head_at = 6 + size + _LEN.size
-        headers = tuple(
-            (name, base64.b64decode(value))
-            for name, value in orjson.loads(data[head_at : head_at + head_size])
-        )
-        inner = decode_signed(data[head_at + head_size :])
-        if not isinstance(inner, Signed) or len(original) != size:
-            raise ValueError("a feed record must wrap a whole signed record")
-        return dataclasses.replace(inner, original=original, headers=headers)
-    if magic == _DELETE:
-        meta = orjson.loads(data[2:])
-        return SignedDeletion(meta["id"], Provenance(*meta["src"]))
-    if magic != _SIGNED:
-        raise ValueError(f"not a signed record: {data[:8]!r}")
-    (meta_len,) = _LEN.unpack_from(data, 2)
-    meta = orjson.loads(data[6 : 6 + meta_len])
-    position = 6 + meta_len
-    bands, rows = _BANDING.unpack_from(data, position)
-    position += _BANDING.size
-    if position + bands * BAND_KEY_BYTES > len(data):
-        raise ValueError(f"signed record announces {bands} band keys and is shorter")
-    keys = _keys_layout(bands).unpack_from(data, position)  # () for none
-    position += bands * BAND_KEY_BYTES
-    signature, verifier = unpack_sketches(data[position:], meta["m"])
-    topic, partition, offset, timestamp = meta["src"]
-    return Signed(
-        meta["id"],
-        Fingerprint(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
-        Provenance(topic, partition, offset, timestamp),
-        keys,
-        (bands, rows),
-        meta["t"],
-        meta["r"],
-    )
-
-
-def pack_signed(records: Sequence[bytes]) -> bytes:
-    """Many signed records in one signatures message: the index stage then pays Faust's per-event
-    and per-send costs once per sign batch instead of once per article."""
-    parts = [_PACKED, _LEN.pack(len(records))]
-    for record in records:
-        parts += (_LEN.pack(len(record)), record)
-    return b"".join(parts)
-
-
-def pack_in_chunks(records: Sequence[bytes], max_bytes: int = PACK_MAX_BYTES) -> list[bytes]:
-    """pack_signed over consecutive runs of `records` of at most `max_bytes` each (≥1 record)."""
-    return [pack_signed(run) for run in runs_within(records, lambda r: len(r) + _LEN.size, max_bytes)]
-
-
-def runs_within(items: Sequence[T], size: Callable[[T], int], max_bytes: int) -> list[list[T]]:
-    """Consecutive runs of `items` whose sizes add up to at most `max_bytes` (≥1 item per run: an
-    item larger than that gets a run of its own)."""
-    runs: list[list[T]] = []
-    total = 0
-    for item in items:
-        weight = size(item)
-        if not runs or total + weight > max_bytes:
-            runs.append([])
-            total = 0
-        runs[-1].append(item)
-        total += weight
-    return runs
-
-
-def signed_count(data: bytes) -> int:
-    """How many signed records a signatures message holds, as its header says (at most one per
-    4 bytes of it, whatever a corrupt header says)."""
-    if data[:2] == _PACKED and len(data) >= 2 + _LEN.size:
-        return min(_LEN.unpack_from(data, 2)[0], len(data) // _LEN.size)
-    return 1
-
-
-def unpack_signed(data: bytes) -> list[bytes]:
-    """The signed records of one signatures message, packed or single."""
-    if data[:2] in (_SIGNED, _DELETE, _FEED):
-        return [data]
-    if data[:2] != _PACKED:
-        raise ValueError(f"not a signatures message: {data[:8]!r}")
-    (count,) = _LEN.unpack_from(data, 2)
-    records, position = [], 6
-    for _ in range(count):
-        (size,) = _LEN.unpack_from(data, position)
-        record = data[position + _LEN.size : position + _LEN.size + size]
-        if len(record) != size:
-            raise ValueError(f"truncated signatures message: {count} records announced")
-        records.append(record)
-        position += _LEN.size + size
-    if position != len(data):
-        raise ValueError(f"signatures message has {len(data) - position} trailing bytes")
-    return records
-
-
-class OffsetGap(NamedTuple):
-    """Messages of one partition that the consumer went past without delivering them."""
-
-    partition: Any  # the consumer's topic-partition
-    expected: int  # the first offset not delivered
-    got: int  # the offset delivered instead
-
-
-def offset_gaps(last: dict[Any, int], delivered: Iterable[tuple[Any, int]]) -> list[OffsetGap]:
-    """Gaps in `delivered` ((partition, offset) in delivery order), given the last offset delivered
-    before for each partition (`last`, updated in place). Going back is no gap (re-delivery after a
-    restart or rebalance); going forward by more than one is, on topics whose offsets have no holes
-    (not compacted, no transactions), as the signatures topic."""
-    gaps = []
-    for partition, offset in delivered:
-        before = last.get(partition)
-        if before is not None and offset > before + 1:
-            gaps.append(OffsetGap(partition, before + 1, offset))
-        last[partition] = offset
-    return gaps
-
-
-def in_log_order(
-    messages: Sequence[tuple[Any, int, T]], gaps: Sequence[OffsetGap], fills: Sequence[tuple[Any, int, T]]
-) -> list[tuple[Any, int, T]]:
-    """`messages` ((partition, offset, payload), as delivered) with `fills`, the messages read for
-    `gaps`, put back where they belong: each gap's before the message that revealed it."""
-    before: dict[tuple[Any, int], list[tuple[Any, int, T]]] = {(gap.partition, gap.got): [] for gap in gaps}
-    for fill in sorted(fills, key=lambda entry: entry[1]):
-        partition, offset, _ = fill
-        gap = next((g for g in gaps if g.partition == partition and g.expected <= offset < g.got), None)
-        if gap is None:
-            raise ValueError(f"message at offset {offset} of {partition} fills no gap of {list(gaps)}")
-        before[(gap.partition, gap.got)].append(fill)
-    ordered: list[tuple[Any, int, T]] = []
-    for message in messages:
-        ordered += before.pop((message[0], message[1]), [])
-        ordered.append(message)
-    return ordered
-
-
-def following_run(after: int, messages: Sequence[tuple[int, T]]) -> list[tuple[int, T]]:
-    """Of `messages` ((offset, payload), in offset order), those that can be decided right after the
-    offset `after` without skipping one: past the ones at or before it (decided already), the
-    offsets that follow it one by one."""
-    run: list[tuple[int, T]] = []
-    for message in messages:
-        if message[0] <= after:
-            continue
-        if message[0] != after + 1 + len(run):
-            break
-        run.append(message)
-    return run
 
 
 def table_articles(records: Mapping[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:

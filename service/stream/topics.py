@@ -48,7 +48,7 @@ def changelog_topic(settings: Settings) -> str:
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     return [
         TopicSpec(settings.input_topic, settings.input_partitions, exact=False),
-        # one message carries a sign batch of signatures (stages.PACK_MAX_BYTES)
+        # one message carries a sign batch of signatures (wire.PACK_MAX_BYTES)
         TopicSpec(settings.signatures_topic, 1, max_message_bytes=DEAD_LETTER_MAX_BYTES),
         TopicSpec(settings.verdicts_topic, settings.verdicts_partitions, exact=False),
         # a dead letter carries its original bytes base64-encoded (4/3 larger) plus metadata

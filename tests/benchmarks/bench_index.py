@@ -43,14 +43,8 @@ from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
 from neardup.core.params import DedupParams  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
-from neardup.stream.stages import (  # noqa: E402
-    ARTICLE_PREFIX,
-    IndexStage,
-    Provenance,
-    Signed,
-    SignStage,
-    decode_signed,
-)
+from neardup.stream.stages import ARTICLE_PREFIX, IndexStage, SignStage  # noqa: E402
+from neardup.stream.wire import Provenance, Signed, decode_signed  # noqa: E402
 
 _LEN = struct.Struct(">I")
 CURRENT = RocksOptions(write_ahead_log=False)

@@ -32,7 +32,8 @@ from bench_index import signed_articles  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
 from neardup.stream.decider import Decider  # noqa: E402
-from neardup.stream.stages import ARTICLE_PREFIX, IndexStage, encode_signed, pack_signed  # noqa: E402
+from neardup.stream.stages import ARTICLE_PREFIX, IndexStage  # noqa: E402
+from neardup.stream.wire import encode_signed, pack_signed  # noqa: E402
 
 
 def memory_kb(pid: int, field: str) -> int:

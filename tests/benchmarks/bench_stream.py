@@ -82,8 +82,8 @@ from neardup.config import Settings  # noqa: E402
 from neardup.core import compiled  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
 from neardup.core.signing import fingerprint  # noqa: E402
-from neardup.stream.stages import decode_signed, unpack_signed  # noqa: E402
 from neardup.stream.topics import ensure_topics  # noqa: E402
+from neardup.stream.wire import decode_signed, unpack_signed  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"  # tests/data/build_news_corpus.py

@@ -20,8 +20,9 @@ from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 
 from neardup.core.params import DedupParams
 from neardup.stream.app import SHARD_KEY
-from neardup.stream.stages import Provenance, SignStage, pack_signed
+from neardup.stream.stages import SignStage
 from neardup.stream.topics import DEAD_LETTER_MAX_BYTES
+from neardup.stream.wire import Provenance, pack_signed
 
 from .conftest import (
     Deployment,

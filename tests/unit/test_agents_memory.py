@@ -25,17 +25,9 @@ from neardup.stream.app import SHARD_KEY, LeanMonitor, LeanStream, Runtime, _app
 from neardup.stream.decider import DeciderFailed
 from neardup.stream.metrics import Metrics
 from neardup.stream.signer import SignerFailed
-from neardup.stream.stages import (
-    ARTICLE_PREFIX,
-    INPUTS_KEY,
-    OFFSET_KEY,
-    Provenance,
-    SignStage,
-    decode_signed,
-    pack_signed,
-    unpack_signed,
-)
+from neardup.stream.stages import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, SignStage
 from neardup.stream.topics import StoredMessage, changelog_topic
+from neardup.stream.wire import Provenance, decode_signed, pack_signed, unpack_signed
 from tests.conftest import PROSE
 
 HIGHWATER = 10

@@ -19,16 +19,8 @@ from neardup.state.rocks import RocksOptions, RocksState
 from neardup.stream import decider as decider_module
 from neardup.stream.decider import Decider, DeciderFailed, Write
 from neardup.stream.pipes import FAULT_VARIABLE, CallTimeout
-from neardup.stream.stages import (
-    ARTICLE_PREFIX,
-    OFFSET_KEY,
-    BatchOutcome,
-    IndexStage,
-    encode_signed,
-    pack_signed,
-    runs_within,
-    signed_count,
-)
+from neardup.stream.stages import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexStage
+from neardup.stream.wire import encode_signed, pack_signed, runs_within, signed_count
 from tests.conftest import PROSE
 from tests.unit.test_stages import FUTURE, HISTORY, PARAMS, signed
 

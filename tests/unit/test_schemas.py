@@ -23,7 +23,8 @@ from neardup.messages import (
 )
 from neardup.state.memory import MemoryState
 from neardup.stream import stages
-from neardup.stream.stages import Provenance, SignStage
+from neardup.stream.stages import SignStage
+from neardup.stream.wire import Provenance
 from tests.conftest import PROSE
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"

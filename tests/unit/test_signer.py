@@ -15,7 +15,8 @@ import pytest
 from neardup.core.params import DedupParams
 from neardup.stream.pipes import FAULT_VARIABLE, PIPE_BYTES, CallTimeout, HelperFault, widen_pipe
 from neardup.stream.signer import Signer, SignerFailed, SignItem
-from neardup.stream.stages import Provenance, Signed, SignResult, SignStage, decode_signed
+from neardup.stream.stages import SignResult, SignStage
+from neardup.stream.wire import Provenance, Signed, decode_signed
 from tests.conftest import PROSE
 
 PARAMS = DedupParams()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import itertools
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,26 +18,15 @@ from neardup.core.lsh import band_keys
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.signing import fingerprint
 from neardup.state.rocks import RocksState
-from neardup.stream.stages import (
-    ARTICLE_PREFIX,
-    INPUTS_KEY,
-    OFFSET_KEY,
-    IndexStage,
-    OffsetGap,
+from neardup.stream.stages import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, IndexStage, SignStage
+from neardup.stream.wire import (
     Provenance,
     Signed,
     SignedDeletion,
-    SignStage,
     decode_signed,
-    encode_deletion,
     encode_signed,
-    following_run,
-    in_log_order,
-    offset_gaps,
-    pack_in_chunks,
     pack_signed,
     unpack_signed,
-    with_original,
 )
 from tests.conftest import PROSE
 
@@ -176,28 +164,6 @@ def test_the_event_time_is_published_at_or_the_record_timestamp(sign: SignStage)
     assert future.time_ms == SRC.timestamp_ms and future.refused_time
 
 
-@pytest.mark.parametrize(
-    ("keys", "banding"),
-    [((b"short",), (1, 5)), ((b"x" * 11,), (1, 5)), ((b"x" * 10,) * 2, (1, 5)), ((b"x" * 10,), (0, 0))],
-)
-def test_band_keys_of_another_width_or_count_are_refused(
-    keys: tuple[bytes, ...], banding: tuple[int, int]
-) -> None:
-    item = dataclasses.replace(signed("a", PROSE[0]), band_keys=keys, banding=banding)
-    with pytest.raises(ValueError, match="band keys"):
-        encode_signed(item)
-
-
-def test_decode_signed_rejects_a_truncated_keys_section() -> None:
-    data = encode_signed(signed("a", PROSE[0]))
-    (meta_len,) = struct.unpack_from(">I", data, 2)
-    at = 6 + meta_len
-    with pytest.raises(ValueError, match="band keys"):
-        decode_signed(data[:at] + struct.pack(">HH", 9999, 5) + data[at + 4 :])
-    with pytest.raises(ValueError, match="band keys"):
-        decode_signed(data[: at + 4 + 30])
-
-
 def test_signed_record_carries_no_text() -> None:
     result = SignStage(PARAMS, 1_000_000).handle(article("x", PROSE[1]), None, SRC)
     assert result.signed is not None
@@ -213,41 +179,6 @@ def test_provenance_without_timestamp_round_trips() -> None:
     src = Provenance("t", 0, 0, None)
     result = SignStage(PARAMS, 1000).handle(article("a", "Some body text."), None, src)
     assert decode_signed(result.signed or b"").provenance == src
-
-
-def test_decode_signed_rejects_other_bytes() -> None:
-    with pytest.raises(ValueError, match="not a signed record"):
-        decode_signed(b'{"id": "a"}')
-
-
-def test_packed_signatures_round_trip_in_order() -> None:
-    records = [encode_signed(signed(f"id-{n}", PROSE[n % 5], n)) for n in range(7)]
-    assert unpack_signed(pack_signed(records)) == records
-    assert unpack_signed(pack_signed([])) == []
-    assert unpack_signed(records[0]) == [records[0]]  # a single record, as written before packing
-
-
-def test_packs_are_chunked_by_size() -> None:
-    records = [bytes([n]) * (100 + n) for n in range(10)]
-    packs = pack_in_chunks(records, max_bytes=450)
-    assert [r for pack in packs for r in unpack_signed(pack)] == records
-    assert len(packs) > 2 and all(len(pack) <= 450 + 6 for pack in packs)
-    huge = [b"x" * 1000, b"y"]
-    assert [unpack_signed(p) for p in pack_in_chunks(huge, max_bytes=450)] == [[b"x" * 1000], [b"y"]]
-    assert pack_in_chunks([]) == []
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        (b'{"id": "a"}', "not a signatures message"),
-        (pack_signed([b"S1abc", b"S1defg"])[:-2], "truncated"),
-        (pack_signed([b"S1abc"]) + b"\0", "trailing"),
-    ],
-)
-def test_unpack_rejects_malformed_messages(data: bytes, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        unpack_signed(data)
 
 
 # --- index ----------------------------------------------------------------------------------------
@@ -605,81 +536,3 @@ def test_a_stale_index_is_rebuilt(tmp_path: Path, case: str) -> None:
     again = _stage(tmp_path / "index", records)
     assert again.open() == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
     again.close()
-
-
-def test_offset_gaps_are_forward_jumps_per_partition() -> None:
-    last: dict[tuple[str, int], int] = {("s", 0): 9}
-    delivered = [
-        (("s", 0), 10),
-        (("s", 0), 11),
-        (("i", 1), 40),
-        (("s", 0), 14),
-        (("i", 1), 41),
-        (("i", 1), 43),
-    ]
-    assert offset_gaps(last, delivered) == [OffsetGap(("s", 0), 12, 14), OffsetGap(("i", 1), 42, 43)]
-    assert last == {("s", 0): 14, ("i", 1): 43}
-    # re-delivery goes back, and a partition seen for the first time has nothing to compare with
-    assert offset_gaps(last, [(("s", 0), 3), (("s", 0), 4), (("t", 0), 500)]) == []
-    # the first message after the recorded one must be the next
-    assert offset_gaps({("s", 0): -1}, [(("s", 0), 1)]) == [OffsetGap(("s", 0), 0, 1)]
-
-
-def test_messages_read_for_gaps_go_back_where_they_belong() -> None:
-    s, i = ("s", 0), ("i", 1)
-    gaps = [OffsetGap(s, 3, 5), OffsetGap(s, 7, 9), OffsetGap(i, 3, 4)]
-    delivered = [(s, 2, b"c"), (i, 2, b"C"), (s, 5, b"f"), (i, 4, b"E"), (s, 6, b"g"), (s, 9, b"j")]
-    read_back = [(s, 8, b"i"), (i, 3, b"D"), (s, 3, b"d"), (s, 7, b"h"), (s, 4, b"e")]
-    ordered = in_log_order(delivered, gaps, read_back)
-    assert [(p, o, v) for p, o, v in ordered if p == s] == [
-        (s, o, bytes([ord("a") + o])) for o in range(2, 10)
-    ]
-    assert [(p, o, v) for p, o, v in ordered if p == i] == [
-        (i, o, bytes([ord("A") + o])) for o in range(2, 5)
-    ]
-    # each read-back message comes just before the delivered one that revealed its gap
-    assert ordered.index((i, 3, b"D")) == ordered.index((i, 4, b"E")) - 1
-    # what retention removed is simply absent
-    partly = in_log_order(delivered, gaps, [(s, 4, b"e")])
-    assert partly == [
-        (s, 2, b"c"),
-        (i, 2, b"C"),
-        (s, 4, b"e"),
-        (s, 5, b"f"),
-        (i, 4, b"E"),
-        (s, 6, b"g"),
-        (s, 9, b"j"),
-    ]
-    with pytest.raises(ValueError, match="fills no gap"):
-        in_log_order(delivered, gaps, [(s, 6, b"x")])
-    with pytest.raises(ValueError, match="fills no gap"):  # the right offsets, the wrong partition
-        in_log_order(delivered, gaps, [(i, 8, b"x")])
-
-
-def test_the_following_run_starts_right_after_the_last_offset_decided() -> None:
-    messages = [(4, "e"), (5, "f"), (6, "g"), (8, "i"), (9, "j")]
-    assert following_run(3, messages) == [(4, "e"), (5, "f"), (6, "g")]  # 7 is missing: stop before 8
-    assert following_run(4, messages) == [(5, "f"), (6, "g")]  # 4 decided already
-    assert following_run(7, messages) == [(8, "i"), (9, "j")]
-    assert following_run(9, messages) == []  # all decided already
-    assert following_run(2, messages) == []  # 3 comes first, and it is not among them
-    assert following_run(-1, [(0, "a")]) == [(0, "a")]
-
-
-def test_a_record_wrapped_with_its_input_message_decodes_with_it() -> None:
-    params = DedupParams()
-    fp = fingerprint(PROSE[0], params)
-    signed = Signed("a", fp, Provenance("in", 2, 7, 1_000), time_ms=1_000)
-    record = encode_signed(signed)
-    original = orjson.dumps({"id": "a", "text": PROSE[0]}) + b" "
-    headers = (("source", b"wire"), ("empty", b""))
-    wrapped = with_original(record, original, headers)
-    assert unpack_signed(pack_signed([wrapped])) == [wrapped]
-    decoded = decode_signed(wrapped)
-    assert isinstance(decoded, Signed)
-    assert decoded.original == original and decoded.headers == headers
-    assert dataclasses.replace(decoded, original=None, headers=()) == decode_signed(record)
-    deletion = encode_deletion(SignedDeletion("a", Provenance("in", 2, 8, None)))
-    assert with_original(deletion, b"", ()) == deletion  # nothing to forward
-    with pytest.raises(ValueError, match="input message"):
-        decode_signed(wrapped[:20])

@@ -1,0 +1,221 @@
+"""The signatures topic's wire format: what the sign stage writes and the index stage reads.
+
+A signed record (fingerprint, band keys, event time and provenance, never the text), a deletion in
+its place in the input's order, a record wrapped with its input message for the filtered feed, and
+many of them packed into one message. Separate from the stages because both share it, and so do
+the agents in app.py (packing a sign batch) and the decider process (counting records).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+
+from ..core.lsh import BAND_KEY_BYTES
+from ..core.signing import Fingerprint
+from ..state.records import pack_sketches, unpack_sketches
+
+_SIGNED = b"S5"  # band keys, 8-bit verifier, event time
+_DELETE = b"SD"  # a deletion: id and provenance
+_PACKED = b"SP"
+_FEED = b"SF"  # a signed record wrapped with its input message, for the filtered feed
+Headers = tuple[tuple[str, bytes], ...]
+_LEN = struct.Struct(">I")
+_BANDING = struct.Struct(">HH")  # (bands, rows) of the band keys that follow (0, 0: none)
+PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (topics.py)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an article came from, for dead letters, latency, audit and replay safety."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What travels on the signatures topic: one article's fingerprint, no text, its LSH band keys
+    (computed in the sign stage, which scales with the input's partitions, rather than in the index
+    stage, one process per shard; empty: not computed) and its event time."""
+
+    article_id: str
+    fingerprint: Fingerprint
+    provenance: Provenance
+    band_keys: tuple[bytes, ...] = ()
+    banding: tuple[int, int] = (0, 0)  # the (bands, rows) that gave band_keys
+    time_ms: int = 0
+    refused_time: bool = False  # its published_at was present but not used
+    # the input message as it came (value, headers), when the filtered feed is on
+    original: bytes | None = None
+    headers: Headers = ()
+
+    def band_keys_for(self, bands: int, rows: int) -> tuple[bytes, ...] | None:
+        """The band keys when they were computed for this banding, else None (compute them)."""
+        return self.band_keys if self.banding == (bands, rows) and self.band_keys else None
+
+
+@dataclass(frozen=True)
+class SignedDeletion:
+    """A deletion on the signatures topic, in its place in the input's order."""
+
+    article_id: str
+    provenance: Provenance
+
+
+def encode_signed(signed: Signed) -> bytes:
+    """S5, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
+    fp, src = signed.fingerprint, signed.provenance
+    bands, rows = signed.banding if signed.band_keys else (0, 0)
+    if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
+        raise ValueError(f"band keys must be one per band of {signed.banding}, {BAND_KEY_BYTES} bytes each")
+    meta = orjson.dumps(
+        {
+            "id": signed.article_id,
+            "h": fp.content_hash.hex(),
+            "n": fp.shingle_count,
+            "s": fp.short,
+            "m": fp.signature.size,
+            "src": [src.topic, src.partition, src.offset, src.timestamp_ms],
+            "t": signed.time_ms,
+            "r": signed.refused_time,
+        }
+    )
+    keys = b"".join(signed.band_keys)
+    return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(fp)
+
+
+def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
+    """A signed record (encode_signed) wrapped with the input message it came from, so that the
+    index stage can forward the message unchanged to the filtered feed (NEARDUP_UNIQUE_TOPIC)
+    without reading the input back; a deletion is returned as it is."""
+    if record[:2] != _SIGNED:
+        return record
+    pairs = headers.items() if isinstance(headers, Mapping) else headers  # (name, value) pairs
+    head = orjson.dumps([[name, base64.b64encode(value or b"").decode()] for name, value in pairs])
+    return _FEED + _LEN.pack(len(original)) + original + _LEN.pack(len(head)) + head + record
+
+
+def encode_deletion(deletion: SignedDeletion) -> bytes:
+    src = deletion.provenance
+    meta = {"id": deletion.article_id, "src": [src.topic, src.partition, src.offset, src.timestamp_ms]}
+    return _DELETE + orjson.dumps(meta)
+
+
+@functools.lru_cache(maxsize=8)
+def _keys_layout(count: int) -> struct.Struct:
+    """`count` band keys back to back: one unpack call slices them all (25 slices in Python cost
+    a third of what computing the keys does)."""
+    return struct.Struct(f"{BAND_KEY_BYTES}s" * count)
+
+
+def decode_signed(data: bytes) -> Signed | SignedDeletion:
+    """Inverse of encode_signed and encode_deletion."""
+    magic = data[:2]
+    if magic == _FEED:
+        (size,) = _LEN.unpack_from(data, 2)
+        if len(data) < 6 + size + _LEN.size:
+            raise ValueError(f"feed record announces {size} bytes of input message and is shorter")
+        original = data[6 : 6 + size]
+        (head_size,) = _LEN.unpack_from(data, 6 + size)
+        head_at = 6 + size + _LEN.size
+        headers = tuple(
+            (name, base64.b64decode(value))
+            for name, value in orjson.loads(data[head_at : head_at + head_size])
+        )
+        inner = decode_signed(data[head_at + head_size :])
+        if not isinstance(inner, Signed) or len(original) != size:
+            raise ValueError("a feed record must wrap a whole signed record")
+        return dataclasses.replace(inner, original=original, headers=headers)
+    if magic == _DELETE:
+        meta = orjson.loads(data[2:])
+        return SignedDeletion(meta["id"], Provenance(*meta["src"]))
+    if magic != _SIGNED:
+        raise ValueError(f"not a signed record: {data[:8]!r}")
+    (meta_len,) = _LEN.unpack_from(data, 2)
+    meta = orjson.loads(data[6 : 6 + meta_len])
+    position = 6 + meta_len
+    bands, rows = _BANDING.unpack_from(data, position)
+    position += _BANDING.size
+    if position + bands * BAND_KEY_BYTES > len(data):
+        raise ValueError(f"signed record announces {bands} band keys and is shorter")
+    keys = _keys_layout(bands).unpack_from(data, position)  # () for none
+    position += bands * BAND_KEY_BYTES
+    signature, verifier = unpack_sketches(data[position:], meta["m"])
+    topic, partition, offset, timestamp = meta["src"]
+    return Signed(
+        meta["id"],
+        Fingerprint(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
+        Provenance(topic, partition, offset, timestamp),
+        keys,
+        (bands, rows),
+        meta["t"],
+        meta["r"],
+    )
+
+
+def pack_signed(records: Sequence[bytes]) -> bytes:
+    """Many signed records in one signatures message: the index stage then pays Faust's per-event
+    and per-send costs once per sign batch instead of once per article."""
+    parts = [_PACKED, _LEN.pack(len(records))]
+    for record in records:
+        parts += (_LEN.pack(len(record)), record)
+    return b"".join(parts)
+
+
+def pack_in_chunks(records: Sequence[bytes], max_bytes: int = PACK_MAX_BYTES) -> list[bytes]:
+    """pack_signed over consecutive runs of `records` of at most `max_bytes` each (≥1 record)."""
+    return [pack_signed(run) for run in runs_within(records, lambda r: len(r) + _LEN.size, max_bytes)]
+
+
+def runs_within(items: Sequence[T], size: Callable[[T], int], max_bytes: int) -> list[list[T]]:
+    """Consecutive runs of `items` whose sizes add up to at most `max_bytes` (≥1 item per run: an
+    item larger than that gets a run of its own)."""
+    runs: list[list[T]] = []
+    total = 0
+    for item in items:
+        weight = size(item)
+        if not runs or total + weight > max_bytes:
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += weight
+    return runs
+
+
+def signed_count(data: bytes) -> int:
+    """How many signed records a signatures message holds, as its header says (at most one per
+    4 bytes of it, whatever a corrupt header says)."""
+    if data[:2] == _PACKED and len(data) >= 2 + _LEN.size:
+        return min(_LEN.unpack_from(data, 2)[0], len(data) // _LEN.size)
+    return 1
+
+
+def unpack_signed(data: bytes) -> list[bytes]:
+    """The signed records of one signatures message, packed or single."""
+    if data[:2] in (_SIGNED, _DELETE, _FEED):
+        return [data]
+    if data[:2] != _PACKED:
+        raise ValueError(f"not a signatures message: {data[:8]!r}")
+    (count,) = _LEN.unpack_from(data, 2)
+    records, position = [], 6
+    for _ in range(count):
+        (size,) = _LEN.unpack_from(data, position)
+        record = data[position + _LEN.size : position + _LEN.size + size]
+        if len(record) != size:
+            raise ValueError(f"truncated signatures message: {count} records announced")
+        records.append(record)
+        position += _LEN.size + size
+    if position != len(data):
+        raise ValueError(f"signatures message has {len(data) - position} trailing bytes")
+    return records
