@@ -10,32 +10,25 @@ import os
 import signal
 import threading
 import time
-import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import faust
 import orjson
-from faust.sensors.monitor import Monitor
-from faust.streams import _current_event
-from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from faust.types.stores import StoreT
-from mode.services import WaitResults
-from mode.utils.times import want_seconds
 
 from ..config import Settings
 from ..messages import dead_letter_dict
 from ..state.rocks import RocksOptions, lower_background_threads
-from . import record_store
+from . import framework, record_store
 from .batches import SentBatch, send_in_batches
 from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
 from .delivery import Deliveries
 from .faults import AgentFault
 from .gaps import OffsetGap, following_run, in_log_order, offset_gaps
-from .inline import run_until_wait, wait_for_event
 from .metrics import Metrics
 from .pipes import CallTimeout
 from .signer import Signer, SignerFailed, SignItem
@@ -52,168 +45,11 @@ DECIDE_CHUNK_BYTES = 256 * 1024
 # How long a batch waits for more events after its first (LeanStream.take_events): the consumer hands
 # over a fetch's messages together, in far less.
 TAKE_WITHIN_S = 0.001
-# How often an empty take loop looks whether its stream is stopping (it wakes at once for an event).
-IDLE_CHECK_S = 0.1
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
 # A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
 HANDOFF_QUEUE = 16
 WATCH_INTERVAL_S = 1.0  # how often the event loop reports on itself and its agents (/health)
-
-
-def _halted(service: Any) -> bool:
-    """What mode's `Service.wait_first` checks before it reports a winner: stopped or crashed."""
-    return bool(service._stopped.is_set() or service._crashed.is_set())
-
-
-class LeanStream(faust.Stream):
-    """The worker's Faust streams: faust.Stream with a take loop of its own (`take_events`)."""
-
-    def take_events(self, max_: int, within: Any) -> AsyncGenerator[list[faust.EventT], None]:
-        """Batches of at most `max_` events, each yielded once the buffer is full or `within`
-        seconds after its first event. The caller acknowledges a batch (`acknowledge`) once what it
-        caused is delivered (delivery.py); never one whose handling raised or was cancelled: Faust
-        commits acknowledged offsets only, and such a batch must be delivered again.
-
-        Faust's take_events wakes every `within` whether or not anything came (through mode's
-        waits: three tasks and an `asyncio.wait` each time), and then holds what came for the
-        rest of that tick, which adds up to a tick to every article's latency. This loop sleeps
-        until the first event of a batch, then waits `within` at most for more: the consumer
-        delivers a fetch's messages together, so a short `within` still takes them in one batch."""
-        batches = self._lean_batches(max_, want_seconds(within))
-        self._active_agens.add(batches)  # closed at the stream's stop, as Faust's own
-        return batches
-
-    async def acknowledge(self, batch: list[faust.EventT]) -> None:
-        """The batch is handled and everything it caused acknowledged by the broker: its offsets
-        may be committed."""
-        for event in batch:
-            await self.ack(event)
-
-    async def _lean_batches(self, max_: int, within: float) -> AsyncGenerator[list[faust.EventT], None]:
-        buffer: list[faust.EventT] = []
-        arrived = asyncio.Event()  # the buffer holds an event
-        full = asyncio.Event()
-        taken = asyncio.Event()  # the full buffer was handed over: room again
-
-        async def add_to_buffer(value: Any) -> Any:
-            event = self.current_event
-            if event is None:
-                raise RuntimeError("an event reached the take buffer without being current")
-            buffer.append(event)
-            arrived.set()
-            if len(buffer) >= max_:
-                full.set()
-                taken.clear()
-                await taken.wait()  # at most max_ events wait: the consumer waits too
-            return value
-
-        acks_before, self.enable_acks = self.enable_acks, False  # acknowledged once handled
-        self.add_processor(add_to_buffer)
-        self._enable_passive(cast(Any, aiter(self.channel)))
-        try:
-            while not self.should_stop:
-                if not await wait_for_event(arrived, IDLE_CHECK_S):
-                    continue  # nothing came: look at should_stop again
-                if within and len(buffer) < max_:
-                    await wait_for_event(full, within)
-                batch = buffer[:]
-                buffer.clear()
-                arrived.clear()
-                full.clear()
-                taken.set()
-                yield batch
-        finally:
-            self.enable_acks = acks_before
-            self._processors.remove(add_to_buffer)
-
-
-class LeanMonitor(Monitor):
-    """Faust's monitor sensor without its per-event counters, timings and string lookups (a
-    measurable share of the event loop's time at full speed): they feed Faust's web pages, disabled here. The
-    time a partition's stream last took an event is kept: Faust's consumer reads it to report
-    streams that stall."""
-
-    def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> dict | None:
-        self.stream_inbound_time[tp] = time.monotonic()
-        return None  # no state: on_stream_event_out has nothing to time
-
-
-def _app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
-    """faust.App whose consumer waits at most `fetch_wait_ms` for a fetch, instead of the 1500 ms
-    Faust hard-codes. The worker reads its input and its own signatures over one connection, and
-    aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog spends most
-    of its time waiting for fetches (deploy/docs/benchmarks.md).
-    The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait."""
-
-    class ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
-        def _create_worker_consumer(self, transport: Any) -> Any:
-            consumer = super()._create_worker_consumer(transport)
-            # read when the consumer starts its fetcher
-            consumer._fetch_max_wait_ms = fetch_wait_ms
-            consumer._fetch_min_bytes = fetch_min_bytes
-            return consumer
-
-    class FetchWaitConsumer(aiokafka_driver.Consumer):
-        def _new_consumer_thread(self) -> ConsumerThread:
-            return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-        async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
-            """Faust's consumer hands each message to the streams with
-            `wait_first(callback(message), suspend_flow.wait())`: the callback is run inline, and
-            tasks (Faust's way, so that a suspended flow abandons it) only when it has to wait. The
-            callback sets no context variables (Faust sets the current event in the stream's own
-            task), so running it outside a task of its own changes no other task's context."""
-            if (
-                timeout is None
-                and len(coros) == 2
-                and asyncio.iscoroutine(coros[0])
-                and not (self.suspend_flow.is_set() or _halted(self))
-            ):
-                callback, other = coros
-                finished, outcome = run_until_wait(callback)
-                if finished:
-                    if asyncio.iscoroutine(other):
-                        other.close()  # never started: closed, so that it is not reported unawaited
-                    return WaitResults([callback], [outcome], False)
-                coros = (asyncio.ensure_future(outcome, loop=self.loop), other)
-            return await super().wait_first(*coros, timeout=timeout)
-
-    class Transport(aiokafka_driver.Transport):
-        Consumer = FetchWaitConsumer
-
-    class App(faust.App):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("Stream", LeanStream)
-            kwargs.setdefault("Monitor", LeanMonitor)
-            super().__init__(*args, **kwargs)
-            # run after the agents have stopped, while the event loop still runs
-            self.at_shutdown: list[Callable[[], Awaitable[None]]] = []
-            # whether the worker stops itself for a failure, and what an agent that raises does
-            # (Runtime.fail; set by create_app)
-            self.failed: Callable[[], bool] = lambda: False
-            self.agent_failed: Callable[[Any, BaseException], None] = lambda agent, exc: None
-
-        async def _on_agent_error(self, agent: Any, exc: BaseException) -> None:
-            self.agent_failed(agent, exc)
-            await super()._on_agent_error(agent, exc)
-
-        async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
-            """Faust waits here, at a stop or a rebalance, until every message delivered is
-            acknowledged. A batch that failed never is (it must come back after the restart): a
-            worker stopping for a failure does not wait, and commits what was acknowledged."""
-            if not self.failed():
-                await super()._consumer_wait_empty(consumer, logger)
-
-        async def on_shutdown(self) -> None:
-            await super().on_shutdown()
-            for close in self.at_shutdown:
-                await close()
-
-        def _new_transport(self) -> Any:
-            return Transport(self.conf.broker_consumer, self)
-
-    return App
 
 
 class _HandOff:
@@ -222,7 +58,7 @@ class _HandOff:
     Through the consumer, a signatures message reaches the index agent one fetch round trip after
     its send: about as long again as the input's own fetch. The acknowledgement gives its offset, so while
     this worker owns the shard it can be decided at once, in the shard's order: only when it follows
-    the last message decided (`stages.following_run`); otherwise (another worker's messages first,
+    the last message decided (`gaps.following_run`); otherwise (another worker's messages first,
     the shard elsewhere, a failed send) the consumer brings it, as it brings every message anyway.
 
     The queue holds `maxsize` messages: when it is full, the message is not handed off (nor are
@@ -358,7 +194,7 @@ def create_app(
 ) -> tuple[faust.App, Runtime]:
     """The app and what its agents share; `store` is the table store (memory:// for unit tests)."""
     params = settings.params()
-    app = _app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
+    app = framework.app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
@@ -498,7 +334,7 @@ def create_app(
             packs: list[bytes] = []
             letters: list[tuple[str, bytes, bytes | None]] = []
             refused_times = 0
-            # the filtered feed forwards each input message as it came (stages.with_original)
+            # the filtered feed forwards each input message as it came (wire.with_original)
             originals: list[Any] = [None] * len(items)
             if settings.unique_topic:
                 originals = [(item[0] or b"", headers.get((tp, offset), ())) for tp, offset, item in entries]
@@ -544,9 +380,7 @@ def create_app(
             await signed.settle(sends, delivered)
 
     def producer() -> Any:
-        # aiokafka's producer under Faust's (Producer._ensure_producer: private, as the version is
-        # pinned), for batches of our own (batches.py); Faust flushes it before it commits offsets
-        return cast(Any, app.producer)._ensure_producer()
+        return framework.aiokafka_producer(app)
 
     @app.agent(signatures, name="index")
     async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
@@ -560,7 +394,7 @@ def create_app(
                 if batch:
                     # Table reads pick the store's partition from the current event, which
                     # take_events() does not set; the shard's events all share one partition.
-                    _enter_event(batch[-1])
+                    framework.enter_event(batch[-1])
                     messages = [(event.message.offset, event.value) for event in batch]
                     if gaps:
                         shard = batch[-1].message.tp
@@ -851,9 +685,9 @@ def _expect_committed(app: faust.App, runtime: Runtime, batch: list[faust.EventT
     for event in batch:
         tp = event.message.tp
         if tp not in runtime.delivered:
-            # Consumer._committed_offset: private, as the version is pinned; None when nothing (or
-            # offset 0: Faust stores it as None) was committed, and then nothing is expected.
-            committed = cast(Any, app.consumer)._committed_offset.get(tp)
+            # None when nothing (or offset 0: Faust stores it as None) was committed, and then
+            # nothing is expected.
+            committed = framework.committed_offset(app, tp)
             if committed is not None:
                 runtime.delivered[tp] = committed - 1
 
@@ -892,16 +726,9 @@ def _sign_item(tp: Any, found: StoredMessage) -> SignItem:
 
 async def _allow_commits_past(app: faust.App, gaps: list[OffsetGap]) -> None:
     """Faust never delivered the offsets of `gaps`, so never acknowledges them: let its commits go
-    past them, now that what they held is handled. (Consumer._add_gap: private, as the version is
-    pinned; what Faust itself calls for offsets a fetch skips, such as transaction markers.)"""
+    past them, now that what they held is handled."""
     for gap in gaps:
-        await cast(Any, app.consumer)._add_gap(gap.partition, gap.expected, gap.got - 1)
-
-
-def _enter_event(event: faust.EventT) -> None:
-    """Make `event` Faust's current event, as plain iteration would: table writes need it to pick
-    the changelog partition, and take_events() (batching, for throughput) does not set it."""
-    _current_event.set(weakref.ref(event))
+        await framework.allow_commits_past(app, gap.partition, gap.expected, gap.got - 1)
 
 
 async def _open_decider(runtime: Runtime) -> Decider:

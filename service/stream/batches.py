@@ -11,14 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
-from aiokafka.partitioner import DefaultPartitioner
-
-try:  # built at install (pyproject.toml: ext-modules, optional)
-    from . import _kafka_hash
-except ImportError:  # pragma: no cover - a source checkout without a C compiler
-    _kafka_hash = None  # type: ignore[assignment]
+from .framework import default_partitions
 
 Message = tuple[bytes | None, bytes | None]  # (key, value); a value None is a tombstone
 
@@ -47,7 +42,7 @@ async def send_in_batches(
     if partition is not None:
         targets = [partition] * len(messages)
     else:
-        targets = partitions_for(producer, topic, [key for key, _ in messages])
+        targets = default_partitions(producer, topic, [key for key, _ in messages])
     open_batches: dict[int, tuple[Any, int]] = {}
     submitted: list[SentBatch] = []
     extras: Sequence[Any] = (
@@ -68,16 +63,3 @@ async def send_in_batches(
     for target, (batch, count) in open_batches.items():
         submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))
     return submitted
-
-
-def partitions_for(producer: Any, topic: str, keys: Sequence[bytes | None]) -> list[int]:
-    """The partition aiokafka's send would pick for each key: its default partitioner's choice
-    (Kafka's murmur2 of the key over the topic's partitions) computed in C where built, as the
-    partitioner computes it in pure Python, at a cost per key that shows at full speed; any other
-    partitioner, or a message without a key (a random partition), is asked as send() would ask it."""
-    partitioner = getattr(producer, "_partitioner", None)
-    if _kafka_hash is None or not isinstance(partitioner, DefaultPartitioner) or None in keys:
-        return [producer._partition(topic, None, None, None, key, None) for key in keys]
-    # in the partitioner's order (aiokafka's _partition lists the metadata's partitions the same way)
-    choices = list(producer._metadata.partitions_for_topic(topic))
-    return [choices[index] for index in _kafka_hash.partitions(cast(list[bytes], keys), len(choices))]

@@ -13,26 +13,16 @@ any other store (the memory store of the unit tests) is written key by key.
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
-from typing import Any
 
-from rocksdict import Rdict, WriteBatch
+from rocksdict import WriteBatch
 
-PARTITION = 0  # the record table has one partition, the index shard's
-
-
-def rocks_db(store: Any) -> Rdict | None:
-    """The rocksdict database under a Faust RocksDB store (opened if need be), None for others."""
-    opener = getattr(store, "_db_for_partition", None)
-    if opener is None or not getattr(store, "use_rocksdict", False):
-        return None
-    db = opener(PARTITION)
-    return db if isinstance(db, Rdict) else None
+from .framework import table_db
 
 
 def write(store: MutableMapping[bytes, bytes], writes: Sequence[tuple[bytes, bytes | None]]) -> None:
     """A chunk's writes into the store, in one RocksDB write batch (key by key for other stores);
     a value None deletes the key. The caller sends the same writes to the changelog."""
-    db = rocks_db(store)
+    db = table_db(store)
     if db is None:
         for key, value in writes:
             if value is None:

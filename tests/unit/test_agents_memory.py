@@ -21,8 +21,9 @@ from prometheus_client import generate_latest
 
 from neardup.config import Settings
 from neardup.core.signing import fingerprint
-from neardup.stream.app import SHARD_KEY, LeanMonitor, LeanStream, Runtime, _app_class, create_app
+from neardup.stream.app import SHARD_KEY, Runtime, create_app
 from neardup.stream.decider import DeciderFailed
+from neardup.stream.framework import LeanMonitor, LeanStream, app_class
 from neardup.stream.metrics import Metrics
 from neardup.stream.signer import SignerFailed
 from neardup.stream.stages import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, SignStage
@@ -452,7 +453,7 @@ async def test_an_agent_that_raises_stops_the_worker_once_without_waiting_for_it
 async def test_the_worker_consumer_fetches_with_the_configured_wait_and_minimum() -> None:
     """Faust builds its consumer with a 1500 ms fetch wait and a 1-byte minimum; the app's consumer
     thread must hand aiokafka the configured ones instead."""
-    app = _app_class(7, 4096)(
+    app = app_class(7, 4096)(
         "fetch-settings", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
     )
     app.finalize()

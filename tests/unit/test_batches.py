@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from neardup.stream import batches
-from neardup.stream.batches import partitions_for, send_in_batches
+from neardup.stream import framework
+from neardup.stream.batches import send_in_batches
+from neardup.stream.framework import default_partitions
 
 
 class FakeProducer:
@@ -73,18 +74,18 @@ async def test_a_message_larger_than_a_batch_is_an_error() -> None:
         await send_in_batches(FakeProducer(capacity=0), "verdicts", [(b"k", b"v")])
 
 
-@pytest.mark.skipif(batches._kafka_hash is None, reason="_kafka_hash is not built")
+@pytest.mark.skipif(framework._kafka_hash is None, reason="_kafka_hash is not built")
 def test_compiled_murmur2_equals_aiokafkas() -> None:
-    assert batches._kafka_hash is not None
+    assert framework._kafka_hash is not None
     rng = random.Random(3)
     samples = [bytes(rng.randrange(256) for _ in range(n)) for n in range(0, 41) for _ in range(20)]
     samples += [f"article-{i}".encode() for i in range(200)] + ["dépêche-ü-日本".encode()]
     for data in samples:
-        assert batches._kafka_hash.murmur2(data) == murmur2(data), data
+        assert framework._kafka_hash.murmur2(data) == murmur2(data), data
 
 
 class PartitionedProducer:
-    """What partitions_for reads of aiokafka's producer: its partitioner, its metadata, _partition."""
+    """What default_partitions reads of aiokafka's producer: its partitioner, its metadata, _partition."""
 
     def __init__(self, partitions: int, partitioner: Any) -> None:
         self._partitioner = partitioner
@@ -106,15 +107,15 @@ def test_verdict_partitions_are_the_ones_aiokafkas_default_partitioner_picks(cou
     keys = [f"article-{i}".encode() for i in range(300)] + [b"", "dépêche".encode()]
     producer = PartitionedProducer(count, DefaultPartitioner())
     expected = [DefaultPartitioner()(key, list(range(count)), list(range(count))) for key in keys]
-    assert partitions_for(producer, "verdicts", keys) == expected
-    assert producer.asked == (0 if batches._kafka_hash is not None else len(keys))
+    assert default_partitions(producer, "verdicts", keys) == expected
+    assert producer.asked == (0 if framework._kafka_hash is not None else len(keys))
     assert len(set(expected)) == count  # the keys spread over every partition
 
 
 def test_other_partitioners_and_keyless_messages_are_asked_as_send_would_ask() -> None:
     producer = PartitionedProducer(3, lambda key, all_partitions, available: 2)
-    assert partitions_for(producer, "verdicts", [b"a", b"b"]) == [2, 2]
+    assert default_partitions(producer, "verdicts", [b"a", b"b"]) == [2, 2]
     assert producer.asked == 2
     keyless = PartitionedProducer(3, DefaultPartitioner())
-    assert set(partitions_for(keyless, "verdicts", [None, b"a"])) <= {0, 1, 2}
+    assert set(default_partitions(keyless, "verdicts", [None, b"a"])) <= {0, 1, 2}
     assert keyless.asked == 2

@@ -11,8 +11,8 @@ import faust
 import pytest
 from mode.utils.locks import Event as ModeEvent
 
-from neardup.stream import app as app_module
-from neardup.stream.app import LeanStream, _app_class
+from neardup.stream import framework
+from neardup.stream.framework import LeanStream, app_class
 from neardup.stream.inline import run_until_wait, wait_for_event
 
 
@@ -121,7 +121,7 @@ async def test_closing_the_rest_unstarted_closes_the_coroutine() -> None:
 async def consumer() -> AsyncIterator[Any]:
     """The worker app's Faust consumer on the test's loop, not started (no broker needed to hand
     messages off)."""
-    app = _app_class(7, 4096)(
+    app = app_class(7, 4096)(
         "hand-off",
         broker="kafka://127.0.0.1:1",
         store="memory://",
@@ -191,7 +191,7 @@ async def test_with_the_flow_suspended_the_callback_goes_the_way_faust_runs_it(c
 
 
 def test_the_app_class_uses_this_consumer() -> None:
-    app = _app_class(7, 4096)(
+    app = app_class(7, 4096)(
         "which-consumer", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
     )
     assert isinstance(app, faust.App)
@@ -227,7 +227,7 @@ async def test_a_cancelled_wait_for_event_is_cancelled_not_timed_out() -> None:
 
 @pytest.fixture
 async def memory_app() -> AsyncIterator[faust.App]:
-    app = _app_class(7, 4096)(
+    app = app_class(7, 4096)(
         "streams", broker="memory://", store="memory://", web_enabled=False, loop=asyncio.get_running_loop()
     )
     app.finalize()
@@ -279,7 +279,7 @@ async def test_an_idle_take_loop_does_not_tick_every_within(
         waits.append(timeout)
         return await wait_for_event(event, timeout)
 
-    monkeypatch.setattr(app_module, "wait_for_event", counted)
+    monkeypatch.setattr(framework, "wait_for_event", counted)
 
     @memory_app.agent(memory_app.channel(), name="idler")
     async def idler(stream: Any) -> None:
@@ -290,7 +290,7 @@ async def test_an_idle_take_loop_does_not_tick_every_within(
         await asyncio.sleep(0.35)
     # ~4 looks at should_stop in 0.35 s, where a 1 ms tick would have woken ~350 times
     assert 1 <= len(waits) <= 6
-    assert all(timeout == app_module.IDLE_CHECK_S for timeout in waits)
+    assert all(timeout == framework.IDLE_CHECK_S for timeout in waits)
 
 
 async def test_a_batch_whose_handling_raised_is_never_acknowledged(

@@ -8,7 +8,7 @@ from typing import Any
 
 from rocksdict import Options, Rdict
 
-from neardup.stream import record_store
+from neardup.stream import framework, record_store
 
 
 class RocksLikeStore(dict[bytes, bytes]):
@@ -36,7 +36,7 @@ def test_a_chunk_goes_to_partition_zero_in_one_write(tmp_path: Path) -> None:
     writes = [*chunk(300), (b"a00007", b"newer")]  # a later write of a key wins, as key by key
     record_store.write(store, writes)
     assert dict(store) == {}  # not key by key through the mapping
-    assert store.opened == [record_store.PARTITION]  # one database, looked up once per chunk
+    assert store.opened == [framework.TABLE_PARTITION]  # one database, looked up once per chunk
     assert {key: store.db[key] for key, _ in writes} == dict(writes)
     store.db.close()
     reopened = Rdict(str(tmp_path / "db"), Options(raw_mode=True))  # the log kept it
@@ -56,4 +56,4 @@ def test_other_stores_are_written_key_by_key() -> None:
         def _db_for_partition(self, partition: int) -> Any:
             raise AssertionError("the python-rocksdb driver is not written directly")
 
-    assert record_store.rocks_db(NotRocksdict()) is None
+    assert framework.table_db(NotRocksdict()) is None

@@ -1,0 +1,277 @@
+"""Every use of Faust's, mode's and aiokafka's private attributes, in one place.
+
+The worker needs a few things the frameworks do not offer publicly: batches taken without a timer
+tick (LeanStream), a monitor without per-event bookkeeping (LeanMonitor), a consumer whose fetch wait
+is configurable and which runs the stream callback inline (app_class), Faust's current event and
+committed offsets, commits past offsets it never delivered, aiokafka's producer for batches of our
+own and its partitioner's choice, and the rocksdict database under Faust's table store. Each use says
+why. The versions are pinned in pyproject.toml, and tests/unit/test_framework.py checks that each
+private name used here still exists with the shape used: an upgrade that changes one fails there,
+with the name, rather than somewhere in the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, cast
+
+import faust
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
+from faust.sensors.monitor import Monitor
+from faust.stores.rocksdb import Store as RocksDBStore
+from faust.streams import _current_event
+from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.types import TP
+from mode.services import WaitResults
+from mode.utils.times import want_seconds
+from rocksdict import Rdict
+
+from .inline import run_until_wait, wait_for_event
+
+try:  # built at install (pyproject.toml: ext-modules, optional)
+    from . import _kafka_hash
+except ImportError:  # pragma: no cover - a source checkout without a C compiler
+    _kafka_hash = None  # type: ignore[assignment]
+
+# How often an empty take loop looks whether its stream is stopping (it wakes at once for an event).
+IDLE_CHECK_S = 0.1
+TABLE_PARTITION = 0  # the record table has one partition, the index shard's
+
+# (owner, private name, why): what tests/unit/test_framework.py checks on the pinned versions.
+# Names set in an owner's __init__ (instance attributes) are looked for there.
+PRIVATE_NAMES: list[tuple[Any, str, str]] = []
+
+
+def _private(owner: Any, name: str, why: str) -> None:
+    PRIVATE_NAMES.append((owner, name, why))
+
+
+def _halted(service: Any) -> bool:
+    """What mode's `Service.wait_first` checks before it reports a winner: stopped or crashed."""
+    return bool(service._stopped.is_set() or service._crashed.is_set())
+
+
+class LeanStream(faust.Stream):
+    """The worker's Faust streams: faust.Stream with a take loop of its own (`take_events`)."""
+
+    def take_events(self, max_: int, within: Any) -> AsyncGenerator[list[faust.EventT], None]:
+        """Batches of at most `max_` events, each yielded once the buffer is full or `within`
+        seconds after its first event. The caller acknowledges a batch (`acknowledge`) once what it
+        caused is delivered (delivery.py); never one whose handling raised or was cancelled: Faust
+        commits acknowledged offsets only, and such a batch must be delivered again.
+
+        Faust's take_events wakes every `within` whether or not anything came (through mode's
+        waits: three tasks and an `asyncio.wait` each time), and then holds what came for the
+        rest of that tick, which adds up to a tick to every article's latency. This loop sleeps
+        until the first event of a batch, then waits `within` at most for more: the consumer
+        delivers a fetch's messages together, so a short `within` still takes them in one batch."""
+        batches = self._lean_batches(max_, want_seconds(within))
+        self._active_agens.add(batches)  # closed at the stream's stop, as Faust's own
+        return batches
+
+    async def acknowledge(self, batch: list[faust.EventT]) -> None:
+        """The batch is handled and everything it caused acknowledged by the broker: its offsets
+        may be committed."""
+        for event in batch:
+            await self.ack(event)
+
+    async def _lean_batches(self, max_: int, within: float) -> AsyncGenerator[list[faust.EventT], None]:
+        buffer: list[faust.EventT] = []
+        arrived = asyncio.Event()  # the buffer holds an event
+        full = asyncio.Event()
+        taken = asyncio.Event()  # the full buffer was handed over: room again
+
+        async def add_to_buffer(value: Any) -> Any:
+            event = self.current_event
+            if event is None:
+                raise RuntimeError("an event reached the take buffer without being current")
+            buffer.append(event)
+            arrived.set()
+            if len(buffer) >= max_:
+                full.set()
+                taken.clear()
+                await taken.wait()  # at most max_ events wait: the consumer waits too
+            return value
+
+        acks_before, self.enable_acks = self.enable_acks, False  # acknowledged once handled
+        self.add_processor(add_to_buffer)
+        self._enable_passive(cast(Any, aiter(self.channel)))
+        try:
+            while not self.should_stop:
+                if not await wait_for_event(arrived, IDLE_CHECK_S):
+                    continue  # nothing came: look at should_stop again
+                if within and len(buffer) < max_:
+                    await wait_for_event(full, within)
+                batch = buffer[:]
+                buffer.clear()
+                arrived.clear()
+                full.clear()
+                taken.set()
+                yield batch
+        finally:
+            self.enable_acks = acks_before
+            self._processors.remove(add_to_buffer)
+
+
+class LeanMonitor(Monitor):
+    """Faust's monitor sensor without its per-event counters, timings and string lookups (a
+    measurable share of the event loop's time at full speed): they feed Faust's web pages, disabled here. The
+    time a partition's stream last took an event is kept: Faust's consumer reads it to report
+    streams that stall."""
+
+    def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> dict | None:
+        self.stream_inbound_time[tp] = time.monotonic()
+        return None  # no state: on_stream_event_out has nothing to time
+
+
+def app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
+    """faust.App whose consumer waits at most `fetch_wait_ms` for a fetch, instead of the 1500 ms
+    Faust hard-codes. The worker reads its input and its own signatures over one connection, and
+    aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog spends most
+    of its time waiting for fetches (deploy/docs/benchmarks.md).
+    The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait."""
+
+    class ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+        def _create_worker_consumer(self, transport: Any) -> Any:
+            consumer = super()._create_worker_consumer(transport)
+            # read when the consumer starts its fetcher
+            consumer._fetch_max_wait_ms = fetch_wait_ms
+            consumer._fetch_min_bytes = fetch_min_bytes
+            return consumer
+
+    class FetchWaitConsumer(aiokafka_driver.Consumer):
+        def _new_consumer_thread(self) -> ConsumerThread:
+            return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+        async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+            """Faust's consumer hands each message to the streams with
+            `wait_first(callback(message), suspend_flow.wait())`: the callback is run inline, and
+            tasks (Faust's way, so that a suspended flow abandons it) only when it has to wait. The
+            callback sets no context variables (Faust sets the current event in the stream's own
+            task), so running it outside a task of its own changes no other task's context."""
+            if (
+                timeout is None
+                and len(coros) == 2
+                and asyncio.iscoroutine(coros[0])
+                and not (self.suspend_flow.is_set() or _halted(self))
+            ):
+                callback, other = coros
+                finished, outcome = run_until_wait(callback)
+                if finished:
+                    if asyncio.iscoroutine(other):
+                        other.close()  # never started: closed, so that it is not reported unawaited
+                    return WaitResults([callback], [outcome], False)
+                coros = (asyncio.ensure_future(outcome, loop=self.loop), other)
+            return await super().wait_first(*coros, timeout=timeout)
+
+    class Transport(aiokafka_driver.Transport):
+        Consumer = FetchWaitConsumer
+
+    class App(faust.App):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("Stream", LeanStream)
+            kwargs.setdefault("Monitor", LeanMonitor)
+            super().__init__(*args, **kwargs)
+            # run after the agents have stopped, while the event loop still runs
+            self.at_shutdown: list[Callable[[], Awaitable[None]]] = []
+            # whether the worker stops itself for a failure, and what an agent that raises does
+            # (Runtime.fail; set by create_app)
+            self.failed: Callable[[], bool] = lambda: False
+            self.agent_failed: Callable[[Any, BaseException], None] = lambda agent, exc: None
+
+        async def _on_agent_error(self, agent: Any, exc: BaseException) -> None:
+            self.agent_failed(agent, exc)
+            await super()._on_agent_error(agent, exc)
+
+        async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
+            """Faust waits here, at a stop or a rebalance, until every message delivered is
+            acknowledged. A batch that failed never is (it must come back after the restart): a
+            worker stopping for a failure does not wait, and commits what was acknowledged."""
+            if not self.failed():
+                await super()._consumer_wait_empty(consumer, logger)
+
+        async def on_shutdown(self) -> None:
+            await super().on_shutdown()
+            for close in self.at_shutdown:
+                await close()
+
+        def _new_transport(self) -> Any:
+            return Transport(self.conf.broker_consumer, self)
+
+    return App
+
+
+_private(faust.Stream, "_active_agens", "LeanStream: its take loop is closed at the stream's stop")
+_private(faust.Stream, "_enable_passive", "LeanStream: the take loop reads the channel passively, as Faust's")
+_private(faust.Stream, "_processors", "LeanStream: the take loop's processor is removed when it ends")
+_private(aiokafka_driver.AIOKafkaConsumerThread, "_create_worker_consumer", "app_class: the fetch wait")
+_private(aiokafka_driver.Consumer, "_new_consumer_thread", "app_class: the consumer thread with that wait")
+_private(faust.App, "_new_transport", "app_class: the transport with that consumer")
+_private(faust.App, "_on_agent_error", "app_class: an agent that raises stops the worker")
+_private(faust.App, "_consumer_wait_empty", "app_class: a worker stopping for a failure does not wait")
+_private(aiokafka_driver.Consumer, "_stopped", "_halted: what wait_first checks before it reports")
+_private(aiokafka_driver.Consumer, "_crashed", "_halted: what wait_first checks before it reports")
+_private(aiokafka_driver.Consumer, "wait_first", "app_class: the stream callback run inline")
+_private(AIOKafkaConsumer, "_fetch_max_wait_ms", "app_class: read when the consumer starts its fetcher")
+_private(AIOKafkaConsumer, "_fetch_min_bytes", "app_class: read when the consumer starts its fetcher")
+_private(faust.streams, "_current_event", "enter_event")
+_private(aiokafka_driver.Consumer, "_committed_offset", "committed_offset")
+_private(aiokafka_driver.Consumer, "_add_gap", "allow_commits_past")
+_private(aiokafka_driver.Producer, "_ensure_producer", "aiokafka_producer")
+_private(AIOKafkaProducer, "_partitioner", "default_partitions")
+_private(AIOKafkaProducer, "_metadata", "default_partitions")
+_private(AIOKafkaProducer, "_partition", "default_partitions")
+_private(RocksDBStore, "_db_for_partition", "table_db")
+_private(RocksDBStore, "use_rocksdict", "table_db")
+
+
+def enter_event(event: faust.EventT) -> None:
+    """Make `event` Faust's current event, as plain iteration would: table reads and writes pick
+    the store's partition from it, and take_events() (batching, for throughput) does not set it."""
+    _current_event.set(weakref.ref(event))
+
+
+def committed_offset(app: faust.App, tp: TP) -> int | None:
+    """The offset the group committed for `tp`, as the consumer knows it since the assignment (None
+    when nothing, or offset 0, was committed): where Faust seeks to. Asking the broker instead would
+    cost a round trip at each first batch."""
+    return cast(Any, app.consumer)._committed_offset.get(tp)
+
+
+async def allow_commits_past(app: faust.App, tp: TP, first: int, last: int) -> None:
+    """Let Faust's commits go past offsets `first`..`last` of `tp`, which it never delivered (so never
+    acknowledges): what Faust itself does for offsets a fetch skips, such as transaction markers."""
+    await cast(Any, app.consumer)._add_gap(tp, first, last)
+
+
+def aiokafka_producer(app: faust.App) -> Any:
+    """aiokafka's producer under Faust's, for batches built here (batches.py): Faust's per-message
+    send wraps each message in futures and callbacks that cost more than the decision itself."""
+    return cast(Any, app.producer)._ensure_producer()
+
+
+def default_partitions(producer: Any, topic: str, keys: Sequence[bytes | None]) -> list[int]:
+    """The partition aiokafka's send would pick for each key: its default partitioner's choice
+    (Kafka's murmur2 of the key over the topic's partitions) computed in C where built, as the
+    partitioner computes it in pure Python, at a cost per key that shows at full speed; any other
+    partitioner, or a message without a key (a random partition), is asked as send() would ask it."""
+    partitioner = getattr(producer, "_partitioner", None)
+    if _kafka_hash is None or not isinstance(partitioner, DefaultPartitioner) or None in keys:
+        return [producer._partition(topic, None, None, None, key, None) for key in keys]
+    # in the partitioner's order (aiokafka's _partition lists the metadata's partitions the same way)
+    choices = list(producer._metadata.partitions_for_topic(topic))
+    return [choices[index] for index in _kafka_hash.partitions(cast(list[bytes], keys), len(choices))]
+
+
+def table_db(store: Any) -> Rdict | None:
+    """The rocksdict database under a Faust RocksDB table store (opened if need be), None for other
+    stores: a chunk of records goes into it as one write batch instead of Faust's per-key path."""
+    opener = getattr(store, "_db_for_partition", None)
+    if opener is None or not getattr(store, "use_rocksdict", False):
+        return None
+    db = opener(TABLE_PARTITION)
+    return db if isinstance(db, Rdict) else None
