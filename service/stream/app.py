@@ -226,7 +226,6 @@ def create_app(
     changelog_name = changelog_topic(settings)
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
-    signatures_shard = TP(settings.signatures_topic, 0)  # the index shard: one partition
     _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
     records = app.Table(
         "records",
@@ -279,113 +278,199 @@ def create_app(
         runtime.fail(f"agent_failed agent={agent.name} error={exc!r}; stopping the worker")
 
     cast(Any, app).agent_failed = agent_failed
-
+    runtime.signed = Deliveries("sign", runtime.fail)
+    runtime.indexed = Deliveries("index", runtime.fail)
+    outputs = Outputs(app, runtime)
     fault = AgentFault()
-    feed_kinds = settings.feed_kinds()
-    signed = runtime.signed = Deliveries("sign", runtime.fail)
-    indexed = runtime.indexed = Deliveries("index", runtime.fail)
+    index = IndexPipeline(app, runtime, outputs, records, fault)
+    sign = SignPipeline(app, runtime, outputs, signatures, fault)
+    runtime.hand_off = sign.hand_off = _HandOff(index.decide_handed_off)
 
-    async def send_dead_letters(letters: list[tuple[str, bytes, bytes | None]]) -> list[Any]:
-        """(reason, record, key) each; counted once the broker has them."""
+    app.agent(articles, name="sign")(sign.run)
+    app.agent(signatures, name="index")(index.run)
+    app.on_partitions_assigned.connect(index.on_assigned)  # type: ignore[arg-type]  # mode wants `signal=`
+    app.on_partitions_revoked.connect(index.on_revoked)  # type: ignore[arg-type]
+    app.on_before_shutdown.connect(index.close)  # type: ignore[arg-type]
+
+    @app.task
+    async def mark_ready() -> None:
+        await runtime.signer.warm_up()
+        metrics.ready.set()
+
+    @app.task
+    async def hand_offs() -> None:
+        await sign.hand_off.run()
+
+    @app.task
+    async def settle_signed() -> None:
+        await sign.deliveries.run()
+
+    @app.task
+    async def settle_indexed() -> None:
+        await index.deliveries.run()
+
+    @app.timer(interval=WATCH_INTERVAL_S)
+    async def watch() -> None:
+        """What /health reports about the agents, from the event loop (whose own beat it is)."""
+        metrics.loop_beat = time.monotonic()
+        metrics.stalled = stalled_stage(app, runtime)
+
+    return app, runtime
+
+
+Letter = tuple[str, bytes, bytes | None]  # (reason, dead-letter record, key)
+
+
+class Outputs:
+    """What both pipelines send besides their own topic, through aiokafka's producer in batches
+    built here (batches.py): dead letters, counted once the broker has them."""
+
+    def __init__(self, app: faust.App, runtime: Runtime) -> None:
+        self.app = app
+        self.runtime = runtime
+
+    def producer(self) -> Any:
+        return framework.aiokafka_producer(self.app)
+
+    async def send(
+        self, topic: str, messages: list[tuple[bytes | None, bytes | None]], **options: Any
+    ) -> list[Any]:
+        """The sends' futures, each resolving once the broker acknowledges its batch."""
+        return [batch.sent for batch in await send_in_batches(self.producer(), topic, messages, **options)]
+
+    async def dead_letters(self, letters: list[Letter]) -> list[Any]:
         if not letters:
             return []
-        messages = [(key, record) for _, record, key in letters]
-        sent = await send_in_batches(producer(), settings.dead_letter_topic, messages)
-        return [batch.sent for batch in sent]
+        return await self.send(
+            self.runtime.settings.dead_letter_topic, [(key, record) for _, record, key in letters]
+        )
 
-    def count_dead_letters(letters: list[tuple[str, bytes, bytes | None]]) -> None:
+    def count_dead_letters(self, letters: list[Letter]) -> None:
         for reason, count in collections.Counter(reason for reason, _, _ in letters).items():
-            metrics.dead_letters.labels(reason).inc(count)
+            self.runtime.metrics.dead_letters.labels(reason).inc(count)
 
-    @app.agent(articles, name="sign")
-    async def sign(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
-        async for batch in stream.take_events(settings.sign_batch, within=TAKE_WITHIN_S):
-            runtime.taken_at[settings.input_topic] = time.monotonic()
-            _expect_committed(app, runtime, batch)
-            # transaction markers take an offset each: on the input a gap is often just that
-            gaps = _check_gaps(runtime, batch, logging.INFO)
-            entries: list[tuple[Any, int, SignItem]] = []
-            headers: dict[tuple[Any, int], Any] = {}
-            if settings.unique_topic:  # the input's headers, forwarded with it
-                headers = {
-                    (event.message.tp, event.message.offset): event.message.headers or () for event in batch
-                }
-            for event in batch:
-                msg = event.message
-                stamp = int(msg.timestamp * 1000) if msg.timestamp else None
-                src = Provenance(msg.topic, msg.partition, msg.offset, stamp)
-                entries.append((msg.tp, msg.offset, (event.value, event.key, src)))
-            if gaps:
-                # The index must see the articles of each input partition in their order: one
-                # signed after a later one would be decided without it.
-                read_back = await _read_gaps(runtime, gaps)
-                fills = [(tp, found.offset, _sign_item(tp, found)) for tp, found in read_back]
-                entries = in_log_order(entries, gaps, fills)
-                headers.update(((tp, found.offset), found.headers) for tp, found in read_back)
-            items = [item for _, _, item in entries]
-            try:
-                results = await runtime.signer.sign(items)
-            except SignerFailed as exc:
-                runtime.fail(f"signing_unavailable: {exc}; stopping the worker")
-                # Neither this batch (never acknowledged) nor any after it: a replaced agent
-                # would sign the next batches ahead of this one. The worker's stop cancels this.
-                await asyncio.Event().wait()
-                raise
-            packs: list[bytes] = []
-            letters: list[tuple[str, bytes, bytes | None]] = []
-            refused_times = 0
-            # the filtered feed forwards each input message as it came (wire.with_original)
-            originals: list[Any] = [None] * len(items)
-            if settings.unique_topic:
-                originals = [(item[0] or b"", headers.get((tp, offset), ())) for tp, offset, item in entries]
-            for (_, key, src), result, original in zip(items, results, originals, strict=True):
-                if result.signed is not None:
-                    packs.append(
-                        result.signed if original is None else with_original(result.signed, *original)
-                    )
-                    refused_times += result.refused_time
-                else:
-                    assert result.dead_letter is not None and result.reason is not None
-                    log.info(
-                        "dead_letter reason=%s topic=%s partition=%d offset=%d",
-                        result.reason,
-                        src.topic,
-                        src.partition,
-                        src.offset,
-                    )
-                    letters.append((result.reason, result.dead_letter, key))
-            sends = await send_dead_letters(letters)
-            for pack in pack_in_chunks(packs):
-                sent = await signatures.send(key=SHARD_KEY, value=pack)
-                sends.append(sent)
-                if settings.index_handoff:
-                    hand_off.submit(sent, pack)
-            fault.after_batch("sign")
 
-            async def delivered(
-                batch: list[Any] = batch,
-                gaps: list[OffsetGap] = gaps,
-                letters: list[tuple[str, bytes, bytes | None]] = letters,
-                articles: int = len(items),
-                refused_times: int = refused_times,
-            ) -> None:
-                await _allow_commits_past(app, gaps)
-                await stream.acknowledge(batch)
-                count_dead_letters(letters)
-                metrics.articles_in.inc(articles)
-                if refused_times:
-                    metrics.refused_times.inc(refused_times)
-                _record_lag(app, metrics, batch)
+class SignPipeline:
+    """The `sign` agent: input events → signing helpers → one signatures message per sign batch on
+    the index shard's topic (with dead letters for what cannot be signed). A batch is acknowledged
+    once its signatures and dead letters are (`deliveries`)."""
 
-            await signed.settle(sends, delivered)
+    def __init__(
+        self, app: faust.App, runtime: Runtime, outputs: Outputs, signatures: faust.TopicT, fault: AgentFault
+    ) -> None:
+        self.app = app
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.outputs = outputs
+        self.signatures = signatures
+        self.fault = fault
+        assert runtime.signed is not None
+        self.deliveries = runtime.signed
+        self.hand_off: _HandOff  # set by create_app: the index pipeline decides through it
 
-    def producer() -> Any:
-        return framework.aiokafka_producer(app)
+    async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
+        async for batch in stream.take_events(self.settings.sign_batch, within=TAKE_WITHIN_S):
+            await self.handle(stream, batch)
 
-    @app.agent(signatures, name="index")
-    async def index(stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
+    async def handle(self, stream: Any, batch: list[faust.EventT]) -> None:
+        runtime, settings = self.runtime, self.settings
+        runtime.taken_at[settings.input_topic] = time.monotonic()
+        _expect_committed(self.app, runtime, batch)
+        # transaction markers take an offset each: on the input a gap is often just that
+        gaps = _check_gaps(runtime, batch, logging.INFO)
+        entries = [_entry(event) for event in batch]
+        # the input's headers, forwarded with it by the filtered feed
+        headers: dict[tuple[Any, int], Any] = {}
+        if settings.unique_topic:
+            headers = {(e.message.tp, e.message.offset): e.message.headers or () for e in batch}
+        if gaps:
+            # The index must see the articles of each input partition in their order: one
+            # signed after a later one would be decided without it.
+            read_back = await _read_gaps(runtime, gaps)
+            fills = [(tp, found.offset, _sign_item(tp, found)) for tp, found in read_back]
+            entries = in_log_order(entries, gaps, fills)
+            headers.update(((tp, found.offset), found.headers) for tp, found in read_back)
+        items = [item for _, _, item in entries]
+        try:
+            results = await runtime.signer.sign(items)
+        except SignerFailed as exc:
+            runtime.fail(f"signing_unavailable: {exc}; stopping the worker")
+            # Neither this batch (never acknowledged) nor any after it: a replaced agent
+            # would sign the next batches ahead of this one. The worker's stop cancels this.
+            await asyncio.Event().wait()
+            raise
+        packs: list[bytes] = []
+        letters: list[Letter] = []
+        refused_times = 0
+        for (tp, offset, (raw, key, src)), result in zip(entries, results, strict=True):
+            if result.signed is None:
+                assert result.dead_letter is not None and result.reason is not None
+                log.info(
+                    "dead_letter reason=%s topic=%s partition=%d offset=%d",
+                    result.reason,
+                    src.topic,
+                    src.partition,
+                    src.offset,
+                )
+                letters.append((result.reason, result.dead_letter, key))
+            elif settings.unique_topic:  # the filtered feed forwards the input message as it came
+                packs.append(with_original(result.signed, raw or b"", headers.get((tp, offset), ())))
+            else:
+                packs.append(result.signed)
+            refused_times += result.refused_time
+        sends = await self.outputs.dead_letters(letters)
+        for pack in pack_in_chunks(packs):
+            sent = await self.signatures.send(key=SHARD_KEY, value=pack)
+            sends.append(sent)
+            if settings.index_handoff:
+                self.hand_off.submit(sent, pack)
+        self.fault.after_batch("sign")
+
+        async def delivered() -> None:
+            await _allow_commits_past(self.app, gaps)
+            await stream.acknowledge(batch)
+            self.outputs.count_dead_letters(letters)
+            runtime.metrics.articles_in.inc(len(items))
+            if refused_times:
+                runtime.metrics.refused_times.inc(refused_times)
+            _record_lag(self.app, runtime.metrics, batch)
+
+        await self.deliveries.settle(sends, delivered)
+
+
+def _entry(event: faust.EventT) -> tuple[Any, int, SignItem]:
+    """An input event as the sign stage takes it, with its partition and offset."""
+    msg = event.message
+    stamp = int(msg.timestamp * 1000) if msg.timestamp else None
+    src = Provenance(msg.topic, msg.partition, msg.offset, stamp)
+    return msg.tp, msg.offset, (event.value, event.key, src)
+
+
+class IndexPipeline:
+    """The `index` agent and the hand-off: signatures messages, in the shard's order → the decider →
+    verdicts (and the filtered feed, and dead letters) published, the record table's writes sent to
+    its changelog and, once acknowledged, written into its store (`deliveries`)."""
+
+    def __init__(
+        self, app: faust.App, runtime: Runtime, outputs: Outputs, records: Any, fault: AgentFault
+    ) -> None:
+        self.app = app
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.metrics = runtime.metrics
+        self.outputs = outputs
+        self.records = records
+        self.fault = fault
+        self.changelog = changelog_topic(runtime.settings)
+        self.shard = TP(runtime.settings.signatures_topic, 0)  # the index shard: one partition
+        self.feed_kinds = runtime.settings.feed_kinds()
+        assert runtime.indexed is not None
+        self.deliveries = runtime.indexed
+
+    async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
+        runtime = self.runtime
         async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
-            runtime.taken_at[settings.signatures_topic] = time.monotonic()
+            runtime.taken_at[self.settings.signatures_topic] = time.monotonic()
             async with runtime.index_lock:
                 decider = await _open_decider(runtime)
                 # decided already, as soon as this worker's send of them was acknowledged
@@ -395,29 +480,33 @@ def create_app(
                     # Table reads pick the store's partition from the current event, which
                     # take_events() does not set; the shard's events all share one partition.
                     framework.enter_event(batch[-1])
-                    messages = [(event.message.offset, event.value) for event in batch]
-                    if gaps:
-                        shard = batch[-1].message.tp
-                        delivered = [(shard, offset, value) for offset, value in messages]
-                        fills = [
-                            (shard, found.offset, found.value)
-                            for _, found in await _read_gaps(runtime, gaps)
-                            if found.value is not None
-                        ]
-                        ordered = in_log_order(delivered, gaps, fills)
-                        messages = [(offset, value) for _, offset, value in ordered]
-                    await decide_and_publish(decider, messages)
-                    fault.after_batch("index")
+                    await self.decide_and_publish(decider, await self._in_log_order(batch, gaps))
+                    self.fault.after_batch("index")
 
             async def acknowledge(fetched: list[Any] = fetched, gaps: list[OffsetGap] = gaps) -> None:
                 # after the settling of every chunk of the batch (and of the hand-offs before it)
-                await _allow_commits_past(app, gaps)
+                await _allow_commits_past(self.app, gaps)
                 await stream.acknowledge(fetched)
-                _record_lag(app, metrics, fetched)
+                _record_lag(self.app, self.metrics, fetched)
 
-            await indexed.settle((), acknowledge)
+            await self.deliveries.settle((), acknowledge)
 
-    async def decide_and_publish(decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+    async def _in_log_order(
+        self, batch: list[faust.EventT], gaps: list[OffsetGap]
+    ) -> list[tuple[int, bytes]]:
+        """The batch's messages (offset, value), with those of `gaps` read back in their place."""
+        messages = [(event.message.offset, cast(bytes, event.value)) for event in batch]
+        if not gaps:
+            return messages
+        delivered = [(self.shard, offset, value) for offset, value in messages]
+        fills = [
+            (self.shard, found.offset, found.value)
+            for _, found in await _read_gaps(self.runtime, gaps)
+            if found.value is not None
+        ]
+        return [(offset, value) for _, offset, value in in_log_order(delivered, gaps, fills)]
+
+    async def decide_and_publish(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
         each chunk's record-table writes to the changelog and its verdicts, and hand them to the
         index stage's deliveries: the table's store takes the writes once the changelog has them,
@@ -427,70 +516,77 @@ def create_app(
         try:
             async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
                 async for outcome, writes in answers:
-                    await fault.before_changelog()
-                    changelog = await send_in_batches(producer(), changelog_name, writes, partition=0)
-                    sends, counted = await publish_outcome(outcome)
+                    await self.fault.before_changelog()
+                    changelog = await send_in_batches(
+                        self.outputs.producer(), self.changelog, writes, partition=0
+                    )
+                    sends, counted = await self.publish(outcome)
                     sends += [batch.sent for batch in changelog]
-                    await indexed.settle(sends, applied(writes, changelog, counted))
+                    await self.deliveries.settle(sends, self._applied(writes, changelog, counted))
         except BaseException as exc:
             # Half a batch applied: the index may be ahead of the table. Rebuild it from the
             # table before the next batch (the re-delivered batch then replays what was applied).
-            runtime.needs_open = True
+            self.runtime.needs_open = True
             if isinstance(exc, DeciderFailed):
-                runtime.fail(f"index_unavailable: {exc}; stopping the worker")
+                self.runtime.fail(f"index_unavailable: {exc}; stopping the worker")
             raise
 
-    def applied(
-        writes: list[tuple[bytes, bytes | None]], changelog: list[SentBatch], counted: Callable[[], None]
+    def _applied(
+        self,
+        writes: list[tuple[bytes, bytes | None]],
+        changelog: list[SentBatch],
+        counted: Callable[[], None],
     ) -> Callable[[], None]:
         """What a chunk's acknowledgement means: its writes into the table's store (one write batch:
         records and applied offsets together), the store's changelog offset after them (a
         recovery reads only what follows), its counters."""
 
         def apply() -> None:
-            if not runtime.closed:  # else the changelog has them: recovery brings them at the start
-                record_store.write(records.data, writes)
+            if not self.runtime.closed:  # else the changelog has them: recovery brings them at the start
+                record_store.write(self.records.data, writes)
                 if changelog:
                     last = changelog[-1]  # one partition: the last batch holds the last write
                     first = last.sent.result()
-                    store = cast(StoreT, records.data)
+                    store = cast(StoreT, self.records.data)
                     store.set_persisted_offset(first.topic_partition, first.offset + last.messages - 1)
             counted()
 
         return apply
 
-    async def decide_handed_off(messages: list[tuple[int, bytes]]) -> None:
+    async def decide_handed_off(self, messages: list[tuple[int, bytes]]) -> None:
+        """Signatures messages this worker sent, decided on their acknowledgement (`_HandOff`)."""
+        runtime = self.runtime
         async with runtime.index_lock:
-            last = runtime.delivered.get(signatures_shard)
+            last = runtime.delivered.get(self.shard)
             if runtime.needs_open or last is None:
                 return  # the shard is not (or not yet) this worker's: the consumer brings them
             run = following_run(last, messages)
             if not run:
                 return  # another worker's messages come first, or these were decided already
             try:
-                await decide_and_publish(runtime.decider, run)
+                await self.decide_and_publish(runtime.decider, run)
             except Exception:
                 log.exception("handoff_failed: the consumer delivers these messages again")
                 return
             # what the index agent's gap check (offset_gaps) records for the batches it decides
-            runtime.delivered[signatures_shard] = runtime.handed_off = run[-1][0]
-            metrics.handed_off.inc(len(run))
+            runtime.delivered[self.shard] = runtime.handed_off = run[-1][0]
+            self.metrics.handed_off.inc(len(run))
 
-    hand_off = runtime.hand_off = _HandOff(decide_handed_off)
-
-    async def publish_outcome(outcome: BatchOutcome) -> tuple[list[Any], Callable[[], None]]:
-        """Send a chunk's verdicts (and its dead letters); returns the sends and what counts them
-        once they are acknowledged."""
+    async def publish(self, outcome: BatchOutcome) -> tuple[list[Any], Callable[[], None]]:
+        """Send a chunk's verdicts, feed messages and dead letters; returns the sends and what
+        counts them once they are acknowledged."""
+        metrics = self.metrics
         verdicts: list[tuple[bytes | None, bytes | None]] = []
-        letters: list[tuple[str, bytes, bytes | None]] = []
+        letters: list[Letter] = []
         # counted per chunk, not per verdict: a labelled counter's increment costs the event loop
         counts: collections.Counter[tuple[Any, str | None]] = collections.Counter()
         latencies: list[float] = []
-        feed: list[tuple[bytes, bytes, Any]] = []  # (key, input message, headers) for the filtered feed
+        feed: list[tuple[bytes | None, bytes | None]] = []  # (key, input message) for the filtered feed
+        feed_headers: list[Any] = []
         expired = 0
         for entry in outcome.entries:
             if entry.status == "error":
-                letters.append(index_error(entry))
+                letters.append(self._index_error(entry))
                 continue
             if entry.status in ("replayed", "stale"):
                 counts[(metrics.replays, entry.status)] += 1
@@ -508,19 +604,15 @@ def create_app(
                 if entry.latency_ms is not None:
                     latencies.append(entry.latency_ms / 1000.0)
             verdicts.append((entry.article_id.encode(), entry.verdict))
-            if entry.original is not None and entry.kind in feed_kinds:
-                feed.append((entry.article_id.encode(), entry.original, entry.headers))
+            if entry.original is not None and entry.kind in self.feed_kinds:
+                feed.append((entry.article_id.encode(), entry.original))
+                feed_headers.append(entry.headers)
         # Keyed by article id, so that every verdict of an article lands in the same partition.
-        # Not Topic.send: Faust's per-message wrapping costs more CPU than the index decision itself.
-        sends = [batch.sent for batch in await send_in_batches(producer(), settings.verdicts_topic, verdicts)]
-        sends += await send_dead_letters(letters)
+        sends = await self.outputs.send(self.settings.verdicts_topic, verdicts)
+        sends += await self.outputs.dead_letters(letters)
         if feed:
-            messages = [(article_id, original) for article_id, original, _ in feed]
-            sent = await send_in_batches(
-                producer(), settings.unique_topic, messages, headers=[headers for _, _, headers in feed]
-            )
-            sends += [batch.sent for batch in sent]
-        runtime.collector.after(outcome.handled)
+            sends += await self.outputs.send(self.settings.unique_topic, feed, headers=feed_headers)
+        self.runtime.collector.after(outcome.handled)
 
         def counted() -> None:
             for (counter, label), count in counts.items():
@@ -529,7 +621,7 @@ def create_app(
                 metrics.latency.observe(latency)
             if expired:
                 metrics.expired.inc(expired)
-            count_dead_letters(letters)
+            self.outputs.count_dead_letters(letters)
             if feed:
                 metrics.fed.inc(len(feed))
             metrics.indexed.set(outcome.indexed)
@@ -542,10 +634,10 @@ def create_app(
 
         return sends, counted
 
-    def index_error(entry: EntryOutcome) -> tuple[str, bytes, bytes | None]:
+    def _index_error(self, entry: EntryOutcome) -> Letter:
         """A record the index stage could not handle, as a dead letter (signatures messages all
         come from the shard's one partition, under its key)."""
-        topic, partition = settings.signatures_topic, 0
+        topic, partition = self.settings.signatures_topic, 0
         log.error(
             "index_error topic=%s partition=%d offset=%d error=%s",
             topic,
@@ -559,65 +651,40 @@ def create_app(
         )
         return "internal_error", orjson.dumps(record), SHARD_KEY
 
-    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
-    async def on_assigned(sender: Any, assigned: Any = None, **_: Any) -> None:
+    async def on_assigned(self, sender: Any, assigned: Any = None, **_: Any) -> None:
         # Faust starts every partition again from its committed offset: what was delivered before
         # says nothing about what comes next (the shard's is set again from the applied offset).
+        runtime = self.runtime
         runtime.delivered.clear()
         runtime.handed_off = -1
         now = time.monotonic()
         for tp in assigned or ():
             runtime.taken_at[tp.topic] = now  # no batch yet: none was due
-        if any(tp.topic == settings.signatures_topic for tp in assigned or ()):
+        if any(tp.topic == self.settings.signatures_topic for tp in assigned or ()):
             runtime.needs_open = True
 
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
-    async def on_revoked(sender: Any, revoked: Any = None, **_: Any) -> None:
+    async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
         # No hand-off once the shard may be another worker's: it waits for the next assignment.
-        runtime.delivered.pop(signatures_shard, None)
+        self.runtime.delivered.pop(self.shard, None)
 
-    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # mode's typing wants `signal=`
-    async def close_index(sender: Any, **_: Any) -> None:
-        # The consumer has stopped: no batch comes from it any more, and no hand-off starts (the
-        # shard is no longer this worker's); one in progress ends first. The index is then flushed
-        # (it has no write-ahead log) and marked reusable when everything applied is checkpointed.
-        runtime.delivered.pop(signatures_shard, None)
+    async def close(self, sender: Any, **_: Any) -> None:
+        """At shutdown, once the consumer has stopped: no batch comes from it any more, and no
+        hand-off starts (the shard is no longer this worker's); one in progress ends first. The
+        index is then flushed (it has no write-ahead log) and marked reusable when everything
+        applied is checkpointed."""
+        runtime = self.runtime
+        runtime.delivered.pop(self.shard, None)
         try:
             async with asyncio.timeout(CLOSE_WAIT_S):
                 await runtime.index_lock.acquire()  # held to the end: nothing decides after this
             if not runtime.failed:  # after a failure, what is unsettled stays so
                 async with asyncio.timeout(CLOSE_WAIT_S):
-                    await indexed.drain()  # the store takes what the changelog acknowledged
+                    await self.deliveries.drain()  # the store takes what the changelog acknowledged
         except TimeoutError:
             log.error("index_close: a decision still runs after %.0f s; closing anyway", CLOSE_WAIT_S)
         runtime.closed = True
         await runtime.decider.close()
         await runtime.log_reader.close()
-
-    @app.task
-    async def mark_ready() -> None:
-        await runtime.signer.warm_up()
-        metrics.ready.set()
-
-    @app.task
-    async def hand_offs() -> None:
-        await hand_off.run()
-
-    @app.task
-    async def settle_signed() -> None:
-        await signed.run()
-
-    @app.task
-    async def settle_indexed() -> None:
-        await indexed.run()
-
-    @app.timer(interval=WATCH_INTERVAL_S)
-    async def watch() -> None:
-        """What /health reports about the agents, from the event loop (whose own beat it is)."""
-        metrics.loop_beat = time.monotonic()
-        metrics.stalled = stalled_stage(app, runtime)
-
-    return app, runtime
 
 
 def runtime_drain(runtime: Runtime) -> Callable[[], Awaitable[None]]:
