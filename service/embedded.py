@@ -182,7 +182,8 @@ def run_file(
     `sign_processes`: signing helpers (0: sign in this process), given `sign_batch` lines at a
     time (default SIGN_BATCH); the outputs are the same either way. An article whose signing
     fails unexpectedly is dead-lettered (internal_error), as in the worker; helpers failing twice
-    on a batch raise SigningFailed, everything before that batch decided and checkpointed."""
+    on a batch raise SigningFailed, everything before that batch decided and checkpointed. With
+    helpers the file loop runs in an event loop of its own: call it outside any running loop."""
     engine = Engine(state, params, retention)
     summary = RunSummary()
     started = time.perf_counter()

@@ -11,6 +11,7 @@ import pytest
 
 from neardup import cli, embedded
 from neardup.core.params import DedupParams
+from neardup.core.signing import Fingerprint
 from neardup.embedded import default_sign_processes, run_file
 from neardup.state.memory import MemoryState
 from neardup.stream.pipes import FAULT_VARIABLE
@@ -98,7 +99,7 @@ def test_an_unexpected_signing_error_is_a_dead_letter(
 ) -> None:
     real = embedded.fingerprint
 
-    def failing(text: str, params: DedupParams):  # type: ignore[no-untyped-def]
+    def failing(text: str, params: DedupParams) -> Fingerprint:
         if "poison" in text:
             raise RuntimeError("cannot sign this")
         return real(text, params)
