@@ -154,7 +154,13 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
 
 def cmd_dedup(args: argparse.Namespace) -> int:
     from .core.retention import Retention, parse_duration_ms
-    from .embedded import DEFAULT_FEED_VERDICTS, ResumeMismatch, run_file
+    from .embedded import (
+        DEFAULT_FEED_VERDICTS,
+        ResumeMismatch,
+        SigningFailed,
+        default_sign_processes,
+        run_file,
+    )
     from .messages import parse_verdict_filter
     from .state.memory import MemoryState
     from .state.port import StateStore
@@ -172,6 +178,10 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     if args.unique_filter is not None and args.unique_out is None:
         # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
         print("error: --unique-filter needs --unique-out FILE", file=sys.stderr)
+        return 2
+    sign_processes = default_sign_processes() if args.sign_processes is None else args.sign_processes
+    if sign_processes < 0:
+        print("error: --sign-processes must be 0 or more", file=sys.stderr)
         return 2
     state: StateStore
     try:
@@ -192,10 +202,15 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             retention=retention,
             feed_path=Path(args.unique_out) if args.unique_out else None,
             feed_verdicts=feed_verdicts,
+            sign_processes=sign_processes,
         )
     except (IncompatibleState, ResumeMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except SigningFailed as exc:
+        where = "" if args.state else " (without --state a rerun starts over)"
+        print(f"error: {exc}{where}", file=sys.stderr)
+        return 1
     finally:
         state.close()
     print(summary.render())
@@ -321,6 +336,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a published_at further ahead of the clock than this is not used",
     )
     p.add_argument("--bucket-cap", type=int, default=64, help="latest members an LSH bucket keeps")
+    p.add_argument(
+        "--sign-processes",
+        metavar="N",
+        type=int,
+        default=None,
+        help="helper processes that sign while this one decides (default: CPUs - 1, at least 1; "
+        "0: sign in this process)",
+    )
     p.add_argument(
         "--unique-out",
         metavar="FILE",

@@ -8,28 +8,48 @@ the output file holds exactly one verdict per article, in input order.
 The filtered feed (--unique-out) is a third output resumed the same way, for the same reason: its
 offset is checkpointed with the others, so a rerun truncates it to what the checkpointed lines
 wrote and the lines after come out once, from their (possibly re-delivered) verdicts.
+
+Signing (normalize, shingle, MinHash) can run in the stream worker's signing helpers (signer.py),
+a batch of lines at a time, while this process decides the batch before: deciding stays one serial
+process, in input order. The helpers are driven through their asyncio pipes, the worker's code as
+it is, so the file loop runs in an event loop (asyncio.run); the decisions yield to it every few
+articles, or the pipes would not move while a batch is decided.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import orjson
 
 from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
-from .core.signing import EmptyText
+from .core.signing import Fingerprint, fingerprint
 from .engine import Engine
-from .messages import Deletion, InvalidMessage, dead_letter_dict, decode_article, dumps, verdict_dict
+from .messages import Deletion, decode_article, dumps, verdict_dict
 from .state.port import StateStore
+from .stream.stages import SignResult, SignStage
+from .stream.wire import Provenance, SignedDeletion, decode_signed
+
+if TYPE_CHECKING:
+    from .stream.signer import Signer, SignItem
 
 DEFAULT_MAX_TEXT_BYTES = 1_000_000
+# Lines per batch sent to the signing helpers, and their most bytes: large enough that the pipes'
+# per-batch costs vanish, small enough that the first batch, signed before anything is decided,
+# does not keep the deciding process waiting long.
+SIGN_BATCH = 256
+SIGN_BATCH_BYTES = 8 * 1024 * 1024
+YIELD_EVERY = 8  # articles decided between two turns of the event loop
 # What a search indexer behind neardup wants by default: each story once.
 DEFAULT_FEED_VERDICTS = frozenset({"unique"})
 
@@ -93,6 +113,45 @@ class Progress:
 _PROGRESS_KEY = b"embedded-progress:"
 
 
+def default_sign_processes() -> int:
+    """Signing helpers for `neardup dedup`: one per CPU this process may run on, less the one
+    that decides; at least one."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus - 1)
+
+
+class SigningFailed(RuntimeError):
+    """Signing helpers failed twice on a batch: the run stopped after the last line it decided."""
+
+
+@dataclass(frozen=True)
+class _Line:
+    """A non-blank input line and where it ends."""
+
+    number: int
+    end: int  # input offset after it
+    raw: bytes  # as read, line end included
+    body: bytes  # without its line end
+
+
+class _Sketched(NamedTuple):
+    article_id: str
+    fingerprint: Fingerprint
+    keys: tuple[bytes, ...] | None  # None: the engine computes them
+    published_at: str | None
+
+
+class _Dead(NamedTuple):
+    record: bytes  # the dead letter, JSON
+    reason: str
+
+
+_Signed = _Sketched | Deletion | _Dead
+
+
 def run_file(
     input_path: Path,
     output_path: Path,
@@ -105,6 +164,8 @@ def run_file(
     retention: Retention = NO_RETENTION,
     feed_path: Path | None = None,
     feed_verdicts: frozenset[str] = DEFAULT_FEED_VERDICTS,
+    sign_processes: int = 0,
+    sign_batch: int | None = None,
 ) -> RunSummary:
     """Process a JSON-lines file of articles into a JSON-lines file of verdicts. A line
     `{"id": ..., "deleted": true}` deletes an article: the verdict file gets
@@ -116,7 +177,13 @@ def run_file(
     fed when its own verdict passes, and an input line repeating an article (same id and text) is
     fed again when its stored verdict passes, as the verdict file repeats it (an article a crash
     left unfinished comes back that way and must still reach the feed); deletions and dead
-    letters never are."""
+    letters never are.
+
+    `sign_processes`: signing helpers (0: sign in this process), given `sign_batch` lines at a
+    time (default SIGN_BATCH); the outputs are the same either way. An article whose signing
+    fails unexpectedly is dead-lettered (internal_error), as in the worker; helpers failing twice
+    on a batch raise SigningFailed, everything before that batch decided and checkpointed. With
+    helpers the file loop runs in an event loop of its own: call it outside any running loop."""
     engine = Engine(state, params, retention)
     summary = RunSummary()
     started = time.perf_counter()
@@ -132,6 +199,8 @@ def run_file(
         summary.resumed_from_line = line_no
     dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
     bar = Progress(input_path.stat().st_size, progress)
+    stage = SignStage(params, max_text_bytes, retention.skew_ms)
+    topic = str(input_path)
     with ExitStack() as files:
         source = files.enter_context(input_path.open("rb"))
         out = files.enter_context(_open_at(output_path, out_offset))
@@ -140,49 +209,150 @@ def run_file(
         if feed_path is not None:
             feed = files.enter_context(_open_at(feed_path, feed_offset))
             summary.fed = 0
-        source.seek(in_offset)
-        for raw_line in source:
-            line_no += 1
-            in_offset += len(raw_line)
-            body = raw_line.rstrip(b"\r\n")
-            if not body.strip():
-                continue
+
+        def decide(line: _Line, signed: _Signed) -> None:
             summary.articles += 1
-            try:
-                article = decode_article(body, max_text_bytes)
-                if isinstance(article, Deletion):
-                    _delete(engine, article.article_id, out, summary)
-                    record = None
-                else:
-                    record = engine.process(
-                        article.article_id, article.text, published_at=article.published_at
-                    )
-            except InvalidMessage as exc:
-                _write_dead(dead, exc.reason, exc.detail, body, input_path, line_no, summary)
-                record = None
-            except EmptyText as exc:
-                _write_dead(dead, "empty_text", str(exc), body, input_path, line_no, summary)
-                record = None
+            record = None
+            if isinstance(signed, _Dead):
+                dead.write(signed.record + b"\n")
+                summary.dead_letters[signed.reason] += 1
+            elif isinstance(signed, Deletion):
+                _delete(engine, signed.article_id, out, summary)
+            else:
+                article_id, fp, keys, published_at = signed
+                record = engine.index_published(article_id, fp, published_at, keys)
             if record is not None:
                 out.write(dumps(verdict_dict(record, params)) + b"\n")
                 summary.verdicts[record.decision.kind] += 1
                 if feed is not None and record.decision.kind in feed_verdicts:
-                    feed.write(raw_line if raw_line.endswith(b"\n") else raw_line + b"\n")
+                    feed.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
                     summary.fed = (summary.fed or 0) + 1
             out.flush()
             dead.flush()
-            mark = {"input": in_offset, "output": out.tell(), "dead": dead.tell(), "line": line_no}
+            mark: dict[str, Any] = {
+                "input": line.end,
+                "output": out.tell(),
+                "dead": dead.tell(),
+                "line": line.number,
+            }
             if feed is not None:
                 feed.flush()
                 mark |= {"feed": feed.tell(), "feed_verdicts": sorted(feed_verdicts)}
             state.set_meta({progress_key: orjson.dumps(mark)})
-            bar.update(in_offset, summary.articles)
+            bar.update(line.end, summary.articles)
+
+        source.seek(in_offset)
+        lines = _lines(source, in_offset, line_no)
+        if sign_processes == 0:
+            for line in lines:
+                decide(line, _sign_here(stage, line, Provenance(topic, None, line.number, None)))
+        else:
+            # imported here: the helpers run that module as __main__, and they import this one
+            from .stream.signer import Signer, SignerFailed
+
+            batches = _batches(lines, sign_batch or SIGN_BATCH, SIGN_BATCH_BYTES)
+            signer = Signer(stage, sign_processes)
+            try:
+                asyncio.run(_decide_while_signing(batches, signer, topic, params, decide))
+            except SignerFailed as exc:
+                reached = state.get_meta(progress_key)
+                done = orjson.loads(reached)["line"] if reached is not None else 0
+                raise SigningFailed(
+                    f"{exc}; the state is checkpointed after line {done} of {input_path}, where a "
+                    "rerun with the same state resumes"
+                ) from exc
+        in_offset = source.tell()
     bar.update(in_offset, summary.articles, final=True)
     state.compact()
     summary.seconds = time.perf_counter() - started
     summary.expired = sum(engine.counts.expired)
     summary.refused_times = engine.counts.refused_times
     return summary
+
+
+def _lines(source: BinaryIO, offset: int, line_no: int) -> Iterator[_Line]:
+    """The non-blank lines from `offset` (line `line_no` + 1 on)."""
+    for raw in source:
+        line_no += 1
+        offset += len(raw)
+        body = raw.rstrip(b"\r\n")
+        if body.strip():
+            yield _Line(line_no, offset, raw, body)
+
+
+def _batches(lines: Iterator[_Line], count: int, max_bytes: int) -> Iterator[list[_Line]]:
+    """Consecutive lines, at most `count` and (beyond the first) `max_bytes` of them at a time."""
+    batch: list[_Line] = []
+    size = 0
+    for line in lines:
+        if batch and (len(batch) >= count or size + len(line.body) > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(line)
+        size += len(line.body)
+    if batch:
+        yield batch
+
+
+def _sign_here(stage: SignStage, line: _Line, src: Provenance) -> _Signed:
+    """What a helper signs, in this process and without the signed record's encoding."""
+    try:
+        article = decode_article(line.body, stage.max_text_bytes)
+        if isinstance(article, Deletion):
+            return article
+        fp = fingerprint(article.text, stage.params)
+        return _Sketched(article.article_id, fp, None, article.published_at)
+    except Exception as exc:  # as in the worker's sign stage: a dead letter, not a stopped run
+        return _signed(SignStage.failed(exc, line.body, None, src), stage.params)
+
+
+def _signed(result: SignResult, params: DedupParams) -> _Signed:
+    """A helper's answer for one line."""
+    if result.signed is None:
+        assert result.dead_letter is not None and result.reason is not None
+        return _Dead(result.dead_letter, result.reason)
+    signed = decode_signed(result.signed)
+    if isinstance(signed, SignedDeletion):
+        return Deletion(signed.article_id)
+    keys = signed.band_keys_for(params.lsh.bands, params.lsh.rows)
+    return _Sketched(signed.article_id, signed.fingerprint, keys, result.published_at)
+
+
+async def _decide_while_signing(
+    batches: Iterator[list[_Line]],
+    signer: Signer,
+    topic: str,
+    params: DedupParams,
+    decide: Callable[[_Line, _Signed], None],
+) -> None:
+    """Decide each batch while the helpers sign the next one."""
+
+    def start(batch: list[_Line] | None) -> asyncio.Future[list[SignResult]] | None:
+        if batch is None:
+            return None
+        items: list[SignItem] = [
+            (line.body, None, Provenance(topic, None, line.number, None)) for line in batch
+        ]
+        return asyncio.ensure_future(signer.sign(items))
+
+    signing = None
+    try:
+        batch = next(batches, None)
+        signing = start(batch)
+        while batch is not None and signing is not None:
+            results = await signing
+            following = next(batches, None)
+            signing = start(following)
+            for count, (line, result) in enumerate(zip(batch, results, strict=True), 1):
+                decide(line, _signed(result, params))
+                if count % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+            batch = following
+    finally:
+        if signing is not None:
+            signing.cancel()
+            await asyncio.gather(signing, return_exceptions=True)
+        await signer.aclose()
 
 
 def _delete(engine: Engine, article_id: str, out: BinaryIO, summary: RunSummary) -> None:
@@ -230,17 +400,3 @@ def _open_at(path: Path, offset: int) -> BinaryIO:
     handle.seek(offset)
     handle.truncate()
     return handle
-
-
-def _write_dead(
-    dead: BinaryIO,
-    reason: str,
-    detail: str,
-    body: bytes,
-    input_path: Path,
-    line_no: int,
-    summary: RunSummary,
-) -> None:
-    record = dead_letter_dict(reason, detail, body, topic=str(input_path), offset=line_no)
-    dead.write(dumps(record) + b"\n")
-    summary.dead_letters[reason] += 1

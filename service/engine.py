@@ -52,14 +52,25 @@ class Engine:
         *,
         published_at: str | None = None,
     ) -> IndexedArticle:
-        """Verdict-bearing record for one article; raises signing.EmptyText for empty texts. Its
-        time (embedded mode): `published_at` when valid and not ahead of the clock, else the newest
-        valid time seen so far, else now."""
-        fp = fingerprint(text, self.params)
+        """Verdict-bearing record for one article; raises signing.EmptyText for empty texts. Timed
+        as `index_published` times it."""
+        return self.index_published(article_id, fingerprint(text, self.params), published_at, extra=extra)
+
+    def index_published(
+        self,
+        article_id: str,
+        fp: Fingerprint,
+        published_at: str | None,
+        keys: Sequence[bytes] | None = None,
+        extra: dict[bytes, bytes] | None = None,
+    ) -> IndexedArticle:
+        """Decide about a signed article timed as in embedded mode: `published_at` when valid and
+        not ahead of the clock, else the newest valid time seen so far, else now."""
         now_ms = round(time.time() * 1000)
         newest = self.state.counts.newest_ms
         fallback = now_ms if newest is None else newest
-        return self.index(article_id, fp, self.article_time(published_at, now_ms, fallback), extra=extra)
+        time_ms = self.article_time(published_at, now_ms, fallback)
+        return self.index(article_id, fp, time_ms, keys, extra)
 
     def article_time(self, published_at: str | None, reference_ms: int, fallback_ms: int) -> int:
         stamp = event_time(published_at, reference_ms, fallback_ms, self.retention.skew_ms)

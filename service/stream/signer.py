@@ -30,7 +30,7 @@ from .wire import Provenance
 log = logging.getLogger("neardup.signer")
 
 SignItem = tuple[bytes | None, bytes | None, Provenance]  # raw value, key, where it came from
-_Wire = tuple[bytes | None, bytes | None, str, int, int, int | None]  # plain tuples pickle fastest
+_Wire = tuple[bytes | None, bytes | None, str, int | None, int, int | None]  # plain tuples pickle fastest
 MIN_CHUNK = 16  # smaller batches are not worth splitting across helpers
 
 
@@ -59,7 +59,7 @@ class _Helper:
         answer = await self.child.call(wire, self.timeout.seconds(len(items)))
         if not isinstance(answer, list) or len(answer) != len(items):
             raise ChildFailed(f"helper {self.child.pid} answered {type(answer).__name__}")
-        return [SignResult(signed, dead, reason, refused) for signed, dead, reason, refused in answer]
+        return [SignResult(*result) for result in answer]
 
 
 class Signer:
@@ -156,7 +156,9 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         results = []
         for raw, key, topic, partition, offset, timestamp in batch:  # type: ignore[attr-defined]
             result = stage.handle(raw, key, Provenance(topic, partition, offset, timestamp))
-            results.append((result.signed, result.dead_letter, result.reason, result.refused_time))
+            results.append(
+                (result.signed, result.dead_letter, result.reason, result.refused_time, result.published_at)
+            )
         write_frame(answers, results)
 
 

@@ -56,6 +56,9 @@ class SignResult:
     dead_letter: bytes | None = None
     reason: str | None = None
     refused_time: bool = False  # the article's published_at was present but not used
+    # the article's published_at as given: embedded mode times an article by the newest time its
+    # state has seen, which only the deciding process knows
+    published_at: str | None = None
 
 
 class SignStage:
@@ -82,13 +85,20 @@ class SignStage:
             stamp = src.timestamp_ms if src.timestamp_ms is not None else round(time.time() * 1000)
             when = event_time(article.published_at, stamp, stamp, self.time_skew_ms)
             signed = Signed(article.article_id, fp, src, keys, (bands, rows), when.time_ms, when.refused)
-            return SignResult(signed=encode_signed(signed), refused_time=when.refused)
-        except InvalidMessage as exc:
-            return self._dead(exc.reason, exc.detail, raw, key, src)
-        except EmptyText as exc:
-            return self._dead("empty_text", str(exc), raw, key, src)
+            return SignResult(
+                signed=encode_signed(signed), refused_time=when.refused, published_at=article.published_at
+            )
         except Exception as exc:  # one bad article must not stop the stream
-            return self._dead("internal_error", f"{type(exc).__name__}: {exc}", raw, key, src)
+            return self.failed(exc, raw, key, src)
+
+    @classmethod
+    def failed(cls, exc: Exception, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
+        """The dead letter for a message whose signing raised `exc`."""
+        if isinstance(exc, InvalidMessage):
+            return cls._dead(exc.reason, exc.detail, raw, key, src)
+        if isinstance(exc, EmptyText):
+            return cls._dead("empty_text", str(exc), raw, key, src)
+        return cls._dead("internal_error", f"{type(exc).__name__}: {exc}", raw, key, src)
 
     @staticmethod
     def _dead(reason: str, detail: str, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:

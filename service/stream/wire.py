@@ -38,7 +38,7 @@ class Provenance:
     """Where an article came from, for dead letters, latency, audit and replay safety."""
 
     topic: str
-    partition: int
+    partition: int | None  # None: not a topic's partition (embedded mode's input file)
     offset: int
     timestamp_ms: int | None
 

@@ -1,0 +1,151 @@
+"""`neardup dedup --sign-processes`: signing in helper processes gives exactly the outputs of signing
+in process, and helpers failing twice stop the run at a checkpoint a rerun resumes from."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+import pytest
+
+from neardup import cli, embedded
+from neardup.core.params import DedupParams
+from neardup.core.signing import Fingerprint
+from neardup.embedded import default_sign_processes, run_file
+from neardup.state.memory import MemoryState
+from neardup.stream.pipes import FAULT_VARIABLE
+
+SAMPLE = Path(embedded.__file__).parent / "data" / "sample_news.jsonl"
+MAX_TEXT_BYTES = 50_000
+
+
+def mixed_input() -> bytes:
+    """The sample news with, in between, malformed lines, a deletion, an update, a re-delivery,
+    an oversized text, blank lines and published_at times (valid, unparseable, far ahead). The
+    first article is dated, so that no article is timed by the clock; a later date expires it."""
+    lines = SAMPLE.read_bytes().splitlines()
+    first, second = orjson.loads(lines[0]), orjson.loads(lines[1])
+    lines[0] = orjson.dumps({**first, "published_at": "2011-04-01T00:00:00Z"})
+    extras = {
+        3: [b'{"id": "bad-utf8", "text": "caf\xe9 \xff"}', b""],
+        40: [b'{"id": "cut", "text": "the json ends'],
+        77: [orjson.dumps({"id": first["id"], "deleted": True})],
+        90: [orjson.dumps({**second, "text": second["text"] + " An update, later that day."})],
+        130: [orjson.dumps({"id": "big", "text": "word " * (MAX_TEXT_BYTES // 4)})],
+        160: [b'{"id": 7, "text": "an id that is not a string"}', b"   "],
+        200: [orjson.dumps({"id": "empty", "text": " \n "})],
+        230: [orjson.dumps({**first, "id": "dated", "published_at": "2011-06-20T10:00:00Z"})],
+        260: [orjson.dumps({**second, "id": "bad-date", "published_at": "yesterday"})],
+        300: [orjson.dumps({**second, "id": "ahead", "published_at": "2999-01-01T00:00:00Z"})],
+        350: [lines[5], orjson.dumps({"id": "never-seen", "deleted": True})],
+    }
+    out = []
+    for number, line in enumerate(lines):
+        out += [line, *extras.get(number, [])]
+    return b"".join(line + b"\n" for line in out)
+
+
+def dead_letters(path: Path) -> list[dict]:
+    """Dead letters without their failure time, which differs between two runs."""
+    return [
+        {k: v for k, v in orjson.loads(line).items() if k != "failed_at"}
+        for line in path.read_bytes().splitlines()
+    ]
+
+
+def outputs(tmp_path: Path, source: Path, processes: int, capsys: pytest.CaptureFixture[str]) -> dict:
+    run = tmp_path / f"run-{processes}"
+    run.mkdir()
+    argv = ["dedup", str(source), "-o", str(run / "out.jsonl"), "--state", str(run / "state"), "-q"]
+    argv += ["--unique-out", str(run / "feed.jsonl"), "--retention", "30d"]
+    argv += ["--max-text-bytes", str(MAX_TEXT_BYTES), "--sign-processes", str(processes)]
+    assert cli.main(argv) == 0
+    summary = re.sub(r"; [0-9.]+s, [0-9,]+ articles/s", "", capsys.readouterr().out)
+    assert cli.main(["stats", "--state", str(run / "state"), "--json"]) == 0
+    stats = orjson.loads(capsys.readouterr().out)
+    stats.pop("bytes_on_disk")
+    return {
+        "verdicts": (run / "out.jsonl").read_bytes(),
+        "dead": dead_letters(run / "out.jsonl.dead.jsonl"),
+        "feed": (run / "feed.jsonl").read_bytes(),
+        "summary": summary,
+        "stats": stats,
+    }
+
+
+def test_helpers_give_the_outputs_of_signing_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(embedded, "SIGN_BATCH", 48)  # many batches, split across both helpers
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(mixed_input())
+    here = outputs(tmp_path, source, 0, capsys)
+    helpers = outputs(tmp_path, source, 2, capsys)
+    assert helpers["verdicts"] == here["verdicts"]
+    assert helpers["dead"] == here["dead"]
+    assert helpers["feed"] == here["feed"]
+    assert helpers["summary"] == here["summary"]
+    assert helpers["stats"] == here["stats"]
+    reasons = sorted(d["reason"] for d in here["dead"])
+    assert reasons == ["empty_text", "invalid_json", "invalid_utf8", "oversized", "schema_violation"]
+    assert "deleted=1 unknown_deletes=1 expired=" in here["summary"]
+    assert "refused_times=2" in here["summary"] and here["stats"]["expired"] > 200
+    assert here["feed"] and here["stats"]["articles"] > 100
+
+
+def test_an_unexpected_signing_error_is_a_dead_letter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = embedded.fingerprint
+
+    def failing(text: str, params: DedupParams) -> Fingerprint:
+        if "poison" in text:
+            raise RuntimeError("cannot sign this")
+        return real(text, params)
+
+    monkeypatch.setattr(embedded, "fingerprint", failing)
+    source = tmp_path / "in.jsonl"
+    lines = SAMPLE.read_bytes().splitlines()[:3]
+    source.write_bytes(b"\n".join([lines[0], b'{"id": "p", "text": "poison pill"}', *lines[1:]]) + b"\n")
+    summary = run_file(source, tmp_path / "out.jsonl", MemoryState(), DedupParams())
+    assert summary.dead_letters == {"internal_error": 1} and sum(summary.verdicts.values()) == 3
+    (dead,) = dead_letters(tmp_path / "out.jsonl.dead.jsonl")
+    assert (dead["offset"], dead["detail"]) == (2, "RuntimeError: cannot sign this")
+
+
+def test_helpers_failing_twice_stop_the_run_and_a_rerun_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = SAMPLE.read_bytes().splitlines(keepends=True)[:120]
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    (reference / "in.jsonl").write_bytes(b"".join(lines))
+    run_file(reference / "in.jsonl", reference / "out.jsonl", MemoryState(), DedupParams())
+
+    source, out, state = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "state"
+    argv = ["dedup", str(source), "-o", str(out), "--state", str(state), "-q", "--sign-processes", "1"]
+    source.write_bytes(b"".join(lines[:70]))
+    assert cli.main(argv) == 0
+    done = out.read_bytes()
+    capsys.readouterr()
+
+    with source.open("ab") as more:
+        more.write(b"".join(lines[70:]))
+    monkeypatch.setenv(FAULT_VARIABLE, "crash:signer:1")  # every helper dies on its first batch
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "failed twice" in err and "checkpointed after line 70" in err
+    assert out.read_bytes() == done
+
+    monkeypatch.delenv(FAULT_VARIABLE)
+    assert cli.main(argv) == 0
+    assert "resumed at line 71" in capsys.readouterr().out
+    assert out.read_bytes() == (reference / "out.jsonl").read_bytes()
+
+
+def test_the_default_leaves_one_cpu_to_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert default_sign_processes() == 3
+    monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: {0})
+    assert default_sign_processes() == 1
