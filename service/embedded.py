@@ -35,7 +35,7 @@ from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
 from .core.signing import Fingerprint, fingerprint
 from .engine import Engine
-from .messages import Deletion, decode_article, dumps, verdict_dict
+from .messages import Deletion, dead_letter_dict, decode_article, dumps, verdict_dict
 from .state.port import StateStore
 from .stream.stages import SignResult, SignStage
 from .stream.wire import Provenance, SignedDeletion, decode_signed
@@ -220,7 +220,14 @@ def run_file(
                 _delete(engine, signed.article_id, out, summary)
             else:
                 article_id, fp, keys, published_at = signed
-                record = engine.index_published(article_id, fp, published_at, keys)
+                try:
+                    record = engine.index_published(article_id, fp, published_at, keys)
+                except Exception as exc:  # as the worker's index stage: a dead letter, not a stopped run
+                    letter = dead_letter_dict(
+                        "internal_error", f"{type(exc).__name__}: {exc}", line.body, topic, None, line.number
+                    )
+                    dead.write(dumps(letter) + b"\n")
+                    summary.dead_letters["internal_error"] += 1
             if record is not None:
                 out.write(dumps(verdict_dict(record, params)) + b"\n")
                 summary.verdicts[record.decision.kind] += 1

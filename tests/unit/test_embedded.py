@@ -521,3 +521,25 @@ def test_cli_dedup_refuses_a_bad_filter(tmp_path: Path, capsys, extra: list[str]
     assert cli.main([*argv, *(str(feed) if x == "FEED" else x for x in extra)]) == 2
     assert message in capsys.readouterr().err
     assert not feed.exists() and not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_unexpected_error_while_deciding_is_a_dead_letter_and_the_run_goes_on(
+    tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the worker's index stage: the article's line goes to the dead letters with the error."""
+    from neardup.engine import Engine
+
+    real = Engine.index_published
+
+    def failing(self: Engine, article_id: str, *args: object, **kwargs: object) -> object:
+        if article_id == "b":
+            raise RuntimeError("injected while deciding")
+        return real(self, article_id, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "index_published", failing)
+    lines = [article(article_id, text) + b"\n" for article_id, text in zip("abc", prose, strict=False)]
+    run(tmp_path, lines, MemoryState())
+    assert [v["article_id"] for v in read_jsonl(tmp_path / "out.jsonl")] == ["a", "c"]
+    (dead,) = read_jsonl(tmp_path / "out.jsonl.dead.jsonl")
+    assert dead["reason"] == "internal_error" and "injected while deciding" in dead["detail"]
+    assert base64.b64decode(dead["value_b64"]) == lines[1].rstrip(b"\n") and dead["offset"] == 2
