@@ -61,6 +61,21 @@ def dead_without_time(path: Path) -> list[dict]:
     return [{k: v for k, v in d.items() if k not in ("failed_at", "topic")} for d in read_jsonl(path)]
 
 
+def die_at_checkpoint(state: RocksState, crash_at: int) -> None:
+    """The state's `crash_at`-th progress checkpoint raises Crash: the process dies just before it."""
+    checkpoint = state.set_meta
+    calls = 0
+
+    def dying_set_meta(values: dict[bytes, bytes]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == crash_at:
+            raise Crash
+        checkpoint(values)
+
+    state.set_meta = dying_set_meta  # type: ignore[method-assign]
+
+
 def run(tmp: Path, lines: list[bytes], state: StateStore, name: str = "in.jsonl") -> embedded.RunSummary:
     source = tmp / name
     source.write_bytes(b"".join(lines))
@@ -178,17 +193,7 @@ def test_crash_between_write_and_checkpoint(
     progress checkpoint; half a line of the next verdict also reached the disk."""
     lines = corpus_lines(prose)
     state = RocksState(tmp_path / "state")
-    checkpoint = state.set_meta
-    calls = 0
-
-    def dying_set_meta(values: dict[bytes, bytes]) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == crash_at:
-            raise Crash
-        checkpoint(values)
-
-    state.set_meta = dying_set_meta  # type: ignore[method-assign]
+    die_at_checkpoint(state, crash_at)
     try:
         with pytest.raises(Crash):
             run(tmp_path, lines, state)
@@ -445,17 +450,7 @@ def test_a_crash_before_the_checkpoint_feeds_no_line_twice(
     whole.mkdir()
     run_fed(whole, lines, MemoryState(), kinds)
     state = RocksState(tmp_path / "state")
-    checkpoint = state.set_meta
-    calls = 0
-
-    def dying_set_meta(values: dict[bytes, bytes]) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == crash_at:
-            raise Crash
-        checkpoint(values)
-
-    state.set_meta = dying_set_meta  # type: ignore[method-assign]
+    die_at_checkpoint(state, crash_at)
     try:
         with pytest.raises(Crash):
             run_fed(tmp_path, lines, state, kinds)
