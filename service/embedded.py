@@ -35,7 +35,7 @@ from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
 from .core.signing import Fingerprint, fingerprint
 from .engine import Engine
-from .messages import Deletion, dead_letter_dict, decode_article, dumps, verdict_dict
+from .messages import Deletion, decode_article, dumps, verdict_dict
 from .state.port import StateStore
 from .stream.stages import SignResult, SignStage
 from .stream.wire import Provenance, SignedDeletion, decode_signed
@@ -213,21 +213,17 @@ def run_file(
         def decide(line: _Line, signed: _Signed) -> None:
             summary.articles += 1
             record = None
+            if isinstance(signed, _Sketched):
+                article_id, fp, keys, published_at = signed
+                try:
+                    record = engine.index_published(article_id, fp, published_at, keys)
+                except Exception as exc:  # as the worker's index stage: a dead letter, not a stopped run
+                    signed = _signed(SignStage.failed(exc, line.body, None, _source(topic, line)), params)
             if isinstance(signed, _Dead):
                 dead.write(signed.record + b"\n")
                 summary.dead_letters[signed.reason] += 1
             elif isinstance(signed, Deletion):
                 _delete(engine, signed.article_id, out, summary)
-            else:
-                article_id, fp, keys, published_at = signed
-                try:
-                    record = engine.index_published(article_id, fp, published_at, keys)
-                except Exception as exc:  # as the worker's index stage: a dead letter, not a stopped run
-                    letter = dead_letter_dict(
-                        "internal_error", f"{type(exc).__name__}: {exc}", line.body, topic, None, line.number
-                    )
-                    dead.write(dumps(letter) + b"\n")
-                    summary.dead_letters["internal_error"] += 1
             if record is not None:
                 out.write(dumps(verdict_dict(record, params)) + b"\n")
                 summary.verdicts[record.decision.kind] += 1
@@ -252,7 +248,7 @@ def run_file(
         lines = _lines(source, in_offset, line_no)
         if sign_processes == 0:
             for line in lines:
-                decide(line, _sign_here(stage, line, Provenance(topic, None, line.number, None)))
+                decide(line, _sign_here(stage, line, _source(topic, line)))
         else:
             # imported here: the helpers run that module as __main__, and they import this one
             from .stream.signer import Signer, SignerFailed
@@ -285,6 +281,11 @@ def _lines(source: BinaryIO, offset: int, line_no: int) -> Iterator[_Line]:
         body = raw.rstrip(b"\r\n")
         if body.strip():
             yield _Line(line_no, offset, raw, body)
+
+
+def _source(topic: str, line: _Line) -> Provenance:
+    """Where a line came from, as dead letters name it: the file and the line's number."""
+    return Provenance(topic, None, line.number, None)
 
 
 def _batches(lines: Iterator[_Line], count: int, max_bytes: int) -> Iterator[list[_Line]]:
@@ -337,9 +338,7 @@ async def _decide_while_signing(
     def start(batch: list[_Line] | None) -> asyncio.Future[list[SignResult]] | None:
         if batch is None:
             return None
-        items: list[SignItem] = [
-            (line.body, None, Provenance(topic, None, line.number, None)) for line in batch
-        ]
+        items: list[SignItem] = [(line.body, None, _source(topic, line)) for line in batch]
         return asyncio.ensure_future(signer.sign(items))
 
     signing = None
