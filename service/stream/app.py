@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -269,8 +269,6 @@ def create_app(
     cast(Any, app).at_shutdown.append(runtime.signer.aclose)
     cast(Any, app).failed = lambda: runtime.failed
     metrics.stall_timeout = settings.stall_timeout
-    # A replaced decider child rebuilds from the table: first, everything decided before it there
-    runtime.decider.before_rebuild = runtime_drain(runtime)
 
     def agent_failed(agent: Any, exc: BaseException) -> None:
         # Faust would go on with a new agent, past the batch that raised; that batch is not
@@ -280,6 +278,8 @@ def create_app(
     cast(Any, app).agent_failed = agent_failed
     runtime.signed = Deliveries("sign", runtime.fail)
     runtime.indexed = Deliveries("index", runtime.fail)
+    # A replaced decider child rebuilds from the table: first, everything decided before it there
+    runtime.decider.before_rebuild = runtime.indexed.drain
     outputs = Outputs(app, runtime)
     fault = AgentFault()
     index = IndexPipeline(app, runtime, outputs, records, fault)
@@ -685,14 +685,6 @@ class IndexPipeline:
         runtime.closed = True
         await runtime.decider.close()
         await runtime.log_reader.close()
-
-
-def runtime_drain(runtime: Runtime) -> Callable[[], Awaitable[None]]:
-    async def drain() -> None:
-        if runtime.indexed is not None:
-            await runtime.indexed.drain()
-
-    return drain
 
 
 def stalled_stage(app: faust.App, runtime: Runtime) -> str | None:

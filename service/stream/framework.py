@@ -41,14 +41,6 @@ except ImportError:  # pragma: no cover - a source checkout without a C compiler
 IDLE_CHECK_S = 0.1
 TABLE_PARTITION = 0  # the record table has one partition, the index shard's
 
-# (owner, private name, why): what tests/unit/test_framework.py checks on the pinned versions.
-# Names set in an owner's __init__ (instance attributes) are looked for there.
-PRIVATE_NAMES: list[tuple[Any, str, str]] = []
-
-
-def _private(owner: Any, name: str, why: str) -> None:
-    PRIVATE_NAMES.append((owner, name, why))
-
 
 def _halted(service: Any) -> bool:
     """What mode's `Service.wait_first` checks before it reports a winner: stopped or crashed."""
@@ -205,28 +197,32 @@ def app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
     return App
 
 
-_private(faust.Stream, "_active_agens", "LeanStream: its take loop is closed at the stream's stop")
-_private(faust.Stream, "_enable_passive", "LeanStream: the take loop reads the channel passively, as Faust's")
-_private(faust.Stream, "_processors", "LeanStream: the take loop's processor is removed when it ends")
-_private(aiokafka_driver.AIOKafkaConsumerThread, "_create_worker_consumer", "app_class: the fetch wait")
-_private(aiokafka_driver.Consumer, "_new_consumer_thread", "app_class: the consumer thread with that wait")
-_private(faust.App, "_new_transport", "app_class: the transport with that consumer")
-_private(faust.App, "_on_agent_error", "app_class: an agent that raises stops the worker")
-_private(faust.App, "_consumer_wait_empty", "app_class: a worker stopping for a failure does not wait")
-_private(aiokafka_driver.Consumer, "_stopped", "_halted: what wait_first checks before it reports")
-_private(aiokafka_driver.Consumer, "_crashed", "_halted: what wait_first checks before it reports")
-_private(aiokafka_driver.Consumer, "wait_first", "app_class: the stream callback run inline")
-_private(AIOKafkaConsumer, "_fetch_max_wait_ms", "app_class: read when the consumer starts its fetcher")
-_private(AIOKafkaConsumer, "_fetch_min_bytes", "app_class: read when the consumer starts its fetcher")
-_private(faust.streams, "_current_event", "enter_event")
-_private(aiokafka_driver.Consumer, "_committed_offset", "committed_offset")
-_private(aiokafka_driver.Consumer, "_add_gap", "allow_commits_past")
-_private(aiokafka_driver.Producer, "_ensure_producer", "aiokafka_producer")
-_private(AIOKafkaProducer, "_partitioner", "default_partitions")
-_private(AIOKafkaProducer, "_metadata", "default_partitions")
-_private(AIOKafkaProducer, "_partition", "default_partitions")
-_private(RocksDBStore, "_db_for_partition", "table_db")
-_private(RocksDBStore, "use_rocksdict", "table_db")
+# (owner, private name, why): what tests/unit/test_framework.py checks on the pinned versions.
+# Names set in an owner's __init__ (instance attributes) are looked for there.
+PRIVATE_NAMES: list[tuple[Any, str, str]] = [
+    (faust.Stream, "_active_agens", "LeanStream: its take loop is closed at the stream's stop"),
+    (faust.Stream, "_enable_passive", "LeanStream: the take loop reads the channel passively, as Faust's"),
+    (faust.Stream, "_processors", "LeanStream: the take loop's processor is removed when it ends"),
+    (aiokafka_driver.AIOKafkaConsumerThread, "_create_worker_consumer", "app_class: the fetch wait"),
+    (aiokafka_driver.Consumer, "_new_consumer_thread", "app_class: the consumer thread with that wait"),
+    (faust.App, "_new_transport", "app_class: the transport with that consumer"),
+    (faust.App, "_on_agent_error", "app_class: an agent that raises stops the worker"),
+    (faust.App, "_consumer_wait_empty", "app_class: a worker stopping for a failure does not wait"),
+    (aiokafka_driver.Consumer, "_stopped", "_halted: what wait_first checks before it reports"),
+    (aiokafka_driver.Consumer, "_crashed", "_halted: what wait_first checks before it reports"),
+    (aiokafka_driver.Consumer, "wait_first", "app_class: the stream callback run inline"),
+    (AIOKafkaConsumer, "_fetch_max_wait_ms", "app_class: read when the consumer starts its fetcher"),
+    (AIOKafkaConsumer, "_fetch_min_bytes", "app_class: read when the consumer starts its fetcher"),
+    (faust.streams, "_current_event", "enter_event"),
+    (aiokafka_driver.Consumer, "_committed_offset", "committed_offset"),
+    (aiokafka_driver.Consumer, "_add_gap", "allow_commits_past"),
+    (aiokafka_driver.Producer, "_ensure_producer", "aiokafka_producer"),
+    (AIOKafkaProducer, "_partitioner", "default_partitions"),
+    (AIOKafkaProducer, "_metadata", "default_partitions"),
+    (AIOKafkaProducer, "_partition", "default_partitions"),
+    (RocksDBStore, "_db_for_partition", "table_db"),
+    (RocksDBStore, "use_rocksdict", "table_db"),
+]
 
 
 def enter_event(event: faust.EventT) -> None:

@@ -46,7 +46,7 @@ def changelog_topic(settings: Settings) -> str:
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
-    return [
+    specs = [
         TopicSpec(settings.input_topic, settings.input_partitions, exact=False),
         # one message carries a sign batch of signatures (wire.PACK_MAX_BYTES)
         TopicSpec(settings.signatures_topic, 1, max_message_bytes=DEAD_LETTER_MAX_BYTES),
@@ -54,21 +54,19 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         # a dead letter carries its original bytes base64-encoded (4/3 larger) plus metadata
         TopicSpec(settings.dead_letter_topic, 1, exact=False, max_message_bytes=DEAD_LETTER_MAX_BYTES),
         TopicSpec(changelog_topic(settings), 1, compact=True),
-        # the filtered feed forwards input messages unchanged: as large as the input takes
-        *(
-            [
-                TopicSpec(
-                    settings.unique_topic,
-                    settings.verdicts_partitions,
-                    exact=False,
-                    max_message_bytes=DEAD_LETTER_MAX_BYTES,
-                )
-            ]
-            if settings.unique_topic
-            else []
-        ),
         TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, exact=False),
     ]
+    if settings.unique_topic:
+        # the filtered feed forwards input messages unchanged: as large as the input takes
+        specs.append(
+            TopicSpec(
+                settings.unique_topic,
+                settings.verdicts_partitions,
+                exact=False,
+                max_message_bytes=DEAD_LETTER_MAX_BYTES,
+            )
+        )
+    return specs
 
 
 async def ensure_topics(settings: Settings) -> dict[str, int]:
