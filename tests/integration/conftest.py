@@ -146,6 +146,23 @@ class Deployment:
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.read().decode()
 
+    def metric(self, index: int, name: str) -> float | None:
+        """One sample of the worker's /metrics by its full name (labels included), None if absent."""
+        for line in self.metrics(index).splitlines():
+            if line.split(" ")[0] == name:
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def settled_metric(self, index: int, name: str, expected: float, timeout: float = 20.0) -> float | None:
+        """The metric once it equals `expected`, or its last value after `timeout`: counters move
+        when the broker acknowledges the worker's sends, which a consumer may see a moment before."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.metric(index, name)
+            if value == expected or time.monotonic() > deadline:
+                return value
+            time.sleep(0.2)
+
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, sig)

@@ -45,11 +45,10 @@ def latest(records: list[Any]) -> dict[str, dict[str, Any] | None]:
     return view
 
 
-def metric(deployment: Deployment, name: str) -> float:
-    for line in deployment.metrics(0).splitlines():
-        if line.split(" ")[0] == name:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exported")
+def assert_metric(deployment: Deployment, name: str, expected: float) -> None:
+    """The first worker's metric settles at `expected`."""
+    value = deployment.settled_metric(0, name, expected)
+    assert value == expected, f"{name} is {value}, expected {expected}"
 
 
 def stats_from_broker(deployment: Deployment) -> dict[str, Any]:
@@ -104,9 +103,9 @@ def test_a_tombstone_deletes_a_canonical_which_hands_its_cluster_on(deployment: 
     assert c is not None and (c["verdict"], c["match_id"], c["canonical_id"]) == ("duplicate", "b", "b")
     assert view["b"] is not None and view["b"]["canonical_id"] == "a"  # as it was decided
     assert ("nobody", None) not in verdict_log(records), "an unknown id gets no tombstone"
-    assert metric(deployment, 'neardup_deletes_total{status="deleted"}') == 1.0
-    assert metric(deployment, 'neardup_deletes_total{status="unknown_delete"}') == 1.0
-    assert metric(deployment, "neardup_indexed_articles") == 3.0
+    assert_metric(deployment, 'neardup_deletes_total{status="deleted"}', 1.0)
+    assert_metric(deployment, 'neardup_deletes_total{status="unknown_delete"}', 1.0)
+    assert_metric(deployment, "neardup_indexed_articles", 3.0)
 
     # the deletion reached the changelog: a rebuild does not bring "a" back
     worker = restart_without_state(deployment, worker)
@@ -145,11 +144,11 @@ def test_articles_expire_across_the_retention_window(deployment: Deployment) -> 
     inside, outside = view["inside"], view["outside"]
     assert inside is not None and (inside["verdict"], inside["match_id"]) == ("duplicate", "mid")
     assert outside is not None and outside["verdict"] == "unique", "its original is 43 days older"
-    assert metric(deployment, "neardup_expired_total") == 1.0
-    assert metric(deployment, "neardup_refused_times_total") == 1.0
-    assert metric(deployment, "neardup_indexed_articles") == 4.0
+    assert_metric(deployment, "neardup_expired_total", 1.0)
+    assert_metric(deployment, "neardup_refused_times_total", 1.0)
+    assert_metric(deployment, "neardup_indexed_articles", 4.0)
     oldest = (today - timedelta(days=20)).timestamp()
-    assert metric(deployment, "neardup_index_oldest_seconds") == oldest  # mid's
+    assert_metric(deployment, "neardup_index_oldest_seconds", oldest)  # mid's
     deployment.kill(worker, signal.SIGTERM)
     held = stats_of_state(deployment)
     assert (held["articles"], held["expired"]) == (4, 1)

@@ -129,7 +129,7 @@ def test_bad_messages_go_to_dead_letters_and_valid_ones_get_verdicts(deployment:
         lambda r: len(r) >= len(valid), timeout=120
     )
     assert sorted(orjson.loads(r.value)["article_id"] for r in verdicts) == sorted(a["id"] for a in valid)
-    assert 'neardup_deletes_total{status="unknown_delete"} 1.0' in deployment.metrics(0)
+    assert deployment.settled_metric(0, 'neardup_deletes_total{status="unknown_delete"}', 1.0) == 1.0
     again = TopicReader(deployment.bootstrap, deployment.topics["dead"]).read_until(
         lambda r: False, timeout=3
     )
