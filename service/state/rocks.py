@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
@@ -257,3 +257,46 @@ class RocksState(IndexState):
 
     def compact(self) -> None:
         cast(RocksKV, self.kv).compact()
+
+
+class CompactedLog:
+    """A changelog's messages reduced to the last value per key, as a compacted topic's consumers
+    see it (a value None, a tombstone, removes its key), on disk: a rebuild reads more records than
+    memory should hold. Iterated in key order; the directory is removed at `close`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        # what a rebuild holds in memory, however long the changelog
+        options.set_write_buffer_size(16 * 1024 * 1024)
+        self._options = options
+        Rdict.destroy(str(path), options)  # left over by a rebuild that was interrupted
+        self._db = Rdict(str(path), options)
+        write = WriteOptions()  # scratch, read again from the topic after a crash: no write-ahead log
+        write.disable_wal = True  # type: ignore[assignment,method-assign]  # a property; the stubs say method
+        self._db.set_write_options(write)
+        self.tombstones = 0
+
+    def add(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for key, value in entries:
+            if value is None:
+                self.tombstones += 1
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self._db.write(batch)
+
+    def get(self, key: bytes) -> bytes | None:
+        return cast(bytes | None, self._db.get(key))
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        scan = ReadOptions()
+        scan.fill_cache(False)  # type: ignore[call-arg]
+        for key, value in self._db.items(read_opt=scan):
+            yield cast(bytes, key), cast(bytes, value)
+
+    def close(self) -> None:
+        self._db.close()
+        Rdict.destroy(str(self.path), self._options)

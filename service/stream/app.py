@@ -1,4 +1,4 @@
-"""The Faust app: topics, the record table, and the two agents. Thin: decode, call a stage, send."""
+"""The Faust app: topics and the two agents. Thin: decode, call a stage, send."""
 
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ from typing import Any, cast
 import faust
 import orjson
 from faust.types import TP
-from faust.types.stores import StoreT
 
 from ..config import Settings
 from ..messages import dead_letter_dict
-from ..state.rocks import RocksOptions, lower_background_threads
-from . import framework, record_store
+from ..state.rocks import RocksOptions
+from . import framework
 from .batches import SentBatch, send_in_batches
 from .collector import CollectorPolicy
 from .decider import Decider, DeciderFailed
@@ -32,8 +31,8 @@ from .gaps import OffsetGap, following_run, in_log_order, offset_gaps
 from .metrics import Metrics
 from .pipes import CallTimeout
 from .signer import Signer, SignerFailed, SignItem
-from .stages import OFFSET_KEY, BatchOutcome, EntryOutcome, SignStage
-from .topics import DEAD_LETTER_MAX_BYTES, LogReader, StoredMessage, changelog_topic
+from .stages import BatchOutcome, EntryOutcome, SignStage
+from .topics import DEAD_LETTER_MAX_BYTES, ChangelogReader, LogReader, StoredMessage, changelog_topic
 from .wire import Provenance, pack_in_chunks, runs_within, with_original
 
 log = logging.getLogger("neardup.stream")
@@ -110,7 +109,6 @@ class Runtime:
     decider: Decider
     log_reader: LogReader  # reads back what the consumer went past
     needs_open: bool = True
-    closed: bool = False  # the shutdown closed the index: late acknowledgements leave the store be
     hand_off: _HandOff | None = None  # set by create_app; run by the app's hand_offs task
     # the last offset delivered to the agents in each partition, to notice a consumer that skips
     # messages (faust-streaming has open reports of events skipped around restarts)
@@ -189,16 +187,13 @@ def _credentials(settings: Settings) -> Any:
     return None
 
 
-def create_app(
-    settings: Settings, metrics: Metrics, *, store: str = "rocksdb://"
-) -> tuple[faust.App, Runtime]:
-    """The app and what its agents share; `store` is the table store (memory:// for unit tests)."""
+def create_app(settings: Settings, metrics: Metrics) -> tuple[faust.App, Runtime]:
+    """The app and what its agents share."""
     params = settings.params()
     app = framework.app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
-        store=store,
         datadir=str(settings.state_path / "faust"),
         topic_partitions=1,
         topic_allow_declare=False,  # topics are created up front by topics.ensure_topics
@@ -227,13 +222,7 @@ def create_app(
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
     _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
-    records = app.Table(
-        "records",
-        key_type=bytes,  # bytes → Faust uses the raw codec for store and changelog
-        value_type=bytes,
-        partitions=1,
-        changelog_topic=_raw_topic(app, changelog_name, 1, compacting=True, internal=False),
-    )
+    _raw_topic(app, changelog_name, 1, compacting=True)  # the record table's: sent to as well
     timeout = CallTimeout(settings.helper_timeout, settings.helper_item_timeout_ms / 1000)
     runtime = Runtime(
         settings,
@@ -248,7 +237,7 @@ def create_app(
         Decider(
             params,
             settings.state_path / "index",
-            # derived from the record table and rebuilt after a crash: no write-ahead log needed
+            # rebuilt from the changelog after a crash: no write-ahead log needed
             RocksOptions(
                 write_ahead_log=False,
                 record_cache=settings.record_cache,
@@ -256,7 +245,7 @@ def create_app(
                 bucket_cap=settings.bucket_cap,
                 background_nice=settings.rocksdb_nice,
             ),
-            records,
+            ChangelogReader(settings),
             in_process=not settings.index_process,
             gc_freeze_every=settings.gc_freeze_every,
             retention=settings.retention_window(),
@@ -278,11 +267,11 @@ def create_app(
     cast(Any, app).agent_failed = agent_failed
     runtime.signed = Deliveries("sign", runtime.fail)
     runtime.indexed = Deliveries("index", runtime.fail)
-    # A replaced decider child rebuilds from the table: first, everything decided before it there
+    # A replaced decider child rebuilds from the changelog: first, everything decided before it there
     runtime.decider.before_rebuild = runtime.indexed.drain
     outputs = Outputs(app, runtime)
     fault = AgentFault()
-    index = IndexPipeline(app, runtime, outputs, records, fault)
+    index = IndexPipeline(app, runtime, outputs, fault)
     sign = SignPipeline(app, runtime, outputs, signatures, fault)
     runtime.hand_off = sign.hand_off = _HandOff(index.decide_handed_off)
 
@@ -449,17 +438,14 @@ def _entry(event: faust.EventT) -> tuple[Any, int, SignItem]:
 class IndexPipeline:
     """The `index` agent and the hand-off: signatures messages, in the shard's order → the decider →
     verdicts (and the filtered feed, and dead letters) published, the record table's writes sent to
-    its changelog and, once acknowledged, written into its store (`deliveries`)."""
+    its changelog, settled once the broker has all of them (`deliveries`)."""
 
-    def __init__(
-        self, app: faust.App, runtime: Runtime, outputs: Outputs, records: Any, fault: AgentFault
-    ) -> None:
+    def __init__(self, app: faust.App, runtime: Runtime, outputs: Outputs, fault: AgentFault) -> None:
         self.app = app
         self.runtime = runtime
         self.settings = runtime.settings
         self.metrics = runtime.metrics
         self.outputs = outputs
-        self.records = records
         self.fault = fault
         self.changelog = changelog_topic(runtime.settings)
         self.shard = TP(runtime.settings.signatures_topic, 0)  # the index shard: one partition
@@ -477,9 +463,6 @@ class IndexPipeline:
                 batch = [e for e in fetched if e.message.offset > runtime.handed_off]
                 gaps = _check_gaps(runtime, batch) if batch else []
                 if batch:
-                    # Table reads pick the store's partition from the current event, which
-                    # take_events() does not set; the shard's events all share one partition.
-                    framework.enter_event(batch[-1])
                     await self.decide_and_publish(decider, await self._in_log_order(batch, gaps))
                     self.fault.after_batch("index")
 
@@ -509,8 +492,8 @@ class IndexPipeline:
     async def decide_and_publish(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
         each chunk's record-table writes to the changelog and its verdicts, and hand them to the
-        index stage's deliveries: the table's store takes the writes once the changelog has them,
-        so that it is never ahead of the changelog a rebuild reads."""
+        index stage's deliveries. The index has the writes already: it is kept at the next start
+        only when closed with all of them acknowledged (Decider.close)."""
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
@@ -522,33 +505,23 @@ class IndexPipeline:
                     )
                     sends, counted = await self.publish(outcome)
                     sends += [batch.sent for batch in changelog]
-                    await self.deliveries.settle(sends, self._applied(writes, changelog, counted))
+                    await self.deliveries.settle(sends, self._applied(changelog, counted))
         except BaseException as exc:
-            # Half a batch applied: the index may be ahead of the table. Rebuild it from the
-            # table before the next batch (the re-delivered batch then replays what was applied).
+            # Half a batch applied: the index may be ahead of the changelog. Rebuild it from the
+            # changelog before the next batch (the re-delivered batch then replays what was applied).
             self.runtime.needs_open = True
             if isinstance(exc, DeciderFailed):
                 self.runtime.fail(f"index_unavailable: {exc}; stopping the worker")
             raise
 
-    def _applied(
-        self,
-        writes: list[tuple[bytes, bytes | None]],
-        changelog: list[SentBatch],
-        counted: Callable[[], None],
-    ) -> Callable[[], None]:
-        """What a chunk's acknowledgement means: its writes into the table's store (one write batch:
-        records and applied offsets together), the store's changelog offset after them (a
-        recovery reads only what follows), its counters."""
+    def _applied(self, changelog: list[SentBatch], counted: Callable[[], None]) -> Callable[[], None]:
+        """What a chunk's acknowledgement means: the changelog holds its writes (the decider learns
+        where it ends), and its counters count."""
 
         def apply() -> None:
-            if not self.runtime.closed:  # else the changelog has them: recovery brings them at the start
-                record_store.write(self.records.data, writes)
-                if changelog:
-                    last = changelog[-1]  # one partition: the last batch holds the last write
-                    first = last.sent.result()
-                    store = cast(StoreT, self.records.data)
-                    store.set_persisted_offset(first.topic_partition, first.offset + last.messages - 1)
+            if changelog:
+                last = changelog[-1]  # one partition: the last batch holds the last write
+                self.runtime.decider.acknowledged(last.sent.result().offset + last.messages)
             counted()
 
         return apply
@@ -670,20 +643,21 @@ class IndexPipeline:
     async def close(self, sender: Any, **_: Any) -> None:
         """At shutdown, once the consumer has stopped: no batch comes from it any more, and no
         hand-off starts (the shard is no longer this worker's); one in progress ends first. The
-        index is then flushed (it has no write-ahead log) and marked reusable when everything
-        applied is checkpointed."""
+        index is then flushed (it has no write-ahead log) and marked reusable when the changelog
+        acknowledged everything it holds."""
         runtime = self.runtime
         runtime.delivered.pop(self.shard, None)
+        clean = False
         try:
             async with asyncio.timeout(CLOSE_WAIT_S):
                 await runtime.index_lock.acquire()  # held to the end: nothing decides after this
             if not runtime.failed:  # after a failure, what is unsettled stays so
                 async with asyncio.timeout(CLOSE_WAIT_S):
-                    await self.deliveries.drain()  # the store takes what the changelog acknowledged
+                    await self.deliveries.drain()
+                clean = not runtime.failed
         except TimeoutError:
             log.error("index_close: a decision still runs after %.0f s; closing anyway", CLOSE_WAIT_S)
-        runtime.closed = True
-        await runtime.decider.close()
+        await runtime.decider.close(clean=clean)
         await runtime.log_reader.close()
 
 
@@ -792,21 +766,16 @@ async def _allow_commits_past(app: faust.App, gaps: list[OffsetGap]) -> None:
 
 async def _open_decider(runtime: Runtime) -> Decider:
     """The index stage: at every assignment of the shard, reopened (after a clean shutdown) or
-    rebuilt from the record table."""
+    rebuilt from the changelog."""
     if runtime.needs_open:
         if runtime.indexed is not None:
-            await runtime.indexed.drain()  # the table as the changelog acknowledged it
+            await runtime.indexed.drain()  # the changelog holds everything decided so far
         count = await runtime.decider.open()
         runtime.needs_open = False
-        # The shard's next message follows the last one the record table says was applied: a
-        # first message beyond it is a gap too.
-        applied = runtime.decider.records.get(OFFSET_KEY)
+        # The shard's next message follows the last one the index says was applied: a first
+        # message beyond it is a gap too.
         shard = TP(runtime.settings.signatures_topic, 0)
-        runtime.delivered[shard] = int(applied) if applied is not None else -1
-        # The record table's RocksDB (Faust's store, in this process) flushes and compacts its
-        # records in threads of its own: they too yield to the threads that decide and publish.
-        if runtime.settings.rocksdb_nice:
-            lower_background_threads(runtime.settings.rocksdb_nice)
+        runtime.delivered[shard] = runtime.decider.applied_offset
         runtime.metrics.index_opens.labels("reopened" if count is None else "rebuilt").inc()
         if count is None:
             log.info("index_reopened")

@@ -11,14 +11,17 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..config import ConfigError, Settings
 from ..state.index import IndexStats
+
+if TYPE_CHECKING:
+    from ..state.rocks import CompactedLog
+    from .topics import ChangelogReader
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -282,66 +285,29 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
     expired and deleted the tombstones it still holds (compaction drops them in time)."""
     import tempfile
 
-    from rocksdict import Options, Rdict
-
-    from ..state.rocks import RocksState
-    from .stages import ARTICLE_PREFIX
-    from .topics import changelog_topic
+    from ..state.rocks import CompactedLog, RocksState
+    from .stages import ARTICLE_PREFIX, table_articles
+    from .topics import ChangelogReader
 
     settings = _settings(args, app_id=args.app_id)
     with tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch:
-        # the compacted view: the last value per key
-        latest = Rdict(str(Path(scratch) / "latest"), Options(raw_mode=True))
+        table = CompactedLog(Path(scratch) / "latest")
         try:
-            tombstones = asyncio.run(_read_changelog(settings, changelog_topic(settings), latest))
+            asyncio.run(_compact_changelog(ChangelogReader(settings), table))
             state = RocksState(Path(scratch) / "index")
             try:
-                records = (
-                    (key[len(ARTICLE_PREFIX) :].decode(), value)
-                    for key, value in _raw_items(latest)
-                    if key.startswith(ARTICLE_PREFIX)
-                )
-                state.bulk_load(records)
+                prefix = len(ARTICLE_PREFIX)
+                state.bulk_load((key[prefix:].decode(), value) for key, value in table_articles(table))
                 stats = state.stats(full=True)
             finally:
                 state.close()
-            live = sum(len(value) for key, value in _raw_items(latest) if key.startswith(ARTICLE_PREFIX))
+            live = sum(len(value) for _, value in table_articles(table))
+            tombstones = table.tombstones
         finally:
-            latest.close()
+            table.close()
     return dataclasses.replace(stats, bytes_on_disk=live, deleted=tombstones, expired=0)
 
 
-def _raw_items(db: Any) -> Iterator[tuple[bytes, bytes]]:
-    for key, value in db.items():
-        yield cast(bytes, key), cast(bytes, value)
-
-
-async def _read_changelog(settings: Settings, topic: str, latest: Any) -> int:
-    """Every message of the changelog into `latest` (tombstones remove their key); returns the
-    number of tombstones read."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        enable_auto_commit=False,
-        group_id=None,
-        auto_offset_reset="earliest",
-        **settings.client_security(),
-    )
-    await consumer.start()
-    tombstones = 0
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        while await consumer.position(tp) < end:
-            for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
-                if record.value is None:
-                    tombstones += 1
-                    with contextlib.suppress(KeyError):
-                        del latest[record.key]
-                else:
-                    latest[record.key] = record.value
-    finally:
-        await consumer.stop()
-    return tombstones
+async def _compact_changelog(reader: ChangelogReader, table: CompactedLog) -> None:
+    async for entries in reader.read(await reader.end()):
+        table.add(entries)

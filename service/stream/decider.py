@@ -1,29 +1,38 @@
 """The index stage behind one async interface, in a child process (default) or in the worker.
 
 In a child (`python -m neardup.stream.decider`, NEARDUP_INDEX_PROCESS=1) the derived index, its
-record cache and every decision live beside the worker's event loop, which keeps only Faust and Kafka
-work: the loop sends a batch of signatures messages and gets back the verdicts (JSON) and the writes
-for the record table, which it applies to the changelogged Faust table itself. The child runs the same
-IndexStage in the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
+record cache and every decision live beside the worker's event loop, which keeps only Kafka work:
+the loop sends a batch of signatures messages and gets back the verdicts (JSON) and the writes for
+the record table, which it sends to the table's changelog. The child runs the same IndexStage in
+the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
 
-The record table stays the durable truth. The child sees it only through `_WriteCollector` over the
-applied offset and, for a rebuild, the records the worker streams to it. A child that dies is
-replaced; the new one rebuilds from the table and the batch is decided again, which re-delivery
-already makes safe (records applied after the last checkpoint come back with their stored verdicts).
+The records are held once on disk, in the index; the changelog is what rebuilds it. The index is
+kept when it was closed cleanly where the changelog still ends; otherwise (a crash, a lost state
+directory, a shard that another worker wrote to meanwhile) it is rebuilt from the changelog, read
+from its start. A child that dies is replaced and rebuilds the same way, once the changelog has
+every chunk it answered; the batch is then decided again, which re-delivery already makes safe
+(records applied after the last checkpoint come back with their stored verdicts).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, MutableMapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    MutableMapping,
+    Sequence,
+)
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import BinaryIO, Protocol, cast
 
 from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, Retention
-from ..state.index import runs_of
-from ..state.rocks import RocksOptions, RocksState
+from ..state.rocks import CompactedLog, RocksOptions, RocksState
 from .collector import CollectorPolicy
 from .pipes import (
     DEFAULT_TIMEOUT,
@@ -35,7 +44,8 @@ from .pipes import (
     read_frame,
     write_frame,
 )
-from .stages import INPUTS_KEY, OFFSET_KEY, BatchOutcome, IndexStage, table_articles
+from .stages import BatchOutcome, IndexStage
+from .topics import Entry
 from .wire import signed_count
 
 log = logging.getLogger("neardup.decider")
@@ -44,9 +54,7 @@ Message = tuple[int, bytes]  # (offset, value) of one signatures message
 Write = tuple[bytes, bytes | None]  # (key, value) for the record table; None deletes the key
 Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
-LOAD_CHUNK = 2000  # records per frame while streaming the table for a rebuild: a few MB
 CLOSE_TIMEOUT_S = 30.0
-_CHECKPOINTS = (OFFSET_KEY, INPUTS_KEY)  # the table's keys the child reads: what was applied
 
 
 class DeciderFailed(RuntimeError):
@@ -54,14 +62,20 @@ class DeciderFailed(RuntimeError):
     deciding."""
 
 
-class _WriteCollector(MutableMapping[bytes, bytes]):
-    """The record table as the IndexStage sees it: reads go to `table`, writes are collected and
-    handed to the agent, which applies a whole chunk's writes at once (app.py). In the worker
-    `table` is the Faust table; in the child, a dict holding only the applied offset the worker
-    sent (a rebuild reads the records as the worker streams them)."""
+class Changelog(Protocol):
+    """The record table's changelog, as a rebuild reads it (topics.ChangelogReader)."""
 
-    def __init__(self, table: MutableMapping[bytes, bytes]) -> None:
-        self.table = table
+    async def end(self) -> int: ...
+
+    def read(self, end: int) -> AsyncIterator[list[Entry]]: ...
+
+
+class _WriteCollector(MutableMapping[bytes, bytes]):
+    """The record table as the IndexStage writes it: the writes are collected and handed to the
+    agent, which sends a whole chunk's writes to the changelog at once (app.py). The stage reads
+    the table only to rebuild, from the changelog, compacted."""
+
+    def __init__(self) -> None:
         self._pending: dict[bytes, bytes | None] = {}
         self.writes: list[Write] = []
 
@@ -70,40 +84,43 @@ class _WriteCollector(MutableMapping[bytes, bytes]):
         return writes
 
     def __getitem__(self, key: bytes) -> bytes:
-        if key in self._pending:
-            value = self._pending[key]
-            if value is None:
-                raise KeyError(key)
-            return value
-        return self.table[key]
+        value = self._pending[key]
+        if value is None:
+            raise KeyError(key)
+        return value
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.writes.append((key, value))
         self._pending[key] = value
 
     def __delitem__(self, key: bytes) -> None:
-        """Deleted in the table's store, a tombstone in its changelog (deletes, expiry)."""
+        """A tombstone in the changelog (deletes, expiry)."""
         self.writes.append((key, None))
         self._pending[key] = None
 
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self.table)  # rebuilds happen at assignment, with no writes pending
+        return (key for key, value in self._pending.items() if value is not None)
 
     def __len__(self) -> int:
-        return len(self.table)
+        return sum(1 for _ in self)
+
+
+def _scratch(index_path: Path) -> Path:
+    """Where a rebuild compacts the changelog before indexing it."""
+    return index_path.with_name(index_path.name + "-rebuild")
 
 
 class Decider:
-    """The index stage of one shard. `in_process`: the stage runs in the calling process on the
-    real table; otherwise in a child, started at the first `open`, that must answer each request
-    within `timeout` (or be killed and replaced)."""
+    """The index stage of one shard. `in_process`: the stage runs in the calling process;
+    otherwise in a child, started at the first `open`, that must answer each request within
+    `timeout` (or be killed and replaced)."""
 
     def __init__(
         self,
         params: DedupParams,
         index_path: Path,
         options: RocksOptions,
-        records: MutableMapping[bytes, bytes],
+        changelog: Changelog,
         *,
         in_process: bool,
         gc_freeze_every: int = 0,
@@ -115,53 +132,73 @@ class Decider:
         self.params = params
         self.index_path = index_path
         self.options = options
-        self.records = records
+        self.changelog = changelog
         self.in_process = in_process
         self.gc_freeze_every = gc_freeze_every
         self.stage: IndexStage | None = None  # in_process only
-        self._collector = _WriteCollector(records)  # in_process only
+        self._collector = _WriteCollector()  # in_process only
         self._child: Child | None = None
-        # awaited before a replacement child rebuilds: the table must hold every chunk answered
+        # awaited before a replacement child rebuilds: the changelog must hold every chunk answered
         self.before_rebuild: Callable[[], Awaitable[None]] | None = None
         self.opening = False
+        # The last signatures offset applied, as the index says after `open`.
+        self.applied_offset = -1
+        # Where the changelog ends once the writes acknowledged so far are in it (`acknowledged`):
+        # what the index holds when every chunk answered is acknowledged, as at a clean close.
+        self.changelog_end = -1
 
     @property
     def child_pid(self) -> int | None:
         return None if self._child is None else self._child.pid
 
+    def acknowledged(self, end: int) -> None:
+        """The changelog holds every write up to offset `end` (excluded)."""
+        self.changelog_end = max(self.changelog_end, end)
+
     async def open(self) -> int | None:
-        """At every assignment of the shard: reopen the derived index or rebuild it from the record
-        table. Returns the number of articles rebuilt, None when the index was kept."""
-        self.opening = True  # a rebuild takes as long as the table is large: not a stall
+        """At every assignment of the shard: reopen the derived index or rebuild it from the
+        changelog. Returns the number of articles rebuilt, None when the index was kept."""
+        self.opening = True  # a rebuild takes as long as the changelog is large: not a stall
         try:
-            return await self._open()
+            end = await self.changelog.end()
+            count, self.applied_offset = await self._open(str(end).encode(), end)
+            self.changelog_end = end
+            return count
         finally:
             self.opening = False
 
-    async def _open(self) -> int | None:
+    async def _open(self, position: bytes, end: int) -> tuple[int | None, int]:
         if self.in_process:
             if self.stage is None:
                 self.stage = IndexStage(
                     self.params, RocksState(self.index_path, self.options), self._collector, self.retention
                 )
-            self._collector.drain()  # a batch that failed half-way: the stage rebuilds from the table
-            return self.stage.open()
+            self._collector.drain()  # a batch that failed half-way: the stage rebuilds
+            if self.stage.reopen(position):
+                return None, self.stage.applied_offset
+            table = CompactedLog(_scratch(self.index_path))
+            try:
+                async for entries in self.changelog.read(end):
+                    table.add(entries)
+                return self.stage.rebuild(table), self.stage.applied_offset
+            finally:
+                table.close()
         if self._child is None:
             setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every, self.retention)
             # this module, by the name the package was imported under
             self._child = await Child.start(__name__, setup)
         child, timeout = self._child, self.timeout
-        reopen = ("reopen", self.records.get(OFFSET_KEY), self.records.get(INPUTS_KEY))
-        if await child.call(reopen, timeout.seconds()):
-            return None
-        # The child indexes the records as they come, a chunk at a time: neither process ever
-        # holds the whole table.
+        applied = await child.call(("reopen", position), timeout.seconds())
+        if applied is not None:
+            return None, cast(int, applied)
+        # The child compacts the changelog on disk as it comes, a chunk at a time: neither process
+        # ever holds the whole table in memory.
         await child.call(("rebuild",), timeout.seconds())
         loaded = 0
-        for chunk in runs_of(table_articles(self.records), LOAD_CHUNK):
-            await child.call(("load", chunk), timeout.seconds(len(chunk)))
-            loaded += len(chunk)
-        return cast(int, await child.call(("loaded",), timeout.seconds(loaded)))
+        async for entries in self.changelog.read(end):
+            await child.call(("load", entries), timeout.seconds(len(entries)))
+            loaded += len(entries)
+        return cast(tuple[int, int], await child.call(("loaded",), timeout.seconds(loaded)))
 
     async def decide(self, messages: list[Message]) -> tuple[BatchOutcome, list[Write]]:
         """Decide one chunk of messages (see decide_chunks)."""
@@ -192,7 +229,7 @@ class Decider:
                 if self._child is None:
                     if self.before_rebuild is not None:
                         await self.before_rebuild()
-                    await self.open()  # a replacement: rebuilt from the record table
+                    await self.open()  # a replacement: rebuilt from the changelog
                 child = self._child
                 assert child is not None
                 while answered < len(chunks):
@@ -213,18 +250,20 @@ class Decider:
         count = sum(len(chunk) for chunk in chunks[answered:])
         raise DeciderFailed(f"the decider failed twice on a batch of {count} messages")
 
-    async def close(self) -> None:
-        """Close the derived index (marked reusable when everything applied is checkpointed)."""
+    async def close(self, *, clean: bool) -> None:
+        """Close the derived index; `clean`: every chunk answered is acknowledged in the changelog,
+        so that the index, marked with where the changelog ends, can be kept at the next open."""
+        position = str(self.changelog_end).encode() if clean and self.changelog_end >= 0 else None
         if self.in_process:
             if self.stage is not None:
-                self.stage.close()
+                self.stage.close(position)
                 self.stage = None
             return
         if self._child is None:
             return
         child, self._child = self._child, None
         try:
-            await child.call(("close",), CLOSE_TIMEOUT_S)
+            await child.call(("close", position), CLOSE_TIMEOUT_S)
             if await child.wait(CLOSE_TIMEOUT_S) is None:
                 log.error("decider_close_timeout pid=%d", child.pid)
         except ChildFailed as exc:
@@ -239,9 +278,9 @@ class Decider:
             self._child = None
 
 
-def _streamed_records(requests: BinaryIO, answers: BinaryIO) -> Iterator[tuple[bytes, bytes]]:
-    """The record table's article records as the worker streams them for a rebuild: ("load",
-    records) frames, each acknowledged once consumed, up to ("loaded",)."""
+def _streamed_entries(requests: BinaryIO, answers: BinaryIO) -> Iterator[list[Entry]]:
+    """The changelog's messages as the worker streams them for a rebuild: ("load", entries)
+    frames, each acknowledged once consumed, up to ("loaded",)."""
     while True:
         request = read_frame(requests)
         if request is None:
@@ -251,25 +290,24 @@ def _streamed_records(requests: BinaryIO, answers: BinaryIO) -> Iterator[tuple[b
             return
         if op != "load":
             raise ValueError(f"unexpected request {op!r} during a rebuild")
-        yield from args[0]
+        yield args[0]
         write_frame(answers, None)
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """The child's loop. First frame: (params, index path, RocksOptions, freeze interval,
-    retention); then ("reopen", applied offset, applied inputs) → bool; ("rebuild",) →
-    "rebuilding", then ("load", records) → None for each chunk of the table, then ("loaded",) →
-    count;
-    ("decide", messages) → (outcome, writes), ("close",) → "closed", which ends it (as EOF does,
-    without marking the index reusable)."""
+    retention); then ("reopen", changelog position) → applied offset, or None: rebuild, with
+    ("rebuild",) → "rebuilding", ("load", entries) → None for each chunk of the changelog, and
+    ("loaded",) → (count, applied offset); ("decide", messages) → (outcome, writes);
+    ("close", changelog position or None) → "closed", which ends it (as EOF does, without marking
+    the index reusable)."""
     first = read_frame(requests)
     if first is None:
         return
     params, path, options, freeze_every, retention = cast(
         tuple[DedupParams, str, RocksOptions, int, Retention], first
     )
-    applied: dict[bytes, bytes] = {}  # the record table, as far as the child reads it
-    table = _WriteCollector(applied)
+    table = _WriteCollector()
     stage = IndexStage(params, RocksState(path, options), table, retention)
     collector = CollectorPolicy(freeze_every)
     write_frame(answers, "ready")
@@ -279,23 +317,23 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         if op == "decide":
             fault.next_batch()
             outcome = stage.handle_messages(args[0])
-            writes = table.drain()
-            # as the worker's table will have it; the records themselves are not read back
-            applied.update((key, value) for key, value in writes if key in _CHECKPOINTS and value is not None)
-            write_frame(answers, (outcome, writes))
+            write_frame(answers, (outcome, table.drain()))
             collector.after(outcome.handled)
         elif op == "reopen":
-            applied.clear()
-            for key, value in zip(_CHECKPOINTS, args, strict=True):
-                if value is not None:
-                    applied[key] = value
             table.drain()
-            write_frame(answers, stage.reopen())
+            write_frame(answers, stage.applied_offset if stage.reopen(args[0]) else None)
         elif op == "rebuild":
             write_frame(answers, "rebuilding")
-            write_frame(answers, stage.rebuild(_streamed_records(requests, answers)))
+            compacted = CompactedLog(_scratch(Path(path)))
+            try:
+                for entries in _streamed_entries(requests, answers):
+                    compacted.add(entries)
+                count = stage.rebuild(compacted)
+            finally:
+                compacted.close()
+            write_frame(answers, (count, stage.applied_offset))
         elif op == "close":
-            stage.close()
+            stage.close(args[0])
             write_frame(answers, "closed")
             return
         else:

@@ -2,19 +2,17 @@
 
 The worker needs a few things the frameworks do not offer publicly: batches taken without a timer
 tick (LeanStream), a monitor without per-event bookkeeping (LeanMonitor), a consumer whose fetch wait
-is configurable and which runs the stream callback inline (app_class), Faust's current event and
-committed offsets, commits past offsets it never delivered, aiokafka's producer for batches of our
-own and its partitioner's choice, and the rocksdict database under Faust's table store. Each use says
-why. The versions are pinned in pyproject.toml, and tests/unit/test_framework.py checks that each
-private name used here still exists with the shape used: an upgrade that changes one fails there,
-with the name, rather than somewhere in the stream.
+is configurable and which runs the stream callback inline (app_class), Faust's committed offsets,
+commits past offsets it never delivered, aiokafka's producer for batches of our own and its
+partitioner's choice. Each use says why. The versions are pinned in pyproject.toml, and
+tests/unit/test_framework.py checks that each private name used here still exists with the shape
+used: an upgrade that changes one fails there, with the name, rather than somewhere in the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -22,13 +20,10 @@ import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from faust.sensors.monitor import Monitor
-from faust.stores.rocksdb import Store as RocksDBStore
-from faust.streams import _current_event
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from mode.services import WaitResults
 from mode.utils.times import want_seconds
-from rocksdict import Rdict
 
 from .inline import run_until_wait, wait_for_event
 
@@ -39,7 +34,6 @@ except ImportError:  # pragma: no cover - a source checkout without a C compiler
 
 # How often an empty take loop looks whether its stream is stopping (it wakes at once for an event).
 IDLE_CHECK_S = 0.1
-TABLE_PARTITION = 0  # the record table has one partition, the index shard's
 
 
 def _halted(service: Any) -> bool:
@@ -213,22 +207,13 @@ PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (aiokafka_driver.Consumer, "wait_first", "app_class: the stream callback run inline"),
     (AIOKafkaConsumer, "_fetch_max_wait_ms", "app_class: read when the consumer starts its fetcher"),
     (AIOKafkaConsumer, "_fetch_min_bytes", "app_class: read when the consumer starts its fetcher"),
-    (faust.streams, "_current_event", "enter_event"),
     (aiokafka_driver.Consumer, "_committed_offset", "committed_offset"),
     (aiokafka_driver.Consumer, "_add_gap", "allow_commits_past"),
     (aiokafka_driver.Producer, "_ensure_producer", "aiokafka_producer"),
     (AIOKafkaProducer, "_partitioner", "default_partitions"),
     (AIOKafkaProducer, "_metadata", "default_partitions"),
     (AIOKafkaProducer, "_partition", "default_partitions"),
-    (RocksDBStore, "_db_for_partition", "table_db"),
-    (RocksDBStore, "use_rocksdict", "table_db"),
 ]
-
-
-def enter_event(event: faust.EventT) -> None:
-    """Make `event` Faust's current event, as plain iteration would: table reads and writes pick
-    the store's partition from it, and take_events() (batching, for throughput) does not set it."""
-    _current_event.set(weakref.ref(event))
 
 
 def committed_offset(app: faust.App, tp: TP) -> int | None:
@@ -261,13 +246,3 @@ def default_partitions(producer: Any, topic: str, keys: Sequence[bytes | None]) 
     # in the partitioner's order (aiokafka's _partition lists the metadata's partitions the same way)
     choices = list(producer._metadata.partitions_for_topic(topic))
     return [choices[index] for index in _kafka_hash.partitions(cast(list[bytes], keys), len(choices))]
-
-
-def table_db(store: Any) -> Rdict | None:
-    """The rocksdict database under a Faust RocksDB table store (opened if need be), None for other
-    stores: a chunk of records goes into it as one write batch instead of Faust's per-key path."""
-    opener = getattr(store, "_db_for_partition", None)
-    if opener is None or not getattr(store, "use_rocksdict", False):
-        return None
-    db = opener(TABLE_PARTITION)
-    return db if isinstance(db, Rdict) else None

@@ -8,9 +8,9 @@ index: signed record → verdict, applied to the derived index (RocksDB) and to 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -40,10 +40,20 @@ OFFSET_KEY = b"m:applied-offset"
 # in the record table: the input offsets applied, per input partition (replay safety), with the
 # offset of the signatures message that last moved them
 INPUTS_KEY = b"m:applied-inputs"
-CLEAN_KEY = b"closed-cleanly-at"  # in the derived index: the applied offset it was closed at
+# in the derived index: where the changelog ended when it was closed cleanly (the applied offsets
+# beside it, under the table's keys)
+CLEAN_KEY = b"closed-cleanly-at"
 
 
-def table_articles(records: Mapping[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:
+class Compacted(Protocol):
+    """The record table as read for a rebuild: a mapping, or the changelog compacted on disk."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]: ...
+
+
+def table_articles(records: Compacted) -> Iterator[tuple[bytes, bytes]]:
     """The article records of the record table, (key, record), without its metadata."""
     return ((key, value) for key, value in records.items() if key.startswith(ARTICLE_PREFIX))
 
@@ -168,9 +178,11 @@ class IndexResult:
 
 
 class IndexStage:
-    """One writer per shard. The durable truth is `records` (article id → record bytes, plus the
-    applied offsets); `index` (bands, content map, clusters, times) is derived from it and
-    rebuilt on assignment. Deciding, applying and expiring go through the one Engine."""
+    """One writer per shard. The durable truth is the record table, `records` (article id → record
+    bytes, plus the applied offsets): the stage writes to it, and those writes are what the
+    worker sends to the table's compacted changelog. `index` (records, bands, content map,
+    clusters, times) is derived from it: kept across a clean restart, else rebuilt from the
+    table as the changelog holds it. Deciding, applying and expiring go through the one Engine."""
 
     def __init__(
         self,
@@ -197,62 +209,58 @@ class IndexStage:
             self.engine = Engine(self.index, self.params, self.retention)
         return self.engine
 
-    def open(self) -> int | None:
-        """At assignment: reopen, else rebuild. Returns the number of articles rebuilt, None when
-        the index was kept."""
-        return None if self.reopen() else self.rebuild()
+    def open(self, position: bytes = b"") -> int | None:
+        """At assignment: reopen, else rebuild from `records`. Returns the number of articles
+        rebuilt, None when the index was kept."""
+        return None if self.reopen(position) else self.rebuild()
 
-    def reopen(self) -> bool:
-        """Keep the derived index when it was closed cleanly at the offset the record table says
-        was applied (a restart with nothing applied elsewhere in between); False: rebuild it."""
-        table_offset = self._table_offset()
+    def reopen(self, position: bytes) -> bool:
+        """Keep the derived index when it was closed cleanly at `position`, where the changelog
+        ends now (nothing was written to it since, by this worker or another); False: rebuild it."""
         marker = self.index.get_meta(CLEAN_KEY)
-        if not marker or int(marker) != table_offset:
+        if not marker or marker != position:
             return False
         try:
             self.index.open_header(self.params.header())
         except IncompatibleState:
             return False
+        offset, inputs = self.index.get_meta(OFFSET_KEY), self.index.get_meta(INPUTS_KEY)
         # From now on the index changes: a crash must force a rebuild, so forget the marker on disk
         # before the first change.
         self.index.set_meta({CLEAN_KEY: b""}, durable=True)
-        self.applied_offset = self._checkpointed = table_offset
-        self._load_inputs()
-        self.engine = None
+        self._restore(offset, inputs)
         return True
 
-    def close(self) -> None:
-        """Close the derived index; mark it reusable when everything applied is checkpointed."""
-        if self.applied_offset == self._checkpointed:
-            self.index.set_meta({CLEAN_KEY: str(self.applied_offset).encode()}, durable=True)
+    def close(self, position: bytes | None = None) -> None:
+        """Close the derived index. With the changelog's end `position` (None: unknown, after a
+        failure), it is marked reusable when everything applied is checkpointed."""
+        if position is not None and self.applied_offset == self._checkpointed:
+            marker = {CLEAN_KEY: position, OFFSET_KEY: str(self.applied_offset).encode()}
+            self.index.set_meta({**marker, INPUTS_KEY: orjson.dumps(self.inputs)}, durable=True)
         self.index.close()
 
-    def rebuild(self, records: Iterable[tuple[bytes, bytes]] | None = None) -> int:
-        """Re-derive the index from the record table's article records (key, record), read lazily
-        (default: `records`); returns the number indexed. A table of an earlier format is refused."""
-        if records is None:
-            records = table_articles(self.records)
+    def rebuild(self, table: Compacted | None = None) -> int:
+        """Re-derive the index from the record table (default: `records`), its article records read
+        lazily; returns the number indexed. A table of an earlier format is refused."""
+        if table is None:
+            table = self.records
         self.index.clear()
         self.index.open_header(self.params.header())
-        stored = ((key[len(ARTICLE_PREFIX) :].decode(errors="replace"), value) for key, value in records)
+        prefix = len(ARTICLE_PREFIX)
+        stored = ((key[prefix:].decode(errors="replace"), value) for key, value in table_articles(table))
         try:
             count = self.index.bulk_load(_current_format(stored))
         except CorruptRecord as exc:
             raise IncompatibleState(str(exc)) from exc
-        self.applied_offset = self._checkpointed = self._table_offset()
-        self._load_inputs()
-        self.engine = None
+        self._restore(table.get(OFFSET_KEY), table.get(INPUTS_KEY))
         return count
 
-    def _table_offset(self) -> int:
-        """The offset the record table says was applied (-1: none yet)."""
-        stored = self.records.get(OFFSET_KEY)
-        return int(stored) if stored is not None else -1
-
-    def _load_inputs(self) -> None:
-        stored = self.records.get(INPUTS_KEY)
-        self.inputs = dict(orjson.loads(stored)) if stored else {}
+    def _restore(self, offset: bytes | None, inputs: bytes | None) -> None:
+        """The applied offsets as checkpointed (-1 and none: nothing applied yet)."""
+        self.applied_offset = self._checkpointed = int(offset) if offset is not None else -1
+        self.inputs = dict(orjson.loads(inputs)) if inputs else {}
         self._inputs_checkpointed = dict(self.inputs)
+        self.engine = None
 
     def handle(self, signed: Signed | SignedDeletion, offset: int, now: float | None = None) -> IndexResult:
         """Decide one signed record of the signatures message at `offset`. A message holds many

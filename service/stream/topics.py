@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -190,4 +191,58 @@ class LogReader:
     async def close(self) -> None:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
+            await consumer.stop()
+
+
+Entry = tuple[bytes, bytes | None]  # a changelog message: (key, value); None, a tombstone
+
+
+class ChangelogReader:
+    """The record table's changelog (one partition), read from its start by a consumer of no group:
+    what a rebuild of the index, and `neardup stats --broker`, read. A consumer is started per call:
+    rebuilds are rare, and it must not hold connections between them."""
+
+    def __init__(self, settings: Settings, chunk: int = 2000) -> None:
+        self.settings = settings
+        self.topic = changelog_topic(settings)
+        self.chunk = chunk
+
+    def _consumer(self) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            enable_auto_commit=False,
+            group_id=None,
+            auto_offset_reset="earliest",
+            **self.settings.client_security(),
+        )
+
+    async def end(self) -> int:
+        """The offset the changelog's next message will take."""
+        consumer = self._consumer()
+        await consumer.start()
+        try:
+            tp = TopicPartition(self.topic, 0)
+            return int((await consumer.end_offsets([tp]))[tp])
+        finally:
+            await consumer.stop()
+
+    async def read(self, end: int) -> AsyncIterator[list[Entry]]:
+        """Its messages from the start up to `end` (excluded), in order, `chunk` at a time."""
+        consumer = self._consumer()
+        await consumer.start()
+        try:
+            tp = TopicPartition(self.topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            chunk: list[Entry] = []
+            while await consumer.position(tp) < end:
+                for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                    if record.offset < end and record.key is not None:
+                        chunk.append((record.key, record.value))
+                if len(chunk) >= self.chunk:
+                    yield chunk
+                    chunk = []
+            if chunk:
+                yield chunk
+        finally:
             await consumer.stop()

@@ -1,12 +1,12 @@
-"""Rebuild benchmark: the decider child re-derives its index from a record table of N articles.
+"""Rebuild benchmark: the decider child re-derives its index from a changelog of N articles.
 
-A worker whose derived index was lost (a crash, a new machine) rebuilds it from the record table at
-assignment. This script fills a record table (a dict standing in for the Faust table) by running the
+A worker whose index was lost (a crash, a new machine) rebuilds it from the record table's changelog
+at assignment. This script fills a changelog (a list standing in for the Kafka topic) by running the
 index stage over N signed articles (the generator of bench_stream.py), then starts a decider child
 (service/stream/decider.py) on an empty directory and times its rebuild, and prints the child's peak
 resident memory (VmHWM) beside that of a child, started in the same run, that rebuilt one article,
-and the size of the table's records: the rebuild streams the table in chunks, so its peak should not
-grow with the table.
+and the size of the table's records: the rebuild streams the changelog in chunks and compacts it on
+disk, so its peak should not grow with the table.
 It then checks that the rebuilt index decides the next articles exactly as the index that built the
 table does.
 
@@ -20,6 +20,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,20 @@ def memory_kb(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
+class ListedChangelog:
+    """The changelog's messages in a list, read as topics.ChangelogReader reads the topic."""
+
+    def __init__(self, entries: list[tuple[bytes, bytes | None]]) -> None:
+        self.entries = entries
+
+    async def end(self) -> int:
+        return len(self.entries)
+
+    async def read(self, end: int) -> AsyncIterator[list[tuple[bytes, bytes | None]]]:
+        for start in range(0, end, 2000):
+            yield self.entries[start : min(start + 2000, end)]
+
+
 async def main(args: argparse.Namespace) -> None:
     params = DedupParams()
     items = signed_articles(args.articles + args.check, args.seed)
@@ -60,13 +75,14 @@ async def main(args: argparse.Namespace) -> None:
     print(f"record table: {args.articles:,} articles, {record_bytes / 2**20:,.0f} MB of records", flush=True)
 
     # the baseline, in the same run: a child that rebuilds a table of one article
-    one = dict([next((k, v) for k, v in table.items() if k.startswith(ARTICLE_PREFIX))])
-    small = Decider(params, workdir / "small", options, one, in_process=False)
+    one = [next((k, v) for k, v in table.items() if k.startswith(ARTICLE_PREFIX))]
+    small = Decider(params, workdir / "small", options, ListedChangelog(one), in_process=False)
     assert await small.open() == 1 and small.child_pid is not None
     baseline_mb = memory_kb(small.child_pid, "VmHWM") / 1024
-    await small.close()
+    await small.close(clean=False)
 
-    decider = Decider(params, workdir / "rebuilt", options, table, in_process=False)
+    changelog = ListedChangelog(list(table.items()))
+    decider = Decider(params, workdir / "rebuilt", options, changelog, in_process=False)
     started = time.perf_counter()
     count = await decider.open()
     seconds = time.perf_counter() - started
@@ -87,7 +103,7 @@ async def main(args: argparse.Namespace) -> None:
         (e.article_id, e.kind, e.status) for e in expected.entries
     ]
     print(f"next {len(later):,} articles decided as by the index that built the table: {same}")
-    await decider.close()
+    await decider.close(clean=False)
     source.index.close()
     if not same:
         raise SystemExit(1)

@@ -1,5 +1,6 @@
-"""The sign and index agents in Faust's in-memory test context: no broker, a memory:// table store,
-the topics' `send` replaced by recorders. A fast check of the agents' wiring, not of Kafka delivery."""
+"""The sign and index agents in Faust's in-memory test context: no broker, the topics' `send`
+replaced by recorders, the changelog read back from its recorder. A fast check of the agents'
+wiring, not of Kafka delivery."""
 
 from __future__ import annotations
 
@@ -70,11 +71,12 @@ def settings(tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
 def wired(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[faust.App, Runtime, dict[str, Recorder]]:
-    """The app on a memory:// store, finalized and flowing, every topic's send() recorded by name.
+    """The app finalized and flowing, every topic's send() recorded by name, the changelog that the
+    index rebuilds from read back from its recorder.
 
     The output topics are local to create_app, so send is replaced on the Topic class: a real send
     would start a producer and look for a broker."""
-    app, runtime = create_app(settings, Metrics(), store="memory://")
+    app, runtime = create_app(settings, Metrics())
     app.finalize()
     app.flow_control.resume()
     recorders = {
@@ -119,11 +121,30 @@ def wired(
             return sent
 
     monkeypatch.setattr(faust.topics.Topic, "send", send)
+    runtime.decider.changelog = RecordedChangelog(recorders["changelog"])
     fake = Producer()
     monkeypatch.setattr(app.producer, "_ensure_producer", lambda: fake)  # verdicts and table writes
     # the test context never starts the consumer; the index agent asks it for the high-water mark
     monkeypatch.setattr(app.consumer, "highwater", lambda tp: HIGHWATER)
     return app, runtime, recorders
+
+
+class RecordedChangelog:
+    """The changelog as its recorder holds it, for the decider's rebuilds (topics.ChangelogReader)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    async def end(self) -> int:
+        return len(self.recorder.sent)
+
+    async def read(self, end: int) -> AsyncIterator[list[tuple[bytes, bytes | None]]]:
+        yield list(self.recorder.sent[:end])
+
+
+def _table(recorders: dict[str, Recorder]) -> dict[bytes, bytes | None]:
+    """The record table as its changelog says: the last value per key."""
+    return dict(recorders["changelog"].sent)
 
 
 @contextlib.asynccontextmanager
@@ -288,7 +309,7 @@ async def index_agent(wired: tuple[faust.App, Runtime, dict[str, Recorder]]) -> 
     app, runtime, _ = wired
     async with _settling(runtime), app.agents["index"].test_context() as agent:
         yield agent
-    await runtime.decider.close()
+    await runtime.decider.close(clean=False)
 
 
 async def test_index_agent_publishes_verdicts_keyed_by_article(
@@ -311,8 +332,7 @@ async def test_index_agent_publishes_verdicts_keyed_by_article(
     assert {k: v for k, v in verdicts[2].items() if k != "latency_ms"} == {
         k: v for k, v in verdicts[0].items() if k != "latency_ms"
     }
-    assert runtime.decider.records[OFFSET_KEY] == b"2"  # checkpointed: offsets 0-2 applied
-    # every table write went to the store and, in the same order, to the changelog
+    assert _table(recorders)[OFFSET_KEY] == b"2"  # checkpointed: offsets 0-2 applied
     changelog = recorders["changelog"].sent
     assert [key for key, _ in changelog].count(ARTICLE_PREFIX + b"a") == 1  # the re-delivery wrote nothing
     assert {key for key, _ in changelog} == {
@@ -321,7 +341,6 @@ async def test_index_agent_publishes_verdicts_keyed_by_article(
         OFFSET_KEY,
         INPUTS_KEY,
     }
-    assert dict(changelog) == {key: runtime.decider.records[key] for key, _ in changelog}
     assert recorders["dead_letters"].sent == []
     registry = runtime.metrics.registry
     # the second "a" is the same input message produced twice: its stored verdict, not a new one
@@ -384,7 +403,7 @@ async def test_index_agent_handles_a_packed_message_and_dead_letters_a_corrupt_e
     registry = runtime.metrics.registry
     await _all_settled(runtime)
     await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 3.0)
-    assert runtime.decider.records[OFFSET_KEY] == b"0"
+    assert _table(recorders)[OFFSET_KEY] == b"0"
 
 
 async def test_index_agent_stops_the_worker_when_the_decider_cannot_go_on(
@@ -497,7 +516,7 @@ async def test_a_signatures_message_this_worker_sent_is_decided_once_acknowledge
         ]
         registry = runtime.metrics.registry
         assert registry.get_sample_value("neardup_index_handed_off_total") == 1.0
-        assert runtime.decider.records[OFFSET_KEY] == b"1"
+        assert _table(recorders)[OFFSET_KEY] == b"1"
         # the consumer delivers it too, later: decided already, it is let pass
         (_, pack), *_ = recorders["signatures"].sent
         index_agent.sent_offset = 1
@@ -505,7 +524,7 @@ async def test_a_signatures_message_this_worker_sent_is_decided_once_acknowledge
         await index_agent.put(_signed(settings, "c", PROSE[2]), key=SHARD_KEY)  # offset 2
         verdicts = await recorders["verdicts"].wait_for(3)
         assert [key for key, _ in verdicts] == [b"a", b"b", b"c"]
-        await _settled(lambda: runtime.decider.records[OFFSET_KEY] == b"2")
+        await _settled(lambda: _table(recorders)[OFFSET_KEY] == b"2")
         assert registry.get_sample_value("neardup_index_replays_total", {"status": "replayed"}) is None
     finally:
         hand_offs.cancel()

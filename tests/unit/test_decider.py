@@ -1,6 +1,6 @@
 """neardup.stream.decider: the index stage in a child process decides exactly as in the worker, on a
 real RocksDB, survives the child being killed, and keeps or rebuilds its index like the stage does.
-A plain dict stands in for the record table (the Faust table in the worker)."""
+A list stands in for the record table's changelog (a compacted Kafka topic in the worker)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import orjson
 import pytest
 
 from neardup.state.rocks import RocksOptions, RocksState
-from neardup.stream import decider as decider_module
 from neardup.stream.decider import Decider, DeciderFailed, Write
 from neardup.stream.pipes import FAULT_VARIABLE, CallTimeout
 from neardup.stream.stages import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexStage
@@ -45,12 +44,32 @@ def comparable(outcome: BatchOutcome) -> list[tuple[Any, ...]]:
     return rows
 
 
+class ListChangelog:
+    """The changelog as a list of messages, read `chunk` at a time (topics.ChangelogReader)."""
+
+    def __init__(self, chunk: int = 2000) -> None:
+        self.entries: list[Write] = []
+        self.chunk = chunk
+
+    async def end(self) -> int:
+        return len(self.entries)
+
+    async def read(self, end: int) -> AsyncIterator[list[Write]]:
+        for start in range(0, end, self.chunk):
+            yield self.entries[start : min(start + self.chunk, end)]
+
+    def table(self) -> dict[bytes, bytes]:
+        """The record table it holds: the last value per key, tombstones removing theirs."""
+        latest = dict(self.entries)
+        return {key: value for key, value in latest.items() if value is not None}
+
+
 @pytest.fixture
 async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
     made: list[Decider] = []
 
-    def build(name: str, records: dict[bytes, bytes], *, in_process: bool, **more: Any) -> Decider:
-        decider = Decider(PARAMS, tmp_path / name, RocksOptions(), records, in_process=in_process, **more)
+    def build(name: str, changelog: ListChangelog, *, in_process: bool, **more: Any) -> Decider:
+        decider = Decider(PARAMS, tmp_path / name, RocksOptions(), changelog, in_process=in_process, **more)
         made.append(decider)
         return decider
 
@@ -65,20 +84,23 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
 
 
 async def decide(decider: Decider, messages: Messages) -> BatchOutcome:
-    """What the index agent does: decide, then apply the record-table writes."""
+    """What the index agent does: decide, then send the record-table writes to the changelog."""
     outcome, writes = await decider.decide(messages)
-    apply(decider.records, writes)
+    apply(decider, writes)
     return outcome
 
 
-def apply(records: dict[bytes, bytes] | Any, writes: list[Write]) -> None:
-    for key, value in writes:
-        records[key] = value
+def apply(decider: Decider, writes: list[Write]) -> None:
+    """The writes sent to the changelog and acknowledged."""
+    changelog = decider.changelog
+    assert isinstance(changelog, ListChangelog)
+    changelog.entries += writes
+    decider.acknowledged(len(changelog.entries))
 
 
 async def test_the_child_decides_and_writes_exactly_as_the_worker(make: Any) -> None:
-    here_records: dict[bytes, bytes] = {}
-    child_records: dict[bytes, bytes] = {}
+    here_records = ListChangelog()
+    child_records = ListChangelog()
     here = make("here", here_records, in_process=True)
     child = make("child", child_records, in_process=False)
     assert await here.open() == 0 and await child.open() == 0
@@ -91,8 +113,8 @@ async def test_the_child_decides_and_writes_exactly_as_the_worker(make: Any) -> 
         assert comparable(got) == comparable(expected)
         assert (got.indexed, got.handled) == (expected.indexed, expected.handled)
         errors += [entry for entry in got.entries if entry.status == "error"]
-    assert child_records == here_records
-    assert child_records[OFFSET_KEY] == str(messages[-1][0]).encode()
+    assert child_records.entries == here_records.entries
+    assert child_records.table()[OFFSET_KEY] == str(messages[-1][0]).encode()
     assert [(entry.offset, entry.payload) for entry in errors] == [(4, b"not a signatures message")]
     assert errors[0].error is not None and errors[0].error.startswith("ValueError: not a signatures")
     kinds = [entry.kind for entry in got.entries]
@@ -100,8 +122,8 @@ async def test_the_child_decides_and_writes_exactly_as_the_worker(make: Any) -> 
 
 
 async def test_a_killed_child_is_replaced_and_the_batch_decided_again(make: Any) -> None:
-    records: dict[bytes, bytes] = {}
-    here = make("here", {}, in_process=True)
+    records = ListChangelog()
+    here = make("here", ListChangelog(), in_process=True)
     child = make("child", records, in_process=False)
     await here.open()
     await child.open()
@@ -122,22 +144,22 @@ async def test_a_killed_child_is_replaced_and_the_batch_decided_again(make: Any)
 
 
 async def test_a_cleanly_closed_child_index_is_reopened_and_a_killed_one_rebuilt(make: Any) -> None:
-    records: dict[bytes, bytes] = {}
+    records = ListChangelog()
     first = make("index", records, in_process=False)
     assert await first.open() == 0
     await decide(first, packed(HISTORY, 0))
-    await first.close()
+    await first.close(clean=True)
     assert first.child_pid is None
 
     second = make("index", records, in_process=False)
-    assert await second.open() is None  # kept: closed cleanly at the table's applied offset
+    assert await second.open() is None  # kept: closed cleanly where the changelog still ends
     await decide(second, packed([("z", PROSE[4])], 10))
     second.kill()  # a crash: no marker
 
     third = make("index", records, in_process=False)
-    indexed = len([key for key in records if key.startswith(ARTICLE_PREFIX)])
+    indexed = len([key for key in records.table() if key.startswith(ARTICLE_PREFIX)])
     assert await third.open() == indexed
-    await third.close()
+    await third.close(clean=True)
     state = RocksState(third.index_path)
     try:
         assert state.count() == indexed
@@ -146,17 +168,17 @@ async def test_a_cleanly_closed_child_index_is_reopened_and_a_killed_one_rebuilt
 
 
 async def test_the_in_process_decider_returns_its_writes_and_rebuilds_after_lost_ones(make: Any) -> None:
-    records: dict[bytes, bytes] = {}
+    records = ListChangelog()
     here = make("here", records, in_process=True)
     await here.open()
     outcome, writes = await here.decide(packed(HISTORY[:2], 0))
     assert [entry.kind for entry in outcome.entries] == ["unique", "duplicate"]
-    assert records == {}  # the agent applies the writes, a whole chunk at once
+    assert records.entries == []  # the agent sends the writes, a whole chunk at once
     assert dict(writes)[OFFSET_KEY] == b"0" and ARTICLE_PREFIX + b"b" in dict(writes)
     assert isinstance(here.stage, IndexStage)
-    apply(records, writes)
-    # A batch decided but its writes never applied (the agent failed half-way): opened again, the
-    # stage rebuilds from the table, and the re-delivered batch is new again, not a re-delivery.
+    apply(here, writes)
+    # A batch decided but its writes never sent (the agent failed half-way): opened again, the
+    # stage rebuilds from the changelog, and the re-delivered batch is new again, not a re-delivery.
     lost, _ = await here.decide(packed(HISTORY[2:3], 1))
     assert await here.open() == 2
     again, writes = await here.decide(packed(HISTORY[2:3], 1))
@@ -165,20 +187,17 @@ async def test_the_in_process_decider_returns_its_writes_and_rebuilds_after_lost
     assert ARTICLE_PREFIX + HISTORY[2][0].encode() in dict(writes)
 
 
-async def test_a_rebuild_streams_the_table_a_chunk_at_a_time(
-    make: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(decider_module, "LOAD_CHUNK", 2)  # frames of 2 records
-    records: dict[bytes, bytes] = {}
+async def test_a_rebuild_streams_the_changelog_a_chunk_at_a_time(make: Any) -> None:
+    records = ListChangelog(chunk=2)  # frames of 2 messages
     first = make("first", records, in_process=False)
     await first.open()
     await decide(first, packed(HISTORY, 0))
     first.kill()
-    indexed = len([key for key in records if key.startswith(ARTICLE_PREFIX)])
-    assert indexed > 2 * decider_module.LOAD_CHUNK
+    indexed = len([key for key in records.table() if key.startswith(ARTICLE_PREFIX)])
+    assert indexed > 2 * records.chunk
     rebuilt = make("rebuilt", records, in_process=False)  # a new directory: nothing to reopen
     assert await rebuilt.open() == indexed
-    here = make("here", {}, in_process=True)
+    here = make("here", ListChangelog(), in_process=True)
     await here.open()
     await decide(here, packed(HISTORY, 0))
     future = packed(FUTURE, 10)
@@ -201,13 +220,13 @@ def test_a_batch_is_decided_in_chunks_of_bounded_size() -> None:
 
 
 async def test_the_child_outlives_a_sigterm_to_its_group_and_closes_cleanly(make: Any) -> None:
-    records: dict[bytes, bytes] = {}
+    records = ListChangelog()
     first = make("index", records, in_process=False)
     await first.open()
     await decide(first, packed(HISTORY[:3], 0))
     assert first.child_pid is not None
     os.kill(first.child_pid, signal.SIGTERM)  # what stopping the worker's process group sends it
-    await first.close()
+    await first.close(clean=True)
     second = make("index", records, in_process=False)
     assert await second.open() is None  # closed cleanly: kept
 
@@ -220,7 +239,7 @@ async def decided_chunks(
     got = []
     async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
         async for outcome, writes in answers:
-            apply(decider.records, writes)
+            apply(decider, writes)
             got.append(comparable(outcome))
             if len(got) == kill_after:
                 assert decider.child_pid is not None
@@ -229,8 +248,8 @@ async def decided_chunks(
 
 
 async def test_chunks_queued_in_the_child_are_decided_in_order_as_in_process(make: Any) -> None:
-    here_records: dict[bytes, bytes] = {}
-    records: dict[bytes, bytes] = {}
+    here_records = ListChangelog()
+    records = ListChangelog()
     here = make("here", here_records, in_process=True)
     child = make("child", records, in_process=False)
     await here.open()
@@ -240,14 +259,14 @@ async def test_chunks_queued_in_the_child_are_decided_in_order_as_in_process(mak
     expected = await decided_chunks(here, chunks)
     pid = child.child_pid
     assert await decided_chunks(child, chunks) == expected
-    assert child.child_pid == pid and records == here_records
+    assert child.child_pid == pid and records.entries == here_records.entries
     kinds = {row[3] for chunk in expected for row in chunk}
     assert {"unique", "duplicate"} <= kinds  # later chunks were judged against earlier ones
 
 
 async def test_a_child_killed_with_chunks_queued_is_replaced_and_the_rest_decided_again(make: Any) -> None:
-    here = make("here", {}, in_process=True)
-    child = make("child", {}, in_process=False)
+    here = make("here", ListChangelog(), in_process=True)
+    child = make("child", ListChangelog(), in_process=False)
     await here.open()
     await child.open()
     chunks = [[message] for message in packed(HISTORY + FUTURE, 0, per_message=1)]
@@ -257,12 +276,12 @@ async def test_a_child_killed_with_chunks_queued_is_replaced_and_the_rest_decide
     got = await decided_chunks(child, chunks, kill_after=2)
     assert got == expected
     assert child.child_pid not in (None, before)
-    assert child.records == here.records
+    assert child.changelog.table() == here.changelog.table()
 
 
 async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight(make: Any) -> None:
-    here = make("here", {}, in_process=True)
-    child = make("child", {}, in_process=False)
+    here = make("here", ListChangelog(), in_process=True)
+    child = make("child", ListChangelog(), in_process=False)
     await here.open()
     await child.open()
     chunks = [[message] for message in packed(HISTORY, 0, per_message=1)]
@@ -271,7 +290,7 @@ async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight
     process = child._child.process
     async with contextlib.aclosing(child.decide_chunks(chunks)) as answers:
         async for _, writes in answers:
-            apply(child.records, writes)
+            apply(child, writes)
             break  # the agent failed while publishing: the second chunk is still queued
     assert child.child_pid is None  # its answer would have been read as the next request's
     assert await asyncio.wait_for(process.wait(), 10) == -signal.SIGKILL
@@ -286,8 +305,8 @@ async def test_a_hung_child_is_killed_and_replaced_within_its_timeout(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(FAULT_VARIABLE, "hang:decider:2")  # each child hangs on its second batch
-    here = make("here", {}, in_process=True)
-    child = make("child", {}, in_process=False, timeout=CallTimeout(base_s=2.0, per_item_s=0.01))
+    here = make("here", ListChangelog(), in_process=True)
+    child = make("child", ListChangelog(), in_process=False, timeout=CallTimeout(base_s=2.0, per_item_s=0.01))
     await here.open()
     await child.open()
     history, future = packed(HISTORY, 0), packed(FUTURE, 10)
@@ -299,12 +318,12 @@ async def test_a_hung_child_is_killed_and_replaced_within_its_timeout(
     assert 2.0 <= loop.time() - started < 30
     assert child.child_pid not in (None, hung)
     assert comparable(got) == comparable(await decide(here, future))
-    assert child.records == here.records
+    assert child.changelog.table() == here.changelog.table()
 
 
 async def test_a_child_hanging_twice_on_a_batch_is_fatal(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAULT_VARIABLE, "hang:decider:1")  # every child hangs on its first batch
-    child = make("child", {}, in_process=False, timeout=CallTimeout(base_s=1.0, per_item_s=0.0))
+    child = make("child", ListChangelog(), in_process=False, timeout=CallTimeout(base_s=1.0, per_item_s=0.0))
     await child.open()
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -319,3 +338,28 @@ def test_a_message_counts_its_articles_for_the_timeout() -> None:
     assert signed_count(pack_signed(records)) == len(records)
     assert signed_count(records[0]) == 1
     assert signed_count(b"SP\xff\xff\xff\xff") == 1  # a corrupt count: at most one per 4 bytes
+
+
+async def test_a_changelog_written_since_the_clean_close_is_rebuilt_from_with_its_tombstones(
+    make: Any,
+) -> None:
+    records = ListChangelog()
+    first = make("index", records, in_process=False)
+    await first.open()
+    await decide(first, packed(HISTORY, 0))
+    await first.close(clean=True)
+
+    # another worker owned the shard meanwhile and deleted an article: the changelog moved on
+    def articles() -> int:
+        return len([key for key in records.table() if key.startswith(ARTICLE_PREFIX)])
+
+    before = articles()
+    gone = ARTICLE_PREFIX + HISTORY[0][0].encode()
+    records.entries.append((gone, None))
+    second = make("index", records, in_process=False)
+    indexed = articles()
+    assert gone not in records.table() and indexed == before - 1
+    assert await second.open() == indexed
+    assert second.applied_offset == len(packed(HISTORY, 0)) - 1
+    replayed, _ = await second.decide(packed(HISTORY[1:2], 1))  # applied before: its stored verdict
+    assert [entry.status for entry in replayed.entries] == ["replayed"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -475,6 +476,11 @@ def _stage(path: Path, records: dict[bytes, bytes]) -> IndexStage:
     return IndexStage(PARAMS, RocksState(path), records)
 
 
+def _end(records: dict[bytes, bytes]) -> bytes:
+    """Stands in for where the changelog ends: it moves whenever the table changes."""
+    return hashlib.sha256(repr(sorted(records.items())).encode()).hexdigest().encode()
+
+
 def _apply(stage: IndexStage, offset: int, article_id: str, text: str) -> dict[str, Any] | None:
     result = stage.handle(signed(article_id, text), offset, now=NOW)
     stage.applied(offset)
@@ -485,13 +491,13 @@ def _apply(stage: IndexStage, offset: int, article_id: str, text: str) -> dict[s
 def test_a_cleanly_closed_index_is_reopened_not_rebuilt(tmp_path: Path) -> None:
     records: dict[bytes, bytes] = {}
     first = _stage(tmp_path / "index", records)
-    assert first.open() == 0  # nothing to keep yet: built (empty)
+    assert first.open(_end(records)) == 0  # nothing to keep yet: built (empty)
     for offset, (article_id, text) in enumerate(HISTORY):
         _apply(first, offset, article_id, text)
-    first.close()
+    first.close(_end(records))
 
     second = _stage(tmp_path / "index", records)
-    assert second.open() is None  # kept
+    assert second.open(_end(records)) is None  # kept
     assert second.applied_offset == len(HISTORY) - 1
     assert second.index.count() == len({a for a, _ in HISTORY})
     # and it decides exactly as a rebuilt one would
@@ -499,40 +505,40 @@ def test_a_cleanly_closed_index_is_reopened_not_rebuilt(tmp_path: Path) -> None:
     assert rebuilt.open() == len({a for a, _ in HISTORY})
     for offset, (article_id, text) in enumerate(FUTURE, start=len(HISTORY)):
         assert _apply(second, offset, article_id, text) == _apply(rebuilt, offset, article_id, text)
-    second.close()
+    second.close(_end(records))
     rebuilt.close()
 
 
 def test_a_reopened_index_is_rebuilt_after_a_crash(tmp_path: Path) -> None:
     records: dict[bytes, bytes] = {}
     first = _stage(tmp_path / "index", records)
-    first.open()
+    first.open(_end(records))
     _apply(first, 0, "a", PROSE[0])
-    first.close()
+    first.close(_end(records))
     second = _stage(tmp_path / "index", records)
-    assert second.open() is None
+    assert second.open(_end(records)) is None
     _apply(second, 1, "b", PROSE[1])
     second.index.close()  # a crash: the stage never closes, no marker is written
     third = _stage(tmp_path / "index", records)
-    assert third.open() == 2
-    third.close()
+    assert third.open(_end(records)) == 2
+    third.close(_end(records))
 
 
 @pytest.mark.parametrize("case", ["applied elsewhere since", "closed with unsaved work"])
 def test_a_stale_index_is_rebuilt(tmp_path: Path, case: str) -> None:
     records: dict[bytes, bytes] = {}
     first = _stage(tmp_path / "index", records)
-    first.open()
+    first.open(_end(records))
     _apply(first, 0, "a", PROSE[0])
     if case == "closed with unsaved work":
         first.handle(signed("b", PROSE[1]), 1, now=NOW)
         first.applied(1)  # applied, but the checkpoint was never written
-    first.close()
+    first.close(_end(records))
     if case == "applied elsewhere since":
         elsewhere = _stage(tmp_path / "elsewhere", records)  # the shard moved to another worker
-        elsewhere.open()
+        elsewhere.open(_end(records))
         _apply(elsewhere, 1, "c", PROSE[2])
-        elsewhere.close()
+        elsewhere.close(_end(records))
     again = _stage(tmp_path / "index", records)
-    assert again.open() == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
-    again.close()
+    assert again.open(_end(records)) == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
+    again.close(_end(records))
