@@ -490,7 +490,7 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
     result = Result()
     result.signing_us_per_text = calibrate(corpus)
     print(f"  machine speed: {result.signing_us_per_text:.1f} µs to sign a corpus text here", flush=True)
-    articles = Articles(corpus, run, seed=rep, dup_fraction=args.dup_fraction)
+    articles = Articles(corpus, args.id_prefix or run, seed=rep, dup_fraction=args.dup_fraction)
     n = args.articles
     result.preload_rate, size = await preload(settings, articles, n)
     result.article_kb = size / n / 1024
@@ -506,7 +506,7 @@ async def run_once(args: argparse.Namespace, corpus: list[dict[str, Any]], rep: 
     await verdicts.start()
     worker = Worker(settings, env, workdir / "worker.log")
     try:
-        ids = {f"{run}-{i:07d}" for i in range(n)}
+        ids = {f"{articles.prefix}-{i:07d}" for i in range(n)}
         cpu_mark: list[tuple[float, dict[str, float], tuple[float, float]]] = []
 
         def on_poll(got: int) -> None:
@@ -791,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"JSON-lines articles to draw paragraphs from (default {CORPUS}, else {SAMPLE})",
     )
     parser.add_argument("--dup-fraction", type=float, default=0.3, help="share of near-duplicate copies")
+    parser.add_argument(
+        "--id-prefix",
+        default="",
+        help="article ids' prefix (default: the run's name); 'bench' gives bench_state_size.py's ids",
+    )
     parser.add_argument(
         "--worker-env",
         action="append",
