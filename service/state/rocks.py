@@ -262,7 +262,8 @@ class RocksState(IndexState):
 class CompactedLog:
     """A changelog's messages reduced to the last value per key, as a compacted topic's consumers
     see it (a value None, a tombstone, removes its key), on disk: a rebuild reads more records than
-    memory should hold. Iterated in key order; the directory is removed at `close`."""
+    memory should hold. Iterated in key order; the directory is removed at `close` (or at the end of
+    a `with` block)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -300,3 +301,9 @@ class CompactedLog:
     def close(self) -> None:
         self._db.close()
         Rdict.destroy(str(self.path), self._options)
+
+    def __enter__(self) -> CompactedLog:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -222,7 +222,7 @@ def create_app(settings: Settings, metrics: Metrics) -> tuple[faust.App, Runtime
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
     _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
-    _raw_topic(app, changelog_name, 1, compacting=True)  # the record table's: sent to as well
+    _raw_topic(app, changelog_name, 1, compacting=True)  # the record table's changelog, likewise
     timeout = CallTimeout(settings.helper_timeout, settings.helper_item_timeout_ms / 1000)
     runtime = Runtime(
         settings,

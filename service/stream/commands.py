@@ -286,25 +286,23 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
     import tempfile
 
     from ..state.rocks import CompactedLog, RocksState
-    from .stages import ARTICLE_PREFIX, table_articles
+    from .stages import table_articles
     from .topics import ChangelogReader
 
     settings = _settings(args, app_id=args.app_id)
-    with tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch:
-        table = CompactedLog(Path(scratch) / "latest")
+    with (
+        tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch,
+        CompactedLog(Path(scratch) / "latest") as table,
+    ):
+        asyncio.run(_compact_changelog(ChangelogReader(settings), table))
+        state = RocksState(Path(scratch) / "index")
         try:
-            asyncio.run(_compact_changelog(ChangelogReader(settings), table))
-            state = RocksState(Path(scratch) / "index")
-            try:
-                prefix = len(ARTICLE_PREFIX)
-                state.bulk_load((key[prefix:].decode(), value) for key, value in table_articles(table))
-                stats = state.stats(full=True)
-            finally:
-                state.close()
-            live = sum(len(value) for _, value in table_articles(table))
-            tombstones = table.tombstones
+            state.bulk_load(table_articles(table))
+            stats = state.stats(full=True)
         finally:
-            table.close()
+            state.close()
+        live = sum(len(record) for _, record in table_articles(table))
+        tombstones = table.tombstones
     return dataclasses.replace(stats, bytes_on_disk=live, deleted=tombstones, expired=0)
 
 

@@ -176,13 +176,10 @@ class Decider:
             self._collector.drain()  # a batch that failed half-way: the stage rebuilds
             if self.stage.reopen(position):
                 return None, self.stage.applied_offset
-            table = CompactedLog(_scratch(self.index_path))
-            try:
+            with CompactedLog(_scratch(self.index_path)) as table:
                 async for entries in self.changelog.read(end):
                     table.add(entries)
                 return self.stage.rebuild(table), self.stage.applied_offset
-            finally:
-                table.close()
         if self._child is None:
             setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every, self.retention)
             # this module, by the name the package was imported under
@@ -324,13 +321,10 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
             write_frame(answers, stage.applied_offset if stage.reopen(args[0]) else None)
         elif op == "rebuild":
             write_frame(answers, "rebuilding")
-            compacted = CompactedLog(_scratch(Path(path)))
-            try:
+            with CompactedLog(_scratch(Path(path))) as compacted:
                 for entries in _streamed_entries(requests, answers):
                     compacted.add(entries)
                 count = stage.rebuild(compacted)
-            finally:
-                compacted.close()
             write_frame(answers, (count, stage.applied_offset))
         elif op == "close":
             stage.close(args[0])

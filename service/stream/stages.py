@@ -53,9 +53,12 @@ class Compacted(Protocol):
     def items(self) -> Iterable[tuple[bytes, bytes]]: ...
 
 
-def table_articles(records: Compacted) -> Iterator[tuple[bytes, bytes]]:
-    """The article records of the record table, (key, record), without its metadata."""
-    return ((key, value) for key, value in records.items() if key.startswith(ARTICLE_PREFIX))
+def table_articles(records: Compacted) -> Iterator[tuple[str, bytes]]:
+    """The article records of the record table, (article id, record), without its metadata."""
+    prefix = len(ARTICLE_PREFIX)
+    for key, value in records.items():
+        if key.startswith(ARTICLE_PREFIX):
+            yield key[prefix:].decode(errors="replace"), value
 
 
 @dataclass(frozen=True)
@@ -246,10 +249,8 @@ class IndexStage:
             table = self.records
         self.index.clear()
         self.index.open_header(self.params.header())
-        prefix = len(ARTICLE_PREFIX)
-        stored = ((key[prefix:].decode(errors="replace"), value) for key, value in table_articles(table))
         try:
-            count = self.index.bulk_load(_current_format(stored))
+            count = self.index.bulk_load(_current_format(table_articles(table)))
         except CorruptRecord as exc:
             raise IncompatibleState(str(exc)) from exc
         self._restore(table.get(OFFSET_KEY), table.get(INPUTS_KEY))

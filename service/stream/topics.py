@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -132,6 +132,26 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     return counts
 
 
+def groupless_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
+    """A consumer of no group, for reading a partition directly from where it is told to."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        enable_auto_commit=False,
+        group_id=None,
+        auto_offset_reset="earliest",
+        **options,
+        **settings.client_security(),
+    )
+
+
+async def _records_before(consumer: AIOKafkaConsumer, tp: TopicPartition, stop: int) -> AsyncIterator[Any]:
+    """The records of `tp` from the consumer's position up to offset `stop` (excluded)."""
+    while await consumer.position(tp) < stop:
+        for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+            if record.offset < stop:
+                yield record
+
+
 class LogReader:
     """Reads ranges of a partition's log directly, with a consumer of no group: what the worker's
     own consumer went past without delivering it (app.py). The consumer is started at the first
@@ -156,33 +176,23 @@ class LogReader:
             consumer.assign([tp])
             consumer.seek(tp, start)  # before the log's start: reset to it (auto_offset_reset)
             found: list[StoredMessage] = []
-            while await consumer.position(tp) < stop:
-                for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
-                    if start <= record.offset < stop:
-                        found.append(
-                            StoredMessage(
-                                record.offset,
-                                record.key,
-                                record.value,
-                                record.timestamp,
-                                tuple(record.headers or ()),
-                            )
-                        )
+            async for record in _records_before(consumer, tp, stop):
+                if record.offset >= start:
+                    headers = tuple(record.headers or ())
+                    found.append(
+                        StoredMessage(record.offset, record.key, record.value, record.timestamp, headers)
+                    )
             return found
 
     async def _started(self) -> AIOKafkaConsumer:
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.settings.bootstrap_servers,
-                enable_auto_commit=False,
-                group_id=None,
-                auto_offset_reset="earliest",
+            consumer = groupless_consumer(
+                self.settings,
                 # a gap that holds only a transaction marker has no record to return: the broker
                 # would answer only once its fetch wait (500 ms by default) has passed
                 fetch_max_wait_ms=10,
                 max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
                 fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
-                **self.settings.client_security(),
             )
             await consumer.start()
             self._consumer = consumer
@@ -207,18 +217,9 @@ class ChangelogReader:
         self.topic = changelog_topic(settings)
         self.chunk = chunk
 
-    def _consumer(self) -> AIOKafkaConsumer:
-        return AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap_servers,
-            enable_auto_commit=False,
-            group_id=None,
-            auto_offset_reset="earliest",
-            **self.settings.client_security(),
-        )
-
     async def end(self) -> int:
         """The offset the changelog's next message will take."""
-        consumer = self._consumer()
+        consumer = groupless_consumer(self.settings)
         await consumer.start()
         try:
             tp = TopicPartition(self.topic, 0)
@@ -228,17 +229,16 @@ class ChangelogReader:
 
     async def read(self, end: int) -> AsyncIterator[list[Entry]]:
         """Its messages from the start up to `end` (excluded), in order, `chunk` at a time."""
-        consumer = self._consumer()
+        consumer = groupless_consumer(self.settings)
         await consumer.start()
         try:
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
             chunk: list[Entry] = []
-            while await consumer.position(tp) < end:
-                for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
-                    if record.offset < end and record.key is not None:
-                        chunk.append((record.key, record.value))
+            async for record in _records_before(consumer, tp, end):
+                if record.key is not None:
+                    chunk.append((record.key, record.value))
                 if len(chunk) >= self.chunk:
                     yield chunk
                     chunk = []
