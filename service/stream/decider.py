@@ -55,6 +55,7 @@ Write = tuple[bytes, bytes | None]  # (key, value) for the record table; None de
 Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
 CLOSE_TIMEOUT_S = 30.0
+COMPACTION_AT_CLOSE_S = 15.0  # then the child is killed: its index stays as it was, reusable
 
 
 class DeciderFailed(RuntimeError):
@@ -261,8 +262,8 @@ class Decider:
         child, self._child = self._child, None
         try:
             await child.call(("close", position), CLOSE_TIMEOUT_S)
-            if await child.wait(CLOSE_TIMEOUT_S) is None:
-                log.error("decider_close_timeout pid=%d", child.pid)
+            if await child.wait(COMPACTION_AT_CLOSE_S) is None:
+                log.warning("decider_compaction_cut_short pid=%d", child.pid)
         except ChildFailed as exc:
             log.error("decider_close_failed error=%r", str(exc))
         finally:
@@ -327,8 +328,14 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
                 count = stage.rebuild(compacted)
             write_frame(answers, (count, stage.applied_offset))
         elif op == "close":
-            stage.close(args[0])
+            reusable = stage.mark_reusable(args[0])
             write_frame(answers, "closed")
+            if reusable:
+                # The space of expired, deleted and overwritten entries is reclaimed while the
+                # worker shuts down. Safe to cut short: the marker is on disk already, and a
+                # RocksDB killed mid-compaction reopens as it was before it.
+                stage.index.compact()
+            stage.index.close()
             return
         else:
             raise ValueError(f"unknown request {op!r}")

@@ -234,12 +234,18 @@ class IndexStage:
         self._restore(offset, inputs)
         return True
 
+    def mark_reusable(self, position: bytes | None) -> bool:
+        """At close, with the changelog's end `position` (None: unknown, after a failure): mark
+        the index reusable when everything applied is checkpointed. Whether it was marked."""
+        if position is None or self.applied_offset != self._checkpointed:
+            return False
+        marker = {CLEAN_KEY: position, OFFSET_KEY: str(self.applied_offset).encode()}
+        self.index.set_meta({**marker, INPUTS_KEY: orjson.dumps(self.inputs)}, durable=True)
+        return True
+
     def close(self, position: bytes | None = None) -> None:
-        """Close the derived index. With the changelog's end `position` (None: unknown, after a
-        failure), it is marked reusable when everything applied is checkpointed."""
-        if position is not None and self.applied_offset == self._checkpointed:
-            marker = {CLEAN_KEY: position, OFFSET_KEY: str(self.applied_offset).encode()}
-            self.index.set_meta({**marker, INPUTS_KEY: orjson.dumps(self.inputs)}, durable=True)
+        """Close the derived index, marked reusable if it can be (mark_reusable)."""
+        self.mark_reusable(position)
         self.index.close()
 
     def rebuild(self, table: Compacted | None = None) -> int:

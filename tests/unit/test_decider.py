@@ -363,3 +363,36 @@ async def test_a_changelog_written_since_the_clean_close_is_rebuilt_from_with_it
     assert second.applied_offset == len(packed(HISTORY, 0)) - 1
     replayed, _ = await second.decide(packed(HISTORY[1:2], 1))  # applied before: its stored verdict
     assert [entry.status for entry in replayed.entries] == ["replayed"]
+
+
+def files_at_level0(path: Path) -> int:
+    """RocksDB's level-0 files (flushed memtables, not compacted yet) in every column family."""
+    from rocksdict import AccessType, Options, Rdict
+
+    names = [name for name in Rdict.list_cf(str(path)) if name != "default"]
+    db = Rdict(
+        str(path),
+        Options(raw_mode=True),
+        column_families={name: Options(raw_mode=True) for name in names},
+        access_type=AccessType.read_only(),
+    )
+    try:
+        families = [db, *(db.get_column_family(name) for name in names)]
+        return sum(family.property_int_value("rocksdb.num-files-at-level0") or 0 for family in families)
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("clean", [True, False])
+async def test_a_child_closed_cleanly_compacts_its_index_and_keeps_it(make: Any, clean: bool) -> None:
+    records = ListChangelog()
+    first = make("index", records, in_process=False)
+    await first.open()
+    for start in range(0, len(HISTORY), 2):  # flushed at close: level 0 unless compacted
+        await decide(first, packed(HISTORY[start : start + 2], start))
+    await first.close(clean=clean)
+    assert (files_at_level0(first.index_path) == 0) is clean
+    second = make("index", records, in_process=False)
+    assert (await second.open() is None) is clean  # kept after its compaction; else rebuilt
+    outcome = await decide(second, packed([("copy", HISTORY[0][1])], 100))
+    assert [entry.kind for entry in outcome.entries] == ["duplicate"]
