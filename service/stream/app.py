@@ -510,6 +510,7 @@ class IndexPipeline:
             # Half a batch applied: the index may be ahead of the changelog. Rebuild it from the
             # changelog before the next batch (the re-delivered batch then replays what was applied).
             self.runtime.needs_open = True
+            decider.mark_ahead()
             if isinstance(exc, DeciderFailed):
                 self.runtime.fail(f"index_unavailable: {exc}; stopping the worker")
             raise

@@ -147,6 +147,9 @@ class Decider:
         # Where the changelog ends once the writes acknowledged so far are in it (`acknowledged`):
         # what the index holds when every chunk answered is acknowledged, as at a clean close.
         self.changelog_end = -1
+        # Raised when a chunk's writes may never reach the changelog (`mark_ahead`): until the
+        # next open, the index is not to be kept, however the worker closes.
+        self.ahead_of_changelog = False
 
     @property
     def child_pid(self) -> int | None:
@@ -156,6 +159,11 @@ class Decider:
         """The changelog holds every write up to offset `end` (excluded)."""
         self.changelog_end = max(self.changelog_end, end)
 
+    def mark_ahead(self) -> None:
+        """A batch failed half-way: the index may hold writes that the changelog never gets, so a
+        close must not mark it reusable (the next open rebuilds it from the changelog)."""
+        self.ahead_of_changelog = True
+
     async def open(self) -> int | None:
         """At every assignment of the shard: reopen the derived index or rebuild it from the
         changelog. Returns the number of articles rebuilt, None when the index was kept."""
@@ -164,6 +172,7 @@ class Decider:
             end = await self.changelog.end()
             count, self.applied_offset = await self._open(str(end).encode(), end)
             self.changelog_end = end
+            self.ahead_of_changelog = False
             return count
         finally:
             self.opening = False
@@ -251,7 +260,8 @@ class Decider:
     async def close(self, *, clean: bool) -> None:
         """Close the derived index; `clean`: every chunk answered is acknowledged in the changelog,
         so that the index, marked with where the changelog ends, can be kept at the next open."""
-        position = str(self.changelog_end).encode() if clean and self.changelog_end >= 0 else None
+        reusable = clean and self.changelog_end >= 0 and not self.ahead_of_changelog
+        position = str(self.changelog_end).encode() if reusable else None
         if self.in_process:
             if self.stage is not None:
                 self.stage.close(position)

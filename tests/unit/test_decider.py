@@ -396,3 +396,21 @@ async def test_a_child_closed_cleanly_compacts_its_index_and_keeps_it(make: Any,
     assert (await second.open() is None) is clean  # kept after its compaction; else rebuilt
     outcome = await decide(second, packed([("copy", HISTORY[0][1])], 100))
     assert [entry.kind for entry in outcome.entries] == ["duplicate"]
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+async def test_an_index_ahead_of_its_changelog_is_rebuilt_however_it_closes(
+    make: Any, in_process: bool
+) -> None:
+    records = ListChangelog()
+    first = make("index", records, in_process=in_process)
+    await first.open()
+    await decide(first, packed(HISTORY[:2], 0))
+    await first.decide(packed(HISTORY[2:4], 10))  # decided, its writes never sent: a failed batch
+    first.mark_ahead()
+    await first.close(clean=True)  # a shutdown without a failure of its own
+    first.stage = None
+    second = make("index", records, in_process=in_process)
+    assert await second.open() == 2  # rebuilt from the changelog: the two acknowledged articles
+    outcome = await decide(second, packed(HISTORY[2:4], 10))
+    assert [entry.status for entry in outcome.entries] == ["new", "new"]  # not replayed: not held
