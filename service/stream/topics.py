@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -144,12 +145,25 @@ def groupless_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
     )
 
 
-async def _records_before(consumer: AIOKafkaConsumer, tp: TopicPartition, stop: int) -> AsyncIterator[Any]:
-    """The records of `tp` from the consumer's position up to offset `stop` (excluded)."""
-    while await consumer.position(tp) < stop:
+async def _records_before(
+    consumer: AIOKafkaConsumer, tp: TopicPartition, stop: int, stall_s: float | None = None
+) -> AsyncIterator[Any]:
+    """The records of `tp` from the consumer's position up to offset `stop` (excluded). Raises
+    TimeoutError when the position stays put for `stall_s` seconds (None: no limit): the broker
+    is away, and a reader that waits for it without end would stall the worker unnoticed."""
+    position, moved_at = await consumer.position(tp), time.monotonic()
+    while position < stop:
         for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
             if record.offset < stop:
                 yield record
+        now, before = time.monotonic(), position
+        position = await consumer.position(tp)
+        if position > before:
+            moved_at = now
+        elif stall_s is not None and now - moved_at > stall_s:
+            raise TimeoutError(
+                f"{tp.topic}[{tp.partition}]: no record for {stall_s:.0f} s at offset {position}"
+            )
 
 
 class LogReader:
@@ -212,31 +226,36 @@ class ChangelogReader:
     what a rebuild of the index, and `neardup stats --broker`, read. A consumer is started per call:
     rebuilds are rare, and it must not hold connections between them."""
 
-    def __init__(self, settings: Settings, chunk: int = 2000) -> None:
+    def __init__(self, settings: Settings, chunk: int = 2000, stall_s: float = 60.0) -> None:
         self.settings = settings
         self.topic = changelog_topic(settings)
         self.chunk = chunk
+        # A rebuild that the broker leaves without an answer this long fails (the worker exits,
+        # its supervisor restarts it) rather than keep the index shard waiting unreported.
+        self.stall_s = stall_s
 
     async def end(self) -> int:
         """The offset the changelog's next message will take."""
         consumer = groupless_consumer(self.settings)
-        await consumer.start()
         try:
-            tp = TopicPartition(self.topic, 0)
-            return int((await consumer.end_offsets([tp]))[tp])
+            async with asyncio.timeout(self.stall_s):
+                await consumer.start()
+                tp = TopicPartition(self.topic, 0)
+                return int((await consumer.end_offsets([tp]))[tp])
         finally:
             await consumer.stop()
 
     async def read(self, end: int) -> AsyncIterator[list[Entry]]:
         """Its messages from the start up to `end` (excluded), in order, `chunk` at a time."""
         consumer = groupless_consumer(self.settings)
-        await consumer.start()
         try:
             tp = TopicPartition(self.topic, 0)
-            consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
+            async with asyncio.timeout(self.stall_s):
+                await consumer.start()
+                consumer.assign([tp])
+                await consumer.seek_to_beginning(tp)
             chunk: list[Entry] = []
-            async for record in _records_before(consumer, tp, end):
+            async for record in _records_before(consumer, tp, end, self.stall_s):
                 if record.key is not None:
                     chunk.append((record.key, record.value))
                 if len(chunk) >= self.chunk:

@@ -18,10 +18,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 
+from neardup.config import Settings
 from neardup.core.params import DedupParams
 from neardup.stream.app import SHARD_KEY
 from neardup.stream.stages import SignStage
-from neardup.stream.topics import DEAD_LETTER_MAX_BYTES
+from neardup.stream.topics import DEAD_LETTER_MAX_BYTES, ChangelogReader, changelog_topic, ensure_topics
 from neardup.stream.wire import Provenance, pack_signed
 
 from .conftest import (
@@ -157,3 +158,24 @@ def test_transaction_markers_in_the_input_are_gaps_with_nothing_missing(
     read_back = f'neardup_offset_gap_messages_total{{topic="{deployment.topics["input"]}"}}'
     assert deployment.metric(0, read_back) == 0.0
     deployment.kill(worker, signal.SIGTERM)
+
+
+def test_a_changelog_read_that_stops_moving_fails_within_its_bound(kafka: str) -> None:
+    """A rebuild reads the changelog up to the end it was told; a broker that stops answering (here:
+    an end beyond what the log holds, so the position stays put) fails the read, loudly, rather than
+    keep the index shard waiting without end."""
+    settings = Settings(broker=f"kafka://{kafka}", app_id=f"stall-{time.time_ns()}")
+    topic = changelog_topic(settings)
+    asyncio.run(ensure_topics(settings))
+    asyncio.run(append_signatures(kafka, topic, [b"one", b"two", b"three"]))
+    reader = ChangelogReader(settings, stall_s=2.0)
+
+    async def read_up_to(end: int) -> list[tuple[bytes, bytes | None]]:
+        return [entry async for chunk in reader.read(end) for entry in chunk]
+
+    assert asyncio.run(reader.end()) == 3
+    assert [value for _, value in asyncio.run(read_up_to(3))] == [b"one", b"two", b"three"]
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no record for 2 s at offset 3"):
+        asyncio.run(read_up_to(5))
+    assert 2.0 <= time.monotonic() - started < 15.0
