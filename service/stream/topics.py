@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from ..config import Settings
@@ -40,7 +41,10 @@ class TopicSpec:
     partitions: int
     compact: bool = False
     exact: bool = True
-    max_message_bytes: int | None = None  # False: any count works (the stateless input), only logged
+    max_message_bytes: int | None = None
+    # an existing topic that takes less than max_message_bytes is refused at start: what it would
+    # refuse later (a dead letter of a large input) would stop the worker at every restart
+    limit_required: bool = False
 
 
 def changelog_topic(settings: Settings) -> str:
@@ -51,10 +55,16 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     specs = [
         TopicSpec(settings.input_topic, settings.input_partitions, exact=False),
         # one message carries a sign batch of signatures (wire.PACK_MAX_BYTES)
-        TopicSpec(settings.signatures_topic, 1, max_message_bytes=DEAD_LETTER_MAX_BYTES),
+        TopicSpec(settings.signatures_topic, 1, max_message_bytes=DEAD_LETTER_MAX_BYTES, limit_required=True),
         TopicSpec(settings.verdicts_topic, settings.verdicts_partitions, exact=False),
         # a dead letter carries its original bytes base64-encoded (4/3 larger) plus metadata
-        TopicSpec(settings.dead_letter_topic, 1, exact=False, max_message_bytes=DEAD_LETTER_MAX_BYTES),
+        TopicSpec(
+            settings.dead_letter_topic,
+            1,
+            exact=False,
+            max_message_bytes=DEAD_LETTER_MAX_BYTES,
+            limit_required=True,
+        ),
         TopicSpec(changelog_topic(settings), 1, compact=True),
         TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, exact=False),
     ]
@@ -112,9 +122,30 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
                         "delete it or point the service at another topic name"
                     )
                 log.info("topic=%s partitions=%d (configured %d; fine)", spec.name, have, spec.partitions)
+        await _check_limits(admin, [spec for spec in specs if spec.limit_required])
         return existing
     finally:
         await admin.close()
+
+
+async def _check_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+    """Refuse topics whose max.message.bytes is below what the service sends them."""
+    wanted = [ConfigResource(ConfigResourceType.TOPIC, s.name, {"max.message.bytes": None}) for s in specs]
+    limits: dict[str, int] = {}
+    for response in await admin.describe_configs(wanted):
+        for _error, _message, _type, name, entries in response.resources:
+            for entry in entries:
+                if entry[0] == "max.message.bytes":
+                    limits[name] = int(entry[1])
+    for spec in specs:
+        have, need = limits.get(spec.name), spec.max_message_bytes
+        if have is not None and need is not None and have < need:
+            raise TopicMismatch(
+                f"topic {spec.name!r} takes messages of up to {have} bytes (max.message.bytes), the "
+                f"service sends it up to {need}; raise its limit (kafka-configs.sh --alter "
+                f"--entity-type topics --entity-name {spec.name} --add-config max.message.bytes={need}) "
+                "or point the service at another topic name"
+            )
 
 
 def _configs(spec: TopicSpec) -> dict[str, str]:

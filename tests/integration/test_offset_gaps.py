@@ -9,6 +9,7 @@ them, so that the restarted worker's consumer starts beyond them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
 from pathlib import Path
@@ -16,13 +17,20 @@ from pathlib import Path
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 
 from neardup.config import Settings
 from neardup.core.params import DedupParams
 from neardup.stream.app import SHARD_KEY
 from neardup.stream.stages import SignStage
-from neardup.stream.topics import DEAD_LETTER_MAX_BYTES, ChangelogReader, changelog_topic, ensure_topics
+from neardup.stream.topics import (
+    DEAD_LETTER_MAX_BYTES,
+    ChangelogReader,
+    TopicMismatch,
+    changelog_topic,
+    ensure_topics,
+)
 from neardup.stream.wire import Provenance, pack_signed
 
 from .conftest import (
@@ -179,3 +187,25 @@ def test_a_changelog_read_that_stops_moving_fails_within_its_bound(kafka: str) -
     with pytest.raises(TimeoutError, match="no record for 2 s at offset 3"):
         asyncio.run(read_up_to(5))
     assert 2.0 <= time.monotonic() - started < 15.0
+
+
+def test_a_dead_letter_topic_that_takes_less_than_a_dead_letter_is_refused_at_start(kafka: str) -> None:
+    """A dead letter of a large input would be refused by the broker and stop the worker at every
+    restart: an existing dead-letter topic whose limit is too small is refused up front, by name."""
+    settings = Settings(broker=f"kafka://{kafka}", app_id=f"limits-{time.time_ns()}")
+    settings = dataclasses.replace(settings, dead_letter_topic=f"{settings.app_id}-small-letters")
+
+    async def create_small_topic() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+        await admin.start()
+        try:
+            configs = {"max.message.bytes": "100000"}
+            await admin.create_topics([NewTopic(settings.dead_letter_topic, 1, 1, topic_configs=configs)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create_small_topic())
+    with pytest.raises(TopicMismatch, match=f"'{settings.dead_letter_topic}' takes messages of up to 100000"):
+        asyncio.run(ensure_topics(settings))
+    fine = dataclasses.replace(settings, dead_letter_topic=f"{settings.app_id}-letters")
+    assert fine.dead_letter_topic in asyncio.run(ensure_topics(fine))  # created with the limit it needs
