@@ -65,8 +65,12 @@ class Engine:
         extra: dict[bytes, bytes] | None = None,
     ) -> IndexedArticle:
         """Decide about a signed article timed as in embedded mode: `published_at` when valid and
-        not ahead of the clock, else the newest valid time seen so far, else now."""
+        not ahead of the clock; none: the time it is processed; one refused (unparsable, or ahead
+        of the clock): the newest valid time seen so far (else now), so that one bad date can
+        neither expire the index nor be kept beyond its peers."""
         now_ms = round(time.time() * 1000)
+        if published_at is None:
+            return self.index(article_id, fp, now_ms, keys, extra)
         newest = self.state.counts.newest_ms
         fallback = now_ms if newest is None else newest
         time_ms = self.article_time(published_at, now_ms, fallback)

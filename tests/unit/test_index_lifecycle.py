@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from neardup import engine as engine_module
 from neardup.core.dedup import Outcome, decide
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.retention import Retention
@@ -204,3 +205,18 @@ def test_a_state_of_an_earlier_format_is_refused_with_how_to_rebuild(tmp_path: P
             state.open_header(PARAMS.header())
     finally:
         state.close()
+
+
+def test_an_article_without_a_date_takes_the_time_it_is_processed(
+    prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(engine_module.time, "time", lambda: clock[0])
+    engine = Engine(MemoryState(), PARAMS, Retention(window_ms=1000))
+    engine.process("first", prose[0])
+    clock[0] += 2.5  # later than the window: what came first is past it
+    engine.process("second", prose[1])
+    assert engine.state.get("second").time_ms == 1_800_000_002_500  # type: ignore[union-attr]
+    assert engine.state.get("first") is None and engine.counts.refused_times == 0
+    again = engine.process("again", prose[0])
+    assert again.decision.kind == "unique"  # a copy of what expired
