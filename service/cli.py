@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -327,15 +328,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--retention",
-        default="0",
-        help="expire articles older than the newest article time minus this (30d, 12h; 0: keep forever)",
+        default=os.environ.get("NEARDUP_RETENTION", "0"),
+        help="expire articles older than the newest article time minus this (30d, 12h; 0: keep "
+        "forever; env NEARDUP_RETENTION)",
     )
     p.add_argument(
         "--time-skew",
-        default="10m",
-        help="a published_at further ahead of the clock than this is not used",
+        default=os.environ.get("NEARDUP_TIME_SKEW", "10m"),
+        help="a published_at further ahead of the clock than this is not used (env NEARDUP_TIME_SKEW)",
     )
-    p.add_argument("--bucket-cap", type=int, default=64, help="latest members an LSH bucket keeps")
+    p.add_argument(
+        "--bucket-cap",
+        type=int,
+        default=os.environ.get("NEARDUP_BUCKET_CAP", "64"),  # a string: argparse converts it as a flag
+        help="latest members an LSH bucket keeps (env NEARDUP_BUCKET_CAP)",
+    )
     p.add_argument(
         "--sign-processes",
         metavar="N",

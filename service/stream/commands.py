@@ -53,6 +53,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--state-dir")
     p.add_argument("--metrics-port", type=int)
     p.add_argument("--input-partitions", type=int)
+    p.add_argument("--retention", help="expiry window: 30d, 12h; 0 keeps forever (env NEARDUP_RETENTION)")
+    p.add_argument("--time-skew", help="how far ahead published_at may be (env NEARDUP_TIME_SKEW)")
     p.set_defaults(func=cmd_worker, passthrough=True)
 
     p = sub.add_parser("produce", help="send a JSON-lines file of articles to the input topic")
@@ -74,17 +76,24 @@ def add_parsers(sub: Any) -> None:
 _FAUST_LEVELS = {"warning": "warn", "critical": "crit"}
 
 
+def worker_settings(args: argparse.Namespace) -> Settings:
+    """The worker's settings: NEARDUP_* variables, then its flags."""
+    return _settings(
+        args,
+        state_dir=args.state_dir,
+        metrics_port=args.metrics_port,
+        input_partitions=args.input_partitions,
+        retention=args.retention,
+        time_skew=args.time_skew,
+    )
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from .app import create_app, exit_after
     from .metrics import Metrics, serve
     from .topics import TopicMismatch, ensure_topics
 
-    settings = _settings(
-        args,
-        state_dir=args.state_dir,
-        metrics_port=args.metrics_port,
-        input_partitions=args.input_partitions,
-    )
+    settings = worker_settings(args)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
     )

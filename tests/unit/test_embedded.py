@@ -11,10 +11,12 @@ import pytest
 
 from neardup import cli, embedded
 from neardup.core.params import DedupParams
+from neardup.core.retention import Retention
 from neardup.embedded import run_file
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
 from neardup.state.rocks import RocksState
+from neardup.stream.commands import worker_settings
 
 PARAMS = DedupParams()
 FOOTER = " Copyright 2011 The Associated Press. All rights reserved."
@@ -538,3 +540,17 @@ def test_an_unexpected_error_while_deciding_is_a_dead_letter_and_the_run_goes_on
     (dead,) = read_jsonl(tmp_path / "out.jsonl.dead.jsonl")
     assert dead["reason"] == "internal_error" and "injected while deciding" in dead["detail"]
     assert base64.b64decode(dead["value_b64"]) == lines[1].rstrip(b"\n") and dead["offset"] == 2
+
+
+def test_retention_comes_from_the_environment_unless_the_flag_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NEARDUP_RETENTION", "12h")
+    monkeypatch.setenv("NEARDUP_BUCKET_CAP", "16")
+    args = cli.build_parser().parse_args(["dedup", "in.jsonl", "-o", "out.jsonl"])
+    assert (args.retention, args.time_skew, args.bucket_cap) == ("12h", "10m", 16)
+    args = cli.build_parser().parse_args(["dedup", "in.jsonl", "-o", "out.jsonl", "--retention", "30d"])
+    assert args.retention == "30d"
+    worker = cli.build_parser().parse_args(["worker", "--retention", "2d", "--time-skew", "1m"])
+    assert worker_settings(worker).retention_window() == Retention(2 * 86_400_000, 60_000)
+    assert worker_settings(cli.build_parser().parse_args(["worker"])).retention == "12h"
