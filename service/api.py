@@ -84,7 +84,7 @@ class Deduplicator:
         """What the index holds, as `neardup stats --json` reports it: articles, clusters, buckets,
         oldest_ms and newest_ms (article times), expired, deleted, bytes_on_disk and so on."""
         self._check_open()
-        return self._state.stats(full=True).as_dict()
+        return self._state.stats().as_dict()
 
     def close(self) -> None:
         """Release the state (a state directory's lock); closing again does nothing."""

@@ -237,7 +237,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         try:
-            stats = state.stats(full=True)
+            stats = state.stats()
         finally:
             state.close()
     else:
@@ -257,14 +257,14 @@ def render_stats(stats: IndexStats) -> str:
             return "-"
         return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
 
-    largest = "-" if stats.largest_bucket is None else f"{stats.largest_bucket:,}"
     return "\n".join(
         [
             f"articles indexed   {stats.articles:,}",
             f"clusters           {stats.clusters:,}",
             f"oldest article     {when(stats.oldest_ms)}",
             f"newest article     {when(stats.newest_ms)}",
-            f"buckets            {stats.buckets:,} (largest {largest} members, capped at {stats.bucket_cap})",
+            f"buckets            {stats.buckets:,} "
+            f"(largest {stats.largest_bucket:,} members, capped at {stats.bucket_cap})",
             f"bytes on disk      {stats.bytes_on_disk:,}",
             f"expired            {stats.expired:,}",
             f"deleted            {stats.deleted:,}",

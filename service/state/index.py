@@ -177,9 +177,28 @@ class Counts:
     deleted: int = 0
     newest_ms: int | None = None
     expired_before_ms: int | None = None  # the cutoff of the last expiry pass
+    # buckets by member count (index: members): the largest bucket, exact after removals, without
+    # a scan of every bucket (None: a state written without it, counted once at open)
+    bucket_sizes: list[int] | None = None
 
     def encode(self) -> bytes:
         return orjson.dumps(self.__dict__)
+
+    def resized(self, before: int, after: int) -> None:
+        """A bucket went from `before` members to `after` (0: absent)."""
+        sizes = self.bucket_sizes
+        assert sizes is not None
+        if after >= len(sizes):
+            sizes.extend([0] * (after + 1 - len(sizes)))
+        if before:
+            sizes[before] -= 1
+        if after:
+            sizes[after] += 1
+
+    @property
+    def largest_bucket(self) -> int:
+        sizes = self.bucket_sizes or []
+        return next((members for members in range(len(sizes) - 1, 0, -1) if sizes[members]), 0)
 
     @classmethod
     def decode(cls, data: bytes | None) -> Counts:
@@ -193,7 +212,7 @@ class IndexStats:
     articles: int
     clusters: int
     buckets: int
-    largest_bucket: int | None  # None: not counted (it needs a scan of every bucket)
+    largest_bucket: int
     oldest_ms: int | None
     newest_ms: int | None
     expired: int
@@ -228,6 +247,10 @@ class IndexState:
         seq, counts = self.kv.get_many([SEQ_KEY, COUNTS_KEY])
         self._seq = int(seq) if seq is not None else 0
         self.counts = Counts.decode(counts)
+        if self.counts.bucket_sizes is None:
+            self.counts.bucket_sizes = [0]
+            for _, members in self.kv.scan(BAND):
+                self.counts.resized(0, len(members) // SEQ.size)
         self._recent: OrderedDict[int, IndexedArticle] = OrderedDict()
         # the first stored or read back is the first out: hits do not reorder it
         self._probes: OrderedDict[int, Probe] = OrderedDict()
@@ -384,16 +407,13 @@ class IndexState:
             return SEQ.unpack_from(key, 1)[0] - _TIME_BIAS
         return None
 
-    def stats(self, *, full: bool = False) -> IndexStats:
-        """Counts kept with the index; `full`: also the largest bucket (a scan of every bucket)."""
-        largest = None
-        if full:
-            largest = max((len(value) // SEQ.size for _, value in self.kv.scan(BAND)), default=0)
+    def stats(self) -> IndexStats:
+        """Counts kept with the index, and its size on disk."""
         return IndexStats(
             articles=self.counts.articles,
             clusters=self.counts.clusters,
             buckets=self.counts.buckets,
-            largest_bucket=largest,
+            largest_bucket=self.counts.largest_bucket,
             oldest_ms=self.oldest_ms(),
             newest_ms=self.counts.newest_ms,
             expired=self.counts.expired,
@@ -480,9 +500,12 @@ class IndexState:
                 continue
             if stored is None:
                 self.counts.buckets += 1
+                self.counts.resized(0, 1)
                 batch.put(BAND + key, entry)
             else:
-                batch.put(BAND + key, (stored + entry)[-limit:])
+                joined = (stored + entry)[-limit:]
+                self.counts.resized(len(stored) // SEQ.size, len(joined) // SEQ.size)
+                batch.put(BAND + key, joined)
         self._looked_up = None
 
     def _leave_buckets(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
@@ -495,6 +518,7 @@ class IndexState:
             if seq not in members:
                 continue
             kept = b"".join(seq_key(other) for other in members if other != seq)
+            self.counts.resized(len(members), len(members) - 1)
             if kept:
                 batch.put(BAND + key, kept)
             else:
@@ -604,12 +628,19 @@ class IndexState:
         self._load()
 
     def bulk_load(
-        self, records: Iterable[tuple[str, bytes]], bands: int = 0, rows: int = 0, chunk: int = LOAD_CHUNK
+        self,
+        records: Iterable[tuple[str, bytes]],
+        bands: int = 0,
+        rows: int = 0,
+        chunk: int = LOAD_CHUNK,
+        *,
+        removed: tuple[int, int] = (0, 0),
     ) -> int:
         """Index many stored records (article id, record) into an empty state, in memory bounded
         by `chunk` records: pass one stores them by seq; pass two reads them back in arrival order
         and adds them to the content map, the buckets and their clusters as apply() would have;
-        a last pass hands on each cluster whose first article is gone. (`bands`, `rows`: unused,
+        a last pass hands on each cluster whose first article is gone. `removed`: the articles
+        expired and deleted before, as counted where the records come from. (`bands`, `rows`: unused,
         the records carry their band keys.)"""
         if next(self.kv.scan_records(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
@@ -626,6 +657,7 @@ class IndexState:
         for stored in runs_of(self.kv.scan_records(), chunk):
             self._index_stored([decode_article(record) for _, record in stored])
         self._hand_on_orphans()
+        self.counts.expired, self.counts.deleted = removed
         self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
         return count
 

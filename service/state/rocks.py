@@ -277,13 +277,11 @@ class CompactedLog:
         write = WriteOptions()  # scratch, read again from the topic after a crash: no write-ahead log
         write.disable_wal = True  # type: ignore[assignment,method-assign]  # a property; the stubs say method
         self._db.set_write_options(write)
-        self.tombstones = 0
 
     def add(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         batch = WriteBatch(raw_mode=True)
         for key, value in entries:
             if value is None:
-                self.tombstones += 1
                 batch.delete(key)
             else:
                 batch.put(key, value)

@@ -601,6 +601,9 @@ class IndexPipeline:
             metrics.indexed.set(outcome.indexed)
             metrics.clusters.set(outcome.clusters)
             metrics.buckets.set(outcome.buckets)
+            metrics.largest_bucket.set(outcome.largest_bucket)
+            if outcome.bytes_on_disk is not None:
+                metrics.index_bytes.set(outcome.bytes_on_disk)
             if outcome.oldest_ms is not None:
                 metrics.oldest.set(outcome.oldest_ms / 1000.0)
             if outcome.newest_ms is not None:

@@ -290,12 +290,12 @@ async def tail(
 
 def changelog_stats(args: argparse.Namespace) -> IndexStats:
     """`neardup stats --broker`: the worker's record table as its changelog holds it, indexed into
-    a scratch state (what a rebuild would give); bytes are those of the live records in the log,
-    expired and deleted the tombstones it still holds (compaction drops them in time)."""
+    a scratch state (what a rebuild would give), with the removals the worker counted; bytes are
+    those of the live records in the log."""
     import tempfile
 
     from ..state.rocks import CompactedLog, RocksState
-    from .stages import table_articles
+    from .stages import removed_counts, table_articles
     from .topics import ChangelogReader
 
     settings = _settings(args, app_id=args.app_id)
@@ -306,13 +306,12 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
         asyncio.run(_compact_changelog(ChangelogReader(settings), table))
         state = RocksState(Path(scratch) / "index")
         try:
-            state.bulk_load(table_articles(table))
-            stats = state.stats(full=True)
+            state.bulk_load(table_articles(table), removed=removed_counts(table))
+            stats = state.stats()
         finally:
             state.close()
         live = sum(len(record) for _, record in table_articles(table))
-        tombstones = table.tombstones
-    return dataclasses.replace(stats, bytes_on_disk=live, deleted=tombstones, expired=0)
+    return dataclasses.replace(stats, bytes_on_disk=live)
 
 
 async def _compact_changelog(reader: ChangelogReader, table: CompactedLog) -> None:

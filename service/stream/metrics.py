@@ -41,6 +41,12 @@ class Metrics:
         self.indexed = Gauge("neardup_indexed_articles", "Articles in the index", registry=r)
         self.clusters = Gauge("neardup_index_clusters", "Clusters of articles in the index", registry=r)
         self.buckets = Gauge("neardup_index_buckets", "LSH band buckets in the index", registry=r)
+        self.largest_bucket = Gauge(
+            "neardup_index_largest_bucket", "Members of the largest LSH bucket (at most the cap)", registry=r
+        )
+        self.index_bytes = Gauge(
+            "neardup_index_bytes", "Bytes of the index on disk (measured every 10 s)", registry=r
+        )
         self.oldest = Gauge(
             "neardup_index_oldest_seconds", "Event time of the oldest article held (Unix seconds)", registry=r
         )

@@ -40,9 +40,13 @@ OFFSET_KEY = b"m:applied-offset"
 # in the record table: the input offsets applied, per input partition (replay safety), with the
 # offset of the signatures message that last moved them
 INPUTS_KEY = b"m:applied-inputs"
+# in the record table: how many articles expiry and deletes removed ({"expired", "deleted"}), so
+# that a rebuilt index, and `neardup stats --broker`, count them as the worker did
+REMOVED_KEY = b"m:removed"
 # in the derived index: where the changelog ended when it was closed cleanly (the applied offsets
 # beside it, under the table's keys)
 CLEAN_KEY = b"closed-cleanly-at"
+SIZE_EVERY_S = 10.0  # how often a batch's outcome carries the index's size on disk
 
 
 class Compacted(Protocol):
@@ -59,6 +63,15 @@ def table_articles(records: Compacted) -> Iterator[tuple[str, bytes]]:
     for key, value in records.items():
         if key.startswith(ARTICLE_PREFIX):
             yield key[prefix:].decode(errors="replace"), value
+
+
+def removed_counts(records: Compacted) -> tuple[int, int]:
+    """(expired, deleted) as the record table last counted them."""
+    stored = records.get(REMOVED_KEY)
+    if stored is None:
+        return 0, 0
+    counted = orjson.loads(stored)
+    return int(counted["expired"]), int(counted["deleted"])
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,8 @@ class BatchOutcome(NamedTuple):
     buckets: int = 0
     oldest_ms: int | None = None
     newest_ms: int | None = None
+    largest_bucket: int = 0
+    bytes_on_disk: int | None = None  # None: not measured again since the last batch that was
 
 
 @dataclass(frozen=True)
@@ -204,6 +219,8 @@ class IndexStage:
         # per input partition ("topic:partition"), the last input offset applied
         self.inputs: dict[str, int] = {}
         self._inputs_checkpointed: dict[str, int] = {}
+        self._removed_checkpointed = (0, 0)
+        self._size_measured_at = -SIZE_EVERY_S
         self.refused_times = 0
         self.unknown_deletes = 0
 
@@ -256,7 +273,9 @@ class IndexStage:
         self.index.clear()
         self.index.open_header(self.params.header())
         try:
-            count = self.index.bulk_load(_current_format(table_articles(table)))
+            count = self.index.bulk_load(
+                _current_format(table_articles(table)), removed=removed_counts(table)
+            )
         except CorruptRecord as exc:
             raise IncompatibleState(str(exc)) from exc
         self._restore(table.get(OFFSET_KEY), table.get(INPUTS_KEY))
@@ -267,7 +286,11 @@ class IndexStage:
         self.applied_offset = self._checkpointed = int(offset) if offset is not None else -1
         self.inputs = dict(orjson.loads(inputs)) if inputs else {}
         self._inputs_checkpointed = dict(self.inputs)
+        self._removed_checkpointed = self._removed()
         self.engine = None
+
+    def _removed(self) -> tuple[int, int]:
+        return self.index.counts.expired, self.index.counts.deleted
 
     def handle(self, signed: Signed | SignedDeletion, offset: int, now: float | None = None) -> IndexResult:
         """Decide one signed record of the signatures message at `offset`. A message holds many
@@ -351,8 +374,24 @@ class IndexStage:
         counts = self.index.counts
         oldest = self.index.oldest_ms() if counts.articles else None
         return BatchOutcome(
-            entries, counts.articles, handled, counts.clusters, counts.buckets, oldest, counts.newest_ms
+            entries,
+            counts.articles,
+            handled,
+            counts.clusters,
+            counts.buckets,
+            oldest,
+            counts.newest_ms,
+            counts.largest_bucket,
+            self._bytes_on_disk(),
         )
+
+    def _bytes_on_disk(self) -> int | None:
+        """The index's size, measured at most every SIZE_EVERY_S: it lists the directory."""
+        now = time.monotonic()
+        if now - self._size_measured_at < SIZE_EVERY_S:
+            return None
+        self._size_measured_at = now
+        return self.index.kv.size_bytes()
 
     def applied(self, offset: int) -> None:
         """Every record of the message at `offset` is handled: a replay of it is recognised."""
@@ -368,6 +407,9 @@ class IndexStage:
         if self.applied_offset != self._checkpointed:
             self.records[OFFSET_KEY] = str(self.applied_offset).encode()
             self._checkpointed = self.applied_offset
+        if (removed := self._removed()) != self._removed_checkpointed:
+            self.records[REMOVED_KEY] = orjson.dumps(dict(zip(("expired", "deleted"), removed, strict=True)))
+            self._removed_checkpointed = removed
 
     def _verdict(self, article: IndexedArticle, signed: Signed, now: float | None) -> dict[str, Any]:
         sent = signed.provenance.timestamp_ms

@@ -232,7 +232,9 @@ def test_a_hot_story_of_20000_copies(deployment: Deployment, tmp_path: Path) -> 
     assert got == expected
     kinds = {v["verdict"] for v in got.values()}
     assert kinds >= {"unique", "duplicate"}
+    largest = deployment.settled_metric(0, "neardup_index_largest_bucket", 64.0)
+    assert (deployment.metric(0, "neardup_index_bytes") or 0) > 0
     deployment.kill(worker, signal.SIGTERM)
     held = stats_of_state(deployment)
-    assert held["largest_bucket"] <= held["bucket_cap"] == 64
+    assert held["largest_bucket"] == largest == held["bucket_cap"] == 64
     assert held["articles"] == len(articles)

@@ -4,6 +4,7 @@ in process, and helpers failing twice stop the run at a checkpoint a rerun resum
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -22,8 +23,9 @@ MAX_TEXT_BYTES = 50_000
 
 def mixed_input() -> bytes:
     """The sample news with, in between, malformed lines, a deletion, an update, a re-delivery,
-    an oversized text, blank lines and published_at times (valid, unparseable, far ahead). The
-    first article is dated, so that no article is timed by the clock; a later date expires it."""
+    an oversized text, blank lines and published_at times (valid, unparseable, far ahead). Every
+    article is dated (`dated_every`), so that none is timed by the clock; a later date expires
+    the first ones."""
     lines = SAMPLE.read_bytes().splitlines()
     first, second = orjson.loads(lines[0]), orjson.loads(lines[1])
     lines[0] = orjson.dumps({**first, "published_at": "2011-04-01T00:00:00Z"})
@@ -43,7 +45,29 @@ def mixed_input() -> bytes:
     out = []
     for number, line in enumerate(lines):
         out += [line, *extras.get(number, [])]
-    return b"".join(line + b"\n" for line in out)
+    return b"".join(line + b"\n" for line in dated_every(out))
+
+
+def dated_every(lines: list[bytes]) -> list[bytes]:
+    """Articles without a published_at get one: four hours after the one before, then, from the
+    article "dated" on (fifty days later), a minute after it. Other lines stay as they are."""
+    clock, step = datetime(2011, 4, 1, tzinfo=UTC), timedelta(hours=4)
+    out = []
+    for line in lines:
+        try:
+            item = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            item = None
+        if not isinstance(item, dict) or "text" not in item:
+            out.append(line)
+        elif "published_at" in item:
+            if item["id"] == "dated":
+                clock, step = datetime.fromisoformat(item["published_at"]), timedelta(minutes=1)
+            out.append(line)
+        else:
+            clock += step
+            out.append(orjson.dumps({**item, "published_at": clock.isoformat()}))
+    return out
 
 
 def dead_letters(path: Path) -> list[dict]:

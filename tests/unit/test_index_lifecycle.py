@@ -48,7 +48,7 @@ def test_a_bucket_keeps_its_latest_members_up_to_the_cap(capped: IndexState, pro
     assert shared, "near copies share buckets"
     for key in shared:
         assert list(capped.band_members(key)) == ["c5", "c6", "c7"]
-    largest = capped.stats(full=True).largest_bucket
+    largest = capped.stats().largest_bucket
     assert largest == 3
     # what one article reads is bounded too: at most the cap per bucket
     found = capped.candidates(copies[0].keys, "nobody", 1000)
@@ -151,18 +151,21 @@ def test_after_expiry_and_deletes_a_rebuild_gives_the_same_state(
     records = [(a.article_id, _record(state, a.seq)) for a in state.articles()]
     rebuilt = RocksState(tmp_path / "rebuilt")
     rebuilt.open_header(PARAMS.header())
-    rebuilt.bulk_load(iter(records))
+    rebuilt.bulk_load(iter(records), removed=(state.counts.expired, state.counts.deleted))
     try:
         live, fresh = contents(state), contents(rebuilt)
         assert {k: v for k, v in live.items() if not k.startswith(b"mcounts")} == {
             k: v for k, v in fresh.items() if not k.startswith(b"mcounts")
         }
         kept = orjson.loads(live[b"mcounts"])
-        assert (kept["articles"], kept["clusters"], kept["buckets"]) == (
+        assert (kept["articles"], kept["clusters"], kept["buckets"], kept["expired"], kept["deleted"]) == (
             rebuilt.counts.articles,
             rebuilt.counts.clusters,
             rebuilt.counts.buckets,
+            rebuilt.counts.expired,
+            rebuilt.counts.deleted,
         )
+        assert (kept["expired"], kept["deleted"]) == (2, 1)
     finally:
         state.close()
         rebuilt.close()
@@ -220,3 +223,55 @@ def test_an_article_without_a_date_takes_the_time_it_is_processed(
     assert engine.state.get("first") is None and engine.counts.refused_times == 0
     again = engine.process("again", prose[0])
     assert again.decision.kind == "unique"  # a copy of what expired
+
+
+def bucket_sizes_by_scan(state: IndexState) -> list[int]:
+    """Buckets by member count, counted from every bucket stored."""
+    from neardup.state.index import BAND, SEQ
+
+    sizes = [0] * (state.bucket_cap + 1)
+    for _, members in state.kv.scan(BAND):
+        sizes[len(members) // SEQ.size] += 1
+    return sizes
+
+
+def test_the_largest_bucket_is_counted_exactly_as_articles_come_and_go(
+    capped: IndexState, prose: tuple[str, ...]
+) -> None:
+    for i in range(6):
+        index(capped, f"c{i}", prose[0] + f" Copy number {i}.", time_ms=i * DAY_MS)
+    index(capped, "other", prose[1], time_ms=6 * DAY_MS)
+    assert capped.counts.bucket_sizes == bucket_sizes_by_scan(capped)
+    assert capped.stats().largest_bucket == 3
+    capped.delete("c5")
+    capped.delete("c4")
+    capped.expire(4 * DAY_MS)  # c0..c3 go: the story's buckets are empty, "other" stays
+    assert capped.counts.bucket_sizes[: capped.bucket_cap + 1] == bucket_sizes_by_scan(capped)
+    assert capped.stats().largest_bucket == max(
+        size for size, count in enumerate(bucket_sizes_by_scan(capped)) if count
+    )
+    assert capped.stats().largest_bucket == 1
+
+
+def test_a_state_counted_without_bucket_sizes_counts_them_at_open(
+    tmp_path: Path, prose: tuple[str, ...]
+) -> None:
+    from neardup.state.index import COUNTS_KEY
+
+    state = RocksState(tmp_path / "state")
+    state.open_header(PARAMS.header())
+    for i in range(3):
+        index(state, f"c{i}", prose[0] + f" Copy number {i}.")
+    counted = orjson.loads(state.kv.get_many([COUNTS_KEY])[0] or b"{}")
+    del counted["bucket_sizes"]
+    state.kv.write(Batch(main={COUNTS_KEY: orjson.dumps(counted)}))
+    state.close()
+    reopened = RocksState(tmp_path / "state")
+    try:
+        assert (
+            reopened.counts.bucket_sizes
+            == bucket_sizes_by_scan(reopened)[: len(reopened.counts.bucket_sizes or [])]
+        )
+        assert reopened.stats().largest_bucket == 3
+    finally:
+        reopened.close()

@@ -217,7 +217,7 @@ class Shard:
         self.stage = IndexStage(PARAMS, self.state, self.records)
         self.count = self.stage.rebuild()
 
-    def handle(self, item: Signed, offset: int) -> tuple[str, dict[str, Any] | None]:
+    def handle(self, item: Signed | SignedDeletion, offset: int) -> tuple[str, dict[str, Any] | None]:
         result = self.stage.handle(item, offset, now=NOW)
         self.stage.applied(offset)
         self.stage.checkpoint()  # a message of one record, a batch of one message
@@ -542,3 +542,15 @@ def test_a_stale_index_is_rebuilt(tmp_path: Path, case: str) -> None:
     again = _stage(tmp_path / "index", records)
     assert again.open(_end(records)) == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
     again.close(_end(records))
+
+
+def test_a_rebuild_counts_the_removals_the_record_table_counted(shards: Any) -> None:
+    live = shards("live")
+    for offset, (article_id, text) in enumerate(HISTORY):
+        live.handle(signed(article_id, text), offset)
+    deleted_id = HISTORY[0][0]
+    status, _ = live.handle(SignedDeletion(deleted_id, SRC), len(HISTORY))
+    assert status == "deleted" and live.state.stats().deleted == 1
+    restarted = shards("restarted", dict(live.records))
+    assert (restarted.state.stats().deleted, restarted.state.stats().expired) == (1, 0)
+    assert restarted.state.get(deleted_id) is None
