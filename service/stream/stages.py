@@ -381,8 +381,9 @@ def _current_format(records: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str,
     for article_id, record in records:
         if record[:2] != RECORD_MAGIC:
             raise IncompatibleState(
-                f"the record table holds a record of an earlier state format ({record[:2]!r}, article "
+                f"the changelog holds a record of an earlier state format ({record[:2]!r}, article "
                 f"{article_id!r}); this version cannot rebuild from it. Start from a new NEARDUP_APP_ID "
-                "(new changelog and consumer group) and a new state directory, and replay the input"
+                "(a new consumer group and changelog) with a new NEARDUP_SIGNATURES_TOPIC and an empty "
+                "state directory: the input is then decided again from its start"
             )
         yield article_id, record
