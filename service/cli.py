@@ -220,7 +220,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """What a state holds: from a state directory (embedded mode's, or a worker's, read beside it),
-    or from a worker's record-table changelog on the broker."""
+    or from a worker's changelog on the broker."""
     stats: IndexStats
     if args.state:
         from .state.rocks import RocksState, StateError
@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--state", help="a state directory (embedded --state, or a worker's NEARDUP_STATE_DIR)"
     )
-    where.add_argument("--broker", help="a broker: the worker's record-table changelog (see NEARDUP_APP_ID)")
+    where.add_argument("--broker", help="a broker: the worker's changelog (see NEARDUP_APP_ID)")
     p.add_argument("--app-id", default=None, help="with --broker: the worker's NEARDUP_APP_ID")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_stats)

@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """Every knob, with its NEARDUP_<NAME> variable; the README's configuration table lists them."""
+    """Every knob, with its NEARDUP_<NAME> variable; deploy/docs/configuration.md lists them."""
 
     broker: str = "kafka://127.0.0.1:9092"
     app_id: str = "neardup"
@@ -237,7 +237,8 @@ def _convert(name: str, raw: str, kind: type) -> Any:
 
 
 def settings_table() -> str:
-    """The README's configuration table, generated so it cannot drift from the code."""
+    """Every setting and its default as a Markdown table, from the code, the password hidden
+    (deploy/docs/configuration.md has the same rows, with their meaning)."""
     defaults = Settings()
     rows = ["| variable | default |", "| --- | --- |"]
     for spec in fields(Settings):

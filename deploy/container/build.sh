@@ -2,6 +2,7 @@
 # Build the worker image with podman, where no image registry is reachable: the bases are made from
 # Debian packages (mmdebstrap, then podman import), once, and kept in podman's image store.
 #   deploy/container/build.sh        prints the image, localhost/neardup:<version in pyproject.toml>
+# Its build stages stay tagged localhost/neardup-stage:requirements and :build, the next build's cache.
 #
 # Needs podman, runc and mmdebstrap (Debian: apt-get install podman runc mmdebstrap), and root for
 # mmdebstrap. pip in the build reaches PyPI over the host's network; PIP_CERT, when set, names a CA
@@ -48,14 +49,25 @@ cert_args=()
 if [ -n "${PIP_CERT:-}" ]; then
   cert_args=(--volume "$PIP_CERT:$PIP_CERT:ro" --build-arg "PIP_CERT=$PIP_CERT")
 fi
-# the image this tag named before, removed below once replaced: each build of changed code would
-# otherwise leave a full copy of the virtual environment behind, untagged
-previous="$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
-# --format docker keeps the HEALTHCHECK (the OCI image format has no field for it)
-podman build --runtime "$RUNTIME" --network host --format docker \
-  --build-arg "BASE=$BASE" --build-arg "BUILD_BASE=$BUILD_BASE" "${cert_args[@]}" \
-  --ignorefile deploy/Dockerfile.dockerignore -f deploy/Dockerfile -t "$IMAGE" . >&2
-if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$IMAGE")" ]; then
-  podman rmi "$previous" >/dev/null 2>&1 || true   # still in use by a container: left
-fi
+
+# Build up to a stage (or the final image, without a target), tag it, and remove what the tag named
+# before once replaced, with its parents that nothing else uses. Untagged, a build stage's last
+# image would be left behind after every build of changed code, and its layers with it; tagged, the
+# current stages stay, and the next build reuses their layers as its cache.
+build() {  # tag [podman build options]
+  local tag="$1" previous
+  shift
+  previous="$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
+  # --format docker keeps the HEALTHCHECK (the OCI image format has no field for it)
+  podman build --runtime "$RUNTIME" --network host --format docker \
+    --build-arg "BASE=$BASE" --build-arg "BUILD_BASE=$BUILD_BASE" "${cert_args[@]}" \
+    --ignorefile deploy/Dockerfile.dockerignore -f deploy/Dockerfile -t "$tag" "$@" . >&2
+  if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$tag")" ]; then
+    podman rmi "$previous" >/dev/null 2>&1 || true   # still in use by a container: left
+  fi
+}
+
+build localhost/neardup-stage:requirements --target requirements
+build localhost/neardup-stage:build --target build
+build "$IMAGE"
 echo "$IMAGE"

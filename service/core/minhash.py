@@ -114,7 +114,7 @@ def narrow_verifier(wide: npt.NDArray[np.unsignedinteger], empty: int) -> Verifi
     hashing (Li and König, 2010). Two different minima then agree by chance with probability
     CHANCE_AGREEMENT (~1/254) per slot, which the estimator takes out again (unbias); the variance
     grows by less than 1% at any Jaccard. The verifier is 512 bytes at 512 slots instead of 2 KB
-    at 32 bits, and so is everything that carries it: the signatures topic, the record table and its
+    at 32 bits, and so is everything that carries it: the signatures topic, the index and its
     changelog, the decider's cache and comparisons.
 
     A real slot whose low bits read as EMPTY_VERIFIER_SLOT becomes EMPTY_VERIFIER_SLOT - 1, so that

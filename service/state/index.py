@@ -274,10 +274,9 @@ class IndexState:
         if header.get("format") != expected.get("format"):
             raise IncompatibleState(
                 f"state at {self.where} has format {header.get('format')!r}; this version reads "
-                f"format {expected.get('format')!r} only. Rebuild it: embedded mode, run again with "
-                "a new --state directory; the worker, delete its state directory (it rebuilds the "
-                "index from the record table's changelog, which must then be deleted too when it was "
-                "written by an earlier format: use a new NEARDUP_APP_ID and replay the input)"
+                f"format {expected.get('format')!r} only. Rebuild it: run over the input again with a "
+                "new state directory (`neardup dedup --state`, `neardup.open`). A worker needs "
+                "nothing done: it rebuilds its index from the changelog by itself"
             )
         check_header(header, expected, self.where)
 

@@ -105,7 +105,7 @@ def _head(data: bytes) -> tuple[tuple[int, ...], int]:
     if data[:2] != MAGIC:
         raise ValueError(f"unknown record format {data[:2]!r}")
     loops = compiled.loops()
-    # in C: ~10x faster, and a probe read back from the store is decoded on every cache miss
+    # in C where built: a probe read back from the store is decoded on every cache miss
     return (loops.varints if loops else _read_varints)(data, len(MAGIC), _HEAD_FIELDS)
 
 

@@ -38,7 +38,7 @@ class RocksOptions:
 
     # Memtable of the small keys (buckets, ids, contents), looked up and rewritten tens of times
     # per article: RocksDB's skiplist inserts cost more as it grows (cache misses), so it is kept
-    # small (tests/benchmarks/RESULTS.md compares sizes).
+    # small.
     write_buffer_mb: int = 8
     # Memtable of the records (large, appended in key order): inserts stay cheap at any size.
     records_write_buffer_mb: int = 32

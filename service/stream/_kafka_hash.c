@@ -1,7 +1,7 @@
 /* Kafka's key hash in C: the worker partitions every verdict by its article id the way the
  * producer's default partitioner does (aiokafka's DefaultPartitioner, the Java client's
- * Utils.murmur2 and toPositive), which hashes in pure Python at ~5-10 µs a key: ~7% of the event
- * loop's time at full speed (py-spy, tests/benchmarks/bench_stream.py --profile).
+ * Utils.murmur2 and toPositive), which hashes in pure Python: a cost per verdict on the event
+ * loop, the worker's one thread for all its Kafka work.
  *
  * murmur2(data) -> int
  *     MurmurHash2 (seed 0x9747B28C) of the bytes, as an unsigned 32-bit value: what

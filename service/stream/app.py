@@ -206,12 +206,13 @@ def create_app(settings: Settings, metrics: Metrics) -> tuple[faust.App, Runtime
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         producer_linger_ms=2,
         # aiokafka waits for a partition's batch to be sent (one request in flight per broker) before
-        # it starts the next: with the default 16 KB, the record table's changelog would move only a
+        # it starts the next: with the default 16 KB, the changelog would move only a
         # handful of articles per round trip.
         producer_max_batch_size=512 * 1024,
         broker_commit_interval=1.0,
         # A restarted worker takes its place in the group at once (Settings.group_instance_id); a
-        # dead one's partitions go to the others once its session expires: README, "Membership".
+        # dead one's partitions go to the others once its session expires: deploy/docs/operations.md,
+        # "Membership".
         consumer_group_instance_id=settings.group_instance_id(),
         broker_session_timeout=settings.session_timeout_ms / 1000,
         broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000,
@@ -222,7 +223,7 @@ def create_app(settings: Settings, metrics: Metrics) -> tuple[faust.App, Runtime
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
     _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
-    _raw_topic(app, changelog_name, 1, compacting=True)  # the record table's changelog, likewise
+    _raw_topic(app, changelog_name, 1, compacting=True)  # the index's changelog, likewise
     timeout = CallTimeout(settings.helper_timeout, settings.helper_item_timeout_ms / 1000)
     runtime = Runtime(
         settings,
@@ -254,7 +255,7 @@ def create_app(settings: Settings, metrics: Metrics) -> tuple[faust.App, Runtime
         LogReader(settings),
     )
     # The signing helpers end with the worker, inside its event loop (the decider is closed on
-    # the way: close_index); commands.py still stops any that are left once the loop has ended.
+    # the way: IndexPipeline.close); commands.py still stops any that are left once the loop has ended.
     cast(Any, app).at_shutdown.append(runtime.signer.aclose)
     cast(Any, app).failed = lambda: runtime.failed
     metrics.stall_timeout = settings.stall_timeout
@@ -437,8 +438,8 @@ def _entry(event: faust.EventT) -> tuple[Any, int, SignItem]:
 
 class IndexPipeline:
     """The `index` agent and the hand-off: signatures messages, in the shard's order → the decider →
-    verdicts (and the filtered feed, and dead letters) published, the record table's writes sent to
-    its changelog, settled once the broker has all of them (`deliveries`)."""
+    verdicts (and the filtered feed, and dead letters) published, the index's writes sent to its
+    changelog, settled once the broker has all of them (`deliveries`)."""
 
     def __init__(self, app: faust.App, runtime: Runtime, outputs: Outputs, fault: AgentFault) -> None:
         self.app = app
@@ -491,7 +492,7 @@ class IndexPipeline:
 
     async def decide_and_publish(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
-        each chunk's record-table writes to the changelog and its verdicts, and hand them to the
+        each chunk's writes to the changelog and its verdicts, and hand them to the
         index stage's deliveries. The index has the writes already: it is kept at the next start
         only when closed with all of them acknowledged (Decider.close)."""
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)

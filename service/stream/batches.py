@@ -2,7 +2,7 @@
 
 aiokafka's per-message send (a future, a metadata check and a callback for each) costs the event
 loop several times what appending to a batch does. The worker
-sends two messages per article this way: its verdict and its record-table changelog entry. Order is
+sends two messages per article this way: its verdict and its changelog record. Order is
 kept: within a partition, batches go out in the order they are submitted, messages in the order
 they were appended. Partitions are the ones aiokafka's send would pick (its partitioner on the key).
 """

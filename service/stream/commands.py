@@ -145,7 +145,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # whatever supervises the worker must see as a failure
     finally:
         runtime.signer.close()
-        runtime.decider.kill()  # closed cleanly on shutdown already (app.py: close_index)
+        runtime.decider.kill()  # closed cleanly on shutdown already (app.py: IndexPipeline.close)
         server.shutdown()
     return 1 if runtime.failed else 0
 
@@ -289,7 +289,7 @@ async def tail(
 
 
 def changelog_stats(args: argparse.Namespace) -> IndexStats:
-    """`neardup stats --broker`: the worker's record table as its changelog holds it, indexed into
+    """`neardup stats --broker`: the worker's records as its changelog holds them, indexed into
     a scratch state (what a rebuild would give), with the removals the worker counted; bytes are
     those of the live records in the log."""
     import tempfile

@@ -3,7 +3,7 @@
 In a child (`python -m neardup.stream.decider`, NEARDUP_INDEX_PROCESS=1) the derived index, its
 record cache and every decision live beside the worker's event loop, which keeps only Kafka work:
 the loop sends a batch of signatures messages and gets back the verdicts (JSON) and the writes for
-the record table, which it sends to the table's changelog. The child runs the same IndexStage in
+the changelog, which it sends there. The child runs the same IndexStage in
 the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
 
 The records are held once on disk, in the index; the changelog is what rebuilds it. The index is
@@ -51,7 +51,7 @@ from .wire import signed_count
 log = logging.getLogger("neardup.decider")
 
 Message = tuple[int, bytes]  # (offset, value) of one signatures message
-Write = tuple[bytes, bytes | None]  # (key, value) for the record table; None deletes the key
+Write = tuple[bytes, bytes | None]  # (key, value) for the changelog; None, a tombstone
 Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
 CLOSE_TIMEOUT_S = 30.0
@@ -64,7 +64,7 @@ class DeciderFailed(RuntimeError):
 
 
 class Changelog(Protocol):
-    """The record table's changelog, as a rebuild reads it (topics.ChangelogReader)."""
+    """The changelog, as a rebuild reads it (topics.ChangelogReader)."""
 
     async def end(self) -> int: ...
 
@@ -72,9 +72,9 @@ class Changelog(Protocol):
 
 
 class _WriteCollector(MutableMapping[bytes, bytes]):
-    """The record table as the IndexStage writes it: the writes are collected and handed to the
+    """The changelog as the IndexStage writes it: the writes are collected and handed to the
     agent, which sends a whole chunk's writes to the changelog at once (app.py). The stage reads
-    the table only to rebuild, from the changelog, compacted."""
+    records back only to rebuild, and then from the changelog compacted on disk."""
 
     def __init__(self) -> None:
         self._pending: dict[bytes, bytes | None] = {}
@@ -216,8 +216,8 @@ class Decider:
 
     async def decide_chunks(self, chunks: Sequence[list[Message]]) -> AsyncGenerator[Answer, None]:
         """Decide chunks of messages in order, yielding each one's outcome and its writes for the
-        record table. The caller applies a chunk's writes before it asks for the next answer: a
-        replaced decider rebuilds from the table, then decides again what was not answered.
+        changelog. The caller sends a chunk's writes before it asks for the next answer: a
+        replaced decider rebuilds from the changelog, then decides again what was not answered.
 
         In a child, the next chunk is already queued while the caller handles an answer, so the
         child goes from one chunk to the next without waiting for the event loop (with one request

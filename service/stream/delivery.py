@@ -4,7 +4,8 @@ acknowledged offsets only) once the broker has acknowledged every message the ba
 Sends are appended to producer batches and not awaited where they are made, so that signing,
 deciding and publishing overlap. What each batch of a stage sent is handed here instead, in the
 stage's order; a single task awaits the sends of one batch after the other and then runs what the
-batch's acknowledgement means (acknowledge the input events, count, write the record table's store).
+batch's acknowledgement means (acknowledge the input events, count, and for the index stage note
+where the changelog now ends).
 A send that fails, after what the producer retries itself, is final: the stage stops here, nothing
 after it is acknowledged, and the worker is stopped for a failure (a supervisor restarts it, and the
 input comes back from the last commit).

@@ -104,10 +104,10 @@ class LeanStream(faust.Stream):
 
 
 class LeanMonitor(Monitor):
-    """Faust's monitor sensor without its per-event counters, timings and string lookups (a
-    measurable share of the event loop's time at full speed): they feed Faust's web pages, disabled here. The
-    time a partition's stream last took an event is kept: Faust's consumer reads it to report
-    streams that stall."""
+    """Faust's monitor sensor without its per-event counters, timings and string lookups, work on
+    the event loop for every event: they feed Faust's web pages, disabled here. The time a
+    partition's stream last took an event is kept: Faust's consumer reads it to report streams that
+    stall."""
 
     def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> dict | None:
         self.stream_inbound_time[tp] = time.monotonic()

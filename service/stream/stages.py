@@ -1,8 +1,9 @@
 """The two stages as plain objects, free of Faust: the agents in app.py only move bytes in and out.
 
 sign:  raw article bytes → signed record (fingerprint + provenance) or a dead letter.
-index: signed record → verdict, applied to the derived index (RocksDB) and to the durable record
-       table (a Faust table, changelog-backed) which the index is rebuilt from after a restart.
+index: signed record → verdict, applied to the index (RocksDB, which holds each record once) and
+       written as a record or a tombstone for the compacted changelog topic
+       `<app_id>-records-changelog`, which the worker sends it to and rebuilds the index from.
 """
 
 from __future__ import annotations
@@ -37,20 +38,20 @@ from .wire import (
 
 ARTICLE_PREFIX = b"a"
 OFFSET_KEY = b"m:applied-offset"
-# in the record table: the input offsets applied, per input partition (replay safety), with the
-# offset of the signatures message that last moved them
+# in the changelog (and the index): the input offsets applied, per input partition (replay
+# safety), with the offset of the signatures message that last moved them
 INPUTS_KEY = b"m:applied-inputs"
-# in the record table: how many articles expiry and deletes removed ({"expired", "deleted"}), so
+# in the changelog: how many articles expiry and deletes removed ({"expired", "deleted"}), so
 # that a rebuilt index, and `neardup stats --broker`, count them as the worker did
 REMOVED_KEY = b"m:removed"
 # in the derived index: where the changelog ended when it was closed cleanly (the applied offsets
-# beside it, under the table's keys)
+# beside it, under the changelog's keys)
 CLEAN_KEY = b"closed-cleanly-at"
 SIZE_EVERY_S = 10.0  # how often a batch's outcome carries the index's size on disk
 
 
 class Compacted(Protocol):
-    """The record table as read for a rebuild: a mapping, or the changelog compacted on disk."""
+    """The records as read for a rebuild: a mapping, or the changelog compacted on disk."""
 
     def get(self, key: bytes) -> bytes | None: ...
 
@@ -58,7 +59,7 @@ class Compacted(Protocol):
 
 
 def table_articles(records: Compacted) -> Iterator[tuple[str, bytes]]:
-    """The article records of the record table, (article id, record), without its metadata."""
+    """The article records, (article id, record), without the applied offsets beside them."""
     prefix = len(ARTICLE_PREFIX)
     for key, value in records.items():
         if key.startswith(ARTICLE_PREFIX):
@@ -66,7 +67,7 @@ def table_articles(records: Compacted) -> Iterator[tuple[str, bytes]]:
 
 
 def removed_counts(records: Compacted) -> tuple[int, int]:
-    """(expired, deleted) as the record table last counted them."""
+    """(expired, deleted) as the changelog last counted them."""
     stored = records.get(REMOVED_KEY)
     if stored is None:
         return 0, 0
@@ -196,11 +197,11 @@ class IndexResult:
 
 
 class IndexStage:
-    """One writer per shard. The durable truth is the record table, `records` (article id → record
-    bytes, plus the applied offsets): the stage writes to it, and those writes are what the
-    worker sends to the table's compacted changelog. `index` (records, bands, content map,
-    clusters, times) is derived from it: kept across a clean restart, else rebuilt from the
-    table as the changelog holds it. Deciding, applying and expiring go through the one Engine."""
+    """One writer per shard. The durable truth is the changelog: `records` takes its writes
+    (article id → record bytes, a deletion for a tombstone, plus the applied offsets), which the
+    worker sends to the compacted changelog topic. `index` (records, bands, content map, clusters,
+    times) is derived from them: kept across a clean restart, else rebuilt from the changelog.
+    Deciding, applying and expiring go through the one Engine."""
 
     def __init__(
         self,
@@ -266,8 +267,9 @@ class IndexStage:
         self.index.close()
 
     def rebuild(self, table: Compacted | None = None) -> int:
-        """Re-derive the index from the record table (default: `records`), its article records read
-        lazily; returns the number indexed. A table of an earlier format is refused."""
+        """Re-derive the index from `table`, the changelog compacted (default: `records`), its
+        article records read lazily; returns the number indexed. Records of an earlier format are
+        refused."""
         if table is None:
             table = self.records
         self.index.clear()
@@ -398,7 +400,7 @@ class IndexStage:
         self.applied_offset = max(self.applied_offset, offset)
 
     def checkpoint(self) -> None:
-        """Record the applied offsets in the record table: once per batch, not per article (one
+        """Write the applied offsets to `records` (the changelog): once per batch, not per article (one
         changelog message fewer per article). After a crash, articles applied after the last
         checkpoint come back as re-deliveries of their own records: the same verdict, no new write."""
         if self.inputs != self._inputs_checkpointed:
@@ -423,8 +425,9 @@ def _current_format(records: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str,
     for article_id, record in records:
         if record[:2] != RECORD_MAGIC:
             raise IncompatibleState(
-                f"the record table holds a record of an earlier state format ({record[:2]!r}, article "
+                f"the changelog holds a record of an earlier state format ({record[:2]!r}, article "
                 f"{article_id!r}); this version cannot rebuild from it. Start from a new NEARDUP_APP_ID "
-                "(new changelog and consumer group) and a new state directory, and replay the input"
+                "(a new consumer group and changelog) with a new NEARDUP_SIGNATURES_TOPIC and an empty "
+                "state directory: the input is then decided again from its start"
             )
         yield article_id, record

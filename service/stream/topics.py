@@ -253,7 +253,7 @@ Entry = tuple[bytes, bytes | None]  # a changelog message: (key, value); None, a
 
 
 class ChangelogReader:
-    """The record table's changelog (one partition), read from its start by a consumer of no group:
+    """The changelog (one partition), read from its start by a consumer of no group:
     what a rebuild of the index, and `neardup stats --broker`, read. A consumer is started per call:
     rebuilds are rare, and it must not hold connections between them."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
 import shutil
 import subprocess
 import time
@@ -46,6 +47,9 @@ K8S = REPO / "deploy" / "k8s"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 # The worker's own settings, and nothing else from the test's environment
 SETTINGS = {f"NEARDUP_{spec.name.upper()}" for spec in fields(Settings)}
+# The OCI runtime the containers run under, the one build.sh builds with (NEARDUP_PODMAN_RUNTIME,
+# default runc); podman's global option, so it goes before the subcommand.
+RUNTIME = ["--runtime", os.environ.get("NEARDUP_PODMAN_RUNTIME", "runc")]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,7 @@ class ContainerDeployment(Deployment):
         env = {k: v for k, v in self.env(index).items() if k in SETTINGS}
         del env["NEARDUP_STATE_DIR"]  # the image's volume, /var/lib/neardup
         env["NEARDUP_METRICS_HOST"] = "127.0.0.1"  # the host's loopback: the tests reach it, no one else
-        command = ["podman", "run", "--rm", "--name", self.container(index), "--network", "host"]
+        command = ["podman", *RUNTIME, "run", "--rm", "--name", self.container(index), "--network", "host"]
         # as deploy/k8s runs it: nothing written outside the state volume and /tmp (a tmpfs here)
         command += ["--read-only"]
         command += [arg for item in sorted(env.items()) for arg in ("--env", "=".join(item))]
@@ -186,7 +190,7 @@ def test_kube_play_runs_the_statefulset_pod_template(kafka: str, tmp_path: Path,
     expected = run_embedded(articles, tmp_path)
     try:
         podman("secret", "create", secret_name, str(secret_file))
-        podman("kube", "play", "--network", "host", str(kube_file))
+        podman(*RUNTIME, "kube", "play", "--network", "host", str(kube_file))
         container = f"{dep.name}-pod-0-worker"
         wait_healthy(dep.metrics_ports[0], container, timeout=180)
         produce_articles(dep.bootstrap, dep.topics["input"], articles)

@@ -101,16 +101,20 @@ def test_probes_ask_health_on_the_metrics_port() -> None:
 
 
 def test_volume_and_memory_are_sized_for_a_month_of_articles() -> None:
-    # deploy/k8s/README.md: 1 M articles a day, 30 days, ~1.2 KB each, 2x for RocksDB
+    # deploy/docs/operations.md, "Sizing": 1 M articles a day, 30 days, ~1.2 KB each, 2x for RocksDB
     state_bytes = 1_000_000 * 30 * 1_200 * 2
     (claim,) = load("statefulset.yaml")["spec"]["volumeClaimTemplates"]
     assert quantity(claim["spec"]["resources"]["requests"]["storage"]) >= state_bytes
+    assert load("configmap.yaml")["data"]["NEARDUP_RETENTION"] == "30d"  # the retention it assumes
     resources = worker()["resources"]
     assert quantity(resources["requests"]["memory"]) <= quantity(resources["limits"]["memory"])
     assert "cpu" not in resources["limits"]
-    readme = (K8S / "README.md").read_text()
-    assert claim["spec"]["resources"]["requests"]["storage"] in readme
-    assert resources["requests"]["memory"] in readme and resources["limits"]["memory"] in readme
+    operations = (REPO / "deploy" / "docs" / "operations.md").read_text()
+    sizing = operations.split("\n## Sizing\n", 1)[1].split("\n## ", 1)[0]
+    for doc in (sizing, (K8S / "README.md").read_text()):
+        assert claim["spec"]["resources"]["requests"]["storage"] in doc
+        assert resources["requests"]["memory"] in doc and resources["limits"]["memory"] in doc
+        assert "30d" in doc
 
 
 def test_network_policy_allows_kafka_dns_and_monitoring_only() -> None:

@@ -116,3 +116,11 @@ def test_every_exported_metric_is_on_the_dashboard() -> None:
 )
 def test_the_metric_check_catches_names_the_worker_does_not_export(expr: str, unknown: set[str]) -> None:
     assert unknown_metrics([expr]) == unknown
+
+
+def test_every_alert_is_explained_in_the_operations_doc() -> None:
+    """deploy/docs/operations.md, "Alerts": one row per rule, in the rule file's order."""
+    doc = (MONITORING.parent / "docs" / "operations.md").read_text()
+    section = doc.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+    explained = re.findall(r"^\| `(Neardup\w+)` \|", section, flags=re.M)
+    assert explained == [rule["alert"] for group in rule_file()["groups"] for rule in group["rules"]]

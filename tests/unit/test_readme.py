@@ -1,4 +1,5 @@
-"""The README's configuration table and command list cannot drift from the code."""
+"""The README's configuration table and command list cannot drift from the code, and the links of
+the README and the deployment docs resolve."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from neardup.cli import build_parser
 from neardup.config import Settings
@@ -60,3 +63,27 @@ def test_the_readme_is_a_page_to_start_from() -> None:
     assert len(README.encode()) <= 10 * 1024
     for link in re.findall(r"\]\(((?:deploy|tests)/[^)#]+)\)", README):
         assert (ROOT / link).exists(), link
+
+
+DOCS = [*sorted((ROOT / "deploy" / "docs").glob("*.md")), ROOT / "deploy" / "k8s" / "README.md"]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors of a page's headings, as GitHub makes them."""
+    headings = re.findall(r"^#{1,6} (.+?)\s*$", markdown, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
+def test_every_relative_link_in_the_deployment_docs_resolves(doc: Path) -> None:
+    """Relative to the page: a file or folder that exists, and a heading of it where one is named."""
+    text = doc.read_text()
+    for link in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", link):  # https:, mailto:
+            continue
+        path, _, anchor = link.partition("#")
+        target = doc.parent / path if path else doc
+        assert target.exists(), f"{doc.relative_to(ROOT)}: {link}"
+        if anchor and target.suffix == ".md":
+            assert anchor in anchors(target.read_text()), f"{doc.relative_to(ROOT)}: {link}"
