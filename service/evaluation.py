@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core.dedup import decide, score
+from .core.dedup import score
 from .core.lsh import band_keys
 from .core.normalize import normalize
 from .core.params import DedupParams
 from .core.shingle import shingle_set
 from .core.signing import fingerprint
+from .engine import Engine
 from .messages import Article
 from .state.memory import MemoryState
 
@@ -83,7 +84,7 @@ def evaluate(
     that holder, whose estimate is theirs), and its estimate passes."""
     sets = [shingle_set(normalize(a.text, params.normalize), params.shingle) for a in articles]
     state = MemoryState()
-    state.open_header(params.header())
+    engine = Engine(state, params)  # what embedded mode and the worker decide and apply with
     estimates: list[dict[int, float]] = []
     index_of = {a.article_id: i for i, a in enumerate(articles)}
     same_content: dict[bytes, list[int]] = {}
@@ -101,9 +102,7 @@ def evaluate(
                     represented += 1
         estimates.append(found)
         same_content.setdefault(fp.content_hash, []).append(i)
-        outcome = decide(article.article_id, fp, state, params)
-        if outcome.update is not None:
-            state.apply(outcome.update)
+        engine.index(article.article_id, fp, time_ms=i, keys=keys)
 
     result = Evaluation(articles=len(articles), pairs=len(articles) * (len(articles) - 1) // 2)
     result.represented = represented

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -175,3 +176,25 @@ def test_evaluate_credits_an_exact_copy_through_its_content_holder(prose: tuple[
     assert result.true_pairs == 3  # (a-copy, a), (b, a), (b, a-copy)
     assert result.candidates_found == 3 and result.represented == 1
     assert result.all_pairs.tp == 3 and result.all_pairs.fn == 0
+
+
+def test_evaluate_decides_and_applies_through_the_engine(
+    tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The evaluation measures the engine that embedded mode and the worker run, not a copy of it."""
+    from neardup import engine
+
+    indexed: list[str] = []
+    real = engine.Engine.index
+
+    def recorded(self: engine.Engine, article_id: str, *args: Any, **kwargs: Any) -> Any:
+        indexed.append(article_id)
+        return real(self, article_id, *args, **kwargs)
+
+    monkeypatch.setattr(engine.Engine, "index", recorded)
+    source = tmp_path / "set.jsonl"
+    records = [{"id": f"a{i}", "text": text} for i, text in enumerate(prose)]
+    source.write_bytes(b"\n".join(orjson.dumps(r) for r in records) + b"\n")
+    assert cli.main(["evaluate", str(source), "--samples", "0"]) == 0
+    assert indexed == [r["id"] for r in records]
+    assert f"articles={len(records)}" in capsys.readouterr().out
