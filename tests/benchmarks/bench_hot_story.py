@@ -102,7 +102,7 @@ def run(
                     kinds[kind] = kinds.get(kind, 0) + 1
                 rates.append(len(chunk) / (time.perf_counter() - began))
                 print(f"  {name:<9} block {start // block + 1:>3}: {rates[-1]:>8,.0f} articles/s", flush=True)
-            stats = state.stats(full=True)
+            stats = state.stats()
         finally:
             state.close()
     print(
