@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from neardup.config import Settings
 from neardup.stream.topics import ensure_topics
@@ -163,14 +163,19 @@ class Deployment:
                 return value
             time.sleep(0.2)
 
-    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> bool:
+        """Send `sig` to the worker's process group and wait until it has exited. Whether it was a
+        live process that the signal stopped: False when it had exited already (a test that means to
+        kill a running worker asserts the answer); for SIGKILL, only when SIGKILL is what ended it."""
+        if proc.poll() is not None:
+            return False
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        return proc.returncode == -signal.SIGKILL if sig == signal.SIGKILL else True
 
     def stop_all(self) -> None:
         for proc in self.workers:
@@ -235,6 +240,51 @@ class TopicReader:
         self.records = []
         asyncio.run(self._read(until, timeout))
         return self.records
+
+    async def _read_all(self, timeout: float) -> list[Any]:
+        # "earliest" from the start: a seek alone can lose the race with the reset to the default
+        # ("latest") that starting the consumer set off, and then the read would find nothing
+        consumer = AIOKafkaConsumer(
+            self.topic,
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()  # without a group: every partition of the topic assigned at once
+        try:
+            tps = sorted(consumer.assignment())
+            assert tps, f"{self.topic}: no partitions"
+            starts = await consumer.beginning_offsets(tps)
+            ends = await consumer.end_offsets(tps)
+            await consumer.seek_to_beginning(*tps)
+            records: list[Any] = []
+            deadline = time.monotonic() + timeout
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                assert time.monotonic() < deadline, f"{self.topic}: not read to its end in {timeout} s"
+                for batch in (await consumer.getmany(timeout_ms=300)).values():
+                    records += [r for r in batch if r.offset < ends[TopicPartition(r.topic, r.partition)]]
+            # every offset once (the topics read so are neither compacted nor transactional)
+            assert len(records) == sum(ends[tp] - starts[tp] for tp in tps), (self.topic, starts, ends)
+            return records
+        finally:
+            await consumer.stop()
+
+    def read_all(self, timeout: float = 120) -> list[Any]:
+        """What the topic holds now: every record below its end offsets at the call, from the start
+        (after a SIGKILL of the only worker: everything the broker took from it)."""
+        return asyncio.run(self._read_all(timeout))
+
+
+def repeated_after(before: list[Any], after: list[Any], key: Any) -> int:
+    """Records of `after` (a later `read_all` of the same topic) that the topic got after `before`
+    was read and that repeat one `before` holds (by `key(record)`): after a kill, what the next
+    worker delivered again."""
+    ends: dict[int, int] = {}
+    for record in before:
+        ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+    held = {key(record) for record in before}
+    return sum(1 for r in after if r.offset >= ends.get(r.partition, 0) and key(r) in held)
 
 
 def verdicts_by_id(records: list[Any]) -> dict[str, list[dict[str, Any]]]:

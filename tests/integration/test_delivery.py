@@ -185,7 +185,7 @@ def test_a_kill_between_decision_and_changelog_leaves_nothing_a_rebuild_lacks(
     while "injected_delay" not in log.read_text(errors="replace"):
         assert time.monotonic() < deadline, deployment.logs()
         time.sleep(0.1)
-    deployment.kill(worker, signal.SIGKILL)
+    assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
     deployment.extra_env.clear()
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], second)
