@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -53,13 +54,22 @@ def kafka() -> Iterator[str]:
         subprocess.run([str(KAFKA_SH), "stop", "--wipe"], check=False, env=env, timeout=120)
 
 
-def healthy(url: str) -> bool:
-    """Whether a worker's /health answers 200 now (not yet listening counts as no)."""
+def health(url: str) -> tuple[int, dict[str, Any]] | None:
+    """A worker's /health now: the status code and the body; None while nothing answers there."""
     try:
         with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
+            return int(response.status), orjson.loads(response.read())
+    except urllib.error.HTTPError as error:  # 503: unhealthy, with the reason in the body
+        with error:
+            return int(error.code), orjson.loads(error.read())
+    except (OSError, orjson.JSONDecodeError):  # not listening yet, or no more; cut short
+        return None
+
+
+def healthy(url: str) -> bool:
+    """Whether a worker's /health answers 200 now (not yet listening counts as no)."""
+    answer = health(url)
+    return answer is not None and answer[0] == 200
 
 
 def free_port() -> int:
@@ -131,7 +141,7 @@ class Deployment:
 
     def wait_ready(self, index: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
         """Until /health says ok: topics exist and the Faust app is running."""
-        url = f"http://127.0.0.1:{self.metrics_ports[index]}/health"
+        url = self.health_url(index)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -140,6 +150,9 @@ class Deployment:
                 return
             time.sleep(0.2)
         raise AssertionError(f"worker {index} not ready after {timeout}s:\n{self.logs()}")
+
+    def health_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.metrics_ports[index]}/health"
 
     def metrics(self, index: int) -> str:
         url = f"http://127.0.0.1:{self.metrics_ports[index]}/metrics"

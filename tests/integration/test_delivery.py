@@ -1,7 +1,7 @@
-"""Delivery under faults, through the real broker: a verdict the broker refuses stops the worker
-without committing past it; a broker stopped under load loses nothing; an exception in an agent or
-a helper stops the worker and a restart misses nothing; a kill between a decision and its changelog
-leaves no state that a later rebuild would lack."""
+"""Delivery under faults, through the real broker: a verdict the broker refuses turns /health to
+503 and stops the worker without committing past it; a broker stopped under load loses nothing; an
+exception in an agent or a helper stops the worker and a restart misses nothing; a kill between a
+decision and its changelog leaves no state that a later rebuild would lack."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from .conftest import (
     KAFKA_SH,
     Deployment,
     TopicReader,
+    health,
     load_sample,
     produce_articles,
     run_embedded,
@@ -67,6 +68,36 @@ def _wait_exit(deployment: Deployment, worker: subprocess.Popen[bytes], timeout:
         raise AssertionError(f"the worker did not stop:\n{deployment.logs()}") from None
 
 
+def _exit_watching_health(
+    deployment: Deployment, worker: subprocess.Popen[bytes], timeout: float
+) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+    """Until the worker exits, its /health polled: the exit code, and each answer that differs from
+    the one before (status code and body, the uptime left out), in order."""
+    url = deployment.health_url(0)
+    answers: list[tuple[int, dict[str, Any]]] = []
+    deadline = time.monotonic() + timeout
+    while worker.poll() is None:
+        assert time.monotonic() < deadline, f"the worker did not stop:\n{deployment.logs()}"
+        answer = health(url)
+        if answer is not None:
+            code, body = answer[0], {k: v for k, v in answer[1].items() if k != "uptime_s"}
+            if not answers or answers[-1] != (code, body):
+                answers.append((code, body))
+        time.sleep(0.02)
+    return worker.returncode, answers
+
+
+def _assert_failed_on_health(answers: list[tuple[int, dict[str, Any]]], reason: str) -> None:
+    """/health turned 503 with `reason` while the worker still ran, and stayed so."""
+    codes = [code for code, _ in answers]
+    assert 503 in codes, f"/health never answered 503 before the exit: {answers}"
+    turned = codes.index(503)
+    assert set(codes[:turned]) <= {200}, answers  # healthy until the failure
+    assert all(code == 503 for code in codes[turned:]), answers
+    failed = answers[turned][1]
+    assert failed["status"] == "failed" and reason in failed["reason"], answers
+
+
 def _assert_verdicts_as_embedded(
     deployment: Deployment, articles: list[dict[str, Any]], tmp_path: Path, *, once: bool
 ) -> dict[str, list[dict[str, Any]]]:
@@ -103,10 +134,12 @@ def test_a_verdict_the_broker_refuses_stops_the_worker_without_committing_past_i
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
     started = time.monotonic()
-    assert _wait_exit(deployment, worker, 90) == 1, deployment.logs()
+    code, answers = _exit_watching_health(deployment, worker, 90)
+    assert code == 1, deployment.logs()
     assert time.monotonic() - started < 60
     logs = deployment.logs()
     assert logs.count("delivery_failed stage=index") == 1, logs
+    _assert_failed_on_health(answers, "delivery_failed stage=index")
     # The signatures were delivered, so the input moved on; none of their verdicts was.
     assert _committed(deployment.bootstrap, deployment.name, deployment.topics["signatures"]) in (None, 0)
     assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == len(articles)
