@@ -220,6 +220,27 @@ def produce_articles(bootstrap: str, topic: str, articles: list[dict[str, Any]])
     asyncio.run(produce(bootstrap, topic, [(a["id"].encode(), orjson.dumps(a)) for a in articles]))
 
 
+def source_header(article_id: str) -> list[tuple[str, bytes]]:
+    """The header each article's input message carries in the filtered-feed tests."""
+    return [("source", f"wire-{article_id}".encode())]
+
+
+async def _produce_with_headers(bootstrap: str, topic: str, messages: dict[str, bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for article_id, value in messages.items():
+            await producer.send(topic, value, key=article_id.encode(), headers=source_header(article_id))
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def produce_with_headers(bootstrap: str, topic: str, messages: dict[str, bytes]) -> None:
+    """Each message keyed by its article id, with its `source_header`, in order."""
+    asyncio.run(_produce_with_headers(bootstrap, topic, messages))
+
+
 class TopicReader:
     """Reads a topic from the beginning, in the background of the test's own polling."""
 
@@ -298,6 +319,15 @@ def repeated_after(before: list[Any], after: list[Any], key: Any) -> int:
         ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
     held = {key(record) for record in before}
     return sum(1 for r in after if r.offset >= ends.get(r.partition, 0) and key(r) in held)
+
+
+def read_feed(bootstrap: str, topic: str, wanted: set[str], timeout: float = 180) -> list[Any]:
+    """The filtered feed once every id of `wanted` is on it, and whatever else came within 2 s more
+    (anything that should not be there would come with the rest)."""
+    reader = TopicReader(bootstrap, topic)
+    records = reader.read_until(lambda r: {m.key.decode() for m in r} >= wanted, timeout=timeout)
+    time.sleep(2)
+    return reader.read_until(lambda r: len(r) > len(records), timeout=3) or records
 
 
 def verdicts_by_id(records: list[Any]) -> dict[str, list[dict[str, Any]]]:

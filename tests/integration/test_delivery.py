@@ -1,7 +1,8 @@
-"""Delivery under faults, through the real broker: a verdict the broker refuses turns /health to
-503 and stops the worker without committing past it; a broker stopped under load loses nothing; an
-exception in an agent or a helper stops the worker and a restart misses nothing; a kill between a
-decision and its changelog leaves no state that a later rebuild would lack."""
+"""Delivery under faults, through the real broker: a verdict or a filtered-feed message the broker
+refuses turns /health to 503 and stops the worker without committing past it; a broker stopped under
+load loses nothing; an exception in an agent or a helper stops the worker and a restart misses
+nothing; a kill between a decision and its changelog leaves no state that a later rebuild would
+lack."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -29,7 +31,10 @@ from .conftest import (
     health,
     load_sample,
     produce_articles,
+    produce_with_headers,
+    read_feed,
     run_embedded,
+    source_header,
     stream_of,
     verdicts_by_id,
     without_latency,
@@ -151,6 +156,56 @@ def test_a_verdict_the_broker_refuses_stops_the_worker_without_committing_past_i
     asyncio.run(_admin(deployment.bootstrap, raise_limit))
     deployment.start_worker()
     _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=True)
+
+
+def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_past_it(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The filtered feed has the verdicts' guarantees: an article it cannot take stops the worker
+    before its input is committed, and after the limit is raised every unique article is on it."""
+    articles = load_sample(60)
+    messages = {a["id"]: orjson.dumps(a) for a in articles}
+    feed_topic = f"{deployment.name}-unique"
+    deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = feed_topic
+    limit = 200
+    assert min(map(len, messages.values())) > limit, "every article is larger than the feed takes"
+
+    async def create_small(admin: AIOKafkaAdminClient) -> None:
+        configs = {"max.message.bytes": str(limit)}
+        await admin.create_topics([NewTopic(feed_topic, 3, 1, topic_configs=configs)])
+
+    asyncio.run(_admin(deployment.bootstrap, create_small))
+    deployment.create_topics()
+    deployment.extra_env["NEARDUP_FAILURE_EXIT_TIMEOUT"] = "15"
+    worker = deployment.start_worker()
+    produce_with_headers(deployment.bootstrap, deployment.topics["input"], messages)
+    started = time.monotonic()
+    code, answers = _exit_watching_health(deployment, worker, 90)
+    assert code == 1, deployment.logs()
+    assert time.monotonic() - started < 60
+    logs = deployment.logs()
+    assert logs.count("delivery_failed stage=index") == 1, logs
+    _assert_failed_on_health(answers, "delivery_failed stage=index")
+    assert TopicReader(deployment.bootstrap, feed_topic).read_all() == []
+    # The signatures were delivered, so the input moved on; the articles they decided were not.
+    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["signatures"]) in (None, 0)
+    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == len(articles)
+
+    async def raise_limit(admin: AIOKafkaAdminClient) -> None:
+        resource = ConfigResource(ConfigResourceType.TOPIC, feed_topic, {"max.message.bytes": "1048588"})
+        await admin.alter_configs([resource])
+
+    asyncio.run(_admin(deployment.bootstrap, raise_limit))
+    deployment.start_worker()
+    verdicts = _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
+    unique = {article_id for article_id, seen in verdicts.items() if seen[0]["verdict"] == "unique"}
+    assert 0 < len(unique) < len(articles)
+    records = read_feed(deployment.bootstrap, feed_topic, unique)
+    assert {m.key.decode() for m in records} == unique, deployment.logs()
+    for message in records:
+        article_id = message.key.decode()
+        assert message.value == messages[article_id]
+        assert list(message.headers) == source_header(article_id)
 
 
 @pytest.mark.slow
