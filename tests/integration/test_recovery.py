@@ -77,7 +77,7 @@ def test_sigterm_during_stream_loses_nothing(deployment: Deployment, tmp_path: P
     """A clean stop (what an orchestrator sends to roll a deployment) while articles stream in: the
     stop commits what Faust acknowledged, which must be exactly what was handled. A clean stop
     first finishes what the worker had fetched (thousands of articles), hence the longer stream."""
-    restarted_mid_stream(deployment, tmp_path, signal.SIGTERM, 16_000, stops=3, every=1_000)
+    restarted_mid_stream(deployment, tmp_path, signal.SIGTERM, 16_000, stops=3, every=500)
 
 
 def restarted_mid_stream(
