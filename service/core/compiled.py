@@ -16,14 +16,14 @@ import sys
 from types import ModuleType
 
 
-def _load(path: str) -> ModuleType:
-    """The extension module at `path`, as neardup.core._sketch (its init function is named after
-    the last part of that name, whatever the file is called)."""
-    name = f"{__package__}._sketch"
+def load_build(name: str, path: str) -> ModuleType:
+    """The extension module at `path`, as `name` (its init function is named after the last part
+    of that name, whatever the file is called). For the variables that name another build of a
+    compiled module: this one's NEARDUP_SKETCH_PATH, stream/framework.py's NEARDUP_KAFKA_HASH_PATH."""
     loader = importlib.machinery.ExtensionFileLoader(name, path)
     spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     if spec is None:  # pragma: no cover - only for a path that is not a file name
-        raise ImportError(f"NEARDUP_SKETCH_PATH={path}: not a loadable module")
+        raise ImportError(f"{path}: not a loadable module")
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     sys.modules[name] = module
@@ -32,7 +32,7 @@ def _load(path: str) -> ModuleType:
 
 _sketch: ModuleType | None
 if os.environ.get("NEARDUP_SKETCH_PATH"):
-    _sketch = _load(os.environ["NEARDUP_SKETCH_PATH"])
+    _sketch = load_build(f"{__package__}._sketch", os.environ["NEARDUP_SKETCH_PATH"])
 else:
     try:  # built at install (pyproject.toml: ext-modules, optional)
         from . import _sketch

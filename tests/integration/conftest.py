@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from neardup.config import Settings
 from neardup.stream.topics import ensure_topics
@@ -53,13 +54,22 @@ def kafka() -> Iterator[str]:
         subprocess.run([str(KAFKA_SH), "stop", "--wipe"], check=False, env=env, timeout=120)
 
 
-def healthy(url: str) -> bool:
-    """Whether a worker's /health answers 200 now (not yet listening counts as no)."""
+def health(url: str) -> tuple[int, dict[str, Any]] | None:
+    """A worker's /health now: the status code and the body; None while nothing answers there."""
     try:
         with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
+            return int(response.status), orjson.loads(response.read())
+    except urllib.error.HTTPError as error:  # 503: unhealthy, with the reason in the body
+        with error:
+            return int(error.code), orjson.loads(error.read())
+    except (OSError, orjson.JSONDecodeError):  # not listening yet, or no more; cut short
+        return None
+
+
+def healthy(url: str) -> bool:
+    """Whether a worker's /health answers 200 now (not yet listening counts as no)."""
+    answer = health(url)
+    return answer is not None and answer[0] == 200
 
 
 def free_port() -> int:
@@ -131,7 +141,7 @@ class Deployment:
 
     def wait_ready(self, index: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
         """Until /health says ok: topics exist and the Faust app is running."""
-        url = f"http://127.0.0.1:{self.metrics_ports[index]}/health"
+        url = self.health_url(index)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -140,6 +150,9 @@ class Deployment:
                 return
             time.sleep(0.2)
         raise AssertionError(f"worker {index} not ready after {timeout}s:\n{self.logs()}")
+
+    def health_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.metrics_ports[index]}/health"
 
     def metrics(self, index: int) -> str:
         url = f"http://127.0.0.1:{self.metrics_ports[index]}/metrics"
@@ -163,14 +176,19 @@ class Deployment:
                 return value
             time.sleep(0.2)
 
-    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> bool:
+        """Send `sig` to the worker's process group and wait until it has exited. Whether it was a
+        live process that the signal stopped: False when it had exited already (a test that means to
+        kill a running worker asserts the answer); for SIGKILL, only when SIGKILL is what ended it."""
+        if proc.poll() is not None:
+            return False
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        return proc.returncode == -signal.SIGKILL if sig == signal.SIGKILL else True
 
     def stop_all(self) -> None:
         for proc in self.workers:
@@ -200,6 +218,27 @@ async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None,
 
 def produce_articles(bootstrap: str, topic: str, articles: list[dict[str, Any]]) -> None:
     asyncio.run(produce(bootstrap, topic, [(a["id"].encode(), orjson.dumps(a)) for a in articles]))
+
+
+def source_header(article_id: str) -> list[tuple[str, bytes]]:
+    """The header each article's input message carries in the filtered-feed tests."""
+    return [("source", f"wire-{article_id}".encode())]
+
+
+async def _produce_with_headers(bootstrap: str, topic: str, messages: dict[str, bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for article_id, value in messages.items():
+            await producer.send(topic, value, key=article_id.encode(), headers=source_header(article_id))
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def produce_with_headers(bootstrap: str, topic: str, messages: dict[str, bytes]) -> None:
+    """Each message keyed by its article id, with its `source_header`, in order."""
+    asyncio.run(_produce_with_headers(bootstrap, topic, messages))
 
 
 class TopicReader:
@@ -235,6 +274,60 @@ class TopicReader:
         self.records = []
         asyncio.run(self._read(until, timeout))
         return self.records
+
+    async def _read_all(self, timeout: float) -> list[Any]:
+        # "earliest" from the start: a seek alone can lose the race with the reset to the default
+        # ("latest") that starting the consumer set off, and then the read would find nothing
+        consumer = AIOKafkaConsumer(
+            self.topic,
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()  # without a group: every partition of the topic assigned at once
+        try:
+            tps = sorted(consumer.assignment())
+            assert tps, f"{self.topic}: no partitions"
+            starts = await consumer.beginning_offsets(tps)
+            ends = await consumer.end_offsets(tps)
+            await consumer.seek_to_beginning(*tps)
+            records: list[Any] = []
+            deadline = time.monotonic() + timeout
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                assert time.monotonic() < deadline, f"{self.topic}: not read to its end in {timeout} s"
+                for batch in (await consumer.getmany(timeout_ms=300)).values():
+                    records += [r for r in batch if r.offset < ends[TopicPartition(r.topic, r.partition)]]
+            # every offset once (the topics read so are neither compacted nor transactional)
+            assert len(records) == sum(ends[tp] - starts[tp] for tp in tps), (self.topic, starts, ends)
+            return records
+        finally:
+            await consumer.stop()
+
+    def read_all(self, timeout: float = 120) -> list[Any]:
+        """What the topic holds now: every record below its end offsets at the call, from the start
+        (after a SIGKILL of the only worker: everything the broker took from it)."""
+        return asyncio.run(self._read_all(timeout))
+
+
+def repeated_after(before: list[Any], after: list[Any], key: Any) -> int:
+    """Records of `after` (a later `read_all` of the same topic) that the topic got after `before`
+    was read and that repeat one `before` holds (by `key(record)`): after a kill, what the next
+    worker delivered again."""
+    ends: dict[int, int] = {}
+    for record in before:
+        ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+    held = {key(record) for record in before}
+    return sum(1 for r in after if r.offset >= ends.get(r.partition, 0) and key(r) in held)
+
+
+def read_feed(bootstrap: str, topic: str, wanted: set[str], timeout: float = 180) -> list[Any]:
+    """The filtered feed once every id of `wanted` is on it, and whatever else came within 2 s more
+    (anything that should not be there would come with the rest)."""
+    reader = TopicReader(bootstrap, topic)
+    records = reader.read_until(lambda r: {m.key.decode() for m in r} >= wanted, timeout=timeout)
+    time.sleep(2)
+    return reader.read_until(lambda r: len(r) > len(records), timeout=3) or records
 
 
 def verdicts_by_id(records: list[Any]) -> dict[str, list[dict[str, Any]]]:

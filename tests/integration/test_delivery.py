@@ -1,7 +1,8 @@
-"""Delivery under faults, through the real broker: a verdict the broker refuses stops the worker
-without committing past it; a broker stopped under load loses nothing; an exception in an agent or
-a helper stops the worker and a restart misses nothing; a kill between a decision and its changelog
-leaves no state that a later rebuild would lack."""
+"""Delivery under faults, through the real broker: a verdict or a filtered-feed message the broker
+refuses turns /health to 503 and stops the worker without committing past it; a broker stopped under
+load loses nothing; an exception in an agent or a helper stops the worker and a restart misses
+nothing; a kill between a decision and its changelog leaves no state that a later rebuild would
+lack."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -26,9 +28,13 @@ from .conftest import (
     KAFKA_SH,
     Deployment,
     TopicReader,
+    health,
     load_sample,
     produce_articles,
+    produce_with_headers,
+    read_feed,
     run_embedded,
+    source_header,
     stream_of,
     verdicts_by_id,
     without_latency,
@@ -67,6 +73,36 @@ def _wait_exit(deployment: Deployment, worker: subprocess.Popen[bytes], timeout:
         raise AssertionError(f"the worker did not stop:\n{deployment.logs()}") from None
 
 
+def _exit_watching_health(
+    deployment: Deployment, worker: subprocess.Popen[bytes], timeout: float
+) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+    """Until the worker exits, its /health polled: the exit code, and each answer that differs from
+    the one before (status code and body, the uptime left out), in order."""
+    url = deployment.health_url(0)
+    answers: list[tuple[int, dict[str, Any]]] = []
+    deadline = time.monotonic() + timeout
+    while worker.poll() is None:
+        assert time.monotonic() < deadline, f"the worker did not stop:\n{deployment.logs()}"
+        answer = health(url)
+        if answer is not None:
+            code, body = answer[0], {k: v for k, v in answer[1].items() if k != "uptime_s"}
+            if not answers or answers[-1] != (code, body):
+                answers.append((code, body))
+        time.sleep(0.02)
+    return worker.returncode, answers
+
+
+def _assert_failed_on_health(answers: list[tuple[int, dict[str, Any]]], reason: str) -> None:
+    """/health turned 503 with `reason` while the worker still ran, and stayed so."""
+    codes = [code for code, _ in answers]
+    assert 503 in codes, f"/health never answered 503 before the exit: {answers}"
+    turned = codes.index(503)
+    assert set(codes[:turned]) <= {200}, answers  # healthy until the failure
+    assert all(code == 503 for code in codes[turned:]), answers
+    failed = answers[turned][1]
+    assert failed["status"] == "failed" and reason in failed["reason"], answers
+
+
 def _assert_verdicts_as_embedded(
     deployment: Deployment, articles: list[dict[str, Any]], tmp_path: Path, *, once: bool
 ) -> dict[str, list[dict[str, Any]]]:
@@ -103,10 +139,12 @@ def test_a_verdict_the_broker_refuses_stops_the_worker_without_committing_past_i
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
     started = time.monotonic()
-    assert _wait_exit(deployment, worker, 90) == 1, deployment.logs()
+    code, answers = _exit_watching_health(deployment, worker, 90)
+    assert code == 1, deployment.logs()
     assert time.monotonic() - started < 60
     logs = deployment.logs()
     assert logs.count("delivery_failed stage=index") == 1, logs
+    _assert_failed_on_health(answers, "delivery_failed stage=index")
     # The signatures were delivered, so the input moved on; none of their verdicts was.
     assert _committed(deployment.bootstrap, deployment.name, deployment.topics["signatures"]) in (None, 0)
     assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == len(articles)
@@ -118,6 +156,56 @@ def test_a_verdict_the_broker_refuses_stops_the_worker_without_committing_past_i
     asyncio.run(_admin(deployment.bootstrap, raise_limit))
     deployment.start_worker()
     _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=True)
+
+
+def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_past_it(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The filtered feed has the verdicts' guarantees: an article it cannot take stops the worker
+    before its input is committed, and after the limit is raised every unique article is on it."""
+    articles = load_sample(60)
+    messages = {a["id"]: orjson.dumps(a) for a in articles}
+    feed_topic = f"{deployment.name}-unique"
+    deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = feed_topic
+    limit = 200
+    assert min(map(len, messages.values())) > limit, "every article is larger than the feed takes"
+
+    async def create_small(admin: AIOKafkaAdminClient) -> None:
+        configs = {"max.message.bytes": str(limit)}
+        await admin.create_topics([NewTopic(feed_topic, 3, 1, topic_configs=configs)])
+
+    asyncio.run(_admin(deployment.bootstrap, create_small))
+    deployment.create_topics()
+    deployment.extra_env["NEARDUP_FAILURE_EXIT_TIMEOUT"] = "15"
+    worker = deployment.start_worker()
+    produce_with_headers(deployment.bootstrap, deployment.topics["input"], messages)
+    started = time.monotonic()
+    code, answers = _exit_watching_health(deployment, worker, 90)
+    assert code == 1, deployment.logs()
+    assert time.monotonic() - started < 60
+    logs = deployment.logs()
+    assert logs.count("delivery_failed stage=index") == 1, logs
+    _assert_failed_on_health(answers, "delivery_failed stage=index")
+    assert TopicReader(deployment.bootstrap, feed_topic).read_all() == []
+    # The signatures were delivered, so the input moved on; the articles they decided were not.
+    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["signatures"]) in (None, 0)
+    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == len(articles)
+
+    async def raise_limit(admin: AIOKafkaAdminClient) -> None:
+        resource = ConfigResource(ConfigResourceType.TOPIC, feed_topic, {"max.message.bytes": "1048588"})
+        await admin.alter_configs([resource])
+
+    asyncio.run(_admin(deployment.bootstrap, raise_limit))
+    deployment.start_worker()
+    verdicts = _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
+    unique = {article_id for article_id, seen in verdicts.items() if seen[0]["verdict"] == "unique"}
+    assert 0 < len(unique) < len(articles)
+    records = read_feed(deployment.bootstrap, feed_topic, unique)
+    assert {m.key.decode() for m in records} == unique, deployment.logs()
+    for message in records:
+        article_id = message.key.decode()
+        assert message.value == messages[article_id]
+        assert list(message.headers) == source_header(article_id)
 
 
 @pytest.mark.slow
@@ -185,7 +273,7 @@ def test_a_kill_between_decision_and_changelog_leaves_nothing_a_rebuild_lacks(
     while "injected_delay" not in log.read_text(errors="replace"):
         assert time.monotonic() < deadline, deployment.logs()
         time.sleep(0.1)
-    deployment.kill(worker, signal.SIGKILL)
+    assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
     deployment.extra_env.clear()
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], second)

@@ -25,6 +25,7 @@ from .conftest import (
     load_sample,
     produce,
     produce_articles,
+    repeated_after,
     run_embedded,
     without_latency,
 )
@@ -76,7 +77,7 @@ def stats_of_state(deployment: Deployment) -> dict[str, Any]:
 
 def restart_without_state(deployment: Deployment, worker: Any) -> Any:
     """SIGKILL, the state directory deleted, a new worker: it rebuilds from the changelog."""
-    deployment.kill(worker, signal.SIGKILL)
+    assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
     shutil.rmtree(deployment.state_dir(0))
     return deployment.start_worker()
 
@@ -183,16 +184,21 @@ def test_updates_redelivered_after_sigkill_keep_their_versions(deployment: Deplo
     produce_articles(deployment.bootstrap, deployment.topics["input"], first + second)
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
     worker = deployment.start_worker()
+
+    def corrected(records: list[Any]) -> int:  # by id, since re-delivered verdicts repeat
+        return len({k for k, v in verdict_log(records) if v is not None and v["version"] == 1})
+
+    at_kills: list[list[Any]] = []  # the verdict topic as each killed worker left it
+    pending: list[int] = []  # corrections without a verdict then
     for target in (700, 1900):
-        seen = reader.read_until(lambda r, t=target: len(r) >= t, timeout=300)
-        assert len(seen) < 2 * count, "killed while input is pending"
-        deployment.kill(worker, signal.SIGKILL)
+        reader.read_until(lambda r, t=target: len(r) >= t, timeout=300)
+        assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
+        at_kills.append(reader.read_all())
+        pending.append(count - corrected(at_kills[-1]))
+        assert pending[-1] > 0, f"the kill at {target} verdicts lands while input is pending"
         worker = deployment.start_worker()
-    # until every article's correction is out: counted by id, since re-delivered verdicts repeat
-    records = reader.read_until(
-        lambda r: len({k for k, v in verdict_log(r) if v is not None and v["version"] == 1}) >= count,
-        timeout=600,
-    )
+    # until every article's correction is out
+    records = reader.read_until(lambda r: corrected(r) >= count, timeout=600)
     by_id: dict[str, list[dict[str, Any]]] = {}
     for key, verdict in verdict_log(records):
         assert verdict is not None
@@ -203,10 +209,18 @@ def test_updates_redelivered_after_sigkill_keep_their_versions(deployment: Deplo
     for article_id, seen in by_id.items():
         assert seen[-1]["version"] == 1, article_id
     redelivered = len(records) - 2 * count
-    assert redelivered > 0, "the kills landed before the input was committed: some came back"
-    deployment.kill(worker, signal.SIGTERM)
+    # a verdict the topic held at a kill, (id, version) again after it, up to the next kill (or the end)
+    later = [*at_kills[1:], reader.read_all()]
+    again = [
+        repeated_after(at, after, lambda r: (r.key, orjson.loads(r.value)["version"]))
+        for at, after in zip(at_kills, later, strict=True)
+    ]
+    assert all(n > 0 for n in again), f"the kills landed before the input was committed: {again} again"
+    assert deployment.kill(worker, signal.SIGTERM), deployment.logs()
     assert stats_of_state(deployment)["articles"] == count
-    print(f"verdicts={len(records)} redelivered={redelivered}")
+    print(
+        f"verdicts={len(records)} redelivered={redelivered} pending at each kill={pending} then again={again}"
+    )
 
 
 @pytest.mark.slow

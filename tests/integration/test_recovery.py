@@ -27,6 +27,7 @@ from .conftest import (
     TopicReader,
     load_sample,
     produce_articles,
+    repeated_after,
     run_embedded,
     stream_of,
     verdicts_by_id,
@@ -69,33 +70,42 @@ def untimed(article: IndexedArticle) -> IndexedArticle:
 
 
 def test_sigkill_during_stream_loses_nothing(deployment: Deployment, tmp_path: Path) -> None:
-    restarted_mid_stream(deployment, tmp_path, signal.SIGKILL, 20_000, (2_000, 7_000, 12_000, 16_000))
+    restarted_mid_stream(deployment, tmp_path, signal.SIGKILL, 20_000, stops=4, every=3_000)
 
 
 def test_sigterm_during_stream_loses_nothing(deployment: Deployment, tmp_path: Path) -> None:
     """A clean stop (what an orchestrator sends to roll a deployment) while articles stream in: the
-    stop commits what Faust acknowledged, which must be exactly what was handled."""
-    restarted_mid_stream(deployment, tmp_path, signal.SIGTERM, 8_000, (1_500, 3_500, 6_000))
+    stop commits what Faust acknowledged, which must be exactly what was handled. A clean stop
+    first finishes what the worker had fetched (thousands of articles), hence the longer stream."""
+    restarted_mid_stream(deployment, tmp_path, signal.SIGTERM, 16_000, stops=3, every=500)
 
 
 def restarted_mid_stream(
-    deployment: Deployment, tmp_path: Path, sig: int, count: int, targets: tuple[int, ...]
+    deployment: Deployment, tmp_path: Path, sig: int, count: int, *, stops: int, every: int
 ) -> None:
-    """Stop the worker with `sig` whenever `targets` verdicts are out, restart it each time: every
-    article ends with a verdict, repeats are identical, verdicts and final state equal an
-    uninterrupted (embedded) run."""
+    """Stop the worker with `sig` `stops` times, each time once `every` more articles have their
+    verdict than at the stop before, and restart it: every article ends with a verdict, repeats are
+    identical, verdicts and final state equal an uninterrupted (embedded) run. Each stop lands on a
+    running worker while input is pending (the verdict topic read to its end once the worker is
+    gone lacks articles); after each SIGKILL, the next worker delivers again verdicts that the
+    topic held at the kill (input handled but not committed comes back)."""
     articles = stream_of(count)
     expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
     deployment.create_topics()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
     worker = deployment.start_worker()
-    kills = 0
-    for target in targets:
-        seen = reader.read_until(lambda r, t=target: len(r) >= t, timeout=300)
-        assert len(verdicts_by_id(seen)) < len(articles), "each stop lands while input is pending"
-        deployment.kill(worker, sig)
-        kills += 1
+    at_stops: list[list[Any]] = []  # the verdict topic as each stopped worker left it
+    pending: list[int] = []  # articles without a verdict then
+    for _ in range(stops):
+        # counted by article (a record's key), not by record: a restarted worker's first verdicts
+        # may all be repeats
+        target = len(articles) - (pending[-1] if pending else len(articles)) + every
+        reader.read_until(lambda r, t=target: len({m.key for m in r}) >= t, timeout=300)
+        assert deployment.kill(worker, sig), f"the worker was running at the stop:\n{deployment.logs()}"
+        at_stops.append(reader.read_all())
+        pending.append(len(articles) - len(verdicts_by_id(at_stops[-1])))
+        assert pending[-1] > 0, f"the stop at {target} articles lands while input is pending"
         worker = deployment.start_worker()
     records = reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=600)
     verdicts = verdicts_by_id(records)
@@ -116,10 +126,12 @@ def restarted_mid_stream(
         f"{len(differing)} verdicts differ from the embedded run, e.g. {differing[:10]}; "
         f"first: {verdicts[differing[0]][0]} expected {expected[differing[0]]}; offset gaps logged: {gaps}"
     )
-    assert kills == len(targets)
+    # what the worker after each stop delivered again, up to the next stop (or the end)
+    later = [*at_stops[1:], reader.read_all()]
+    again = [repeated_after(at, after, lambda r: r.key) for at, after in zip(at_stops, later, strict=True)]
     if sig == signal.SIGKILL:
-        assert repeated > 0, "killed before its offsets were committed, the worker saw input again"
-    deployment.kill(worker, signal.SIGTERM)
+        assert all(n > 0 for n in again), f"killed before its offsets were committed: {again} again"
+    assert deployment.kill(worker, signal.SIGTERM), deployment.logs()
     final = RocksState(deployment.state_dir(0) / "index")
     try:
         # event times differ by design: the worker's are the records' timestamps, embedded mode's
@@ -129,7 +141,7 @@ def restarted_mid_stream(
         ]
     finally:
         final.close()
-    print(f"verdicts={len(records)} repeated={repeated} kills={kills}")
+    print(f"verdicts={len(records)} repeated={repeated} pending at each stop={pending} then again={again}")
 
 
 def test_deleted_state_dir_is_rebuilt_from_the_changelog(deployment: Deployment, tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def test_restarted_worker_resumes_within_10s(deployment: Deployment, tmp_path: P
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
     worker = deployment.start_worker()
     reader.read_until(lambda r: len(r) >= 1_500, timeout=300)
-    deployment.kill(worker, signal.SIGKILL)
+    assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
     killed = time.time()
     restarted = time.time()
     deployment.start_worker()
@@ -73,8 +73,13 @@ def test_restarted_worker_resumes_within_10s(deployment: Deployment, tmp_path: P
     first = first_verdict_times(records)
     new = [t for t in first.values() if t > killed]
     assert len(new) < len(articles) and new, "the kill lands while input is pending"
+    again = len(records) - len(first)
+    assert again > 0, "killed before its offsets were committed, the restarted worker saw input again"
     resumed = min(new) - restarted
-    print(f"restart to first new verdict: {resumed:.1f} s ({len(first) - len(new)} before the kill)")
+    print(
+        f"restart to first new verdict: {resumed:.1f} s ({len(first) - len(new)} before the kill, "
+        f"{again} delivered again)"
+    )
     assert resumed < RESTART_WITHIN_S, deployment.logs()
 
 
@@ -93,7 +98,7 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
         reader.read_until(lambda r: len(r) >= 1_000, timeout=300)
         owner = max((0, 1), key=lambda i: indexed_articles(dep, i))
         assert indexed_articles(dep, owner) > 0 and indexed_articles(dep, 1 - owner) == 0
-        dep.kill(workers[owner], signal.SIGKILL)
+        assert dep.kill(workers[owner], signal.SIGKILL), f"the owner was running:\n{dep.logs()}"
         killed = time.time()
         produce_articles(dep.bootstrap, dep.topics["input"], articles[half:])
         input_end = time.time()
@@ -101,10 +106,12 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
         assert_as_embedded(records, expected, dep.logs())
         first = first_verdict_times(records)
         assert sum(t < killed for t in first.values()) < half, "the kill lands while input is pending"
+        again = len(records) - len(first)
+        assert again > 0, "the owner was killed before its offsets were committed: the other saw input again"
         done = max(first.values())
         print(
             f"failover: every verdict {done - input_end:.1f} s after the input's end "
-            f"({done - killed:.1f} s after the kill)"
+            f"({done - killed:.1f} s after the kill, {again} delivered again)"
         )
         assert done - input_end < FAILOVER_WITHIN_S, dep.logs()
         assert indexed_articles(dep, 1 - owner) > 0

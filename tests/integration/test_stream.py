@@ -6,12 +6,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
-import time
 from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from neardup.core.params import DedupParams
 from neardup.core.signing import fingerprint
@@ -22,7 +20,10 @@ from .conftest import (
     load_sample,
     produce,
     produce_articles,
+    produce_with_headers,
+    read_feed,
     run_embedded,
+    source_header,
     verdicts_by_id,
     without_latency,
 )
@@ -167,40 +168,34 @@ def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment)
     assert deployment.topics["signatures"] in log and "has 2 partitions" in log
 
 
+@pytest.mark.parametrize(
+    ("setting", "kinds"),
+    [(None, {"unique"}), ("unique,partial", {"unique", "partial"})],
+    ids=["default-unique", "unique-partial"],
+)
 def test_the_filtered_feed_forwards_each_unique_articles_message_unchanged(
-    deployment: Deployment, tmp_path: Path
+    deployment: Deployment, tmp_path: Path, setting: str | None, kinds: set[str]
 ) -> None:
     """NEARDUP_UNIQUE_TOPIC: the input message (bytes and headers) of every article whose verdict
-    passes the filter, keyed by id; an article that does not pass never appears."""
+    passes the filter (NEARDUP_UNIQUE_FILTER, `unique` when unset), keyed by id, once; an article
+    that does not pass never appears."""
     articles = load_sample(150)
     feed_topic = f"{deployment.name}-unique"
-    deployment.extra_env.update(
-        {"NEARDUP_UNIQUE_TOPIC": feed_topic, "NEARDUP_UNIQUE_FILTER": "unique,partial"}
-    )
+    deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = feed_topic
+    if setting is not None:
+        deployment.extra_env["NEARDUP_UNIQUE_FILTER"] = setting
     deployment.start_worker()
     messages = {a["id"]: orjson.dumps(a) for a in articles}
-    asyncio.run(_produce_with_headers(deployment.bootstrap, deployment.topics["input"], messages))
-    kinds = {v["article_id"]: v["verdict"] for v in run_embedded(articles, tmp_path)}
-    wanted = {article_id for article_id, kind in kinds.items() if kind in ("unique", "partial")}
-    assert 0 < len(wanted) < len(articles), "the sample holds articles of every kind"
-    reader = TopicReader(deployment.bootstrap, feed_topic)
-    records = reader.read_until(lambda r: len({m.key for m in r}) >= len(wanted), timeout=180)
-    time.sleep(2)  # anything that should not be there would come with the rest
-    records = reader.read_until(lambda r: len(r) > len(records), timeout=3) or records
-    assert {m.key.decode() for m in records} == wanted
+    produce_with_headers(deployment.bootstrap, deployment.topics["input"], messages)
+    verdicts = {v["article_id"]: v["verdict"] for v in run_embedded(articles, tmp_path)}
+    wanted = {article_id for article_id, kind in verdicts.items() if kind in kinds}
+    left_out = {"unique", "duplicate", "partial"} - kinds
+    assert wanted and {kind for kind in verdicts.values() if kind not in kinds} == left_out, (
+        "the sample holds articles of every kind, in and out of the filter"
+    )
+    records = read_feed(deployment.bootstrap, feed_topic, wanted)
+    assert sorted(m.key.decode() for m in records) == sorted(wanted), deployment.logs()
     for message in records:
         article_id = message.key.decode()
         assert message.value == messages[article_id]
-        assert list(message.headers) == [("source", f"wire-{article_id}".encode())]
-
-
-async def _produce_with_headers(bootstrap: str, topic: str, messages: dict[str, bytes]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for article_id, value in messages.items():
-            headers = [("source", f"wire-{article_id}".encode())]
-            await producer.send(topic, value, key=article_id.encode(), headers=headers)
-        await producer.flush()
-    finally:
-        await producer.stop()
+        assert list(message.headers) == source_header(article_id)

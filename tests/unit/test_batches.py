@@ -84,6 +84,24 @@ def test_compiled_murmur2_equals_aiokafkas() -> None:
         assert framework._kafka_hash.murmur2(data) == murmur2(data), data
 
 
+@pytest.mark.skipif(framework._kafka_hash is None, reason="_kafka_hash is not built")
+def test_compiled_hash_checks_its_inputs() -> None:
+    hashing = framework._kafka_hash
+    assert hashing is not None
+    for view in (bytearray(b"article-7"), memoryview(b"xarticle-7")[1:]):
+        assert hashing.murmur2(view) == murmur2(b"article-7")
+    assert hashing.partitions((b"a", b"bc", b""), 1) == [0, 0, 0]
+    assert hashing.partitions([], 3) == []
+    with pytest.raises(ValueError, match="at least one partition"):
+        hashing.partitions([b"a"], 0)
+    with pytest.raises(TypeError, match="every key must be bytes"):
+        hashing.partitions([b"a", b"b", "c", b"d"], 3)  # a list filled halfway is released
+    with pytest.raises(TypeError, match="keys must be a sequence"):
+        hashing.partitions(5, 3)
+    with pytest.raises(TypeError):
+        hashing.murmur2("text")
+
+
 class PartitionedProducer:
     """What default_partitions reads of aiokafka's producer: its partitioner, its metadata, _partition."""
 
