@@ -128,16 +128,32 @@ def test_a_verdict_the_broker_refuses_stops_the_worker_without_committing_past_i
 ) -> None:
     articles = load_sample(60)
     verdicts_topic = deployment.topics["verdicts"]
+    worker = _start_with_a_small_topic(deployment, verdicts_topic, 200)  # smaller than any verdict
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    _assert_stopped_before_committing(deployment, worker, len(articles))
+    _raise_limit(deployment, verdicts_topic)
+    deployment.start_worker()
+    _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=True)
+
+
+def _start_with_a_small_topic(deployment: Deployment, topic: str, limit: int) -> subprocess.Popen[bytes]:
+    """A worker whose output `topic` takes messages of up to `limit` bytes."""
 
     async def create_small(admin: AIOKafkaAdminClient) -> None:
-        configs = {"max.message.bytes": "200"}  # smaller than any verdict
-        await admin.create_topics([NewTopic(verdicts_topic, 3, 1, topic_configs=configs)])
+        configs = {"max.message.bytes": str(limit)}
+        await admin.create_topics([NewTopic(topic, 3, 1, topic_configs=configs)])
 
     asyncio.run(_admin(deployment.bootstrap, create_small))
     deployment.create_topics()
     deployment.extra_env["NEARDUP_FAILURE_EXIT_TIMEOUT"] = "15"
-    worker = deployment.start_worker()
-    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    return deployment.start_worker()
+
+
+def _assert_stopped_before_committing(
+    deployment: Deployment, worker: subprocess.Popen[bytes], produced: int
+) -> None:
+    """The refused send stopped the worker: exit 1, reported on /health, once in the log; the
+    signatures were delivered, so the input moved on, but nothing decided from them."""
     started = time.monotonic()
     code, answers = _exit_watching_health(deployment, worker, 90)
     assert code == 1, deployment.logs()
@@ -145,17 +161,16 @@ def test_a_verdict_the_broker_refuses_stops_the_worker_without_committing_past_i
     logs = deployment.logs()
     assert logs.count("delivery_failed stage=index") == 1, logs
     _assert_failed_on_health(answers, "delivery_failed stage=index")
-    # The signatures were delivered, so the input moved on; none of their verdicts was.
     assert _committed(deployment.bootstrap, deployment.name, deployment.topics["signatures"]) in (None, 0)
-    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == len(articles)
+    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == produced
 
+
+def _raise_limit(deployment: Deployment, topic: str) -> None:
     async def raise_limit(admin: AIOKafkaAdminClient) -> None:
-        resource = ConfigResource(ConfigResourceType.TOPIC, verdicts_topic, {"max.message.bytes": "1048588"})
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": "1048588"})
         await admin.alter_configs([resource])
 
     asyncio.run(_admin(deployment.bootstrap, raise_limit))
-    deployment.start_worker()
-    _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=True)
 
 
 def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_past_it(
@@ -169,33 +184,11 @@ def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_p
     deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = feed_topic
     limit = 200
     assert min(map(len, messages.values())) > limit, "every article is larger than the feed takes"
-
-    async def create_small(admin: AIOKafkaAdminClient) -> None:
-        configs = {"max.message.bytes": str(limit)}
-        await admin.create_topics([NewTopic(feed_topic, 3, 1, topic_configs=configs)])
-
-    asyncio.run(_admin(deployment.bootstrap, create_small))
-    deployment.create_topics()
-    deployment.extra_env["NEARDUP_FAILURE_EXIT_TIMEOUT"] = "15"
-    worker = deployment.start_worker()
+    worker = _start_with_a_small_topic(deployment, feed_topic, limit)
     produce_with_headers(deployment.bootstrap, deployment.topics["input"], messages)
-    started = time.monotonic()
-    code, answers = _exit_watching_health(deployment, worker, 90)
-    assert code == 1, deployment.logs()
-    assert time.monotonic() - started < 60
-    logs = deployment.logs()
-    assert logs.count("delivery_failed stage=index") == 1, logs
-    _assert_failed_on_health(answers, "delivery_failed stage=index")
+    _assert_stopped_before_committing(deployment, worker, len(articles))
     assert TopicReader(deployment.bootstrap, feed_topic).read_all() == []
-    # The signatures were delivered, so the input moved on; the articles they decided were not.
-    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["signatures"]) in (None, 0)
-    assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == len(articles)
-
-    async def raise_limit(admin: AIOKafkaAdminClient) -> None:
-        resource = ConfigResource(ConfigResourceType.TOPIC, feed_topic, {"max.message.bytes": "1048588"})
-        await admin.alter_configs([resource])
-
-    asyncio.run(_admin(deployment.bootstrap, raise_limit))
+    _raise_limit(deployment, feed_topic)
     deployment.start_worker()
     verdicts = _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
     unique = {article_id for article_id, seen in verdicts.items() if seen[0]["verdict"] == "unique"}
