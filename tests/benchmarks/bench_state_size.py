@@ -24,9 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rocksdict import AccessType, Options, Rdict  # noqa: E402
-
 from neardup.state.records import _head  # noqa: E402
+from neardup.state.rocks import RocksKV, RocksOptions  # noqa: E402
 from tests.benchmarks.bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
 RECORD_PARTS = ("id", "cluster id", "content hash", "verifier", "band digests", "decision")
@@ -40,32 +39,23 @@ def write_input(path: Path, count: int, seed: int) -> None:
 
 
 def report(state: Path, count: int) -> None:
-    families = [name for name in Rdict.list_cf(str(state)) if name != "default"]
-    db = Rdict(
-        str(state),
-        Options(raw_mode=True),
-        column_families={name: Options(raw_mode=True) for name in families},
-        access_type=AccessType.read_only(),
-    )
+    kv = RocksKV(state, RocksOptions(), read_only=True)
     try:
         sizes: collections.Counter[str] = collections.Counter()
         keys: collections.Counter[str] = collections.Counter()
-        for key, value in db.items():
+        for key, value in kv.scan(b""):
             sizes[chr(key[0])] += len(key) + len(value)
             keys[chr(key[0])] += 1
         parts: collections.Counter[str] = collections.Counter()
-        for name in families:
-            for key, value in db.get_column_family(name).items():
-                parts["key and value"] += len(key) + len(value)
-                fields, start = _head(value)
-                parts["magic and head"] += start
-                for part, length in zip(RECORD_PARTS, fields[6:], strict=True):
-                    parts[part] += length
-        on_disk = sum(entry.stat().st_size for entry in state.rglob("*") if entry.is_file())
+        for key, value in kv.scan_records():
+            parts["key and value"] += len(key) + len(value)
+            fields, start = _head(value)
+            parts["magic and head"] += start
+            for part, length in zip(RECORD_PARTS, fields[6:], strict=True):
+                parts[part] += length
+        on_disk = kv.size_bytes()
         print(f"state {state}: {on_disk / count:,.1f} bytes per article ({on_disk:,} bytes)")
-        for name in ["default", *families]:
-            handle = db if name == "default" else db.get_column_family(name)
-            tables = handle.property_int_value("rocksdb.total-sst-files-size") or 0
+        for name, tables in kv.family_property("rocksdb.total-sst-files-size").items():
             print(f"  table files of {name}: {tables / count:,.1f} per article")
         print("main family, key and value bytes per article (keys per article):")
         for prefix in sorted(sizes):
@@ -74,7 +64,7 @@ def report(state: Path, count: int) -> None:
         for part, total in parts.items():
             print(f"  {part}: {total / count:.1f}")
     finally:
-        db.close()
+        kv.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from neardup.state.rocks import RocksOptions, RocksState
+from neardup.state.rocks import RocksKV, RocksOptions, RocksState
 from neardup.stream.decider import Decider, DeciderFailed, Write
 from neardup.stream.pipes import FAULT_VARIABLE, CallTimeout
 from neardup.stream.stages import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexStage
@@ -367,20 +367,11 @@ async def test_a_changelog_written_since_the_clean_close_is_rebuilt_from_with_it
 
 def files_at_level0(path: Path) -> int:
     """RocksDB's level-0 files (flushed memtables, not compacted yet) in every column family."""
-    from rocksdict import AccessType, Options, Rdict
-
-    names = [name for name in Rdict.list_cf(str(path)) if name != "default"]
-    db = Rdict(
-        str(path),
-        Options(raw_mode=True),
-        column_families={name: Options(raw_mode=True) for name in names},
-        access_type=AccessType.read_only(),
-    )
+    kv = RocksKV(path, RocksOptions(), read_only=True)
     try:
-        families = [db, *(db.get_column_family(name) for name in names)]
-        return sum(family.property_int_value("rocksdb.num-files-at-level0") or 0 for family in families)
+        return sum(kv.family_property("rocksdb.num-files-at-level0").values())
     finally:
-        db.close()
+        kv.close()
 
 
 @pytest.mark.parametrize("clean", [True, False])
