@@ -16,10 +16,22 @@ import sys
 from types import ModuleType
 
 
-def load_build(name: str, path: str) -> ModuleType:
+def extension(name: str, variable: str) -> ModuleType | None:
+    """The compiled module `name`: the build that the environment `variable` names a file of
+    (NEARDUP_SKETCH_PATH here, NEARDUP_KAFKA_HASH_PATH in stream/framework.py), which must load;
+    else the one built at install (pyproject.toml: ext-modules, optional), None if there is none."""
+    path = os.environ.get(variable)
+    if path:
+        return _load_build(name, path)
+    try:
+        return importlib.import_module(name)
+    except ImportError:  # pragma: no cover - a source checkout without a C compiler
+        return None
+
+
+def _load_build(name: str, path: str) -> ModuleType:
     """The extension module at `path`, as `name` (its init function is named after the last part
-    of that name, whatever the file is called). For the variables that name another build of a
-    compiled module: this one's NEARDUP_SKETCH_PATH, stream/framework.py's NEARDUP_KAFKA_HASH_PATH."""
+    of that name, whatever the file is called)."""
     loader = importlib.machinery.ExtensionFileLoader(name, path)
     spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     if spec is None:  # pragma: no cover - only for a path that is not a file name
@@ -30,14 +42,7 @@ def load_build(name: str, path: str) -> ModuleType:
     return module
 
 
-_sketch: ModuleType | None
-if os.environ.get("NEARDUP_SKETCH_PATH"):
-    _sketch = load_build(f"{__package__}._sketch", os.environ["NEARDUP_SKETCH_PATH"])
-else:
-    try:  # built at install (pyproject.toml: ext-modules, optional)
-        from . import _sketch
-    except ImportError:  # pragma: no cover - a source checkout without a C compiler
-        _sketch = None
+_sketch = extension(f"{__package__}._sketch", "NEARDUP_SKETCH_PATH")
 
 BUILT = _sketch is not None
 _enabled = BUILT and os.environ.get("NEARDUP_COMPILED") != "0"

@@ -12,7 +12,6 @@ used: an upgrade that changes one fails there, with the name, rather than somewh
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -26,18 +25,12 @@ from faust.types import TP
 from mode.services import WaitResults
 from mode.utils.times import want_seconds
 
-from ..core.compiled import load_build
+from ..core.compiled import extension
 from .inline import run_until_wait, wait_for_event
 
 # NEARDUP_KAFKA_HASH_PATH=/path/to/_kafka_hash.so loads that build of _kafka_hash.c instead of the
-# installed one (.ci/asan: one built with AddressSanitizer); it must load, as NEARDUP_SKETCH_PATH.
-if os.environ.get("NEARDUP_KAFKA_HASH_PATH"):
-    _kafka_hash = load_build(f"{__package__}._kafka_hash", os.environ["NEARDUP_KAFKA_HASH_PATH"])
-else:
-    try:  # built at install (pyproject.toml: ext-modules, optional)
-        from . import _kafka_hash
-    except ImportError:  # pragma: no cover - a source checkout without a C compiler
-        _kafka_hash = None  # type: ignore[assignment]
+# installed one (.ci/asan: one built with AddressSanitizer).
+_kafka_hash = extension(f"{__package__}._kafka_hash", "NEARDUP_KAFKA_HASH_PATH")
 
 # How often an empty take loop looks whether its stream is stopping (it wakes at once for an event).
 IDLE_CHECK_S = 0.1
