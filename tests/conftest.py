@@ -6,7 +6,7 @@ The prose is embedded so the tests need nothing outside the repository.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,29 @@ from neardup.engine import Engine
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
 from neardup.state.rocks import RocksOptions, RocksState
+
+
+class ListChangelog:
+    """The changelog's messages in a list (that list itself: what is appended to it shows), read
+    `chunk` at a time, as topics.ChangelogReader reads the topic: what a decider rebuilds from in
+    the unit tests and benchmarks."""
+
+    def __init__(self, entries: list[tuple[bytes, bytes | None]] | None = None, chunk: int = 2000) -> None:
+        self.entries = [] if entries is None else entries
+        self.chunk = chunk
+
+    async def end(self) -> int:
+        return len(self.entries)
+
+    async def read(self, end: int) -> AsyncIterator[list[tuple[bytes, bytes | None]]]:
+        for start in range(0, end, self.chunk):
+            yield self.entries[start : min(start + self.chunk, end)]
+
+    def table(self) -> dict[bytes, bytes]:
+        """The records it holds: the last value per key, tombstones removing theirs."""
+        latest = dict(self.entries)
+        return {key: value for key, value in latest.items() if value is not None}
+
 
 # A wedding-planner sports story (news, ~2 KB).
 ROMO = (

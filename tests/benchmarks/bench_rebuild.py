@@ -20,7 +20,6 @@ import asyncio
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +34,7 @@ from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
 from neardup.stream.decider import Decider  # noqa: E402
 from neardup.stream.stages import ARTICLE_PREFIX, IndexStage  # noqa: E402
 from neardup.stream.wire import encode_signed, pack_signed  # noqa: E402
+from tests.conftest import ListChangelog  # noqa: E402
 
 
 def memory_kb(pid: int, field: str) -> int:
@@ -42,20 +42,6 @@ def memory_kb(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
-
-
-class ListedChangelog:
-    """The changelog's messages in a list, read as topics.ChangelogReader reads the topic."""
-
-    def __init__(self, entries: list[tuple[bytes, bytes | None]]) -> None:
-        self.entries = entries
-
-    async def end(self) -> int:
-        return len(self.entries)
-
-    async def read(self, end: int) -> AsyncIterator[list[tuple[bytes, bytes | None]]]:
-        for start in range(0, end, 2000):
-            yield self.entries[start : min(start + 2000, end)]
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -76,12 +62,12 @@ async def main(args: argparse.Namespace) -> None:
 
     # the baseline, in the same run: a child that rebuilds a table of one article
     one = [next((k, v) for k, v in table.items() if k.startswith(ARTICLE_PREFIX))]
-    small = Decider(params, workdir / "small", options, ListedChangelog(one), in_process=False)
+    small = Decider(params, workdir / "small", options, ListChangelog(one), in_process=False)
     assert await small.open() == 1 and small.child_pid is not None
     baseline_mb = memory_kb(small.child_pid, "VmHWM") / 1024
     await small.close(clean=False)
 
-    changelog = ListedChangelog(list(table.items()))
+    changelog = ListChangelog(list(table.items()))
     decider = Decider(params, workdir / "rebuilt", options, changelog, in_process=False)
     started = time.perf_counter()
     count = await decider.open()

@@ -30,7 +30,7 @@ from neardup.stream.signer import SignerFailed
 from neardup.stream.stages import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, SignStage
 from neardup.stream.topics import StoredMessage, changelog_topic
 from neardup.stream.wire import Provenance, decode_signed, pack_signed, unpack_signed
-from tests.conftest import PROSE
+from tests.conftest import PROSE, ListChangelog
 
 HIGHWATER = 10
 
@@ -121,25 +121,12 @@ def wired(
             return sent
 
     monkeypatch.setattr(faust.topics.Topic, "send", send)
-    runtime.decider.changelog = RecordedChangelog(recorders["changelog"])
+    runtime.decider.changelog = ListChangelog(recorders["changelog"].sent)
     fake = Producer()
     monkeypatch.setattr(app.producer, "_ensure_producer", lambda: fake)  # verdicts and table writes
     # the test context never starts the consumer; the index agent asks it for the high-water mark
     monkeypatch.setattr(app.consumer, "highwater", lambda tp: HIGHWATER)
     return app, runtime, recorders
-
-
-class RecordedChangelog:
-    """The changelog as its recorder holds it, for the decider's rebuilds (topics.ChangelogReader)."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder = recorder
-
-    async def end(self) -> int:
-        return len(self.recorder.sent)
-
-    async def read(self, end: int) -> AsyncIterator[list[tuple[bytes, bytes | None]]]:
-        yield list(self.recorder.sent[:end])
 
 
 def _table(recorders: dict[str, Recorder]) -> dict[bytes, bytes | None]:

@@ -20,7 +20,7 @@ from neardup.stream.decider import Decider, DeciderFailed, Write
 from neardup.stream.pipes import FAULT_VARIABLE, CallTimeout
 from neardup.stream.stages import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexStage
 from neardup.stream.wire import encode_signed, pack_signed, runs_within, signed_count
-from tests.conftest import PROSE
+from tests.conftest import PROSE, ListChangelog
 from tests.unit.test_stages import FUTURE, HISTORY, PARAMS, signed
 
 Messages = list[tuple[int, bytes]]
@@ -42,26 +42,6 @@ def comparable(outcome: BatchOutcome) -> list[tuple[Any, ...]]:
             verdict.pop("latency_ms")
         rows.append((entry.offset, entry.article_id, entry.status, entry.kind, verdict, entry.error))
     return rows
-
-
-class ListChangelog:
-    """The changelog as a list of messages, read `chunk` at a time (topics.ChangelogReader)."""
-
-    def __init__(self, chunk: int = 2000) -> None:
-        self.entries: list[Write] = []
-        self.chunk = chunk
-
-    async def end(self) -> int:
-        return len(self.entries)
-
-    async def read(self, end: int) -> AsyncIterator[list[Write]]:
-        for start in range(0, end, self.chunk):
-            yield self.entries[start : min(start + self.chunk, end)]
-
-    def table(self) -> dict[bytes, bytes]:
-        """The record table it holds: the last value per key, tombstones removing theirs."""
-        latest = dict(self.entries)
-        return {key: value for key, value in latest.items() if value is not None}
 
 
 @pytest.fixture
