@@ -23,14 +23,17 @@ from .core.params import DedupParams
 from .core.retention import Retention, parse_duration_ms
 from .core.signing import EmptyText
 from .embedded import DEFAULT_MAX_TEXT_BYTES
-from .engine import Engine
-from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_article, verdict_dict
+from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
+from .pipeline.shard import IndexShard
+from .pipeline.sign import SignStage
+from .pipeline.wire import Provenance, SignedDeletion
+from .state.index import IndexState
 from .state.memory import MemoryState
-from .state.port import StateStore
 from .state.rocks import RocksOptions, RocksState
 
 Verdict = dict[str, Any]
 ArticleInput = Article | Mapping[str, Any] | bytes | str
+_CALLER = Provenance("neardup.api", None, 0, None)  # where a call's article came from, for dead letters
 
 
 class Deduplicator:
@@ -39,7 +42,7 @@ class Deduplicator:
 
     def __init__(
         self,
-        state: StateStore,
+        state: IndexState,
         params: DedupParams,
         retention: Retention,
         max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
@@ -49,7 +52,8 @@ class Deduplicator:
         self.params = params
         self.max_text_bytes = max_text_bytes
         self._state = state
-        self._engine = Engine(state, params, retention)
+        self._stage = SignStage(params, max_text_bytes, retention.skew_ms)
+        self._shard = IndexShard(state, params, retention)
         self._closed = False
 
     def check(self, article: ArticleInput) -> Verdict:
@@ -63,10 +67,14 @@ class Deduplicator:
         self._check_open()
         parsed = self._article(article)
         try:
-            record = self._engine.process(parsed.article_id, parsed.text, published_at=parsed.published_at)
+            signed = self._stage.sign(parsed, _CALLER)
         except EmptyText as exc:
             raise InvalidMessage("empty_text", f"{exc} (article {parsed.article_id!r})") from exc
-        return verdict_dict(record, self.params)
+        decided = self._shard.decide([signed])[0]
+        if decided.error is not None:
+            raise decided.error
+        assert decided.verdict is not None
+        return decided.verdict
 
     def check_many(self, articles: Iterable[ArticleInput]) -> Iterator[Verdict]:
         """`check` each article in turn, lazily: a verdict is made when it is asked for, so that a
@@ -78,7 +86,12 @@ class Deduplicator:
         """Remove an article from the index (a retraction): later articles are no longer matched
         with it. False when the index does not hold it."""
         self._check_open()
-        return self._engine.delete(article_id) is not None
+        deletion = article_from_dict({"id": article_id, "deleted": True}, self.max_text_bytes)
+        assert isinstance(deletion, Deletion)
+        decided = self._shard.decide([SignedDeletion(deletion.article_id, _CALLER)])[0]
+        if decided.error is not None:
+            raise decided.error
+        return decided.status == "deleted"
 
     def stats(self) -> dict[str, Any]:
         """What the index holds, as `neardup stats --json` reports it: articles, clusters, buckets,
@@ -111,7 +124,7 @@ class Deduplicator:
         """The input as a validated Article, by the same checks the worker applies to a message."""
         if isinstance(article, bytes | str):
             raw = article.encode("utf-8", errors="surrogatepass") if isinstance(article, str) else article
-            parsed = decode_article(raw.rstrip(b"\r\n"), self.max_text_bytes)
+            parsed = decode_message(raw.rstrip(b"\r\n"), None, self.max_text_bytes)
         elif isinstance(article, Article):
             # an Article can be built with anything in its fields: check it as the dict it stands for
             fields = {"id": article.article_id, "text": article.text, "title": article.title}
@@ -146,7 +159,7 @@ def open(
 
     `retention`: articles older than the newest article time minus this expire (`30d`, `12h`; `0`
     keeps them forever); `time_skew`: a `published_at` further ahead of the clock than this is not
-    used (the article takes the newest time seen instead); `max_text_bytes`: longer texts are
+    used (the article is timed by its arrival instead); `max_text_bytes`: longer texts are
     refused (reason `oversized`); `bucket_cap`: latest members an LSH bucket keeps. The remaining
     keywords are DedupParams fields (`threshold=0.8`, `containment_threshold=0.9`, `num_perm=128`,
     `seed=1`, `shingle=ShingleOptions(5)`, ...), with the same defaults as `neardup dedup` and the
@@ -154,7 +167,7 @@ def open(
     otherwise. A directory another process holds open raises StateError."""
     parsed = DedupParams(**params)
     window = Retention(parse_duration_ms(retention), parse_duration_ms(time_skew))
-    state: StateStore
+    state: IndexState
     if state_dir is None:
         state = MemoryState(bucket_cap)
     else:

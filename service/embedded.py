@@ -9,7 +9,7 @@ The filtered feed (--unique-out) is a third output resumed the same way, for the
 offset is checkpointed with the others, so a rerun truncates it to what the checkpointed lines
 wrote and the lines after come out once, from their (possibly re-delivered) verdicts.
 
-Signing (normalize, shingle, MinHash) can run in the stream worker's signing helpers (signer.py),
+Signing (normalize, shingle, MinHash) can run in the signing helpers (pipeline/signer.py),
 a batch of lines at a time, while this process decides the batch before: deciding stays one serial
 process, in input order. The helpers are driven through their asyncio pipes, the worker's code as
 it is, so the file loop runs in an event loop (asyncio.run); the decisions yield to it every few
@@ -33,15 +33,14 @@ import orjson
 
 from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
-from .core.signing import Fingerprint, fingerprint
-from .engine import Engine
-from .messages import Deletion, decode_article, dumps, verdict_dict
-from .state.port import StateStore
-from .stream.stages import SignResult, SignStage
-from .stream.wire import Provenance, SignedDeletion, decode_signed
+from .messages import decode_message, dumps
+from .pipeline.shard import IndexShard
+from .pipeline.sign import SignResult, SignStage
+from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
+from .state.index import IndexState
 
 if TYPE_CHECKING:
-    from .stream.signer import Signer, SignItem
+    from .pipeline.signer import Signer, SignItem
 
 DEFAULT_MAX_TEXT_BYTES = 1_000_000
 # Lines per batch sent to the signing helpers, and their most bytes: large enough that the pipes'
@@ -137,25 +136,18 @@ class _Line:
     body: bytes  # without its line end
 
 
-class _Sketched(NamedTuple):
-    article_id: str
-    fingerprint: Fingerprint
-    keys: tuple[bytes, ...] | None  # None: the engine computes them
-    published_at: str | None
-
-
 class _Dead(NamedTuple):
     record: bytes  # the dead letter, JSON
     reason: str
 
 
-_Signed = _Sketched | Deletion | _Dead
+_Signed = Signed | SignedDeletion | _Dead
 
 
 def run_file(
     input_path: Path,
     output_path: Path,
-    state: StateStore,
+    state: IndexState,
     params: DedupParams,
     *,
     dead_letter_path: Path | None = None,
@@ -184,7 +176,7 @@ def run_file(
     fails unexpectedly is dead-lettered (internal_error), as in the worker; helpers failing twice
     on a batch raise SigningFailed, everything before that batch decided and checkpointed. With
     helpers the file loop runs in an event loop of its own: call it outside any running loop."""
-    engine = Engine(state, params, retention)
+    shard = IndexShard(state, params, retention)
     summary = RunSummary()
     started = time.perf_counter()
     progress_key = _PROGRESS_KEY + str(input_path.resolve()).encode()
@@ -212,22 +204,23 @@ def run_file(
 
         def decide(line: _Line, signed: _Signed) -> None:
             summary.articles += 1
-            record = None
-            if isinstance(signed, _Sketched):
-                article_id, fp, keys, published_at = signed
-                try:
-                    record = engine.index_published(article_id, fp, published_at, keys)
-                except Exception as exc:  # as the worker's index stage: a dead letter, not a stopped run
-                    signed = _signed(SignStage.failed(exc, line.body, None, _source(topic, line)), params)
+            verdict = None
+            if not isinstance(signed, _Dead):
+                decided = shard.decide([signed])[0]
+                if decided.error is not None:  # as the worker's index stage: a dead letter, not a stopped run
+                    signed = _signed(SignStage.failed(decided.error, line.body, None, _source(topic, line)))
+                elif decided.status in ("deleted", "unknown_delete"):
+                    _deleted(decided.status, signed.article_id, out, summary)
+                else:
+                    verdict = decided.verdict
             if isinstance(signed, _Dead):
                 dead.write(signed.record + b"\n")
                 summary.dead_letters[signed.reason] += 1
-            elif isinstance(signed, Deletion):
-                _delete(engine, signed.article_id, out, summary)
-            if record is not None:
-                out.write(dumps(verdict_dict(record, params)) + b"\n")
-                summary.verdicts[record.decision.kind] += 1
-                if feed is not None and record.decision.kind in feed_verdicts:
+            if verdict is not None:
+                kind = verdict["verdict"]
+                out.write(dumps(verdict) + b"\n")
+                summary.verdicts[kind] += 1
+                if feed is not None and kind in feed_verdicts:
                     feed.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
                     summary.fed = (summary.fed or 0) + 1
             out.flush()
@@ -251,12 +244,12 @@ def run_file(
                 decide(line, _sign_here(stage, line, _source(topic, line)))
         else:
             # imported here: the helpers run that module as __main__, and they import this one
-            from .stream.signer import Signer, SignerFailed
+            from .pipeline.signer import Signer, SignerFailed
 
             batches = _batches(lines, sign_batch or SIGN_BATCH, SIGN_BATCH_BYTES)
             signer = Signer(stage, sign_processes)
             try:
-                asyncio.run(_decide_while_signing(batches, signer, topic, params, decide))
+                asyncio.run(_decide_while_signing(batches, signer, topic, decide))
             except SignerFailed as exc:
                 reached = state.get_meta(progress_key)
                 done = orjson.loads(reached)["line"] if reached is not None else 0
@@ -268,8 +261,8 @@ def run_file(
     bar.update(in_offset, summary.articles, final=True)
     state.compact()
     summary.seconds = time.perf_counter() - started
-    summary.expired = sum(engine.counts.expired)
-    summary.refused_times = engine.counts.refused_times
+    summary.expired = shard.counts.expired
+    summary.refused_times = shard.counts.refused_times
     return summary
 
 
@@ -305,32 +298,23 @@ def _batches(lines: Iterator[_Line], count: int, max_bytes: int) -> Iterator[lis
 def _sign_here(stage: SignStage, line: _Line, src: Provenance) -> _Signed:
     """What a helper signs, in this process and without the signed record's encoding."""
     try:
-        article = decode_article(line.body, stage.max_text_bytes)
-        if isinstance(article, Deletion):
-            return article
-        fp = fingerprint(article.text, stage.params)
-        return _Sketched(article.article_id, fp, None, article.published_at)
+        return stage.sign(decode_message(line.body, None, stage.max_text_bytes), src)
     except Exception as exc:  # as in the worker's sign stage: a dead letter, not a stopped run
-        return _signed(SignStage.failed(exc, line.body, None, src), stage.params)
+        return _signed(SignStage.failed(exc, line.body, None, src))
 
 
-def _signed(result: SignResult, params: DedupParams) -> _Signed:
+def _signed(result: SignResult) -> _Signed:
     """A helper's answer for one line."""
     if result.signed is None:
         assert result.dead_letter is not None and result.reason is not None
         return _Dead(result.dead_letter, result.reason)
-    signed = decode_signed(result.signed)
-    if isinstance(signed, SignedDeletion):
-        return Deletion(signed.article_id)
-    keys = signed.band_keys_for(params.lsh.bands, params.lsh.rows)
-    return _Sketched(signed.article_id, signed.fingerprint, keys, result.published_at)
+    return decode_signed(result.signed)
 
 
 async def _decide_while_signing(
     batches: Iterator[list[_Line]],
     signer: Signer,
     topic: str,
-    params: DedupParams,
     decide: Callable[[_Line, _Signed], None],
 ) -> None:
     """Decide each batch while the helpers sign the next one."""
@@ -350,7 +334,7 @@ async def _decide_while_signing(
             following = next(batches, None)
             signing = start(following)
             for count, (line, result) in enumerate(zip(batch, results, strict=True), 1):
-                decide(line, _signed(result, params))
+                decide(line, _signed(result))
                 if count % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
             batch = following
@@ -361,10 +345,10 @@ async def _decide_while_signing(
         await signer.aclose()
 
 
-def _delete(engine: Engine, article_id: str, out: BinaryIO, summary: RunSummary) -> None:
+def _deleted(status: str, article_id: str, out: BinaryIO, summary: RunSummary) -> None:
     """A deletion: its line in the verdict file (the tombstone of a compacted topic), or counted
     when the id is unknown."""
-    if engine.delete(article_id) is None:
+    if status == "unknown_delete":
         summary.unknown_deletes += 1
         return
     out.write(dumps({"article_id": article_id, "deleted": True}) + b"\n")

@@ -14,8 +14,9 @@ from .core.normalize import normalize
 from .core.params import DedupParams
 from .core.shingle import shingle_set
 from .core.signing import fingerprint
-from .engine import Engine
 from .messages import Article
+from .pipeline.shard import IndexShard
+from .pipeline.wire import Provenance, Signed
 from .state.memory import MemoryState
 
 
@@ -84,14 +85,15 @@ def evaluate(
     that holder, whose estimate is theirs), and its estimate passes."""
     sets = [shingle_set(normalize(a.text, params.normalize), params.shingle) for a in articles]
     state = MemoryState()
-    engine = Engine(state, params)  # what embedded mode and the worker decide and apply with
+    shard = IndexShard(state, params)  # what embedded mode and the worker decide and apply with
+    banding = (params.lsh.bands, params.lsh.rows)
     estimates: list[dict[int, float]] = []
     index_of = {a.article_id: i for i, a in enumerate(articles)}
     same_content: dict[bytes, list[int]] = {}
     represented = 0
     for i, article in enumerate(articles):
         fp = fingerprint(article.text, params)
-        keys = band_keys(fp.signature, params.lsh.bands, params.lsh.rows)
+        keys = tuple(band_keys(fp.signature, *banding))
         found: dict[int, float] = {}
         for other in state.candidates(keys, article.article_id, params.max_candidates):
             estimate = score(fp, other.fingerprint, other.article_id).jaccard
@@ -102,7 +104,8 @@ def evaluate(
                     represented += 1
         estimates.append(found)
         same_content.setdefault(fp.content_hash, []).append(i)
-        engine.index(article.article_id, fp, time_ms=i, keys=keys)
+        src = Provenance("evaluate", None, i, None)
+        shard.decide([Signed(article.article_id, fp, src, keys, banding, time_ms=i)])
 
     result = Evaluation(articles=len(articles), pairs=len(articles) * (len(articles) - 1) // 2)
     result.represented = represented

@@ -127,6 +127,7 @@ def article_from_dict(data: Any, max_text_bytes: int) -> Article | Deletion:
         raise InvalidMessage(
             "schema_violation", f"field 'id' must be a string of 1..{MAX_ID_LENGTH} characters"
         )
+    _utf8(article_id, "id", article_id)
     deleted = data.get("deleted")
     if deleted is True:
         return Deletion(article_id)
@@ -137,7 +138,7 @@ def article_from_dict(data: Any, max_text_bytes: int) -> Article | Deletion:
     text = data.get("text")
     if not isinstance(text, str):
         raise InvalidMessage("schema_violation", f"field 'text' must be a string (article {article_id!r})")
-    size = len(text.encode("utf-8", errors="surrogatepass"))
+    size = len(_utf8(text, "text", article_id))
     if size > max_text_bytes:
         raise InvalidMessage(
             "oversized", f"field 'text' is {size} bytes, limit {max_text_bytes} (article {article_id!r})"
@@ -151,6 +152,18 @@ def article_from_dict(data: Any, max_text_bytes: int) -> Article | Deletion:
             )
         extras[name] = value
     return Article(article_id, text, **extras)
+
+
+def _utf8(value: str, name: str, article_id: str) -> bytes:
+    """A field as UTF-8. Only a caller in process can pass a lone surrogate (a message on the topic
+    is decoded from UTF-8): refused as the worker refuses bytes that are not UTF-8."""
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = article_id.encode("utf-8", errors="backslashreplace").decode()
+        raise InvalidMessage(
+            "invalid_utf8", f"field {name!r}, character {exc.start}: {exc.reason} (article {shown!r})"
+        ) from exc
 
 
 def verdict_dict(

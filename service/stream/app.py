@@ -20,20 +20,21 @@ from faust.types import TP
 
 from ..config import Settings
 from ..messages import dead_letter_dict
+from ..pipeline.collector import CollectorPolicy
+from ..pipeline.decider import Decider, DeciderFailed
+from ..pipeline.pipes import CallTimeout
+from ..pipeline.shard import BatchOutcome, EntryOutcome
+from ..pipeline.sign import SignStage
+from ..pipeline.signer import Signer, SignerFailed, SignItem
+from ..pipeline.wire import Provenance, pack_in_chunks, runs_within, with_original
 from ..state.rocks import RocksOptions
 from . import framework
 from .batches import SentBatch, send_in_batches
-from .collector import CollectorPolicy
-from .decider import Decider, DeciderFailed
 from .delivery import Deliveries
 from .faults import AgentFault
 from .gaps import OffsetGap, following_run, in_log_order, offset_gaps
 from .metrics import Metrics
-from .pipes import CallTimeout
-from .signer import Signer, SignerFailed, SignItem
-from .stages import BatchOutcome, EntryOutcome, SignStage
 from .topics import DEAD_LETTER_MAX_BYTES, ChangelogReader, LogReader, StoredMessage, changelog_topic
-from .wire import Provenance, pack_in_chunks, runs_within, with_original
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"

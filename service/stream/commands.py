@@ -294,8 +294,8 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
     those of the live records in the log."""
     import tempfile
 
+    from ..pipeline.shard import removed_counts, table_articles
     from ..state.rocks import CompactedLog, RocksState
-    from .stages import removed_counts, table_articles
     from .topics import ChangelogReader
 
     settings = _settings(args, app_id=args.app_id)

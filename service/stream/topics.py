@@ -17,6 +17,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from ..config import Settings
 from ..messages import DEAD_LETTER_MAX_BYTES
+from ..pipeline.decider import Entry
 
 log = logging.getLogger("neardup.topics")
 
@@ -247,9 +248,6 @@ class LogReader:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             await consumer.stop()
-
-
-Entry = tuple[bytes, bytes | None]  # a changelog message: (key, value); None, a tombstone
 
 
 class ChangelogReader:

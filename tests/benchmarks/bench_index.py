@@ -42,9 +42,10 @@ for path in (ROOT, ROOT / "tests" / "benchmarks"):
 from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
 from neardup.core.params import DedupParams  # noqa: E402
+from neardup.pipeline.shard import ARTICLE_PREFIX, IndexShard  # noqa: E402
+from neardup.pipeline.sign import SignStage  # noqa: E402
+from neardup.pipeline.wire import Provenance, Signed, decode_signed  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
-from neardup.stream.stages import ARTICLE_PREFIX, IndexStage, SignStage  # noqa: E402
-from neardup.stream.wire import Provenance, Signed, decode_signed  # noqa: E402
 
 _LEN = struct.Struct(">I")
 CURRENT = RocksOptions(write_ahead_log=False)
@@ -98,16 +99,15 @@ class OffsetsOnly(dict[bytes, bytes]):
 
 def run(
     items: Iterable[Signed], options: RocksOptions, block: int, state_dir: Path
-) -> tuple[list[float], IndexStage]:
+) -> tuple[list[float], IndexShard]:
     """µs of main-thread CPU per article, per block (RocksDB's own threads are not counted)."""
-    stage = IndexStage(DedupParams(), RocksState(state_dir, options), OffsetsOnly())
-    stage.open()
+    stage = IndexShard(RocksState(state_dir, options), DedupParams(), changelog=OffsetsOnly())
+    stage.replay({})
     per_block: list[float] = []
     spent = 0.0
     for offset, item in enumerate(items):
         started = time.thread_time()
-        stage.handle(item, offset)
-        stage.applied(offset)
+        stage.decide([item], offset)
         if offset % 100 == 99:
             stage.checkpoint()
         spent += time.thread_time() - started

@@ -30,10 +30,10 @@ for path in (ROOT, ROOT / "tests" / "benchmarks"):
 from bench_index import signed_articles  # noqa: E402
 
 from neardup.core.params import DedupParams  # noqa: E402
+from neardup.pipeline.decider import Decider  # noqa: E402
+from neardup.pipeline.shard import ARTICLE_PREFIX, IndexShard, SizeGauge, decide_messages  # noqa: E402
+from neardup.pipeline.wire import encode_signed, pack_signed  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
-from neardup.stream.decider import Decider  # noqa: E402
-from neardup.stream.stages import ARTICLE_PREFIX, IndexStage  # noqa: E402
-from neardup.stream.wire import encode_signed, pack_signed  # noqa: E402
 from tests.conftest import ListChangelog  # noqa: E402
 
 
@@ -51,11 +51,10 @@ async def main(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="neardup-rebuild-"))
     options = RocksOptions(write_ahead_log=False, record_cache=100_000)
     table: dict[bytes, bytes] = {}
-    source = IndexStage(params, RocksState(workdir / "source", options), table)
-    source.open()
+    source = IndexShard(RocksState(workdir / "source", options), params, changelog=table)
+    source.replay({})
     for offset, item in enumerate(built):
-        source.handle(item, offset)
-        source.applied(offset)
+        source.decide([item], offset)
     source.checkpoint()
     record_bytes = sum(len(v) for k, v in table.items() if k.startswith(ARTICLE_PREFIX))
     print(f"record table: {args.articles:,} articles, {record_bytes / 2**20:,.0f} MB of records", flush=True)
@@ -83,14 +82,14 @@ async def main(args: argparse.Namespace) -> None:
     )
 
     messages = [(args.articles + n, pack_signed([encode_signed(item)])) for n, item in enumerate(later)]
-    expected = source.handle_messages(messages)
+    expected = decide_messages(source, messages, SizeGauge())
     got, _ = await decider.decide(messages)
     same = [(e.article_id, e.kind, e.status) for e in got.entries] == [
         (e.article_id, e.kind, e.status) for e in expected.entries
     ]
     print(f"next {len(later):,} articles decided as by the index that built the table: {same}")
     await decider.close(clean=False)
-    source.index.close()
+    source.state.close()
     if not same:
         raise SystemExit(1)
 

@@ -82,8 +82,8 @@ from neardup.config import Settings  # noqa: E402
 from neardup.core import compiled  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
 from neardup.core.signing import fingerprint  # noqa: E402
+from neardup.pipeline.wire import decode_signed, unpack_signed  # noqa: E402
 from neardup.stream.topics import ensure_topics  # noqa: E402
-from neardup.stream.wire import decode_signed, unpack_signed  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"  # tests/data/build_news_corpus.py
@@ -247,7 +247,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
 
 
-CHILD_ROLES = {"neardup.stream.signer": "signing", "neardup.stream.decider": "decider"}
+CHILD_ROLES = {"neardup.pipeline.signer": "signing", "neardup.pipeline.decider": "decider"}
 LOAD_ROLE = "this script"
 IDLE_SETTLE_S = 3.0  # after the last verdict, before the idle measurement
 

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from neardup.messages import DEAD_LETTER_MAX_BYTES
-from neardup.stream.pipes import FAULT_VARIABLE
+from neardup.pipeline.pipes import FAULT_VARIABLE
 
 from .conftest import (
     Deployment,

@@ -20,9 +20,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from neardup.pipeline.pipes import FAULT_VARIABLE
 from neardup.state.rocks import RocksState
 from neardup.stream.faults import AGENT_FAULT_VARIABLE
-from neardup.stream.pipes import FAULT_VARIABLE
 
 from .conftest import (
     KAFKA_SH,

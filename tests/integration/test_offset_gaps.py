@@ -22,8 +22,9 @@ from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 
 from neardup.config import Settings
 from neardup.core.params import DedupParams
+from neardup.pipeline.sign import SignStage
+from neardup.pipeline.wire import Provenance, pack_signed
 from neardup.stream.app import SHARD_KEY
-from neardup.stream.stages import SignStage
 from neardup.stream.topics import (
     DEAD_LETTER_MAX_BYTES,
     ChangelogReader,
@@ -31,7 +32,6 @@ from neardup.stream.topics import (
     changelog_topic,
     ensure_topics,
 )
-from neardup.stream.wire import Provenance, pack_signed
 
 from .conftest import (
     Deployment,

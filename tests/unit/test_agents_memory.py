@@ -22,14 +22,15 @@ from prometheus_client import generate_latest
 
 from neardup.config import Settings
 from neardup.core.signing import fingerprint
+from neardup.pipeline.decider import DeciderFailed
+from neardup.pipeline.shard import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY
+from neardup.pipeline.sign import SignStage
+from neardup.pipeline.signer import SignerFailed
+from neardup.pipeline.wire import Provenance, decode_signed, pack_signed, unpack_signed
 from neardup.stream.app import SHARD_KEY, Runtime, create_app
-from neardup.stream.decider import DeciderFailed
 from neardup.stream.framework import LeanMonitor, LeanStream, app_class
 from neardup.stream.metrics import Metrics
-from neardup.stream.signer import SignerFailed
-from neardup.stream.stages import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, SignStage
 from neardup.stream.topics import StoredMessage, changelog_topic
-from neardup.stream.wire import Provenance, decode_signed, pack_signed, unpack_signed
 from tests.conftest import PROSE, ListChangelog
 
 HIGHWATER = 10

@@ -182,16 +182,16 @@ def test_evaluate_decides_and_applies_through_the_engine(
     tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     """The evaluation measures the engine that embedded mode and the worker run, not a copy of it."""
-    from neardup import engine
+    from neardup.pipeline import shard
 
     indexed: list[str] = []
-    real = engine.Engine.index
+    real = shard.IndexShard.decide
 
-    def recorded(self: engine.Engine, article_id: str, *args: Any, **kwargs: Any) -> Any:
-        indexed.append(article_id)
-        return real(self, article_id, *args, **kwargs)
+    def recorded(self: shard.IndexShard, items: Any, *args: Any, **kwargs: Any) -> Any:
+        indexed.extend(item.article_id for item in items)
+        return real(self, items, *args, **kwargs)
 
-    monkeypatch.setattr(engine.Engine, "index", recorded)
+    monkeypatch.setattr(shard.IndexShard, "decide", recorded)
     source = tmp_path / "set.jsonl"
     records = [{"id": f"a{i}", "text": text} for i, text in enumerate(prose)]
     source.write_bytes(b"\n".join(orjson.dumps(r) for r in records) + b"\n")

@@ -1,4 +1,4 @@
-"""neardup.stream.collector: what survives is frozen out of full collections every so many articles,
+"""neardup.pipeline.collector: what survives is frozen out of full collections every so many articles,
 and everything is thawed (and collected once) every so often."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from neardup.stream.collector import CollectorPolicy
+from neardup.pipeline.collector import CollectorPolicy
 
 
 @pytest.fixture(autouse=True)

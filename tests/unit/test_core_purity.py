@@ -30,7 +30,7 @@ FORBIDDEN_TOP_LEVEL = {
     "multiprocessing",
     "selectors",
 }
-FORBIDDEN_SERVICE = ("neardup.state", "neardup.stream", "neardup.embedded", "neardup.engine", "neardup.cli")
+FORBIDDEN_SERVICE = ("neardup.state", "neardup.stream", "neardup.pipeline", "neardup.embedded", "neardup.cli")
 FORBIDDEN_CALLS = {"open", "input", "print", "exec", "eval", "__import__"}
 
 

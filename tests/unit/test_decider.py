@@ -1,4 +1,4 @@
-"""neardup.stream.decider: the index stage in a child process decides exactly as in the worker, on a
+"""neardup.pipeline.decider: the index stage in a child process decides exactly as in the worker, on a
 real RocksDB, survives the child being killed, and keeps or rebuilds its index like the stage does.
 A list stands in for the record table's changelog (a compacted Kafka topic in the worker)."""
 
@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
+from neardup.pipeline.decider import Decider, DeciderFailed, Write
+from neardup.pipeline.pipes import FAULT_VARIABLE, CallTimeout
+from neardup.pipeline.shard import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexShard
+from neardup.pipeline.wire import encode_signed, pack_signed, runs_within, signed_count
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
-from neardup.stream.decider import Decider, DeciderFailed, Write
-from neardup.stream.pipes import FAULT_VARIABLE, CallTimeout
-from neardup.stream.stages import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexStage
-from neardup.stream.wire import encode_signed, pack_signed, runs_within, signed_count
 from tests.conftest import PROSE, ListChangelog
 from tests.unit.test_stages import FUTURE, HISTORY, PARAMS, signed
 
@@ -59,8 +59,8 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
         decider.kill()
         if process is not None:  # reaped before the test's event loop closes
             await asyncio.wait_for(process.wait(), 10)
-        if decider.stage is not None:
-            decider.stage.index.close()
+        if decider.shard is not None:
+            decider.shard.state.close()
 
 
 async def decide(decider: Decider, messages: Messages) -> BatchOutcome:
@@ -155,7 +155,7 @@ async def test_the_in_process_decider_returns_its_writes_and_rebuilds_after_lost
     assert [entry.kind for entry in outcome.entries] == ["unique", "duplicate"]
     assert records.entries == []  # the agent sends the writes, a whole chunk at once
     assert dict(writes)[OFFSET_KEY] == b"0" and ARTICLE_PREFIX + b"b" in dict(writes)
-    assert isinstance(here.stage, IndexStage)
+    assert isinstance(here.shard, IndexShard)
     apply(here, writes)
     # A batch decided but its writes never sent (the agent failed half-way): opened again, the
     # stage rebuilds from the changelog, and the re-delivered batch is new again, not a re-delivery.
@@ -380,7 +380,7 @@ async def test_an_index_ahead_of_its_changelog_is_rebuilt_however_it_closes(
     await first.decide(packed(HISTORY[2:4], 10))  # decided, its writes never sent: a failed batch
     first.mark_ahead()
     await first.close(clean=True)  # a shutdown without a failure of its own
-    first.stage = None
+    first.shard = None
     second = make("index", records, in_process=in_process)
     assert await second.open() == 2  # rebuilt from the changelog: the two acknowledged articles
     outcome = await decide(second, packed(HISTORY[2:4], 10))

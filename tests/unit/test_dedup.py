@@ -1,4 +1,4 @@
-"""The decision rule (core.dedup.decide) through the Engine over in-memory state."""
+"""The decision rule (core.dedup.decide) through the IndexShard over in-memory state."""
 
 from __future__ import annotations
 
@@ -14,19 +14,20 @@ from neardup.core.lsh import band_keys
 from neardup.core.minhash import EMPTY_VERIFIER_SLOT
 from neardup.core.params import DedupParams
 from neardup.core.signing import EmptyText, Fingerprint, fingerprint
-from neardup.engine import Engine
+from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
+from tests.conftest import process
 
 BYLINE = "By Staff Writer, Associated Press\n\n"
 FOOTER = "\n\nCopyright 2011 The Associated Press. All rights reserved."
 FOOTER_2 = "\n\nRead more sports news and follow us for updates on the NFL lockout."
 
 
-def test_exact_repost_under_a_new_id(engine: Engine, prose: tuple[str, ...]) -> None:
-    first = engine.process("first", prose[0])
+def test_exact_repost_under_a_new_id(shard: IndexShard, prose: tuple[str, ...]) -> None:
+    first = process(shard, "first", prose[0])
     assert first.decision.kind == "unique" and first.decision.canonical_id == "first"
     assert first.version == 0
-    again = engine.process("second", prose[0])
+    again = process(shard, "second", prose[0])
     d = again.decision
     assert (d.kind, d.exact, d.match_id, d.canonical_id) == ("duplicate", True, "first", "first")
     assert d.jaccard == 1.0 and d.containment == 1.0 and d.contains == 1.0
@@ -34,40 +35,40 @@ def test_exact_repost_under_a_new_id(engine: Engine, prose: tuple[str, ...]) -> 
     assert again.seq == first.seq + 1
 
 
-def test_exact_match_is_on_the_normalized_text(engine: Engine, prose: tuple[str, ...]) -> None:
-    engine.process("first", prose[1])
+def test_exact_match_is_on_the_normalized_text(shard: IndexShard, prose: tuple[str, ...]) -> None:
+    process(shard, "first", prose[1])
     retyped = "  " + prose[1].upper().replace(" ", "   ").replace("\n\n", "\r\n") + "\n"
-    d = engine.process("second", retyped).decision
+    d = process(shard, "second", retyped).decision
     assert (d.kind, d.exact, d.match_id) == ("duplicate", True, "first")
 
 
-def test_redelivery_repeats_the_verdict(engine: Engine, prose: tuple[str, ...]) -> None:
-    a = engine.process("a", prose[0])
-    b = engine.process("b", prose[0] + FOOTER)
-    count, seq = engine.state.count(), engine.state.next_seq()
-    assert engine.process("a", prose[0]) == a
-    b_again = engine.process("b", prose[0] + FOOTER)
+def test_redelivery_repeats_the_verdict(shard: IndexShard, prose: tuple[str, ...]) -> None:
+    a = process(shard, "a", prose[0])
+    b = process(shard, "b", prose[0] + FOOTER)
+    count, seq = shard.state.count(), shard.state.next_seq()
+    assert process(shard, "a", prose[0]) == a
+    b_again = process(shard, "b", prose[0] + FOOTER)
     assert b_again == b
     assert b_again.decision.match_id == "a"  # never a duplicate of itself
-    assert (engine.state.count(), engine.state.next_seq()) == (count, seq)
-    outcome = decide("b", fingerprint(prose[0] + FOOTER, engine.params), engine.state, engine.params)
+    assert (shard.state.count(), shard.state.next_seq()) == (count, seq)
+    outcome = decide("b", fingerprint(prose[0] + FOOTER, shard.params), shard.state, shard.params)
     assert outcome.redelivered and outcome.article == b
 
 
-def test_new_version_is_not_a_duplicate_of_its_old_self(engine: Engine, prose: tuple[str, ...]) -> None:
-    engine.process("x", prose[0])
-    edited = engine.process("x", prose[0].replace("Saturday", "Sunday"))
+def test_new_version_is_not_a_duplicate_of_its_old_self(shard: IndexShard, prose: tuple[str, ...]) -> None:
+    process(shard, "x", prose[0])
+    edited = process(shard, "x", prose[0].replace("Saturday", "Sunday"))
     assert edited.version == 1
     assert edited.decision.kind == "unique" and edited.decision.match_id is None
     assert edited.decision.canonical_id == "x"
     assert all(c.article_id != "x" for c in edited.decision.candidates)
 
 
-def test_new_content_replaces_the_old_version(engine: Engine, prose: tuple[str, ...]) -> None:
-    params, state = engine.params, engine.state
-    old = engine.process("x", prose[0])
+def test_new_content_replaces_the_old_version(shard: IndexShard, prose: tuple[str, ...]) -> None:
+    params, state = shard.params, shard.state
+    old = process(shard, "x", prose[0])
     old_keys = set(band_keys(old.fingerprint.signature, params.lsh.bands, params.lsh.rows))
-    new = engine.process("x", prose[1])
+    new = process(shard, "x", prose[1])
     assert new.version == 1 and new.seq > old.seq
     assert state.get("x") == new and state.count() == 1
     new_keys = set(band_keys(new.fingerprint.signature, params.lsh.bands, params.lsh.rows))
@@ -78,34 +79,34 @@ def test_new_content_replaces_the_old_version(engine: Engine, prose: tuple[str, 
     assert state.id_for_content(old.fingerprint.content_hash) is None
     assert state.id_for_content(new.fingerprint.content_hash) == "x"
     # an article similar only to the old content no longer matches x, exact copies included
-    assert engine.process("near-old", BYLINE + prose[0] + FOOTER).decision.kind == "unique"
-    assert engine.process("copy-old", prose[0]).decision.match_id == "near-old"
+    assert process(shard, "near-old", BYLINE + prose[0] + FOOTER).decision.kind == "unique"
+    assert process(shard, "copy-old", prose[0]).decision.match_id == "near-old"
     # and one similar to the new content does
-    d = engine.process("near-new", prose[1] + FOOTER).decision
+    d = process(shard, "near-new", prose[1] + FOOTER).decision
     assert (d.kind, d.match_id) == ("duplicate", "x")
     # going back to the old text is a third version
-    assert engine.process("x", prose[0]).version == 2
+    assert process(shard, "x", prose[0]).version == 2
 
 
-def test_syndicated_copy_with_byline_and_footer(engine: Engine, prose: tuple[str, ...]) -> None:
+def test_syndicated_copy_with_byline_and_footer(shard: IndexShard, prose: tuple[str, ...]) -> None:
     for i, text in enumerate(prose[1:]):
-        engine.process(f"other-{i}", text)
-    engine.process("original", prose[0])
-    copy = engine.process("syndicated", BYLINE + prose[0] + FOOTER)
+        process(shard, f"other-{i}", text)
+    process(shard, "original", prose[0])
+    copy = process(shard, "syndicated", BYLINE + prose[0] + FOOTER)
     d = copy.decision
     assert (d.kind, d.exact, d.match_id, d.canonical_id) == ("duplicate", False, "original", "original")
-    assert d.jaccard is not None and d.jaccard >= engine.params.threshold
+    assert d.jaccard is not None and d.jaccard >= shard.params.threshold
     assert d.candidates[0].article_id == "original"
 
 
-def test_canonical_follows_the_chain(engine: Engine, prose: tuple[str, ...]) -> None:
-    engine.process("A", prose[0])
-    b = engine.process("B", BYLINE + prose[0] + FOOTER)
-    c = engine.process("C", BYLINE + prose[0] + FOOTER + FOOTER_2)
+def test_canonical_follows_the_chain(shard: IndexShard, prose: tuple[str, ...]) -> None:
+    process(shard, "A", prose[0])
+    b = process(shard, "B", BYLINE + prose[0] + FOOTER)
+    c = process(shard, "C", BYLINE + prose[0] + FOOTER + FOOTER_2)
     assert (b.decision.match_id, b.decision.canonical_id) == ("A", "A")
     assert (c.decision.kind, c.decision.match_id, c.decision.canonical_id) == ("duplicate", "B", "A")
     # an exact copy of C names C as its match and still A as canonical
-    d = engine.process("D", BYLINE + prose[0] + FOOTER + FOOTER_2).decision
+    d = process(shard, "D", BYLINE + prose[0] + FOOTER + FOOTER_2).decision
     assert (d.exact, d.match_id, d.canonical_id) == (True, "C", "A")
 
 
@@ -113,36 +114,36 @@ def test_canonical_follows_the_chain(engine: Engine, prose: tuple[str, ...]) -> 
 def test_truncated_copy_is_partial_with_containment(prose: tuple[str, ...], index: int) -> None:
     text = prose[index]
     head = text[: len(text) * 6 // 10]
-    on = Engine(MemoryState(), DedupParams(containment_threshold=0.9))
-    on.process("full", text)
-    d = on.process("head", head).decision
+    on = IndexShard(MemoryState(), DedupParams(containment_threshold=0.9))
+    process(on, "full", text)
+    d = process(on, "head", head).decision
     assert (d.kind, d.match_id, d.canonical_id) == ("partial", "full", "full")
     assert d.containment is not None and d.containment >= 0.9
     assert d.contains is not None and d.contains < 0.8
-    off = Engine(MemoryState(), DedupParams(containment_threshold=None))
-    off.process("full", text)
-    d = off.process("head", head).decision
+    off = IndexShard(MemoryState(), DedupParams(containment_threshold=None))
+    process(off, "full", text)
+    d = process(off, "head", head).decision
     assert (d.kind, d.match_id, d.canonical_id) == ("unique", None, "head")
 
 
 def test_top_candidates_are_sorted_best_first(prose: tuple[str, ...]) -> None:
-    engine = Engine(MemoryState(), DedupParams(top_candidates=3, containment_threshold=None))
+    shard = IndexShard(MemoryState(), DedupParams(top_candidates=3, containment_threshold=None))
     base = prose[0]
     cut = len(base) // 10
-    engine.process("v0", base)
-    engine.process("v1", base[cut:])
-    engine.process("v2", base[2 * cut :])
-    engine.process("v3", base[3 * cut :])
-    engine.process("v4", base[: len(base) // 2])
-    d = engine.process("probe", base + FOOTER).decision
+    process(shard, "v0", base)
+    process(shard, "v1", base[cut:])
+    process(shard, "v2", base[2 * cut :])
+    process(shard, "v3", base[3 * cut :])
+    process(shard, "v4", base[: len(base) // 2])
+    d = process(shard, "probe", base + FOOTER).decision
     scores = [c.jaccard for c in d.candidates]
     assert len(scores) == 3
     assert scores == sorted(scores, reverse=True)
     assert d.candidates[0].article_id == "v0" and d.match_id == "v0"
 
 
-def test_unrelated_articles_are_unique(engine: Engine, prose: tuple[str, ...]) -> None:
-    kinds = [engine.process(f"a{i}", text).decision.kind for i, text in enumerate(prose)]
+def test_unrelated_articles_are_unique(shard: IndexShard, prose: tuple[str, ...]) -> None:
+    kinds = [process(shard, f"a{i}", text).decision.kind for i, text in enumerate(prose)]
     assert kinds == ["unique"] * len(prose)
 
 
@@ -170,26 +171,26 @@ def test_decide_with_the_band_keys_given_equals_decide_computing_them(prose: tup
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t \r\n", "\u3000\u00a0"])
-def test_empty_and_whitespace_text_is_refused(engine: Engine, text: str) -> None:
+def test_empty_and_whitespace_text_is_refused(shard: IndexShard, text: str) -> None:
     with pytest.raises(EmptyText):
-        fingerprint(text, engine.params)
+        fingerprint(text, shard.params)
     with pytest.raises(EmptyText):
-        engine.process("empty", text)
-    assert engine.state.count() == 0
+        process(shard, "empty", text)
+    assert shard.state.count() == 0
 
 
-def test_texts_shorter_than_k_match_only_exactly(engine: Engine) -> None:
-    first = engine.process("s1", "Oops")
+def test_texts_shorter_than_k_match_only_exactly(shard: IndexShard) -> None:
+    first = process(shard, "s1", "Oops")
     assert first.fingerprint.short and first.fingerprint.shingle_count == 1
-    d = engine.process("s2", "  OOPS ").decision
+    d = process(shard, "s2", "  OOPS ").decision
     assert (d.kind, d.exact, d.match_id) == ("duplicate", True, "s1")
-    assert engine.process("s3", "Oopz").decision.kind == "unique"
-    assert engine.process("s4", "Oop").decision.kind == "unique"
+    assert process(shard, "s3", "Oopz").decision.kind == "unique"
+    assert process(shard, "s4", "Oop").decision.kind == "unique"
     # a long text containing the short one is no match either way
-    assert engine.process("long", "Oops, the quarterback married in Dallas").decision.kind == "unique"
+    assert process(shard, "long", "Oops, the quarterback married in Dallas").decision.kind == "unique"
 
 
-def test_ten_megabytes_of_text(engine: Engine, prose: tuple[str, ...]) -> None:
+def test_ten_megabytes_of_text(shard: IndexShard, prose: tuple[str, ...]) -> None:
     paragraphs = []
     size, n = 0, 0
     while size < 10_000_000:
@@ -199,11 +200,11 @@ def test_ten_megabytes_of_text(engine: Engine, prose: tuple[str, ...]) -> None:
         n += 1
     text = "".join(paragraphs)
     started = time.perf_counter()
-    fp = fingerprint(text, engine.params)
+    fp = fingerprint(text, shard.params)
     elapsed = time.perf_counter() - started
     print(f"10 MB fingerprint: {elapsed:.2f}s, {fp.shingle_count} distinct shingles")
     assert fp.shingle_count > 10_000 and not fp.short
-    state, params = engine.state, engine.params
+    state, params = shard.state, shard.params
     outcome = decide("big", fp, state, params)
     assert outcome.update is not None and outcome.article.decision.kind == "unique"
     state.apply(outcome.update)

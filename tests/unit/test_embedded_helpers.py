@@ -4,6 +4,7 @@ in process, and helpers failing twice stop the run at a checkpoint a rerun resum
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,8 +15,8 @@ from neardup import cli, embedded
 from neardup.core.params import DedupParams
 from neardup.core.signing import Fingerprint
 from neardup.embedded import default_sign_processes, run_file
+from neardup.pipeline.pipes import FAULT_VARIABLE
 from neardup.state.memory import MemoryState
-from neardup.stream.pipes import FAULT_VARIABLE
 
 SAMPLE = Path(embedded.__file__).parent / "data" / "sample_news.jsonl"
 MAX_TEXT_BYTES = 50_000
@@ -89,6 +90,8 @@ def outputs(tmp_path: Path, source: Path, processes: int, capsys: pytest.Capture
     assert cli.main(["stats", "--state", str(run / "state"), "--json"]) == 0
     stats = orjson.loads(capsys.readouterr().out)
     stats.pop("bytes_on_disk")
+    # a refused date times its article by its arrival: the clock of each run
+    assert abs(stats.pop("newest_ms") / 1000 - time.time()) < 120
     return {
         "verdicts": (run / "out.jsonl").read_bytes(),
         "dead": dead_letters(run / "out.jsonl.dead.jsonl"),
@@ -121,14 +124,16 @@ def test_helpers_give_the_outputs_of_signing_in_process(
 def test_an_unexpected_signing_error_is_a_dead_letter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = embedded.fingerprint
+    from neardup.pipeline import sign
+
+    real = sign.fingerprint
 
     def failing(text: str, params: DedupParams) -> Fingerprint:
         if "poison" in text:
             raise RuntimeError("cannot sign this")
         return real(text, params)
 
-    monkeypatch.setattr(embedded, "fingerprint", failing)
+    monkeypatch.setattr(sign, "fingerprint", failing)
     source = tmp_path / "in.jsonl"
     lines = SAMPLE.read_bytes().splitlines()[:3]
     source.write_bytes(b"\n".join([lines[0], b'{"id": "p", "text": "poison pill"}', *lines[1:]]) + b"\n")

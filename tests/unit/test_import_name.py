@@ -24,7 +24,7 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 OLD = "service"
 OLD_NAME = re.compile(
     rf"\b(?:from|import) {OLD}\b(?=[ .,]|$)"
-    rf"|\b{OLD}\.(?:core|state|stream|cli|config|engine|messages|embedded|evaluation|local_report|api)\b"
+    rf"|\b{OLD}\.(?:core|state|stream|pipeline|cli|config|messages|embedded|evaluation|local_report|api)\b"
     rf"|-m\s+{OLD}\b(?![/\w])"
     rf'|"-m",\s*"{OLD}"',
     re.M,
@@ -74,7 +74,7 @@ def test_no_file_names_the_old_top_level_package() -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        f"from {OLD}.engine import Engine",
+        f"from {OLD}.pipeline.shard import IndexShard",
         f"import {OLD}.core",
         f"import {OLD}, pytest",
         f'    subprocess.run([sys.executable, "-m", "{OLD}", "worker"])',

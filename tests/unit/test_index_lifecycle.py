@@ -3,21 +3,22 @@ their holder, deletes that hand a cluster on, expiry by event time, stats, the f
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import orjson
 import pytest
 
-from neardup import engine as engine_module
 from neardup.core.dedup import Outcome, decide
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.retention import Retention
 from neardup.core.signing import fingerprint
-from neardup.engine import Engine
+from neardup.pipeline.shard import IndexShard
 from neardup.state.index import HEADER_KEY, Batch, IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
 from neardup.state.rocks import RocksOptions, RocksState
+from tests.conftest import process
 from tests.unit.test_state_contract import MakeState, contents
 
 PARAMS = DedupParams()
@@ -182,20 +183,23 @@ def _record(state: IndexState, seq: int) -> bytes:
 def test_the_engine_expires_by_event_time_and_never_matches_what_is_past_the_window(
     prose: tuple[str, ...],
 ) -> None:
-    engine = Engine(MemoryState(), PARAMS, Retention(window_ms=3 * DAY_MS))
+    engine = IndexShard(MemoryState(), PARAMS, Retention(window_ms=3 * DAY_MS))
     year_ago = "2025-03-0{}T12:00:00Z"
-    engine.process("old", prose[0], published_at=year_ago.format(1))
-    engine.process("mid", prose[1], published_at=year_ago.format(2))
+    process(engine, "old", prose[0], published_at=year_ago.format(1))
+    process(engine, "mid", prose[1], published_at=year_ago.format(2))
     # a file of last year's news expires by its own dates, not by today's
     assert engine.state.count() == 2
-    copy = engine.process("copy", prose[0], published_at=year_ago.format(5))
+    copy = process(engine, "copy", prose[0], published_at=year_ago.format(5))
     assert copy.decision.kind == "unique", "'old' is four days older than the newest: expired"
     assert engine.state.get("old") is None and engine.state.get("mid") is not None
-    # a date far ahead of the clock is refused: it takes the newest valid time, expires nothing
-    engine.process("future", prose[3], published_at="2099-01-01T00:00:00Z")
-    assert engine.counts.refused_times == 1 and engine.state.get("mid") is not None
-    assert engine.state.counts.newest_ms == engine.state.get("future").time_ms  # type: ignore[union-attr]
-    engine.process("garbled", prose[4], published_at="yesterday")
+    # a date far ahead of the clock is refused: the article is timed by its arrival, and nothing
+    # is kept ahead of the clock
+    before_ms = time.time() * 1000
+    process(engine, "future", prose[3], published_at="2099-01-01T00:00:00Z")
+    arrival = engine.state.get("future").time_ms  # type: ignore[union-attr]
+    assert engine.counts.refused_times == 1 and before_ms - 1 <= arrival <= time.time() * 1000 + 1
+    assert engine.state.counts.newest_ms == arrival
+    process(engine, "garbled", prose[4], published_at="yesterday")
     assert engine.counts.refused_times == 2
 
 
@@ -214,14 +218,14 @@ def test_an_article_without_a_date_takes_the_time_it_is_processed(
     prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [1_800_000_000.0]
-    monkeypatch.setattr(engine_module.time, "time", lambda: clock[0])
-    engine = Engine(MemoryState(), PARAMS, Retention(window_ms=1000))
-    engine.process("first", prose[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    engine = IndexShard(MemoryState(), PARAMS, Retention(window_ms=1000))
+    process(engine, "first", prose[0])
     clock[0] += 2.5  # later than the window: what came first is past it
-    engine.process("second", prose[1])
+    process(engine, "second", prose[1])
     assert engine.state.get("second").time_ms == 1_800_000_002_500  # type: ignore[union-attr]
     assert engine.state.get("first") is None and engine.counts.refused_times == 0
-    again = engine.process("again", prose[0])
+    again = process(engine, "again", prose[0])
     assert again.decision.kind == "unique"  # a copy of what expired
 
 

@@ -830,12 +830,13 @@ def test_report_columns_hold_the_whole_texts(color: bool, width: int, reference:
 def _verdict(original: str, copy: str) -> tuple[str, float, float]:
     """Index `original`, then decide about `copy` with the default parameters."""
     from neardup.core.params import DedupParams
-    from neardup.engine import Engine
+    from neardup.pipeline.shard import IndexShard
     from neardup.state.memory import MemoryState
+    from tests.conftest import process
 
-    engine = Engine(MemoryState(), DedupParams())
-    engine.process("original", original)
-    decision = engine.process("copy", copy).decision
+    engine = IndexShard(MemoryState(), DedupParams())
+    process(engine, "original", original)
+    decision = process(engine, "copy", copy).decision
     exact = exact_jaccard(shingle_set(normalize(original)), shingle_set(normalize(copy)))
     covered = exact_containment(shingle_set(normalize(original)), shingle_set(normalize(copy)))
     return decision.kind, exact, covered

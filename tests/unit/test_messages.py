@@ -12,7 +12,6 @@ import pytest
 
 from neardup.core.dedup import VerdictKind
 from neardup.core.params import DedupParams
-from neardup.engine import Engine
 from neardup.messages import (
     DEAD_LETTER_HEADROOM,
     DEAD_LETTER_MAX_BYTES,
@@ -30,8 +29,9 @@ from neardup.messages import (
     parse_verdict_filter,
     verdict_dict,
 )
+from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
-from tests.conftest import PROSE
+from tests.conftest import PROSE, process
 
 LIMIT = 1_000_000
 
@@ -168,9 +168,9 @@ def test_article_from_dict_accepts_decoded_data() -> None:
 
 def test_verdict_dict_mirrors_the_decision() -> None:
     params = DedupParams()
-    engine = Engine(MemoryState(), params)
-    engine.process("a", PROSE[0])
-    dup = engine.process("b", PROSE[0] + " One more closing line for the syndicated copy.")
+    engine = IndexShard(MemoryState(), params)
+    process(engine, "a", PROSE[0])
+    dup = process(engine, "b", PROSE[0] + " One more closing line for the syndicated copy.")
     record = verdict_dict(dup, params, 4.25)
     d = dup.decision
     assert list(record) == [
@@ -211,7 +211,7 @@ def test_verdict_dict_mirrors_the_decision() -> None:
 
 def test_unique_verdict_has_no_match() -> None:
     params = DedupParams()
-    record = verdict_dict(Engine(MemoryState(), params).process("solo", PROSE[2]), params)
+    record = verdict_dict(process(IndexShard(MemoryState(), params), "solo", PROSE[2]), params)
     assert record["verdict"] == "unique"
     assert (record["match_id"], record["jaccard"], record["containment"], record["contains"]) == (None,) * 4
     assert record["canonical_id"] == "solo" and record["candidates"] == []

@@ -12,7 +12,6 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from neardup.core.params import DedupParams
-from neardup.engine import Engine
 from neardup.messages import (
     DEAD_LETTER_HEADROOM,
     DEAD_LETTER_MAX_BYTES,
@@ -21,11 +20,12 @@ from neardup.messages import (
     decode_article,
     verdict_dict,
 )
+from neardup.pipeline import sign as stages
+from neardup.pipeline.shard import IndexShard
+from neardup.pipeline.sign import SignStage
+from neardup.pipeline.wire import Provenance
 from neardup.state.memory import MemoryState
-from neardup.stream import stages
-from neardup.stream.stages import SignStage
-from neardup.stream.wire import Provenance
-from tests.conftest import PROSE
+from tests.conftest import PROSE, process
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 EXAMPLES = SCHEMAS / "examples"
@@ -100,15 +100,15 @@ def test_example_dead_letters_carry_decodable_bytes() -> None:
 
 
 def _verdicts(params: DedupParams) -> dict[str, dict[str, Any]]:
-    engine = Engine(MemoryState(), params)
+    engine = IndexShard(MemoryState(), params)
     text = PROSE[1]
     out = {
-        "unique": engine.process("first", text),
-        "duplicate": engine.process("bylined", "By Staff Writer\n\n" + text + "\n\nCopyright 2024."),
-        "exact": engine.process("copy", text),
-        "partial": engine.process("head", text[: len(text) * 6 // 10]),
-        "other": engine.process("other", PROSE[2]),
-        "new-version": engine.process("first", PROSE[3]),
+        "unique": process(engine, "first", text),
+        "duplicate": process(engine, "bylined", "By Staff Writer\n\n" + text + "\n\nCopyright 2024."),
+        "exact": process(engine, "copy", text),
+        "partial": process(engine, "head", text[: len(text) * 6 // 10]),
+        "other": process(engine, "other", PROSE[2]),
+        "new-version": process(engine, "first", PROSE[3]),
     }
     return {name: verdict_dict(article, params, 3.5) for name, article in out.items()}
 

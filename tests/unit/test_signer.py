@@ -1,4 +1,4 @@
-"""neardup.stream.signer: signing in helper processes gives exactly the in-process results, in order,
+"""neardup.pipeline.signer: signing in helper processes gives exactly the in-process results, in order,
 a killed, crashed or hung helper is replaced, and helpers failing twice on a batch are fatal."""
 
 from __future__ import annotations
@@ -7,16 +7,18 @@ import asyncio
 import fcntl
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import orjson
 import pytest
 
 from neardup.core.params import DedupParams
-from neardup.stream.pipes import FAULT_VARIABLE, PIPE_BYTES, CallTimeout, HelperFault, widen_pipe
-from neardup.stream.signer import Signer, SignerFailed, SignItem
-from neardup.stream.stages import SignResult, SignStage
-from neardup.stream.wire import Provenance, Signed, decode_signed
+from neardup.pipeline.pipes import FAULT_VARIABLE, PIPE_BYTES, CallTimeout, HelperFault, widen_pipe
+from neardup.pipeline.sign import SignResult, SignStage
+from neardup.pipeline.signer import Signer, SignerFailed, SignItem
+from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from tests.conftest import PROSE
 
 PARAMS = DedupParams()
@@ -148,10 +150,14 @@ async def test_helpers_run_at_the_niceness_they_are_given() -> None:
 
 
 async def test_helpers_sign_with_the_configured_skew_and_report_refused_times() -> None:
-    """A published_at 30 minutes ahead of its record: within a one-hour skew it is the article's
-    time; within ten minutes it is refused, and the helper says so."""
-    stamp = 1_700_000_000_000
-    raw = orjson.dumps({"id": "a", "text": PROSE[0], "published_at": "2023-11-14T22:43:20Z"})
+    """A published_at 30 minutes ahead of the helper's clock: within a one-hour skew it is the
+    article's time; within ten minutes it is refused, the article is timed by its record, and the
+    helper says so."""
+    now_ms = round(time.time() * 1000)
+    stamp = now_ms - 60_000
+    ahead_ms = now_ms // 1000 * 1000 + 1_800_000
+    published = datetime.fromtimestamp(ahead_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    raw = orjson.dumps({"id": "a", "text": PROSE[0], "published_at": published})
     item: SignItem = (raw, b"a", Provenance("in", 0, 0, stamp))
     for skew_ms, refused in ((3_600_000, False), (600_000, True)):
         signer = Signer(SignStage(PARAMS, 1_000_000, skew_ms), processes=1)
@@ -162,7 +168,7 @@ async def test_helpers_sign_with_the_configured_skew_and_report_refused_times() 
         assert result.refused_time is refused
         signed = decode_signed(result.signed or b"")
         assert isinstance(signed, Signed)
-        assert signed.time_ms == (stamp if refused else stamp + 1_800_000)
+        assert signed.time_ms == (stamp if refused else ahead_ms)
 
 
 # --- helpers that hang or crash (NEARDUP_TEST_HELPER_FAULT) ---------------------------------------

@@ -1,4 +1,4 @@
-"""neardup.stream.stages: the sign stage (bytes → signed record or dead letter) and the index stage
+"""neardup.pipeline.sign and .shard: the sign stage (bytes → signed record or dead letter) and the index shard
 (signed record → verdict) over RocksDB and a plain dict standing in for the record table."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 from neardup.core.lsh import band_keys
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.signing import fingerprint
-from neardup.state.rocks import RocksState
-from neardup.stream.stages import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, IndexStage, SignStage
-from neardup.stream.wire import (
+from neardup.pipeline.shard import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, IndexShard
+from neardup.pipeline.sign import SignStage
+from neardup.pipeline.wire import (
     Provenance,
     Signed,
     SignedDeletion,
@@ -29,7 +29,8 @@ from neardup.stream.wire import (
     pack_signed,
     unpack_signed,
 )
-from tests.conftest import PROSE
+from neardup.state.rocks import RocksState
+from tests.conftest import PROSE, process
 
 PARAMS = DedupParams()
 SRC = Provenance("neardup-articles", 2, 4711, 1_717_000_000_000)
@@ -98,7 +99,7 @@ def test_schema_violation_detail_names_field(sign: SignStage) -> None:
 
 
 def test_unexpected_errors_do_not_escape(sign: SignStage, monkeypatch: pytest.MonkeyPatch) -> None:
-    import neardup.stream.stages as stages
+    import neardup.pipeline.sign as stages
 
     def explode(text: str, params: DedupParams) -> None:
         raise MemoryError("no room")
@@ -214,12 +215,11 @@ class Shard:
     def __init__(self, path: Path, records: dict[bytes, bytes] | None = None) -> None:
         self.state = RocksState(path)
         self.records: dict[bytes, bytes] = {} if records is None else records
-        self.stage = IndexStage(PARAMS, self.state, self.records)
-        self.count = self.stage.rebuild()
+        self.stage = IndexShard(self.state, PARAMS, changelog=self.records)
+        self.count = self.stage.replay(self.records)
 
     def handle(self, item: Signed | SignedDeletion, offset: int) -> tuple[str, dict[str, Any] | None]:
-        result = self.stage.handle(item, offset, now=NOW)
-        self.stage.applied(offset)
+        [result] = self.stage.decide([item], offset, now=NOW)
         self.stage.checkpoint()  # a message of one record, a batch of one message
         return result.status, result.verdict
 
@@ -318,21 +318,20 @@ def test_applied_offset_is_restored_from_the_records(shards: Any) -> None:
 def test_records_of_one_message_are_decided_in_order_and_replayed_together(shards: Any) -> None:
     shard = shards("index")
     message = story_with_a_copy()
-    first = [shard.stage.handle(item, 5, now=NOW) for item in message]
+    first = shard.stage.decide(message, 5, now=NOW)
     assert [r.status for r in first] == ["new", "new", "new"]  # one offset, three articles
     assert [r.verdict["verdict"] for r in first if r.verdict] == ["unique", "duplicate", "unique"]
-    assert shard.stage.applied_offset == -1  # not until the whole message is handled
-    crashed = dict(shard.records)  # killed before the message was marked applied
+    crashed = dict(shard.records)  # killed before the batch's checkpoint
+    assert OFFSET_KEY not in crashed
 
-    shard.stage.applied(5)
     shard.stage.checkpoint()
-    again = [shard.stage.handle(item, 5, now=NOW) for item in message]
+    again = shard.stage.decide(message, 5, now=NOW)
     assert [r.status for r in again] == ["replayed"] * 3
     assert [r.verdict for r in again] == [r.verdict for r in first]
 
     restarted = shards("restarted", crashed)
     assert restarted.stage.applied_offset == -1
-    redone = [restarted.stage.handle(item, 5, now=NOW) for item in message]
+    redone = restarted.stage.decide(message, 5, now=NOW)
     assert [r.status for r in redone] == ["redelivered"] * 3
     assert [r.verdict for r in redone] == [r.verdict for r in first]
 
@@ -439,7 +438,7 @@ def test_rebuild_on_the_same_directory_wipes_the_derived_index(shards: Any) -> N
     for offset, (article_id, text) in enumerate(HISTORY):
         shard.handle(signed(article_id, text), offset)
     shard.records.pop(ARTICLE_PREFIX + b"f")  # the table is the truth: what it lacks is not indexed
-    assert shard.stage.rebuild() == len({a for a, _ in HISTORY}) - 1
+    assert shard.stage.replay(shard.records) == len({a for a, _ in HISTORY}) - 1
     assert shard.state.get("f") is None
     status, verdict = shard.handle(signed("f2", PROSE[3]), 100)
     assert status == "new" and verdict is not None and verdict["verdict"] == "unique"
@@ -447,23 +446,22 @@ def test_rebuild_on_the_same_directory_wipes_the_derived_index(shards: Any) -> N
 
 @pytest.mark.parametrize("kind", ["memory", "rocks"])
 def test_content_map_passes_to_a_remaining_exact_copy(kind: str, tmp_path: Path) -> None:
-    from neardup.engine import Engine
     from neardup.state.memory import MemoryState
 
     state = MemoryState() if kind == "memory" else RocksState(tmp_path / "state")
     try:
-        engine = Engine(state, PARAMS)
-        first = engine.process("first", PROSE[0])
-        engine.process("copy-1", PROSE[0])
-        engine.process("copy-2", PROSE[0])
-        engine.process("first", PROSE[1])  # the first holder changes; its copies still hold the text
+        engine = IndexShard(state, PARAMS)
+        first = process(engine, "first", PROSE[0])
+        process(engine, "copy-1", PROSE[0])
+        process(engine, "copy-2", PROSE[0])
+        process(engine, "first", PROSE[1])  # the first holder changes; its copies still hold the text
         assert state.id_for_content(first.fingerprint.content_hash) == "copy-1"
-        again = engine.process("late", PROSE[0])
+        again = process(engine, "late", PROSE[0])
         assert (again.decision.exact, again.decision.match_id) == (True, "copy-1")
-        engine.process("copy-1", PROSE[2])
-        engine.process("copy-2", PROSE[3])
+        process(engine, "copy-1", PROSE[2])
+        process(engine, "copy-2", PROSE[3])
         assert state.id_for_content(first.fingerprint.content_hash) == "late"
-        engine.process("late", PROSE[4])
+        process(engine, "late", PROSE[4])
         assert state.id_for_content(first.fingerprint.content_hash) is None
     finally:
         state.close()
@@ -472,8 +470,14 @@ def test_content_map_passes_to_a_remaining_exact_copy(kind: str, tmp_path: Path)
 # --- reopening the derived index after a clean shutdown ----------------------------------------------
 
 
-def _stage(path: Path, records: dict[bytes, bytes]) -> IndexStage:
-    return IndexStage(PARAMS, RocksState(path), records)
+def _stage(path: Path, records: dict[bytes, bytes]) -> IndexShard:
+    return IndexShard(RocksState(path), PARAMS, changelog=records)
+
+
+def _open(shard: IndexShard, position: bytes = b"") -> int | None:
+    """Reopened (None) or replayed from its changelog (the number indexed), as the decider opens it."""
+    assert isinstance(shard.changelog, dict)
+    return None if shard.reopen(position) else shard.replay(shard.changelog)
 
 
 def _end(records: dict[bytes, bytes]) -> bytes:
@@ -481,9 +485,8 @@ def _end(records: dict[bytes, bytes]) -> bytes:
     return hashlib.sha256(repr(sorted(records.items())).encode()).hexdigest().encode()
 
 
-def _apply(stage: IndexStage, offset: int, article_id: str, text: str) -> dict[str, Any] | None:
-    result = stage.handle(signed(article_id, text), offset, now=NOW)
-    stage.applied(offset)
+def _apply(stage: IndexShard, offset: int, article_id: str, text: str) -> dict[str, Any] | None:
+    [result] = stage.decide([signed(article_id, text)], offset, now=NOW)
     stage.checkpoint()
     return result.verdict
 
@@ -491,18 +494,18 @@ def _apply(stage: IndexStage, offset: int, article_id: str, text: str) -> dict[s
 def test_a_cleanly_closed_index_is_reopened_not_rebuilt(tmp_path: Path) -> None:
     records: dict[bytes, bytes] = {}
     first = _stage(tmp_path / "index", records)
-    assert first.open(_end(records)) == 0  # nothing to keep yet: built (empty)
+    assert _open(first, _end(records)) == 0  # nothing to keep yet: built (empty)
     for offset, (article_id, text) in enumerate(HISTORY):
         _apply(first, offset, article_id, text)
     first.close(_end(records))
 
     second = _stage(tmp_path / "index", records)
-    assert second.open(_end(records)) is None  # kept
+    assert _open(second, _end(records)) is None  # kept
     assert second.applied_offset == len(HISTORY) - 1
-    assert second.index.count() == len({a for a, _ in HISTORY})
+    assert second.state.count() == len({a for a, _ in HISTORY})
     # and it decides exactly as a rebuilt one would
     rebuilt = _stage(tmp_path / "rebuilt", dict(records))
-    assert rebuilt.open() == len({a for a, _ in HISTORY})
+    assert _open(rebuilt) == len({a for a, _ in HISTORY})
     for offset, (article_id, text) in enumerate(FUTURE, start=len(HISTORY)):
         assert _apply(second, offset, article_id, text) == _apply(rebuilt, offset, article_id, text)
     second.close(_end(records))
@@ -512,15 +515,15 @@ def test_a_cleanly_closed_index_is_reopened_not_rebuilt(tmp_path: Path) -> None:
 def test_a_reopened_index_is_rebuilt_after_a_crash(tmp_path: Path) -> None:
     records: dict[bytes, bytes] = {}
     first = _stage(tmp_path / "index", records)
-    first.open(_end(records))
+    _open(first, _end(records))
     _apply(first, 0, "a", PROSE[0])
     first.close(_end(records))
     second = _stage(tmp_path / "index", records)
-    assert second.open(_end(records)) is None
+    assert _open(second, _end(records)) is None
     _apply(second, 1, "b", PROSE[1])
-    second.index.close()  # a crash: the stage never closes, no marker is written
+    second.state.close()  # a crash: the stage never closes, no marker is written
     third = _stage(tmp_path / "index", records)
-    assert third.open(_end(records)) == 2
+    assert _open(third, _end(records)) == 2
     third.close(_end(records))
 
 
@@ -528,19 +531,18 @@ def test_a_reopened_index_is_rebuilt_after_a_crash(tmp_path: Path) -> None:
 def test_a_stale_index_is_rebuilt(tmp_path: Path, case: str) -> None:
     records: dict[bytes, bytes] = {}
     first = _stage(tmp_path / "index", records)
-    first.open(_end(records))
+    _open(first, _end(records))
     _apply(first, 0, "a", PROSE[0])
     if case == "closed with unsaved work":
-        first.handle(signed("b", PROSE[1]), 1, now=NOW)
-        first.applied(1)  # applied, but the checkpoint was never written
+        first.decide([signed("b", PROSE[1])], 1, now=NOW)  # applied, but the checkpoint was never written
     first.close(_end(records))
     if case == "applied elsewhere since":
         elsewhere = _stage(tmp_path / "elsewhere", records)  # the shard moved to another worker
-        elsewhere.open(_end(records))
+        _open(elsewhere, _end(records))
         _apply(elsewhere, 1, "c", PROSE[2])
         elsewhere.close(_end(records))
     again = _stage(tmp_path / "index", records)
-    assert again.open(_end(records)) == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
+    assert _open(again, _end(records)) == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
     again.close(_end(records))
 
 

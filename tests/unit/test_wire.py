@@ -1,4 +1,4 @@
-"""neardup.stream.wire: signed records, deletions, feed records and packs on the signatures topic,
+"""neardup.pipeline.wire: signed records, deletions, feed records and packs on the signatures topic,
 and the refusals of bytes that are none of them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from neardup.core.params import DedupParams
 from neardup.core.signing import fingerprint
-from neardup.stream.wire import (
+from neardup.pipeline.wire import (
     Provenance,
     Signed,
     SignedDeletion,

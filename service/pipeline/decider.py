@@ -1,9 +1,9 @@
 """The index stage behind one async interface, in a child process (default) or in the worker.
 
-In a child (`python -m neardup.stream.decider`, NEARDUP_INDEX_PROCESS=1) the derived index, its
+In a child (`python -m neardup.pipeline.decider`, NEARDUP_INDEX_PROCESS=1) the derived index, its
 record cache and every decision live beside the worker's event loop, which keeps only Kafka work:
 the loop sends a batch of signatures messages and gets back the verdicts (JSON) and the writes for
-the changelog, which it sends there. The child runs the same IndexStage in
+the changelog, which it sends there. The child runs the same IndexShard in
 the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
 
 The records are held once on disk, in the index; the changelog is what rebuilds it. The index is
@@ -44,18 +44,19 @@ from .pipes import (
     read_frame,
     write_frame,
 )
-from .stages import BatchOutcome, IndexStage
-from .topics import Entry
+from .shard import BatchOutcome, IndexShard, SignedMessage, SizeGauge, decide_messages
 from .wire import signed_count
 
 log = logging.getLogger("neardup.decider")
 
-Message = tuple[int, bytes]  # (offset, value) of one signatures message
 Write = tuple[bytes, bytes | None]  # (key, value) for the changelog; None, a tombstone
-Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
+Entry = Write  # a changelog message as read back for a replay
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
 CLOSE_TIMEOUT_S = 30.0
 COMPACTION_AT_CLOSE_S = 15.0  # then the child is killed: its index stays as it was, reusable
+
+
+Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
 
 
 class DeciderFailed(RuntimeError):
@@ -72,7 +73,7 @@ class Changelog(Protocol):
 
 
 class _WriteCollector(MutableMapping[bytes, bytes]):
-    """The changelog as the IndexStage writes it: the writes are collected and handed to the
+    """The changelog as the IndexShard writes it: the writes are collected and handed to the
     agent, which sends a whole chunk's writes to the changelog at once (app.py). The stage reads
     records back only to rebuild, and then from the changelog compacted on disk."""
 
@@ -136,7 +137,8 @@ class Decider:
         self.changelog = changelog
         self.in_process = in_process
         self.gc_freeze_every = gc_freeze_every
-        self.stage: IndexStage | None = None  # in_process only
+        self.shard: IndexShard | None = None  # in_process only
+        self._size = SizeGauge()
         self._collector = _WriteCollector()  # in_process only
         self._child: Child | None = None
         # awaited before a replacement child rebuilds: the changelog must hold every chunk answered
@@ -179,17 +181,16 @@ class Decider:
 
     async def _open(self, position: bytes, end: int) -> tuple[int | None, int]:
         if self.in_process:
-            if self.stage is None:
-                self.stage = IndexStage(
-                    self.params, RocksState(self.index_path, self.options), self._collector, self.retention
-                )
-            self._collector.drain()  # a batch that failed half-way: the stage rebuilds
-            if self.stage.reopen(position):
-                return None, self.stage.applied_offset
+            if self.shard is None:
+                state = RocksState(self.index_path, self.options)
+                self.shard = IndexShard(state, self.params, self.retention, self._collector)
+            self._collector.drain()  # a batch that failed half-way: the shard replays
+            if self.shard.reopen(position):
+                return None, self.shard.applied_offset
             with CompactedLog(_scratch(self.index_path)) as table:
                 async for entries in self.changelog.read(end):
                     table.add(entries)
-                return self.stage.rebuild(table), self.stage.applied_offset
+                return self.shard.replay(table), self.shard.applied_offset
         if self._child is None:
             setup = (self.params, str(self.index_path), self.options, self.gc_freeze_every, self.retention)
             # this module, by the name the package was imported under
@@ -207,14 +208,14 @@ class Decider:
             loaded += len(entries)
         return cast(tuple[int, int], await child.call(("loaded",), timeout.seconds(loaded)))
 
-    async def decide(self, messages: list[Message]) -> tuple[BatchOutcome, list[Write]]:
+    async def decide(self, messages: list[SignedMessage]) -> tuple[BatchOutcome, list[Write]]:
         """Decide one chunk of messages (see decide_chunks)."""
         async with contextlib.aclosing(self.decide_chunks([messages])) as answers:
             async for answer in answers:
                 return answer
         raise AssertionError("decide_chunks answers every chunk")
 
-    async def decide_chunks(self, chunks: Sequence[list[Message]]) -> AsyncGenerator[Answer, None]:
+    async def decide_chunks(self, chunks: Sequence[list[SignedMessage]]) -> AsyncGenerator[Answer, None]:
         """Decide chunks of messages in order, yielding each one's outcome and its writes for the
         changelog. The caller sends a chunk's writes before it asks for the next answer: a
         replaced decider rebuilds from the changelog, then decides again what was not answered.
@@ -225,9 +226,9 @@ class Decider:
         when leaving early: a child with a request in flight is stopped, as its answer would be
         read as the next one's."""
         if self.in_process:
-            assert self.stage is not None, "open() first"
+            assert self.shard is not None, "open() first"
             for messages in chunks:
-                yield self.stage.handle_messages(messages), self._collector.drain()
+                yield decide_messages(self.shard, messages, self._size), self._collector.drain()
             return
         answered = 0
         for attempt in (1, 2):
@@ -263,9 +264,9 @@ class Decider:
         reusable = clean and self.changelog_end >= 0 and not self.ahead_of_changelog
         position = str(self.changelog_end).encode() if reusable else None
         if self.in_process:
-            if self.stage is not None:
-                self.stage.close(position)
-                self.stage = None
+            if self.shard is not None:
+                self.shard.close(position)
+                self.shard = None
             return
         if self._child is None:
             return
@@ -316,7 +317,8 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         tuple[DedupParams, str, RocksOptions, int, Retention], first
     )
     table = _WriteCollector()
-    stage = IndexStage(params, RocksState(path, options), table, retention)
+    shard = IndexShard(RocksState(path, options), params, retention, table)
+    size = SizeGauge()
     collector = CollectorPolicy(freeze_every)
     write_frame(answers, "ready")
     fault = HelperFault("decider")
@@ -324,32 +326,32 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         op, *args = cast(tuple, request)
         if op == "decide":
             fault.next_batch()
-            outcome = stage.handle_messages(args[0])
+            outcome = decide_messages(shard, args[0], size)
             write_frame(answers, (outcome, table.drain()))
             collector.after(outcome.handled)
         elif op == "reopen":
             table.drain()
-            write_frame(answers, stage.applied_offset if stage.reopen(args[0]) else None)
+            write_frame(answers, shard.applied_offset if shard.reopen(args[0]) else None)
         elif op == "rebuild":
             write_frame(answers, "rebuilding")
             with CompactedLog(_scratch(Path(path))) as compacted:
                 for entries in _streamed_entries(requests, answers):
                     compacted.add(entries)
-                count = stage.rebuild(compacted)
-            write_frame(answers, (count, stage.applied_offset))
+                count = shard.replay(compacted)
+            write_frame(answers, (count, shard.applied_offset))
         elif op == "close":
-            reusable = stage.mark_reusable(args[0])
+            reusable = shard.mark_reusable(args[0])
             write_frame(answers, "closed")
             if reusable:
                 # The space of expired, deleted and overwritten entries is reclaimed while the
                 # worker shuts down. Safe to cut short: the marker is on disk already, and a
                 # RocksDB killed mid-compaction reopens as it was before it.
-                stage.index.compact()
-            stage.index.close()
+                shard.state.compact()
+            shard.state.close()
             return
         else:
             raise ValueError(f"unknown request {op!r}")
-    stage.index.close()  # the worker went away: no clean marker
+    shard.state.close()  # the worker went away: no clean marker
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Signing (normalize, shingle, MinHash) is the CPU-heavy part of an article's cost and needs no state;
 Faust's event handling, Kafka I/O and the index stage stay in the worker's own process meanwhile.
-Each helper is a child process (`python -m neardup.stream.signer`, see pipes.py) that signs the
+Each helper is a child process (`python -m neardup.pipeline.signer`, see pipes.py) that signs the
 batches it reads from its stdin.
 """
 
@@ -24,7 +24,7 @@ from .pipes import (
     read_frame,
     write_frame,
 )
-from .stages import SignResult, SignStage
+from .sign import SignResult, SignStage
 from .wire import Provenance
 
 log = logging.getLogger("neardup.signer")
@@ -156,9 +156,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         results = []
         for raw, key, topic, partition, offset, timestamp in batch:  # type: ignore[attr-defined]
             result = stage.handle(raw, key, Provenance(topic, partition, offset, timestamp))
-            results.append(
-                (result.signed, result.dead_letter, result.reason, result.refused_time, result.published_at)
-            )
+            results.append((result.signed, result.dead_letter, result.reason, result.refused_time))
         write_frame(answers, results)
 
 

@@ -1,0 +1,402 @@
+"""One index shard: decides signed articles in order against its state, applies them, expires what
+the retention window leaves behind, and writes the changelog that rebuilds it.
+
+The one engine of the worker's index stage, embedded mode, the library and `neardup evaluate`. In
+the worker the state is derived: the durable truth is the changelog (`changelog`, sent by the
+adapter to the compacted topic `<app_id>-records-changelog`), whose key layout this module owns;
+the state is kept across a clean restart, else replayed from the changelog. Elsewhere the state is
+the only copy and there is no changelog.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import orjson
+
+from ..core.dedup import IndexedArticle, decide
+from ..core.params import DedupParams, IncompatibleState
+from ..core.retention import NO_RETENTION, Retention
+from ..messages import verdict_dict
+from ..state.index import IndexState
+from ..state.records import MAGIC as RECORD_MAGIC
+from ..state.records import CorruptRecord, encode_article
+from .wire import Headers, Signed, SignedDeletion, decode_signed, unpack_signed
+
+# The changelog's keys: one record per article, the applied offsets, the removal counts.
+ARTICLE_PREFIX = b"a"
+OFFSET_KEY = b"m:applied-offset"
+# the input offsets applied, per input partition (replay safety), with the offset of the
+# signatures message that last moved them
+INPUTS_KEY = b"m:applied-inputs"
+# how many articles expiry and deletes removed ({"expired", "deleted"}), so that a replayed index,
+# and `neardup stats --broker`, count them as the worker did
+REMOVED_KEY = b"m:removed"
+# in the derived state only: where the changelog ended when it was closed cleanly
+CLEAN_KEY = b"closed-cleanly-at"
+SIZE_EVERY_S = 10.0  # how often a batch's outcome carries the index's size on disk
+
+Item = Signed | SignedDeletion
+SignedMessage = tuple[int, bytes]  # (offset, value) of one signatures message
+
+
+class Compacted(Protocol):
+    """The changelog as read for a replay: a mapping, or the changelog compacted on disk."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]: ...
+
+
+def table_articles(records: Compacted) -> Iterator[tuple[str, bytes]]:
+    """The article records, (article id, record), without the applied offsets beside them."""
+    prefix = len(ARTICLE_PREFIX)
+    for key, value in records.items():
+        if key.startswith(ARTICLE_PREFIX):
+            yield key[prefix:].decode(errors="replace"), value
+
+
+def removed_counts(records: Compacted) -> tuple[int, int]:
+    """(expired, deleted) as the changelog last counted them."""
+    stored = records.get(REMOVED_KEY)
+    if stored is None:
+        return 0, 0
+    counted = orjson.loads(stored)
+    return int(counted["expired"]), int(counted["deleted"])
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One item through the shard. `status`: "new", "redelivered" (the same id and content again:
+    its stored verdict), "replayed" (an input already applied, recognised by where it came from),
+    "stale" (an input since replaced), "deleted", "unknown_delete", or "error" (`error` says why)."""
+
+    status: str
+    article: IndexedArticle | None = None
+    verdict: dict[str, Any] | None = None
+    expired: int = 0  # articles an expiry pass removed after this one
+    error: Exception | None = None
+
+
+@dataclass
+class ShardCounts:
+    """What the shard did beside deciding, for summaries."""
+
+    refused_times: int = 0  # published_at or record time not used (unparseable, or too far ahead)
+    unknown_deletes: int = 0
+    expired: int = 0
+
+
+@dataclass
+class IndexShard:
+    """One writer per shard. `decide` takes a batch of signed articles in order; `replay` rebuilds
+    the state from the changelog. With a `changelog`, the state is derived from it (its header is
+    checked when it is reopened, else it is replayed); without, the state is the only copy and its
+    header is checked now."""
+
+    state: IndexState
+    params: DedupParams
+    retention: Retention = NO_RETENTION
+    changelog: MutableMapping[bytes, bytes] | None = None
+    counts: ShardCounts = field(default_factory=ShardCounts)
+    applied_offset: int = -1  # the last signatures message applied
+    # per input partition ("topic:partition"), the last input offset applied
+    inputs: dict[str, int] = field(default_factory=dict)
+    _checkpointed: tuple[int, dict[str, int], tuple[int, int]] = (-1, {}, (0, 0))
+
+    def __post_init__(self) -> None:
+        if self.changelog is None:
+            self.state.open_header(self.params.header())
+
+    # -- a batch of articles -----------------------------------------------------------------
+
+    def decide(
+        self, items: Sequence[Item], offset: int | None = None, now: float | None = None
+    ) -> list[Decided]:
+        """Decide `items` in order, each applied before the next is decided; never raises for one
+        item (its result has status "error"). `offset`: the signatures message they came in (the
+        worker), by which a re-delivered input is recognised and answered with its stored verdict,
+        never a new version; None: no such tracking (the state's content check still answers an
+        article sent again with its stored verdict)."""
+        now_s = time.time() if now is None else now
+        results = []
+        for item in items:
+            try:
+                results.append(self._decide_one(item, offset, now_s))
+            except Exception as exc:  # one bad record must not stop the shard
+                results.append(Decided("error", error=exc))
+        if offset is not None:
+            self.applied_offset = max(self.applied_offset, offset)
+        return results
+
+    def _decide_one(self, item: Item, offset: int | None, now_s: float) -> Decided:
+        if offset is not None:
+            src = item.provenance
+            partition = f"{src.topic}:{src.partition}"
+            if offset <= self.applied_offset or src.offset <= self.inputs.get(partition, -1):
+                return self._replay_one(item, now_s)
+            self.inputs[partition] = src.offset
+        if isinstance(item, SignedDeletion):
+            return self._delete(item.article_id)
+        if item.refused_time:
+            self.counts.refused_times += 1
+        time_ms = self._capped_time(item.time_ms, now_s)
+        cutoff = self.retention.cutoff(self._newest(time_ms))
+        keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
+        outcome = decide(item.article_id, item.fingerprint, self.state, self.params, keys, time_ms, cutoff)
+        if outcome.update is not None:
+            record = encode_article(outcome.article)
+            self.state.apply(outcome.update, record=record)
+            if self.changelog is not None:
+                self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record
+        expired = self._expire_due()
+        status = "redelivered" if outcome.redelivered else "new"
+        return Decided(status, outcome.article, self._verdict(outcome.article, item, now_s), expired)
+
+    def _capped_time(self, time_ms: int, now_s: float) -> int:
+        """No time the state keeps, and so no expiry cutoff, runs ahead of this clock by more than
+        the skew, whatever a signer's clock said."""
+        return min(time_ms, round(now_s * 1000) + self.retention.skew_ms)
+
+    def _newest(self, time_ms: int) -> int:
+        newest = self.state.counts.newest_ms
+        return time_ms if newest is None else max(newest, time_ms)
+
+    def _expire_due(self) -> int:
+        """An expiry pass when the cutoff has moved far enough since the last one."""
+        counts = self.state.counts
+        cutoff = self.retention.cutoff(counts.newest_ms)
+        if cutoff is None or not self.retention.due(cutoff, counts.expired_before_ms):
+            return 0
+        removed = self.state.expire(cutoff)
+        for gone in removed:
+            self._forget(gone.article_id)
+        self.counts.expired += len(removed)
+        return len(removed)
+
+    def _replay_one(self, item: Item, now_s: float) -> Decided:
+        """The stored verdict when the stored version is this one; nothing otherwise (a version
+        since replaced, or a deletion already applied)."""
+        if isinstance(item, SignedDeletion):
+            return Decided("stale")
+        existing = self.state.get(item.article_id)
+        if existing is not None and existing.fingerprint.content_hash == item.fingerprint.content_hash:
+            return Decided("replayed", existing, self._verdict(existing, item, now_s))
+        return Decided("stale", existing)
+
+    def _delete(self, article_id: str) -> Decided:
+        removed = self.state.delete(article_id)
+        if removed is None:
+            self.counts.unknown_deletes += 1
+            return Decided("unknown_delete")
+        self._forget(article_id)
+        return Decided("deleted", removed)
+
+    def _forget(self, article_id: str) -> None:
+        """The article's record leaves the changelog (a tombstone), so a replay does not bring it back."""
+        if self.changelog is not None:
+            del self.changelog[ARTICLE_PREFIX + article_id.encode()]
+
+    def _verdict(self, article: IndexedArticle, item: Signed, now_s: float) -> dict[str, Any]:
+        sent = item.provenance.timestamp_ms
+        latency = None if sent is None else round(max(now_s * 1000.0 - sent, 0.0), 3)
+        return verdict_dict(article, self.params, latency)
+
+    def checkpoint(self) -> None:
+        """Write the applied offsets and removal counts to the changelog, when they moved: once per
+        batch, not per article. After a crash, articles applied after the last checkpoint come
+        back as re-deliveries of their own records: the same verdict, no new write."""
+        if self.changelog is None:
+            return
+        offset, inputs, removed = self._checkpointed
+        if self.inputs != inputs:
+            self.changelog[INPUTS_KEY] = orjson.dumps(self.inputs)
+        if self.applied_offset != offset:
+            self.changelog[OFFSET_KEY] = str(self.applied_offset).encode()
+        if (now_removed := self._removed()) != removed:
+            self.changelog[REMOVED_KEY] = orjson.dumps(
+                dict(zip(("expired", "deleted"), now_removed, strict=True))
+            )
+        self._checkpointed = (self.applied_offset, dict(self.inputs), now_removed)
+
+    def _removed(self) -> tuple[int, int]:
+        return self.state.counts.expired, self.state.counts.deleted
+
+    # -- the derived state's life ------------------------------------------------------------
+
+    def reopen(self, position: bytes) -> bool:
+        """Keep the derived state when it was closed cleanly at `position`, where the changelog
+        ends now (nothing was written to it since, by this worker or another); False: replay."""
+        marker = self.state.get_meta(CLEAN_KEY)
+        if not marker or marker != position:
+            return False
+        try:
+            self.state.open_header(self.params.header())
+        except IncompatibleState:
+            return False
+        offset, inputs = self.state.get_meta(OFFSET_KEY), self.state.get_meta(INPUTS_KEY)
+        # From now on the state changes: a crash must force a replay, so forget the marker on disk
+        # before the first change.
+        self.state.set_meta({CLEAN_KEY: b""}, durable=True)
+        self._restore(offset, inputs)
+        return True
+
+    def replay(self, table: Compacted) -> int:
+        """Re-derive the state from `table`, the changelog compacted, its article records read
+        lazily; returns the number indexed. Records of an earlier format are refused."""
+        self.state.clear()
+        self.state.open_header(self.params.header())
+        try:
+            count = self.state.bulk_load(
+                _current_format(table_articles(table)), removed=removed_counts(table)
+            )
+        except CorruptRecord as exc:
+            raise IncompatibleState(str(exc)) from exc
+        self._restore(table.get(OFFSET_KEY), table.get(INPUTS_KEY))
+        return count
+
+    def _restore(self, offset: bytes | None, inputs: bytes | None) -> None:
+        """The applied offsets as checkpointed (-1 and none: nothing applied yet)."""
+        self.applied_offset = int(offset) if offset is not None else -1
+        self.inputs = dict(orjson.loads(inputs)) if inputs else {}
+        self._checkpointed = (self.applied_offset, dict(self.inputs), self._removed())
+
+    def mark_reusable(self, position: bytes | None) -> bool:
+        """At close, with the changelog's end `position` (None: unknown, after a failure): mark
+        the state reusable when everything applied is checkpointed. Whether it was marked."""
+        if position is None or self.applied_offset != self._checkpointed[0]:
+            return False
+        marker = {CLEAN_KEY: position, OFFSET_KEY: str(self.applied_offset).encode()}
+        self.state.set_meta({**marker, INPUTS_KEY: orjson.dumps(self.inputs)}, durable=True)
+        return True
+
+    def close(self, position: bytes | None = None) -> None:
+        """Close the state, marked reusable if it can be (mark_reusable)."""
+        self.mark_reusable(position)
+        self.state.close()
+
+
+# -- the worker's batches: signatures messages in, outcomes out (they cross the decider's pipe) --
+
+
+class EntryOutcome(NamedTuple):
+    """One signed record as the index agent needs it: a verdict (JSON) to publish, or an error and
+    the bytes to dead-letter. A tuple: it crosses the pipe from the decider process (decider.py)."""
+
+    offset: int  # of the signatures message
+    article_id: str | None
+    status: str  # Decided.status
+    verdict: bytes | None = None
+    kind: str | None = None  # the verdict's kind
+    latency_ms: float | None = None
+    error: str | None = None
+    payload: bytes | None = None
+    expired: int = 0
+    original: bytes | None = None  # the input message, for the filtered feed (with_original)
+    headers: Headers = ()
+
+    @classmethod
+    def of(cls, offset: int, result: Decided, signed: Signed | None = None) -> EntryOutcome:
+        verdict = result.verdict
+        if verdict is None:
+            article_id = None if result.article is None else result.article.article_id
+            return cls(offset, article_id, result.status, expired=result.expired)
+        original, headers = (signed.original, signed.headers) if isinstance(signed, Signed) else (None, ())
+        return cls(
+            offset,
+            verdict["article_id"],
+            result.status,
+            orjson.dumps(verdict),
+            verdict["verdict"],
+            verdict["latency_ms"],
+            expired=result.expired,
+            original=original,
+            headers=headers,
+        )
+
+    @classmethod
+    def failed(cls, offset: int, payload: bytes, exc: Exception) -> EntryOutcome:
+        return cls(offset, None, "error", error=f"{type(exc).__name__}: {exc}", payload=payload)
+
+
+class BatchOutcome(NamedTuple):
+    entries: list[EntryOutcome]
+    indexed: int  # articles in the index after the batch
+    handled: int  # signed records handled (what the collector policy counts)
+    clusters: int = 0
+    buckets: int = 0
+    oldest_ms: int | None = None
+    newest_ms: int | None = None
+    largest_bucket: int = 0
+    bytes_on_disk: int | None = None  # None: not measured again since the last batch that was
+
+
+def decide_messages(shard: IndexShard, messages: Sequence[SignedMessage], size: SizeGauge) -> BatchOutcome:
+    """A batch of signatures messages ((offset, value), in order), each unpacked and its records
+    decided in order, then checkpointed. Never raises for bad input: a message or record that
+    cannot be handled comes back as an error with its bytes, for the dead-letter topic."""
+    entries: list[EntryOutcome] = []
+    handled = 0
+    for offset, value in messages:
+        try:
+            records = unpack_signed(value)
+        except Exception as exc:  # a corrupt internal message must not stop the shard
+            entries.append(EntryOutcome.failed(offset, value, exc))
+            records = []
+        handled += len(records)
+        items, kept = [], []
+        for record in records:
+            try:
+                items.append(decode_signed(record))
+                kept.append(record)
+            except Exception as exc:
+                entries.append(EntryOutcome.failed(offset, record, exc))
+        for record, item, result in zip(kept, items, shard.decide(items, offset), strict=True):
+            if result.error is not None:
+                entries.append(EntryOutcome.failed(offset, record, result.error))
+            else:
+                entries.append(EntryOutcome.of(offset, result, item if isinstance(item, Signed) else None))
+    shard.checkpoint()
+    state = shard.state
+    counts = state.counts
+    return BatchOutcome(
+        entries,
+        counts.articles,
+        handled,
+        counts.clusters,
+        counts.buckets,
+        state.oldest_ms() if counts.articles else None,
+        counts.newest_ms,
+        counts.largest_bucket,
+        size.measure(state),
+    )
+
+
+class SizeGauge:
+    """The index's size on disk, measured at most every SIZE_EVERY_S: it lists the directory."""
+
+    def __init__(self) -> None:
+        self.measured_at = -SIZE_EVERY_S
+
+    def measure(self, state: IndexState) -> int | None:
+        now = time.monotonic()
+        if now - self.measured_at < SIZE_EVERY_S:
+            return None
+        self.measured_at = now
+        return state.kv.size_bytes()
+
+
+def _current_format(records: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
+    """The records, refusing the first of an earlier format with a message that says what to do."""
+    for article_id, record in records:
+        if record[:2] != RECORD_MAGIC:
+            raise IncompatibleState(
+                f"the changelog holds a record of an earlier state format ({record[:2]!r}, article "
+                f"{article_id!r}); this version cannot rebuild from it. Start from a new NEARDUP_APP_ID "
+                "(a new consumer group and changelog) with a new NEARDUP_SIGNATURES_TOPIC and an empty "
+                "state directory: the input is then decided again from its start"
+            )
+        yield article_id, record

@@ -1,0 +1,85 @@
+"""The sign stage: an input message → its signed record (fingerprint, band keys, event time,
+provenance; never the text), or a dead letter. Stateless and CPU-bound: it runs in the signing
+helpers (signer.py), in embedded mode's process, and for the library's calls alike."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import orjson
+
+from ..core.lsh import band_keys
+from ..core.params import DedupParams
+from ..core.retention import NO_RETENTION, event_time
+from ..core.signing import EmptyText, fingerprint
+from ..messages import Article, Deletion, InvalidMessage, dead_letter_dict, decode_message
+from .wire import Provenance, Signed, SignedDeletion, encode_deletion, encode_signed
+
+
+@dataclass(frozen=True)
+class SignResult:
+    """Exactly one of `signed` and `dead_letter` is set."""
+
+    signed: bytes | None = None
+    dead_letter: bytes | None = None
+    reason: str | None = None
+    refused_time: bool = False  # a published_at or record time was present but not used
+
+
+class SignStage:
+    """Stateless and CPU-bound: scales with input partitions and workers."""
+
+    def __init__(
+        self, params: DedupParams, max_text_bytes: int, time_skew_ms: int = NO_RETENTION.skew_ms
+    ) -> None:
+        self.params = params
+        self.max_text_bytes = max_text_bytes
+        self.time_skew_ms = time_skew_ms
+
+    def handle(self, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
+        """Never raises: every failure becomes a dead letter carrying the original bytes. A
+        tombstone (a key, no value) becomes a deletion."""
+        try:
+            signed = self.sign(decode_message(raw, key, self.max_text_bytes), src)
+            if isinstance(signed, SignedDeletion):
+                return SignResult(signed=encode_deletion(signed))
+            return SignResult(signed=encode_signed(signed), refused_time=signed.refused_time)
+        except Exception as exc:  # one bad article must not stop the stream
+            return self.failed(exc, raw, key, src)
+
+    def sign(
+        self, article: Article | Deletion, src: Provenance, now_ms: int | None = None
+    ) -> Signed | SignedDeletion:
+        """The signed record of a decoded article; raises signing.EmptyText for an empty text.
+
+        Its event time is judged against this process's clock, never the record's: `published_at`
+        when valid and at most the skew ahead of the clock, else the record's timestamp when that
+        is not ahead either, else the time it is signed (its arrival). One producer's clock can
+        then neither expire the index nor keep an article beyond its peers."""
+        if isinstance(article, Deletion):
+            return SignedDeletion(article.article_id, src)
+        fp = fingerprint(article.text, self.params)
+        bands, rows = self.params.lsh.bands, self.params.lsh.rows
+        keys = tuple(band_keys(fp.signature, bands, rows))
+        now = round(time.time() * 1000) if now_ms is None else now_ms
+        stamp = src.timestamp_ms
+        stamp_refused = stamp is not None and stamp > now + self.time_skew_ms
+        arrival = now if stamp is None or stamp_refused else stamp
+        when = event_time(article.published_at, now, arrival, self.time_skew_ms)
+        refused = when.refused or stamp_refused
+        return Signed(article.article_id, fp, src, keys, (bands, rows), when.time_ms, refused)
+
+    @classmethod
+    def failed(cls, exc: Exception, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
+        """The dead letter for a message whose signing raised `exc`."""
+        if isinstance(exc, InvalidMessage):
+            return cls._dead(exc.reason, exc.detail, raw, key, src)
+        if isinstance(exc, EmptyText):
+            return cls._dead("empty_text", str(exc), raw, key, src)
+        return cls._dead("internal_error", f"{type(exc).__name__}: {exc}", raw, key, src)
+
+    @staticmethod
+    def _dead(reason: str, detail: str, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
+        record = dead_letter_dict(reason, detail, raw, src.topic, src.partition, src.offset, key)
+        return SignResult(dead_letter=orjson.dumps(record), reason=reason)

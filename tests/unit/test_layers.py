@@ -1,0 +1,80 @@
+"""The layers: the broker-free pipeline, embedded mode, the library and `neardup evaluate` never
+reach the Kafka adapter (service/stream) or its frameworks; only the CLI does."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import neardup
+
+SERVICE = Path(neardup.__file__).parent
+ADAPTER_FREE = sorted(
+    [
+        *(SERVICE / "pipeline").glob("*.py"),
+        *(SERVICE / name for name in ("embedded.py", "api.py", "evaluation.py")),
+    ]
+)
+FRAMEWORKS = ("faust", "aiokafka", "mode", "kafka")
+
+
+def absolute_imports(module: Path, source: str | None = None) -> list[str]:
+    """What a module of the package imports, relative imports resolved to `neardup.…`."""
+    package = ["neardup", *module.parent.relative_to(SERVICE).parts]
+    names = []
+    for node in ast.walk(ast.parse(module.read_text(encoding="utf-8") if source is None else source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                names.append(".".join(base + ([node.module] if node.module else [])))
+            else:
+                names.append(node.module or "")
+    return names
+
+
+def offences(imported: list[str]) -> list[str]:
+    return [
+        name for name in imported if name.startswith("neardup.stream") or name.split(".")[0] in FRAMEWORKS
+    ]
+
+
+# Parsed at collection, before any test runs: on this Python, a RecursionError caught in an
+# earlier test (the deep-nesting inputs) can leave ast.parse failing for the rest of the process.
+IMPORTS = {module: absolute_imports(module) for module in SERVICE.rglob("*.py")}
+FAKE_IMPORTS = absolute_imports(
+    SERVICE / "pipeline" / "fake.py",
+    "from ..stream import app\nimport aiokafka\nfrom .wire import Signed\nfrom ..core import lsh\n",
+)
+
+
+@pytest.mark.parametrize("module", ADAPTER_FREE, ids=lambda m: str(m.relative_to(SERVICE)))
+def test_the_pipeline_and_its_callers_import_nothing_of_the_adapter(module: Path) -> None:
+    assert not offences(IMPORTS[module]), f"{module.relative_to(SERVICE)} imports {offences(IMPORTS[module])}"
+
+
+def test_only_the_cli_imports_the_adapter_from_outside_it() -> None:
+    outside = [p for p in SERVICE.rglob("*.py") if "stream" not in p.relative_to(SERVICE).parts]
+    importers = {p.name for p in outside if any(n.startswith("neardup.stream") for n in IMPORTS[p])}
+    assert importers == {"cli.py"}
+
+
+def test_importing_them_loads_neither_the_adapter_nor_its_frameworks() -> None:
+    """Transitively too: a fresh interpreter imports every adapter-free module and lists what came in."""
+    modules = ["neardup." + ".".join(p.relative_to(SERVICE).with_suffix("").parts) for p in ADAPTER_FREE]
+    script = (
+        f"import sys\nfor m in {modules!r}: __import__(m)\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('neardup.stream') "
+        f"or m.split('.')[0] in {FRAMEWORKS!r}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert loaded.stdout.split() == []
+
+
+def test_the_check_can_fail() -> None:
+    assert offences(FAKE_IMPORTS) == ["neardup.stream", "aiokafka"]
