@@ -1,10 +1,10 @@
 """The index stage behind one async interface, in a child process (default) or in the worker.
 
-In a child (`python -m neardup.pipeline.decider`, NEARDUP_INDEX_PROCESS=1) the derived index, its
-record cache and every decision live beside the worker's event loop, which keeps only Kafka work:
-the loop sends a batch of signatures messages and gets back the verdicts (JSON) and the writes for
-the changelog, which it sends there. The child runs the same IndexShard in
-the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
+In a child (`python -m neardup.pipeline.child neardup.pipeline.decider`, NEARDUP_INDEX_PROCESS=1)
+the derived index, its record cache and every decision live beside the worker's event loop, which
+keeps only Kafka work: the loop sends a batch of signatures messages and gets back the verdicts
+(JSON) and the writes for the changelog, which it sends there. The child runs the same IndexShard
+in the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
 
 The records are held once on disk, in the index; the changelog is what rebuilds it. The index is
 kept when it was closed cleanly where the changelog still ends; otherwise (a crash, a lost state
@@ -39,8 +39,6 @@ from .pipes import (
     CallTimeout,
     Child,
     ChildFailed,
-    HelperFault,
-    child_main,
     read_frame,
     write_frame,
 )
@@ -321,11 +319,9 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     size = SizeGauge()
     collector = CollectorPolicy(freeze_every)
     write_frame(answers, "ready")
-    fault = HelperFault("decider")
     while (request := read_frame(requests)) is not None:
         op, *args = cast(tuple, request)
         if op == "decide":
-            fault.next_batch()
             outcome = decide_messages(shard, args[0], size)
             write_frame(answers, (outcome, table.drain()))
             collector.after(outcome.handled)
@@ -352,7 +348,3 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         else:
             raise ValueError(f"unknown request {op!r}")
     shard.state.close()  # the worker went away: no clean marker
-
-
-if __name__ == "__main__":
-    child_main(serve)

@@ -1,9 +1,9 @@
 """Child processes that serve requests over pipes: the signing helpers and the index decider.
 
-Each child is `python -m <module>`, reading length-prefixed pickles from its stdin and answering on
-its stdout, through the worker's own event loop: no pool threads competing with the loop for the GIL
-(a concurrent.futures pool costs the worker CPU of its own for every request). A child whose worker
-dies reads end-of-file and exits.
+Each child is `python -m neardup.pipeline.child <module>`, reading length-prefixed pickles from its
+stdin and answering on its stdout, through the worker's own event loop: no pool threads competing
+with the loop for the GIL (a concurrent.futures pool costs the worker CPU of its own for every
+request). A child whose worker dies reads end-of-file and exits.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pickle
 import signal
 import struct
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -28,7 +27,6 @@ _STREAM_LIMIT = 64 * 1024 * 1024  # a batch of answers; asyncio's default of 64 
 PIPE_BYTES = 1024 * 1024
 # A child's start imports numpy and the core: seconds on a busy machine, whatever its batches take.
 START_TIMEOUT_S = 60.0
-FAULT_VARIABLE = "NEARDUP_TEST_HELPER_FAULT"
 
 
 class ChildFailed(RuntimeError):
@@ -64,10 +62,12 @@ class Child:
 
     @classmethod
     async def start(cls, module: str, setup: object, timeout: float = START_TIMEOUT_S) -> Child:
-        """Start `python -m module` and send it `setup`; returns once the child answered it."""
+        """Start a child serving `module` (child.py) and send it `setup`; returns once the child
+        answered it."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
+            __name__.rsplit(".", 1)[0] + ".child",  # by the name the package was imported under
             module,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -155,34 +155,6 @@ def read_frame(stream: BinaryIO) -> object | None:
 def write_frame(stream: BinaryIO, answer: object) -> None:
     stream.write(frame(answer))
     stream.flush()
-
-
-class HelperFault:
-    """For tests only: makes child processes hang or crash, to test how the worker copes.
-
-    NEARDUP_TEST_HELPER_FAULT=<hang|crash>:<signer|decider>:<n> makes every child of that kind
-    (each replacement too, counting again from 1) hang for good, or exit at once with status 70,
-    when its n-th batch comes (a batch to sign; a "decide" request). Unset, or naming the other
-    kind of child, it does nothing."""
-
-    def __init__(self, child: str, spec: str | None = None) -> None:
-        spec = os.environ.get(FAULT_VARIABLE, "") if spec is None else spec
-        self.action, self.at, self.batches = "", 0, 0
-        if spec:
-            action, kind, at = spec.split(":")
-            if action not in ("hang", "crash") or kind not in ("signer", "decider"):
-                raise ValueError(f"{FAULT_VARIABLE}={spec!r}: expected <hang|crash>:<signer|decider>:<n>")
-            if kind == child:
-                self.action, self.at = action, int(at)
-
-    def next_batch(self) -> None:
-        self.batches += 1
-        if self.batches != self.at:
-            return
-        if self.action == "crash":
-            os._exit(70)
-        while True:
-            time.sleep(3600)
 
 
 def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:

@@ -2,8 +2,8 @@
 
 Signing (normalize, shingle, MinHash) is the CPU-heavy part of an article's cost and needs no state;
 Faust's event handling, Kafka I/O and the index stage stay in the worker's own process meanwhile.
-Each helper is a child process (`python -m neardup.pipeline.signer`, see pipes.py) that signs the
-batches it reads from its stdin.
+Each helper is a child process (`python -m neardup.pipeline.child neardup.pipeline.signer`, see
+pipes.py) that signs the batches it reads from its stdin.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from .pipes import (
     CallTimeout,
     Child,
     ChildFailed,
-    HelperFault,
-    child_main,
     read_frame,
     write_frame,
 )
@@ -150,15 +148,16 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     if first[2]:
         os.nice(int(first[2]))
     write_frame(answers, "ready")
-    fault = HelperFault("signer")
     while (batch := read_frame(requests)) is not None:
-        fault.next_batch()
-        results = []
-        for raw, key, topic, partition, offset, timestamp in batch:  # type: ignore[attr-defined]
-            result = stage.handle(raw, key, Provenance(topic, partition, offset, timestamp))
-            results.append((result.signed, result.dead_letter, result.reason, result.refused_time))
-        write_frame(answers, results)
+        write_frame(answers, sign_batch(stage, cast(list[_Wire], batch)))
 
 
-if __name__ == "__main__":
-    child_main(serve)
+def sign_batch(
+    stage: SignStage, batch: list[_Wire]
+) -> list[tuple[bytes | None, bytes | None, str | None, bool]]:
+    """One request: each item's result, as plain tuples (they pickle fastest)."""
+    results = []
+    for raw, key, topic, partition, offset, timestamp in batch:
+        result = stage.handle(raw, key, Provenance(topic, partition, offset, timestamp))
+        results.append((result.signed, result.dead_letter, result.reason, result.refused_time))
+    return results

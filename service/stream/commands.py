@@ -89,11 +89,13 @@ def worker_settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from ..testhooks import load_test_hooks
     from .app import create_app, exit_after
     from .metrics import Metrics, serve
     from .topics import TopicMismatch, ensure_topics
 
     settings = worker_settings(args)
+    load_test_hooks("worker")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
     )
@@ -121,8 +123,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         settings.metrics_host,
         settings.metrics_port,
     )
-    app, runtime = create_app(settings, metrics)
-    runtime.exit_later = exit_after
+    app, runtime = create_app(settings, metrics, exit_later=exit_after)
     faust_level = _FAUST_LEVELS.get(settings.log_level.lower(), settings.log_level.lower())
     # Faust's CLI would turn its web server (which can show tables) back on, bound to 0.0.0.0;
     # --without-web keeps it off, our own server serves /metrics and /health on loopback.
@@ -139,15 +140,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         app.main()
     except SystemExit:
-        if not runtime.failed:
+        if not runtime.failure.failed:
             raise
-        # Faust exits 0 after the stop the worker asked for itself (app.py: Runtime.fail), which
+        # Faust exits 0 after the stop the worker asked for itself (progress.py: Failure), which
         # whatever supervises the worker must see as a failure
     finally:
         runtime.signer.close()
         runtime.decider.kill()  # closed cleanly on shutdown already (app.py: IndexPipeline.close)
         server.shutdown()
-    return 1 if runtime.failed else 0
+    return 1 if runtime.failure.failed else 0
 
 
 def cmd_produce(args: argparse.Namespace) -> int:

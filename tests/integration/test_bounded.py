@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from neardup.messages import DEAD_LETTER_MAX_BYTES
-from neardup.pipeline.pipes import FAULT_VARIABLE
+from tests.faults import HELPER_FAULT, fault_env
 
 from .conftest import (
     Deployment,
@@ -38,7 +38,7 @@ def test_a_worker_whose_signing_helpers_hang_twice_exits_non_zero_and_a_restart_
     articles = load_sample(60)
     deployment.extra_env.update(
         {
-            FAULT_VARIABLE: "hang:signer:1",
+            **fault_env(HELPER_FAULT, "hang:signer:1"),
             "NEARDUP_HELPER_TIMEOUT": "2",
             "NEARDUP_HELPER_ITEM_TIMEOUT_MS": "0",
         }

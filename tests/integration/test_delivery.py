@@ -20,9 +20,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from neardup.pipeline.pipes import FAULT_VARIABLE
 from neardup.state.rocks import RocksState
-from neardup.stream.faults import AGENT_FAULT_VARIABLE
+from tests.faults import AGENT_FAULT, HELPER_FAULT, fault_env
 
 from .conftest import (
     KAFKA_SH,
@@ -226,10 +225,10 @@ def test_a_broker_stopped_for_30s_under_load_loses_nothing(deployment: Deploymen
 @pytest.mark.parametrize(
     ("variable", "spec", "logged"),
     [
-        (AGENT_FAULT_VARIABLE, "raise:sign:1", "agent_failed"),
-        (AGENT_FAULT_VARIABLE, "raise:index:1", "agent_failed"),
-        (FAULT_VARIABLE, "crash:signer:1", "signing_unavailable"),
-        (FAULT_VARIABLE, "crash:decider:1", "index_unavailable"),
+        (AGENT_FAULT, "raise:sign:1", "agent_failed"),
+        (AGENT_FAULT, "raise:index:1", "agent_failed"),
+        (HELPER_FAULT, "crash:signer:1", "signing_unavailable"),
+        (HELPER_FAULT, "crash:decider:1", "index_unavailable"),
     ],
     ids=["sign-agent", "index-agent", "signing-helper", "decider-helper"],
 )
@@ -237,7 +236,7 @@ def test_an_exception_in_an_agent_or_a_helper_stops_the_worker_and_a_restart_mis
     deployment: Deployment, tmp_path: Path, variable: str, spec: str, logged: str
 ) -> None:
     articles = load_sample(80)
-    deployment.extra_env[variable] = spec
+    deployment.extra_env.update(fault_env(variable, spec))
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
     started = time.monotonic()
@@ -258,7 +257,7 @@ def test_a_kill_between_decision_and_changelog_leaves_nothing_a_rebuild_lacks(
     an uninterrupted run's."""
     articles = load_sample()
     first, second = articles[:300], articles[300:]
-    deployment.extra_env[AGENT_FAULT_VARIABLE] = "delay:index:2:60000"
+    deployment.extra_env.update(fault_env(AGENT_FAULT, "delay:index:2:60000"))
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], first)
     log = deployment.root / "worker0.log"

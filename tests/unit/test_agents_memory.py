@@ -242,7 +242,7 @@ async def test_input_messages_the_consumer_went_past_are_read_back_and_signed_in
         asked.append((name, partition, start, stop))
         return [stored[o] for o in range(start, stop)]
 
-    monkeypatch.setattr(runtime.log_reader, "read", read)
+    monkeypatch.setattr(runtime.progress.log_reader, "read", read)
     # delivered: 4, 5, then 8 (2-3 before the first, 6-7 between)
     for offset in (4, 5, 8):
         sign_agent.sent_offset = offset
@@ -405,11 +405,11 @@ async def test_index_agent_stops_the_worker_when_the_decider_cannot_go_on(
         yield  # an async generator, as Decider.decide_chunks
 
     monkeypatch.setattr(runtime.decider, "decide_chunks", broken)
-    runtime.stop_worker = lambda: stops.append(True)
+    runtime.failure.stop_worker = lambda: stops.append(True)
     await index_agent.put(_signed(runtime.settings, "a", PROSE[0]), key=SHARD_KEY)
     await _settled(lambda: stops == [True])
     assert recorders["verdicts"].sent == []  # nothing published for the failed batch
-    assert runtime.failed  # the worker exits non-zero
+    assert runtime.failure.failed  # the worker exits non-zero
 
 
 async def test_the_sign_agent_stops_the_worker_when_signing_cannot_go_on(
@@ -432,13 +432,13 @@ async def test_the_sign_agent_stops_the_worker_when_signing_cannot_go_on(
 
     monkeypatch.setattr(runtime.signer, "sign", broken)
     monkeypatch.setattr(LeanStream, "ack", ack)
-    runtime.stop_worker = lambda: stops.append(True)
+    runtime.failure.stop_worker = lambda: stops.append(True)
     async with app.agents["sign"].test_context() as agent:
         await agent.put(_article("a", 0), key=b"a")
         await _settled(lambda: stops == [True])
         await agent.put(_article("b", 1), key=b"b")
         await asyncio.sleep(0.1)
-    assert runtime.failed and signed == [1]  # the next batch was not taken
+    assert runtime.failure.failed and signed == [1]  # the next batch was not taken
     assert recorders["signatures"].sent == [] and recorders["dead_letters"].sent == []
     assert acked == []
 
@@ -450,11 +450,11 @@ async def test_an_agent_that_raises_stops_the_worker_once_without_waiting_for_it
     and its stop does not wait for the batch that will never be acknowledged."""
     app, runtime, _ = wired
     stops: list[bool] = []
-    runtime.stop_worker = lambda: stops.append(True)
+    runtime.failure.stop_worker = lambda: stops.append(True)
     assert not cast(Any, app).failed()
     for name in ("sign", "index"):
         await cast(Any, app)._on_agent_error(app.agents[name], RuntimeError("broker gone"))
-    assert stops == [True] and runtime.failed and cast(Any, app).failed()
+    assert stops == [True] and runtime.failure.failed and cast(Any, app).failed()
 
 
 async def test_the_worker_consumer_fetches_with_the_configured_wait_and_minimum() -> None:
@@ -490,7 +490,7 @@ async def test_a_signatures_message_this_worker_sent_is_decided_once_acknowledge
 
     monkeypatch.setattr(faust.topics.Topic, "send", acknowledged)
     assert runtime.hand_off is not None
-    hand_offs = asyncio.create_task(runtime.hand_off.run())
+    hand_offs = asyncio.create_task(runtime.hand_off.run(runtime.index.decide_handed_off))
     try:
         # offset 0 through the consumer: the index is opened, the shard is this worker's
         await index_agent.put(_signed(settings, "a", PROSE[0]), key=SHARD_KEY)

@@ -16,11 +16,12 @@ import orjson
 import pytest
 
 from neardup.pipeline.decider import Decider, DeciderFailed, Write
-from neardup.pipeline.pipes import FAULT_VARIABLE, CallTimeout
+from neardup.pipeline.pipes import CallTimeout
 from neardup.pipeline.shard import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexShard
 from neardup.pipeline.wire import encode_signed, pack_signed, runs_within, signed_count
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
 from tests.conftest import PROSE, ListChangelog
+from tests.faults import HELPER_FAULT, inject
 from tests.unit.test_stages import FUTURE, HISTORY, PARAMS, signed
 
 Messages = list[tuple[int, bytes]]
@@ -284,7 +285,7 @@ async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight
 async def test_a_hung_child_is_killed_and_replaced_within_its_timeout(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(FAULT_VARIABLE, "hang:decider:2")  # each child hangs on its second batch
+    inject(monkeypatch, HELPER_FAULT, "hang:decider:2")  # each child hangs on its second batch
     here = make("here", ListChangelog(), in_process=True)
     child = make("child", ListChangelog(), in_process=False, timeout=CallTimeout(base_s=2.0, per_item_s=0.01))
     await here.open()
@@ -302,7 +303,7 @@ async def test_a_hung_child_is_killed_and_replaced_within_its_timeout(
 
 
 async def test_a_child_hanging_twice_on_a_batch_is_fatal(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FAULT_VARIABLE, "hang:decider:1")  # every child hangs on its first batch
+    inject(monkeypatch, HELPER_FAULT, "hang:decider:1")  # every child hangs on its first batch
     child = make("child", ListChangelog(), in_process=False, timeout=CallTimeout(base_s=1.0, per_item_s=0.0))
     await child.open()
     loop = asyncio.get_running_loop()

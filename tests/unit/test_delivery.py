@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from neardup.stream.delivery import Deliveries
-from neardup.stream.faults import AgentFault, InjectedFault
 from neardup.stream.metrics import Metrics
 
 
@@ -104,55 +103,32 @@ def test_health_reports_failure_then_stall_then_ok() -> None:
     }
 
 
-async def test_agent_faults_raise_or_delay_where_asked() -> None:
-    assert AgentFault("").action == ""
-    fault = AgentFault("raise:index:2")
-    fault.after_batch("sign")
-    fault.after_batch("index")
-    with pytest.raises(InjectedFault):
-        fault.after_batch("index")
-    delay = AgentFault("delay:index:2:50")
-    started = time.monotonic()
-    await delay.before_changelog()
-    assert time.monotonic() - started < 0.04
-    await delay.before_changelog()
-    assert time.monotonic() - started >= 0.05
-    for bad in ("raise:decider:1", "delay:sign:1:5", "raise:index", "delay:index:1:x"):
-        with pytest.raises(ValueError, match="NEARDUP_TEST_AGENT_FAULT"):
-            AgentFault(bad)
-
-
 def test_a_stage_or_partition_without_progress_is_reported_stalled() -> None:
     from types import SimpleNamespace
 
     from faust.types import TP
 
-    from neardup.stream.app import stalled_stage
+    from neardup.stream.progress import Progress
 
     now = time.monotonic()
     stage = Deliveries("index", lambda message: None)
-    settings = SimpleNamespace(stall_timeout=60.0, signatures_topic="sigs")
     tp = TP("articles", 0)
     highwater = {tp: 100}
     consumer = SimpleNamespace(assignment=lambda: set(highwater), highwater=highwater.get)
     app: Any = SimpleNamespace(consumer=consumer)
-    runtime: Any = SimpleNamespace(
-        settings=settings,
-        stages=lambda: [stage],
-        delivered={tp: 99},
-        taken_at={"articles": now - 120},
-        decider=SimpleNamespace(opening=False),
-    )
-    assert stalled_stage(app, runtime) is None  # everything taken: nothing waits
-    runtime.delivered[tp] = 40
-    assert "articles:0: 59 waiting" in (stalled_stage(app, runtime) or "")
-    runtime.taken_at["articles"] = now
-    assert stalled_stage(app, runtime) is None  # waiting, but a batch was just taken
+    progress = Progress(app, cast(Any, None), cast(Any, None), cast(Any, None))
+    progress.delivered[tp] = 99
+    progress.taken_at["articles"] = now - 120
+    assert progress.stalled([stage], 60.0, None) is None  # everything taken: nothing waits
+    progress.delivered[tp] = 40
+    assert "articles:0: 59 waiting" in (progress.stalled([stage], 60.0, None) or "")
+    progress.taken_at["articles"] = now
+    assert progress.stalled([stage], 60.0, None) is None  # waiting, but a batch was just taken
     stage._unsettled, stage.settled_at = 2, now - 61
-    assert "stage index: 2 batches unacknowledged" in (stalled_stage(app, runtime) or "")
+    assert "stage index: 2 batches unacknowledged" in (progress.stalled([stage], 60.0, None) or "")
     stage.settled_at = now
     sigs = TP("sigs", 0)
-    highwater[sigs], runtime.delivered[sigs], runtime.taken_at["sigs"] = 10, 2, now - 300
-    assert "sigs:0" in (stalled_stage(app, runtime) or "")
-    runtime.decider.opening = True
-    assert stalled_stage(app, runtime) is None  # a rebuild in progress is not a stall
+    highwater[sigs], progress.delivered[sigs], progress.taken_at["sigs"] = 10, 2, now - 300
+    assert "sigs:0" in (progress.stalled([stage], 60.0, None) or "")
+    # a rebuild in progress is not a stall
+    assert progress.stalled([stage], 60.0, rebuilding="sigs") is None

@@ -15,8 +15,8 @@ from neardup import cli, embedded
 from neardup.core.params import DedupParams
 from neardup.core.signing import Fingerprint
 from neardup.embedded import default_sign_processes, run_file
-from neardup.pipeline.pipes import FAULT_VARIABLE
 from neardup.state.memory import MemoryState
+from tests.faults import HELPER_FAULT, inject
 
 SAMPLE = Path(embedded.__file__).parent / "data" / "sample_news.jsonl"
 MAX_TEXT_BYTES = 50_000
@@ -161,13 +161,13 @@ def test_helpers_failing_twice_stop_the_run_and_a_rerun_resumes(
 
     with source.open("ab") as more:
         more.write(b"".join(lines[70:]))
-    monkeypatch.setenv(FAULT_VARIABLE, "crash:signer:1")  # every helper dies on its first batch
+    inject(monkeypatch, HELPER_FAULT, "crash:signer:1")  # every helper dies on its first batch
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "failed twice" in err and "checkpointed after line 70" in err
     assert out.read_bytes() == done
 
-    monkeypatch.delenv(FAULT_VARIABLE)
+    monkeypatch.delenv(HELPER_FAULT)
     assert cli.main(argv) == 0
     assert "resumed at line 71" in capsys.readouterr().out
     assert out.read_bytes() == (reference / "out.jsonl").read_bytes()

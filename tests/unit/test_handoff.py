@@ -1,4 +1,4 @@
-"""The index hand-off's queue (app.py `_HandOff`): signatures messages decided in the order they were
+"""The index hand-off's queue (index_agent.py `HandOff`): signatures messages decided in the order they were
 sent, as soon as their sends are acknowledged; the agents' side is in test_agents_memory.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from neardup.stream.app import HANDOFF_QUEUE, _HandOff
+from neardup.stream.index_agent import HANDOFF_QUEUE, HandOff
 
 
 def _acknowledged(offset: int) -> asyncio.Future[Any]:
@@ -24,8 +24,8 @@ async def test_messages_are_decided_in_send_order_those_acknowledged_meanwhile_t
         decided.append(messages)
         await release.wait()  # a decision in progress: what is sent meanwhile waits for it
 
-    hand_off = _HandOff(decide)
-    runner = asyncio.create_task(hand_off.run())
+    hand_off = HandOff()
+    runner = asyncio.create_task(hand_off.run(decide))
     hand_off.submit(_acknowledged(7), b"h")
     await asyncio.sleep(0.01)
     late: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -46,14 +46,14 @@ async def test_a_failed_send_leaves_it_and_those_sent_after_it_to_the_consumer()
     async def decide(messages: list[tuple[int, bytes]]) -> None:
         decided.append(messages)
 
-    hand_off = _HandOff(decide)
+    hand_off = HandOff()
     failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     failed.set_exception(RuntimeError("broker gone"))
     hand_off.submit(_acknowledged(3), b"d")
     hand_off.submit(failed, b"e")
     hand_off.submit(_acknowledged(5), b"f")
     hand_off.submit(None, b"g")  # not a send's future (a stand-in topic): nothing to wait for
-    runner = asyncio.create_task(hand_off.run())
+    runner = asyncio.create_task(hand_off.run(decide))
     await asyncio.sleep(0.01)
     assert decided == [[(3, b"d")]]
     hand_off.submit(_acknowledged(6), b"h")
@@ -70,11 +70,11 @@ async def test_a_full_queue_leaves_the_message_to_the_consumer() -> None:
     async def decide(messages: list[tuple[int, bytes]]) -> None:
         decided.append(messages)
 
-    hand_off = _HandOff(decide, maxsize=2)
+    hand_off = HandOff(maxsize=2)
     for offset in range(4):
         hand_off.submit(_acknowledged(offset), b"m%d" % offset)
     assert hand_off.dropped == 2
-    runner = asyncio.create_task(hand_off.run())
+    runner = asyncio.create_task(hand_off.run(decide))
     await asyncio.sleep(0.01)
     assert decided == [[(0, b"m0"), (1, b"m1")]]
     hand_off.submit(_acknowledged(4), b"m4")  # room again
@@ -84,4 +84,4 @@ async def test_a_full_queue_leaves_the_message_to_the_consumer() -> None:
 
 
 def test_the_queue_is_bounded_by_default() -> None:
-    assert _HandOff(lambda messages: None)._sent.maxsize == HANDOFF_QUEUE > 0
+    assert HandOff()._sent.maxsize == HANDOFF_QUEUE > 0

@@ -15,11 +15,12 @@ import orjson
 import pytest
 
 from neardup.core.params import DedupParams
-from neardup.pipeline.pipes import FAULT_VARIABLE, PIPE_BYTES, CallTimeout, HelperFault, widen_pipe
+from neardup.pipeline.pipes import PIPE_BYTES, CallTimeout, widen_pipe
 from neardup.pipeline.sign import SignResult, SignStage
 from neardup.pipeline.signer import Signer, SignerFailed, SignItem
 from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from tests.conftest import PROSE
+from tests.faults import HELPER_FAULT, inject
 
 PARAMS = DedupParams()
 STAGE = SignStage(PARAMS, max_text_bytes=10_000)
@@ -177,7 +178,7 @@ async def test_helpers_sign_with_the_configured_skew_and_report_refused_times() 
 async def test_a_hung_helper_is_killed_and_replaced_within_its_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(FAULT_VARIABLE, "hang:signer:2")  # each helper hangs on its second batch
+    inject(monkeypatch, HELPER_FAULT, "hang:signer:2")  # each helper hangs on its second batch
     signer = Signer(STAGE, processes=1, timeout=CallTimeout(base_s=2.0, per_item_s=0.01))
     try:
         batch = items(20)
@@ -198,14 +199,14 @@ async def test_a_hung_helper_is_killed_and_replaced_within_its_timeout(
 async def test_crashed_helpers_are_replaced_and_fatal_when_both_attempts_crash(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(FAULT_VARIABLE, "crash:signer:1")  # each helper exits at its first batch...
+    inject(monkeypatch, HELPER_FAULT, "crash:signer:1")  # each helper exits at its first batch...
     signer = Signer(STAGE, processes=2, timeout=CallTimeout(base_s=30.0))
     batch = items(40)
     try:
         with pytest.raises(SignerFailed):  # ...so the batch fails twice, without waiting for a timeout
             await asyncio.wait_for(signer.sign(batch), 20)
         assert signer.helper_pids == []
-        monkeypatch.setenv(FAULT_VARIABLE, "crash:signer:2")  # ...at its second: once per helper
+        inject(monkeypatch, HELPER_FAULT, "crash:signer:2")  # ...at its second: once per helper
         assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
         assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
     finally:
@@ -213,7 +214,7 @@ async def test_crashed_helpers_are_replaced_and_fatal_when_both_attempts_crash(
 
 
 async def test_helpers_hanging_twice_on_a_batch_are_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FAULT_VARIABLE, "hang:signer:1")  # every helper hangs on its first batch
+    inject(monkeypatch, HELPER_FAULT, "hang:signer:1")  # every helper hangs on its first batch
     signer = Signer(STAGE, processes=2, timeout=CallTimeout(base_s=1.0, per_item_s=0.0))
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -222,12 +223,3 @@ async def test_helpers_hanging_twice_on_a_batch_are_fatal(monkeypatch: pytest.Mo
     assert loop.time() - started < 30
     assert signer.helper_pids == []  # none left hanging
     await signer.aclose()
-
-
-def test_the_fault_hook_does_nothing_unless_asked_for_this_kind_of_child() -> None:
-    for spec in ("", "hang:decider:1"):
-        fault = HelperFault("signer", spec)
-        for _ in range(3):
-            fault.next_batch()  # returns at once
-    with pytest.raises(ValueError, match=FAULT_VARIABLE):
-        HelperFault("signer", "sleep:signer:1")

@@ -1,0 +1,345 @@
+"""The `index` agent and the hand-off: signatures messages, in the shard's order → the decider →
+verdicts (and the filtered feed, and dead letters) published, the index's writes sent to its
+changelog, each chunk settled once the broker has all of them."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import faust
+import orjson
+from faust.types import TP
+
+from ..config import Settings
+from ..messages import dead_letter_dict
+from ..pipeline.collector import CollectorPolicy
+from ..pipeline.decider import Decider, DeciderFailed
+from ..pipeline.shard import BatchOutcome, EntryOutcome
+from ..pipeline.wire import runs_within
+from .batches import SentBatch
+from .delivery import Deliveries
+from .gaps import OffsetGap, following_run, in_log_order
+from .outputs import Letter, Outputs
+from .progress import Failure, Progress
+from .topics import changelog_topic
+
+log = logging.getLogger("neardup.stream")
+SHARD_KEY = b"0"
+# Bytes of signatures messages per decision request: a backlog batch (up to 100 messages) is decided
+# in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
+# articles, ~390 KB) is one message, and so a chunk of its own.
+DECIDE_CHUNK_BYTES = 256 * 1024
+TAKE_WITHIN_S = 0.001  # as the sign agent's (sign_agent.py)
+CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
+# Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
+# A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
+HANDOFF_QUEUE = 16
+
+
+class HandOff:
+    """Signatures messages this worker sent, decided as soon as the broker acknowledges them.
+
+    Through the consumer, a signatures message reaches the index agent one fetch round trip after
+    its send: about as long again as the input's own fetch. The acknowledgement gives its offset, so while
+    this worker owns the shard it can be decided at once, in the shard's order: only when it follows
+    the last message decided (`gaps.following_run`); otherwise (another worker's messages first,
+    the shard elsewhere, a failed send) the consumer brings it, as it brings every message anyway.
+
+    The queue holds `maxsize` messages: when it is full, the message is not handed off (nor are
+    those after it, which no longer follow the last one decided) and the consumer brings it. The
+    hand-off only saves latency; making the sign stage wait for it instead would tie the input's
+    pace to the decisions', which the consumer's path keeps apart."""
+
+    def __init__(self, maxsize: int = HANDOFF_QUEUE) -> None:
+        self._sent: asyncio.Queue[tuple[Any, bytes]] = asyncio.Queue(maxsize)
+        self.dropped = 0  # messages left to the consumer because the queue was full
+
+    def submit(self, sent: Any, pack: bytes) -> None:
+        """`sent`: what Topic.send returned, awaitable for the message's metadata."""
+        if asyncio.isfuture(sent):
+            try:
+                self._sent.put_nowait((sent, pack))
+            except asyncio.QueueFull:
+                self.dropped += 1
+
+    async def run(self, decide: Callable[[list[tuple[int, bytes]]], Awaitable[None]]) -> None:
+        """In send order; whatever is acknowledged meanwhile is decided together (one pipelined
+        request to the decider, as a batch from the consumer would be)."""
+        while True:
+            waiting = [await self._sent.get()]
+            while not self._sent.empty():
+                waiting.append(self._sent.get_nowait())
+            messages: list[tuple[int, bytes]] = []
+            for sent, pack in waiting:
+                try:
+                    metadata = await sent
+                except Exception:  # the send failed: the sign agent's own await reports it
+                    break
+                messages.append((metadata.offset, pack))
+            if messages:
+                await decide(messages)
+
+
+class IndexPipeline:
+    """The `index` agent and the hand-off: signatures messages, in the shard's order → the decider →
+    verdicts (and the filtered feed, and dead letters) published, the index's writes sent to its
+    changelog, settled once the broker has all of them (`deliveries`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        decider: Decider,
+        collector: CollectorPolicy,
+        outputs: Outputs,
+        progress: Progress,
+        failure: Failure,
+        deliveries: Deliveries,
+    ) -> None:
+        self.settings = settings
+        self.decider = decider
+        self.collector = collector
+        self.outputs = outputs
+        self.progress = progress
+        self.failure = failure
+        self.deliveries = deliveries
+        self.metrics = progress.metrics
+        self.changelog = changelog_topic(settings)
+        self.shard = TP(settings.signatures_topic, 0)  # the index shard: one partition
+        self.feed_kinds = settings.feed_kinds()
+        # raised whenever the index shard is (re)assigned: the index is reopened or rebuilt first
+        self.needs_open = True
+        # One decision at a time, whether from the index agent or from a hand-off (`HandOff`)
+        self.lock = asyncio.Lock()
+        # The last signatures offset decided by a hand-off since the shard's assignment: the
+        # consumer delivers those messages too, and the index agent lets them pass
+        self.handed_off = -1
+
+    async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
+        async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
+            gaps = await self.handle(fetched)
+
+            async def acknowledge(fetched: list[Any] = fetched, gaps: list[OffsetGap] = gaps) -> None:
+                # after the settling of every chunk of the batch (and of the hand-offs before it)
+                await self.progress.allow_commits_past(gaps)
+                await stream.acknowledge(fetched)
+                self.progress.record_lag(fetched)
+
+            await self.deliveries.settle((), acknowledge)
+
+    async def handle(self, fetched: list[faust.EventT]) -> list[OffsetGap]:
+        """Decide a fetched batch and send what it causes; returns the gaps it filled, which its
+        acknowledgement lets the commits go past."""
+        self.progress.took(self.settings.signatures_topic)
+        async with self.lock:
+            decider = await self._open_decider()
+            # decided already, as soon as this worker's send of them was acknowledged
+            batch = [e for e in fetched if e.message.offset > self.handed_off]
+            gaps = self.progress.check_gaps(batch) if batch else []
+            if batch:
+                await self.decide_and_publish(decider, await self._in_log_order(batch, gaps))
+        return gaps
+
+    async def _in_log_order(
+        self, batch: list[faust.EventT], gaps: list[OffsetGap]
+    ) -> list[tuple[int, bytes]]:
+        """The batch's messages (offset, value), with those of `gaps` read back in their place."""
+        messages = [(event.message.offset, cast(bytes, event.value)) for event in batch]
+        if not gaps:
+            return messages
+        delivered = [(self.shard, offset, value) for offset, value in messages]
+        fills = [
+            (self.shard, found.offset, found.value)
+            for _, found in await self.progress.read_gaps(gaps)
+            if found.value is not None
+        ]
+        return [(offset, value) for _, offset, value in in_log_order(delivered, gaps, fills)]
+
+    async def decide_and_publish(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+        """Decide signatures messages (in the shard's order, following the last one decided), send
+        each chunk's writes to the changelog and its verdicts, and hand them to the
+        index stage's deliveries. The index has the writes already: it is kept at the next start
+        only when closed with all of them acknowledged (Decider.close)."""
+        chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
+        # Pipelined: the decider works on the next chunk while the loop publishes this one.
+        try:
+            async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
+                async for outcome, writes in answers:
+                    changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
+                    sends, counted = await self.publish(outcome)
+                    sends += [batch.sent for batch in changelog]
+                    await self.deliveries.settle(sends, self._applied(changelog, counted))
+        except BaseException as exc:
+            # Half a batch applied: the index may be ahead of the changelog. Rebuild it from the
+            # changelog before the next batch (the re-delivered batch then replays what was applied).
+            self.needs_open = True
+            decider.mark_ahead()
+            if isinstance(exc, DeciderFailed):
+                self.failure.fail(f"index_unavailable: {exc}; stopping the worker")
+            raise
+
+    def _applied(self, changelog: list[SentBatch], counted: Callable[[], None]) -> Callable[[], None]:
+        """What a chunk's acknowledgement means: the changelog holds its writes (the decider learns
+        where it ends), and its counters count."""
+
+        def apply() -> None:
+            if changelog:
+                last = changelog[-1]  # one partition: the last batch holds the last write
+                self.decider.acknowledged(last.sent.result().offset + last.messages)
+            counted()
+
+        return apply
+
+    async def decide_handed_off(self, messages: list[tuple[int, bytes]]) -> None:
+        """Signatures messages this worker sent, decided on their acknowledgement (`_HandOff`)."""
+        async with self.lock:
+            last = self.progress.delivered.get(self.shard)
+            if self.needs_open or last is None:
+                return  # the shard is not (or not yet) this worker's: the consumer brings them
+            run = following_run(last, messages)
+            if not run:
+                return  # another worker's messages come first, or these were decided already
+            try:
+                await self.decide_and_publish(self.decider, run)
+            except Exception:
+                log.exception("handoff_failed: the consumer delivers these messages again")
+                return
+            # what the index agent's gap check (offset_gaps) records for the batches it decides
+            self.progress.delivered[self.shard] = self.handed_off = run[-1][0]
+            self.metrics.handed_off.inc(len(run))
+
+    async def publish(self, outcome: BatchOutcome) -> tuple[list[Any], Callable[[], None]]:
+        """Send a chunk's verdicts, feed messages and dead letters; returns the sends and what
+        counts them once they are acknowledged."""
+        metrics = self.metrics
+        verdicts: list[tuple[bytes | None, bytes | None]] = []
+        letters: list[Letter] = []
+        # counted per chunk, not per verdict: a labelled counter's increment costs the event loop
+        counts: collections.Counter[tuple[Any, str | None]] = collections.Counter()
+        latencies: list[float] = []
+        feed: list[tuple[bytes | None, bytes | None]] = []  # (key, input message) for the filtered feed
+        feed_headers: list[Any] = []
+        expired = 0
+        for entry in outcome.entries:
+            if entry.status == "error":
+                letters.append(self._index_error(entry))
+                continue
+            if entry.status in ("replayed", "stale"):
+                counts[(metrics.replays, entry.status)] += 1
+            expired += entry.expired
+            if entry.status in ("deleted", "unknown_delete"):
+                counts[(metrics.deletes, entry.status)] += 1
+                if entry.status == "deleted" and entry.article_id is not None:
+                    # a tombstone: consumers with a compacted view of the verdicts drop it too
+                    verdicts.append((entry.article_id.encode(), None))
+                continue
+            if entry.verdict is None or entry.article_id is None:
+                continue
+            if entry.status != "replayed":
+                counts[(metrics.verdicts, entry.kind)] += 1
+                if entry.latency_ms is not None:
+                    latencies.append(entry.latency_ms / 1000.0)
+            verdicts.append((entry.article_id.encode(), entry.verdict))
+            if entry.original is not None and entry.kind in self.feed_kinds:
+                feed.append((entry.article_id.encode(), entry.original))
+                feed_headers.append(entry.headers)
+        # Keyed by article id, so that every verdict of an article lands in the same partition.
+        sends = await self.outputs.send(self.settings.verdicts_topic, verdicts)
+        sends += await self.outputs.dead_letters(letters)
+        if feed:
+            sends += await self.outputs.send(self.settings.unique_topic, feed, headers=feed_headers)
+        self.collector.after(outcome.handled)
+
+        def counted() -> None:
+            for (counter, label), count in counts.items():
+                counter.labels(label).inc(count)
+            for latency in latencies:
+                metrics.latency.observe(latency)
+            if expired:
+                metrics.expired.inc(expired)
+            self.outputs.count_dead_letters(letters)
+            if feed:
+                metrics.fed.inc(len(feed))
+            metrics.indexed.set(outcome.indexed)
+            metrics.clusters.set(outcome.clusters)
+            metrics.buckets.set(outcome.buckets)
+            metrics.largest_bucket.set(outcome.largest_bucket)
+            if outcome.bytes_on_disk is not None:
+                metrics.index_bytes.set(outcome.bytes_on_disk)
+            if outcome.oldest_ms is not None:
+                metrics.oldest.set(outcome.oldest_ms / 1000.0)
+            if outcome.newest_ms is not None:
+                metrics.newest.set(outcome.newest_ms / 1000.0)
+
+        return sends, counted
+
+    def _index_error(self, entry: EntryOutcome) -> Letter:
+        """A record the index stage could not handle, as a dead letter (signatures messages all
+        come from the shard's one partition, under its key)."""
+        topic, partition = self.settings.signatures_topic, 0
+        log.error(
+            "index_error topic=%s partition=%d offset=%d error=%s",
+            topic,
+            partition,
+            entry.offset,
+            entry.error,
+        )
+        assert entry.payload is not None and entry.error is not None
+        record = dead_letter_dict(
+            "internal_error", entry.error, entry.payload, topic, partition, entry.offset, SHARD_KEY
+        )
+        return "internal_error", orjson.dumps(record), SHARD_KEY
+
+    async def on_assigned(self, sender: Any, assigned: Any = None, **_: Any) -> None:
+        # Faust starts every partition again from its committed offset: what was delivered before
+        # says nothing about what comes next (the shard's is set again from the applied offset).
+        self.progress.delivered.clear()
+        self.handed_off = -1
+        for tp in assigned or ():
+            self.progress.took(tp.topic)  # no batch yet: none was due
+        if any(tp.topic == self.settings.signatures_topic for tp in assigned or ()):
+            self.needs_open = True
+
+    async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
+        # No hand-off once the shard may be another worker's: it waits for the next assignment.
+        self.progress.delivered.pop(self.shard, None)
+
+    async def close(self, sender: Any, **_: Any) -> None:
+        """At shutdown, once the consumer has stopped: no batch comes from it any more, and no
+        hand-off starts (the shard is no longer this worker's); one in progress ends first. The
+        index is then flushed (it has no write-ahead log) and marked reusable when the changelog
+        acknowledged everything it holds."""
+        self.progress.delivered.pop(self.shard, None)
+        clean = False
+        try:
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await self.lock.acquire()  # held to the end: nothing decides after this
+            if not self.failure.failed:  # after a failure, what is unsettled stays so
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await self.deliveries.drain()
+                clean = not self.failure.failed
+        except TimeoutError:
+            log.error("index_close: a decision still runs after %.0f s; closing anyway", CLOSE_WAIT_S)
+        await self.decider.close(clean=clean)
+        await self.progress.log_reader.close()
+
+    async def _open_decider(self) -> Decider:
+        """The index stage: at every assignment of the shard, reopened (after a clean shutdown)
+        or rebuilt from the changelog."""
+        if self.needs_open:
+            await self.deliveries.drain()  # the changelog holds everything decided so far
+            count = await self.decider.open()
+            self.needs_open = False
+            # The shard's next message follows the last one the index says was applied: a first
+            # message beyond it is a gap too.
+            self.progress.delivered[self.shard] = self.decider.applied_offset
+            self.metrics.index_opens.labels("reopened" if count is None else "rebuilt").inc()
+            if count is None:
+                log.info("index_reopened")
+            else:
+                log.info("index_rebuilt articles=%d", count)
+        return self.decider

@@ -1,0 +1,161 @@
+"""What the agents share about the stream's progress: the offsets delivered in each partition (to
+notice and fill the ones the consumer skipped), when each stage last took a batch, lag, stalls, and
+how the worker stops when it cannot go on."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+
+from . import framework
+from .delivery import Deliveries
+from .gaps import OffsetGap, offset_gaps
+from .metrics import Metrics
+from .topics import LogReader, StoredMessage
+
+log = logging.getLogger("neardup.stream")
+
+
+def _raise_sigterm() -> None:
+    signal.raise_signal(signal.SIGTERM)
+
+
+@dataclass
+class Failure:
+    """Stopping the worker for a failure it cannot go on from (the decider or a signing helper
+    failed twice on a batch, an agent raised, a broker refused a send): stop it the way a
+    supervisor would, so that it restarts and the unacknowledged batch is re-delivered, rather
+    than keep consuming with a crashed agent and a gap that blocks every later commit."""
+
+    metrics: Metrics
+    exit_timeout: float  # a stop that takes longer ends the process (exit_later)
+    stop_worker: Callable[[], None] = _raise_sigterm
+    # what bounds that stop: the worker's command passes app.exit_after (the in-memory tests do not)
+    exit_later: Callable[[float], None] = lambda seconds: None
+    failed: bool = False  # stopped for such a failure: the worker exits non-zero
+
+    def fail(self, message: str, *, exc_info: bool = False) -> None:
+        """Stop the worker (logged once): /health turns 503 at once, and a stop that takes longer
+        than the settings allow ends the process (non-zero)."""
+        if not self.failed:
+            log.critical(message, exc_info=exc_info)
+            self.failed = True
+            self.metrics.failure = message
+            self.exit_later(self.exit_timeout)
+            self.stop_worker()
+
+
+@dataclass
+class Progress:
+    """The offsets the agents were delivered, and when each topic's agent last took a batch."""
+
+    app: faust.App
+    metrics: Metrics
+    log_reader: LogReader  # reads back what the consumer went past
+    failure: Failure
+    # the last offset delivered to the agents in each partition, to notice a consumer that skips
+    # messages (faust-streaming has open reports of events skipped around restarts)
+    delivered: dict[Any, int] = field(default_factory=dict)
+    # when each topic's agent last took a batch (monotonic), for the stall check
+    taken_at: dict[str, float] = field(default_factory=dict)
+
+    def took(self, topic: str) -> None:
+        self.taken_at[topic] = time.monotonic()
+
+    def check_gaps(self, batch: list[faust.EventT], level: int = logging.ERROR) -> list[OffsetGap]:
+        """Log and count the messages the consumer went past without delivering them."""
+        delivered = ((event.message.tp, event.message.offset) for event in batch)
+        gaps = offset_gaps(self.delivered, delivered)
+        for gap in gaps:
+            self.metrics.offset_gaps.labels(gap.partition.topic).inc()
+            log.log(
+                level,
+                "offset_gap topic=%s partition=%d expected=%d got=%d",
+                gap.partition.topic,
+                gap.partition.partition,
+                gap.expected,
+                gap.got,
+            )
+        return gaps
+
+    def expect_committed(self, batch: list[faust.EventT]) -> None:
+        """The first message of an input partition after an assignment must be the one at the
+        group's committed offset, where Faust seeks to: one beyond it (an event fetched before the
+        rebalance and delivered after it, in faust-streaming's open reports) is a gap like any other."""
+        for event in batch:
+            tp = event.message.tp
+            if tp not in self.delivered:
+                # None when nothing (or offset 0: Faust stores it as None) was committed, and then
+                # nothing is expected.
+                committed = framework.committed_offset(self.app, tp)
+                if committed is not None:
+                    self.delivered[tp] = committed - 1
+
+    async def read_gaps(self, gaps: list[OffsetGap]) -> list[tuple[Any, StoredMessage]]:
+        """The messages of `gaps` read back from Kafka, with their partitions. A gap that cannot
+        be read back (the broker does not answer) stops the worker, so that it restarts from its
+        last commit rather than go on without those messages."""
+        fills: list[tuple[Any, StoredMessage]] = []
+        for gap in gaps:
+            tp = gap.partition
+            try:
+                found = await self.log_reader.read(tp.topic, tp.partition, gap.expected, gap.got)
+            except Exception:
+                self.failure.fail("offset_gap_unreadable: stopping the worker", exc_info=True)
+                raise
+            # messages in a gap were skipped by the consumer; none: a transaction marker, or removed
+            self.metrics.offset_gap_messages.labels(tp.topic).inc(len(found))
+            log.log(
+                logging.WARNING if found else logging.INFO,
+                "offset_gap_filled topic=%s partition=%d expected=%d got=%d read=%d",
+                tp.topic,
+                tp.partition,
+                gap.expected,
+                gap.got,
+                len(found),
+            )
+            fills += [(tp, message) for message in found]
+        return fills
+
+    async def allow_commits_past(self, gaps: list[OffsetGap]) -> None:
+        """Faust never delivered the offsets of `gaps`, so never acknowledges them: let its commits
+        go past them, now that what they held is handled."""
+        for gap in gaps:
+            await framework.allow_commits_past(self.app, gap.partition, gap.expected, gap.got - 1)
+
+    def record_lag(self, batch: list[faust.EventT]) -> None:
+        """Consumer lag per partition, from the last event of each partition in the batch."""
+        last: dict[Any, int] = {}
+        for event in batch:
+            last[event.message.tp] = event.message.offset
+        for tp, offset in last.items():
+            highwater = self.app.consumer.highwater(tp)
+            if highwater is not None:
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))
+
+    def stalled(self, stages: list[Deliveries], limit: float, rebuilding: str | None) -> str | None:
+        """Why the worker is stuck, if it is: a stage whose batches have waited for the broker's
+        acknowledgement longer than `limit` seconds, or a partition with messages waiting that its
+        agent has not taken a batch from for that long (but the topic `rebuilding`, whose agent
+        waits for the index's rebuild)."""
+        now = time.monotonic()
+        for stage in stages:
+            if stage.unsettled and now - stage.settled_at > limit:
+                waited = now - stage.settled_at
+                return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
+        for tp in self.app.consumer.assignment():
+            if tp.topic == rebuilding:
+                continue
+            highwater = self.app.consumer.highwater(tp)
+            last = self.delivered.get(tp)
+            taken = self.taken_at.get(tp.topic, now)
+            if highwater is not None and last is not None and highwater - 1 > last and now - taken > limit:
+                waiting = highwater - 1 - last
+                return f"{tp.topic}:{tp.partition}: {waiting} waiting, none taken for {now - taken:.0f} s"
+        return None

@@ -1,0 +1,136 @@
+"""The `sign` agent: input events → signing helpers → one signatures message per sign batch on the
+index shard's topic (with dead letters for what cannot be signed)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import faust
+
+from ..config import Settings
+from ..pipeline.signer import Signer, SignerFailed, SignItem
+from ..pipeline.wire import Provenance, pack_in_chunks, with_original
+from .delivery import Deliveries
+from .gaps import in_log_order
+from .index_agent import SHARD_KEY, HandOff
+from .outputs import Letter, Outputs
+from .progress import Failure, Progress
+from .topics import StoredMessage
+
+log = logging.getLogger("neardup.stream")
+# How long a batch waits for more events after its first (LeanStream.take_events): the consumer
+# hands over a fetch's messages together, in far less.
+TAKE_WITHIN_S = 0.001
+Settle = tuple[list[Any], Callable[[], Awaitable[None]]]  # a batch's sends, and its acknowledgement
+
+
+class SignPipeline:
+    """A batch is acknowledged once its signatures and dead letters are (`deliveries`); signatures
+    this worker sends are handed to the index agent as soon as they are acknowledged (`hand_off`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        signer: Signer,
+        outputs: Outputs,
+        signatures: faust.TopicT,
+        progress: Progress,
+        failure: Failure,
+        deliveries: Deliveries,
+        hand_off: HandOff,
+    ) -> None:
+        self.settings = settings
+        self.signer = signer
+        self.outputs = outputs
+        self.signatures = signatures
+        self.progress = progress
+        self.failure = failure
+        self.deliveries = deliveries
+        self.hand_off = hand_off
+
+    async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
+        async for batch in stream.take_events(self.settings.sign_batch, within=TAKE_WITHIN_S):
+            sends, acknowledge = await self.handle(stream, batch)
+            await self.deliveries.settle(sends, acknowledge)
+
+    async def handle(self, stream: Any, batch: list[faust.EventT]) -> Settle:
+        """Sign a batch and send what it causes; returns the sends and what acknowledges the batch
+        once the broker has all of them."""
+        settings, progress = self.settings, self.progress
+        progress.took(settings.input_topic)
+        progress.expect_committed(batch)
+        # transaction markers take an offset each: on the input a gap is often just that
+        gaps = progress.check_gaps(batch, logging.INFO)
+        entries = [_entry(event) for event in batch]
+        # the input's headers, forwarded with it by the filtered feed
+        headers: dict[tuple[Any, int], Any] = {}
+        if settings.unique_topic:
+            headers = {(e.message.tp, e.message.offset): e.message.headers or () for e in batch}
+        if gaps:
+            # The index must see the articles of each input partition in their order: one
+            # signed after a later one would be decided without it.
+            read_back = await progress.read_gaps(gaps)
+            fills = [(tp, found.offset, _sign_item(tp, found)) for tp, found in read_back]
+            entries = in_log_order(entries, gaps, fills)
+            headers.update(((tp, found.offset), found.headers) for tp, found in read_back)
+        items = [item for _, _, item in entries]
+        try:
+            results = await self.signer.sign(items)
+        except SignerFailed as exc:
+            self.failure.fail(f"signing_unavailable: {exc}; stopping the worker")
+            # Neither this batch (never acknowledged) nor any after it: a replaced agent
+            # would sign the next batches ahead of this one. The worker's stop cancels this.
+            await asyncio.Event().wait()
+            raise
+        packs: list[bytes] = []
+        letters: list[Letter] = []
+        refused_times = 0
+        for (tp, offset, (raw, key, src)), result in zip(entries, results, strict=True):
+            if result.signed is None:
+                assert result.dead_letter is not None and result.reason is not None
+                log.info(
+                    "dead_letter reason=%s topic=%s partition=%d offset=%d",
+                    result.reason,
+                    src.topic,
+                    src.partition,
+                    src.offset,
+                )
+                letters.append((result.reason, result.dead_letter, key))
+            elif settings.unique_topic:  # the filtered feed forwards the input message as it came
+                packs.append(with_original(result.signed, raw or b"", headers.get((tp, offset), ())))
+            else:
+                packs.append(result.signed)
+            refused_times += result.refused_time
+        sends = await self.outputs.dead_letters(letters)
+        for pack in pack_in_chunks(packs):
+            sent = await self.signatures.send(key=SHARD_KEY, value=pack)
+            sends.append(sent)
+            if settings.index_handoff:
+                self.hand_off.submit(sent, pack)
+
+        async def delivered() -> None:
+            await progress.allow_commits_past(gaps)
+            await stream.acknowledge(batch)
+            self.outputs.count_dead_letters(letters)
+            progress.metrics.articles_in.inc(len(items))
+            if refused_times:
+                progress.metrics.refused_times.inc(refused_times)
+            progress.record_lag(batch)
+
+        return sends, delivered
+
+
+def _entry(event: faust.EventT) -> tuple[Any, int, SignItem]:
+    """An input event as the sign stage takes it, with its partition and offset."""
+    msg = event.message
+    stamp = int(msg.timestamp * 1000) if msg.timestamp else None
+    src = Provenance(msg.topic, msg.partition, msg.offset, stamp)
+    return msg.tp, msg.offset, (event.value, event.key, src)
+
+
+def _sign_item(tp: Any, found: StoredMessage) -> SignItem:
+    """An input message read back for a gap, as the sign stage takes it."""
+    return found.value, found.key, Provenance(tp.topic, tp.partition, found.offset, found.timestamp_ms)

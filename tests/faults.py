@@ -1,0 +1,138 @@
+"""Faults for tests, loaded into each process of the service through NEARDUP_TEST_HOOKS (the one
+seam, service/testhooks.py) and set up by two variables:
+
+NEARDUP_TEST_HELPER_FAULT=<hang|crash>:<signer|decider>:<n>: every child of that kind (each
+replacement too, counting again from 1) hangs for good, or exits at once with status 70, when its
+n-th batch comes (a batch to sign; a batch to decide).
+
+NEARDUP_TEST_AGENT_FAULT=raise:<sign|index>:<n>: that agent raises after it has sent what its n-th
+batch caused, before the batch is acknowledged. delay:index:<n>:<ms>: the index agent's n-th
+decided chunk is held that long between its decision and its changelog send (a SIGKILL then lands
+between the two).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+HELPER_FAULT = "NEARDUP_TEST_HELPER_FAULT"
+AGENT_FAULT = "NEARDUP_TEST_AGENT_FAULT"
+HOOKS_FILE = str(Path(__file__).resolve())
+log = logging.getLogger("neardup.faults")
+
+
+class InjectedFault(RuntimeError):
+    """What an agent fault raises."""
+
+
+def fault_env(variable: str, spec: str) -> dict[str, str]:
+    """The environment that injects one fault into a worker or its children."""
+    from neardup.testhooks import HOOKS_VARIABLE
+
+    return {variable: spec, HOOKS_VARIABLE: HOOKS_FILE}
+
+
+def inject(monkeypatch: Any, variable: str, spec: str) -> None:
+    """Set one fault for the processes a test starts (pytest's monkeypatch undoes it)."""
+    for name, value in fault_env(variable, spec).items():
+        monkeypatch.setenv(name, value)
+
+
+def install(role: str) -> None:
+    """Called once per process (worker, signer, decider) by neardup.testhooks."""
+    helper = os.environ.get(HELPER_FAULT, "")
+    agent = os.environ.get(AGENT_FAULT, "")
+    if helper:
+        action, kind, at = parse_helper_fault(helper)
+        if kind == role:
+            _fail_children(kind, action, at)
+    if agent:
+        parsed = parse_agent_fault(agent)
+        if role == "worker":
+            _fail_agent(*parsed)
+
+
+def parse_helper_fault(spec: str) -> tuple[str, str, int]:
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[0] not in ("hang", "crash") or parts[1] not in ("signer", "decider"):
+        raise ValueError(f"{HELPER_FAULT}={spec!r}: expected <hang|crash>:<signer|decider>:<n>")
+    if not parts[2].isdigit():
+        raise ValueError(f"{HELPER_FAULT}={spec!r}: <n> must be a number")
+    return parts[0], parts[1], int(parts[2])
+
+
+def parse_agent_fault(spec: str) -> tuple[str, str, int, float]:
+    parts = spec.split(":")
+    valid = (len(parts) == 3 and parts[0] == "raise" and parts[1] in ("sign", "index")) or (
+        len(parts) == 4 and parts[0] == "delay" and parts[1] == "index"
+    )
+    if not valid or not all(part.isdigit() for part in parts[2:]):
+        raise ValueError(f"{AGENT_FAULT}={spec!r}: expected raise:<sign|index>:<n> or delay:index:<n>:<ms>")
+    delay_s = int(parts[3]) / 1000.0 if parts[0] == "delay" else 0.0
+    return parts[0], parts[1], int(parts[2]), delay_s
+
+
+def _fail_children(kind: str, action: str, at: int) -> None:
+    """Wrap the child's per-batch function: the n-th call hangs or exits."""
+    if kind == "signer":
+        from neardup.pipeline import signer as module
+
+        name = "sign_batch"
+    else:
+        from neardup.pipeline import decider as module  # type: ignore[no-redef]
+
+        name = "decide_messages"
+    real = getattr(module, name)
+    calls = [0]
+
+    @functools.wraps(real)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == at:
+            if action == "crash":
+                os._exit(70)
+            while True:
+                time.sleep(3600)
+        return real(*args, **kwargs)
+
+    setattr(module, name, wrapped)
+
+
+def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:
+    from neardup.stream.index_agent import IndexPipeline
+    from neardup.stream.outputs import Outputs
+    from neardup.stream.sign_agent import SignPipeline
+
+    calls = [0]
+    if action == "raise":
+        cls: Any = SignPipeline if agent == "sign" else IndexPipeline
+        real = cls.handle
+
+        @functools.wraps(real)
+        async def raising(self: Any, *args: Any) -> Any:
+            result = await real(self, *args)  # what the batch caused is sent
+            calls[0] += 1
+            if calls[0] == at:
+                raise InjectedFault(f"{AGENT_FAULT}: raised in agent {agent} at batch {at}")
+            return result
+
+        cls.handle = raising
+        return
+    real_send = Outputs.send_batches
+
+    @functools.wraps(real_send)
+    async def delayed(self: Outputs, topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic.endswith("-records-changelog"):
+            calls[0] += 1
+            if calls[0] == at:
+                log.warning("injected_delay chunk=%d seconds=%.1f", at, delay_s)
+                await asyncio.sleep(delay_s)
+        return await real_send(self, topic, *args, **kwargs)
+
+    Outputs.send_batches = delayed  # type: ignore[method-assign]
