@@ -252,3 +252,59 @@ def test_a_hot_story_of_20000_copies(deployment: Deployment, tmp_path: Path) -> 
     held = stats_of_state(deployment)
     assert held["largest_bucket"] == largest == held["bucket_cap"] == 64
     assert held["articles"] == len(articles)
+
+
+async def _produce_stamped(
+    bootstrap: str, topic: str, stamped: list[tuple[dict[str, Any], int | None]]
+) -> None:
+    """Articles keyed by id, each with the record timestamp given (None: the producer's clock)."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    # Kafka 4 refuses records stamped more than an hour ahead by default: allow them, as an older
+    # broker or a topic configured so would
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        allow = {"message.timestamp.after.max.ms": str(2**63 - 1)}
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=allow)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for article, stamp in stamped:
+            await producer.send(topic, orjson.dumps(article), key=article["id"].encode(), timestamp_ms=stamp)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def test_a_record_stamped_far_ahead_expires_nothing(deployment: Deployment) -> None:
+    """One record whose timestamp is 50 years ahead of the worker's clock: refused as its time
+    (counted, the article timed by its arrival), so the retention window does not move past
+    everything held, and an exact copy of an earlier article is still a duplicate."""
+    sample = load_sample(3)
+    deployment.extra_env["NEARDUP_RETENTION"] = "30d"
+    deployment.create_topics()
+    ahead = int((datetime.now(UTC) + timedelta(days=50 * 365)).timestamp() * 1000)
+    stamped = [
+        ({"id": "first", "text": sample[0]["text"]}, None),
+        ({"id": "broken-clock", "text": sample[1]["text"]}, ahead),
+        ({"id": "copy", "text": sample[0]["text"]}, None),
+    ]
+    asyncio.run(_produce_stamped(deployment.bootstrap, deployment.topics["input"], stamped))
+    deployment.start_worker()
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    view = latest(reader.read_until(lambda r: len(latest(r)) >= 3, timeout=120))
+    copy = view["copy"]
+    assert copy is not None and (copy["verdict"], copy["match_id"], copy["exact"]) == (
+        "duplicate",
+        "first",
+        True,
+    )
+    assert_metric(deployment, "neardup_refused_times_total", 1.0)
+    assert_metric(deployment, "neardup_indexed_articles", 3.0)
+    newest = deployment.metric(0, "neardup_index_newest_seconds")
+    assert newest is not None and newest < datetime.now(UTC).timestamp() + 3600
