@@ -8,7 +8,8 @@ n-th batch comes (a batch to sign; a batch to decide).
 NEARDUP_TEST_AGENT_FAULT=raise:<sign|index>:<n>: that agent raises after it has sent what its n-th
 batch caused, before the batch is acknowledged. delay:index:<n>:<ms>: the index agent's n-th
 decided chunk is held that long between its decision and its changelog send (a SIGKILL then lands
-between the two).
+between the two). delay:verdicts:<n>:<ms>: the n-th decided chunk's verdicts are held that long
+after its changelog send.
 """
 
 from __future__ import annotations
@@ -70,10 +71,12 @@ def parse_helper_fault(spec: str) -> tuple[str, str, int]:
 def parse_agent_fault(spec: str) -> tuple[str, str, int, float]:
     parts = spec.split(":")
     valid = (len(parts) == 3 and parts[0] == "raise" and parts[1] in ("sign", "index")) or (
-        len(parts) == 4 and parts[0] == "delay" and parts[1] == "index"
+        len(parts) == 4 and parts[0] == "delay" and parts[1] in ("index", "verdicts")
     )
     if not valid or not all(part.isdigit() for part in parts[2:]):
-        raise ValueError(f"{AGENT_FAULT}={spec!r}: expected raise:<sign|index>:<n> or delay:index:<n>:<ms>")
+        raise ValueError(
+            f"{AGENT_FAULT}={spec!r}: expected raise:<sign|index>:<n> or delay:<index|verdicts>:<n>:<ms>"
+        )
     delay_s = int(parts[3]) / 1000.0 if parts[0] == "delay" else 0.0
     return parts[0], parts[1], int(parts[2]), delay_s
 
@@ -123,6 +126,19 @@ def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:
             return result
 
         cls.handle = raising
+        return
+    if agent == "verdicts":
+        real_publish = IndexPipeline.publish
+
+        @functools.wraps(real_publish)
+        async def held(self: IndexPipeline, *args: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == at:
+                log.warning("injected_delay verdicts chunk=%d seconds=%.1f", at, delay_s)
+                await asyncio.sleep(delay_s)
+            return await real_publish(self, *args)
+
+        IndexPipeline.publish = held  # type: ignore[method-assign]
         return
     real_send = Outputs.send_batches
 

@@ -72,13 +72,15 @@ def removed_counts(records: Compacted) -> tuple[int, int]:
 class Decided:
     """One item through the shard. `status`: "new", "redelivered" (the same id and content again:
     its stored verdict), "replayed" (an input already applied, recognised by where it came from),
-    "stale" (an input since replaced), "deleted", "unknown_delete", or "error" (`error` says why)."""
+    "stale" (an input since replaced), "deleted", "unknown_delete", or "error" (`error` says why).
+    `deletion`: the id a deletion named, whatever became of it (a tombstone always answers one)."""
 
     status: str
     article: IndexedArticle | None = None
     verdict: dict[str, Any] | None = None
     expired: int = 0  # articles an expiry pass removed after this one
     error: Exception | None = None
+    deletion: str | None = None
 
 
 @dataclass
@@ -181,7 +183,7 @@ class IndexShard:
         """The stored verdict when the stored version is this one; nothing otherwise (a version
         since replaced, or a deletion already applied)."""
         if isinstance(item, SignedDeletion):
-            return Decided("stale")
+            return Decided("stale", deletion=item.article_id)
         existing = self.state.get(item.article_id)
         if existing is not None and existing.fingerprint.content_hash == item.fingerprint.content_hash:
             return Decided("replayed", existing, self._verdict(existing, item, now_s))
@@ -191,9 +193,9 @@ class IndexShard:
         removed = self.state.delete(article_id)
         if removed is None:
             self.counts.unknown_deletes += 1
-            return Decided("unknown_delete")
+            return Decided("unknown_delete", deletion=article_id)
         self._forget(article_id)
-        return Decided("deleted", removed)
+        return Decided("deleted", removed, deletion=article_id)
 
     def _forget(self, article_id: str) -> None:
         """The article's record leaves the changelog (a tombstone), so a replay does not bring it back."""
@@ -297,10 +299,17 @@ class EntryOutcome(NamedTuple):
     expired: int = 0
     original: bytes | None = None  # the input message, for the filtered feed (with_original)
     headers: Headers = ()
+    deletion: bool = False  # answers a deletion: a tombstone goes out under `article_id`
 
     @classmethod
     def of(cls, offset: int, result: Decided, signed: Signed | None = None) -> EntryOutcome:
         verdict = result.verdict
+        if result.deletion is not None:
+            # the kind of the article removed, if one was: whether the filtered feed carried it
+            kind = None if result.article is None else result.article.decision.kind
+            return cls(
+                offset, result.deletion, result.status, kind=kind, expired=result.expired, deletion=True
+            )
         if verdict is None:
             article_id = None if result.article is None else result.article.article_id
             return cls(offset, article_id, result.status, expired=result.expired)

@@ -231,11 +231,19 @@ class IndexPipeline:
             if entry.status in ("replayed", "stale"):
                 counts[(metrics.replays, entry.status)] += 1
             expired += entry.expired
-            if entry.status in ("deleted", "unknown_delete"):
-                counts[(metrics.deletes, entry.status)] += 1
-                if entry.status == "deleted" and entry.article_id is not None:
-                    # a tombstone: consumers with a compacted view of the verdicts drop it too
-                    verdicts.append((entry.article_id.encode(), None))
+            if entry.deletion and entry.article_id is not None:
+                if entry.status in ("deleted", "unknown_delete"):
+                    counts[(metrics.deletes, entry.status)] += 1
+                # A tombstone in, a tombstone out, whatever the index held: consumers with a
+                # compacted view drop the id too, and one sent again after a crash is harmless.
+                key = entry.article_id.encode()
+                verdicts.append((key, None))
+                # the feed's too, unless the article removed is one the feed never carried
+                if self.settings.unique_topic and (
+                    entry.status != "deleted" or entry.kind in self.feed_kinds
+                ):
+                    feed.append((key, None))
+                    feed_headers.append(())
                 continue
             if entry.verdict is None or entry.article_id is None:
                 continue

@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.faults import AGENT_FAULT, fault_env
+
 from .conftest import (
     REPO,
     Deployment,
@@ -103,7 +105,7 @@ def test_a_tombstone_deletes_a_canonical_which_hands_its_cluster_on(deployment: 
     c = view["c"]
     assert c is not None and (c["verdict"], c["match_id"], c["canonical_id"]) == ("duplicate", "b", "b")
     assert view["b"] is not None and view["b"]["canonical_id"] == "a"  # as it was decided
-    assert ("nobody", None) not in verdict_log(records), "an unknown id gets no tombstone"
+    assert ("nobody", None) in verdict_log(records), "a tombstone in, a tombstone out: unknown ids too"
     assert_metric(deployment, 'neardup_deletes_total{status="deleted"}', 1.0)
     assert_metric(deployment, 'neardup_deletes_total{status="unknown_delete"}', 1.0)
     assert_metric(deployment, "neardup_indexed_articles", 3.0)
@@ -308,3 +310,29 @@ def test_a_record_stamped_far_ahead_expires_nothing(deployment: Deployment) -> N
     assert_metric(deployment, "neardup_indexed_articles", 3.0)
     newest = deployment.metric(0, "neardup_index_newest_seconds")
     assert newest is not None and newest < datetime.now(UTC).timestamp() + 3600
+
+
+def test_a_delete_killed_after_its_changelog_write_gets_its_tombstone_after_the_restart(
+    deployment: Deployment,
+) -> None:
+    """The worker is killed after a deletion reached the changelog and before its tombstone was
+    sent: after the restart the index, rebuilt, no longer holds the id, and the deletion, delivered
+    again, still answers with its tombstone."""
+    sample = load_sample(2)
+    topic = deployment.topics["input"]
+    # the second chunk decided (the deletion's) waits a minute between its changelog send and its verdicts
+    deployment.extra_env.update(fault_env(AGENT_FAULT, "delay:verdicts:2:60000"))
+    worker = deployment.start_worker()
+    produce_articles(deployment.bootstrap, topic, [{"id": "a", "text": sample[0]["text"]}])
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    reader.read_until(lambda r: "a" in latest(r), timeout=120)
+    asyncio.run(produce(deployment.bootstrap, topic, [(b"a", None)]))
+    changelog = TopicReader(deployment.bootstrap, f"{deployment.name}-records-changelog")
+    changelog.read_until(lambda r: any(m.key == b"aa" and m.value is None for m in r), timeout=60)
+    deployment.kill(worker, signal.SIGKILL)
+    assert ("a", None) not in verdict_log(reader.read_all(timeout=5)), "killed before the tombstone"
+    deployment.extra_env.clear()
+    worker = deployment.start_worker()
+    records = reader.read_until(lambda r: ("a", None) in verdict_log(r), timeout=120)
+    assert latest(records)["a"] is None
+    deployment.kill(worker, signal.SIGTERM)

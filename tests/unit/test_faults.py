@@ -49,6 +49,7 @@ def test_fault_specs_are_checked() -> None:
     for bad in ("sleep:signer:1", "hang:worker:1", "hang:signer", "crash:signer:x"):
         with pytest.raises(ValueError, match=HELPER_FAULT):
             parse_helper_fault(bad)
+    assert parse_agent_fault("delay:verdicts:1:5") == ("delay", "verdicts", 1, 0.005)
     for bad in ("raise:decider:1", "delay:sign:1:5", "raise:index", "delay:index:1:x"):
         with pytest.raises(ValueError, match=AGENT_FAULT):
             parse_agent_fault(bad)
