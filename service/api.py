@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
+from .core.normalize import TooLong
 from .core.params import DedupParams
 from .core.retention import Retention, parse_duration_ms
 from .core.signing import EmptyText
@@ -70,6 +71,8 @@ class Deduplicator:
             signed = self._stage.sign(parsed, _CALLER)
         except EmptyText as exc:
             raise InvalidMessage("empty_text", f"{exc} (article {parsed.article_id!r})") from exc
+        except TooLong as exc:
+            raise InvalidMessage("oversized", f"{exc} (article {parsed.article_id!r})") from exc
         decided = self._shard.decide([signed])[0]
         if decided.error is not None:
             raise decided.error

@@ -53,13 +53,44 @@ _IS_SPACE[[c for c in range(0x3001) if chr(c).isspace()]] = True  # none lies ab
 CodePoints = npt.NDArray[np.uint32]
 
 
-def canonical_code_points(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE) -> CodePoints:
-    """`normalize(text)` as UTF-32 code points, with the whitespace collapsed in numpy.
+class TooLong(ValueError):
+    """Normalisation would expand the text beyond the characters allowed: refused before the
+    costly steps, so that no text costs more than its size allows."""
+
+
+# Characters NFKC-normalised at a time while measuring how far a text expands
+_EXPANSION_CHUNK = 1 << 14
+
+
+def check_expansion(text: str, max_points: int) -> None:
+    """Raise TooLong when NFKC takes `text` beyond `max_points` characters, at the cost of
+    normalising at most that many: NFKC can turn one code point into 18 (U+FDFA), so a text within
+    its byte limit can still be costly. Measured in chunks, each normalised on its own; a chunk
+    boundary can only split a composition that would shorten the text, so a chunked total above
+    the limit by more than the chunks' count is above it whole."""
+    if len(text) <= max_points // 18 or unicodedata.is_normalized("NFKC", text):
+        return
+    expanded = 0
+    for chunks, start in enumerate(range(0, len(text), _EXPANSION_CHUNK), 1):
+        expanded += len(unicodedata.normalize("NFKC", text[start : start + _EXPANSION_CHUNK]))
+        if expanded > max_points + chunks:
+            raise TooLong(f"text expands to more than {max_points} characters when normalised")
+
+
+def canonical_code_points(
+    text: str, options: NormalizeOptions = DEFAULT_NORMALIZE, max_points: int | None = None
+) -> CodePoints:
+    """`normalize(text)` as UTF-32 code points, with the whitespace collapsed in numpy; TooLong
+    beyond `max_points` characters after NFKC (None: no limit).
 
     Same result as np.frombuffer(normalize(text).encode("utf-32-le"), "<u4"), without normalize()'s
     costliest step on news-sized texts: splitting the text into words and joining them again."""
     if options.nfkc:
+        if max_points is not None:
+            check_expansion(text, max_points)
         text = unicodedata.normalize("NFKC", text)
+    if max_points is not None and len(text) > max_points:
+        raise TooLong(f"text is {len(text)} characters after normalisation, limit {max_points}")
     if options.casefold:
         text = text.casefold()
     points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")

@@ -9,7 +9,7 @@ import numpy as np
 
 from ._hashing import HashArray
 from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
-from .normalize import canonical_code_points, normalize
+from .normalize import TooLong, canonical_code_points, check_expansion, normalize
 from .params import DedupParams
 from .shingle import shingle_hashes
 
@@ -52,10 +52,11 @@ def content_hash(canonical: str) -> bytes:
     return mmh3.hash_bytes(canonical.encode("utf-32-le", errors="surrogatepass"))
 
 
-def fingerprint(text: str, params: DedupParams) -> Fingerprint:
-    """Normalize, shingle, sign. Raises EmptyText when the canonical text is empty."""
+def fingerprint(text: str, params: DedupParams, max_points: int | None = None) -> Fingerprint:
+    """Normalize, shingle, sign. Raises EmptyText when the canonical text is empty, and
+    normalize.TooLong when normalisation takes it beyond `max_points` characters (None: no limit)."""
     if params.shingle.unit == "char":
-        points = canonical_code_points(text, params.normalize)
+        points = canonical_code_points(text, params.normalize, max_points)
         if points.size == 0:
             raise EmptyText("text is empty after normalization")
         digest = mmh3.hash_bytes(points.tobytes())
@@ -64,7 +65,11 @@ def fingerprint(text: str, params: DedupParams) -> Fingerprint:
             points, params.shingle.k, params.verify_perm
         )
     else:
+        if max_points is not None and params.normalize.nfkc:
+            check_expansion(text, max_points)
         canonical = normalize(text, params.normalize)
+        if max_points is not None and len(canonical) > max_points:
+            raise TooLong(f"text is {len(canonical)} characters after normalisation, limit {max_points}")
         if not canonical:
             raise EmptyText("text is empty after normalization")
         digest = content_hash(canonical)

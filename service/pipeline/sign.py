@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import orjson
 
 from ..core.lsh import band_keys
+from ..core.normalize import TooLong
 from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, event_time
 from ..core.signing import EmptyText, fingerprint
@@ -59,7 +60,8 @@ class SignStage:
         then neither expire the index nor keep an article beyond its peers."""
         if isinstance(article, Deletion):
             return SignedDeletion(article.article_id, src)
-        fp = fingerprint(article.text, self.params)
+        # at most one canonical character per byte the text may have
+        fp = fingerprint(article.text, self.params, self.max_text_bytes)
         bands, rows = self.params.lsh.bands, self.params.lsh.rows
         keys = tuple(band_keys(fp.signature, bands, rows))
         now = round(time.time() * 1000) if now_ms is None else now_ms
@@ -77,6 +79,8 @@ class SignStage:
             return cls._dead(exc.reason, exc.detail, raw, key, src)
         if isinstance(exc, EmptyText):
             return cls._dead("empty_text", str(exc), raw, key, src)
+        if isinstance(exc, TooLong):
+            return cls._dead("oversized", str(exc), raw, key, src)
         return cls._dead("internal_error", f"{type(exc).__name__}: {exc}", raw, key, src)
 
     @staticmethod

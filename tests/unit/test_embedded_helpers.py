@@ -128,10 +128,10 @@ def test_an_unexpected_signing_error_is_a_dead_letter(
 
     real = sign.fingerprint
 
-    def failing(text: str, params: DedupParams) -> Fingerprint:
+    def failing(text: str, params: DedupParams, max_points: int | None = None) -> Fingerprint:
         if "poison" in text:
             raise RuntimeError("cannot sign this")
-        return real(text, params)
+        return real(text, params, max_points)
 
     monkeypatch.setattr(sign, "fingerprint", failing)
     source = tmp_path / "in.jsonl"

@@ -93,3 +93,21 @@ def test_decode_bytes_never_raises_on_garbage() -> None:
         decoded = decode_bytes(data)
         assert isinstance(decoded.text, str)
         normalize(decoded.text)  # and the result can be normalized
+
+
+def test_a_text_that_normalisation_expands_past_its_limit_is_refused_cheaply() -> None:
+    import time
+
+    from neardup.core.normalize import TooLong, canonical_code_points, check_expansion
+
+    heavy = "\ufdfa" * 50_000  # 18 characters each after NFKC
+    started = time.perf_counter()
+    with pytest.raises(TooLong, match="more than 100000"):
+        canonical_code_points(heavy, max_points=100_000)
+    assert time.perf_counter() - started < 0.5
+    check_expansion("\ufdfa" * 5_000, 100_000)  # 90,000: within the limit
+    assert canonical_code_points("\ufdfa" * 5_000, max_points=100_000).size == 90_000
+    plain = "word " * 30_000
+    assert canonical_code_points(plain, max_points=150_000).size == len(plain) - 1
+    with pytest.raises(TooLong, match="150001 characters after normalisation, limit 149999"):
+        canonical_code_points(plain + "x", max_points=149_999)

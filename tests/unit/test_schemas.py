@@ -196,7 +196,7 @@ def test_tombstone_and_keyless_dead_letters_validate() -> None:
 
 
 def test_internal_error_dead_letter_validates(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(text: str, params: DedupParams) -> None:
+    def broken(text: str, params: DedupParams, max_points: int | None = None) -> None:
         raise RuntimeError("signer exploded")
 
     monkeypatch.setattr(stages, "fingerprint", broken)

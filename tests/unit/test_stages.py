@@ -101,7 +101,7 @@ def test_schema_violation_detail_names_field(sign: SignStage) -> None:
 def test_unexpected_errors_do_not_escape(sign: SignStage, monkeypatch: pytest.MonkeyPatch) -> None:
     import neardup.pipeline.sign as stages
 
-    def explode(text: str, params: DedupParams) -> None:
+    def explode(text: str, params: DedupParams, max_points: int | None = None) -> None:
         raise MemoryError("no room")
 
     monkeypatch.setattr(stages, "fingerprint", explode)
@@ -556,3 +556,13 @@ def test_a_rebuild_counts_the_removals_the_record_table_counted(shards: Any) -> 
     restarted = shards("restarted", dict(live.records))
     assert (restarted.state.stats().deleted, restarted.state.stats().expired) == (1, 0)
     assert restarted.state.get(deleted_id) is None
+
+
+def test_a_text_expanding_past_the_limit_is_dead_lettered_oversized() -> None:
+    stage = SignStage(PARAMS, 100_000)
+    raw = article("heavy", "\ufdfa" * 30_000)  # 90 KB of UTF-8, 540,000 characters after NFKC
+    result = stage.handle(raw, None, SRC)
+    assert result.reason == "oversized"
+    record = orjson.loads(result.dead_letter or b"")
+    assert "normalised" in record["detail"] and base64.b64decode(record["value_b64"]) == raw
+    assert stage.handle(article("light", "\ufdfa" * 3_000), None, SRC).signed is not None
