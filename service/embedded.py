@@ -123,7 +123,7 @@ def default_sign_processes() -> int:
 
 
 class SigningFailed(RuntimeError):
-    """Signing helpers failed twice on a batch: the run stopped after the last line it decided."""
+    """Signing helpers cannot start: the run stopped after the last line it decided."""
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,9 @@ def run_file(
 
     `sign_processes`: signing helpers (0: sign in this process), given `sign_batch` lines at a
     time (default SIGN_BATCH); the outputs are the same either way. An article whose signing
-    fails unexpectedly is dead-lettered (internal_error), as in the worker; helpers failing twice
-    on a batch raise SigningFailed, everything before that batch decided and checkpointed. With
+    fails unexpectedly is dead-lettered (internal_error), one that breaks its helper
+    (processing_failed), as in the worker; helpers that cannot start raise SigningFailed,
+    everything before that batch decided and checkpointed. With
     helpers the file loop runs in an event loop of its own: call it outside any running loop."""
     shard = IndexShard(state, params, retention)
     summary = RunSummary()

@@ -15,7 +15,13 @@ from .core.dedup import Decision, IndexedArticle, VerdictKind
 from .core.params import DedupParams
 
 DeadLetterReason = Literal[
-    "invalid_utf8", "invalid_json", "schema_violation", "oversized", "empty_text", "internal_error"
+    "invalid_utf8",
+    "invalid_json",
+    "schema_violation",
+    "oversized",
+    "empty_text",
+    "internal_error",
+    "processing_failed",
 ]
 DEAD_LETTER_REASONS: tuple[str, ...] = (
     "invalid_utf8",
@@ -24,6 +30,7 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
     "oversized",
     "empty_text",
     "internal_error",
+    "processing_failed",  # the message made a helper process die or hang, alone
 )
 OPTIONAL_STRING_FIELDS = ("title", "url", "source", "published_at", "language")
 MAX_ID_LENGTH = 512

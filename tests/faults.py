@@ -3,7 +3,9 @@ seam, service/testhooks.py) and set up by two variables:
 
 NEARDUP_TEST_HELPER_FAULT=<hang|crash>:<signer|decider>:<n>: every child of that kind (each
 replacement too, counting again from 1) hangs for good, or exits at once with status 70, when its
-n-th batch comes (a batch to sign; a batch to decide).
+n-th batch comes (a batch to sign; a batch to decide); n = 0: as it starts.
+<hang|crash>:signer:poison: when a batch to sign holds a message containing POISON (the message
+that breaks a helper wherever it goes).
 
 NEARDUP_TEST_AGENT_FAULT=raise:<sign|index>:<n>: that agent raises after it has sent what its n-th
 batch caused, before the batch is acknowledged. delay:index:<n>:<ms>: the index agent's n-th
@@ -25,6 +27,7 @@ from typing import Any
 HELPER_FAULT = "NEARDUP_TEST_HELPER_FAULT"
 AGENT_FAULT = "NEARDUP_TEST_AGENT_FAULT"
 HOOKS_FILE = str(Path(__file__).resolve())
+POISON = b"POISON-PILL"
 log = logging.getLogger("neardup.faults")
 
 
@@ -60,9 +63,12 @@ def install(role: str) -> None:
 
 
 def parse_helper_fault(spec: str) -> tuple[str, str, int]:
+    """(action, kind of child, batch number; -1: a batch holding POISON)."""
     parts = spec.split(":")
     if len(parts) != 3 or parts[0] not in ("hang", "crash") or parts[1] not in ("signer", "decider"):
-        raise ValueError(f"{HELPER_FAULT}={spec!r}: expected <hang|crash>:<signer|decider>:<n>")
+        raise ValueError(f"{HELPER_FAULT}={spec!r}: expected <hang|crash>:<signer|decider>:<n|poison>")
+    if parts[2] == "poison" and parts[1] == "signer":
+        return parts[0], parts[1], -1
     if not parts[2].isdigit():
         raise ValueError(f"{HELPER_FAULT}={spec!r}: <n> must be a number")
     return parts[0], parts[1], int(parts[2])
@@ -81,8 +87,17 @@ def parse_agent_fault(spec: str) -> tuple[str, str, int, float]:
     return parts[0], parts[1], int(parts[2]), delay_s
 
 
+def _fail(action: str) -> None:
+    if action == "crash":
+        os._exit(70)
+    while True:
+        time.sleep(3600)
+
+
 def _fail_children(kind: str, action: str, at: int) -> None:
-    """Wrap the child's per-batch function: the n-th call hangs or exits."""
+    """Wrap the child's per-batch function: the n-th call (or one holding POISON) hangs or exits."""
+    if at == 0:
+        _fail(action)
     if kind == "signer":
         from neardup.pipeline import signer as module
 
@@ -97,11 +112,8 @@ def _fail_children(kind: str, action: str, at: int) -> None:
     @functools.wraps(real)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
-        if calls[0] == at:
-            if action == "crash":
-                os._exit(70)
-            while True:
-                time.sleep(3600)
+        if calls[0] == at or (at == -1 and any(POISON in (item[0] or b"") for item in args[1])):
+            _fail(action)
         return real(*args, **kwargs)
 
     setattr(module, name, wrapped)

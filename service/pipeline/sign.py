@@ -17,6 +17,9 @@ from ..core.signing import EmptyText, fingerprint
 from ..messages import Article, Deletion, InvalidMessage, dead_letter_dict, decode_message
 from .wire import Provenance, Signed, SignedDeletion, encode_deletion, encode_signed
 
+# the dead-letter reason of a message that made a helper process die or hang (signer.py)
+PROCESSING_FAILED = "processing_failed"
+
 
 @dataclass(frozen=True)
 class SignResult:
@@ -76,14 +79,15 @@ class SignStage:
     def failed(cls, exc: Exception, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
         """The dead letter for a message whose signing raised `exc`."""
         if isinstance(exc, InvalidMessage):
-            return cls._dead(exc.reason, exc.detail, raw, key, src)
+            return cls.dead(exc.reason, exc.detail, raw, key, src)
         if isinstance(exc, EmptyText):
-            return cls._dead("empty_text", str(exc), raw, key, src)
+            return cls.dead("empty_text", str(exc), raw, key, src)
         if isinstance(exc, TooLong):
-            return cls._dead("oversized", str(exc), raw, key, src)
-        return cls._dead("internal_error", f"{type(exc).__name__}: {exc}", raw, key, src)
+            return cls.dead("oversized", str(exc), raw, key, src)
+        return cls.dead("internal_error", f"{type(exc).__name__}: {exc}", raw, key, src)
 
     @staticmethod
-    def _dead(reason: str, detail: str, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
+    def dead(reason: str, detail: str, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
+        """A dead letter for the message (`raw`, `key`) from `src`."""
         record = dead_letter_dict(reason, detail, raw, src.topic, src.partition, src.offset, key)
         return SignResult(dead_letter=orjson.dumps(record), reason=reason)

@@ -22,7 +22,7 @@ from .pipes import (
     read_frame,
     write_frame,
 )
-from .sign import SignResult, SignStage
+from .sign import PROCESSING_FAILED, SignResult, SignStage
 from .wire import Provenance
 
 log = logging.getLogger("neardup.signer")
@@ -33,7 +33,7 @@ MIN_CHUNK = 16  # smaller batches are not worth splitting across helpers
 
 
 class SignerFailed(RuntimeError):
-    """Signing helpers failed (died or hung) twice on the same batch: the worker cannot go on."""
+    """Signing helpers cannot start: the worker cannot go on."""
 
 
 class _Helper:
@@ -62,9 +62,9 @@ class _Helper:
 
 class Signer:
     """Signs batches in `processes` helpers (0: in the calling process), results in input order.
-    A helper that fails (dies, or does not answer within `timeout`) is replaced and the batch signed
-    again; if that fails too, SignerFailed: a batch that hangs or kills a helper would do the same
-    to the worker's own process, and it must be neither skipped nor signed out of order.
+    A helper that fails (dies, or does not answer within `timeout`) is replaced, and the message
+    that made it fail is found by signing the batch again in halves (`sign`): it is dead-lettered,
+    the rest signed in order, never skipped.
 
     `nice`: niceness the helpers add to their own. Signing can run on any core while deciding is
     one serial process: on a saturated machine the helpers then yield the CPU to the decider and
@@ -79,6 +79,8 @@ class Signer:
         self.nice = nice
         self.timeout = timeout
         self._helpers: list[_Helper] = []
+        self.isolating = False  # signing the halves of a batch that broke a helper (not a stall)
+        self.isolated = 0  # messages dead-lettered for breaking a helper
         # The worker warms up at start while the first batch may already be signing: the lock keeps
         # both from starting helpers, which would run more than were asked for.
         self._starting = asyncio.Lock()
@@ -91,16 +93,52 @@ class Signer:
                 self._helpers.append(await _Helper.start(self.stage, self.nice, self.timeout))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
+        """Each item's result, in order. A batch that breaks a helper (it dies or hangs) is signed
+        again in halves, each in fresh helpers, down to the one message that breaks it, which is
+        dead-lettered (processing_failed) once it has failed alone too: the stream goes on."""
         if self.processes == 0 or not items:
             return self.sign_here(items)
-        for attempt in (1, 2):
+        try:
+            await self._started()
+            return await self._sign_in_helpers(items)
+        except ChildFailed as exc:
+            log.error("sign_helper_failed articles=%d error=%r", len(items), str(exc))
+            self.close()
+        self.isolating = True
+        try:
+            return await self._isolate(items)
+        finally:
+            self.isolating = False
+
+    async def _started(self) -> None:
+        """The helpers, started when they are not: helpers that cannot even start are no message's
+        doing, and no message is dead-lettered for it (SignerFailed)."""
+        try:
+            await self.warm_up()
+        except ChildFailed as exc:
+            self.close()
+            raise SignerFailed(f"signing helpers cannot start: {exc}") from exc
+
+    async def _isolate(self, items: list[SignItem]) -> list[SignResult]:
+        """`items`, of a batch that broke a helper: each half signed in fresh helpers, a half that
+        breaks one isolated further; a message that breaks one alone is dead-lettered."""
+        parts = [items[: len(items) // 2], items[len(items) // 2 :]] if len(items) > 1 else [items]
+        results: list[SignResult] = []
+        for part in parts:
+            await self._started()
             try:
-                await self.warm_up()
-                return await self._sign_in_helpers(items)
+                results += await self._sign_in_helpers(part)
             except ChildFailed as exc:
-                log.error("sign_helper_failed attempt=%d error=%r", attempt, str(exc))
+                log.error("sign_helper_failed articles=%d error=%r", len(part), str(exc))
                 self.close()
-        raise SignerFailed(f"signing helpers failed twice on a batch of {len(items)} articles")
+                if len(part) > 1:
+                    results += await self._isolate(part)
+                else:
+                    raw, key, src = part[0]
+                    detail = f"the signing helper failed on this message alone, twice: {exc}"
+                    results.append(SignStage.dead(PROCESSING_FAILED, detail, raw, key, src))
+                    self.isolated += 1
+        return results
 
     def sign_here(self, items: list[SignItem]) -> list[SignResult]:
         return [self.stage.handle(raw, key, src) for raw, key, src in items]

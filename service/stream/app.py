@@ -16,7 +16,7 @@ import faust
 from ..config import Settings
 from ..pipeline.collector import CollectorPolicy
 from ..pipeline.decider import Decider
-from ..pipeline.pipes import CallTimeout
+from ..pipeline.pipes import CallTimeout, ChildFailed
 from ..pipeline.sign import SignStage
 from ..pipeline.signer import Signer
 from ..state.rocks import RocksOptions
@@ -54,10 +54,13 @@ class Runtime:
         return [self.signed, self.indexed]
 
     def stalled(self) -> str | None:
-        """Why the worker is stuck, if it is (Progress.stalled); the shard's topic does not count
-        while the index is being rebuilt before its next batch."""
-        rebuilding = self.settings.signatures_topic if self.decider.opening else None
-        return self.progress.stalled(self.stages(), self.settings.stall_timeout, rebuilding)
+        """Why the worker is stuck, if it is (Progress.stalled). A topic whose agent is busy with
+        its batch does not count: the shard's while the index is rebuilt before its next batch,
+        the input's while the signer isolates a message that broke a helper."""
+        busy = {self.settings.signatures_topic} if self.decider.opening else set()
+        if self.signer.isolating:
+            busy.add(self.settings.input_topic)
+        return self.progress.stalled(self.stages(), self.settings.stall_timeout, busy)
 
 
 def exit_after(seconds: float) -> None:
@@ -207,7 +210,11 @@ def create_app(
 
     @app.task
     async def mark_ready() -> None:
-        await signer.warm_up()
+        try:
+            await signer.warm_up()
+        except ChildFailed as exc:
+            failure.fail(f"signing_unavailable: signing helpers cannot start: {exc}; stopping the worker")
+            return
         metrics.ready.set()
 
     @app.task

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,18 +139,18 @@ class Progress:
             if highwater is not None:
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))
 
-    def stalled(self, stages: list[Deliveries], limit: float, rebuilding: str | None) -> str | None:
+    def stalled(self, stages: list[Deliveries], limit: float, busy: Set[str] = frozenset()) -> str | None:
         """Why the worker is stuck, if it is: a stage whose batches have waited for the broker's
         acknowledgement longer than `limit` seconds, or a partition with messages waiting that its
-        agent has not taken a batch from for that long (but the topic `rebuilding`, whose agent
-        waits for the index's rebuild)."""
+        agent has not taken a batch from for that long (but the `busy` topics, whose agents are
+        known to be at work on their batch)."""
         now = time.monotonic()
         for stage in stages:
             if stage.unsettled and now - stage.settled_at > limit:
                 waited = now - stage.settled_at
                 return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
         for tp in self.app.consumer.assignment():
-            if tp.topic == rebuilding:
+            if tp.topic in busy:
                 continue
             highwater = self.app.consumer.highwater(tp)
             last = self.delivered.get(tp)

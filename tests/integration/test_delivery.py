@@ -227,7 +227,7 @@ def test_a_broker_stopped_for_30s_under_load_loses_nothing(deployment: Deploymen
     [
         (AGENT_FAULT, "raise:sign:1", "agent_failed"),
         (AGENT_FAULT, "raise:index:1", "agent_failed"),
-        (HELPER_FAULT, "crash:signer:1", "signing_unavailable"),
+        (HELPER_FAULT, "crash:signer:0", "signing_unavailable"),  # helpers that cannot start
         (HELPER_FAULT, "crash:decider:1", "index_unavailable"),
     ],
     ids=["sign-agent", "index-agent", "signing-helper", "decider-helper"],

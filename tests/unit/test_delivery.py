@@ -119,16 +119,16 @@ def test_a_stage_or_partition_without_progress_is_reported_stalled() -> None:
     progress = Progress(app, cast(Any, None), cast(Any, None), cast(Any, None))
     progress.delivered[tp] = 99
     progress.taken_at["articles"] = now - 120
-    assert progress.stalled([stage], 60.0, None) is None  # everything taken: nothing waits
+    assert progress.stalled([stage], 60.0) is None  # everything taken: nothing waits
     progress.delivered[tp] = 40
-    assert "articles:0: 59 waiting" in (progress.stalled([stage], 60.0, None) or "")
+    assert "articles:0: 59 waiting" in (progress.stalled([stage], 60.0) or "")
     progress.taken_at["articles"] = now
-    assert progress.stalled([stage], 60.0, None) is None  # waiting, but a batch was just taken
+    assert progress.stalled([stage], 60.0) is None  # waiting, but a batch was just taken
     stage._unsettled, stage.settled_at = 2, now - 61
-    assert "stage index: 2 batches unacknowledged" in (progress.stalled([stage], 60.0, None) or "")
+    assert "stage index: 2 batches unacknowledged" in (progress.stalled([stage], 60.0) or "")
     stage.settled_at = now
     sigs = TP("sigs", 0)
     highwater[sigs], progress.delivered[sigs], progress.taken_at["sigs"] = 10, 2, now - 300
-    assert "sigs:0" in (progress.stalled([stage], 60.0, None) or "")
+    assert "sigs:0" in (progress.stalled([stage], 60.0) or "")
     # a rebuild in progress is not a stall
-    assert progress.stalled([stage], 60.0, rebuilding="sigs") is None
+    assert progress.stalled([stage], 60.0, {"sigs"}) is None

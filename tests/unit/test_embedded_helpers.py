@@ -143,7 +143,7 @@ def test_an_unexpected_signing_error_is_a_dead_letter(
     assert (dead["offset"], dead["detail"]) == (2, "RuntimeError: cannot sign this")
 
 
-def test_helpers_failing_twice_stop_the_run_and_a_rerun_resumes(
+def test_helpers_that_cannot_start_stop_the_run_and_a_rerun_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = SAMPLE.read_bytes().splitlines(keepends=True)[:120]
@@ -161,10 +161,10 @@ def test_helpers_failing_twice_stop_the_run_and_a_rerun_resumes(
 
     with source.open("ab") as more:
         more.write(b"".join(lines[70:]))
-    inject(monkeypatch, HELPER_FAULT, "crash:signer:1")  # every helper dies on its first batch
+    inject(monkeypatch, HELPER_FAULT, "crash:signer:0")  # no helper can start
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
-    assert "failed twice" in err and "checkpointed after line 70" in err
+    assert "cannot start" in err and "checkpointed after line 70" in err
     assert out.read_bytes() == done
 
     monkeypatch.delenv(HELPER_FAULT)

@@ -4,6 +4,7 @@ a killed, crashed or hung helper is replaced, and helpers failing twice on a bat
 from __future__ import annotations
 
 import asyncio
+import base64
 import fcntl
 import os
 import signal
@@ -20,7 +21,7 @@ from neardup.pipeline.sign import SignResult, SignStage
 from neardup.pipeline.signer import Signer, SignerFailed, SignItem
 from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from tests.conftest import PROSE
-from tests.faults import HELPER_FAULT, inject
+from tests.faults import HELPER_FAULT, POISON, inject
 
 PARAMS = DedupParams()
 STAGE = SignStage(PARAMS, max_text_bytes=10_000)
@@ -175,51 +176,67 @@ async def test_helpers_sign_with_the_configured_skew_and_report_refused_times() 
 # --- helpers that hang or crash (NEARDUP_TEST_HELPER_FAULT) ---------------------------------------
 
 
-async def test_a_hung_helper_is_killed_and_replaced_within_its_timeout(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    inject(monkeypatch, HELPER_FAULT, "hang:signer:2")  # each helper hangs on its second batch
-    signer = Signer(STAGE, processes=1, timeout=CallTimeout(base_s=2.0, per_item_s=0.01))
-    try:
-        batch = items(20)
-        expected = comparable(signer.sign_here(batch))
-        assert comparable(await signer.sign(batch)) == expected
-        [hung] = signer.helper_pids
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        assert comparable(await signer.sign(batch)) == expected  # signed again by its replacement
-        assert 2.2 <= loop.time() - started < 20  # the timeout, then a new helper's start
-        assert signer.helper_pids and hung not in signer.helper_pids
-        with pytest.raises(ProcessLookupError):
-            os.kill(hung, 0)  # killed and reaped
-    finally:
-        await signer.aclose()
+def poisoned(batch: list[SignItem], *at: int) -> list[SignItem]:
+    """`batch` with the messages at `at` made to break any helper that signs them."""
+    for n in at:
+        _, key, src = batch[n]
+        batch[n] = (orjson.dumps({"id": f"poison-{n}", "text": POISON.decode()}), key, src)
+    return batch
 
 
-async def test_crashed_helpers_are_replaced_and_fatal_when_both_attempts_crash(
+def isolated(results: list[SignResult], batch: list[SignItem], at: tuple[int, ...]) -> None:
+    """The poisoned messages dead-lettered (processing_failed, with their bytes), the rest as signed
+    in this process, in order."""
+    here = comparable(Signer(STAGE, processes=0).sign_here(batch))
+    got = comparable(results)
+    for n, (result, expected) in enumerate(zip(got, here, strict=True)):
+        if n in at:
+            record = result[2]
+            assert result[1] == "processing_failed" and record is not None
+            assert base64.b64decode(record["value_b64"]) == batch[n][0] and record["offset"] == n
+        else:
+            assert result == expected
+
+
+async def test_a_message_that_crashes_its_helper_is_isolated_and_the_rest_signed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    inject(monkeypatch, HELPER_FAULT, "crash:signer:1")  # each helper exits at its first batch...
+    inject(monkeypatch, HELPER_FAULT, "crash:signer:poison")
     signer = Signer(STAGE, processes=2, timeout=CallTimeout(base_s=30.0))
-    batch = items(40)
     try:
-        with pytest.raises(SignerFailed):  # ...so the batch fails twice, without waiting for a timeout
-            await asyncio.wait_for(signer.sign(batch), 20)
-        assert signer.helper_pids == []
-        inject(monkeypatch, HELPER_FAULT, "crash:signer:2")  # ...at its second: once per helper
-        assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
-        assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
+        batch = poisoned(items(40), 17, 30)
+        results = await asyncio.wait_for(signer.sign(batch), 60)  # crashes need no timeout
+        isolated(results, batch, (17, 30))
+        assert signer.isolated == 2 and not signer.isolating
+        clean = items(12)
+        assert comparable(await signer.sign(clean)) == comparable(signer.sign_here(clean))
     finally:
         await signer.aclose()
 
 
-async def test_helpers_hanging_twice_on_a_batch_are_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
-    inject(monkeypatch, HELPER_FAULT, "hang:signer:1")  # every helper hangs on its first batch
-    signer = Signer(STAGE, processes=2, timeout=CallTimeout(base_s=1.0, per_item_s=0.0))
+async def test_a_message_that_hangs_its_helper_is_isolated_within_its_timeouts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inject(monkeypatch, HELPER_FAULT, "hang:signer:poison")
+    signer = Signer(STAGE, processes=1, timeout=CallTimeout(base_s=1.0, per_item_s=0.0))
     loop = asyncio.get_running_loop()
     started = loop.time()
-    with pytest.raises(SignerFailed, match="twice"):
-        await signer.sign(items(40))
-    assert loop.time() - started < 30
-    assert signer.helper_pids == []  # none left hanging
+    try:
+        batch = poisoned(items(16), 5)
+        results = await signer.sign(batch)
+        isolated(results, batch, (5,))
+        # 16, 8, 4, 2, then alone: five timeouts and the restarts between them
+        assert 5.0 <= loop.time() - started < 60
+        assert signer.helper_pids  # a live helper for the next batch; the hung ones were killed
+    finally:
+        await signer.aclose()
+
+
+async def test_helpers_that_cannot_start_are_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a message's doing: nothing is dead-lettered for it."""
+    inject(monkeypatch, HELPER_FAULT, "crash:signer:0")
+    signer = Signer(STAGE, processes=2, timeout=CallTimeout(base_s=5.0, per_item_s=0.0))
+    with pytest.raises(SignerFailed, match="cannot start"):
+        await asyncio.wait_for(signer.sign(items(20)), 60)
+    assert signer.helper_pids == []
     await signer.aclose()
