@@ -22,7 +22,7 @@ from neardup.messages import (
 )
 from neardup.pipeline import sign as stages
 from neardup.pipeline.shard import IndexShard
-from neardup.pipeline.sign import SignStage
+from neardup.pipeline.sign import PROCESSING_FAILED, SignStage
 from neardup.pipeline.wire import Provenance
 from neardup.state.memory import MemoryState
 from tests.conftest import PROSE, process
@@ -207,8 +207,15 @@ def test_internal_error_dead_letter_validates(monkeypatch: pytest.MonkeyPatch) -
     assert _errors("dead-letter", record) == []
 
 
+def test_processing_failed_dead_letter_validates() -> None:
+    """What the signer sends for a message that broke a helper alone (test_signer.py isolates one)."""
+    result = SignStage.dead(PROCESSING_FAILED, "the helper died", b'{"id": "a", "text": "t"}', b"a", SRC)
+    assert result.reason == PROCESSING_FAILED and result.dead_letter is not None
+    assert _errors("dead-letter", orjson.loads(result.dead_letter)) == []
+
+
 def test_every_reason_is_exercised() -> None:
-    assert {*BAD_INPUTS, "internal_error"} == set(DEAD_LETTER_REASONS)
+    assert {*BAD_INPUTS, "internal_error", PROCESSING_FAILED} == set(DEAD_LETTER_REASONS)
 
 
 # --- the hand-written article check agrees with the schema ---------------------------------------
