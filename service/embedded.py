@@ -33,6 +33,7 @@ import orjson
 
 from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
+from .errors import Error
 from .messages import decode_message, dumps
 from .pipeline.shard import IndexShard
 from .pipeline.sign import SignResult, SignStage
@@ -122,7 +123,7 @@ def default_sign_processes() -> int:
     return max(1, cpus - 1)
 
 
-class SigningFailed(RuntimeError):
+class SigningFailed(Error, RuntimeError):
     """Signing helpers failed twice on a batch: the run stopped after the last line it decided."""
 
 
@@ -355,7 +356,7 @@ def _deleted(status: str, article_id: str, out: BinaryIO, summary: RunSummary) -
     summary.deleted += 1
 
 
-class ResumeMismatch(RuntimeError):
+class ResumeMismatch(Error, RuntimeError):
     """The state says more was written than the output file holds: they do not belong together."""
 
 

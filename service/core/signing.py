@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import mmh3
 import numpy as np
 
+from ..errors import Error
 from ._hashing import HashArray
 from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
 from .normalize import canonical_code_points, normalize
@@ -14,7 +15,7 @@ from .params import DedupParams
 from .shingle import shingle_hashes
 
 
-class EmptyText(ValueError):
+class EmptyText(Error, ValueError):
     """Nothing is left of the text after normalization: there is nothing to compare."""
 
 

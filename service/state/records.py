@@ -19,6 +19,7 @@ from ..core import compiled
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.signing import Fingerprint
+from ..errors import Error
 
 MAGIC = b"N5"
 # The head: unsigned LEB128 varints (most of its numbers are small) of seq, version, time (ms,
@@ -42,7 +43,7 @@ _EXACT, _CANONICAL_SELF, _CANONICAL_CLUSTER, _MATCH_APART = 1, 2, 4, 8
 _SCORES = struct.Struct(">ddd")
 
 
-class CorruptRecord(ValueError):
+class CorruptRecord(Error, ValueError):
     """A stored record could not be decoded; its key is named so it can be inspected."""
 
 

@@ -13,11 +13,13 @@ import asyncio
 import logging
 import os
 
+from ..errors import Error
+
 AGENT_FAULT_VARIABLE = "NEARDUP_TEST_AGENT_FAULT"
 log = logging.getLogger("neardup.faults")
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(Error, RuntimeError):
     """The exception NEARDUP_TEST_AGENT_FAULT raises."""
 
 
