@@ -23,7 +23,7 @@ from ..core.retention import NO_RETENTION, Retention
 from ..messages import verdict_dict
 from ..state.index import IndexState
 from ..state.records import MAGIC as RECORD_MAGIC
-from ..state.records import CorruptRecord, encode_article
+from ..state.records import CorruptRecord, encode_record
 from .wire import Headers, Signed, SignedDeletion, decode_signed, unpack_signed
 
 # The changelog's keys: one record per article, the applied offsets, the removal counts.
@@ -148,7 +148,7 @@ class IndexShard:
         keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
         outcome = decide(item.article_id, item.fingerprint, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
-            record = encode_article(outcome.article)
+            record = encode_record(outcome.article)
             self.state.apply(outcome.update, record=record)
             if self.changelog is not None:
                 self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record

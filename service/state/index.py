@@ -36,7 +36,7 @@ from ..core import compiled
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from ..core.signing import Fingerprint
-from .records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
+from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 
 ARTICLE, BAND, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"b", b"c", b"x", b"k", b"h", b"t", b"m"
 SEQ = struct.Struct(">Q")
@@ -307,7 +307,7 @@ class IndexState:
         if missing:
             stored = self.kv.records([seq_key(seq) for seq in missing])
             loaded = {
-                seq: self._remember(decode_article(data, str(seq)))
+                seq: self._remember(decode_record(data, str(seq)))
                 for seq, data in zip(missing, stored, strict=True)
                 if data is not None
             }
@@ -387,7 +387,7 @@ class IndexState:
 
     def articles(self) -> Iterator[IndexedArticle]:
         """All indexed articles in arrival order, read lazily."""
-        return (decode_article(record, str(SEQ.unpack(key)[0])) for key, record in self.kv.scan_records())
+        return (decode_record(record, str(SEQ.unpack(key)[0])) for key, record in self.kv.scan_records())
 
     def count(self) -> int:
         return self.counts.articles
@@ -427,14 +427,14 @@ class IndexState:
         self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
     ) -> None:
         """Index one article version (replacing its earlier one), atomically with `extra`
-        metadata. `record`: encode_article(update.article), when the caller has it already."""
+        metadata. `record`: encode_record(update.article), when the caller has it already."""
         article = update.article
         batch = Batch()
         if update.replaced is not None:
             self._remove(batch, update.replaced, keep_id=True)
             self._looked_up = None  # the buckets may have changed in this batch
         self._add(batch, article)
-        stored = record or encode_article(article)
+        stored = record or encode_record(article)
         batch.records[seq_key(article.seq)] = stored
         self._seq = max(self._seq, article.seq + 1)
         batch.put(SEQ_KEY, str(self._seq).encode())
@@ -654,7 +654,7 @@ class IndexState:
             self.kv.write(batch)
             count += len(run)
         for stored in runs_of(self.kv.scan_records(), chunk):
-            self._index_stored([decode_article(record) for _, record in stored])
+            self._index_stored([decode_record(record) for _, record in stored])
         self._hand_on_orphans()
         self.counts.expired, self.counts.deleted = removed
         self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))

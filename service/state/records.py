@@ -168,7 +168,7 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
     return Decision(verdict, *match, canonical, bool(flags & _EXACT), tuple(candidates))
 
 
-def encode_article(article: IndexedArticle) -> bytes:
+def encode_record(article: IndexedArticle) -> bytes:
     """Head, ids, verifier, band keys, content hash, decision (and the signature without verifier)."""
     fp = article.fingerprint
     own = article.cluster_id == article.article_id
@@ -222,7 +222,7 @@ class Probe:
 
     @property
     def article(self) -> IndexedArticle:
-        return decode_article(self.record)
+        return decode_record(self.record)
 
 
 def decode_probe(data: bytes, key: str = "?") -> Probe:
@@ -243,7 +243,8 @@ def decode_probe(data: bytes, key: str = "?") -> Probe:
     )
 
 
-def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
+def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
+    """A stored record → its article version (encode_record's inverse); CorruptRecord names `key`."""
     try:
         fields, position = _head(data)
         seq, version, time, cluster, count, flags = fields[:6]

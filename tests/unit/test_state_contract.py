@@ -21,7 +21,7 @@ from neardup.state import index as index_module
 from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
-from neardup.state.records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
+from neardup.state.records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 from neardup.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
 
 MakeState = Callable[[], StateStore]
@@ -197,7 +197,7 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     for i, text in enumerate(texts):
         index(applied, f"a{i}", text)
     index(applied, "a1", prose[2] + " A corrected version.")  # a replacement, out of old buckets
-    records = sorted((a.article_id, encode_article(a)) for a in applied.articles())  # by id, as a table
+    records = sorted((a.article_id, encode_record(a)) for a in applied.articles())  # by id, as a table
     loaded = RocksState(tmp_path / "loaded")
     loaded.open_header(PARAMS.header())
     assert loaded.bulk_load(iter(records), PARAMS.lsh.bands, PARAMS.lsh.rows, chunk=chunk) == len(records)
@@ -265,8 +265,8 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
     )
     keys = tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
     article = IndexedArticle("id with spaces/ü", 3, 12345, fp, decision, keys, -86_400_000, 12000, "root")
-    data = encode_article(article)
-    decoded = decode_article(data)
+    data = encode_record(article)
+    decoded = decode_record(data)
     # the signature is not kept where there is a verifier: band keys and verifier serve instead
     assert decoded == dataclasses.replace(article, fingerprint=without_signature(fp))
     assert decoded.keys == keys and decoded.time_ms == -86_400_000
@@ -283,7 +283,7 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
     unique = dataclasses.replace(
         article, decision=Decision("unique", None, None, None, None, "id", False, ())
     )
-    assert decode_article(encode_article(unique)) == dataclasses.replace(
+    assert decode_record(encode_record(unique)) == dataclasses.replace(
         unique, fingerprint=without_signature(fp)
     )
     assert len(data) < 1000, "a record is ~0.9 KB: 512-byte verifier, 25 band keys, the decision"
@@ -298,14 +298,14 @@ def test_records_keep_the_signature_where_there_is_no_verifier(prose: tuple[str,
     fp = fingerprint(prose[0], params)
     assert fp.verifier.size == 0
     article = IndexedArticle("a", 0, 1, fp, Decision("unique", None, None, None, None, "a", False, ()))
-    decoded = decode_article(encode_article(article))
+    decoded = decode_record(encode_record(article))
     assert decoded == article and decoded.fingerprint.signature.dtype == np.uint64
 
 
 @pytest.mark.parametrize("magic", [b"N3", b"N4"])
 def test_records_of_earlier_formats_are_refused_by_name(magic: bytes) -> None:
     with pytest.raises(CorruptRecord, match=f"unknown record format {magic!r}"):
-        decode_article(magic + b"\x00\x00\x00\x02{}" + b"\x00" * 600, "key-7")
+        decode_record(magic + b"\x00\x00\x00\x02{}" + b"\x00" * 600, "key-7")
 
 
 @pytest.mark.parametrize(
@@ -322,7 +322,7 @@ def test_records_of_earlier_formats_are_refused_by_name(magic: bytes) -> None:
 )
 def test_corrupt_records_are_named(data: bytes, front_readable: bool) -> None:
     with pytest.raises(CorruptRecord, match="'key-7'"):
-        decode_article(data, "key-7")
+        decode_record(data, "key-7")
     if not front_readable:
         with pytest.raises(CorruptRecord, match="'key-7'"):
             decode_probe(data, "key-7")
@@ -484,7 +484,7 @@ def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, pro
     a = index(state, "a", prose[0]).article
     try:
         with pytest.raises(ValueError, match="empty state"):
-            state.bulk_load([("a", encode_article(a))], PARAMS.lsh.bands, PARAMS.lsh.rows)
+            state.bulk_load([("a", encode_record(a))], PARAMS.lsh.bands, PARAMS.lsh.rows)
     finally:
         state.close()
 
@@ -514,4 +514,4 @@ def test_every_decision_survives_its_binary_form(decision: Decision, prose: tupl
     fp = fingerprint(prose[0], PARAMS)
     keys = tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
     article = IndexedArticle("self", 0, 9, fp, decision, keys, 0, 3, "root")
-    assert decode_article(encode_article(article)).decision == decision
+    assert decode_record(encode_record(article)).decision == decision
