@@ -1,4 +1,4 @@
-"""Stage 1, "sign": article text → fingerprint (content hash, MinHash signature, shingle count)."""
+"""Stage 1, "sign": article text → sketch (content hash, MinHash signature, shingle count)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ class EmptyText(Error, ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class Fingerprint:
-    """Everything the index stage needs about one text; the text itself is not kept."""
+class Sketch:
+    """One article's sketch: everything the index stage needs about its text, which is not kept
+    (content hash, MinHash signature and verifier, distinct shingle count). "Fingerprint" is the
+    passage measures' word (core/fingerprint.py, fuzzy.py): a text's set of chunk digests."""
 
     content_hash: bytes
     signature: HashArray
@@ -31,7 +33,7 @@ class Fingerprint:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, Fingerprint)
+            isinstance(other, Sketch)
             and self.content_hash == other.content_hash
             and self.shingle_count == other.shingle_count
             and self.short == other.short
@@ -39,7 +41,7 @@ class Fingerprint:
             and bool(np.array_equal(self.verifier, other.verifier))
         )
 
-    def estimate_jaccard(self, other: Fingerprint) -> float:
+    def estimate_jaccard(self, other: Sketch) -> float:
         """From the finest sketches both carry: the verifiers when both have equal-length ones."""
         if self.verifier.size and self.verifier.size == other.verifier.size:
             return estimate_jaccard_verified(self.verifier, other.verifier)
@@ -53,7 +55,7 @@ def content_hash(canonical: str) -> bytes:
     return mmh3.hash_bytes(canonical.encode("utf-32-le", errors="surrogatepass"))
 
 
-def fingerprint(text: str, params: DedupParams) -> Fingerprint:
+def sketch_of(text: str, params: DedupParams) -> Sketch:
     """Normalize, shingle, sign. Raises EmptyText when the canonical text is empty."""
     if params.shingle.unit == "char":
         points = canonical_code_points(text, params.normalize)
@@ -73,4 +75,4 @@ def fingerprint(text: str, params: DedupParams) -> Fingerprint:
         signature, verifier, distinct = params.hasher.sketches(
             shingle_hashes(canonical, params.shingle), params.verify_perm
         )
-    return Fingerprint(digest, signature, distinct, units < params.shingle.k, verifier)
+    return Sketch(digest, signature, distinct, units < params.shingle.k, verifier)

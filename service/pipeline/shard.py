@@ -146,7 +146,7 @@ class IndexShard:
         time_ms = self._capped_time(item.time_ms, now_s)
         cutoff = self.retention.cutoff(self._newest(time_ms))
         keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
-        outcome = decide(item.article_id, item.fingerprint, self.state, self.params, keys, time_ms, cutoff)
+        outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
             record = encode_record(outcome.article)
             self.state.apply(outcome.update, record=record)
@@ -183,7 +183,7 @@ class IndexShard:
         if isinstance(item, SignedDeletion):
             return Decided("stale")
         existing = self.state.get(item.article_id)
-        if existing is not None and existing.fingerprint.content_hash == item.fingerprint.content_hash:
+        if existing is not None and existing.sketch.content_hash == item.sketch.content_hash:
             return Decided("replayed", existing, self._verdict(existing, item, now_s))
         return Decided("stale", existing)
 

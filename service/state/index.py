@@ -34,7 +34,7 @@ import orjson
 from ..core import compiled
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
-from ..core.signing import Fingerprint
+from ..core.signing import Sketch
 from .port import Counts, IndexStats
 from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 
@@ -322,7 +322,7 @@ class IndexState:
         """Into the content map and the buckets (an exact copy: beside its content's holder),
         its cluster, the time index and the id map."""
         seq = seq_key(article.seq)
-        content_hash = article.fingerprint.content_hash
+        content_hash = article.sketch.content_hash
         holder = self._holder_seq(content_hash, batch)
         if article.decision.exact and holder is not None:
             batch.put(COPY + content_hash + seq, b"")
@@ -404,7 +404,7 @@ class IndexState:
         """Take one article version out of every structure; `keep_id`: its id gets a new version
         in the same batch."""
         seq = seq_key(old.seq)
-        content_hash = old.fingerprint.content_hash
+        content_hash = old.sketch.content_hash
         self._leave_buckets(batch, old.seq, old.keys)
         if self._holder_seq(content_hash, batch) == seq:
             heir = self._first(COPY + content_hash, batch, skip=seq)
@@ -570,10 +570,10 @@ class IndexState:
 def _as_stored(article: IndexedArticle) -> IndexedArticle:
     """The article as its record gives it back: without its signature where it has a verifier
     (records keep what the signature served: band keys and verifier)."""
-    fp = article.fingerprint
-    if not fp.verifier.size or not fp.signature.size:
+    sketch = article.sketch
+    if not sketch.verifier.size or not sketch.signature.size:
         return article
-    stripped = Fingerprint(fp.content_hash, _NO_SIGNATURE, fp.shingle_count, fp.short, fp.verifier)
+    stripped = Sketch(sketch.content_hash, _NO_SIGNATURE, sketch.shingle_count, sketch.short, sketch.verifier)
     return IndexedArticle(
         article.article_id,
         article.version,
