@@ -87,7 +87,9 @@ class Deduplicator:
 
     def delete(self, article_id: str) -> bool:
         """Remove an article from the index (a retraction): later articles are no longer matched
-        with it. False when the index does not hold it."""
+        with it. False when the index does not hold it. Raises InvalidMessage for an id the worker
+        would not accept (not a string of 1 to 512 characters: schema_violation; a lone surrogate:
+        invalid_utf8)."""
         self._check_open()
         deletion = article_from_dict({"id": article_id, "deleted": True}, self.max_text_bytes)
         assert isinstance(deletion, Deletion)

@@ -18,7 +18,7 @@ from .core.normalize import decode_bytes, normalize
 from .core.params import DedupParams, IncompatibleState
 from .core.shingle import ShingleOptions, shingle_hashes, shingle_set, shingle_strings
 from .core.similarity import block_similarity, exact_containment, exact_jaccard
-from .state.index import IndexStats
+from .state.port import IndexStats
 
 
 def _engine_flags(parser: argparse.ArgumentParser) -> None:

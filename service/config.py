@@ -13,6 +13,7 @@ from typing import Any
 from .core.params import DedupParams
 from .core.retention import Retention, parse_duration_ms
 from .core.shingle import ShingleOptions
+from .errors import Error
 from .messages import parse_verdict_filter
 
 # Kafka's bounds: the broker's default group.min.session.timeout.ms, and Faust's request timeout,
@@ -22,7 +23,7 @@ MAX_SESSION_TIMEOUT_MS = 90_000
 _INSTANCE_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
-class ConfigError(ValueError):
+class ConfigError(Error, ValueError):
     """A setting has a value the service cannot run with; the message names the variable."""
 
 

@@ -33,6 +33,7 @@ import orjson
 
 from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
+from .errors import Error
 from .messages import decode_message, dumps
 from .pipeline.shard import IndexShard
 from .pipeline.sign import SignResult, SignStage
@@ -122,7 +123,7 @@ def default_sign_processes() -> int:
     return max(1, cpus - 1)
 
 
-class SigningFailed(RuntimeError):
+class SigningFailed(Error, RuntimeError):
     """Signing helpers cannot start: the run stopped after the last line it decided."""
 
 
@@ -181,83 +182,28 @@ def run_file(
     summary = RunSummary()
     started = time.perf_counter()
     progress_key = _PROGRESS_KEY + str(input_path.resolve()).encode()
-    saved = state.get_meta(progress_key)
-    in_offset = out_offset = dead_offset = feed_offset = line_no = 0
-    if saved is not None:
-        mark = orjson.loads(saved)
-        in_offset, out_offset = mark["input"], mark["output"]
-        dead_offset, line_no = mark.get("dead", 0), mark["line"]
-        if feed_path is not None:
-            feed_offset = _resumed_feed_offset(mark, feed_path, feed_verdicts)
-        summary.resumed_from_line = line_no
+    mark = _resumed_mark(state.get_meta(progress_key), feed_path, feed_verdicts)
+    summary.resumed_from_line = mark.line
     dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
     bar = Progress(input_path.stat().st_size, progress)
     stage = SignStage(params, max_text_bytes, retention.skew_ms)
     topic = str(input_path)
     with ExitStack() as files:
         source = files.enter_context(input_path.open("rb"))
-        out = files.enter_context(_open_at(output_path, out_offset))
-        dead = files.enter_context(_open_at(dead_path, dead_offset))
+        out = files.enter_context(_open_at(output_path, mark.output))
+        dead = files.enter_context(_open_at(dead_path, mark.dead))
         feed = None
         if feed_path is not None:
-            feed = files.enter_context(_open_at(feed_path, feed_offset))
+            feed = files.enter_context(_open_at(feed_path, mark.feed))
             summary.fed = 0
-
-        def decide(line: _Line, signed: _Signed) -> None:
-            summary.articles += 1
-            verdict = None
-            if not isinstance(signed, _Dead):
-                decided = shard.decide([signed])[0]
-                if decided.error is not None:  # as the worker's index stage: a dead letter, not a stopped run
-                    signed = _signed(SignStage.failed(decided.error, line.body, None, _source(topic, line)))
-                elif decided.status in ("deleted", "unknown_delete"):
-                    _deleted(decided.status, signed.article_id, out, summary)
-                else:
-                    verdict = decided.verdict
-            if isinstance(signed, _Dead):
-                dead.write(signed.record + b"\n")
-                summary.dead_letters[signed.reason] += 1
-            if verdict is not None:
-                kind = verdict["verdict"]
-                out.write(dumps(verdict) + b"\n")
-                summary.verdicts[kind] += 1
-                if feed is not None and kind in feed_verdicts:
-                    feed.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
-                    summary.fed = (summary.fed or 0) + 1
-            out.flush()
-            dead.flush()
-            mark: dict[str, Any] = {
-                "input": line.end,
-                "output": out.tell(),
-                "dead": dead.tell(),
-                "line": line.number,
-            }
-            if feed is not None:
-                feed.flush()
-                mark |= {"feed": feed.tell(), "feed_verdicts": sorted(feed_verdicts)}
-            state.set_meta({progress_key: orjson.dumps(mark)})
-            bar.update(line.end, summary.articles)
-
-        source.seek(in_offset)
-        lines = _lines(source, in_offset, line_no)
+        run = _FileRun(shard, summary, topic, progress_key, bar, out, dead, feed, feed_verdicts)
+        source.seek(mark.input)
+        lines = _lines(source, mark.input, mark.line)
         if sign_processes == 0:
             for line in lines:
-                decide(line, _sign_here(stage, line, _source(topic, line)))
+                run.decide(line, _sign_here(stage, line, _source(topic, line)))
         else:
-            # imported here: the helpers run that module as __main__, and they import this one
-            from .pipeline.signer import Signer, SignerFailed
-
-            batches = _batches(lines, sign_batch or SIGN_BATCH, SIGN_BATCH_BYTES)
-            signer = Signer(stage, sign_processes)
-            try:
-                asyncio.run(_decide_while_signing(batches, signer, topic, decide))
-            except SignerFailed as exc:
-                reached = state.get_meta(progress_key)
-                done = orjson.loads(reached)["line"] if reached is not None else 0
-                raise SigningFailed(
-                    f"{exc}; the state is checkpointed after line {done} of {input_path}, where a "
-                    "rerun with the same state resumes"
-                ) from exc
+            _decide_signed_by_helpers(lines, stage, sign_processes, sign_batch or SIGN_BATCH, run)
         in_offset = source.tell()
     bar.update(in_offset, summary.articles, final=True)
     state.compact()
@@ -265,6 +211,104 @@ def run_file(
     summary.expired = shard.counts.expired
     summary.refused_times = shard.counts.refused_times
     return summary
+
+
+class _Mark(NamedTuple):
+    """Where a run over a file stands: its files' offsets after the last line decided, and that
+    line's number (all 0: from the start)."""
+
+    input: int = 0
+    output: int = 0
+    dead: int = 0
+    feed: int = 0
+    line: int = 0
+
+
+def _resumed_mark(saved: bytes | None, feed_path: Path | None, feed_verdicts: frozenset[str]) -> _Mark:
+    """Where the last run over this input stopped, from its checkpoint in the state."""
+    if saved is None:
+        return _Mark()
+    mark = orjson.loads(saved)
+    feed = 0 if feed_path is None else _resumed_feed_offset(mark, feed_path, feed_verdicts)
+    return _Mark(mark["input"], mark["output"], mark.get("dead", 0), feed, mark["line"])
+
+
+@dataclass
+class _FileRun:
+    """A run's outputs: each line decided is written to them, then checkpointed in the state."""
+
+    shard: IndexShard
+    summary: RunSummary
+    topic: str
+    progress_key: bytes
+    bar: Progress
+    out: BinaryIO
+    dead: BinaryIO
+    feed: BinaryIO | None
+    feed_verdicts: frozenset[str]
+
+    def decide(self, line: _Line, signed: _Signed) -> None:
+        """Decide one signed line; write its verdict (and its feed copy), its deletion or its
+        dead letter; checkpoint."""
+        summary = self.summary
+        summary.articles += 1
+        verdict = None
+        if not isinstance(signed, _Dead):
+            decided = self.shard.decide([signed])[0]
+            if decided.error is not None:  # as the worker's index stage: a dead letter, not a stopped run
+                signed = _signed(SignStage.failed(decided.error, line.body, None, _source(self.topic, line)))
+            elif decided.status in ("deleted", "unknown_delete"):
+                _deleted(decided.status, signed.article_id, self.out, summary)
+            else:
+                verdict = decided.verdict
+        if isinstance(signed, _Dead):
+            self.dead.write(signed.record + b"\n")
+            summary.dead_letters[signed.reason] += 1
+        if verdict is not None:
+            kind = verdict["verdict"]
+            self.out.write(dumps(verdict) + b"\n")
+            summary.verdicts[kind] += 1
+            if self.feed is not None and kind in self.feed_verdicts:
+                self.feed.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
+                summary.fed = (summary.fed or 0) + 1
+        self._checkpoint(line)
+
+    def _checkpoint(self, line: _Line) -> None:
+        """The outputs flushed and where they end stored with the state: a rerun resumes there."""
+        self.out.flush()
+        self.dead.flush()
+        mark: dict[str, Any] = {
+            "input": line.end,
+            "output": self.out.tell(),
+            "dead": self.dead.tell(),
+            "line": line.number,
+        }
+        if self.feed is not None:
+            self.feed.flush()
+            mark |= {"feed": self.feed.tell(), "feed_verdicts": sorted(self.feed_verdicts)}
+        self.shard.state.set_meta({self.progress_key: orjson.dumps(mark)})
+        self.bar.update(line.end, self.summary.articles)
+
+
+def _decide_signed_by_helpers(
+    lines: Iterator[_Line], stage: SignStage, processes: int, batch: int, run: _FileRun
+) -> None:
+    """Decide the lines while `processes` signing helpers sign the next `batch` of them; helpers
+    failing twice on a batch raise SigningFailed, naming the last line checkpointed."""
+    # imported here: the helpers run that module as __main__, and they import this one
+    from .pipeline.signer import Signer, SignerFailed
+
+    batches = _batches(lines, batch, SIGN_BATCH_BYTES)
+    signer = Signer(stage, processes)
+    try:
+        asyncio.run(_decide_while_signing(batches, signer, run.topic, run.decide))
+    except SignerFailed as exc:
+        reached = run.shard.state.get_meta(run.progress_key)
+        done = orjson.loads(reached)["line"] if reached is not None else 0
+        raise SigningFailed(
+            f"{exc}; the state is checkpointed after line {done} of {run.topic}, where a "
+            "rerun with the same state resumes"
+        ) from exc
 
 
 def _lines(source: BinaryIO, offset: int, line_no: int) -> Iterator[_Line]:
@@ -356,7 +400,7 @@ def _deleted(status: str, article_id: str, out: BinaryIO, summary: RunSummary) -
     summary.deleted += 1
 
 
-class ResumeMismatch(RuntimeError):
+class ResumeMismatch(Error, RuntimeError):
     """The state says more was written than the output file holds: they do not belong together."""
 
 

@@ -13,7 +13,7 @@ from .core.lsh import band_keys
 from .core.normalize import normalize
 from .core.params import DedupParams
 from .core.shingle import shingle_set
-from .core.signing import fingerprint
+from .core.signing import sketch_of
 from .messages import Article
 from .pipeline.shard import IndexShard
 from .pipeline.wire import Provenance, Signed
@@ -92,20 +92,20 @@ def evaluate(
     same_content: dict[bytes, list[int]] = {}
     represented = 0
     for i, article in enumerate(articles):
-        fp = fingerprint(article.text, params)
-        keys = tuple(band_keys(fp.signature, *banding))
+        sketch = sketch_of(article.text, params)
+        keys = tuple(band_keys(sketch.signature, *banding))
         found: dict[int, float] = {}
         for other in state.candidates(keys, article.article_id, params.max_candidates):
-            estimate = score(fp, other.fingerprint, other.article_id).jaccard
+            estimate = score(sketch, other.sketch, other.article_id).jaccard
             found[index_of[other.article_id]] = estimate
-            for copy in same_content.get(other.fingerprint.content_hash, ()):
+            for copy in same_content.get(other.sketch.content_hash, ()):
                 if copy not in found:
                     found[copy] = estimate
                     represented += 1
         estimates.append(found)
-        same_content.setdefault(fp.content_hash, []).append(i)
+        same_content.setdefault(sketch.content_hash, []).append(i)
         src = Provenance("evaluate", None, i, None)
-        shard.decide([Signed(article.article_id, fp, src, keys, banding, time_ms=i)])
+        shard.decide([Signed(article.article_id, sketch, src, keys, banding, time_ms=i)])
 
     result = Evaluation(articles=len(articles), pairs=len(articles) * (len(articles) - 1) // 2)
     result.represented = represented

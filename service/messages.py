@@ -13,6 +13,7 @@ import orjson
 
 from .core.dedup import Decision, IndexedArticle, VerdictKind
 from .core.params import DedupParams
+from .errors import Error
 
 DeadLetterReason = Literal[
     "invalid_utf8",
@@ -63,7 +64,7 @@ def parse_verdict_filter(text: str) -> frozenset[str]:
     return frozenset(kinds)
 
 
-class InvalidMessage(ValueError):
+class InvalidMessage(Error, ValueError):
     """A message that cannot become an article; `reason` is the dead-letter reason."""
 
     def __init__(self, reason: DeadLetterReason, detail: str) -> None:

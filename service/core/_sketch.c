@@ -30,7 +30,7 @@
  *
  * scores(query, candidates, size_a, empty, chance) -> (jaccard, containment, contains)
  *     query: uint8 buffer of m verifier slots; candidates: a sequence of objects with a `verifier`
- *     (uint8 buffer of m slots) and a `shingle_count` (Fingerprint). For each candidate: the Jaccard
+ *     (uint8 buffer of m slots) and a `shingle_count` (Sketch). For each candidate: the Jaccard
  *     estimate from the verifiers (minhash.py: estimate_jaccard_verified_many, slots equal to `empty`
  *     in both left out, chance agreements taken out) and the containment estimates derived from it
  *     with the distinct counts (estimate_containment_many), as three bytes objects of native

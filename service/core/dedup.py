@@ -25,7 +25,7 @@ from .minhash import (
     verified_scores,
 )
 from .params import DedupParams
-from .signing import Fingerprint
+from .signing import Sketch
 
 VerdictKind = Literal["unique", "duplicate", "partial"]
 
@@ -56,7 +56,7 @@ class Decision:
 
 @dataclass(frozen=True, eq=False)
 class IndexedArticle:
-    """One indexed article version: its fingerprint, its order of arrival, its decision, the band
+    """One indexed article version: its sketch, its order of arrival, its decision, the band
     keys it was indexed under (so that it can be taken out again without its signature), its event
     time (what retention compares), and its cluster: the arrival number and id of the cluster's
     first article (-1 and "": the article is its own)."""
@@ -64,7 +64,7 @@ class IndexedArticle:
     article_id: str
     version: int
     seq: int
-    fingerprint: Fingerprint
+    sketch: Sketch
     decision: Decision
     keys: tuple[bytes, ...] = ()
     time_ms: int = 0
@@ -82,17 +82,17 @@ class IndexedArticle:
             and (self.article_id, self.version, self.seq, self.decision, self.keys, self.time_ms)
             == (other.article_id, other.version, other.seq, other.decision, other.keys, other.time_ms)
             and (self.cluster, self.cluster_id) == (other.cluster, other.cluster_id)
-            and _same_sketches(self.fingerprint, other.fingerprint)
+            and _same_sketches(self.sketch, other.sketch)
         )
 
     # An indexed article is its own Prospect (below).
     @property
     def shingle_count(self) -> int:
-        return self.fingerprint.shingle_count
+        return self.sketch.shingle_count
 
     @property
     def verifier(self) -> VerifierArray:
-        return self.fingerprint.verifier
+        return self.sketch.verifier
 
     @property
     def canonical_id(self) -> str:
@@ -107,8 +107,8 @@ class IndexedArticle:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _same_sketches(a: Fingerprint, b: Fingerprint) -> bool:
-    """Fingerprints equal as an indexed article keeps them: where there is a verifier, the record
+def _same_sketches(a: Sketch, b: Sketch) -> bool:
+    """Sketches equal as an indexed article keeps them: where there is a verifier, the record
     keeps no signature (band keys and verifier serve instead), so signatures are not compared."""
     if a.verifier.size and b.verifier.size:
         return (a.content_hash, a.shingle_count, a.short) == (
@@ -145,7 +145,7 @@ class Prospect(Protocol):
     """A candidate as verification reads it: what scoring it takes (its verifier and distinct
     count), its arrival for ties, and its cluster's canonical article for the verdict. An
     IndexedArticle is one; a store may hand out lighter ones that decode the rest of a record (the
-    fingerprint, read only where verifiers cannot be compared) when asked: tens of candidates per
+    sketch, read only where verifiers cannot be compared) when asked: tens of candidates per
     article, most of them never the match."""
 
     @property
@@ -173,7 +173,7 @@ class Prospect(Protocol):
     def time_ms(self) -> int: ...
 
     @property
-    def fingerprint(self) -> Fingerprint: ...
+    def sketch(self) -> Sketch: ...
 
 
 class StateReader(Protocol):
@@ -200,7 +200,7 @@ class StateReader(Protocol):
 
 def decide(
     article_id: str,
-    fp: Fingerprint,
+    sketch: Sketch,
     state: StateReader,
     params: DedupParams,
     keys: Sequence[bytes] | None = None,
@@ -212,21 +212,23 @@ def decide(
     `time_ms`: its event time, stored for retention; `not_before_ms`: the retention cutoff, before
     which an article is never a match even while it waits for the next expiry pass."""
     existing = state.get(article_id)
-    if existing is not None and existing.fingerprint.content_hash == fp.content_hash:
+    if existing is not None and existing.sketch.content_hash == sketch.content_hash:
         return Outcome(existing, None)
 
     keys = (
-        tuple(keys) if keys is not None else tuple(band_keys(fp.signature, params.lsh.bands, params.lsh.rows))
+        tuple(keys)
+        if keys is not None
+        else tuple(band_keys(sketch.signature, params.lsh.bands, params.lsh.rows))
     )
     seq = state.next_seq()
-    decision, cluster, cluster_id = _exact_match(article_id, fp, state, not_before_ms) or _verified_match(
-        article_id, seq, fp, keys, state, params, not_before_ms
+    decision, cluster, cluster_id = _exact_match(article_id, sketch, state, not_before_ms) or _verified_match(
+        article_id, seq, sketch, keys, state, params, not_before_ms
     )
     article = IndexedArticle(
         article_id=article_id,
         version=0 if existing is None else existing.version + 1,
         seq=seq,
-        fingerprint=fp,
+        sketch=sketch,
         decision=decision,
         keys=keys,
         time_ms=time_ms,
@@ -247,9 +249,9 @@ def canonical_of(state: StateReader, member: Prospect) -> str:
 
 
 def _exact_match(
-    article_id: str, fp: Fingerprint, state: StateReader, not_before_ms: int | None
+    article_id: str, sketch: Sketch, state: StateReader, not_before_ms: int | None
 ) -> Matched | None:
-    first = state.holder_of(fp.content_hash)
+    first = state.holder_of(sketch.content_hash)
     if first is None or first.article_id == article_id:
         return None
     if not_before_ms is not None and first.time_ms < not_before_ms:
@@ -260,18 +262,18 @@ def _exact_match(
     return decision, first.cluster, first.cluster_id
 
 
-def score(fp: Fingerprint, other: Fingerprint, other_id: str) -> Candidate:
+def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
     """Verify a candidate by estimated Jaccard (on the verifiers: 512 slots by default, where LSH has
     128) and the containment estimates derived from it."""
-    jaccard = fp.estimate_jaccard(other)
-    inside, contains = estimate_containment(jaccard, fp.shingle_count, other.shingle_count)
+    jaccard = sketch.estimate_jaccard(other)
+    inside, contains = estimate_containment(jaccard, sketch.shingle_count, other.shingle_count)
     return Candidate(other_id, jaccard, inside, contains)
 
 
-def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> list[Candidate]:
-    """`score` against many candidates, their verifiers compared in one pass when all have fp's
+def score_many(sketch: Sketch, others: Sequence[tuple[str, Sketch]]) -> list[Candidate]:
+    """`score` against many candidates, their verifiers compared in one pass when all have sketch's
     length; otherwise pair by pair. The figures are identical either way."""
-    jaccard, inside, contains = _score_arrays(fp, [other for _, other in others])
+    jaccard, inside, contains = _score_arrays(sketch, [other for _, other in others])
     return [
         Candidate(other_id, j, a, b)
         for (other_id, _), j, a, b in zip(
@@ -280,35 +282,31 @@ def score_many(fp: Fingerprint, others: Sequence[tuple[str, Fingerprint]]) -> li
     ]
 
 
-def _score_arrays(
-    fp: Fingerprint, others: Sequence[Fingerprint]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _score_arrays(sketch: Sketch, others: Sequence[Sketch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """score_many's figures as arrays (jaccard, containment, contains), one entry per candidate."""
-    return verified_scores(fp.verifier, fp.shingle_count, others) or _scored_apart(fp, others)
+    return verified_scores(sketch.verifier, sketch.shingle_count, others) or _scored_apart(sketch, others)
 
 
-def _scored_apart(
-    fp: Fingerprint, others: Sequence[Fingerprint]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scored_apart(sketch: Sketch, others: Sequence[Sketch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """_score_arrays where the compiled pass cannot serve (not built, or verifier lengths differ):
     the verifiers stacked in numpy, or pair by pair."""
-    stacked = _stacked_verifiers(fp, others)
+    stacked = _stacked_verifiers(sketch, others)
     if stacked is None:
-        scored = [score(fp, other, "") for other in others]
+        scored = [score(sketch, other, "") for other in others]
         return tuple(  # type: ignore[return-value]
             np.array([getattr(c, name) for c in scored], dtype=np.float64)
             for name in ("jaccard", "containment", "contains")
         )
-    jaccard = estimate_jaccard_verified_many(fp.verifier, stacked)
+    jaccard = estimate_jaccard_verified_many(sketch.verifier, stacked)
     sizes = np.fromiter((other.shingle_count for other in others), dtype=np.int64, count=len(others))
-    inside, contains = estimate_containment_many(jaccard, fp.shingle_count, sizes)
+    inside, contains = estimate_containment_many(jaccard, sketch.shingle_count, sizes)
     return jaccard, inside, contains
 
 
-def _stacked_verifiers(fp: Fingerprint, others: Sequence[Fingerprint]) -> np.ndarray | None:
+def _stacked_verifiers(sketch: Sketch, others: Sequence[Sketch]) -> np.ndarray | None:
     """The candidates' verifiers as one matrix, or None when there is nothing to gain (fewer than
-    two) or they cannot be compared in one pass (a length differs from fp's)."""
-    size = fp.verifier.size
+    two) or they cannot be compared in one pass (a length differs from sketch's)."""
+    size = sketch.verifier.size
     if len(others) < 2 or not size:
         return None
     try:
@@ -327,7 +325,7 @@ class Ranked(NamedTuple):
     match: tuple[VerdictKind, int, float, float, float] | None
 
 
-def rank(fp: Fingerprint, others: Sequence[Prospect], params: DedupParams) -> Ranked:
+def rank(sketch: Sketch, others: Sequence[Prospect], params: DedupParams) -> Ranked:
     """The decision over the candidates: the compiled pass (_sketch.rank) where built and the
     verifiers compare, else the numpy reference (_ranked); the same figures either way."""
     loops = compiled.loops()
@@ -335,37 +333,37 @@ def rank(fp: Fingerprint, others: Sequence[Prospect], params: DedupParams) -> Ra
         containment = params.containment_threshold
         try:
             top, match = loops.rank(
-                fp.verifier,
+                sketch.verifier,
                 others,
-                fp.shingle_count,
+                sketch.shingle_count,
                 EMPTY_VERIFIER_SLOT,
                 CHANCE_AGREEMENT,
                 params.top_candidates,
                 params.threshold,
                 -1.0 if containment is None else containment,
             )
-        except ValueError:  # a verifier's length differs: scored from the fingerprints
-            return _ranked(fp, others, params, _scored_apart(fp, [other.fingerprint for other in others]))
+        except ValueError:  # a verifier's length differs: scored from the sketches
+            return _ranked(sketch, others, params, _scored_apart(sketch, [other.sketch for other in others]))
         return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
-    return _ranked(fp, others, params)
+    return _ranked(sketch, others, params)
 
 
 _KINDS: dict[int, VerdictKind] = {1: "duplicate", 2: "partial"}  # _sketch.rank's match kinds
 
 
 def _ranked(
-    fp: Fingerprint,
+    sketch: Sketch,
     others: Sequence[Prospect],
     params: DedupParams,
     scored: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> Ranked:
     """rank in numpy: the reference the compiled pass is tested against. `scored`: the candidates'
     (jaccard, containment, contains) when the caller has them already."""
-    # from the candidates' verifiers; their fingerprints only where those cannot serve
+    # from the candidates' verifiers; their sketches only where those cannot serve
     jaccard, inside, contains = (
         scored
-        or verified_scores(fp.verifier, fp.shingle_count, others)
-        or _scored_apart(fp, [other.fingerprint for other in others])
+        or verified_scores(sketch.verifier, sketch.shingle_count, others)
+        or _scored_apart(sketch, [other.sketch for other in others])
     )
     seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
@@ -390,7 +388,7 @@ def _ranked(
 def _verified_match(
     article_id: str,
     seq: int,
-    fp: Fingerprint,
+    sketch: Sketch,
     keys: Sequence[bytes],
     state: StateReader,
     params: DedupParams,
@@ -401,7 +399,7 @@ def _verified_match(
         others = [other for other in others if other.time_ms >= not_before_ms]
     if not others:
         return Decision("unique", None, None, None, None, article_id, False, ()), seq, article_id
-    top, match = rank(fp, others, params)
+    top, match = rank(sketch, others, params)
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
     kept = tuple(Candidate(others[i].article_id, j, a, b) for i, j, a, b in top)
     if match is None:

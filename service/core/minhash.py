@@ -272,7 +272,7 @@ ScoreArrays = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArra
 
 def verified_scores(verifier: VerifierArray, size: int, others: Sequence[_Sketched]) -> ScoreArrays | None:
     """(jaccard, containment, contains) of a text's verifier and distinct count against each of
-    `others` (Fingerprints, or candidates carrying both): estimate_jaccard_verified_many, then
+    `others` (Sketches, or candidates carrying both): estimate_jaccard_verified_many, then
     estimate_containment_many, in one compiled pass with the same figures, without stacking the
     verifiers or building arrays of their sizes (tens of candidates per article: numpy's per-call
     overhead outweighs comparisons that small). None where _sketch is not built or a verifier's length

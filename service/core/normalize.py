@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 from charset_normalizer import from_bytes
 
+from ..errors import Error
 from . import compiled
 
 
@@ -53,7 +54,7 @@ _IS_SPACE[[c for c in range(0x3001) if chr(c).isspace()]] = True  # none lies ab
 CodePoints = npt.NDArray[np.uint32]
 
 
-class TooLong(ValueError):
+class TooLong(Error, ValueError):
     """Normalisation would expand the text beyond the characters allowed: refused before the
     costly steps, so that no text costs more than its size allows."""
 

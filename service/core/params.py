@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import Error
 from .lsh import LshParams, explicit_params, optimal_params
 from .minhash import ALGORITHM, VERIFIER_BITS, MinHasher
 from .normalize import DEFAULT_NORMALIZE, NormalizeOptions
@@ -13,7 +14,7 @@ from .shingle import DEFAULT_SHINGLE, ShingleOptions
 STATE_FORMAT_VERSION = 5  # capped buckets, clusters, event times; records without signatures, varint heads
 
 
-class IncompatibleState(Exception):
+class IncompatibleState(Error):
     """State was written with parameters that would make its signatures or band keys meaningless."""
 
 

@@ -1,4 +1,4 @@
-"""Stage 1, "sign": article text → fingerprint (content hash, MinHash signature, shingle count)."""
+"""Stage 1, "sign": article text → sketch (content hash, MinHash signature, shingle count)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import mmh3
 import numpy as np
 
+from ..errors import Error
 from ._hashing import HashArray
 from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
 from .normalize import TooLong, canonical_code_points, check_expansion, normalize
@@ -14,13 +15,15 @@ from .params import DedupParams
 from .shingle import shingle_hashes
 
 
-class EmptyText(ValueError):
+class EmptyText(Error, ValueError):
     """Nothing is left of the text after normalization: there is nothing to compare."""
 
 
 @dataclass(frozen=True, eq=False)
-class Fingerprint:
-    """Everything the index stage needs about one text; the text itself is not kept."""
+class Sketch:
+    """One article's sketch: everything the index stage needs about its text, which is not kept
+    (content hash, MinHash signature and verifier, distinct shingle count). "Fingerprint" is the
+    passage measures' word (core/fingerprint.py, fuzzy.py): a text's set of chunk digests."""
 
     content_hash: bytes
     signature: HashArray
@@ -30,7 +33,7 @@ class Fingerprint:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, Fingerprint)
+            isinstance(other, Sketch)
             and self.content_hash == other.content_hash
             and self.shingle_count == other.shingle_count
             and self.short == other.short
@@ -38,7 +41,7 @@ class Fingerprint:
             and bool(np.array_equal(self.verifier, other.verifier))
         )
 
-    def estimate_jaccard(self, other: Fingerprint) -> float:
+    def estimate_jaccard(self, other: Sketch) -> float:
         """From the finest sketches both carry: the verifiers when both have equal-length ones."""
         if self.verifier.size and self.verifier.size == other.verifier.size:
             return estimate_jaccard_verified(self.verifier, other.verifier)
@@ -52,7 +55,7 @@ def content_hash(canonical: str) -> bytes:
     return mmh3.hash_bytes(canonical.encode("utf-32-le", errors="surrogatepass"))
 
 
-def fingerprint(text: str, params: DedupParams, max_points: int | None = None) -> Fingerprint:
+def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> Sketch:
     """Normalize, shingle, sign. Raises EmptyText when the canonical text is empty, and
     normalize.TooLong when normalisation takes it beyond `max_points` characters (None: no limit)."""
     if params.shingle.unit == "char":
@@ -77,4 +80,4 @@ def fingerprint(text: str, params: DedupParams, max_points: int | None = None) -
         signature, verifier, distinct = params.hasher.sketches(
             shingle_hashes(canonical, params.shingle), params.verify_perm
         )
-    return Fingerprint(digest, signature, distinct, units < params.shingle.k, verifier)
+    return Sketch(digest, signature, distinct, units < params.shingle.k, verifier)

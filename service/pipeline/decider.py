@@ -32,6 +32,7 @@ from typing import BinaryIO, Protocol, cast
 
 from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, Retention
+from ..errors import Error
 from ..state.rocks import CompactedLog, RocksOptions, RocksState
 from .collector import CollectorPolicy
 from .pipes import (
@@ -57,7 +58,7 @@ COMPACTION_AT_CLOSE_S = 15.0  # then the child is killed: its index stays as it 
 Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
 
 
-class DeciderFailed(RuntimeError):
+class DeciderFailed(Error, RuntimeError):
     """The decider child failed (died or hung) twice on the same batch: the worker cannot go on
     deciding."""
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from ..errors import Error
+
 _LEN = struct.Struct(">I")
 _STREAM_LIMIT = 64 * 1024 * 1024  # a batch of answers; asyncio's default of 64 KB is far too small
 # A sign batch's requests are many times Linux's default 64 KB pipe: through it the event loop
@@ -29,7 +31,7 @@ PIPE_BYTES = 1024 * 1024
 START_TIMEOUT_S = 60.0
 
 
-class ChildFailed(RuntimeError):
+class ChildFailed(Error, RuntimeError):
     """A child process exited, answered garbage, or did not answer in time."""
 
 

@@ -23,7 +23,7 @@ from ..core.retention import NO_RETENTION, Retention
 from ..messages import verdict_dict
 from ..state.index import IndexState
 from ..state.records import MAGIC as RECORD_MAGIC
-from ..state.records import CorruptRecord, encode_article
+from ..state.records import CorruptRecord, encode_record
 from .wire import Headers, Signed, SignedDeletion, decode_signed, unpack_signed
 
 # The changelog's keys: one record per article, the applied offsets, the removal counts.
@@ -148,9 +148,9 @@ class IndexShard:
         time_ms = self._capped_time(item.time_ms, now_s)
         cutoff = self.retention.cutoff(self._newest(time_ms))
         keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
-        outcome = decide(item.article_id, item.fingerprint, self.state, self.params, keys, time_ms, cutoff)
+        outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
-            record = encode_article(outcome.article)
+            record = encode_record(outcome.article)
             self.state.apply(outcome.update, record=record)
             if self.changelog is not None:
                 self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record
@@ -185,7 +185,7 @@ class IndexShard:
         if isinstance(item, SignedDeletion):
             return Decided("stale", deletion=item.article_id)
         existing = self.state.get(item.article_id)
-        if existing is not None and existing.fingerprint.content_hash == item.fingerprint.content_hash:
+        if existing is not None and existing.sketch.content_hash == item.sketch.content_hash:
             return Decided("replayed", existing, self._verdict(existing, item, now_s))
         return Decided("stale", existing)
 

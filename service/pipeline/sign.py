@@ -1,4 +1,4 @@
-"""The sign stage: an input message → its signed record (fingerprint, band keys, event time,
+"""The sign stage: an input message → its signed record (sketch, band keys, event time,
 provenance; never the text), or a dead letter. Stateless and CPU-bound: it runs in the signing
 helpers (signer.py), in embedded mode's process, and for the library's calls alike."""
 
@@ -13,7 +13,7 @@ from ..core.lsh import band_keys
 from ..core.normalize import TooLong
 from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, event_time
-from ..core.signing import EmptyText, fingerprint
+from ..core.signing import EmptyText, sketch_of
 from ..messages import Article, Deletion, InvalidMessage, dead_letter_dict, decode_message
 from .wire import Provenance, Signed, SignedDeletion, encode_deletion, encode_signed
 
@@ -64,16 +64,16 @@ class SignStage:
         if isinstance(article, Deletion):
             return SignedDeletion(article.article_id, src)
         # at most one canonical character per byte the text may have
-        fp = fingerprint(article.text, self.params, self.max_text_bytes)
+        sketch = sketch_of(article.text, self.params, self.max_text_bytes)
         bands, rows = self.params.lsh.bands, self.params.lsh.rows
-        keys = tuple(band_keys(fp.signature, bands, rows))
+        keys = tuple(band_keys(sketch.signature, bands, rows))
         now = round(time.time() * 1000) if now_ms is None else now_ms
         stamp = src.timestamp_ms
         stamp_refused = stamp is not None and stamp > now + self.time_skew_ms
         arrival = now if stamp is None or stamp_refused else stamp
         when = event_time(article.published_at, now, arrival, self.time_skew_ms)
         refused = when.refused or stamp_refused
-        return Signed(article.article_id, fp, src, keys, (bands, rows), when.time_ms, refused)
+        return Signed(article.article_id, sketch, src, keys, (bands, rows), when.time_ms, refused)
 
     @classmethod
     def failed(cls, exc: Exception, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:

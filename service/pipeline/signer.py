@@ -14,6 +14,7 @@ import os
 from typing import BinaryIO, cast
 
 from ..core.params import DedupParams
+from ..errors import Error
 from .pipes import (
     DEFAULT_TIMEOUT,
     CallTimeout,
@@ -32,7 +33,7 @@ _Wire = tuple[bytes | None, bytes | None, str, int | None, int, int | None]  # p
 MIN_CHUNK = 16  # smaller batches are not worth splitting across helpers
 
 
-class SignerFailed(RuntimeError):
+class SignerFailed(Error, RuntimeError):
     """Signing helpers cannot start: the worker cannot go on."""
 
 

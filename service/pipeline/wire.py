@@ -1,6 +1,6 @@
 """The signatures topic's wire format: what the sign stage writes and the index stage reads.
 
-A signed record (fingerprint, band keys, event time and provenance, never the text), a deletion in
+A signed record (sketch, band keys, event time and provenance, never the text), a deletion in
 its place in the input's order, a record wrapped with its input message for the filtered feed, and
 many of them packed into one message. Separate from the stages because both share it, and so do
 the agents in app.py (packing a sign batch) and the decider process (counting records).
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import orjson
 
 from ..core.lsh import BAND_KEY_BYTES
-from ..core.signing import Fingerprint
+from ..core.signing import Sketch
 from ..state.records import pack_sketches, unpack_sketches
 
 _SIGNED = b"S5"  # band keys, 8-bit verifier, event time
@@ -45,12 +45,12 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Signed:
-    """What travels on the signatures topic: one article's fingerprint, no text, its LSH band keys
+    """What travels on the signatures topic: one article's sketch, no text, its LSH band keys
     (computed in the sign stage, which scales with the input's partitions, rather than in the index
     stage, one process per shard; empty: not computed) and its event time."""
 
     article_id: str
-    fingerprint: Fingerprint
+    sketch: Sketch
     provenance: Provenance
     band_keys: tuple[bytes, ...] = ()
     banding: tuple[int, int] = (0, 0)  # the (bands, rows) that gave band_keys
@@ -75,24 +75,24 @@ class SignedDeletion:
 
 def encode_signed(signed: Signed) -> bytes:
     """S5, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
-    fp, src = signed.fingerprint, signed.provenance
+    sketch, src = signed.sketch, signed.provenance
     bands, rows = signed.banding if signed.band_keys else (0, 0)
     if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
         raise ValueError(f"band keys must be one per band of {signed.banding}, {BAND_KEY_BYTES} bytes each")
     meta = orjson.dumps(
         {
             "id": signed.article_id,
-            "h": fp.content_hash.hex(),
-            "n": fp.shingle_count,
-            "s": fp.short,
-            "m": fp.signature.size,
+            "h": sketch.content_hash.hex(),
+            "n": sketch.shingle_count,
+            "s": sketch.short,
+            "m": sketch.signature.size,
             "src": [src.topic, src.partition, src.offset, src.timestamp_ms],
             "t": signed.time_ms,
             "r": signed.refused_time,
         }
     )
     keys = b"".join(signed.band_keys)
-    return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(fp)
+    return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(sketch)
 
 
 def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
@@ -155,7 +155,7 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
     topic, partition, offset, timestamp = meta["src"]
     return Signed(
         meta["id"],
-        Fingerprint(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
+        Sketch(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
         Provenance(topic, partition, offset, timestamp),
         keys,
         (bands, rows),

@@ -22,7 +22,6 @@ Every change is one write batch: a crash leaves all of it or none.
 
 from __future__ import annotations
 
-import bisect
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,8 +34,9 @@ import orjson
 from ..core import compiled
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
-from ..core.signing import Fingerprint
-from .records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
+from ..core.signing import Sketch
+from .port import Counts, IndexStats
+from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 
 ARTICLE, BAND, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"b", b"c", b"x", b"k", b"h", b"t", b"m"
 SEQ = struct.Struct(">Q")
@@ -98,130 +98,6 @@ class Batch:
 
     def delete(self, key: bytes) -> None:
         self.main[key] = None
-
-
-class MemoryKV:
-    """KeyValue in dicts; the keys that are scanned (prefixes x, k, t) also kept sorted."""
-
-    SCANNED = (COPY, MEMBER, TIME)
-
-    def __init__(self) -> None:
-        self._main: dict[bytes, bytes] = {}
-        self._records: dict[bytes, bytes] = {}
-        self._sorted: list[bytes] = []
-
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return [self._main.get(key) for key in keys]
-
-    def records(self, keys: list[bytes]) -> list[bytes | None]:
-        return [self._records.get(key) for key in keys]
-
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        if prefix[:1] in self.SCANNED:
-            start = bisect.bisect_left(self._sorted, prefix)
-            keys = []
-            for key in self._sorted[start:]:
-                if not key.startswith(prefix):
-                    break
-                keys.append(key)
-        else:
-            keys = sorted(key for key in self._main if key.startswith(prefix))
-        for key in keys:
-            value = self._main.get(key)
-            if value is not None:
-                yield key, value
-
-    def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
-        for key in sorted(self._records):
-            yield key, self._records[key]
-
-    def write(self, batch: Batch) -> None:
-        for key, value in batch.main.items():
-            scanned = key[:1] in self.SCANNED
-            if value is None:
-                if self._main.pop(key, None) is not None and scanned:
-                    del self._sorted[bisect.bisect_left(self._sorted, key)]
-            else:
-                if scanned and key not in self._main:
-                    bisect.insort(self._sorted, key)
-                self._main[key] = value
-        for key, value in batch.records.items():
-            if value is None:
-                self._records.pop(key, None)
-            else:
-                self._records[key] = value
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def clear(self) -> None:
-        self.__init__()  # type: ignore[misc]
-
-    def size_bytes(self) -> int:
-        return sum(len(k) + len(v) for k, v in self._main.items()) + sum(
-            len(k) + len(v) for k, v in self._records.items()
-        )
-
-
-@dataclass
-class Counts:
-    """What the index holds and what it removed, kept with it (the stats and the gauges)."""
-
-    articles: int = 0
-    clusters: int = 0
-    buckets: int = 0
-    expired: int = 0
-    deleted: int = 0
-    newest_ms: int | None = None
-    expired_before_ms: int | None = None  # the cutoff of the last expiry pass
-    # buckets by member count (index: members): the largest bucket, exact after removals, without
-    # a scan of every bucket (None: a state written without it, counted once at open)
-    bucket_sizes: list[int] | None = None
-
-    def encode(self) -> bytes:
-        return orjson.dumps(self.__dict__)
-
-    def resized(self, before: int, after: int) -> None:
-        """A bucket went from `before` members to `after` (0: absent)."""
-        sizes = self.bucket_sizes
-        assert sizes is not None
-        if after >= len(sizes):
-            sizes.extend([0] * (after + 1 - len(sizes)))
-        if before:
-            sizes[before] -= 1
-        if after:
-            sizes[after] += 1
-
-    @property
-    def largest_bucket(self) -> int:
-        sizes = self.bucket_sizes or []
-        return next((members for members in range(len(sizes) - 1, 0, -1) if sizes[members]), 0)
-
-    @classmethod
-    def decode(cls, data: bytes | None) -> Counts:
-        return cls() if data is None else cls(**orjson.loads(data))
-
-
-@dataclass(frozen=True)
-class IndexStats:
-    """`neardup stats`: what the state holds."""
-
-    articles: int
-    clusters: int
-    buckets: int
-    largest_bucket: int
-    oldest_ms: int | None
-    newest_ms: int | None
-    expired: int
-    deleted: int
-    bytes_on_disk: int
-    bucket_cap: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class IndexState:
@@ -307,7 +183,7 @@ class IndexState:
         if missing:
             stored = self.kv.records([seq_key(seq) for seq in missing])
             loaded = {
-                seq: self._remember(decode_article(data, str(seq)))
+                seq: self._remember(decode_record(data, str(seq)))
                 for seq, data in zip(missing, stored, strict=True)
                 if data is not None
             }
@@ -387,7 +263,7 @@ class IndexState:
 
     def articles(self) -> Iterator[IndexedArticle]:
         """All indexed articles in arrival order, read lazily."""
-        return (decode_article(record, str(SEQ.unpack(key)[0])) for key, record in self.kv.scan_records())
+        return (decode_record(record, str(SEQ.unpack(key)[0])) for key, record in self.kv.scan_records())
 
     def count(self) -> int:
         return self.counts.articles
@@ -427,14 +303,14 @@ class IndexState:
         self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
     ) -> None:
         """Index one article version (replacing its earlier one), atomically with `extra`
-        metadata. `record`: encode_article(update.article), when the caller has it already."""
+        metadata. `record`: encode_record(update.article), when the caller has it already."""
         article = update.article
         batch = Batch()
         if update.replaced is not None:
             self._remove(batch, update.replaced, keep_id=True)
             self._looked_up = None  # the buckets may have changed in this batch
         self._add(batch, article)
-        stored = record or encode_article(article)
+        stored = record or encode_record(article)
         batch.records[seq_key(article.seq)] = stored
         self._seq = max(self._seq, article.seq + 1)
         batch.put(SEQ_KEY, str(self._seq).encode())
@@ -446,7 +322,7 @@ class IndexState:
         """Into the content map and the buckets (an exact copy: beside its content's holder),
         its cluster, the time index and the id map."""
         seq = seq_key(article.seq)
-        content_hash = article.fingerprint.content_hash
+        content_hash = article.sketch.content_hash
         holder = self._holder_seq(content_hash, batch)
         if article.decision.exact and holder is not None:
             batch.put(COPY + content_hash + seq, b"")
@@ -528,7 +404,7 @@ class IndexState:
         """Take one article version out of every structure; `keep_id`: its id gets a new version
         in the same batch."""
         seq = seq_key(old.seq)
-        content_hash = old.fingerprint.content_hash
+        content_hash = old.sketch.content_hash
         self._leave_buckets(batch, old.seq, old.keys)
         if self._holder_seq(content_hash, batch) == seq:
             heir = self._first(COPY + content_hash, batch, skip=seq)
@@ -654,7 +530,7 @@ class IndexState:
             self.kv.write(batch)
             count += len(run)
         for stored in runs_of(self.kv.scan_records(), chunk):
-            self._index_stored([decode_article(record) for _, record in stored])
+            self._index_stored([decode_record(record) for _, record in stored])
         self._hand_on_orphans()
         self.counts.expired, self.counts.deleted = removed
         self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
@@ -694,10 +570,10 @@ class IndexState:
 def _as_stored(article: IndexedArticle) -> IndexedArticle:
     """The article as its record gives it back: without its signature where it has a verifier
     (records keep what the signature served: band keys and verifier)."""
-    fp = article.fingerprint
-    if not fp.verifier.size or not fp.signature.size:
+    sketch = article.sketch
+    if not sketch.verifier.size or not sketch.signature.size:
         return article
-    stripped = Fingerprint(fp.content_hash, _NO_SIGNATURE, fp.shingle_count, fp.short, fp.verifier)
+    stripped = Sketch(sketch.content_hash, _NO_SIGNATURE, sketch.shingle_count, sketch.short, sketch.verifier)
     return IndexedArticle(
         article.article_id,
         article.version,

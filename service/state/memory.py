@@ -1,8 +1,11 @@
-"""In-memory state: for tests and for the embedded mode without --state."""
+"""In-memory state: for tests, the library's `neardup.open()` and the embedded mode without --state."""
 
 from __future__ import annotations
 
-from .index import DEFAULT_BUCKET_CAP, IndexState, MemoryKV
+import bisect
+from collections.abc import Iterator
+
+from .index import COPY, DEFAULT_BUCKET_CAP, MEMBER, TIME, Batch, IndexState
 
 
 class MemoryState(IndexState):
@@ -10,3 +13,69 @@ class MemoryState(IndexState):
 
     def __init__(self, bucket_cap: int = DEFAULT_BUCKET_CAP) -> None:
         super().__init__(MemoryKV(), bucket_cap=bucket_cap)
+
+
+class MemoryKV:
+    """KeyValue in dicts; the keys that are scanned (prefixes x, k, t) also kept sorted."""
+
+    SCANNED = (COPY, MEMBER, TIME)
+
+    def __init__(self) -> None:
+        self._main: dict[bytes, bytes] = {}
+        self._records: dict[bytes, bytes] = {}
+        self._sorted: list[bytes] = []
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self._main.get(key) for key in keys]
+
+    def records(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self._records.get(key) for key in keys]
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        if prefix[:1] in self.SCANNED:
+            start = bisect.bisect_left(self._sorted, prefix)
+            keys = []
+            for key in self._sorted[start:]:
+                if not key.startswith(prefix):
+                    break
+                keys.append(key)
+        else:
+            keys = sorted(key for key in self._main if key.startswith(prefix))
+        for key in keys:
+            value = self._main.get(key)
+            if value is not None:
+                yield key, value
+
+    def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
+        for key in sorted(self._records):
+            yield key, self._records[key]
+
+    def write(self, batch: Batch) -> None:
+        for key, value in batch.main.items():
+            scanned = key[:1] in self.SCANNED
+            if value is None:
+                if self._main.pop(key, None) is not None and scanned:
+                    del self._sorted[bisect.bisect_left(self._sorted, key)]
+            else:
+                if scanned and key not in self._main:
+                    bisect.insort(self._sorted, key)
+                self._main[key] = value
+        for key, value in batch.records.items():
+            if value is None:
+                self._records.pop(key, None)
+            else:
+                self._records[key] = value
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def size_bytes(self) -> int:
+        return sum(len(k) + len(v) for k, v in self._main.items()) + sum(
+            len(k) + len(v) for k, v in self._records.items()
+        )

@@ -1,12 +1,73 @@
-"""The state port: what the index stage reads (core.dedup.StateReader) plus how it writes."""
+"""The state port: what the index stage reads (core.dedup.StateReader) plus how it writes, and the
+value types it hands out (Counts, IndexStats); the adapters (index.py) implement it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 from ..core.dedup import IndexedArticle, IndexUpdate, StateReader
-from .index import Counts, IndexStats
+
+
+@dataclass
+class Counts:
+    """What the index holds and what it removed, kept with it (the stats and the gauges)."""
+
+    articles: int = 0
+    clusters: int = 0
+    buckets: int = 0
+    expired: int = 0
+    deleted: int = 0
+    newest_ms: int | None = None
+    expired_before_ms: int | None = None  # the cutoff of the last expiry pass
+    # buckets by member count (index: members): the largest bucket, exact after removals, without
+    # a scan of every bucket (None: a state written without it, counted once at open)
+    bucket_sizes: list[int] | None = None
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    def resized(self, before: int, after: int) -> None:
+        """A bucket went from `before` members to `after` (0: absent)."""
+        sizes = self.bucket_sizes
+        assert sizes is not None
+        if after >= len(sizes):
+            sizes.extend([0] * (after + 1 - len(sizes)))
+        if before:
+            sizes[before] -= 1
+        if after:
+            sizes[after] += 1
+
+    @property
+    def largest_bucket(self) -> int:
+        sizes = self.bucket_sizes or []
+        return next((members for members in range(len(sizes) - 1, 0, -1) if sizes[members]), 0)
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> Counts:
+        return cls() if data is None else cls(**orjson.loads(data))
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """`neardup stats`: what the state holds."""
+
+    articles: int
+    clusters: int
+    buckets: int
+    largest_bucket: int
+    oldest_ms: int | None
+    newest_ms: int | None
+    expired: int
+    deleted: int
+    bytes_on_disk: int
+    bucket_cap: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 class StateStore(StateReader, Protocol):

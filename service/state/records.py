@@ -18,7 +18,8 @@ import numpy as np
 from ..core import compiled
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
-from ..core.signing import Fingerprint
+from ..core.signing import Sketch
+from ..errors import Error
 
 MAGIC = b"N5"
 # The head: unsigned LEB128 varints (most of its numbers are small) of seq, version, time (ms,
@@ -42,7 +43,7 @@ _EXACT, _CANONICAL_SELF, _CANONICAL_CLUSTER, _MATCH_APART = 1, 2, 4, 8
 _SCORES = struct.Struct(">ddd")
 
 
-class CorruptRecord(ValueError):
+class CorruptRecord(Error, ValueError):
     """A stored record could not be decoded; its key is named so it can be inspected."""
 
 
@@ -167,40 +168,40 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
     return Decision(verdict, *match, canonical, bool(flags & _EXACT), tuple(candidates))
 
 
-def encode_article(article: IndexedArticle) -> bytes:
+def encode_record(article: IndexedArticle) -> bytes:
     """Head, ids, verifier, band keys, content hash, decision (and the signature without verifier)."""
-    fp = article.fingerprint
+    sketch = article.sketch
     own = article.cluster_id == article.article_id
     article_id, cluster_id = article.article_id.encode(), b"" if own else article.cluster_id.encode()
-    verifier = np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
+    verifier = np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
     # band_keys() gives them in band order, each led by its index: the decoder puts it back
     keys = b"".join([key[_BAND_INDEX.size :] for key in article.keys])
     decision = _compact_decision(article.decision, article.article_id, article.cluster_id)
-    signature = b"" if verifier else np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
+    signature = b"" if verifier else np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
     fields = (
         article.seq,
         article.version,
         _zigzag(article.time_ms),
         _zigzag(article.seq - article.cluster),
-        fp.shingle_count,
-        (_SHORT if fp.short else 0) | (_OWN_CLUSTER if own else 0),
+        sketch.shingle_count,
+        (_SHORT if sketch.short else 0) | (_OWN_CLUSTER if own else 0),
         len(article_id),
         len(cluster_id),
-        len(fp.content_hash),
+        len(sketch.content_hash),
         len(verifier),
         len(keys),
         len(decision),
     )
     head = _varints(fields)
     return b"".join(
-        (MAGIC, head, article_id, cluster_id, verifier, keys, fp.content_hash, decision, signature)
+        (MAGIC, head, article_id, cluster_id, verifier, keys, sketch.content_hash, decision, signature)
     )
 
 
 @dataclass(slots=True, eq=False)
 class Probe:
     """A candidate as verification reads it (a Prospect): the front of its record. Its full
-    article (fingerprint, decision) is decoded only when asked."""
+    article (sketch, decision) is decoded only when asked."""
 
     article_id: str
     seq: int
@@ -216,12 +217,12 @@ class Probe:
         return self.article.decision.canonical_id
 
     @property
-    def fingerprint(self) -> Fingerprint:
-        return self.article.fingerprint
+    def sketch(self) -> Sketch:
+        return self.article.sketch
 
     @property
     def article(self) -> IndexedArticle:
-        return decode_article(self.record)
+        return decode_record(self.record)
 
 
 def decode_probe(data: bytes, key: str = "?") -> Probe:
@@ -242,7 +243,8 @@ def decode_probe(data: bytes, key: str = "?") -> Probe:
     )
 
 
-def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
+def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
+    """A stored record → its article version (encode_record's inverse); CorruptRecord names `key`."""
     try:
         fields, position = _head(data)
         seq, version, time, cluster, count, flags = fields[:6]
@@ -257,7 +259,7 @@ def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
         signature = (
             np.frombuffer(data, dtype="<u8", offset=position).astype(np.uint64) if not verifier else None
         )
-        fp = Fingerprint(
+        sketch = Sketch(
             content_hash,
             _NO_SIGNATURE if signature is None else signature,
             count,
@@ -274,7 +276,7 @@ def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
             own_id,
             version,
             seq,
-            fp,
+            sketch,
             _decision_of(decision, own_id, cluster_text),
             band_keys,
             _unzigzag(time),
@@ -285,11 +287,11 @@ def decode_article(data: bytes, key: str = "?") -> IndexedArticle:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
 
 
-def pack_sketches(fp: Fingerprint) -> bytes:
+def pack_sketches(sketch: Sketch) -> bytes:
     """Signature (little-endian uint64) then verifier (one byte a slot), back to back: how the
-    signatures topic carries a fingerprint."""
-    signature = np.ascontiguousarray(fp.signature, dtype="<u8").tobytes()
-    return signature + np.ascontiguousarray(fp.verifier, dtype=np.uint8).tobytes()
+    signatures topic carries a sketch."""
+    signature = np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
+    return signature + np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
 
 
 def unpack_sketches(data: bytes, slots: int) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from ..errors import Error
 from .index import DEFAULT_BUCKET_CAP, Batch, IndexState
 
 _RECORDS = "records"  # the column family of the records, by arrival number
@@ -134,7 +135,7 @@ def lower_background_threads(nice: int) -> int:
     return lowered
 
 
-class StateError(Exception):
+class StateError(Error):
     """The state directory cannot be used (locked by another process, unreadable, ...)."""
 
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .framework import default_partitions
 
-Message = tuple[bytes | None, bytes | None]  # (key, value); a value None is a tombstone
+KeyedValue = tuple[bytes | None, bytes | None]  # a message to send: (key, value); a value None is a tombstone
 
 
 class SentBatch(NamedTuple):
@@ -28,7 +28,7 @@ class SentBatch(NamedTuple):
 async def send_in_batches(
     producer: Any,
     topic: str,
-    messages: Sequence[Message],
+    messages: Sequence[KeyedValue],
     *,
     partition: int | None = None,
     headers: Sequence[Sequence[tuple[str, bytes]]] | None = None,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..config import ConfigError, Settings
-from ..state.index import IndexStats
+from ..state.port import IndexStats
 
 if TYPE_CHECKING:
     from ..state.rocks import CompactedLog

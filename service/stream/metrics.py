@@ -26,6 +26,27 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._declare_flow(r)
+        self._declare_index(r)
+        self._declare_worker(r)
+        for reason in DEAD_LETTER_REASONS:
+            self.dead_letters.labels(reason)
+        for kind in ("unique", "duplicate", "partial"):
+            self.verdicts.labels(kind)
+        for status in ("deleted", "unknown_delete"):
+            self.deletes.labels(status)
+        for how in ("reopened", "rebuilt"):
+            self.index_opens.labels(how)
+        self.started = time.time()
+        self.ready = threading.Event()
+        # Written by the event loop, read by the HTTP thread (single attribute stores)
+        self.failure: str | None = None  # the failure the worker stops for
+        self.stalled: str | None = None  # what the last watch found stuck
+        self.loop_beat: float | None = None  # monotonic time of the event loop's last watch
+        self.stall_timeout = 60.0
+
+    def _declare_flow(self, r: CollectorRegistry) -> None:
+        """Articles in, verdicts and dead letters out, and how long it took."""
         self.articles_in = Counter("neardup_articles_in", "Articles consumed by the sign stage", registry=r)
         self.verdicts = Counter("neardup_verdicts", "Verdicts published", ["kind"], registry=r)
         self.dead_letters = Counter("neardup_dead_letters", "Messages dead-lettered", ["reason"], registry=r)
@@ -38,6 +59,9 @@ class Metrics:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+
+    def _declare_index(self, r: CollectorRegistry) -> None:
+        """What the index holds, and what left it."""
         self.indexed = Gauge("neardup_indexed_articles", "Articles in the index", registry=r)
         self.clusters = Gauge("neardup_index_clusters", "Clusters of articles in the index", registry=r)
         self.buckets = Gauge("neardup_index_buckets", "LSH band buckets in the index", registry=r)
@@ -62,6 +86,10 @@ class Metrics:
             ["status"],
             registry=r,
         )
+
+    def _declare_worker(self, r: CollectorRegistry) -> None:
+        """How the worker reads its input and keeps up: refused times, offset gaps, hand-offs,
+        index openings, the filtered feed, consumer lag and the garbage collector's pauses."""
         self.refused_times = Counter(
             "neardup_refused_times",
             "Articles whose published_at was not used (unparseable, or ahead of the record timestamp)",
@@ -105,21 +133,6 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
             registry=r,
         )
-        for reason in DEAD_LETTER_REASONS:
-            self.dead_letters.labels(reason)
-        for kind in ("unique", "duplicate", "partial"):
-            self.verdicts.labels(kind)
-        for status in ("deleted", "unknown_delete"):
-            self.deletes.labels(status)
-        for how in ("reopened", "rebuilt"):
-            self.index_opens.labels(how)
-        self.started = time.time()
-        self.ready = threading.Event()
-        # Written by the event loop, read by the HTTP thread (single attribute stores)
-        self.failure: str | None = None  # the failure the worker stops for
-        self.stalled: str | None = None  # what the last watch found stuck
-        self.loop_beat: float | None = None  # monotonic time of the event loop's last watch
-        self.stall_timeout = 60.0
 
     def watch_gc(self) -> Callable[[str, dict[str, Any]], None]:
         """Time every collection: a full (generation 2) pass over a large decoded-record cache stops

@@ -16,6 +16,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from ..config import Settings
+from ..errors import Error
 from ..messages import DEAD_LETTER_MAX_BYTES
 from ..pipeline.decider import Entry
 
@@ -32,7 +33,7 @@ class StoredMessage(NamedTuple):
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-class TopicMismatch(RuntimeError):
+class TopicMismatch(Error, RuntimeError):
     """An existing topic has a partition count the service cannot work with."""
 
 

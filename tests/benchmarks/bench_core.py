@@ -5,7 +5,7 @@ Run from the repository root (single process; by default pinned to one CPU core)
     .venv/bin/python tests/benchmarks/bench_core.py [--repeats 5] [--pairs 350] [--no-pin]
 
 Throughput, on news-sized texts (1-5 KB), at 128 permutations, as signatures per second:
-  * ours, the `fingerprint` path: normalize + shingle + one-permutation hashing (OPH)
+  * ours, the `sketch_of` path: normalize + shingle + one-permutation hashing (OPH)
   * ours, normalize alone, shingle hashing alone (on normalized text), OPH alone (on shingle hashes)
   * datasketch `MinHash(num_perm=128).update_batch` over the same texts' distinct 5-shingles as
     bytes (shingles prepared outside the timing), a new MinHash per text as usually written, and
@@ -47,7 +47,7 @@ from neardup.core.minhash import estimate_jaccard, kperm_signature  # noqa: E402
 from neardup.core.normalize import normalize  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
 from neardup.core.shingle import shingle_hashes, shingle_set, shingle_strings  # noqa: E402
-from neardup.core.signing import fingerprint  # noqa: E402
+from neardup.core.signing import sketch_of  # noqa: E402
 from neardup.core.similarity import exact_jaccard  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
@@ -113,7 +113,7 @@ def throughput(texts: Sequence[str], repeats: int) -> dict[str, Lane]:
 
     def ours() -> None:
         for text in texts:
-            fingerprint(text, params)
+            sketch_of(text, params)
 
     def normalizing() -> None:
         for text in texts:
@@ -149,7 +149,7 @@ def throughput(texts: Sequence[str], repeats: int) -> dict[str, Lane]:
 
     n = len(texts)
     lanes = {
-        "ours": Lane("ours: fingerprint (normalize+shingle+OPH)", ours, n, []),
+        "ours": Lane("ours: sketch_of (normalize+shingle+OPH)", ours, n, []),
         "normalize": Lane("ours: normalize alone", normalizing, n, []),
         "shingle": Lane("ours: shingle hashing alone", shingling, n, []),
         "oph": Lane("ours: OPH alone", oph, n, []),
@@ -222,7 +222,7 @@ def accuracy(pairs: Sequence[tuple[str, str, float]], with_datasketch: bool) -> 
     exact = np.array([j for _, _, j in pairs])
     oph, kperm, ds, verified = [], [], [], []
     for a, b, _ in pairs:
-        fa, fb = fingerprint(a, params), fingerprint(b, params)
+        fa, fb = sketch_of(a, params), sketch_of(b, params)
         oph.append(estimate_jaccard(fa.signature, fb.signature))
         verified.append(fa.estimate_jaccard(fb))
         ha, hb = shingle_hashes(normalize(a)), shingle_hashes(normalize(b))

@@ -39,14 +39,14 @@ from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 from neardup.core.lsh import band_keys  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
 from neardup.core.retention import NO_RETENTION, Retention  # noqa: E402
-from neardup.core.signing import Fingerprint, fingerprint  # noqa: E402
+from neardup.core.signing import Sketch, sketch_of  # noqa: E402
 from neardup.pipeline import wire  # noqa: E402
 from neardup.pipeline.shard import IndexShard  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
 
 PARAMS = DedupParams()
 MINUTE_MS = 60_000
-Signed = tuple[str, Fingerprint, tuple[bytes, ...]]
+Signed = tuple[str, Sketch, tuple[bytes, ...]]
 
 
 def hot_story(count: int, seed: int) -> list[str]:
@@ -77,9 +77,13 @@ def ordinary(count: int, seed: int) -> list[str]:
 def sign(texts: list[str], prefix: str) -> list[Signed]:
     signed = []
     for i, text in enumerate(texts):
-        fp = fingerprint(text, PARAMS)
+        sketch = sketch_of(text, PARAMS)
         signed.append(
-            (f"{prefix}-{i:07d}", fp, tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)))
+            (
+                f"{prefix}-{i:07d}",
+                sketch,
+                tuple(band_keys(sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)),
+            )
         )
     return signed
 
@@ -99,9 +103,9 @@ def run(
             for start in range(0, len(signed), block):
                 chunk = signed[start : start + block]
                 began = time.perf_counter()
-                for n, (article_id, fp, keys) in enumerate(chunk, start):
+                for n, (article_id, sketch, keys) in enumerate(chunk, start):
                     src = wire.Provenance("bench", None, n, None)
-                    item = wire.Signed(article_id, fp, src, keys, banding, n * MINUTE_MS)
+                    item = wire.Signed(article_id, sketch, src, keys, banding, n * MINUTE_MS)
                     [decided] = shard.decide([item])
                     assert decided.article is not None, decided.error
                     kind = decided.article.decision.kind

@@ -81,7 +81,7 @@ if str(ROOT) not in sys.path:
 from neardup.config import Settings  # noqa: E402
 from neardup.core import compiled  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
-from neardup.core.signing import fingerprint  # noqa: E402
+from neardup.core.signing import sketch_of  # noqa: E402
 from neardup.pipeline.wire import decode_signed, unpack_signed  # noqa: E402
 from neardup.stream.topics import ensure_topics  # noqa: E402
 
@@ -455,7 +455,7 @@ def calibrate(corpus: list[dict[str, Any]], texts: int = 200, passes: int = 5) -
         for _ in range(passes):
             started = time.process_time()
             for text in sample:
-                fingerprint(text, params)
+                sketch_of(text, params)
             timings.append((time.process_time() - started) / len(sample) * 1e6)
     finally:
         compiled.enable(previous)

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from neardup.core.params import DedupParams
-from neardup.core.signing import fingerprint
+from neardup.core.signing import sketch_of
 
 from .conftest import (
     Deployment,
@@ -80,7 +80,7 @@ def test_two_workers_three_partitions_see_every_earlier_article(kafka: str, tmp_
         params = DedupParams()
         groups: dict[bytes, list[str]] = {}
         for article in articles:
-            groups.setdefault(fingerprint(article["text"], params).content_hash, []).append(article["id"])
+            groups.setdefault(sketch_of(article["text"], params).content_hash, []).append(article["id"])
         multi = [ids for ids in groups.values() if len(ids) > 1]
         assert len(multi) > 20
         for ids in multi:

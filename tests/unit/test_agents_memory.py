@@ -21,7 +21,7 @@ from faust.types import TP
 from prometheus_client import generate_latest
 
 from neardup.config import Settings
-from neardup.core.signing import fingerprint
+from neardup.core.signing import sketch_of
 from neardup.pipeline.decider import DeciderFailed
 from neardup.pipeline.shard import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY
 from neardup.pipeline.sign import SignStage
@@ -179,7 +179,7 @@ async def test_valid_article_is_signed(
     (record,) = unpack_signed(value)
     signed = decode_signed(record)
     assert signed.article_id == "wire-1"
-    assert signed.fingerprint == fingerprint(PROSE[0], runtime.settings.params())
+    assert signed.sketch == sketch_of(PROSE[0], runtime.settings.params())
     assert signed.provenance.topic == runtime.settings.input_topic
     assert recorders["dead_letters"].sent == []
     await _all_settled(runtime)

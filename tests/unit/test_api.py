@@ -180,6 +180,69 @@ def test_check_many_is_lazy_and_stops_at_bad_input() -> None:
         assert dedup.stats()["articles"] == 1
 
 
+@pytest.mark.parametrize(
+    "article",
+    [
+        {"id": "a\ud800", "text": PROSE[0]},
+        {"id": "a", "text": PROSE[0] + "\udfff"},
+        neardup.Article("a\ud800", PROSE[0]),
+        '{"id": "a\ud800", "text": "text"}',
+    ],
+    ids=["id", "text", "Article", "json"],
+)
+def test_a_lone_surrogate_is_refused_as_invalid_utf8(article: Any) -> None:
+    """Only a caller in process can pass one (a message on the topic is decoded from UTF-8): it is
+    refused as the worker refuses bytes that are not UTF-8, not with a UnicodeEncodeError."""
+    with neardup.open() as dedup:
+        with pytest.raises(neardup.InvalidMessage) as caught:
+            dedup.check(article)
+        assert caught.value.reason == "invalid_utf8"
+        assert dedup.stats()["articles"] == 0
+
+
+@pytest.mark.parametrize(
+    ("article_id", "reason"),
+    [
+        (123, "schema_violation"),
+        (None, "schema_violation"),
+        ("", "schema_violation"),
+        (["a"], "schema_violation"),
+        ("x" * 10_000_000, "schema_violation"),
+        ("a\ud800", "invalid_utf8"),
+    ],
+    ids=["int", "None", "empty", "list", "10 MB", "surrogate"],
+)
+def test_delete_refuses_what_the_worker_refuses(article_id: Any, reason: str) -> None:
+    with neardup.open() as dedup:
+        dedup.check({"id": "a", "text": PROSE[0]})
+        with pytest.raises(neardup.InvalidMessage) as caught:
+            dedup.delete(article_id)
+        assert caught.value.reason == reason
+        assert len(str(caught.value)) < 1_000  # the detail names the field, not the whole id
+        assert dedup.stats()["articles"] == 1 and dedup.stats()["deleted"] == 0
+
+
+def test_check_many_decides_the_articles_before_a_bad_one() -> None:
+    articles = [{"id": "a", "text": PROSE[0]}, {"id": "b", "text": PROSE[0]}, {"id": "c\ud800", "text": "t"}]
+    with neardup.open() as dedup:
+        verdicts = []
+        with pytest.raises(neardup.InvalidMessage) as caught:
+            for verdict in dedup.check_many(articles):
+                verdicts.append(verdict)
+        assert caught.value.reason == "invalid_utf8"
+        assert [(v["article_id"], v["verdict"]) for v in verdicts] == [("a", "unique"), ("b", "duplicate")]
+        assert dedup.stats()["articles"] == 2
+
+
+def test_invalid_message_is_a_neardup_error() -> None:
+    with neardup.open() as dedup:
+        with pytest.raises(neardup.Error) as caught:
+            dedup.check({"id": "x"})
+        assert isinstance(caught.value, neardup.InvalidMessage)
+        with pytest.raises(neardup.Error):
+            dedup.delete(123)  # type: ignore[arg-type]
+
+
 def test_settings_reach_the_engine() -> None:
     with neardup.open(threshold=0.95, containment_threshold=None, num_perm=64, verify_perm=256) as dedup:
         params = dedup.check({"id": "a", "text": PROSE[0]})["params"]

@@ -13,7 +13,7 @@ from neardup.core.dedup import Candidate, _ranked, decide, rank, score, score_ma
 from neardup.core.lsh import band_keys
 from neardup.core.minhash import EMPTY_VERIFIER_SLOT
 from neardup.core.params import DedupParams
-from neardup.core.signing import EmptyText, Fingerprint, fingerprint
+from neardup.core.signing import EmptyText, Sketch, sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
 from tests.conftest import process
@@ -51,7 +51,7 @@ def test_redelivery_repeats_the_verdict(shard: IndexShard, prose: tuple[str, ...
     assert b_again == b
     assert b_again.decision.match_id == "a"  # never a duplicate of itself
     assert (shard.state.count(), shard.state.next_seq()) == (count, seq)
-    outcome = decide("b", fingerprint(prose[0] + FOOTER, shard.params), shard.state, shard.params)
+    outcome = decide("b", sketch_of(prose[0] + FOOTER, shard.params), shard.state, shard.params)
     assert outcome.redelivered and outcome.article == b
 
 
@@ -67,17 +67,17 @@ def test_new_version_is_not_a_duplicate_of_its_old_self(shard: IndexShard, prose
 def test_new_content_replaces_the_old_version(shard: IndexShard, prose: tuple[str, ...]) -> None:
     params, state = shard.params, shard.state
     old = process(shard, "x", prose[0])
-    old_keys = set(band_keys(old.fingerprint.signature, params.lsh.bands, params.lsh.rows))
+    old_keys = set(band_keys(old.sketch.signature, params.lsh.bands, params.lsh.rows))
     new = process(shard, "x", prose[1])
     assert new.version == 1 and new.seq > old.seq
     assert state.get("x") == new and state.count() == 1
-    new_keys = set(band_keys(new.fingerprint.signature, params.lsh.bands, params.lsh.rows))
+    new_keys = set(band_keys(new.sketch.signature, params.lsh.bands, params.lsh.rows))
     for key in old_keys - new_keys:
         assert "x" not in state.band_members(key)
     for key in new_keys:
         assert "x" in state.band_members(key)
-    assert state.id_for_content(old.fingerprint.content_hash) is None
-    assert state.id_for_content(new.fingerprint.content_hash) == "x"
+    assert state.id_for_content(old.sketch.content_hash) is None
+    assert state.id_for_content(new.sketch.content_hash) == "x"
     # an article similar only to the old content no longer matches x, exact copies included
     assert process(shard, "near-old", BYLINE + prose[0] + FOOTER).decision.kind == "unique"
     assert process(shard, "copy-old", prose[0]).decision.match_id == "near-old"
@@ -151,7 +151,7 @@ def test_decide_reads_without_writing(prose: tuple[str, ...]) -> None:
     params = DedupParams()
     state = MemoryState()
     state.open_header(params.header())
-    outcome = decide("a", fingerprint(prose[0], params), state, params)
+    outcome = decide("a", sketch_of(prose[0], params), state, params)
     assert outcome.update is not None and outcome.update.replaced is None
     assert state.count() == 0 and state.next_seq() == 0 and state.get("a") is None
     assert len(outcome.update.keys) == params.lsh.bands
@@ -162,9 +162,9 @@ def test_decide_with_the_band_keys_given_equals_decide_computing_them(prose: tup
     state = MemoryState()
     state.open_header(params.header())
     for n, text in enumerate([prose[0], prose[0] + " Reporting by the desk.", prose[2]]):
-        fp = fingerprint(text, params)
-        keys = band_keys(fp.signature, params.lsh.bands, params.lsh.rows)
-        given, computed = decide(f"a{n}", fp, state, params, keys), decide(f"a{n}", fp, state, params)
+        sketch = sketch_of(text, params)
+        keys = band_keys(sketch.signature, params.lsh.bands, params.lsh.rows)
+        given, computed = decide(f"a{n}", sketch, state, params, keys), decide(f"a{n}", sketch, state, params)
         assert given.article == computed.article and given.update == computed.update
         assert computed.update is not None and computed.update.keys == tuple(keys)
         state.apply(computed.update)
@@ -173,7 +173,7 @@ def test_decide_with_the_band_keys_given_equals_decide_computing_them(prose: tup
 @pytest.mark.parametrize("text", ["", "   ", "\n\t \r\n", "\u3000\u00a0"])
 def test_empty_and_whitespace_text_is_refused(shard: IndexShard, text: str) -> None:
     with pytest.raises(EmptyText):
-        fingerprint(text, shard.params)
+        sketch_of(text, shard.params)
     with pytest.raises(EmptyText):
         process(shard, "empty", text)
     assert shard.state.count() == 0
@@ -181,7 +181,7 @@ def test_empty_and_whitespace_text_is_refused(shard: IndexShard, text: str) -> N
 
 def test_texts_shorter_than_k_match_only_exactly(shard: IndexShard) -> None:
     first = process(shard, "s1", "Oops")
-    assert first.fingerprint.short and first.fingerprint.shingle_count == 1
+    assert first.sketch.short and first.sketch.shingle_count == 1
     d = process(shard, "s2", "  OOPS ").decision
     assert (d.kind, d.exact, d.match_id) == ("duplicate", True, "s1")
     assert process(shard, "s3", "Oopz").decision.kind == "unique"
@@ -200,15 +200,15 @@ def test_ten_megabytes_of_text(shard: IndexShard, prose: tuple[str, ...]) -> Non
         n += 1
     text = "".join(paragraphs)
     started = time.perf_counter()
-    fp = fingerprint(text, shard.params)
+    sketch = sketch_of(text, shard.params)
     elapsed = time.perf_counter() - started
-    print(f"10 MB fingerprint: {elapsed:.2f}s, {fp.shingle_count} distinct shingles")
-    assert fp.shingle_count > 10_000 and not fp.short
+    print(f"10 MB sketch: {elapsed:.2f}s, {sketch.shingle_count} distinct shingles")
+    assert sketch.shingle_count > 10_000 and not sketch.short
     state, params = shard.state, shard.params
-    outcome = decide("big", fp, state, params)
+    outcome = decide("big", sketch, state, params)
     assert outcome.update is not None and outcome.article.decision.kind == "unique"
     state.apply(outcome.update)
-    copy = decide("big-copy", fp, state, params).article.decision
+    copy = decide("big-copy", sketch, state, params).article.decision
     assert (copy.kind, copy.exact, copy.match_id) == ("duplicate", True, "big")
 
 
@@ -216,40 +216,42 @@ def test_scoring_many_candidates_equals_scoring_each(prose: tuple[str, ...]) -> 
     """score_many's array passes give bit-identical figures to score, pair by pair: verdicts must
     not depend on how many candidates an article has."""
     params = DedupParams()
-    query = fingerprint(prose[0], params)
+    query = sketch_of(prose[0], params)
     texts = [
         prose[0],  # identical
         prose[0] + " Reporting by the wire desk.",
         prose[0][: len(prose[0]) // 2],  # contained
         prose[1],
         prose[2] + " " + prose[0],  # contains
-        "Short.",  # shorter than k: a one-hash fingerprint, mostly empty verifier slots
+        "Short.",  # shorter than k: a one-hash sketch, mostly empty verifier slots
         "abcdef",
         *prose[3:],
     ]
-    others = [(f"c{n}", fingerprint(text, params)) for n, text in enumerate(texts)]
-    assert score_many(query, others) == [score(query, fp, other_id) for other_id, fp in others]
-    tiny = fingerprint("Tiny.", params)
-    assert score_many(tiny, others) == [score(tiny, fp, other_id) for other_id, fp in others]
+    others = [(f"c{n}", sketch_of(text, params)) for n, text in enumerate(texts)]
+    assert score_many(query, others) == [score(query, sketch, other_id) for other_id, sketch in others]
+    tiny = sketch_of("Tiny.", params)
+    assert score_many(tiny, others) == [score(tiny, sketch, other_id) for other_id, sketch in others]
     assert score_many(query, others[:1]) == [score(query, others[0][1], "c0")]
     # verifiers of another length (state written with other settings) are scored pair by pair
     coarse = DedupParams(verify_perm=256)
-    mixed = [*others[:3], ("d0", fingerprint(prose[0], coarse)), ("d1", fingerprint(prose[1], coarse))]
-    assert score_many(query, mixed) == [score(query, fp, other_id) for other_id, fp in mixed]
-    same_other_length = [(i, fingerprint(t, coarse)) for i, t in (("e0", prose[0]), ("e1", prose[2]))]
-    assert score_many(query, same_other_length) == [score(query, fp, i) for i, fp in same_other_length]
+    mixed = [*others[:3], ("d0", sketch_of(prose[0], coarse)), ("d1", sketch_of(prose[1], coarse))]
+    assert score_many(query, mixed) == [score(query, sketch, other_id) for other_id, sketch in mixed]
+    same_other_length = [(i, sketch_of(t, coarse)) for i, t in (("e0", prose[0]), ("e1", prose[2]))]
+    assert score_many(query, same_other_length) == [
+        score(query, sketch, i) for i, sketch in same_other_length
+    ]
     assert score_many(query, []) == []
 
 
 def _reference_rule(
-    article_id: str, fp: Fingerprint, state: MemoryState, params: DedupParams
+    article_id: str, sketch: Sketch, state: MemoryState, params: DedupParams
 ) -> tuple[str, Candidate | None, tuple[Candidate, ...]]:
     """The decision rule written plainly, candidate by candidate: what _verified_match computes in
     array passes."""
-    keys = band_keys(fp.signature, params.lsh.bands, params.lsh.rows)
+    keys = band_keys(sketch.signature, params.lsh.bands, params.lsh.rows)
     others = state.candidates(keys, article_id, params.max_candidates)
     scored = sorted(
-        zip(score_many(fp, [(o.article_id, o.fingerprint) for o in others]), others, strict=True),
+        zip(score_many(sketch, [(o.article_id, o.sketch) for o in others]), others, strict=True),
         key=lambda pair: (-pair[0].jaccard, pair[1].seq),
     )
     top = tuple(candidate for candidate, _ in scored[: params.top_candidates])
@@ -298,9 +300,9 @@ def _check_verdicts_against_the_rule(prose: tuple[str, ...]) -> None:
         else:  # recombined sentences: many partial overlaps, many candidates
             text = ". ".join(rng.sample(parts, rng.randint(3, 9)))
         texts[f"a{n}"] = text
-        fp = fingerprint(text, params)
-        expected = _reference_rule(f"a{n}", fp, state, params)
-        outcome = decide(f"a{n}", fp, state, params)
+        sketch = sketch_of(text, params)
+        expected = _reference_rule(f"a{n}", sketch, state, params)
+        outcome = decide(f"a{n}", sketch, state, params)
         decision = outcome.article.decision
         kinds[decision.kind] = kinds.get(decision.kind, 0) + 1
         if not decision.exact:
@@ -334,8 +336,8 @@ class _Prospect:
         self.canonical_id = article_id
 
     @property
-    def fingerprint(self) -> Fingerprint:
-        return Fingerprint(b"", np.zeros(4, dtype=np.uint64), self.shingle_count, False, self.verifier)
+    def sketch(self) -> Sketch:
+        return Sketch(b"", np.zeros(4, dtype=np.uint64), self.shingle_count, False, self.verifier)
 
 
 def _prospects(rng: np.random.Generator, query: np.ndarray, count: int) -> list[_Prospect]:
@@ -372,10 +374,10 @@ def test_compiled_ranking_equals_the_numpy_reference() -> None:
     for trial in range(300):
         others = _prospects(rng, query, int(rng.integers(1, 40)))
         size = int(rng.choice([0, 150, 3000]))
-        fp = Fingerprint(b"", np.zeros(4, dtype=np.uint64), size, False, query)
+        sketch = Sketch(b"", np.zeros(4, dtype=np.uint64), size, False, query)
         params = settings[trial % len(settings)]
-        expected = _ranked(fp, others, params)
-        got = rank(fp, others, params)
+        expected = _ranked(sketch, others, params)
+        got = rank(sketch, others, params)
         assert got == expected, (trial, params)
         kind = None if got.match is None else got.match[0]
         kinds[kind] = kinds.get(kind, 0) + 1
@@ -389,5 +391,5 @@ def test_ranking_falls_back_to_fingerprints_when_verifier_lengths_differ() -> No
     query = rng.integers(0, EMPTY_VERIFIER_SLOT, 512, dtype=np.uint8)
     others = _prospects(rng, query, 6)
     others[2].verifier = others[2].verifier[:256]  # a candidate from other parameters
-    fp = Fingerprint(b"", np.zeros(4, dtype=np.uint64), 3000, False, query)
-    assert rank(fp, others, DedupParams()) == _ranked(fp, others, DedupParams())
+    sketch = Sketch(b"", np.zeros(4, dtype=np.uint64), 3000, False, query)
+    assert rank(sketch, others, DedupParams()) == _ranked(sketch, others, DedupParams())

@@ -13,7 +13,7 @@ import pytest
 
 from neardup import cli, embedded
 from neardup.core.params import DedupParams
-from neardup.core.signing import Fingerprint
+from neardup.core.signing import Sketch
 from neardup.embedded import default_sign_processes, run_file
 from neardup.state.memory import MemoryState
 from tests.faults import HELPER_FAULT, inject
@@ -126,14 +126,14 @@ def test_an_unexpected_signing_error_is_a_dead_letter(
 ) -> None:
     from neardup.pipeline import sign
 
-    real = sign.fingerprint
+    real = sign.sketch_of
 
-    def failing(text: str, params: DedupParams, max_points: int | None = None) -> Fingerprint:
+    def failing(text: str, params: DedupParams, max_points: int | None = None) -> Sketch:
         if "poison" in text:
             raise RuntimeError("cannot sign this")
         return real(text, params, max_points)
 
-    monkeypatch.setattr(sign, "fingerprint", failing)
+    monkeypatch.setattr(sign, "sketch_of", failing)
     source = tmp_path / "in.jsonl"
     lines = SAMPLE.read_bytes().splitlines()[:3]
     source.write_bytes(b"\n".join([lines[0], b'{"id": "p", "text": "poison pill"}', *lines[1:]]) + b"\n")

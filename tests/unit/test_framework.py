@@ -5,6 +5,7 @@ parameters it passes. An upgrade that changes one fails here, naming it."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -20,13 +21,16 @@ def _owner_name(owner: Any) -> str:
 
 
 def _set_in_source(owner: Any, name: str) -> bool:
-    """An instance attribute: assigned as self.<name> in the class or one of its bases."""
+    """An instance attribute: assigned as self.<name> in the module of the class or of one of its
+    bases. The module's text, not inspect.getsource: that parses the module with ast, which on this
+    Python can fail for the rest of the process once an earlier test caught a RecursionError."""
     for cls in inspect.getmro(owner) if inspect.isclass(owner) else ():
         try:
-            if f"self.{name} " in inspect.getsource(cls) or f"self.{name}:" in inspect.getsource(cls):
-                return True
+            source = Path(inspect.getsourcefile(cls) or "").read_text(encoding="utf-8")
         except (OSError, TypeError):  # built-in or compiled: no source
             continue
+        if f"self.{name} " in source or f"self.{name}:" in source:
+            return True
     return False
 
 

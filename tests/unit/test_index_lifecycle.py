@@ -12,7 +12,7 @@ import pytest
 from neardup.core.dedup import Outcome, decide
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.retention import Retention
-from neardup.core.signing import fingerprint
+from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.index import HEADER_KEY, Batch, IndexState
 from neardup.state.memory import MemoryState
@@ -26,7 +26,7 @@ DAY_MS = 86_400_000
 
 
 def index(state: StateStore, article_id: str, text: str, time_ms: int = 0) -> Outcome:
-    outcome = decide(article_id, fingerprint(text, PARAMS), state, PARAMS, time_ms=time_ms)
+    outcome = decide(article_id, sketch_of(text, PARAMS), state, PARAMS, time_ms=time_ms)
     assert outcome.update is not None
     state.apply(outcome.update)
     return outcome
@@ -71,7 +71,7 @@ def test_exact_copies_stay_out_of_the_buckets_and_the_next_one_takes_over(
     for key in first.keys:
         assert list(state.band_members(key)) == ["first"]
     assert state.delete("first") is not None
-    assert state.id_for_content(first.fingerprint.content_hash) == "copy-0"
+    assert state.id_for_content(first.sketch.content_hash) == "copy-0"
     for key in first.keys:
         assert list(state.band_members(key)) == ["copy-0"]
     later = index(state, "later", prose[0]).article.decision

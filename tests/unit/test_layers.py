@@ -78,3 +78,10 @@ def test_importing_them_loads_neither_the_adapter_nor_its_frameworks() -> None:
 
 def test_the_check_can_fail() -> None:
     assert offences(FAKE_IMPORTS) == ["neardup.stream", "aiokafka"]
+
+
+def test_the_state_port_depends_on_none_of_its_adapters() -> None:
+    """The adapters import the port's types from the port, never the reverse."""
+    adapters = tuple(f"neardup.state.{name}" for name in ("index", "memory", "rocks", "records"))
+    port = SERVICE / "state" / "port.py"
+    assert [name for name in IMPORTS[port] if name.startswith(adapters)] == []

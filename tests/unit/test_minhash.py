@@ -28,7 +28,7 @@ from neardup.core.minhash import (
 from neardup.core.normalize import canonical_code_points, normalize
 from neardup.core.params import DedupParams
 from neardup.core.shingle import shingle_hashes, shingle_hashes_of_units
-from neardup.core.signing import fingerprint
+from neardup.core.signing import sketch_of
 from neardup.core.similarity import exact_jaccard
 
 PINNED_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -61,18 +61,18 @@ def test_signature_is_pinned_across_versions() -> None:
     the change must bump minhash.ALGORITHM (so old state is refused), never just update the pins."""
     # the pins below belong to this algorithm version (v2: shingle hashes without a final fmix64)
     assert minhash.ALGORITHM == "oph-optdens-fmix64-v2"
-    fp = fingerprint(PINNED_TEXT, DedupParams(num_perm=128, seed=1))
-    assert [int(x) for x in fp.signature[:4]] == [
+    sketch = sketch_of(PINNED_TEXT, DedupParams(num_perm=128, seed=1))
+    assert [int(x) for x in sketch.signature[:4]] == [
         0x3E9FFA5A04F7C9AC,
         0x74B15A3C8717B048,
         0xBE3679FD4AE64244,
         0x0DAE04B7F84E6804,
     ]
-    assert fp.shingle_count == 40  # fewer shingles than slots: densification is pinned too
-    digest = hashlib.sha256(fp.signature.astype("<u8").tobytes()).hexdigest()[:16]
+    assert sketch.shingle_count == 40  # fewer shingles than slots: densification is pinned too
+    digest = hashlib.sha256(sketch.signature.astype("<u8").tobytes()).hexdigest()[:16]
     assert digest == "71cc4b3b137a2e29"
     # content hash over UTF-32 code points since state format 2 (params.STATE_FORMAT_VERSION)
-    assert fp.content_hash.hex() == "8da45b8159bda49316dd7e6480262df2"
+    assert sketch.content_hash.hex() == "8da45b8159bda49316dd7e6480262df2"
 
 
 def test_signature_of_a_news_sized_text_is_pinned(prose: tuple[str, ...]) -> None:
@@ -231,8 +231,8 @@ def test_containment_edge_cases() -> None:
 
 def test_containment_of_a_truncated_copy_from_signatures(prose: tuple[str, ...]) -> None:
     params = DedupParams()
-    full = fingerprint(prose[0], params)
-    head = fingerprint(prose[0][: len(prose[0]) * 6 // 10], params)
+    full = sketch_of(prose[0], params)
+    head = sketch_of(prose[0][: len(prose[0]) * 6 // 10], params)
     jaccard = estimate_jaccard(head.signature, full.signature)
     inside, contains = estimate_containment(jaccard, head.shingle_count, full.shingle_count)
     assert inside > 0.85
@@ -322,7 +322,7 @@ def test_verdicts_name_the_verifier_bits_but_stored_state_does_not_depend_on_the
     params = DedupParams()
     assert params.audit()["verify_bits"] == VERIFIER_BITS
     # the signing really keeps that many bits: no slot above 2**bits - 1
-    verifier = fingerprint(" ".join(prose), params).verifier
+    verifier = sketch_of(" ".join(prose), params).verifier
     assert verifier.dtype.itemsize * 8 == VERIFIER_BITS and int(verifier.max()) < 2**VERIFIER_BITS
     # state written with wider slots is narrowed when read, so the header must not refuse it
     assert "verify_bits" not in params.header()

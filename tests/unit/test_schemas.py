@@ -199,7 +199,7 @@ def test_internal_error_dead_letter_validates(monkeypatch: pytest.MonkeyPatch) -
     def broken(text: str, params: DedupParams, max_points: int | None = None) -> None:
         raise RuntimeError("signer exploded")
 
-    monkeypatch.setattr(stages, "fingerprint", broken)
+    monkeypatch.setattr(stages, "sketch_of", broken)
     result = SignStage(DedupParams(), 1000).handle(b'{"id": "a", "text": "fine"}', None, SRC)
     assert result.reason == "internal_error" and result.dead_letter is not None
     record = orjson.loads(result.dead_letter)

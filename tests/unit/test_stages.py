@@ -17,7 +17,7 @@ import pytest
 
 from neardup.core.lsh import band_keys
 from neardup.core.params import DedupParams, IncompatibleState
-from neardup.core.signing import fingerprint
+from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, IndexShard
 from neardup.pipeline.sign import SignStage
 from neardup.pipeline.wire import (
@@ -104,7 +104,7 @@ def test_unexpected_errors_do_not_escape(sign: SignStage, monkeypatch: pytest.Mo
     def explode(text: str, params: DedupParams, max_points: int | None = None) -> None:
         raise MemoryError("no room")
 
-    monkeypatch.setattr(stages, "fingerprint", explode)
+    monkeypatch.setattr(stages, "sketch_of", explode)
     raw = article("a", "A perfectly good body.")
     result = sign.handle(raw, None, SRC)
     assert result.reason == "internal_error"
@@ -121,16 +121,16 @@ def test_valid_article_is_signed_and_round_trips(text: str) -> None:
     signed = decode_signed(result.signed)
     assert signed.article_id == "wire-1"
     assert signed.provenance == SRC
-    assert signed.fingerprint == fingerprint(text, PARAMS)
-    assert signed.fingerprint.signature.dtype == np.uint64
+    assert signed.sketch == sketch_of(text, PARAMS)
+    assert signed.sketch.signature.dtype == np.uint64
     assert encode_signed(signed) == result.signed
 
 
 def test_signed_record_carries_the_band_keys_of_its_signature() -> None:
     result = SignStage(PARAMS, 1_000_000).handle(article("x", PROSE[1]), None, SRC)
     item = decode_signed(result.signed or b"")
-    fp = fingerprint(PROSE[1], PARAMS)
-    assert item.band_keys == tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+    sketch = sketch_of(PROSE[1], PARAMS)
+    assert item.band_keys == tuple(band_keys(sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
     assert item.banding == (PARAMS.lsh.bands, PARAMS.lsh.rows) == (25, 5)
     assert item.band_keys_for(25, 5) == item.band_keys
     assert item.band_keys_for(25, 4) is None and item.band_keys_for(20, 5) is None
@@ -364,9 +364,7 @@ def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -
     computes them otherwise: the decisions and the state are the same."""
     items = [*story_with_a_copy(), signed("d", PROSE[2] + " Updated at noon.")]
     other_rows = [  # as a signer configured with 4 rows per band would send them
-        dataclasses.replace(
-            item, band_keys=tuple(band_keys(item.fingerprint.signature, 25, 4)), banding=(25, 4)
-        )
+        dataclasses.replace(item, band_keys=tuple(band_keys(item.sketch.signature, 25, 4)), banding=(25, 4))
         for item in items
     ]
     runs = []
@@ -455,14 +453,14 @@ def test_content_map_passes_to_a_remaining_exact_copy(kind: str, tmp_path: Path)
         process(engine, "copy-1", PROSE[0])
         process(engine, "copy-2", PROSE[0])
         process(engine, "first", PROSE[1])  # the first holder changes; its copies still hold the text
-        assert state.id_for_content(first.fingerprint.content_hash) == "copy-1"
+        assert state.id_for_content(first.sketch.content_hash) == "copy-1"
         again = process(engine, "late", PROSE[0])
         assert (again.decision.exact, again.decision.match_id) == (True, "copy-1")
         process(engine, "copy-1", PROSE[2])
         process(engine, "copy-2", PROSE[3])
-        assert state.id_for_content(first.fingerprint.content_hash) == "late"
+        assert state.id_for_content(first.sketch.content_hash) == "late"
         process(engine, "late", PROSE[4])
-        assert state.id_for_content(first.fingerprint.content_hash) is None
+        assert state.id_for_content(first.sketch.content_hash) is None
     finally:
         state.close()
 

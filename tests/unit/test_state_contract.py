@@ -16,12 +16,12 @@ from neardup.core.dedup import Candidate, Decision, IndexedArticle, Outcome, Pro
 from neardup.core.lsh import band_keys
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.shingle import ShingleOptions
-from neardup.core.signing import Fingerprint, fingerprint
+from neardup.core.signing import Sketch, sketch_of
 from neardup.state import index as index_module
 from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
-from neardup.state.records import CorruptRecord, Probe, decode_article, decode_probe, encode_article
+from neardup.state.records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 from neardup.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
 
 MakeState = Callable[[], StateStore]
@@ -29,7 +29,7 @@ PARAMS = DedupParams()
 
 
 def index(state: StateStore, article_id: str, text: str, extra: dict[bytes, bytes] | None = None) -> Outcome:
-    outcome = decide(article_id, fingerprint(text, PARAMS), state, PARAMS)
+    outcome = decide(article_id, sketch_of(text, PARAMS), state, PARAMS)
     assert outcome.update is not None
     state.apply(outcome.update, extra)
     return outcome
@@ -55,7 +55,7 @@ def test_apply_then_read(make_state: MakeState, prose: tuple[str, ...]) -> None:
     state.open_header(PARAMS.header())
     a = index(state, "a", prose[0]).article
     assert state.get("a") == a
-    assert state.id_for_content(a.fingerprint.content_hash) == "a"
+    assert state.id_for_content(a.sketch.content_hash) == "a"
     for key in keys_of(a):
         assert list(state.band_members(key)) == ["a"]
     assert state.next_seq() == 1 and state.count() == 1
@@ -66,7 +66,7 @@ def test_apply_then_read(make_state: MakeState, prose: tuple[str, ...]) -> None:
     for key in shared:
         assert list(state.band_members(key)) == ["a", "b"]
     c = index(state, "c", prose[0]).article  # exact copy of a: the content map keeps the first id
-    assert c.decision.exact and state.id_for_content(c.fingerprint.content_hash) == "a"
+    assert c.decision.exact and state.id_for_content(c.sketch.content_hash) == "a"
     assert state.next_seq() == 3 and state.count() == 3
     assert [x.article_id for x in state.articles()] == ["a", "b", "c"]
 
@@ -81,8 +81,8 @@ def test_replacement_semantics(make_state: MakeState, prose: tuple[str, ...]) ->
     new = update.article
     assert (new.version, new.seq) == (1, 2)
     assert state.get("x") == new and state.count() == 2
-    assert state.id_for_content(old.fingerprint.content_hash) is None
-    assert state.id_for_content(new.fingerprint.content_hash) == "x"
+    assert state.id_for_content(old.sketch.content_hash) is None
+    assert state.id_for_content(new.sketch.content_hash) == "x"
     for key in keys_of(old) - keys_of(new):
         assert "x" not in state.band_members(key)
     for key in keys_of(new):
@@ -98,7 +98,7 @@ def test_replacing_a_non_first_holder_keeps_the_content_map(
     first = index(state, "first", prose[0]).article
     index(state, "copy", prose[0])
     index(state, "copy", prose[3])  # the copy changes; the content still belongs to "first"
-    assert state.id_for_content(first.fingerprint.content_hash) == "first"
+    assert state.id_for_content(first.sketch.content_hash) == "first"
 
 
 def test_replacing_the_first_holder_hands_the_content_to_the_earliest_copy(
@@ -111,12 +111,12 @@ def test_replacing_the_first_holder_hands_the_content_to_the_earliest_copy(
     index(state, "copy-1", prose[0])
     index(state, "copy-2", prose[0])
     index(state, "first", prose[2])
-    assert state.id_for_content(first.fingerprint.content_hash) == "copy-1"
+    assert state.id_for_content(first.sketch.content_hash) == "copy-1"
     later = index(state, "later", prose[0]).article.decision
     assert (later.exact, later.match_id) == (True, "copy-1")
     index(state, "copy-1", prose[3])
     index(state, "copy-2", prose[4])
-    assert state.id_for_content(first.fingerprint.content_hash) == "later"
+    assert state.id_for_content(first.sketch.content_hash) == "later"
 
 
 def test_meta_and_extra_keys(make_state: MakeState, prose: tuple[str, ...]) -> None:
@@ -169,7 +169,7 @@ def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...])
         assert reopened.get_meta(b"progress") == b"17"
         for article in before:
             assert reopened.get(article.article_id) == article
-            assert reopened.id_for_content(article.fingerprint.content_hash) == article.article_id
+            assert reopened.id_for_content(article.sketch.content_hash) == article.article_id
         # the next article continues the sequence and is judged against the stored index
         nxt = index(reopened, "late", prose[2] + " Late copy.").article
         assert nxt.seq == 7 and nxt.decision.match_id == "a2"
@@ -197,7 +197,7 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     for i, text in enumerate(texts):
         index(applied, f"a{i}", text)
     index(applied, "a1", prose[2] + " A corrected version.")  # a replacement, out of old buckets
-    records = sorted((a.article_id, encode_article(a)) for a in applied.articles())  # by id, as a table
+    records = sorted((a.article_id, encode_record(a)) for a in applied.articles())  # by id, as a table
     loaded = RocksState(tmp_path / "loaded")
     loaded.open_header(PARAMS.header())
     assert loaded.bulk_load(iter(records), PARAMS.lsh.bands, PARAMS.lsh.rows, chunk=chunk) == len(records)
@@ -252,7 +252,7 @@ def contents(state: IndexState) -> dict[bytes, bytes]:
 
 
 def test_record_round_trip(prose: tuple[str, ...]) -> None:
-    fp = fingerprint(prose[0], PARAMS)
+    sketch = sketch_of(prose[0], PARAMS)
     decision = Decision(
         "partial",
         "other",
@@ -263,12 +263,12 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
         False,
         (Candidate("other", 0.625, 0.97, 0.61), Candidate("ünïcode-id", 0.5, 0.5, 0.5)),
     )
-    keys = tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
-    article = IndexedArticle("id with spaces/ü", 3, 12345, fp, decision, keys, -86_400_000, 12000, "root")
-    data = encode_article(article)
-    decoded = decode_article(data)
+    keys = tuple(band_keys(sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+    article = IndexedArticle("id with spaces/ü", 3, 12345, sketch, decision, keys, -86_400_000, 12000, "root")
+    data = encode_record(article)
+    decoded = decode_record(data)
     # the signature is not kept where there is a verifier: band keys and verifier serve instead
-    assert decoded == dataclasses.replace(article, fingerprint=without_signature(fp))
+    assert decoded == dataclasses.replace(article, sketch=without_signature(sketch))
     assert decoded.keys == keys and decoded.time_ms == -86_400_000
     assert (decoded.cluster, decoded.cluster_id) == (12000, "root")
     probe = decode_probe(data)
@@ -279,33 +279,35 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
         "root",
         -86_400_000,
     )
-    assert probe.verifier == fp.verifier.tobytes() and probe.canonical_id == "root"
+    assert probe.verifier == sketch.verifier.tobytes() and probe.canonical_id == "root"
     unique = dataclasses.replace(
         article, decision=Decision("unique", None, None, None, None, "id", False, ())
     )
-    assert decode_article(encode_article(unique)) == dataclasses.replace(
-        unique, fingerprint=without_signature(fp)
+    assert decode_record(encode_record(unique)) == dataclasses.replace(
+        unique, sketch=without_signature(sketch)
     )
     assert len(data) < 1000, "a record is ~0.9 KB: 512-byte verifier, 25 band keys, the decision"
 
 
-def without_signature(fp: Fingerprint) -> Fingerprint:
-    return Fingerprint(fp.content_hash, np.empty(0, dtype=np.uint64), fp.shingle_count, fp.short, fp.verifier)
+def without_signature(sketch: Sketch) -> Sketch:
+    return Sketch(
+        sketch.content_hash, np.empty(0, dtype=np.uint64), sketch.shingle_count, sketch.short, sketch.verifier
+    )
 
 
 def test_records_keep_the_signature_where_there_is_no_verifier(prose: tuple[str, ...]) -> None:
     params = DedupParams(verify_perm=0)
-    fp = fingerprint(prose[0], params)
-    assert fp.verifier.size == 0
-    article = IndexedArticle("a", 0, 1, fp, Decision("unique", None, None, None, None, "a", False, ()))
-    decoded = decode_article(encode_article(article))
-    assert decoded == article and decoded.fingerprint.signature.dtype == np.uint64
+    sketch = sketch_of(prose[0], params)
+    assert sketch.verifier.size == 0
+    article = IndexedArticle("a", 0, 1, sketch, Decision("unique", None, None, None, None, "a", False, ()))
+    decoded = decode_record(encode_record(article))
+    assert decoded == article and decoded.sketch.signature.dtype == np.uint64
 
 
 @pytest.mark.parametrize("magic", [b"N3", b"N4"])
 def test_records_of_earlier_formats_are_refused_by_name(magic: bytes) -> None:
     with pytest.raises(CorruptRecord, match=f"unknown record format {magic!r}"):
-        decode_article(magic + b"\x00\x00\x00\x02{}" + b"\x00" * 600, "key-7")
+        decode_record(magic + b"\x00\x00\x00\x02{}" + b"\x00" * 600, "key-7")
 
 
 @pytest.mark.parametrize(
@@ -322,7 +324,7 @@ def test_records_of_earlier_formats_are_refused_by_name(magic: bytes) -> None:
 )
 def test_corrupt_records_are_named(data: bytes, front_readable: bool) -> None:
     with pytest.raises(CorruptRecord, match="'key-7'"):
-        decode_article(data, "key-7")
+        decode_record(data, "key-7")
     if not front_readable:
         with pytest.raises(CorruptRecord, match="'key-7'"):
             decode_probe(data, "key-7")
@@ -335,13 +337,13 @@ def test_candidates_in_order_of_first_appearance_without_the_excluded_and_capped
     state.open_header(PARAMS.header())
     copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(4)]
     index(state, "other", prose[3])
-    keys = band_keys(copies[0].fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
+    keys = band_keys(copies[0].sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
     expected = list(dict.fromkeys(i for key in keys for i in state.band_members(key)))
     assert expected[0] == "c0" and len(expected) == 4 and "other" not in expected
     found = state.candidates(keys, "nobody", 1000)
     assert [a.article_id for a in found] == expected
     assert [as_prospect(p) for p in found] == [as_prospect(state.get(i)) for i in expected]
-    assert [p.fingerprint for p in found] == [state.get(i).fingerprint for i in expected]  # type: ignore[union-attr]
+    assert [p.sketch for p in found] == [state.get(i).sketch for i in expected]  # type: ignore[union-attr]
     assert [a.article_id for a in state.candidates(keys, "c0", 1000)] == [i for i in expected if i != "c0"]
     assert [a.article_id for a in state.candidates(keys, "c0", 2)] == [i for i in expected if i != "c0"][:2]
     assert state.candidates([b"\x00" * 10], "nobody", 1000) == []
@@ -369,7 +371,7 @@ def cluster_with_a_replacement(state: RocksState, prose: tuple[str, ...]) -> lis
     copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(5)]
     index(state, "c3", prose[2])
     index(state, "other", prose[3])
-    return band_keys(copies[0].fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
+    return band_keys(copies[0].sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
 
 
 def test_rocks_candidates_are_probes_that_verify_as_their_records_would(
@@ -394,7 +396,7 @@ def test_rocks_candidates_are_probes_that_verify_as_their_records_would(
         memory = MemoryState()
         memory.open_header(PARAMS.header())
         cluster_with_a_replacement(memory, prose)
-        query = fingerprint(prose[0] + " Copy 9.", PARAMS)
+        query = sketch_of(prose[0] + " Copy 9.", PARAMS)
         assert (
             decide("c9", query, state, PARAMS).article.decision
             == decide("c9", query, memory, PARAMS).article.decision
@@ -435,7 +437,7 @@ def test_rocks_candidates_merge_small_and_large_bucket_lists_alike(
     state = RocksState(tmp_path / "db")
     state.open_header(PARAMS.header())
     copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(12)]
-    keys = band_keys(copies[5].fingerprint.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
+    keys = band_keys(copies[5].sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
     entries = sum(len(state.band_members(key)) for key in keys)
     by_default = [a.article_id for a in state.candidates(keys, "c5", 1000)]
     monkeypatch.setattr(index_module, "SMALL_MERGE", entries)
@@ -484,7 +486,7 @@ def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, pro
     a = index(state, "a", prose[0]).article
     try:
         with pytest.raises(ValueError, match="empty state"):
-            state.bulk_load([("a", encode_article(a))], PARAMS.lsh.bands, PARAMS.lsh.rows)
+            state.bulk_load([("a", encode_record(a))], PARAMS.lsh.bands, PARAMS.lsh.rows)
     finally:
         state.close()
 
@@ -511,7 +513,7 @@ def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, pro
     ],
 )
 def test_every_decision_survives_its_binary_form(decision: Decision, prose: tuple[str, ...]) -> None:
-    fp = fingerprint(prose[0], PARAMS)
-    keys = tuple(band_keys(fp.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
-    article = IndexedArticle("self", 0, 9, fp, decision, keys, 0, 3, "root")
-    assert decode_article(encode_article(article)).decision == decision
+    sketch = sketch_of(prose[0], PARAMS)
+    keys = tuple(band_keys(sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows))
+    article = IndexedArticle("self", 0, 9, sketch, decision, keys, 0, 3, "root")
+    assert decode_record(encode_record(article)).decision == decision

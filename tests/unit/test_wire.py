@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from neardup.core.params import DedupParams
-from neardup.core.signing import fingerprint
+from neardup.core.signing import sketch_of
 from neardup.pipeline.wire import (
     Provenance,
     Signed,
@@ -86,8 +86,8 @@ def test_unpack_rejects_malformed_messages(data: bytes, message: str) -> None:
 
 def test_a_record_wrapped_with_its_input_message_decodes_with_it() -> None:
     params = DedupParams()
-    fp = fingerprint(PROSE[0], params)
-    signed = Signed("a", fp, Provenance("in", 2, 7, 1_000), time_ms=1_000)
+    sketch = sketch_of(PROSE[0], params)
+    signed = Signed("a", sketch, Provenance("in", 2, 7, 1_000), time_ms=1_000)
     record = encode_signed(signed)
     original = orjson.dumps({"id": "a", "text": PROSE[0]}) + b" "
     headers = (("source", b"wire"), ("empty", b""))
