@@ -53,7 +53,8 @@ def content_hash(canonical: str) -> bytes:
 
 
 def fingerprint(text: str, params: DedupParams) -> Fingerprint:
-    """Normalize, shingle, sign. Raises EmptyText when the canonical text is empty."""
+    """Normalize, shingle, sign. Raises EmptyText when the canonical text has nothing to shingle:
+    no character, or under word shingles no word (whitespace the normalization keeps is none)."""
     if params.shingle.unit == "char":
         points = canonical_code_points(text, params.normalize)
         if points.size == 0:
@@ -65,10 +66,10 @@ def fingerprint(text: str, params: DedupParams) -> Fingerprint:
         )
     else:
         canonical = normalize(text, params.normalize)
-        if not canonical:
-            raise EmptyText("text is empty after normalization")
-        digest = content_hash(canonical)
         units = len(canonical.split())
+        if not units:  # an empty set would match every other one with a Jaccard of 1
+            raise EmptyText("text has no word after normalization")
+        digest = content_hash(canonical)
         signature, verifier, distinct = params.hasher.sketches(
             shingle_hashes(canonical, params.shingle), params.verify_perm
         )

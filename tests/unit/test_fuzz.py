@@ -28,9 +28,10 @@ from jsonschema import Draft202012Validator
 
 import neardup
 from neardup import cli
-from neardup.core.normalize import normalize
+from neardup.core.normalize import NormalizeOptions, normalize
 from neardup.core.params import DedupParams
 from neardup.core.retention import Retention, parse_duration_ms
+from neardup.core.shingle import ShingleOptions
 from neardup.embedded import run_file
 from neardup.messages import DEAD_LETTER_REASONS, MAX_ID_LENGTH, OPTIONAL_STRING_FIELDS
 from neardup.state.index import ARTICLE, BAND, CONTENT, COPY, HEAD, MEMBER, SEQ, TIME, IndexState, time_key
@@ -365,6 +366,7 @@ class Fuzzer:
         """Bytes that are mostly no article: random, cut, mutated, mis-encoded, other JSON types."""
         rng = self.rng
         valid = self.encoded(self.article(self.new_id(), self.fresh_text()))
+        when = b', "published_at": "%s"' % self.timeline().encode() if self.timed else b""
         roll = rng.randrange(12)
         if roll == 0:
             return rng.randbytes(rng.randrange(1, 300))
@@ -395,16 +397,17 @@ class Fuzzer:
             return bytes(data)
         if roll == 7:  # escapes: lone surrogates, NUL, a surrogate pair
             escape = rng.choice((r"\ud800", r"\udfff\ud800", r"\u0000", r"\ud83d\ude00", r"\x41", "\\"))
-            return b'{"id": "e%d", "text": "abc %s def"}' % (rng.randrange(10**6), escape.encode())
+            return b'{"id": "e%d", "text": "abc %s def"%s}' % (rng.randrange(10**6), escape.encode(), when)
         if roll == 8:  # a key twice: the last one counts
-            return b'{"id": "dup-%d", "text": "first text here", "id": "dup-%d", "text": %s}' % (
+            return b'{"id": "dup-%d", "text": "first text here", "id": "dup-%d", "text": %s%s}' % (
                 rng.randrange(10**6),
                 rng.randrange(10**6),
                 json.dumps(self.fresh_text()).encode(),
+                when,
             )
         if roll == 9:  # nesting deep enough that orjson refuses it, or shallow
             depth = rng.choice((5, 40, 3000))
-            return b'{"id": "deep", "text": "t", "title": %s}' % (b"[" * depth + b"]" * depth)
+            return b'{"id": "deep", "text": "t", "title": %s%s}' % (b"[" * depth + b"]" * depth, when)
         if roll == 10:
             return rng.choice((b"NaN", b"[Infinity]", b'{"id": "n", "text": "t", "title": 1e400}', b"-"))
         return bytes(rng.choices(b' \t{}[]",:0123456789abcdefnulltrue\\', k=rng.randrange(1, 60)))
@@ -488,7 +491,7 @@ def _surrogate_free(value: str) -> bool:
     return not _has_surrogate(value)
 
 
-def expect_bytes(body: bytes) -> Expect:
+def expect_bytes(body: bytes, params: DedupParams = PARAMS) -> Expect:
     """A message's bytes as schemas/article.schema.json and the dead letters' reasons judge them."""
     if len(body) > RAW_LIMIT:
         return Expect("dead", "oversized")
@@ -502,10 +505,10 @@ def expect_bytes(body: bytes) -> Expect:
         return Expect("dead", "invalid_json")
     if _has_surrogate(data):  # a lone surrogate escaped: not a character, so no JSON text
         return Expect("dead", "invalid_json")
-    return expect_fields(data)
+    return expect_fields(data, params)
 
 
-def expect_fields(data: Any) -> Expect:
+def expect_fields(data: Any, params: DedupParams = PARAMS) -> Expect:
     """A decoded message: the checks in the order their reasons are reported."""
     if not isinstance(data, dict):
         return Expect("dead", "schema_violation")
@@ -530,23 +533,24 @@ def expect_fields(data: Any) -> Expect:
         data.get(name) is not None and not isinstance(data.get(name), str) for name in OPTIONAL_STRING_FIELDS
     ):
         return Expect("dead", "schema_violation")
-    canonical = normalize(text)
-    if not canonical:
+    canonical = normalize(text, params.normalize)
+    # nothing to compare: no character left, or under word shingles no word
+    if not (canonical.split() if params.shingle.unit == "word" else canonical):
         return Expect("dead", "empty_text")
     return Expect("article", article_id=article_id, canonical=canonical)
 
 
-def expect_input(given: Any) -> Expect:
+def expect_input(given: Any, params: DedupParams = PARAMS) -> Expect:
     """What `Deduplicator.check` should make of `given`."""
     if isinstance(given, str):
         given = given.encode("utf-8", errors="surrogatepass")
     if isinstance(given, bytes):
-        expected = expect_bytes(given.rstrip(b"\r\n"))
+        expected = expect_bytes(given.rstrip(b"\r\n"), params)
     elif isinstance(given, neardup.Article):
         fields = {name: getattr(given, name) for name in OPTIONAL_STRING_FIELDS}
-        expected = expect_fields({"id": given.article_id, "text": given.text, **fields})
+        expected = expect_fields({"id": given.article_id, "text": given.text, **fields}, params)
     elif isinstance(given, Mapping):
-        expected = expect_fields(dict(given))
+        expected = expect_fields(dict(given), params)
     else:
         expected = Expect("dead", "schema_violation")
     if expected.kind == "deletion":  # check() refuses a deletion: delete() is for that
@@ -797,7 +801,7 @@ def test_embedded_mode_with_retention_keeps_its_counts(tmp_path: Path) -> None:
     lines = Lines.write(tmp_path / "in.jsonl", Fuzzer(SEEDS[0], timed=True), EMBEDDED_LINES)
     output = tmp_path / "verdicts.jsonl"
     state = MemoryState()
-    retention = Retention(parse_duration_ms("1d"))
+    retention = Retention(parse_duration_ms("7d"))
     summary = run_file(lines.path, output, state, PARAMS, max_text_bytes=MAX_TEXT, retention=retention)
     model = Model(exact=False)
     dead = read_jsonl(output.with_name(output.name + ".dead.jsonl"))
@@ -838,58 +842,89 @@ def refused(exc: BaseException, expected: Expect) -> None:
     assert expected.kind == "dead" and exc.reason == expected.reason, (exc, expected)
 
 
+LIBRARY_SETTINGS: dict[str, dict[str, Any]] = {
+    "memory": {"bucket_cap": 4},  # buckets of 4: members are pushed out, and leave again
+    "directory": {},
+    # word shingles and whitespace kept: a text may be more than whitespace and have no word
+    "words": {"shingle": ShingleOptions(3, "word"), "normalize": NormalizeOptions(collapse_whitespace=False)},
+}
+
+
+def call_library(dedup: neardup.Deduplicator, model: Model, call: str, given: Any) -> None:
+    """One call, its outcome checked against the oracle and the model."""
+    if call == "delete":
+        expected = expect_delete(given)
+        try:
+            removed = dedup.delete(given)
+        except Exception as exc:
+            refused(exc, expected)
+            return
+        assert expected.kind == "deletion"
+        assert removed == model.delete(given)
+    elif call == "check":
+        expected = expect_input(given, dedup.params)
+        try:
+            verdict = dedup.check(given)
+        except Exception as exc:
+            refused(exc, expected)
+            return
+        assert expected.kind == "article", (given, expected, verdict)
+        model.decided(expected, verdict)
+    else:
+        verdicts = dedup.check_many(given)
+        for item in given:  # lazily: each verdict is made when asked for, up to the first bad
+            expected = expect_input(item, dedup.params)
+            try:
+                verdict = next(verdicts)
+            except Exception as exc:
+                refused(exc, expected)
+                return
+            model.decided(expected, verdict)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("where", ["memory", "directory"])
+@pytest.mark.parametrize("where", sorted(LIBRARY_SETTINGS))
 def test_the_library_raises_only_invalid_message(
     seed: int, where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fuzzer = Fuzzer(seed)
-    model = Model()
-    state_dir = tmp_path / "state"
-    # in memory, buckets of at most 4: members are pushed out and leave again
-    dedup = (
-        neardup.open(max_text_bytes=MAX_TEXT, bucket_cap=4)
-        if where == "memory"
-        else neardup.open(state_dir, max_text_bytes=MAX_TEXT)
-    )
-    with dedup:
-        for call, given in library_calls(fuzzer, LIBRARY_CALLS):
-            if call == "delete":
-                expected = expect_delete(given)
-                try:
-                    removed = dedup.delete(given)
-                except Exception as exc:
-                    refused(exc, expected)
-                    continue
-                assert expected.kind == "deletion"
-                assert removed == model.delete(given)
-            elif call == "check":
-                expected = expect_input(given)
-                try:
-                    verdict = dedup.check(given)
-                except Exception as exc:
-                    refused(exc, expected)
-                    continue
-                assert expected.kind == "article", (given, expected)
-                model.decided(expected, verdict)
-            else:
-                verdicts = dedup.check_many(given)
-                for item in given:  # lazily: each verdict is made when asked for, up to the first bad
-                    expected = expect_input(item)
-                    try:
-                        verdict = next(verdicts)
-                    except Exception as exc:
-                        refused(exc, expected)
-                        break
-                    model.decided(expected, verdict)
+    """ "directory": closed and reopened halfway, then read by `neardup stats`."""
+    fuzzer, model = Fuzzer(seed), Model()
+    state_dir = tmp_path / "state" if where == "directory" else None
+    calls = list(library_calls(fuzzer, LIBRARY_CALLS))
+    settings = LIBRARY_SETTINGS[where]
+    with neardup.open(state_dir, max_text_bytes=MAX_TEXT, **settings) as dedup:
+        for call, given in calls[: len(calls) // 2]:
+            call_library(dedup, model, call, given)
+        if state_dir is not None:
+            dedup.close()
+            dedup = neardup.open(state_dir, max_text_bytes=MAX_TEXT, **settings)
+        for call, given in calls[len(calls) // 2 :]:
+            call_library(dedup, model, call, given)
         stats = dedup.stats()
         model.showed_everything()
-        if where == "memory":
+        if state_dir is None:
             check_state(dedup._state, stats, model)
-    if where == "directory":
+        dedup.close()
+    if state_dir is not None:
         assert without_size(stats_command(state_dir, capsys)) == without_size(stats)
         state = RocksState(state_dir, read_only=True)
         try:
             check_state(state, stats, model)
         finally:
             state.close()
+
+
+# -- what the fuzzer found ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["   ", "\t\u3000", "\x1c"])
+def test_a_text_without_a_word_is_refused_under_word_shingles(text: str) -> None:
+    """With the whitespace kept it is not empty, but its set of word shingles is: every such text
+    was a "duplicate" of the first, with a Jaccard of 1 and a containment of 0."""
+    settings = LIBRARY_SETTINGS["words"]
+    with neardup.open(**settings) as dedup:
+        dedup.check({"id": "words", "text": "a text of words"})
+        with pytest.raises(neardup.InvalidMessage) as caught:
+            dedup.check({"id": "blank", "text": text})
+        assert caught.value.reason == "empty_text"
+        assert dedup.stats()["articles"] == 1
