@@ -41,8 +41,8 @@ from neardup.state.rocks import RocksState
 from tests.conftest import PROSE
 
 SEEDS = (7, 1931, 65537)
-EMBEDDED_LINES = 1_000  # per seed and store
-LIBRARY_CALLS = 700  # per seed and store
+EMBEDDED_LINES = 1_500  # per seed and store
+LIBRARY_CALLS = 1_000  # per seed and store
 MAX_TEXT = 20_000  # small, so that texts near the limit are cheap
 RAW_LIMIT = MAX_TEXT + 64 * 1024  # decode_article's limit on a whole message
 PARAMS = DedupParams()
@@ -427,7 +427,9 @@ class Fuzzer:
         rng = self.rng
         roll = rng.random()
         if roll < 0.1:
-            return rng.choice((self.raw(), self.raw().decode("latin-1"), None, 17, ["x"], b"", ""))
+            return rng.choice(
+                (self.raw(), self.raw().decode("latin-1"), bytearray(self.raw()), None, 17, ["x"], b"", "")
+            )
         record = self.message(library=True)
         form = rng.randrange(6)
         if form == 0:
