@@ -41,8 +41,8 @@ from neardup.state.rocks import RocksState
 from tests.conftest import PROSE
 
 SEEDS = (7, 1931, 65537)
-EMBEDDED_LINES = 1_500  # per seed and store
-LIBRARY_CALLS = 1_000  # per seed and store
+EMBEDDED_LINES = 1_200  # per seed and store
+LIBRARY_CALLS = 800  # per seed and store
 MAX_TEXT = 20_000  # small, so that texts near the limit are cheap
 RAW_LIMIT = MAX_TEXT + 64 * 1024  # decode_article's limit on a whole message
 PARAMS = DedupParams()
@@ -139,6 +139,7 @@ class Fuzzer:
     # texts
 
     def fresh_text(self) -> str:
+        """A new article's text: a window of real prose, the prose's words shuffled, or made-up words."""
         rng = self.rng
         roll = rng.random()
         if roll < 0.5:  # a window of real prose: windows of one paragraph overlap, so copies occur
@@ -185,9 +186,11 @@ class Fuzzer:
         if how == 10:
             cut = rng.randrange(len(words))
             return " ".join(words[cut:] + words[:cut])
-        return text
+        return text  # unchanged: an exact copy under another id
 
     def odd_text(self, *, library: bool = False) -> str:
+        """Whitespace, a few characters, odd Unicode, a size near or past the limit; `library`:
+        lone surrogates too."""
         rng = self.rng
         roll = rng.randrange(8)
         if roll == 0:
@@ -214,11 +217,13 @@ class Fuzzer:
     # ids and values
 
     def new_id(self) -> str:
+        """An id not used before, some with characters other than ASCII letters."""
         self.counter += 1
         prefix = self.rng.choice(("a", "a", "a", "\xe9", "\u05e9", "\U0001f468\u200d\U0001f469", "\x00", " "))
         return f"{prefix}{self.seed}-{self.counter}" + self.rng.choice(("", "", "\u2028", "/x y", "\r"))
 
     def odd_id(self) -> Any:
+        """An id at or past the length limit, empty, of another type, or one used before."""
         rng = self.rng
         return rng.choice(
             (
@@ -290,6 +295,7 @@ class Fuzzer:
     # articles
 
     def article(self, article_id: str, text: str) -> dict[str, Any]:
+        """An article with some of its optional fields, odd ones among them, in some key order."""
         rng = self.rng
         record: dict[str, Any] = {"id": article_id, "text": text}
         for name in OPTIONAL_STRING_FIELDS:
@@ -346,6 +352,7 @@ class Fuzzer:
         return record
 
     def remember(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Keep an article's id and text to copy, re-send and delete later."""
         if isinstance(record.get("id"), str) and isinstance(record.get("text"), str):
             self.sent.append((record["id"], record["text"]))
         return record
@@ -414,7 +421,8 @@ class Fuzzer:
         return bytes(rng.choices(b' \t{}[]",:0123456789abcdefnulltrue\\', k=rng.randrange(1, 60)))
 
     def line(self) -> bytes:
-        """One line of a JSON-lines file, without its line end (a blank one now and then)."""
+        """One line of a JSON-lines file without its line end (and no newline inside); a blank one
+        now and then."""
         rng = self.rng
         roll = rng.random()
         if roll < 0.03:
@@ -470,6 +478,7 @@ def _int(text: str) -> int | float:
 
 
 def _float(text: str) -> float:
+    """orjson's doubles: an infinite one is refused."""
     value = float(text)
     if math.isinf(value):
         raise ValueError(f"{text[:20]} is infinite as a double")
@@ -477,10 +486,12 @@ def _float(text: str) -> float:
 
 
 def _refuse(name: str) -> None:
+    """NaN and Infinity, which Python's parser takes and JSON has not."""
     raise ValueError(f"{name} is not JSON")
 
 
 def _has_surrogate(value: Any) -> bool:
+    """Whether a lone surrogate is anywhere in a decoded JSON value."""
     if isinstance(value, str):
         return any("\ud800" <= c <= "\udfff" for c in value)
     if isinstance(value, list):
@@ -488,10 +499,6 @@ def _has_surrogate(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
     return False
-
-
-def _surrogate_free(value: str) -> bool:
-    return not _has_surrogate(value)
 
 
 def expect_bytes(body: bytes, params: DedupParams = PARAMS) -> Expect:
@@ -518,7 +525,7 @@ def expect_fields(data: Any, params: DedupParams = PARAMS) -> Expect:
     article_id = data.get("id")
     if not isinstance(article_id, str) or not 1 <= len(article_id) <= MAX_ID_LENGTH:
         return Expect("dead", "schema_violation")
-    if not _surrogate_free(article_id):
+    if _has_surrogate(article_id):
         return Expect("dead", "invalid_utf8")
     deleted = data.get("deleted")
     if deleted is True:
@@ -528,7 +535,7 @@ def expect_fields(data: Any, params: DedupParams = PARAMS) -> Expect:
     text = data.get("text")
     if not isinstance(text, str):
         return Expect("dead", "schema_violation")
-    if not _surrogate_free(text):
+    if _has_surrogate(text):
         return Expect("dead", "invalid_utf8")
     if len(text.encode()) > MAX_TEXT:
         return Expect("dead", "oversized")
@@ -566,14 +573,16 @@ def expect_input(given: Any, params: DedupParams = PARAMS) -> Expect:
 
 @dataclass(frozen=True)
 class Held:
+    """An id's current version: its canonical text and its verdict."""
+
     canonical: str
     verdict: dict[str, Any]
 
 
 @dataclass
 class Model:
-    """The ids the index should hold, and their verdicts; `exact` False (with retention, where
-    articles expire unseen): schemas and ids only."""
+    """The ids the index should hold, and their verdicts. `exact` False (with retention, where
+    articles expire unseen): the ids held are among those checked and not deleted, no more."""
 
     exact: bool = True
     held: dict[str, Held] = field(default_factory=dict)
@@ -581,6 +590,7 @@ class Model:
     seen: Counter[str] = field(default_factory=Counter)  # verdict kinds and events, to show they occur
 
     def decided(self, expected: Expect, verdict: dict[str, Any]) -> None:
+        """Check a verdict against the ids held before it, and hold its id."""
         assert not schema_errors("verdict", verdict), (schema_errors("verdict", verdict), verdict)
         article_id = expected.article_id
         assert verdict["article_id"] == article_id
@@ -626,6 +636,7 @@ class Model:
 
 
 def schema_errors(kind: str, instance: Any) -> list[str]:
+    """What schemas/<kind>.schema.json finds wrong with `instance`."""
     return [error.message for error in VALIDATORS[kind].iter_errors(instance)]
 
 
@@ -700,6 +711,7 @@ def stats_command(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[s
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of an output file (none when the run wrote no such file)."""
     return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
 
 
@@ -712,6 +724,7 @@ class Lines:
 
     @classmethod
     def write(cls, path: Path, fuzzer: Fuzzer, count: int) -> Lines:
+        """`count` lines from `fuzzer`, written to `path`."""
         raw = [fuzzer.line() + b"\n" for _ in range(count)]
         if fuzzer.rng.random() < 0.5:
             raw[-1] = raw[-1][:-1]
