@@ -915,7 +915,8 @@ def test_the_library_raises_only_invalid_message(
     state_dir = tmp_path / "state" if where == "directory" else None
     calls = list(library_calls(fuzzer, LIBRARY_CALLS))
     settings = LIBRARY_SETTINGS[where]
-    with neardup.open(state_dir, max_text_bytes=MAX_TEXT, **settings) as dedup:
+    dedup = neardup.open(state_dir, max_text_bytes=MAX_TEXT, **settings)
+    try:
         for call, given in calls[: len(calls) // 2]:
             call_library(dedup, model, call, given)
         if state_dir is not None:
@@ -927,6 +928,7 @@ def test_the_library_raises_only_invalid_message(
         model.showed_everything()
         if state_dir is None:
             check_state(dedup._state, stats, model)
+    finally:
         dedup.close()
     if state_dir is not None:
         assert without_size(stats_command(state_dir, capsys)) == without_size(stats)
