@@ -752,10 +752,11 @@ class Lines:
             if expected.kind == "dead":
                 assert letter is not None, f"line {number} ({body[:80]!r}) should be a dead letter"
                 assert not schema_errors("dead-letter", letter), schema_errors("dead-letter", letter)
-                assert (letter["reason"], letter["topic"]) == (expected.reason, str(self.path)), letter
+                assert letter["topic"] == str(self.path)
+                assert letter["reason"] == expected.reason, (number, body[:80], letter["detail"][:200])
                 assert base64.b64decode(letter["value_b64"]) == body
                 continue
-            assert letter is None, f"line {number} ({body[:80]!r}): {letter}"
+            assert letter is None, (number, body[:80], letter["reason"], letter["detail"][:200])
             if expected.kind == "deletion":
                 line = {"article_id": expected.article_id, "deleted": True}
                 if model.exact:
@@ -891,7 +892,7 @@ def call_library(dedup: neardup.Deduplicator, model: Model, call: str, given: An
         except Exception as exc:
             refused(exc, expected)
             return
-        assert expected.kind == "article", (given, expected, verdict)
+        assert expected.kind == "article", (repr(given)[:200], expected, verdict)
         model.decided(expected, verdict)
     else:
         verdicts = dedup.check_many(given)
