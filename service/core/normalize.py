@@ -36,10 +36,10 @@ class NormalizeOptions:
 DEFAULT_NORMALIZE = NormalizeOptions()
 
 
-def normalize(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE) -> str:
-    """Canonical form: NFKC (folds ligatures, full-width forms), case fold, single spaces, stripped."""
-    if options.nfkc:
-        text = unicodedata.normalize("NFKC", text)
+def normalize(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE, max_points: int | None = None) -> str:
+    """Canonical form: NFKC (folds ligatures, full-width forms), case fold, single spaces, stripped.
+    TooLong beyond `max_points` characters after NFKC (None: no limit)."""
+    text = _nfkc(text, options, max_points)
     if options.casefold:
         text = text.casefold()
     if options.collapse_whitespace:
@@ -78,6 +78,17 @@ def check_expansion(text: str, max_points: int) -> None:
             raise TooLong(f"text expands to more than {max_points} characters when normalised")
 
 
+def _nfkc(text: str, options: NormalizeOptions, max_points: int | None) -> str:
+    """NFKC when the options ask for it, refusing a text that it takes beyond `max_points`."""
+    if options.nfkc:
+        if max_points is not None:
+            check_expansion(text, max_points)
+        text = unicodedata.normalize("NFKC", text)
+    if max_points is not None and len(text) > max_points:
+        raise TooLong(f"text is {len(text)} characters after normalisation, limit {max_points}")
+    return text
+
+
 def canonical_code_points(
     text: str, options: NormalizeOptions = DEFAULT_NORMALIZE, max_points: int | None = None
 ) -> CodePoints:
@@ -86,12 +97,7 @@ def canonical_code_points(
 
     Same result as np.frombuffer(normalize(text).encode("utf-32-le"), "<u4"), without normalize()'s
     costliest step on news-sized texts: splitting the text into words and joining them again."""
-    if options.nfkc:
-        if max_points is not None:
-            check_expansion(text, max_points)
-        text = unicodedata.normalize("NFKC", text)
-    if max_points is not None and len(text) > max_points:
-        raise TooLong(f"text is {len(text)} characters after normalisation, limit {max_points}")
+    text = _nfkc(text, options, max_points)
     if options.casefold:
         text = text.casefold()
     points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import Error
 from ._hashing import HashArray
 from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
-from .normalize import TooLong, canonical_code_points, check_expansion, normalize
+from .normalize import canonical_code_points, normalize
 from .params import DedupParams
 from .shingle import shingle_hashes
 
@@ -56,7 +56,8 @@ def content_hash(canonical: str) -> bytes:
 
 
 def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> Sketch:
-    """Normalize, shingle, sign. Raises EmptyText when the canonical text is empty, and
+    """Normalize, shingle, sign. Raises EmptyText when the canonical text has nothing to shingle:
+    no character, or under word shingles no word (whitespace the normalization keeps is none); and
     normalize.TooLong when normalisation takes it beyond `max_points` characters (None: no limit)."""
     if params.shingle.unit == "char":
         points = canonical_code_points(text, params.normalize, max_points)
@@ -68,15 +69,11 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
             points, params.shingle.k, params.verify_perm
         )
     else:
-        if max_points is not None and params.normalize.nfkc:
-            check_expansion(text, max_points)
-        canonical = normalize(text, params.normalize)
-        if max_points is not None and len(canonical) > max_points:
-            raise TooLong(f"text is {len(canonical)} characters after normalisation, limit {max_points}")
-        if not canonical:
-            raise EmptyText("text is empty after normalization")
-        digest = content_hash(canonical)
+        canonical = normalize(text, params.normalize, max_points)
         units = len(canonical.split())
+        if not units:  # an empty set would match every other one with a Jaccard of 1
+            raise EmptyText("text has no word after normalization")
+        digest = content_hash(canonical)
         signature, verifier, distinct = params.hasher.sketches(
             shingle_hashes(canonical, params.shingle), params.verify_perm
         )
