@@ -173,7 +173,7 @@ class Settings:
             threshold=self.threshold,
             containment_threshold=self.containment_threshold or None,
             lsh_threshold=self.lsh_threshold or None,
-            false_negative_weight=self.fn_weight,
+            fn_weight=self.fn_weight,
             num_perm=self.num_perm,
             verify_perm=self.verify_perm,
             seed=self.seed,
