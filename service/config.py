@@ -98,8 +98,8 @@ def _bool_text(raw: str) -> bool:
 
 
 def _optional(parse: Callable[[str], Any], zero_is_none: bool = False) -> Callable[[str], Any]:
-    """`none` (or nothing) is None; with `zero_is_none`, so is 0, which the thresholds have always
-    accepted for "off" in variables and flags (no threshold of 0 means anything else)."""
+    """`none` (or nothing) is None; with `zero_is_none`, so is 0: the "off" the thresholds take in
+    variables and flags, as a threshold of 0 would mean nothing else."""
 
     def from_text(raw: str) -> Any:
         if raw.strip().lower() in ("", "none"):
@@ -659,7 +659,8 @@ def retention_window(values: Mapping[str, Any]) -> Retention:
     return Retention(parse_duration_ms(window), parse_duration_ms(skew))
 
 
-# Library keywords that were DedupParams fields before each became settings of the table.
+# Other names of engine parameters (DedupParams's compound fields, the long spelling of fn_weight):
+# a keyword using one is pointed to the settings' names.
 _FORMER_KEYWORDS = {
     "false_negative_weight": "fn_weight",
     "shingle": "shingle_size and word_shingles",
