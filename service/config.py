@@ -125,7 +125,7 @@ def shown(value: Any) -> str:
 
 INT = Kind("int", "int", int, _int_value)
 FLOAT = Kind("float", "float", float, _float_value)
-STR = Kind("str", "str", str, _str_value)
+STR = Kind("text", "str", str, _str_value)
 BOOL = Kind("bool", "bool", _bool_text, _bool_value)
 DURATION = Kind("duration", "str", str, _str_value)
 FRACTION_OR_NONE = Kind(
