@@ -14,14 +14,16 @@ here can be continued by `neardup dedup --state` and read by `neardup stats --st
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
+from .config import Mode, engine_params, for_mode, keyword_values, retention_window
 from .core.normalize import TooLong
 from .core.params import DedupParams
-from .core.retention import Retention, parse_duration_ms
+from .core.retention import Retention
 from .core.signing import EmptyText
 from .embedded import DEFAULT_MAX_TEXT_BYTES
 from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
@@ -150,35 +152,45 @@ class Deduplicator:
         return parsed
 
 
-def open(
-    state_dir: str | os.PathLike[str] | None = None,
-    *,
-    retention: str = "0",
-    time_skew: str = "10m",
-    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES,
-    bucket_cap: int = 64,
-    **params: Any,
-) -> Deduplicator:
+def open(state_dir: str | os.PathLike[str] | None = None, **settings: Any) -> Deduplicator:
     """A Deduplicator over the RocksDB state in `state_dir` (created when missing, continued when
     it holds one), or over memory when `state_dir` is None.
 
-    `retention`: articles older than the newest article time minus this expire (`30d`, `12h`; `0`
-    keeps them forever); `time_skew`: a `published_at` further ahead of the clock than this is not
-    used (the article is timed by its arrival instead); `max_text_bytes`: longer texts are
-    refused (reason `oversized`); `bucket_cap`: latest members an LSH bucket keeps. The remaining
-    keywords are DedupParams fields (`threshold=0.8`, `containment_threshold=0.9`, `num_perm=128`,
-    `seed=1`, `shingle=ShingleOptions(5)`, ...), with the same defaults as `neardup dedup` and the
-    worker. Reopening a state directory needs the same signing parameters: IncompatibleState
-    otherwise. A directory another process holds open raises StateError."""
-    parsed = DedupParams(**params)
-    window = Retention(parse_duration_ms(retention), parse_duration_ms(time_skew))
+    The keywords are the settings listed below (deploy/docs/configuration.md has them all), with
+    the defaults of `neardup dedup` and the worker; NEARDUP_* variables play no part here. A
+    keyword that is not one of them is a TypeError, a value out of bounds a ConfigError (a
+    ValueError) in the words the worker and `neardup dedup` use. Reopening a state directory needs
+    the same signing parameters: IncompatibleState otherwise. A directory another process holds
+    open raises StateError."""
+    values = keyword_values(settings)
+    params = engine_params(values)
+    window = retention_window(values)
     state: IndexState
     if state_dir is None:
-        state = MemoryState(bucket_cap)
+        state = MemoryState(values["bucket_cap"])
     else:
-        state = RocksState(os.fspath(state_dir), RocksOptions(bucket_cap=bucket_cap))
+        state = RocksState(os.fspath(state_dir), RocksOptions(bucket_cap=values["bucket_cap"]))
     try:
-        return Deduplicator(state, parsed, window, max_text_bytes)
+        return Deduplicator(state, params, window, values["max_text_bytes"])
     except BaseException:
         state.close()
         raise
+
+
+def _keywords_documented(function: Callable[..., Any]) -> None:
+    """Its signature and docstring list the library's settings from the table (help() shows them)."""
+    settings = for_mode(Mode.LIBRARY)
+    signature = inspect.signature(function)
+    leading = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    keywords = [
+        inspect.Parameter(
+            s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default, annotation=s.kind.annotation
+        )
+        for s in settings
+    ]
+    function.__signature__ = signature.replace(parameters=[*leading, *keywords])  # type: ignore[attr-defined]
+    lines = [f"    {s.name}={s.default!r}: {s.help}" for s in settings]
+    function.__doc__ = f"{function.__doc__}\n\n    Settings:\n\n" + "\n".join(lines)
+
+
+_keywords_documented(open)

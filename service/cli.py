@@ -3,60 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 
+from .config import ConfigError, FlagSet, Mode, engine_params, retention_window
 from .core.lsh import candidate_probability, error_areas
 from .core.minhash import estimate_jaccard
 from .core.normalize import decode_bytes, normalize
-from .core.params import DedupParams, IncompatibleState
-from .core.shingle import ShingleOptions, shingle_hashes, shingle_set, shingle_strings
+from .core.params import IncompatibleState
+from .core.shingle import shingle_hashes, shingle_set, shingle_strings
 from .core.similarity import block_similarity, exact_containment, exact_jaccard
 from .state.port import IndexStats
 
-
-def _engine_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine parameters (env NEARDUP_* in the worker)")
-    group.add_argument("--threshold", type=float, default=0.8, help="Jaccard for 'duplicate'")
-    group.add_argument(
-        "--containment-threshold",
-        type=float,
-        default=0.9,
-        help="containment for 'partial' (0 disables partial verdicts)",
-    )
-    group.add_argument("--lsh-threshold", type=float, default=None, help="similarity LSH is tuned for")
-    group.add_argument("--fn-weight", type=float, default=0.5, help="false-negative weight in tuning")
-    group.add_argument("--num-perm", type=int, default=128)
-    group.add_argument(
-        "--verify-perm", type=int, default=512, help="verification sketch slots (0: use the signature)"
-    )
-    group.add_argument("-k", "--shingle-size", type=int, default=5)
-    group.add_argument("--word-shingles", action="store_true", help="word n-grams instead of chars")
-    group.add_argument("--seed", type=int, default=1)
-    group.add_argument("--bands", type=int, default=None)
-    group.add_argument("--rows", type=int, default=None)
-
-
-def params_from_args(args: argparse.Namespace) -> DedupParams:
-    containment = args.containment_threshold or None
-    return DedupParams(
-        threshold=args.threshold,
-        containment_threshold=containment,
-        lsh_threshold=args.lsh_threshold,
-        false_negative_weight=args.fn_weight,
-        num_perm=args.num_perm,
-        verify_perm=args.verify_perm,
-        shingle=ShingleOptions(args.shingle_size, "word" if args.word_shingles else "char"),
-        seed=args.seed,
-        bands=args.bands,
-        rows=args.rows,
-    )
+# The settings each command takes as flags (service/config.py's table): the commands that decide
+# read NEARDUP_* variables under their flags, as the worker does; tune and compare, calculators, do not.
+DEDUP_FLAGS = FlagSet.of(Mode.DEDUP)
+EVALUATE_FLAGS = FlagSet.of(Mode.EVALUATE)
+TUNE_FLAGS = FlagSet.named("threshold", "num_perm", "fn_weight", "bands", "rows", env=False)
+COMPARE_FLAGS = FlagSet.named("shingle_size", "num_perm", "seed", env=False)
 
 
 def _read_text(path: str) -> str:
@@ -73,20 +43,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         print(render_compare_local(raw_a, raw_b, color=sys.stdout.isatty()))
         return 0
-    k = args.shingle_size
+    try:
+        params = engine_params(COMPARE_FLAGS.resolve(args))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    options = params.shingle
+    k = options.k
     raw_sets = shingle_strings(raw_a, k), shingle_strings(raw_b, k)
     raw_union = len(raw_sets[0] | raw_sets[1])
     raw_j = len(raw_sets[0] & raw_sets[1]) / raw_union if raw_union else 1.0
-    options = ShingleOptions(k)
     canon_a, canon_b = normalize(raw_a), normalize(raw_b)
     set_a, set_b = shingle_set(canon_a, options), shingle_set(canon_b, options)
-    params = DedupParams(num_perm=args.num_perm, seed=args.seed, shingle=options)
     sig_a, _ = params.hasher.signature(shingle_hashes(canon_a, options))
     sig_b, _ = params.hasher.signature(shingle_hashes(canon_b, options))
     rows = [
         (f"jaccard, raw {k}-shingles", raw_j),
         (f"jaccard, normalized {k}-shingles", exact_jaccard(set_a, set_b)),
-        (f"minhash estimate ({args.num_perm} slots)", estimate_jaccard(sig_a, sig_b)),
+        (f"minhash estimate ({params.num_perm} slots)", estimate_jaccard(sig_a, sig_b)),
         ("containment of A in B", exact_containment(set_a, set_b)),
         ("containment of B in A", exact_containment(set_b, set_a)),
         ("4-character block similarity", block_similarity(raw_a, raw_b)),
@@ -98,18 +72,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    params = DedupParams(
-        threshold=args.threshold,
-        containment_threshold=None,
-        lsh_threshold=args.threshold,
-        false_negative_weight=args.fn_weight,
-        num_perm=args.num_perm,
-        bands=args.bands,
-        rows=args.rows,
-    )
+    try:
+        values = TUNE_FLAGS.resolve(args)
+        if values["threshold"] >= 1.0:  # the LSH threshold it tunes for must leave room above it
+            raise ConfigError(f"--threshold must be below 1 to tune for, got {values['threshold']}")
+        tuned = {"containment_threshold": None, "lsh_threshold": values["threshold"]}
+        params = engine_params({**values, **tuned})
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     lsh = params.lsh
     print(
-        f"threshold={args.threshold} num_perm={args.num_perm} fn_weight={args.fn_weight} -> "
+        f"threshold={params.threshold} num_perm={params.num_perm} fn_weight={params.fn_weight} -> "
         f"bands={lsh.bands} rows={lsh.rows} (uses {lsh.used_slots} slots)"
     )
     print(
@@ -119,7 +93,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for s in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0):
         print(f"{s:>10.2f}  {float(candidate_probability(s, lsh.bands, lsh.rows)):.6f}")
     if args.plot:
-        _plot_s_curve(Path(args.plot), args.threshold, lsh.bands, lsh.rows)
+        _plot_s_curve(Path(args.plot), params.threshold, lsh.bands, lsh.rows)
         print(f"S-curve written to {args.plot}")
     return 0
 
@@ -154,9 +128,7 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    from .core.retention import Retention, parse_duration_ms
     from .embedded import (
-        DEFAULT_FEED_VERDICTS,
         ResumeMismatch,
         SigningFailed,
         default_sign_processes,
@@ -167,16 +139,15 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     from .state.port import StateStore
     from .state.rocks import RocksOptions, RocksState, StateError
 
-    params = params_from_args(args)
     try:
-        retention = Retention(parse_duration_ms(args.retention), parse_duration_ms(args.time_skew))
-        feed_verdicts = DEFAULT_FEED_VERDICTS
-        if args.unique_filter is not None:
-            feed_verdicts = parse_verdict_filter(args.unique_filter)
-    except ValueError as exc:
+        values = dedup_settings(args)
+        params = engine_params(values)
+    except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.unique_filter is not None and args.unique_out is None:
+    retention = retention_window(values)
+    feed_verdicts = parse_verdict_filter(values["unique_filter"])
+    if hasattr(args, "unique_filter") and args.unique_out is None:
         # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
         print("error: --unique-filter needs --unique-out FILE", file=sys.stderr)
         return 2
@@ -186,8 +157,9 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         return 2
     state: StateStore
     try:
-        options = RocksOptions(bucket_cap=args.bucket_cap)
-        state = RocksState(args.state, options) if args.state else MemoryState(args.bucket_cap)
+        bucket_cap = values["bucket_cap"]
+        options = RocksOptions(bucket_cap=bucket_cap)
+        state = RocksState(args.state, options) if args.state else MemoryState(bucket_cap)
     except StateError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -198,7 +170,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             state,
             params,
             dead_letter_path=Path(args.dead_letters) if args.dead_letters else None,
-            max_text_bytes=args.max_text_bytes,
+            max_text_bytes=values["max_text_bytes"],
             progress=sys.stderr.isatty() and not args.quiet,
             retention=retention,
             feed_path=Path(args.unique_out) if args.unique_out else None,
@@ -216,6 +188,11 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         state.close()
     print(summary.render())
     return 0
+
+
+def dedup_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """`neardup dedup`'s settings: its flags, NEARDUP_* variables under them, the defaults."""
+    return DEDUP_FLAGS.resolve(args)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -276,19 +253,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluation import evaluate, render
     from .messages import Article, InvalidMessage, decode_article
 
-    params = params_from_args(args)
+    try:
+        values = EVALUATE_FLAGS.resolve(args)
+        params = engine_params(values)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     articles = []
     for line in Path(args.input).read_bytes().splitlines():
         if line.strip():
             try:
-                article = decode_article(line, 10_000_000)
+                article = decode_article(line, values["max_text_bytes"])
             except InvalidMessage:
                 continue
             if isinstance(article, Article):
                 articles.append(article)
     if args.limit:
         articles = articles[: args.limit]
-    result = evaluate(articles, params, margin=args.margin, sample_size=args.samples)
+    result = evaluate(
+        articles, params, margin=args.margin, sample_size=args.samples, bucket_cap=values["bucket_cap"]
+    )
     print(render(result, params, args.margin))
     return 0
 
@@ -300,9 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="similarity measures of two text files")
     p.add_argument("a")
     p.add_argument("b")
-    p.add_argument("-k", "--shingle-size", type=int, default=5)
-    p.add_argument("--num-perm", type=int, default=128)
-    p.add_argument("--seed", type=int, default=1)
+    COMPARE_FLAGS.add_to(p)
     p.add_argument(
         "--local",
         action="store_true",
@@ -311,11 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("tune", help="choose LSH bands/rows for a threshold; draw the S-curve")
-    p.add_argument("--threshold", type=float, default=0.8)
-    p.add_argument("--num-perm", type=int, default=128)
-    p.add_argument("--fn-weight", type=float, default=0.5, help="false-negative weight (0..1)")
-    p.add_argument("--bands", type=int, default=None)
-    p.add_argument("--rows", type=int, default=None)
+    TUNE_FLAGS.add_to(p)
     p.add_argument("--plot", metavar="FILE.png", default=None)
     p.set_defaults(func=cmd_tune)
 
@@ -324,25 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="verdicts, JSON lines, in input order")
     p.add_argument("--state", default=None, help="RocksDB state directory (resumable); memory if unset")
     p.add_argument("--dead-letters", default=None, help="default: OUTPUT.dead.jsonl")
-    p.add_argument("--max-text-bytes", type=int, default=1_000_000)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--retention",
-        default=os.environ.get("NEARDUP_RETENTION", "0"),
-        help="expire articles older than the newest article time minus this (30d, 12h; 0: keep "
-        "forever; env NEARDUP_RETENTION)",
-    )
-    p.add_argument(
-        "--time-skew",
-        default=os.environ.get("NEARDUP_TIME_SKEW", "10m"),
-        help="a published_at further ahead of the clock than this is not used (env NEARDUP_TIME_SKEW)",
-    )
-    p.add_argument(
-        "--bucket-cap",
-        type=int,
-        default=os.environ.get("NEARDUP_BUCKET_CAP", "64"),  # a string: argparse converts it as a flag
-        help="latest members an LSH bucket keeps (env NEARDUP_BUCKET_CAP)",
-    )
     p.add_argument(
         "--sign-processes",
         metavar="N",
@@ -357,13 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also copy the input lines whose verdict passes --unique-filter here, unchanged, in order",
     )
-    p.add_argument(
-        "--unique-filter",
-        metavar="KINDS",
-        default=None,
-        help="verdicts --unique-out keeps, comma-separated: unique, duplicate, partial (default: unique)",
-    )
-    _engine_flags(p)
+    DEDUP_FLAGS.add_to(p)
     p.set_defaults(func=cmd_dedup)
 
     p = sub.add_parser("stats", help="what a state holds: articles, clusters, times, buckets, bytes")
@@ -381,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--margin", type=float, default=0.05)
     p.add_argument("--samples", type=int, default=5, help="articles to show top-3 matches for")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N articles")
-    _engine_flags(p)
+    EVALUATE_FLAGS.add_to(p)
     p.set_defaults(func=cmd_evaluate)
 
     try:

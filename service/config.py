@@ -1,20 +1,32 @@
-"""One Settings object for the worker and the stream tools: environment (NEARDUP_*) then flags."""
+"""The settings table: every setting once, with its type, default, variable, flag, the modes it
+applies to and its meaning. The worker's Settings, the flags of each command, `neardup.open`'s
+keywords and the table of deploy/docs/configuration.md (`python -m neardup.settings_doc`) are
+derived from it."""
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import enum
 import hashlib
+import inspect
 import os
 import re
 import socket
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from .core.params import DedupParams
-from .core.retention import Retention, parse_duration_ms
+from .core.normalize import NormalizeOptions
+from .core.params import FIELD_BOUNDS, DedupParams, bound_problem
+from .core.retention import Retention, format_duration_ms, parse_duration_ms
 from .core.shingle import ShingleOptions
 from .errors import Error
 from .messages import parse_verdict_filter
+from .state.index import DEFAULT_BUCKET_CAP
+from .state.rocks import RocksOptions
 
 # Kafka's bounds: the broker's default group.min.session.timeout.ms, and Faust's request timeout,
 # which a session timeout may not exceed.
@@ -27,162 +39,854 @@ class ConfigError(Error, ValueError):
     """A setting has a value the service cannot run with; the message names the variable."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Every knob, with its NEARDUP_<NAME> variable; deploy/docs/configuration.md lists them."""
+class Mode(enum.Enum):
+    """Where settings are given: each has its own spelling of a setting's name."""
 
-    broker: str = "kafka://127.0.0.1:9092"
-    app_id: str = "neardup"
-    input_topic: str = "neardup-articles"
-    input_partitions: int = 3
-    signatures_topic: str = "neardup-signatures"
-    verdicts_topic: str = "neardup-verdicts"
-    verdicts_partitions: int = 3
-    dead_letter_topic: str = "neardup-dead-letters"
-    unique_topic: str = ""
-    unique_filter: str = "unique"
-    state_dir: str = "./var/neardup"
-    max_text_bytes: int = 1_000_000
-    threshold: float = 0.8
-    containment_threshold: float = 0.9
-    lsh_threshold: float = 0.0
-    fn_weight: float = 0.5
-    num_perm: int = 128
-    verify_perm: int = 512
-    shingle_size: int = 5
-    seed: int = 1
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9108
-    web_host: str = "127.0.0.1"
-    web_port: int = 6066
-    sign_batch: int = 200
-    sign_processes: int = 1
-    sign_nice: int = 0
-    index_process: int = 1
-    index_handoff: int = 1
-    helper_timeout: float = 20.0
-    helper_item_timeout_ms: float = 100.0
-    delivery_timeout: float = 300.0
-    stall_timeout: float = 60.0
-    failure_exit_timeout: float = 30.0
-    record_cache: int = 20_000
-    probe_cache: int = 100_000
-    bucket_cap: int = 64
-    retention: str = "0"
-    time_skew: str = "10m"
-    gc_freeze_every: int = 5_000
-    fetch_wait_ms: int = 20
-    fetch_min_bytes: int = 32_768
-    rocksdb_nice: int = 10
-    instance_id: str = ""
-    session_timeout_ms: int = 10_000
-    heartbeat_interval_ms: int = 1_000
-    log_level: str = "info"
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str = "PLAIN"
-    sasl_username: str = ""
-    sasl_password: str = field(default="", repr=False)
-    ssl_cafile: str = ""
-    ssl_certfile: str = ""
-    ssl_keyfile: str = ""
+    WORKER = "worker"  # NEARDUP_* variables, then `neardup worker`'s flags (and the stream tools')
+    DEDUP = "dedup"  # `neardup dedup`'s flags, NEARDUP_* variables under them
+    EVALUATE = "evaluate"  # `neardup evaluate`'s flags, NEARDUP_* variables under them
+    LIBRARY = "library"  # keywords of neardup.open()
+
+    @property
+    def label(self) -> str:
+        return "neardup.open()" if self is Mode.LIBRARY else f"`neardup {self.value}`"
+
+
+ALL_MODES = frozenset(Mode)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a value is written in a variable or a flag, and the Python type it has."""
+
+    label: str  # in messages and flag metavars
+    annotation: str  # the type of its field in Settings
+    from_text: Callable[[str], Any]  # raises ValueError
+    from_value: Callable[[Any], Any]  # a keyword's value as the type; raises TypeError or ValueError
+
+
+def _int_value(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(value)
+    return value
+
+
+def _float_value(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(value)
+    return float(value)
+
+
+def _str_value(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(value)
+    return value
+
+
+def _bool_value(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(value)
+    return value
+
+
+def _bool_text(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+def _optional(parse: Callable[[str], Any], zero_is_none: bool = False) -> Callable[[str], Any]:
+    """`none` (or nothing) is None; with `zero_is_none`, so is 0: the "off" the thresholds take in
+    variables and flags, as a threshold of 0 would mean nothing else."""
+
+    def from_text(raw: str) -> Any:
+        if raw.strip().lower() in ("", "none"):
+            return None
+        value = parse(raw)
+        return None if zero_is_none and value == 0 else value
+
+    return from_text
+
+
+def _or_none(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
+def shown(value: Any) -> str:
+    """A value as a variable or a flag writes it."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+INT = Kind("int", "int", int, _int_value)
+FLOAT = Kind("float", "float", float, _float_value)
+STR = Kind("text", "str", str, _str_value)
+BOOL = Kind("bool", "bool", _bool_text, _bool_value)
+DURATION = Kind("duration", "str", str, _str_value)
+FRACTION_OR_NONE = Kind(
+    "float or none", "float | None", _optional(float, zero_is_none=True), _or_none(_float_value)
+)
+INT_OR_NONE = Kind("int or none", "int | None", _optional(int), _or_none(_int_value))
+
+Check = Callable[[Any], str | None]  # why a value is refused (the words after its name), or None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: NEARDUP_<NAME> in the environment, `flags` on the command line of the commands
+    of its modes, `name` as a keyword of neardup.open()."""
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    modes: frozenset[Mode] = frozenset({Mode.WORKER})
+    flags: tuple[str, ...] = ()  # none: set by its variable only
+    check: Check | None = None
+    # modes that refuse it, and why: a setting that changes verdicts applies to every mode or says
+    # why one cannot take it
+    refused: Mapping[Mode, str] = field(default_factory=dict)
+    changes_verdicts: bool = False
+    secret: bool = False
+
+    @property
+    def env(self) -> str:
+        return f"NEARDUP_{self.name.upper()}"
+
+    @property
+    def flag(self) -> str:
+        """The long flag, which messages name."""
+        return self.flags[-1]
+
+    def parse(self, raw: str, where: str) -> Any:
+        """A value as a variable or a flag writes it, converted and checked; `where` names it."""
+        try:
+            value = self.kind.from_text(raw)
+        except ValueError:
+            raise ConfigError(f"{where}={raw!r} is not a valid {self.kind.label}") from None
+        self.validate(value, where)
+        return value
+
+    def coerce(self, value: Any, where: str) -> Any:
+        """A value given as a Python object (a keyword), as its kind, checked."""
+        try:
+            value = self.kind.from_value(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}={value!r} is not a valid {self.kind.label}") from None
+        self.validate(value, where)
+        return value
+
+    def validate(self, value: Any, where: str) -> None:
+        problem = None if self.check is None else self.check(value)
+        if problem is not None:
+            raise ConfigError(refusal(where, problem))
+
+    def doc(self) -> str:
+        """Its help, and which modes refuse it and why."""
+        refusals = "".join(f" ({mode.label} refuses it: {why})" for mode, why in self.refused.items())
+        return self.help + refusals
+
+
+def refusal(where: str, problem: str) -> str:
+    """`NEARDUP_X must be ≥ 1, got 0`, `--x: not a duration: …`: a setting's name as its mode
+    spells it, then the same words in every mode."""
+    return f"{where} {problem}" if problem.startswith(("must ", "may ")) else f"{where}: {problem}"
+
+
+def _at_least(low: float) -> Check:
+    return lambda value: None if value >= low else f"must be ≥ {low}, got {value}"
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else f"must be > 0, got {value}"
+
+
+def _within(low: int, high: int) -> Check:
+    return lambda value: None if low <= value <= high else f"must be in {low}..{high}, got {value}"
+
+
+def _one_of(*choices: Any) -> Check:
+    listed = ", ".join(str(choice) for choice in choices)
+    return lambda value: None if value in choices else f"must be one of {listed}, got {value!r}"
+
+
+def _reason(parse: Callable[[str], Any]) -> Check:
+    """A parser's ValueError as the reason."""
+
+    def check(value: str) -> str | None:
+        try:
+            parse(value)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    return check
+
+
+def _broker(value: str) -> str | None:
+    if value.startswith(("kafka://", "aiokafka://")):
+        return None
+    return f"must look like kafka://host:port, got {value!r}"
+
+
+def _instance_id(value: str) -> str | None:
+    if value in ("", "off") or _INSTANCE_ID.fullmatch(value):
+        return None
+    return f"may hold letters, digits, '.', '_' and '-' (at most 249), got {value!r}"
+
+
+def _setting(
+    name: str,
+    kind: Kind,
+    default: Any,
+    help: str,
+    *,
+    modes: Iterable[Mode] = (Mode.WORKER,),
+    flag: bool | tuple[str, ...] = False,
+    check: Check | None = None,
+    refused: Mapping[Mode, str] | None = None,
+    changes_verdicts: bool = False,
+    secret: bool = False,
+) -> Setting:
+    """A table entry: `flag=True` for the flag its name spells; an engine parameter's bounds are
+    DedupParams's (FIELD_BOUNDS)."""
+    flags = (f"--{name.replace('_', '-')}",) if flag is True else flag or ()
+    if check is None and name in FIELD_BOUNDS:
+        check = partial(bound_problem, name)
+    return Setting(
+        name,
+        kind,
+        default,
+        help,
+        frozenset(modes),
+        flags,
+        check,
+        dict(refused or {}),
+        changes_verdicts,
+        secret,
+    )
+
+
+# Defaults that a lower layer needs too are read from it, so that each is written once.
+_ENGINE = DedupParams()
+_RETENTION = Retention()
+_BY_TIME = frozenset({Mode.WORKER, Mode.DEDUP, Mode.LIBRARY})
+_NOT_BY_TIME = {Mode.EVALUATE: "it times each article by its place in the file, so none expires"}
+
+
+def _verdicts(name: str, kind: Kind, default: Any, help: str, **more: Any) -> Setting:
+    """A setting that changes verdicts: a flag in every command that decides, a keyword of open()."""
+    return _setting(
+        name,
+        kind,
+        default,
+        help,
+        modes=more.pop("modes", ALL_MODES),
+        flag=more.pop("flag", True),
+        changes_verdicts=True,
+        **more,
+    )
+
+
+SETTINGS: tuple[Setting, ...] = (
+    _setting("broker", STR, "kafka://127.0.0.1:9092", "Kafka bootstrap servers", flag=True, check=_broker),
+    _setting("app_id", STR, "neardup", "Faust app id (consumer group, changelog topic prefix)"),
+    _setting("input_topic", STR, "neardup-articles", "input topic", flag=True),
+    _setting(
+        "input_partitions",
+        INT,
+        3,
+        "partitions when the worker creates the input topic",
+        flag=True,
+        check=_at_least(1),
+    ),
+    _setting(
+        "signatures_topic",
+        STR,
+        "neardup-signatures",
+        "internal topic between the stages (1 partition = 1 index shard)",
+    ),
+    _setting("verdicts_topic", STR, "neardup-verdicts", "output topic", flag=True),
+    _setting(
+        "verdicts_partitions",
+        INT,
+        3,
+        "partitions when the worker creates the verdict topic",
+        check=_at_least(1),
+    ),
+    _setting("dead_letter_topic", STR, "neardup-dead-letters", "dead letters"),
+    _setting(
+        "unique_topic",
+        STR,
+        "",
+        "the filtered feed: each article whose verdict passes `NEARDUP_UNIQUE_FILTER`, its input "
+        "message (bytes and headers) unchanged, keyed by id; empty: off",
+    ),
+    _setting(
+        "unique_filter",
+        STR,
+        "unique",
+        "the verdict kinds the filtered feed forwards, comma-separated: `unique`, `partial`, "
+        "`duplicate` (`neardup dedup`: with `--unique-out`)",
+        modes=(Mode.WORKER, Mode.DEDUP),
+        flag=True,
+        check=_reason(parse_verdict_filter),
+    ),
+    _setting(
+        "state_dir",
+        STR,
+        "./var/neardup",
+        "RocksDB state: the LSH index and its records (the decider's)",
+        flag=True,
+    ),
+    _verdicts(
+        "max_text_bytes",
+        INT,
+        1_000_000,
+        "larger texts are refused as `oversized` (dead-lettered; `neardup evaluate` skips them)",
+        check=_at_least(1),
+    ),
+    _verdicts("threshold", FLOAT, _ENGINE.threshold, "Jaccard for `duplicate`"),
+    _verdicts(
+        "containment_threshold",
+        FRACTION_OR_NONE,
+        _ENGINE.containment_threshold,
+        "containment for `partial` (`none` or 0: no partial verdicts)",
+    ),
+    _verdicts(
+        "lsh_threshold",
+        FRACTION_OR_NONE,
+        _ENGINE.lsh_threshold,
+        "similarity LSH is tuned for (`none`: 0.5 with containment on, threshold-0.2 without)",
+    ),
+    _verdicts("fn_weight", FLOAT, _ENGINE.fn_weight, "false-negative weight when tuning bands/rows (0..1)"),
+    _verdicts(
+        "bands",
+        INT_OR_NONE,
+        _ENGINE.bands,
+        "LSH bands, with `rows` (`none`: tuned for the LSH threshold)",
+    ),
+    _verdicts("rows", INT_OR_NONE, _ENGINE.rows, "rows per LSH band, with `bands`"),
+    _verdicts("num_perm", INT, _ENGINE.num_perm, "MinHash signature slots (LSH bands are cut from them)"),
+    _verdicts(
+        "verify_perm",
+        INT,
+        _ENGINE.verify_perm,
+        "slots of the verification sketch, 8 bits each (a multiple of num_perm; 0: verify on the signature)",
+    ),
+    _verdicts(
+        "shingle_size",
+        INT,
+        _ENGINE.shingle.k,
+        "k: units per shingle",
+        flag=("-k", "--shingle-size"),
+        check=_within(1, 64),
+    ),
+    _verdicts(
+        "word_shingles", BOOL, _ENGINE.shingle.unit == "word", "shingles of words instead of characters"
+    ),
+    _verdicts(
+        "normalize_nfkc",
+        BOOL,
+        _ENGINE.normalize.nfkc,
+        "Unicode NFKC before shingling (folds ligatures, full-width forms)",
+    ),
+    _verdicts("normalize_casefold", BOOL, _ENGINE.normalize.casefold, "case folding before shingling"),
+    _verdicts(
+        "normalize_whitespace",
+        BOOL,
+        _ENGINE.normalize.collapse_whitespace,
+        "whitespace collapsed to single spaces before shingling",
+    ),
+    _verdicts("seed", INT, _ENGINE.seed, "hashing seed (stored state records it)"),
+    _verdicts(
+        "top_candidates", INT, _ENGINE.top_candidates, "verified candidates a verdict lists, best first"
+    ),
+    _verdicts(
+        "max_candidates",
+        INT,
+        _ENGINE.max_candidates,
+        "LSH candidates an article is verified against at most",
+    ),
+    _setting("metrics_host", STR, "127.0.0.1", "bind address of /metrics and /health"),
+    _setting("metrics_port", INT, 9108, "port of /metrics and /health", flag=True),
+    _setting("web_host", STR, "127.0.0.1", "bind address passed to Faust (its own web server stays off)"),
+    _setting("web_port", INT, 6066, "Faust web port (unused while its server is off)"),
+    _setting("sign_batch", INT, 200, "events the sign stage takes at a time", check=_at_least(1)),
+    _setting(
+        "sign_processes",
+        INT,
+        1,
+        "helper processes that sign (normalize, shingle, MinHash) beside the event loop; 0: sign in the "
+        "worker's own process",
+        check=_at_least(0),
+    ),
+    _setting(
+        "sign_nice",
+        INT,
+        0,
+        "niceness the signing helpers add to their own (0..19). Deciding is one serial process, "
+        "signing can run on any core: where the worker shares a saturated machine with its broker "
+        "(one host, as in the benchmark), 10 lets the decider have the CPU first, 1.09x articles/s; "
+        "but the helpers then yield to every other process too: beside another busy process it cost "
+        "0.85x, and in a CPU group of the worker's own it made no difference "
+        "(tests/benchmarks/RESULTS.md)",
+        check=_within(0, 19),
+    ),
+    _setting(
+        "index_process",
+        INT,
+        1,
+        "1: the index stage (derived index, its caches, decisions) runs in a child process beside the "
+        "event loop; 0: in the worker's own process",
+        check=_one_of(0, 1),
+    ),
+    _setting(
+        "index_handoff",
+        INT,
+        1,
+        "1: while this worker owns the index shard, a signatures message it sent is decided as soon "
+        "as the broker acknowledges it, in its place in the shard's order, instead of after the "
+        "consumer has fetched it back (one fetch round trip less latency); 0: always through the "
+        "consumer",
+        check=_one_of(0, 1),
+    ),
+    _setting(
+        "helper_timeout",
+        FLOAT,
+        20.0,
+        "seconds a child process (signing helper, decider) may take to answer a request, plus the next "
+        "setting per article (or record loaded) in it; one that takes longer is deemed hung, killed "
+        "and replaced, and the request sent again; a second failure on the same batch stops the "
+        "worker (exit status 1). A child's start may take 60 s",
+        check=_positive,
+    ),
+    _setting(
+        "helper_item_timeout_ms",
+        FLOAT,
+        100.0,
+        "added to `NEARDUP_HELPER_TIMEOUT` per article of a request (signing a 1 MB text takes ~0.1 s)",
+        check=_at_least(0),
+    ),
+    _setting(
+        "delivery_timeout",
+        FLOAT,
+        300.0,
+        "seconds the producer retries a batch the broker does not acknowledge; then the worker stops "
+        "with a failure and restarts from its last commit",
+        check=_positive,
+    ),
+    _setting(
+        "stall_timeout",
+        FLOAT,
+        60.0,
+        "seconds without progress (unacknowledged batches, or waiting input no agent takes, or a "
+        "blocked event loop) after which `/health` answers 503 `stalled`",
+        check=_positive,
+    ),
+    _setting(
+        "failure_exit_timeout",
+        FLOAT,
+        30.0,
+        "seconds a stop for a failure may take before the process exits (status 1) without finishing it",
+        check=_positive,
+    ),
+    _setting(
+        "record_cache",
+        INT,
+        RocksOptions.record_cache,
+        "decoded article records the index keeps in memory (~2.8 KB each with their objects): the "
+        "records read again for exact copies, re-deliveries and replays; 0: none",
+        check=_at_least(0),
+    ),
+    _setting(
+        "probe_cache",
+        INT,
+        RocksOptions.probe_cache,
+        "candidates' probes the index keeps in memory (~1.2 KB each with the record they are read "
+        "from), the latest stored or read back (hits do not reorder it): what verifying a candidate "
+        "reads; misses cost a RocksDB read; 0: none",
+        check=_at_least(0),
+    ),
+    _verdicts(
+        "bucket_cap",
+        INT,
+        DEFAULT_BUCKET_CAP,
+        "latest members an LSH bucket keeps: what one article reads and rewrites per bucket, whatever "
+        "the size of a story's cluster",
+        check=_at_least(1),
+    ),
+    _verdicts(
+        "retention",
+        DURATION,
+        format_duration_ms(_RETENTION.window_ms),
+        "retention window (`30d`, `12h`, `90m`; `0`: keep forever): articles older than the newest "
+        "article time minus this are expired from the index, and from the worker's changelog by "
+        "tombstones",
+        modes=_BY_TIME,
+        check=_reason(parse_duration_ms),
+        refused=_NOT_BY_TIME,
+    ),
+    _verdicts(
+        "time_skew",
+        DURATION,
+        format_duration_ms(_RETENTION.skew_ms),
+        "a `published_at` further ahead of the record's timestamp (embedded: of the clock) than this, "
+        "or one that does not parse, is not used: the record timestamp is, and "
+        "`neardup_refused_times_total` counts it",
+        modes=_BY_TIME,
+        check=_reason(parse_duration_ms),
+        refused=_NOT_BY_TIME,
+    ),
+    _setting(
+        "gc_freeze_every",
+        INT,
+        5_000,
+        "every so many indexed articles, freeze the surviving objects out of Python's full "
+        "collections (0: off; see `service/pipeline/collector.py`)",
+        check=_at_least(0),
+    ),
+    _setting(
+        "fetch_wait_ms",
+        INT,
+        20,
+        "how long the broker may hold a fetch (Faust hard-codes 1500 ms, which halved throughput here)",
+        check=_at_least(1),
+    ),
+    _setting(
+        "fetch_min_bytes",
+        INT,
+        32_768,
+        "bytes the broker gathers for a fetch before it answers, unless the wait ends first: ~10 "
+        "articles, so that at low rates the worker fetches in small batches rather than for nearly "
+        "every article (tests/benchmarks/RESULTS.md has what it gains and costs; 64 KB with a 2 ms "
+        "wait, and before that 1 byte with 5 ms, were earlier defaults)",
+        check=_at_least(1),
+    ),
+    _setting(
+        "rocksdb_nice",
+        INT,
+        10,
+        "niceness added to RocksDB's flush and compaction threads in the index process (Linux), so "
+        "that they yield to the decisions on a busy machine; 0 leaves them as they are",
+        check=_within(0, 19),
+    ),
+    _setting(
+        "instance_id",
+        STR,
+        "",
+        "the worker's static membership id in the consumer group (Kafka's `group.instance.id`; "
+        "letters, digits, `.`, `_`, `-`), unique per worker: a worker restarted with the same id gets "
+        "its partitions back at once instead of after the dead one's session timeout. Empty: the host "
+        "name (in Kubernetes the pod's name, stable in a StatefulSet) and a hash of the state "
+        'directory\'s absolute path; `off`: no static membership. See "Membership" in '
+        "[operations.md](operations.md)",
+        check=_instance_id,
+    ),
+    _setting(
+        "session_timeout_ms",
+        INT,
+        10_000,
+        f"how long the group waits for a silent worker before its partitions go to the others "
+        f"({MIN_SESSION_TIMEOUT_MS}..{MAX_SESSION_TIMEOUT_MS}; Faust's default is 60000): what a "
+        "failover waits for",
+        check=_within(MIN_SESSION_TIMEOUT_MS, MAX_SESSION_TIMEOUT_MS),
+    ),
+    _setting(
+        "heartbeat_interval_ms",
+        INT,
+        1_000,
+        "how often the consumer heartbeats (at most a third of the session timeout)",
+        check=_at_least(1),
+    ),
+    _setting("log_level", STR, "info", "log level"),
+    _setting(
+        "security_protocol",
+        STR,
+        "PLAINTEXT",
+        "`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL`",
+        check=_one_of("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+    ),
+    _setting("sasl_mechanism", STR, "PLAIN", "SASL mechanism"),
+    _setting("sasl_username", STR, "", "SASL user"),
+    _setting("sasl_password", STR, "", "SASL password (never printed)", secret=True),
+    _setting("ssl_cafile", STR, "", "CA bundle"),
+    _setting("ssl_certfile", STR, "", "client certificate"),
+    _setting("ssl_keyfile", STR, "", "client key"),
+)
+BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def for_mode(mode: Mode) -> tuple[Setting, ...]:
+    """The settings a mode takes, in the table's order."""
+    return tuple(setting for setting in SETTINGS if mode in setting.modes)
+
+
+def engine_params(values: Mapping[str, Any]) -> DedupParams:
+    """The engine's parameters from settings' values (a missing one: its default); what the
+    engine refuses (a banding that does not fit, say) is a ConfigError in its own words."""
+    v = {setting.name: values.get(setting.name, setting.default) for setting in SETTINGS}
+    try:
+        return DedupParams(
+            threshold=v["threshold"],
+            containment_threshold=v["containment_threshold"],
+            lsh_threshold=v["lsh_threshold"],
+            fn_weight=v["fn_weight"],
+            bands=v["bands"],
+            rows=v["rows"],
+            num_perm=v["num_perm"],
+            verify_perm=v["verify_perm"],
+            seed=v["seed"],
+            shingle=ShingleOptions(v["shingle_size"], "word" if v["word_shingles"] else "char"),
+            normalize=NormalizeOptions(
+                v["normalize_nfkc"], v["normalize_casefold"], v["normalize_whitespace"]
+            ),
+            top_candidates=v["top_candidates"],
+            max_candidates=v["max_candidates"],
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def retention_window(values: Mapping[str, Any]) -> Retention:
+    """The retention window from the values of `retention` and `time_skew` (checked already)."""
+    window, skew = (values.get(name, BY_NAME[name].default) for name in ("retention", "time_skew"))
+    return Retention(parse_duration_ms(window), parse_duration_ms(skew))
+
+
+# Other names of engine parameters (DedupParams's compound fields, the long spelling of fn_weight):
+# a keyword using one is pointed to the settings' names.
+_FORMER_KEYWORDS = {
+    "false_negative_weight": "fn_weight",
+    "shingle": "shingle_size and word_shingles",
+    "normalize": "normalize_nfkc, normalize_casefold and normalize_whitespace",
+}
+
+
+def keyword_values(keywords: Mapping[str, Any], mode: Mode = Mode.LIBRARY) -> dict[str, Any]:
+    """Every setting of the mode from keywords (checked) and defaults. An unknown keyword, or a
+    setting of other modes, is a TypeError naming it."""
+    taken = {setting.name: setting for setting in for_mode(mode)}
+    values = {name: setting.default for name, setting in taken.items()}
+    for name, value in keywords.items():
+        setting = taken.get(name)
+        if setting is None:
+            raise TypeError(_not_taken(name, mode, taken))
+        values[name] = setting.coerce(value, name)
+    return values
+
+
+def _not_taken(name: str, mode: Mode, taken: Mapping[str, Setting]) -> str:
+    if name in BY_NAME:
+        why = BY_NAME[name].refused.get(mode)
+        return f"{name} does not apply to {mode.label}" + (f": {why}" if why else "")
+    hint = _FORMER_KEYWORDS.get(name) or ", ".join(difflib.get_close_matches(name, taken, n=1))
+    return f"{mode.label} has no setting {name!r}" + (f" (did you mean {hint}?)" if hint else "")
+
+
+@dataclass(frozen=True)
+class FlagSet:
+    """The settings one command takes as flags, NEARDUP_* variables under them when `env`. A
+    setting that changes verdicts but that the command's mode refuses is a hidden flag that
+    refuses in the table's words."""
+
+    settings: tuple[Setting, ...]
+    env: bool = True
+    mode: Mode | None = None
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
-        """Defaults ← NEARDUP_* variables ← explicit overrides (flags); values are type-checked."""
-        env = dict(os.environ if env is None else env)
-        values: dict[str, Any] = {}
-        for spec in fields(cls):
-            name = f"NEARDUP_{spec.name.upper()}"
-            if name in env:
-                values[spec.name] = _convert(name, env[name], type(getattr(cls(), spec.name)))
-        values.update({k: v for k, v in overrides.items() if v is not None})
+    def of(cls, mode: Mode) -> FlagSet:
+        refused = [s for s in SETTINGS if mode in s.refused]
+        return cls((*(s for s in for_mode(mode) if s.flags), *refused), True, mode)
+
+    @classmethod
+    def named(cls, *names: str, env: bool = True) -> FlagSet:
+        return cls(tuple(BY_NAME[name] for name in names), env)
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """The flags, as a group of the parser's arguments."""
+        where = " over NEARDUP_* variables" if self.env else ""
+        group = parser.add_argument_group(f"settings (flags{where}; deploy/docs/configuration.md)")
+        for setting in self.settings:
+            options: dict[str, Any] = {"dest": setting.name, "default": argparse.SUPPRESS}
+            if self.mode is not None and self.mode in setting.refused:
+                options["help"] = argparse.SUPPRESS
+            else:
+                default = shown(setting.default) or "empty"
+                where = f"; env {setting.env}" if self.env else ""
+                options["help"] = f"{setting.help} (default: {default}{where})".replace("%", "%%")
+            if setting.kind is BOOL:
+                options["action"] = argparse.BooleanOptionalAction
+            else:
+                options["metavar"] = setting.kind.label.split()[0].upper()
+            group.add_argument(*setting.flags, **options)
+
+    def given(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The values of the flags given, converted and checked (ConfigError naming the flag)."""
+        values = {}
+        for setting in self.settings:
+            if not hasattr(args, setting.name):
+                continue
+            if self.mode is not None and self.mode in setting.refused:
+                raise ConfigError(
+                    f"{setting.flag} does not apply to {self.mode.label}: {setting.refused[self.mode]}"
+                )
+            raw = getattr(args, setting.name)
+            if setting.kind is BOOL:
+                setting.validate(raw, setting.flag)
+                values[setting.name] = raw
+            else:
+                values[setting.name] = setting.parse(raw, setting.flag)
+        return values
+
+    def resolve(self, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Every setting's value: its flag's, else its variable's (when `env`), else its default."""
+        environ = (os.environ if environ is None else environ) if self.env else {}
+        given = self.given(args)
+        values = {}
+        for setting in self.settings:
+            if self.mode is not None and self.mode in setting.refused:
+                continue
+            if setting.name in given:
+                values[setting.name] = given[setting.name]
+            elif setting.env in environ:
+                values[setting.name] = setting.parse(environ[setting.env], setting.env)
+            else:
+                values[setting.name] = setting.default
+        return values
+
+
+FROM_TABLE: Any = object()  # a Settings field's default: the table's
+_T = TypeVar("_T")
+
+
+def _worker_settings(cls: type[_T]) -> type[_T]:
+    """Give each field the table's default (secrets kept out of repr), once the fields are checked
+    to be the worker's settings, in the table's order, with the table's types."""
+    declared = {name: str(kind) for name, kind in inspect.get_annotations(cls).items()}
+    expected = {setting.name: setting.kind.annotation for setting in for_mode(Mode.WORKER)}
+    if list(declared.items()) != list(expected.items()):
+        raise TypeError(f"{cls.__name__}'s fields differ from the table's worker settings: {expected}")
+    for setting in for_mode(Mode.WORKER):
+        if cls.__dict__[setting.name] is not FROM_TABLE:
+            raise TypeError(f"{cls.__name__}.{setting.name}: its default is the table's (FROM_TABLE)")
+        setattr(cls, setting.name, field(default=setting.default, repr=not setting.secret))
+    return cls
+
+
+@dataclass(frozen=True)
+@_worker_settings
+class Settings:
+    """The worker's settings (the table's, with its defaults): NEARDUP_* variables, then flags."""
+
+    broker: str = FROM_TABLE
+    app_id: str = FROM_TABLE
+    input_topic: str = FROM_TABLE
+    input_partitions: int = FROM_TABLE
+    signatures_topic: str = FROM_TABLE
+    verdicts_topic: str = FROM_TABLE
+    verdicts_partitions: int = FROM_TABLE
+    dead_letter_topic: str = FROM_TABLE
+    unique_topic: str = FROM_TABLE
+    unique_filter: str = FROM_TABLE
+    state_dir: str = FROM_TABLE
+    max_text_bytes: int = FROM_TABLE
+    threshold: float = FROM_TABLE
+    containment_threshold: float | None = FROM_TABLE
+    lsh_threshold: float | None = FROM_TABLE
+    fn_weight: float = FROM_TABLE
+    bands: int | None = FROM_TABLE
+    rows: int | None = FROM_TABLE
+    num_perm: int = FROM_TABLE
+    verify_perm: int = FROM_TABLE
+    shingle_size: int = FROM_TABLE
+    word_shingles: bool = FROM_TABLE
+    normalize_nfkc: bool = FROM_TABLE
+    normalize_casefold: bool = FROM_TABLE
+    normalize_whitespace: bool = FROM_TABLE
+    seed: int = FROM_TABLE
+    top_candidates: int = FROM_TABLE
+    max_candidates: int = FROM_TABLE
+    metrics_host: str = FROM_TABLE
+    metrics_port: int = FROM_TABLE
+    web_host: str = FROM_TABLE
+    web_port: int = FROM_TABLE
+    sign_batch: int = FROM_TABLE
+    sign_processes: int = FROM_TABLE
+    sign_nice: int = FROM_TABLE
+    index_process: int = FROM_TABLE
+    index_handoff: int = FROM_TABLE
+    helper_timeout: float = FROM_TABLE
+    helper_item_timeout_ms: float = FROM_TABLE
+    delivery_timeout: float = FROM_TABLE
+    stall_timeout: float = FROM_TABLE
+    failure_exit_timeout: float = FROM_TABLE
+    record_cache: int = FROM_TABLE
+    probe_cache: int = FROM_TABLE
+    bucket_cap: int = FROM_TABLE
+    retention: str = FROM_TABLE
+    time_skew: str = FROM_TABLE
+    gc_freeze_every: int = FROM_TABLE
+    fetch_wait_ms: int = FROM_TABLE
+    fetch_min_bytes: int = FROM_TABLE
+    rocksdb_nice: int = FROM_TABLE
+    instance_id: str = FROM_TABLE
+    session_timeout_ms: int = FROM_TABLE
+    heartbeat_interval_ms: int = FROM_TABLE
+    log_level: str = FROM_TABLE
+    security_protocol: str = FROM_TABLE
+    sasl_mechanism: str = FROM_TABLE
+    sasl_username: str = FROM_TABLE
+    sasl_password: str = FROM_TABLE
+    ssl_cafile: str = FROM_TABLE
+    ssl_certfile: str = FROM_TABLE
+    ssl_keyfile: str = FROM_TABLE
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults ← NEARDUP_* variables ← overrides (the flags given, as values); all checked, a
+        refusal naming the variable."""
+        env = os.environ if env is None else env
+        values = {}
+        for setting in for_mode(Mode.WORKER):
+            if setting.env in env:
+                values[setting.name] = setting.parse(env[setting.env], setting.env)
+        for name, value in overrides.items():
+            if name not in BY_NAME or Mode.WORKER not in BY_NAME[name].modes:
+                raise TypeError(f"no worker setting {name!r}")
+            values[name] = BY_NAME[name].coerce(value, BY_NAME[name].env)
         settings = cls(**values)
         settings.validate()
         return settings
 
     def validate(self) -> None:
-        if not self.broker.startswith(("kafka://", "aiokafka://")):
-            raise ConfigError(f"NEARDUP_BROKER must look like kafka://host:port, got {self.broker!r}")
-        for name in (
-            "input_partitions",
-            "verdicts_partitions",
-            "max_text_bytes",
-            "num_perm",
-            "sign_batch",
-            "fetch_wait_ms",
-            "fetch_min_bytes",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 1, got {getattr(self, name)}")
-        for name in ("rocksdb_nice", "sign_nice"):
-            if not 0 <= getattr(self, name) <= 19:
-                raise ConfigError(f"NEARDUP_{name.upper()} must be in 0..19, got {getattr(self, name)}")
-        for name in ("gc_freeze_every", "record_cache", "probe_cache", "sign_processes"):  # 0 turns each off
-            if getattr(self, name) < 0:
-                raise ConfigError(f"NEARDUP_{name.upper()} must be ≥ 0, got {getattr(self, name)}")
-        for name in ("index_process", "index_handoff"):
-            if getattr(self, name) not in (0, 1):
-                raise ConfigError(f"NEARDUP_{name.upper()} must be 0 or 1, got {getattr(self, name)}")
-        if not self.helper_timeout > 0 or not self.helper_item_timeout_ms >= 0:
+        for setting in for_mode(Mode.WORKER):
+            setting.coerce(getattr(self, setting.name), setting.env)
+        if not self.heartbeat_interval_ms <= self.session_timeout_ms // 3:
             raise ConfigError(
-                "NEARDUP_HELPER_TIMEOUT must be > 0 and NEARDUP_HELPER_ITEM_TIMEOUT_MS ≥ 0, got "
-                f"{self.helper_timeout} and {self.helper_item_timeout_ms}"
-            )
-        try:
-            self.feed_kinds()
-        except ValueError as exc:
-            raise ConfigError(f"NEARDUP_UNIQUE_FILTER: {exc}") from exc
-        for name in ("delivery_timeout", "stall_timeout", "failure_exit_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"NEARDUP_{name.upper()} must be > 0 seconds, got {getattr(self, name)}")
-        if self.bucket_cap < 1:
-            raise ConfigError(f"NEARDUP_BUCKET_CAP must be ≥ 1, got {self.bucket_cap}")
-        for name in ("retention", "time_skew"):
-            try:
-                if parse_duration_ms(getattr(self, name)) < 0:
-                    raise ValueError("negative")
-            except ValueError as exc:
-                raise ConfigError(f"NEARDUP_{name.upper()}: {exc}") from exc
-        if self.instance_id not in ("", "off") and not _INSTANCE_ID.fullmatch(self.instance_id):
-            raise ConfigError(
-                f"NEARDUP_INSTANCE_ID may hold letters, digits, '.', '_' and '-' (at most 249): "
-                f"{self.instance_id!r}"
-            )
-        if not MIN_SESSION_TIMEOUT_MS <= self.session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
-            raise ConfigError(
-                f"NEARDUP_SESSION_TIMEOUT_MS must be in {MIN_SESSION_TIMEOUT_MS}..{MAX_SESSION_TIMEOUT_MS}, "
-                f"got {self.session_timeout_ms}"
-            )
-        if not 1 <= self.heartbeat_interval_ms <= self.session_timeout_ms // 3:
-            raise ConfigError(
-                "NEARDUP_HEARTBEAT_INTERVAL_MS must be ≥ 1 and at most a third of the session timeout, "
+                "NEARDUP_HEARTBEAT_INTERVAL_MS must be at most a third of the session timeout, "
                 f"got {self.heartbeat_interval_ms}"
             )
-        if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
-            raise ConfigError(f"NEARDUP_SECURITY_PROTOCOL is not a Kafka protocol: {self.security_protocol}")
-        try:
-            self.params()
-        except ValueError as exc:
-            raise ConfigError(f"engine parameters: {exc}") from exc
+        self.params()
+
+    def values(self) -> dict[str, Any]:
+        return {setting.name: getattr(self, setting.name) for setting in for_mode(Mode.WORKER)}
 
     def feed_kinds(self) -> frozenset[str]:
         """The verdict kinds whose articles go to the filtered feed (NEARDUP_UNIQUE_TOPIC)."""
         return parse_verdict_filter(self.unique_filter)
 
     def params(self) -> DedupParams:
-        return DedupParams(
-            threshold=self.threshold,
-            containment_threshold=self.containment_threshold or None,
-            lsh_threshold=self.lsh_threshold or None,
-            false_negative_weight=self.fn_weight,
-            num_perm=self.num_perm,
-            verify_perm=self.verify_perm,
-            seed=self.seed,
-            shingle=ShingleOptions(self.shingle_size),
-        )
+        return engine_params(self.values())
 
     def retention_window(self) -> Retention:
-        return Retention(parse_duration_ms(self.retention), parse_duration_ms(self.time_skew))
+        return retention_window(self.values())
 
     def group_instance_id(self) -> str | None:
         """The consumer's static group membership id (Kafka's group.instance.id), None for none.
@@ -228,21 +932,20 @@ class Settings:
         return extra
 
 
-def _convert(name: str, raw: str, kind: type) -> Any:
-    try:
-        if kind is bool:
-            return raw.lower() in ("1", "true", "yes", "on")
-        return kind(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from exc
-
-
-def settings_table() -> str:
-    """Every setting and its default as a Markdown table, from the code, the password hidden
-    (deploy/docs/configuration.md has the same rows, with their meaning)."""
-    defaults = Settings()
-    rows = ["| variable | default |", "| --- | --- |"]
-    for spec in fields(Settings):
-        value = "(secret)" if spec.name == "sasl_password" else getattr(defaults, spec.name)
-        rows.append(f"| `NEARDUP_{spec.name.upper()}` | `{value}` |")
-    return "\n".join(rows)
+def markdown() -> str:
+    """The table of deploy/docs/configuration.md: every setting, a row."""
+    short = {Mode.WORKER: "worker", Mode.DEDUP: "dedup", Mode.EVALUATE: "evaluate", Mode.LIBRARY: "open()"}
+    rows = [
+        "| variable | flag | keyword | default | applies to | meaning |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for setting in SETTINGS:
+        flags = ", ".join(f"`{flag}`" for flag in setting.flags)
+        if setting.kind is BOOL:
+            flags = ", ".join(f"`--[no-]{flag[2:]}`" for flag in setting.flags)
+        keyword = f"`{setting.name}`" if Mode.LIBRARY in setting.modes else ""
+        written = shown(setting.default)
+        default = f"`{written}`" if written else ""
+        modes = ", ".join(short[mode] for mode in Mode if mode in setting.modes)
+        rows.append(f"| `{setting.env}` | {flags} | {keyword} | {default} | {modes} | {setting.doc()} |")
+    return "\n".join(rows) + "\n"

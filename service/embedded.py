@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import orjson
 
+from .config import BY_NAME
 from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
 from .errors import Error
-from .messages import decode_message, dumps
+from .messages import decode_message, dumps, parse_verdict_filter
 from .pipeline.shard import IndexShard
 from .pipeline.sign import SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
@@ -43,7 +44,7 @@ from .state.index import IndexState
 if TYPE_CHECKING:
     from .pipeline.signer import Signer, SignItem
 
-DEFAULT_MAX_TEXT_BYTES = 1_000_000
+DEFAULT_MAX_TEXT_BYTES: int = BY_NAME["max_text_bytes"].default
 # Lines per batch sent to the signing helpers, and their most bytes: large enough that the pipes'
 # per-batch costs vanish, small enough that the first batch, signed before anything is decided,
 # does not keep the deciding process waiting long.
@@ -51,7 +52,7 @@ SIGN_BATCH = 256
 SIGN_BATCH_BYTES = 8 * 1024 * 1024
 YIELD_EVERY = 8  # articles decided between two turns of the event loop
 # What a search indexer behind neardup wants by default: each story once.
-DEFAULT_FEED_VERDICTS = frozenset({"unique"})
+DEFAULT_FEED_VERDICTS = parse_verdict_filter(BY_NAME["unique_filter"].default)
 
 
 @dataclass

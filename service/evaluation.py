@@ -17,6 +17,7 @@ from .core.signing import sketch_of
 from .messages import Article
 from .pipeline.shard import IndexShard
 from .pipeline.wire import Provenance, Signed
+from .state.index import DEFAULT_BUCKET_CAP
 from .state.memory import MemoryState
 
 
@@ -78,13 +79,14 @@ def evaluate(
     margin: float = 0.05,
     sample_size: int = 5,
     sample_seed: int = 7,
+    bucket_cap: int = DEFAULT_BUCKET_CAP,
 ) -> Evaluation:
     """Every pair (later, earlier) is labelled by exact Jaccard ≥ threshold and predicted by the
     engine: a pair is predicted a duplicate when LSH proposes it, or proposes the holder of its
     content when it is an exact copy (the index keeps copies out of the buckets, represented by
     that holder, whose estimate is theirs), and its estimate passes."""
     sets = [shingle_set(normalize(a.text, params.normalize), params.shingle) for a in articles]
-    state = MemoryState()
+    state = MemoryState(bucket_cap)
     shard = IndexShard(state, params)  # what embedded mode and the worker decide and apply with
     banding = (params.lsh.bands, params.lsh.rows)
     estimates: list[dict[int, float]] = []

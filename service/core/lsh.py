@@ -55,7 +55,7 @@ def explicit_params(threshold: float, bands: int, rows: int, num_perm: int) -> L
 def optimal_params(
     threshold: float,
     num_perm: int,
-    false_negative_weight: float = 0.5,
+    fn_weight: float = 0.5,
     full_use_tolerance: float = 0.05,
 ) -> LshParams:
     """(bands, rows) minimising w_fp·FP + w_fn·FN over b·r ≤ num_perm.
@@ -65,14 +65,14 @@ def optimal_params(
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be in (0, 1), got {threshold}")
-    if not 0.0 <= false_negative_weight <= 1.0:
-        raise ValueError(f"false_negative_weight must be in [0, 1], got {false_negative_weight}")
-    fp_weight = 1.0 - false_negative_weight
+    if not 0.0 <= fn_weight <= 1.0:
+        raise ValueError(f"fn_weight must be in [0, 1], got {fn_weight}")
+    fp_weight = 1.0 - fn_weight
     scored: list[tuple[float, int, int, float, float]] = []
     for bands in range(1, num_perm + 1):
         for rows in range(1, num_perm // bands + 1):
             fp, fn = error_areas(threshold, bands, rows)
-            scored.append((fp_weight * fp + false_negative_weight * fn, bands, rows, fp, fn))
+            scored.append((fp_weight * fp + fn_weight * fn, bands, rows, fp, fn))
     best = min(scored)
     full = [s for s in scored if s[1] * s[2] == num_perm]
     chosen = best

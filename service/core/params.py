@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ class DedupParams:
     threshold: float = 0.8
     containment_threshold: float | None = 0.9
     lsh_threshold: float | None = None
-    false_negative_weight: float = 0.5
+    fn_weight: float = 0.5
     bands: int | None = None
     rows: int | None = None
     num_perm: int = 128
@@ -42,12 +43,10 @@ class DedupParams:
     _audit: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
-        if self.containment_threshold is not None and not 0.0 < self.containment_threshold <= 1.0:
-            raise ValueError(
-                f"containment_threshold must be in (0, 1] or None, got {self.containment_threshold}"
-            )
+        for name in FIELD_BOUNDS:
+            problem = bound_problem(name, getattr(self, name))
+            if problem is not None:
+                raise ValueError(f"{name} {problem}")
         if self.verify_perm != 0 and (not 2 <= self.verify_perm <= 4096 or self.verify_perm % self.num_perm):
             raise ValueError(
                 f"verify_perm must be 0 (off) or a multiple of num_perm={self.num_perm} up to 4096, "
@@ -59,7 +58,7 @@ class DedupParams:
         if self.bands is not None and self.rows is not None:
             lsh = explicit_params(candidate_threshold, self.bands, self.rows, self.num_perm)
         else:
-            lsh = _cached_optimal(candidate_threshold, self.num_perm, self.false_negative_weight)
+            lsh = _cached_optimal(candidate_threshold, self.num_perm, self.fn_weight)
         object.__setattr__(self, "lsh", lsh)
         thresholds = {"threshold": self.threshold, "containment_threshold": self.containment_threshold}
         # verify_bits: how the Jaccard estimate was made, for an auditor who recomputes it. Not in the
@@ -97,6 +96,29 @@ class DedupParams:
     def audit(self) -> dict[str, Any]:
         """Parameters a verdict carries so that a consumer can audit the decision (a copy)."""
         return dict(self._audit)
+
+
+# Each field's own bounds, as the words that follow its name when a value is refused: DedupParams
+# checks with them, and so does the settings table (service/config.py) for each mode's spelling of
+# the name, so that a value is refused in the same words whichever way it was given.
+FIELD_BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "threshold": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+    "containment_threshold": (lambda v: v is None or 0.0 < v <= 1.0, "must be in (0, 1] or None"),
+    "lsh_threshold": (lambda v: v is None or 0.0 < v < 1.0, "must be in (0, 1) or None"),
+    "fn_weight": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
+    "bands": (lambda v: v is None or v >= 1, "must be ≥ 1 or None"),
+    "rows": (lambda v: v is None or v >= 1, "must be ≥ 1 or None"),
+    "num_perm": (lambda v: 2 <= v <= 4096, "must be in 2..4096"),
+    "seed": (lambda v: 0 <= v < 2**63, "must be in 0..2**63-1"),
+    "top_candidates": (lambda v: v >= 1, "must be ≥ 1"),
+    "max_candidates": (lambda v: v >= 1, "must be ≥ 1"),
+}
+
+
+def bound_problem(name: str, value: Any) -> str | None:
+    """Why `value` is out of the field's bounds (the words after its name), or None."""
+    accepts, reason = FIELD_BOUNDS[name]
+    return None if accepts(value) else f"{reason}, got {value}"
 
 
 _OPTIMAL_CACHE: dict[tuple[float, int, float], LshParams] = {}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..config import ConfigError, Settings
+from ..config import ConfigError, FlagSet, Mode, Settings
 from ..state.port import IndexStats
 
 if TYPE_CHECKING:
@@ -24,21 +24,14 @@ if TYPE_CHECKING:
     from .topics import ChangelogReader
 
 
-def _settings_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--broker", help="kafka://host:port (env NEARDUP_BROKER)")
-    parser.add_argument("--input-topic")
-    parser.add_argument("--verdicts-topic")
+# The settings the stream commands take as flags (service/config.py's table), over NEARDUP_*.
+WORKER_FLAGS = FlagSet.of(Mode.WORKER)
+TOOL_FLAGS = FlagSet.named("broker", "input_topic", "verdicts_topic")
 
 
-def _settings(args: argparse.Namespace, **more: Any) -> Settings:
-    overrides = {
-        "broker": args.broker,
-        "input_topic": getattr(args, "input_topic", None),
-        "verdicts_topic": getattr(args, "verdicts_topic", None),
-        **more,
-    }
+def _settings(args: argparse.Namespace, flags: FlagSet | None, **more: Any) -> Settings:
     try:
-        return Settings.from_env(**overrides)
+        return Settings.from_env(**(flags.given(args) if flags else {}), **more)
     except ConfigError as exc:
         raise SystemExit(f"configuration error: {exc}") from exc
 
@@ -49,22 +42,17 @@ def add_parsers(sub: Any) -> None:
         help="run the Faust worker (extra arguments go to Faust's worker command)",
         description="Run the stream worker. Unknown arguments (e.g. --loglevel debug) pass to Faust.",
     )
-    _settings_flags(p)
-    p.add_argument("--state-dir")
-    p.add_argument("--metrics-port", type=int)
-    p.add_argument("--input-partitions", type=int)
-    p.add_argument("--retention", help="expiry window: 30d, 12h; 0 keeps forever (env NEARDUP_RETENTION)")
-    p.add_argument("--time-skew", help="how far ahead published_at may be (env NEARDUP_TIME_SKEW)")
+    WORKER_FLAGS.add_to(p)
     p.set_defaults(func=cmd_worker, passthrough=True)
 
     p = sub.add_parser("produce", help="send a JSON-lines file of articles to the input topic")
-    _settings_flags(p)
+    TOOL_FLAGS.add_to(p)
     p.add_argument("file")
     p.add_argument("--rate", type=float, default=0.0, help="articles per second (0 = as fast as possible)")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("tail", help="follow the verdict topic")
-    _settings_flags(p)
+    TOOL_FLAGS.add_to(p)
     p.add_argument("--json", action="store_true", help="JSON lines instead of a readable summary")
     p.add_argument("--from-beginning", action="store_true")
     p.add_argument("--max", type=int, default=0, help="stop after N verdicts")
@@ -78,14 +66,7 @@ _FAUST_LEVELS = {"warning": "warn", "critical": "crit"}
 
 def worker_settings(args: argparse.Namespace) -> Settings:
     """The worker's settings: NEARDUP_* variables, then its flags."""
-    return _settings(
-        args,
-        state_dir=args.state_dir,
-        metrics_port=args.metrics_port,
-        input_partitions=args.input_partitions,
-        retention=args.retention,
-        time_skew=args.time_skew,
-    )
+    return _settings(args, WORKER_FLAGS)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -152,7 +133,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = _settings(args, TOOL_FLAGS)
     sent = asyncio.run(produce_file(settings, Path(args.file), args.rate))
     print(f"sent {sent} messages to {settings.input_topic}")
     return 0
@@ -200,7 +181,7 @@ def _key_of(body: bytes) -> bytes | None:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = _settings(args, TOOL_FLAGS)
     seen: list[dict[str, Any]] = []
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(tail(settings, args.json, args.from_beginning, args.max, args.idle_timeout, seen))
@@ -299,7 +280,8 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
     from ..state.rocks import CompactedLog, RocksState
     from .topics import ChangelogReader
 
-    settings = _settings(args, app_id=args.app_id)
+    given = {"broker": args.broker, "app_id": args.app_id}
+    settings = _settings(args, None, **{k: v for k, v in given.items() if v is not None})
     with (
         tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch,
         CompactedLog(Path(scratch) / "latest") as table,

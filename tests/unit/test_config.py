@@ -1,4 +1,4 @@
-"""neardup.config.Settings: NEARDUP_* parsing, validation, precedence, secrets, the settings table."""
+"""neardup.config.Settings: NEARDUP_* parsing, validation, precedence, secrets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from neardup.config import ConfigError, Settings, settings_table
+from neardup.config import BY_NAME, ConfigError, Settings, markdown
 
 SECRET = "s3cr3t-Pa55w0rd-xyzzy"
 
@@ -44,7 +44,30 @@ def test_environment_values_are_converted() -> None:
     assert settings.state_path == Path("/var/lib/neardup")
     params = settings.params()
     assert (params.threshold, params.num_perm, params.shingle.k) == (0.85, 256, 7)
-    assert params.containment_threshold is None  # 0 switches partial verdicts off
+    assert settings.containment_threshold is None  # 0 switches partial verdicts off: None, not 0.0
+    assert params.containment_threshold is None
+
+
+@pytest.mark.parametrize("raw", ["none", "None", "", "0", "0.0"])
+def test_a_threshold_of_none_or_zero_is_none(raw: str) -> None:
+    settings = Settings.from_env({"NEARDUP_CONTAINMENT_THRESHOLD": raw, "NEARDUP_LSH_THRESHOLD": raw})
+    assert settings.containment_threshold is None and settings.lsh_threshold is None
+    assert Settings().lsh_threshold is None and Settings().bands is None
+
+
+@pytest.mark.parametrize(("raw", "value"), [("1", True), ("true", True), ("ON", True), ("no", False)])
+def test_booleans(raw: str, value: bool) -> None:
+    settings = Settings.from_env({"NEARDUP_WORD_SHINGLES": raw, "NEARDUP_NORMALIZE_NFKC": raw})
+    assert settings.word_shingles is value and settings.normalize_nfkc is value
+    assert settings.params().shingle.unit == ("word" if value else "char")
+    assert settings.params().normalize.nfkc is value
+
+
+def test_the_worker_sets_the_banding() -> None:
+    params = Settings.from_env({"NEARDUP_BANDS": "16", "NEARDUP_ROWS": "8"}).params()
+    assert (params.lsh.bands, params.lsh.rows) == (16, 8)
+    with pytest.raises(ConfigError, match="give both bands and rows"):
+        Settings.from_env({"NEARDUP_BANDS": "16"})
 
 
 def test_reads_os_environ_when_no_mapping_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,6 +85,8 @@ def test_reads_os_environ_when_no_mapping_is_given(monkeypatch: pytest.MonkeyPat
         ("NEARDUP_METRICS_PORT", "", "int"),
         ("NEARDUP_THRESHOLD", "high", "float"),
         ("NEARDUP_FN_WEIGHT", "0,5", "float"),
+        ("NEARDUP_WORD_SHINGLES", "maybe", "bool"),
+        ("NEARDUP_BANDS", "sixteen", "int or none"),
     ],
 )
 def test_type_errors_name_the_variable(name: str, value: str, kind: str) -> None:
@@ -105,9 +130,13 @@ def test_several_brokers() -> None:
         ("NEARDUP_SIGN_NICE", "20", "NEARDUP_SIGN_NICE"),
         ("NEARDUP_SIGN_NICE", "-3", "NEARDUP_SIGN_NICE"),
         ("NEARDUP_SECURITY_PROTOCOL", "TLS", "NEARDUP_SECURITY_PROTOCOL"),
-        ("NEARDUP_THRESHOLD", "1.5", "threshold"),
-        ("NEARDUP_THRESHOLD", "0", "threshold"),
-        ("NEARDUP_CONTAINMENT_THRESHOLD", "2", "containment_threshold"),
+        ("NEARDUP_THRESHOLD", "1.5", r"NEARDUP_THRESHOLD must be in \(0, 1\], got 1.5"),
+        ("NEARDUP_THRESHOLD", "0", "NEARDUP_THRESHOLD"),
+        ("NEARDUP_CONTAINMENT_THRESHOLD", "2", "NEARDUP_CONTAINMENT_THRESHOLD"),
+        ("NEARDUP_NUM_PERM", "1", "NEARDUP_NUM_PERM must be in 2..4096, got 1"),
+        ("NEARDUP_SHINGLE_SIZE", "0", "NEARDUP_SHINGLE_SIZE"),
+        ("NEARDUP_MAX_CANDIDATES", "0", "NEARDUP_MAX_CANDIDATES"),
+        ("NEARDUP_VERIFY_PERM", "100", "verify_perm must be 0 .off. or a multiple of num_perm=128"),
     ],
 )
 def test_invalid_values(name: str, value: str, match: str) -> None:
@@ -117,10 +146,18 @@ def test_invalid_values(name: str, value: str, match: str) -> None:
 
 def test_overrides_win_over_environment() -> None:
     env = {"NEARDUP_THRESHOLD": "0.7", "NEARDUP_INPUT_TOPIC": "from-env", "NEARDUP_NUM_PERM": "64"}
-    settings = Settings.from_env(env, threshold=0.9, input_topic="from-flag", num_perm=None)
+    settings = Settings.from_env(env, threshold=0.9, input_topic="from-flag", containment_threshold=None)
     assert settings.threshold == 0.9
     assert settings.input_topic == "from-flag"
-    assert settings.num_perm == 64  # a flag left unset (None) does not hide the environment
+    assert settings.containment_threshold is None  # None is a value an override can give
+    assert settings.num_perm == 64
+
+
+def test_overrides_are_the_worker_settings() -> None:
+    with pytest.raises(TypeError, match="threshhold"):
+        Settings.from_env({}, threshhold=0.9)
+    with pytest.raises(ConfigError, match="NEARDUP_NUM_PERM"):
+        Settings.from_env({}, num_perm="64")
 
 
 def test_overrides_are_validated() -> None:
@@ -147,7 +184,7 @@ def test_repr_never_shows_the_sasl_password() -> None:
     for text in (repr(settings), str(settings), f"{settings}", f"{settings!r}", repr([settings])):
         assert SECRET not in text
         assert "sasl_username='neardup'" in text
-    assert SECRET not in settings_table()
+    assert SECRET not in markdown()
     # the client gets it, of course
     security = settings.client_security()
     assert security["sasl_plain_password"] == SECRET
@@ -157,18 +194,6 @@ def test_repr_never_shows_the_sasl_password() -> None:
 
 def test_plaintext_security_has_no_credentials() -> None:
     assert Settings().client_security() == {"security_protocol": "PLAINTEXT"}
-
-
-def test_settings_table_lists_every_field() -> None:
-    table = settings_table()
-    lines = table.splitlines()
-    assert lines[:2] == ["| variable | default |", "| --- | --- |"]
-    names = [f.name for f in dataclasses.fields(Settings)]
-    assert len(lines) == 2 + len(names)
-    for line, name in zip(lines[2:], names, strict=True):
-        assert line.startswith(f"| `NEARDUP_{name.upper()}` |")
-    assert "| `NEARDUP_THRESHOLD` | `0.8` |" in lines
-    assert "| `NEARDUP_SASL_PASSWORD` | `(secret)` |" in lines
 
 
 def _sample(name: str, default: object) -> str:
@@ -186,6 +211,12 @@ def _sample(name: str, default: object) -> str:
         return "unique,partial"
     if name == "session_timeout_ms":  # within Kafka's bounds, and three heartbeats
         return "20000"
+    if name in ("bands", "rows"):  # both or neither, within num_perm
+        return {"bands": "16", "rows": "8"}[name]
+    if isinstance(default, bool):
+        return str(not default).lower()
+    if name == "lsh_threshold":
+        return "0.4"
     if isinstance(default, int):
         return "7"
     if isinstance(default, float):
@@ -198,8 +229,11 @@ def test_every_field_can_be_set_from_the_environment(name: str) -> None:
     # each field's variable is honoured (a typo in a name would silently keep the default)
     default = getattr(Settings(), name)
     raw = _sample(name, default)
-    settings = Settings.from_env({f"NEARDUP_{name.upper()}": raw})
-    assert getattr(settings, name) == type(default)(raw) != default
+    env = {f"NEARDUP_{name.upper()}": raw}
+    if name in ("bands", "rows"):
+        env = {"NEARDUP_BANDS": "16", "NEARDUP_ROWS": "8"}
+    settings = Settings.from_env(env)
+    assert getattr(settings, name) == BY_NAME[name].kind.from_text(raw) != default
 
 
 def test_zero_turns_helpers_cache_and_freezing_off() -> None:

@@ -28,10 +28,9 @@ from jsonschema import Draft202012Validator
 
 import neardup
 from neardup import cli
-from neardup.core.normalize import NormalizeOptions, normalize
+from neardup.core.normalize import normalize
 from neardup.core.params import DedupParams
 from neardup.core.retention import Retention, parse_duration_ms
-from neardup.core.shingle import ShingleOptions
 from neardup.embedded import run_file
 from neardup.messages import DEAD_LETTER_REASONS, MAX_ID_LENGTH, OPTIONAL_STRING_FIELDS
 from neardup.state.index import ARTICLE, BAND, CONTENT, COPY, HEAD, MEMBER, SEQ, TIME, IndexState, time_key
@@ -873,7 +872,7 @@ LIBRARY_SETTINGS: dict[str, dict[str, Any]] = {
     "memory": {"bucket_cap": 4},  # buckets of 4: members are pushed out, and leave again
     "directory": {},
     # word shingles and whitespace kept: a text may be more than whitespace and have no word
-    "words": {"shingle": ShingleOptions(3, "word"), "normalize": NormalizeOptions(collapse_whitespace=False)},
+    "words": {"shingle_size": 3, "word_shingles": True, "normalize_whitespace": False},
 }
 
 

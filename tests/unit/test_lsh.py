@@ -90,9 +90,9 @@ def test_default_tuning_at_0_8() -> None:
     assert float(candidate_probability(0.95, chosen.bands, chosen.rows)) > 0.99
 
 
-def test_false_negative_weight_moves_towards_more_candidates() -> None:
-    light = optimal_params(0.7, 128, false_negative_weight=0.2)
-    heavy = optimal_params(0.7, 128, false_negative_weight=0.8)
+def test_the_false_negative_weight_moves_towards_more_candidates() -> None:
+    light = optimal_params(0.7, 128, fn_weight=0.2)
+    heavy = optimal_params(0.7, 128, fn_weight=0.8)
     assert (light.bands, light.rows) != (heavy.bands, heavy.rows)
     assert heavy.false_negative_area < light.false_negative_area
     assert heavy.false_positive_area > light.false_positive_area

@@ -3,7 +3,6 @@ the README and the deployment docs resolve."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import subprocess
 import sys
@@ -11,23 +10,43 @@ from pathlib import Path
 
 import pytest
 
+from neardup import settings_doc
 from neardup.cli import build_parser
-from neardup.config import Settings
+from neardup.config import BY_NAME, markdown, shown
+from neardup.settings_doc import BEGIN, END, replaced
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 CONFIGURATION = (ROOT / "deploy" / "docs" / "configuration.md").read_text()
 
 
-def test_every_setting_is_in_the_configuration_table_with_its_default() -> None:
-    rows = dict(re.findall(r"^\| `(NEARDUP_[A-Z_]+)` \|\s*`?([^|`]*?)`?\s*\|", CONFIGURATION, flags=re.M))
-    defaults = Settings()
-    for spec in dataclasses.fields(Settings):
-        name = f"NEARDUP_{spec.name.upper()}"
-        assert name in rows, f"{name} missing from deploy/docs/configuration.md"
-        if spec.name != "sasl_password":
-            assert rows[name].strip() == str(getattr(defaults, spec.name)), name
-    assert set(rows) == {f"NEARDUP_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+def test_the_configuration_table_is_the_one_the_code_makes() -> None:
+    """deploy/docs/configuration.md's table is service/config.py's, as `python -m
+    neardup.settings_doc deploy/docs/configuration.md` writes it (run that after changing the table)."""
+    assert CONFIGURATION.count(BEGIN) == 1 and CONFIGURATION.count(END) == 1
+    assert replaced(CONFIGURATION, markdown()) == CONFIGURATION
+
+
+def test_the_settings_doc_rewrites_a_stale_table(tmp_path: Path) -> None:
+    doc = tmp_path / "configuration.md"
+    doc.write_text(f"# Settings\n\n{BEGIN}| stale |\n{END}\nMore.\n")
+    assert settings_doc.main([str(doc)]) == 0
+    assert doc.read_text() == f"# Settings\n\n{BEGIN}{markdown()}{END}\nMore.\n"
+    with pytest.raises(SystemExit):
+        settings_doc.main([str(ROOT / "README.md")])  # no markers: refused, left alone
+
+
+def test_the_readme_settings_have_the_tables_defaults() -> None:
+    section = README.split("## Main settings", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (`NEARDUP_.*?) \| (.*?) \|", section, flags=re.M)
+    assert len(rows) >= 5
+    for names, defaults in rows:
+        variables = re.findall(r"`NEARDUP_(\w+)`", names)
+        written = re.findall(r"`([^`]*)`", defaults)
+        assert len(variables) == len(written), names
+        for variable, default in zip(variables, written, strict=True):
+            setting = BY_NAME[variable.lower()]
+            assert default == shown(setting.default), variable
 
 
 def test_every_command_is_documented() -> None:
