@@ -7,12 +7,13 @@ import base64
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import orjson
 
-from .core.dedup import Decision, IndexedArticle, VerdictKind
+from .core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from .core.params import DedupParams
+from .core.signing import Fingerprint
 
 DeadLetterReason = Literal[
     "invalid_utf8", "invalid_json", "schema_violation", "oversized", "empty_text", "internal_error"
@@ -32,6 +33,9 @@ MAX_ID_LENGTH = 512
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 # What a dead letter leaves of that limit for the Kafka record's own framing and headers.
 DEAD_LETTER_HEADROOM = 64 * 1024
+# What an input message may hold besides its text (its other fields, JSON's quoting): a message
+# larger than the text limit and this is refused before it is parsed.
+INPUT_HEADROOM = 64 * 1024
 
 
 VERDICT_KINDS: tuple[str, ...] = get_args(VerdictKind)
@@ -106,7 +110,7 @@ def decode_article(raw: bytes | None, max_text_bytes: int) -> Article | Deletion
     the reason and the offending field."""
     if raw is None:
         raise InvalidMessage("invalid_json", "message has no value (tombstone)")
-    if len(raw) > max_text_bytes + 64 * 1024:
+    if len(raw) > input_max_bytes(max_text_bytes):
         raise InvalidMessage("oversized", f"message is {len(raw)} bytes, limit {max_text_bytes}")
     try:
         raw.decode("utf-8")
@@ -117,6 +121,12 @@ def decode_article(raw: bytes | None, max_text_bytes: int) -> Article | Deletion
     except orjson.JSONDecodeError as exc:
         raise InvalidMessage("invalid_json", str(exc)) from exc
     return article_from_dict(data, max_text_bytes)
+
+
+def input_max_bytes(max_text_bytes: int) -> int:
+    """The largest input message (its value) decode_article accepts under a text limit: what the
+    filtered feed may forward."""
+    return max_text_bytes + INPUT_HEADROOM
 
 
 def article_from_dict(data: Any, max_text_bytes: int) -> Article | Deletion:
@@ -193,6 +203,35 @@ def verdict_dict(
         "params": params.audit(),
         "latency_ms": latency_ms,
     }
+
+
+# The longest a JSON number the verdict's fields hold is written: an unsigned 64-bit integer (20
+# digits), and orjson's float of the most characters (24).
+_LONGEST_INT = 2**64 - 1
+_LONGEST_FLOAT = -2.2250738585072014e-308
+
+
+def verdict_max_bytes(params: DedupParams) -> int:
+    """An upper bound on an encoded verdict's size under `params`: verdict_dict of a duplicate whose
+    ids, candidates and numbers all take the most room they can."""
+    # A control character is escaped as \\u00XX: 6 bytes, more than any other character takes.
+    worst_id = "\x00" * MAX_ID_LENGTH
+    score = _LONGEST_FLOAT
+    candidate = Candidate(worst_id, score, score, score)
+    longest_kind = max(VERDICT_KINDS, key=len)
+    decision = Decision(
+        cast(VerdictKind, longest_kind),
+        worst_id,
+        score,
+        score,
+        score,
+        worst_id,
+        False,
+        (candidate,) * params.top_candidates,
+    )
+    # verdict_dict reads only the id, version and decision of the article
+    article = IndexedArticle(worst_id, _LONGEST_INT, 0, cast(Fingerprint, None), decision)
+    return len(orjson.dumps(verdict_dict(article, params, score)))
 
 
 def dead_letter_dict(

@@ -34,7 +34,7 @@ from .delivery import Deliveries
 from .faults import AgentFault
 from .gaps import OffsetGap, following_run, in_log_order, offset_gaps
 from .metrics import Metrics
-from .topics import DEAD_LETTER_MAX_BYTES, ChangelogReader, LogReader, StoredMessage, changelog_topic
+from .topics import ChangelogReader, LogReader, StoredMessage, changelog_topic, max_request_bytes
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
@@ -204,7 +204,7 @@ def create_app(settings: Settings, metrics: Metrics) -> tuple[faust.App, Runtime
         # A batch the producer could not deliver this long (retrying what is retriable) fails,
         # and the worker with it (delivery.py): a supervisor restarts it from its last commit.
         producer_request_timeout=settings.delivery_timeout,
-        producer_max_request_size=DEAD_LETTER_MAX_BYTES,
+        producer_max_request_size=max_request_bytes(settings),
         producer_linger_ms=2,
         # aiokafka waits for a partition's batch to be sent (one request in flight per broker) before
         # it starts the next: with the default 16 KB, the changelog would move only a
