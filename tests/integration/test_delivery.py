@@ -1,8 +1,8 @@
 """Delivery under faults, through the real broker: a verdict or a filtered-feed message the broker
-refuses (its topic's limit lowered under a running worker) turns /health to 503 and stops the worker without committing past it; a broker stopped under
-load loses nothing; an exception in an agent or a helper stops the worker and a restart misses
-nothing; a kill between a decision and its changelog leaves no state that a later rebuild would
-lack."""
+refuses (its topic's limit lowered under a running worker) turns /health to 503 and stops the worker
+without committing past it; a broker stopped under load loses nothing; an exception in an agent or a
+helper stops the worker and a restart misses nothing; a kill between a decision and its changelog
+leaves no state that a later rebuild would lack."""
 
 from __future__ import annotations
 

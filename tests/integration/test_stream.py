@@ -168,6 +168,58 @@ def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment)
     assert deployment.topics["signatures"] in log and "has 2 partitions" in log
 
 
+def test_a_feed_topic_that_takes_less_than_an_input_message_is_refused_at_start(
+    deployment: Deployment,
+) -> None:
+    """A feed topic left at Kafka's default limit takes less than an input message the worker
+    accepts under the default text limit: the worker refuses to start, naming the topic and the
+    command that raises its limit; raised so, the worker starts."""
+    import subprocess
+    import sys
+
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    from neardup.config import Settings
+    from neardup.stream.topics import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, feed_max_bytes
+
+    from .conftest import REPO
+
+    feed_topic = f"{deployment.name}-unique"
+    deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = feed_topic
+    need = feed_max_bytes(Settings.from_env(deployment.env(0)))
+
+    async def admin(action: str) -> None:
+        client = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap)
+        await client.start()
+        try:
+            if action == "create":
+                configs = {"max.message.bytes": str(KAFKA_DEFAULT_MAX_MESSAGE_BYTES)}
+                await client.create_topics([NewTopic(feed_topic, 3, 1, topic_configs=configs)])
+            else:
+                limit = {"max.message.bytes": str(need)}
+                await client.alter_configs([ConfigResource(ConfigResourceType.TOPIC, feed_topic, limit)])
+        finally:
+            await client.close()
+
+    asyncio.run(admin("create"))
+    result = subprocess.run(
+        [sys.executable, "-m", "neardup", "worker"],
+        cwd=REPO,
+        env=deployment.env(0),
+        capture_output=True,
+        timeout=120,
+    )
+    log = result.stderr.decode() + result.stdout.decode()
+    assert result.returncode == 2, log
+    assert "topic_mismatch" in log
+    assert f"'{feed_topic}' takes messages of up to {KAFKA_DEFAULT_MAX_MESSAGE_BYTES} bytes" in log
+    command = f"kafka-configs.sh --alter --entity-type topics --entity-name {feed_topic}"
+    assert f"{command} --add-config max.message.bytes={need}" in log
+    asyncio.run(admin("raise"))
+    deployment.start_worker()  # ready: its topics passed the check
+
+
 @pytest.mark.parametrize(
     ("setting", "kinds"),
     [(None, {"unique"}), ("unique,partial", {"unique", "partial"})],

@@ -112,7 +112,6 @@ def test_the_signed_bound_holds_the_largest_signed_record() -> None:
 
 def test_the_wrapped_bound_holds_an_input_message_with_the_costliest_headers() -> None:
     record, original = b"S5" + b"r" * 1000, b"o" * 5000
-    kafka = 0
     for headers in (
         [("", b"")] * 1000,  # 2 bytes each in Kafka (two lengths), 8 in JSON
         [("\x00", b"")] * 1000,  # escaped names
