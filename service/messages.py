@@ -16,7 +16,13 @@ from .core.params import DedupParams
 from .core.signing import Fingerprint
 
 DeadLetterReason = Literal[
-    "invalid_utf8", "invalid_json", "schema_violation", "oversized", "empty_text", "internal_error"
+    "invalid_utf8",
+    "invalid_json",
+    "schema_violation",
+    "oversized",
+    "empty_text",
+    "key_mismatch",
+    "internal_error",
 ]
 DEAD_LETTER_REASONS: tuple[str, ...] = (
     "invalid_utf8",
@@ -24,6 +30,7 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
     "schema_violation",
     "oversized",
     "empty_text",
+    "key_mismatch",
     "internal_error",
 )
 OPTIONAL_STRING_FIELDS = ("title", "url", "source", "published_at", "language")
@@ -91,7 +98,13 @@ class Deletion:
 
 
 def decode_message(raw: bytes | None, key: bytes | None, max_text_bytes: int) -> Article | Deletion:
-    """An input message: an article, or a deletion. InvalidMessage names what is wrong."""
+    """An input message: an article, or a deletion. InvalidMessage names what is wrong.
+
+    A message with a key must be keyed by its id (`key_mismatch` otherwise, once its value passes
+    its own checks): an article's versions and its deletion are applied in the order of the
+    input's partitions, which keeps them in order only when they share a partition, as messages
+    of one key do. A message keyed otherwise could be applied after its own tombstone. None (no
+    key: embedded mode, the library) is not compared."""
     if raw is None:
         if not key:
             raise InvalidMessage("invalid_json", "tombstone without a key: no article id to delete")
@@ -102,7 +115,27 @@ def decode_message(raw: bytes | None, key: bytes | None, max_text_bytes: int) ->
         if len(article_id) > MAX_ID_LENGTH:
             raise InvalidMessage("schema_violation", f"tombstone key is longer than {MAX_ID_LENGTH}")
         return Deletion(article_id)
-    return decode_article(raw, max_text_bytes)
+    decoded = decode_article(raw, max_text_bytes)
+    if key is not None and key != decoded.article_id.encode("utf-8"):
+        raise InvalidMessage(
+            "key_mismatch",
+            f"the key {_shown_key(key)} is not the id {decoded.article_id!r}: produce the message keyed "
+            "by its id, so that the article's versions and deletion stay in one partition, in order",
+        )
+    return decoded
+
+
+def _shown_key(key: bytes) -> str:
+    """A key for a detail: its text, or its bytes when it is not UTF-8; cut at an id's length (the
+    dead letter carries it whole)."""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        cut = key[: 4 * MAX_ID_LENGTH]
+        shown, whole = f"{cut!r} (not UTF-8)", cut == key
+    else:
+        shown, whole = repr(text[:MAX_ID_LENGTH]), len(text) <= MAX_ID_LENGTH
+    return shown if whole else f"{shown}… ({len(key)} bytes)"
 
 
 def decode_article(raw: bytes | None, max_text_bytes: int) -> Article | Deletion:
