@@ -238,8 +238,8 @@ def verdict_dict(
     }
 
 
-# The longest a JSON number the verdict's fields hold is written: an unsigned 64-bit integer (20
-# digits), and orjson's float of the most characters (24).
+# The JSON numbers of the most characters: an unsigned 64-bit integer (20 digits), and a float as
+# orjson writes the longest (24 characters).
 _LONGEST_INT = 2**64 - 1
 _LONGEST_FLOAT = -2.2250738585072014e-308
 
@@ -247,7 +247,7 @@ _LONGEST_FLOAT = -2.2250738585072014e-308
 def verdict_max_bytes(params: DedupParams) -> int:
     """An upper bound on an encoded verdict's size under `params`: verdict_dict of a duplicate whose
     ids, candidates and numbers all take the most room they can."""
-    # A control character is escaped as \\u00XX: 6 bytes, more than any other character takes.
+    # A control character is escaped as \u00XX: 6 bytes, more than any other character takes.
     worst_id = "\x00" * MAX_ID_LENGTH
     score = _LONGEST_FLOAT
     candidate = Candidate(worst_id, score, score, score)

@@ -122,7 +122,8 @@ def max_request_bytes(settings: Settings) -> int:
 
 
 async def ensure_topics(settings: Settings) -> dict[str, int]:
-    """Create missing topics; raise TopicMismatch naming the topic if a fixed count differs."""
+    """Create missing topics; raise TopicMismatch naming the topic if a fixed count differs or it
+    takes smaller messages than the worker sends it."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
     await admin.start()
     try:
