@@ -349,7 +349,9 @@ SETTINGS: tuple[Setting, ...] = (
         "max_text_bytes",
         INT,
         1_000_000,
-        "larger texts are refused as `oversized` (dead-lettered; `neardup evaluate` skips them)",
+        "larger texts, and texts that normalisation expands past this many characters, are refused "
+        "as `oversized` (dead-lettered; `neardup evaluate` skips them); with `NEARDUP_UNIQUE_TOPIC`, "
+        "the feed topic must take this + 128 KB ([Message sizes](operations.md#message-sizes))",
         check=_at_least(1),
     ),
     _verdicts("threshold", FLOAT, _ENGINE.threshold, "Jaccard for `duplicate`"),

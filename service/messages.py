@@ -7,12 +7,13 @@ import base64
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import orjson
 
-from .core.dedup import Decision, IndexedArticle, VerdictKind
+from .core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from .core.params import DedupParams
+from .core.signing import Sketch
 from .errors import Error
 
 DeadLetterReason = Literal[
@@ -21,6 +22,7 @@ DeadLetterReason = Literal[
     "schema_violation",
     "oversized",
     "empty_text",
+    "key_mismatch",
     "internal_error",
     "processing_failed",
 ]
@@ -30,6 +32,7 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (
     "schema_violation",
     "oversized",
     "empty_text",
+    "key_mismatch",
     "internal_error",
     "processing_failed",  # the message made a helper process die or hang, alone
 )
@@ -40,6 +43,9 @@ MAX_ID_LENGTH = 512
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 # What a dead letter leaves of that limit for the Kafka record's own framing and headers.
 DEAD_LETTER_HEADROOM = 64 * 1024
+# What an input message may hold besides its text (its other fields, JSON's quoting): a message
+# larger than the text limit and this is refused before it is parsed.
+INPUT_HEADROOM = 64 * 1024
 
 
 VERDICT_KINDS: tuple[str, ...] = get_args(VerdictKind)
@@ -95,7 +101,13 @@ class Deletion:
 
 
 def decode_message(raw: bytes | None, key: bytes | None, max_text_bytes: int) -> Article | Deletion:
-    """An input message: an article, or a deletion. InvalidMessage names what is wrong."""
+    """An input message: an article, or a deletion. InvalidMessage names what is wrong.
+
+    A message with a key must be keyed by its id (`key_mismatch` otherwise, once its value passes
+    its own checks): an article's versions and its deletion are applied in the order of the
+    input's partitions, which keeps them in order only when they share a partition, as messages
+    of one key do. A message keyed otherwise could be applied after its own tombstone. None (no
+    key: embedded mode, the library) is not compared."""
     if raw is None:
         if not key:
             raise InvalidMessage("invalid_json", "tombstone without a key: no article id to delete")
@@ -106,7 +118,27 @@ def decode_message(raw: bytes | None, key: bytes | None, max_text_bytes: int) ->
         if len(article_id) > MAX_ID_LENGTH:
             raise InvalidMessage("schema_violation", f"tombstone key is longer than {MAX_ID_LENGTH}")
         return Deletion(article_id)
-    return decode_article(raw, max_text_bytes)
+    decoded = decode_article(raw, max_text_bytes)
+    if key is not None and key != decoded.article_id.encode("utf-8"):
+        raise InvalidMessage(
+            "key_mismatch",
+            f"the key {_shown_key(key)} is not the id {decoded.article_id!r}: produce the message keyed "
+            "by its id, so that the article's versions and deletion stay in one partition, in order",
+        )
+    return decoded
+
+
+def _shown_key(key: bytes) -> str:
+    """A key for a detail: its text, or its bytes when it is not UTF-8; cut at an id's length (the
+    dead letter carries it whole)."""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        cut = key[: 4 * MAX_ID_LENGTH]
+        shown, whole = f"{cut!r} (not UTF-8)", cut == key
+    else:
+        shown, whole = repr(text[:MAX_ID_LENGTH]), len(text) <= MAX_ID_LENGTH
+    return shown if whole else f"{shown}… ({len(key)} bytes)"
 
 
 def decode_article(raw: bytes | None, max_text_bytes: int) -> Article | Deletion:
@@ -114,7 +146,7 @@ def decode_article(raw: bytes | None, max_text_bytes: int) -> Article | Deletion
     the reason and the offending field."""
     if raw is None:
         raise InvalidMessage("invalid_json", "message has no value (tombstone)")
-    if len(raw) > max_text_bytes + 64 * 1024:
+    if len(raw) > input_max_bytes(max_text_bytes):
         raise InvalidMessage("oversized", f"message is {len(raw)} bytes, limit {max_text_bytes}")
     try:
         raw.decode("utf-8")
@@ -125,6 +157,12 @@ def decode_article(raw: bytes | None, max_text_bytes: int) -> Article | Deletion
     except orjson.JSONDecodeError as exc:
         raise InvalidMessage("invalid_json", str(exc)) from exc
     return article_from_dict(data, max_text_bytes)
+
+
+def input_max_bytes(max_text_bytes: int) -> int:
+    """The largest input message (its value) decode_article accepts under a text limit: what the
+    filtered feed may forward."""
+    return max_text_bytes + INPUT_HEADROOM
 
 
 def article_from_dict(data: Any, max_text_bytes: int) -> Article | Deletion:
@@ -201,6 +239,35 @@ def verdict_dict(
         "params": params.audit(),
         "latency_ms": latency_ms,
     }
+
+
+# The JSON numbers of the most characters: an unsigned 64-bit integer (20 digits), and a float as
+# orjson writes the longest (24 characters).
+_LONGEST_INT = 2**64 - 1
+_LONGEST_FLOAT = -2.2250738585072014e-308
+
+
+def verdict_max_bytes(params: DedupParams) -> int:
+    """An upper bound on an encoded verdict's size under `params`: verdict_dict of a duplicate whose
+    ids, candidates and numbers all take the most room they can."""
+    # A control character is escaped as \u00XX: 6 bytes, more than any other character takes.
+    worst_id = "\x00" * MAX_ID_LENGTH
+    score = _LONGEST_FLOAT
+    candidate = Candidate(worst_id, score, score, score)
+    longest_kind = max(VERDICT_KINDS, key=len)
+    decision = Decision(
+        cast(VerdictKind, longest_kind),
+        worst_id,
+        score,
+        score,
+        score,
+        worst_id,
+        False,
+        (candidate,) * params.top_candidates,
+    )
+    # verdict_dict reads only the id, version and decision of the article
+    article = IndexedArticle(worst_id, _LONGEST_INT, 0, cast(Sketch, None), decision)
+    return len(orjson.dumps(verdict_dict(article, params, score)))
 
 
 def dead_letter_dict(

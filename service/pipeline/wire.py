@@ -16,10 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import orjson
 
 from ..core.lsh import BAND_KEY_BYTES
+from ..core.params import DedupParams
 from ..core.signing import Sketch
+from ..messages import MAX_ID_LENGTH
 from ..state.records import pack_sketches, unpack_sketches
 
 _SIGNED = b"S5"  # band keys, 8-bit verifier, event time
@@ -106,6 +109,37 @@ def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
     return _FEED + _LEN.pack(len(original)) + original + _LEN.pack(len(head)) + head + record
 
 
+# Kafka's longest topic name, and the integer of the most characters in JSON (-2**63).
+_TOPIC_MAX_LENGTH = 249
+_LONGEST_INT = -(2**63)
+
+
+def signed_max_bytes(params: DedupParams) -> int:
+    """An upper bound on a signed record's size under `params` (a deletion's is smaller):
+    encode_signed of one whose id, topic and numbers all take the most room they can."""
+    # A control character is escaped as \u00XX: 6 bytes, more than any other character takes.
+    worst_id = "\x00" * MAX_ID_LENGTH
+    bands, rows = params.lsh.bands, params.lsh.rows
+    sketch = Sketch(
+        bytes(16),  # the content hash: a 128-bit murmur3
+        np.zeros(params.num_perm, dtype=np.uint64),
+        _LONGEST_INT,
+        False,
+        np.zeros(params.verify_perm, dtype=np.uint8),
+    )
+    src = Provenance("t" * _TOPIC_MAX_LENGTH, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT)
+    keys = (bytes(BAND_KEY_BYTES),) * bands
+    return len(encode_signed(Signed(worst_id, sketch, src, keys, (bands, rows), _LONGEST_INT, False)))
+
+
+def wrapped_max_bytes(record_max: int, original_max: int, headers_max: int) -> int:
+    """An upper bound on with_original's size, for a record, an input message and its headers
+    (names and values) of at most these sizes. The headers' JSON takes at most 6 bytes per byte
+    of them: an escaped character of a name takes 6, a value in base64 4 per 3, and a header's
+    brackets, quotes and comma 8 for the 2 bytes or more it takes in Kafka."""
+    return len(_FEED) + _LEN.size + original_max + _LEN.size + 2 + 6 * headers_max + record_max
+
+
 def encode_deletion(deletion: SignedDeletion) -> bytes:
     src = deletion.provenance
     meta = {"id": deletion.article_id, "src": [src.topic, src.partition, src.offset, src.timestamp_ms]}
@@ -176,6 +210,12 @@ def pack_signed(records: Sequence[bytes]) -> bytes:
 def pack_in_chunks(records: Sequence[bytes], max_bytes: int = PACK_MAX_BYTES) -> list[bytes]:
     """pack_signed over consecutive runs of `records` of at most `max_bytes` each (≥1 record)."""
     return [pack_signed(run) for run in runs_within(records, lambda r: len(r) + _LEN.size, max_bytes)]
+
+
+def packed_max_bytes(record_max: int, max_bytes: int = PACK_MAX_BYTES) -> int:
+    """An upper bound on a message of pack_in_chunks whose records are at most `record_max` bytes:
+    a run within `max_bytes`, or one larger record alone."""
+    return len(_PACKED) + _LEN.size + max(max_bytes, _LEN.size + record_max)
 
 
 def runs_within(items: Sequence[T], size: Callable[[T], int], max_bytes: int) -> list[list[T]]:

@@ -27,7 +27,7 @@ from .metrics import Metrics
 from .outputs import Outputs
 from .progress import Failure, Progress
 from .sign_agent import SignPipeline
-from .topics import DEAD_LETTER_MAX_BYTES, ChangelogReader, LogReader, changelog_topic
+from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
 
 __all__ = ["SHARD_KEY", "Runtime", "create_app", "exit_after"]
 log = logging.getLogger("neardup.stream")
@@ -129,7 +129,7 @@ def create_app(
         # A batch the producer could not deliver this long (retrying what is retriable) fails,
         # and the worker with it (delivery.py): a supervisor restarts it from its last commit.
         producer_request_timeout=settings.delivery_timeout,
-        producer_max_request_size=DEAD_LETTER_MAX_BYTES,
+        producer_max_request_size=max_request_bytes(settings),
         producer_linger_ms=2,
         # aiokafka waits for a partition's batch to be sent (one request in flight per broker) before
         # it starts the next: with the default 16 KB, the changelog would move only a

@@ -17,8 +17,9 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from ..config import Settings
 from ..errors import Error
-from ..messages import DEAD_LETTER_MAX_BYTES
+from ..messages import DEAD_LETTER_MAX_BYTES, input_max_bytes, verdict_max_bytes
 from ..pipeline.decider import Entry
+from ..pipeline.wire import packed_max_bytes, signed_max_bytes, wrapped_max_bytes
 
 log = logging.getLogger("neardup.topics")
 
@@ -37,54 +38,93 @@ class TopicMismatch(Error, RuntimeError):
     """An existing topic has a partition count the service cannot work with."""
 
 
+# The producer's batch size (app.py's producer_max_batch_size): aiokafka fills a batch up to it, and
+# the broker holds a whole batch to a topic's max.message.bytes, so every topic the worker writes
+# must take that much besides its largest message.
+PRODUCER_BATCH_BYTES = 512 * 1024
+# What a message the worker sends takes besides its value: its key (an article id, at most 2 KB in
+# UTF-8; a dead letter's own key is counted in its value's room), the headers the filtered feed
+# forwards with an input message, and Kafka's framing of the record and its batch (under 100 bytes).
+RECORD_HEADROOM = 64 * 1024
+# The broker's own default (message.max.bytes): a topic the worker creates never takes less.
+KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     name: str
     partitions: int
     compact: bool = False
     exact: bool = True
+    # the largest message (or batch) the worker sends it, None for a topic it does not write: the
+    # topic is created to take it, and an existing topic that takes less is refused at start, as
+    # the broker would refuse that message later and stop the worker at every restart
     max_message_bytes: int | None = None
-    # an existing topic that takes less than max_message_bytes is refused at start: what it would
-    # refuse later (a dead letter of a large input) would stop the worker at every restart
-    limit_required: bool = False
 
 
 def changelog_topic(settings: Settings) -> str:
     return f"{settings.app_id}-records-changelog"
 
 
+def feed_max_bytes(settings: Settings) -> int:
+    """The filtered feed's largest message: an input message forwarded unchanged, as large as the
+    input decoder accepts, with its key and headers."""
+    return max(PRODUCER_BATCH_BYTES, input_max_bytes(settings.max_text_bytes) + RECORD_HEADROOM)
+
+
+def verdicts_max_bytes(settings: Settings) -> int:
+    """The verdicts topic's largest message or batch."""
+    return max(PRODUCER_BATCH_BYTES, verdict_max_bytes(settings.params()) + RECORD_HEADROOM)
+
+
+def signatures_max_bytes(settings: Settings) -> int:
+    """The signatures topic's largest message: a sign batch's records packed up to
+    wire.PACK_MAX_BYTES, or one larger record alone; with the filtered feed a record carries its
+    input message and headers too."""
+    record = signed_max_bytes(settings.params())
+    if settings.unique_topic:
+        original = input_max_bytes(settings.max_text_bytes)
+        record = wrapped_max_bytes(record, original, RECORD_HEADROOM)
+    return max(DEAD_LETTER_MAX_BYTES, packed_max_bytes(record) + RECORD_HEADROOM)
+
+
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     specs = [
         TopicSpec(settings.input_topic, settings.input_partitions, exact=False),
-        # one message carries a sign batch of signatures (wire.PACK_MAX_BYTES)
-        TopicSpec(settings.signatures_topic, 1, max_message_bytes=DEAD_LETTER_MAX_BYTES, limit_required=True),
-        TopicSpec(settings.verdicts_topic, settings.verdicts_partitions, exact=False),
-        # a dead letter carries its original bytes base64-encoded (4/3 larger) plus metadata
+        TopicSpec(settings.signatures_topic, 1, max_message_bytes=signatures_max_bytes(settings)),
         TopicSpec(
-            settings.dead_letter_topic,
-            1,
+            settings.verdicts_topic,
+            settings.verdicts_partitions,
             exact=False,
-            max_message_bytes=DEAD_LETTER_MAX_BYTES,
-            limit_required=True,
+            max_message_bytes=verdicts_max_bytes(settings),
         ),
-        TopicSpec(changelog_topic(settings), 1, compact=True),
+        # a dead letter carries its original bytes base64-encoded (4/3 larger) plus metadata, cut
+        # to fit this (messages.dead_letter_dict)
+        TopicSpec(settings.dead_letter_topic, 1, exact=False, max_message_bytes=DEAD_LETTER_MAX_BYTES),
+        # an index record takes far less than a batch (under 100 KB at the largest num_perm)
+        TopicSpec(changelog_topic(settings), 1, compact=True, max_message_bytes=PRODUCER_BATCH_BYTES),
         TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, exact=False),
     ]
     if settings.unique_topic:
-        # the filtered feed forwards input messages unchanged: as large as the input takes
         specs.append(
             TopicSpec(
                 settings.unique_topic,
                 settings.verdicts_partitions,
                 exact=False,
-                max_message_bytes=DEAD_LETTER_MAX_BYTES,
+                max_message_bytes=feed_max_bytes(settings),
             )
         )
     return specs
 
 
+def max_request_bytes(settings: Settings) -> int:
+    """The producer's max_request_size: the largest message the worker sends to any topic."""
+    return max(s.max_message_bytes for s in topic_specs(settings) if s.max_message_bytes is not None)
+
+
 async def ensure_topics(settings: Settings) -> dict[str, int]:
-    """Create missing topics; raise TopicMismatch naming the topic if a fixed count differs."""
+    """Create missing topics; raise TopicMismatch naming the topic if a fixed count differs or it
+    takes smaller messages than the worker sends it."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
     await admin.start()
     try:
@@ -124,7 +164,7 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
                         "delete it or point the service at another topic name"
                     )
                 log.info("topic=%s partitions=%d (configured %d; fine)", spec.name, have, spec.partitions)
-        await _check_limits(admin, [spec for spec in specs if spec.limit_required])
+        await _check_limits(admin, [spec for spec in specs if spec.max_message_bytes is not None])
         return existing
     finally:
         await admin.close()
@@ -152,8 +192,8 @@ async def _check_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> N
 
 def _configs(spec: TopicSpec) -> dict[str, str]:
     configs = {"cleanup.policy": "compact"} if spec.compact else {}
-    if spec.max_message_bytes:
-        configs["max.message.bytes"] = str(spec.max_message_bytes)
+    if spec.max_message_bytes is not None:
+        configs["max.message.bytes"] = str(max(spec.max_message_bytes, KAFKA_DEFAULT_MAX_MESSAGE_BYTES))
     return configs
 
 

@@ -1,8 +1,8 @@
 """Delivery under faults, through the real broker: a verdict or a filtered-feed message the broker
-refuses turns /health to 503 and stops the worker without committing past it; a broker stopped under
-load loses nothing; an exception in an agent or a helper stops the worker and a restart misses
-nothing; a kill between a decision and its changelog leaves no state that a later rebuild would
-lack."""
+refuses (its topic's limit lowered under a running worker) turns /health to 503 and stops the worker
+without committing past it; a broker stopped under load loses nothing; an exception in an agent or a
+helper stops the worker and a restart misses nothing; a kill between a decision and its changelog
+leaves no state that a later rebuild would lack."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from neardup.state.rocks import RocksState
@@ -127,25 +127,21 @@ def test_a_verdict_the_broker_refuses_stops_the_worker_without_committing_past_i
 ) -> None:
     articles = load_sample(60)
     verdicts_topic = deployment.topics["verdicts"]
-    worker = _start_with_a_small_topic(deployment, verdicts_topic, 200)  # smaller than any verdict
+    worker, limit = _start_then_shrink(deployment, verdicts_topic, 200)  # smaller than any verdict
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
     _assert_stopped_before_committing(deployment, worker, len(articles))
-    _raise_limit(deployment, verdicts_topic)
+    _set_limit(deployment, verdicts_topic, limit)
     deployment.start_worker()
     _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=True)
 
 
-def _start_with_a_small_topic(deployment: Deployment, topic: str, limit: int) -> subprocess.Popen[bytes]:
-    """A worker whose output `topic` takes messages of up to `limit` bytes."""
-
-    async def create_small(admin: AIOKafkaAdminClient) -> None:
-        configs = {"max.message.bytes": str(limit)}
-        await admin.create_topics([NewTopic(topic, 3, 1, topic_configs=configs)])
-
-    asyncio.run(_admin(deployment.bootstrap, create_small))
-    deployment.create_topics()
+def _start_then_shrink(deployment: Deployment, topic: str, limit: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A worker started, then its output `topic` set to take messages of up to `limit` bytes while
+    it runs (a topic that takes too little at start is refused then: test_stream.py); returns the
+    worker and the topic's limit before."""
     deployment.extra_env["NEARDUP_FAILURE_EXIT_TIMEOUT"] = "15"
-    return deployment.start_worker()
+    worker = deployment.start_worker()
+    return worker, _set_limit(deployment, topic, limit)
 
 
 def _assert_stopped_before_committing(
@@ -164,12 +160,27 @@ def _assert_stopped_before_committing(
     assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == produced
 
 
-def _raise_limit(deployment: Deployment, topic: str) -> None:
-    async def raise_limit(admin: AIOKafkaAdminClient) -> None:
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": "1048588"})
-        await admin.alter_configs([resource])
+def _set_limit(deployment: Deployment, topic: str, limit: int) -> int:
+    """Set `topic`'s max.message.bytes (its only setting: AlterConfigs replaces them all), once the
+    broker reports it; returns the limit before."""
 
-    asyncio.run(_admin(deployment.bootstrap, raise_limit))
+    async def limit_of(admin: AIOKafkaAdminClient) -> int:
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})
+        [response] = await admin.describe_configs([resource])
+        [(_error, _message, _type, _name, entries)] = response.resources
+        return next(int(entry[1]) for entry in entries if entry[0] == "max.message.bytes")
+
+    async def set_limit(admin: AIOKafkaAdminClient) -> int:
+        before = await limit_of(admin)
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})
+        await admin.alter_configs([resource])
+        for _ in range(50):
+            if await limit_of(admin) == limit:
+                return before
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"{topic}: max.message.bytes still not {limit}")
+
+    return int(asyncio.run(_admin(deployment.bootstrap, set_limit)))
 
 
 def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_past_it(
@@ -181,13 +192,13 @@ def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_p
     messages = {a["id"]: orjson.dumps(a) for a in articles}
     feed_topic = f"{deployment.name}-unique"
     deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = feed_topic
-    limit = 200
-    assert min(map(len, messages.values())) > limit, "every article is larger than the feed takes"
-    worker = _start_with_a_small_topic(deployment, feed_topic, limit)
+    small = 200
+    assert min(map(len, messages.values())) > small, "every article is larger than the feed takes"
+    worker, limit = _start_then_shrink(deployment, feed_topic, small)
     produce_with_headers(deployment.bootstrap, deployment.topics["input"], messages)
     _assert_stopped_before_committing(deployment, worker, len(articles))
     assert TopicReader(deployment.bootstrap, feed_topic).read_all() == []
-    _raise_limit(deployment, feed_topic)
+    _set_limit(deployment, feed_topic, limit)
     deployment.start_worker()
     verdicts = _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
     unique = {article_id for article_id, seen in verdicts.items() if seen[0]["verdict"] == "unique"}

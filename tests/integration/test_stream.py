@@ -137,6 +137,43 @@ def test_bad_messages_go_to_dead_letters_and_valid_ones_get_verdicts(deployment:
     assert len(again) == len(bad), "the tombstone was not dead-lettered"
 
 
+def test_a_message_keyed_by_another_id_is_dead_lettered_and_the_next_one_gets_its_verdict(
+    deployment: Deployment,
+) -> None:
+    """Keyed "x" with id "y" (or keyed by bytes that are not UTF-8): a key_mismatch dead letter
+    with the original key and bytes, no verdict; the correctly keyed messages around it are judged."""
+    before, after = load_sample(2)
+    mismatched = [
+        (b"x", b'{"id": "y", "text": "An article keyed by another id."}'),
+        (b"z\xff", b'{"id": "z", "text": "An article keyed by bytes that are not UTF-8."}'),
+    ]
+    messages: list[tuple[bytes | None, bytes | None]] = [
+        (before["id"].encode(), orjson.dumps(before)),
+        *mismatched,
+        (after["id"].encode(), orjson.dumps(after)),
+    ]
+    deployment.start_worker()
+    asyncio.run(produce(deployment.bootstrap, deployment.topics["input"], messages))
+
+    verdicts = TopicReader(deployment.bootstrap, deployment.topics["verdicts"]).read_until(
+        lambda r: after["id"] in verdicts_by_id(r), timeout=120
+    )
+    assert sorted(verdicts_by_id(verdicts)) == sorted([before["id"], after["id"]]), deployment.logs()
+    dead = TopicReader(deployment.bootstrap, deployment.topics["dead"]).read_until(
+        lambda r: len(r) >= len(mismatched), timeout=30
+    )
+    letters = [orjson.loads(r.value) for r in dead]
+    assert [(d["reason"], d["offset"]) for d in letters] == [("key_mismatch", 1), ("key_mismatch", 2)]
+    for (key, value), letter, record in zip(mismatched, letters, dead, strict=True):
+        assert record.key == key
+        assert (base64.b64decode(letter["key_b64"]), base64.b64decode(letter["value_b64"])) == (key, value)
+        assert letter["topic"] == deployment.topics["input"] and letter["partition"] == 0
+    assert "the key 'x' is not the id 'y'" in letters[0]["detail"]
+    assert "the key b'z\\xff' (not UTF-8) is not the id 'z'" in letters[1]["detail"]
+    metric = 'neardup_dead_letters_total{reason="key_mismatch"}'
+    assert deployment.settled_metric(0, metric, 2.0) == 2.0
+
+
 def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment) -> None:
     """An internal topic with the wrong partition count stops the worker with a clear message."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -166,6 +203,58 @@ def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment)
     log = result.stderr.decode() + result.stdout.decode()
     assert "topic_mismatch" in log
     assert deployment.topics["signatures"] in log and "has 2 partitions" in log
+
+
+def test_a_feed_topic_that_takes_less_than_an_input_message_is_refused_at_start(
+    deployment: Deployment,
+) -> None:
+    """A feed topic left at Kafka's default limit takes less than an input message the worker
+    accepts under the default text limit: the worker refuses to start, naming the topic and the
+    command that raises its limit; raised so, the worker starts."""
+    import subprocess
+    import sys
+
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    from neardup.config import Settings
+    from neardup.stream.topics import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, feed_max_bytes
+
+    from .conftest import REPO
+
+    feed_topic = f"{deployment.name}-unique"
+    deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = feed_topic
+    need = feed_max_bytes(Settings.from_env(deployment.env(0)))
+
+    async def admin(action: str) -> None:
+        client = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap)
+        await client.start()
+        try:
+            if action == "create":
+                configs = {"max.message.bytes": str(KAFKA_DEFAULT_MAX_MESSAGE_BYTES)}
+                await client.create_topics([NewTopic(feed_topic, 3, 1, topic_configs=configs)])
+            else:
+                limit = {"max.message.bytes": str(need)}
+                await client.alter_configs([ConfigResource(ConfigResourceType.TOPIC, feed_topic, limit)])
+        finally:
+            await client.close()
+
+    asyncio.run(admin("create"))
+    result = subprocess.run(
+        [sys.executable, "-m", "neardup", "worker"],
+        cwd=REPO,
+        env=deployment.env(0),
+        capture_output=True,
+        timeout=120,
+    )
+    log = result.stderr.decode() + result.stdout.decode()
+    assert result.returncode == 2, log
+    assert "topic_mismatch" in log
+    assert f"'{feed_topic}' takes messages of up to {KAFKA_DEFAULT_MAX_MESSAGE_BYTES} bytes" in log
+    command = f"kafka-configs.sh --alter --entity-type topics --entity-name {feed_topic}"
+    assert f"{command} --add-config max.message.bytes={need}" in log
+    asyncio.run(admin("raise"))
+    deployment.start_worker()  # ready: its topics passed the check
 
 
 @pytest.mark.parametrize(

@@ -21,10 +21,12 @@ from neardup.messages import (
     VERDICT_KINDS,
     Article,
     DeadLetterReason,
+    Deletion,
     InvalidMessage,
     article_from_dict,
     dead_letter_dict,
     decode_article,
+    decode_message,
     dumps,
     parse_verdict_filter,
     verdict_dict,
@@ -161,6 +163,63 @@ def test_article_from_dict_accepts_decoded_data() -> None:
     assert article_from_dict({"id": "a", "text": "t", "title": None}, 10) == Article("a", "t")
     with pytest.raises(InvalidMessage):
         article_from_dict({"id": "a", "text": "t" * 11}, 10)
+
+
+# --- decode_message: the key ---------------------------------------------------------------------
+
+
+def reject_keyed(raw: bytes | None, key: bytes | None) -> InvalidMessage:
+    with pytest.raises(InvalidMessage) as info:
+        decode_message(raw, key, LIMIT)
+    return info.value
+
+
+@pytest.mark.parametrize("key", [b"y", None], ids=["keyed-by-its-id", "no-key"])
+def test_a_message_keyed_by_its_id_or_not_keyed_is_decoded(key: bytes | None) -> None:
+    assert decode_message(b'{"id": "y", "text": "t"}', key, LIMIT) == Article("y", "t")
+    assert decode_message(b'{"id": "y", "deleted": true}', key, LIMIT) == Deletion("y")
+
+
+def test_a_non_ascii_id_is_compared_in_utf8() -> None:
+    raw = orjson.dumps({"id": "café-😀", "text": "t"})
+    assert decode_message(raw, "café-😀".encode(), LIMIT).article_id == "café-😀"
+    assert reject_keyed(raw, "cafe-😀".encode()).reason == "key_mismatch"
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"id": "y", "text": "t"}', b'{"id": "y", "deleted": true}'], ids=["article", "deletion"]
+)
+def test_a_message_keyed_by_another_id_is_a_key_mismatch_naming_both(raw: bytes) -> None:
+    exc = reject_keyed(raw, b"x")
+    assert exc.reason == "key_mismatch"
+    assert "the key 'x' is not the id 'y'" in exc.detail and str(exc) == f"key_mismatch: {exc.detail}"
+
+
+def test_an_empty_key_is_a_key_and_does_not_match() -> None:
+    assert "the key '' is not the id 'y'" in reject_keyed(b'{"id": "y", "text": "t"}', b"").detail
+
+
+def test_a_key_that_is_not_utf8_is_a_key_mismatch_showing_its_bytes() -> None:
+    exc = reject_keyed(b'{"id": "y", "text": "t"}', b"y\xff")
+    assert exc.reason == "key_mismatch"
+    assert "the key b'y\\xff' (not UTF-8) is not the id 'y'" in exc.detail
+
+
+def test_a_long_key_is_cut_in_the_detail() -> None:
+    key = b"k" * (MAX_ID_LENGTH + 100)
+    exc = reject_keyed(b'{"id": "y", "text": "t"}', key)
+    assert f"'{'k' * MAX_ID_LENGTH}'… ({len(key)} bytes) is not the id 'y'" in exc.detail
+
+
+def test_the_value_is_checked_before_the_key() -> None:
+    assert reject_keyed(b'{"id": "y", "text": 1}', b"x").reason == "schema_violation"
+    assert reject_keyed(b"not json", b"x").reason == "invalid_json"
+
+
+def test_a_tombstone_is_a_deletion_of_its_key() -> None:
+    assert decode_message(None, b"y", LIMIT) == Deletion("y")
+    assert reject_keyed(None, b"\xff").reason == "invalid_utf8"
+    assert reject_keyed(None, None).reason == "invalid_json"
 
 
 # --- verdict_dict ---------------------------------------------------------------------------------

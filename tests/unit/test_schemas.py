@@ -163,12 +163,13 @@ BAD_INPUTS: dict[str, bytes | None] = {
     "schema_violation": b'{"id": "a", "text": ["not", "a", "string"]}',
     "oversized": orjson.dumps({"id": "a", "text": "x" * 300}),
     "empty_text": b'{"id": "a", "text": " \\n\\t "}',
+    "key_mismatch": b'{"id": "b", "text": "keyed as another article"}',
 }
 
 
 @pytest.mark.parametrize("reason", sorted(BAD_INPUTS))
 def test_sign_stage_dead_letters_validate(reason: str) -> None:
-    result = SignStage(DedupParams(), max_text_bytes=100).handle(BAD_INPUTS[reason], b"key", SRC)
+    result = SignStage(DedupParams(), max_text_bytes=100).handle(BAD_INPUTS[reason], b"a", SRC)
     assert result.reason == reason and result.dead_letter is not None
     record = orjson.loads(result.dead_letter)
     assert record["reason"] == reason

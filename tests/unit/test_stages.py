@@ -63,6 +63,7 @@ BAD: list[tuple[str, bytes | None, str]] = [
     ("oversized multibyte text", article("a", "€" * 34), "oversized"),  # 102 bytes, 34 characters
     ("empty text", article("a", ""), "empty_text"),
     ("whitespace text", article("a", " \n\t\u3000 \r\n "), "empty_text"),
+    ("keyed by another id", article("b", "A body."), "key_mismatch"),
 ]
 
 
@@ -75,13 +76,13 @@ def sign() -> SignStage:
     ("raw", "reason"), [(raw, reason) for _, raw, reason in BAD], ids=[c[0] for c in BAD]
 )
 def test_bad_input_becomes_a_dead_letter(sign: SignStage, raw: bytes | None, reason: str) -> None:
-    result = sign.handle(raw, b"key-a", SRC)
+    result = sign.handle(raw, b"a", SRC)  # the id of the articles that have one, but "b"
     assert result.signed is None and result.dead_letter is not None
     assert result.reason == reason
     record = orjson.loads(result.dead_letter)
     assert record["reason"] == reason and record["detail"]
     assert (record["topic"], record["partition"], record["offset"]) == (SRC.topic, SRC.partition, SRC.offset)
-    assert base64.b64decode(record["key_b64"]) == b"key-a"
+    assert base64.b64decode(record["key_b64"]) == b"a"
     if raw is None:
         assert record["value_b64"] is None
     else:
