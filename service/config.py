@@ -539,9 +539,9 @@ SETTINGS: tuple[Setting, ...] = (
         "time_skew",
         DURATION,
         format_duration_ms(_RETENTION.skew_ms),
-        "a `published_at` further ahead of the record's timestamp (embedded: of the clock) than this, "
-        "or one that does not parse, is not used: the record timestamp is, and "
-        "`neardup_refused_times_total` counts it",
+        "a `published_at` or record timestamp further ahead of this process's clock than this (or a "
+        "`published_at` that does not parse) is not used: the article is timed by the record "
+        "timestamp, else by its arrival, and `neardup_refused_times_total` counts it",
         modes=_BY_TIME,
         check=_reason(parse_duration_ms),
         refused=_NOT_BY_TIME,

@@ -92,7 +92,7 @@ class Metrics:
         index openings, the filtered feed, consumer lag and the garbage collector's pauses."""
         self.refused_times = Counter(
             "neardup_refused_times",
-            "Articles whose published_at was not used (unparseable, or ahead of the record timestamp)",
+            "Articles whose published_at or record timestamp was not used (unparseable, or ahead)",
             registry=r,
         )
         self.offset_gaps = Counter(
