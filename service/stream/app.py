@@ -114,9 +114,19 @@ def create_app(
     """The app and what its agents share. `exit_later`: what bounds a stop for a failure (the
     worker's command passes exit_after); `stop_worker`: how such a stop starts (default: SIGTERM
     to this process, as a supervisor would send)."""
-    params = settings.params()
-    params = settings.params()
-    app = framework.app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
+    app = _faust_app(settings)
+    articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
+    signatures = _raw_topic(app, settings.signatures_topic, 1)
+    _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
+    _raw_topic(app, changelog_topic(settings), 1, compacting=True)  # the index's changelog, likewise
+    runtime = _runtime(app, settings, metrics, signatures, exit_later, stop_worker)
+    _wire(app, runtime, articles, signatures)
+    return app, runtime
+
+
+def _faust_app(settings: Settings) -> faust.App:
+    """The Faust app, configured for the worker."""
+    return framework.app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
@@ -145,11 +155,18 @@ def create_app(
         stream_buffer_maxsize=8192,
         broker_max_poll_records=2000,
     )
-    changelog_name = changelog_topic(settings)
-    articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
-    signatures = _raw_topic(app, settings.signatures_topic, 1)
-    _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
-    _raw_topic(app, changelog_name, 1, compacting=True)  # the index's changelog, likewise
+
+
+def _runtime(
+    app: faust.App,
+    settings: Settings,
+    metrics: Metrics,
+    signatures: faust.TopicT,
+    exit_later: Callable[[float], None],
+    stop_worker: Callable[[], None] | None,
+) -> Runtime:
+    """Everything the agents share, each part given what it needs."""
+    params = settings.params()
     timeout = CallTimeout(settings.helper_timeout, settings.helper_item_timeout_ms / 1000)
     signer = Signer(
         SignStage(params, settings.max_text_bytes, settings.retention_window().skew_ms),
@@ -186,15 +203,21 @@ def create_app(
     index = IndexPipeline(settings, decider, collector, outputs, progress, failure, indexed)
     hand_off = HandOff()
     sign = SignPipeline(settings, signer, outputs, signatures, progress, failure, signed, hand_off)
-    runtime = Runtime(
+    return Runtime(
         settings, metrics, signer, decider, failure, progress, signed, indexed, hand_off, sign, index
     )
 
+
+def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: faust.TopicT) -> None:
+    """The agents on their topics, the shard's assignment hooks, and the app's tasks."""
+    signer, failure, metrics = runtime.signer, runtime.failure, runtime.metrics
+    sign, index, hand_off = runtime.sign, runtime.index, runtime.hand_off
+    signed, indexed = runtime.signed, runtime.indexed
     # The signing helpers end with the worker, inside its event loop (the decider is closed on
     # the way: IndexPipeline.close); commands.py still stops any that are left once the loop has ended.
     cast(Any, app).at_shutdown.append(signer.aclose)
     cast(Any, app).failed = lambda: failure.failed
-    metrics.stall_timeout = settings.stall_timeout
+    metrics.stall_timeout = runtime.settings.stall_timeout
 
     def agent_failed(agent: Any, exc: BaseException) -> None:
         # Faust would go on with a new agent, past the batch that raised; that batch is not
@@ -234,5 +257,3 @@ def create_app(
         """What /health reports about the agents, from the event loop (whose own beat it is)."""
         metrics.loop_beat = time.monotonic()
         metrics.stalled = runtime.stalled()
-
-    return app, runtime

@@ -85,3 +85,18 @@ def test_the_state_port_depends_on_none_of_its_adapters() -> None:
     adapters = tuple(f"neardup.state.{name}" for name in ("index", "memory", "rocks", "records"))
     port = SERVICE / "state" / "port.py"
     assert [name for name in IMPORTS[port] if name.startswith(adapters)] == []
+
+
+# Parsed at collection too (see IMPORTS): each function of the package and its length in lines.
+FUNCTION_LINES = {
+    f"{path.relative_to(SERVICE)}:{node.name}": node.end_lineno - node.lineno + 1  # type: ignore[operator]
+    for path in SERVICE.rglob("*.py")
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+}
+
+
+def test_no_function_is_longer_than_a_screen() -> None:
+    assert FUNCTION_LINES and max(FUNCTION_LINES.values()) > 20
+    long = {name: lines for name, lines in FUNCTION_LINES.items() if lines > 80}
+    assert not long, f"split these functions (lines): {long}"
