@@ -10,13 +10,14 @@ catches that one works as well.
     ├── CorruptRecord (ValueError)       a stored record that cannot be decoded
     ├── ConfigError (ValueError)         a setting the worker cannot run with
     ├── ResumeMismatch (RuntimeError)    a resumed `neardup dedup` whose state and output disagree
-    ├── SigningFailed (RuntimeError)     `neardup dedup`'s signing helpers failed twice on a batch
-    ├── SignerFailed (RuntimeError)      the worker's signing helpers failed twice on a batch
+    ├── SigningFailed (RuntimeError)     `neardup dedup`'s signing helpers cannot start
+    ├── SignerFailed (RuntimeError)      the worker's signing helpers cannot start
     ├── DeciderFailed (RuntimeError)     the worker's decider process failed twice on a batch
     ├── ChildFailed (RuntimeError)       a helper process exited or answered garbage
     │   └── ChildTimedOut                ... or did not answer in time, and was killed
-    ├── TopicMismatch (RuntimeError)     a topic's partition count the worker cannot work with
-    └── InjectedFault (RuntimeError)     a fault injected by NEARDUP_TEST_AGENT_FAULT (tests only)
+    ├── TopicMismatch (RuntimeError)     a topic's partition count or size limit the worker cannot use
+    └── TooLong (ValueError)             a text normalisation expands past its limit (dead-lettered
+                                         as oversized; the library raises InvalidMessage)
 
 The library (`neardup.open`, Deduplicator) raises InvalidMessage, IncompatibleState, StateError and
 CorruptRecord; the package exports those, ConfigError and Error. A ValueError or TypeError not on
