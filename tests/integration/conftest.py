@@ -125,7 +125,8 @@ class Deployment:
     def state_dir(self, index: int) -> Path:
         return self.root / f"worker{index}"
 
-    def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
+    def start_worker(self, index: int = 0, *, wait: bool = True) -> subprocess.Popen[bytes]:
+        """A worker process, once it is ready (`wait`)."""
         log = (self.root / f"worker{index}.log").open("ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "neardup", "worker"],
@@ -136,7 +137,8 @@ class Deployment:
             start_new_session=True,
         )
         self.workers.append(proc)
-        self.wait_ready(index, proc)
+        if wait:
+            self.wait_ready(index, proc)
         return proc
 
     def wait_ready(self, index: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
