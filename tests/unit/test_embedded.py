@@ -337,22 +337,26 @@ def test_retention_expires_a_file_of_old_news_by_its_own_dates(
         article("mid", prose[1], published_at="2025-01-20T08:00:00Z"),
         article("inside", prose[1] + FOOTER, published_at="2025-02-01T08:00:00Z"),
         article("outside", prose[0] + FOOTER, published_at="2025-02-10T08:00:00Z"),
+        # refused, each takes the newest valid time: neither expires the index nor outlives it
         article("future", prose[2], published_at="2099-01-01T00:00:00Z"),
+        article("garbled", prose[3], published_at="yesterday"),
     ]
     source.write_bytes(b"".join(line + b"\n" for line in lines))
     out, state = tmp_path / "out.jsonl", tmp_path / "state"
     args = ["dedup", str(source), "-o", str(out), "--state", str(state), "--retention", "30d", "-q"]
     assert cli.main(args) == 0
     summary = capsys.readouterr().out
-    assert "expired=1" in summary and "refused_times=1" in summary
+    assert "expired=1" in summary and "refused_times=2" in summary
     verdicts = {v["article_id"]: v for v in map(orjson.loads, out.read_bytes().splitlines())}
     assert (verdicts["inside"]["verdict"], verdicts["inside"]["match_id"]) == ("duplicate", "mid")
     assert verdicts["outside"]["verdict"] == "unique", "its original is 40 days older: expired"
     assert cli.main(["stats", "--state", str(state)]) == 0
     shown = capsys.readouterr().out
-    assert "articles indexed   4" in shown and "expired            1" in shown
+    assert "articles indexed   5" in shown and "expired            1" in shown, (
+        "by its own dates, not today's"
+    )
     assert "oldest article     2025-01-20T08:00:00+00:00" in shown
-    assert "newest article     2025-02-10T08:00:00+00:00" in shown, "2099 was refused"
+    assert "newest article     2025-02-10T08:00:00+00:00" in shown, "refused dates take the newest"
 
 
 def test_state_is_compact_after_a_run(tmp_path: Path) -> None:
