@@ -1,4 +1,5 @@
 """Shared fixtures: real prose to shingle (news articles and technical paragraphs), engines and states.
+And the order tests are handed to parallel workers (see tests/run).
 
 The prose is embedded so the tests need nothing outside the repository.
 """
@@ -158,3 +159,17 @@ def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
     for state in opened:
         with contextlib.suppress(Exception):  # a RocksState closed by the test itself
             state.close()
+
+
+# --- how a run is laid out ---------------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Handed to parallel workers, the integration tests go first: they are the long ones, and the
+    many short unit tests then fill what is left of each worker's time."""
+    integration = TESTS / "integration"
+    if config.getoption("dist", "no") != "no":
+        items.sort(key=lambda item: not item.path.is_relative_to(integration))  # stable

@@ -7,7 +7,6 @@ lack, and the index rebuilt once the state directory is lost decides as an unint
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
 import subprocess
@@ -25,8 +24,8 @@ from neardup.stream.faults import AGENT_FAULT_VARIABLE
 from neardup.stream.pipes import FAULT_VARIABLE
 
 from .conftest import (
-    KAFKA_SH,
     Deployment,
+    OwnBroker,
     TopicReader,
     health,
     load_sample,
@@ -202,23 +201,25 @@ def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_p
 
 
 @pytest.mark.slow
-def test_a_broker_stopped_for_30s_under_load_loses_nothing(deployment: Deployment, tmp_path: Path) -> None:
-    articles = stream_of(4_000)
-    deployment.create_topics()
-    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
-    worker = deployment.start_worker()
-    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
-    seen = reader.read_until(lambda r: len(r) >= 500, timeout=300)
-    assert len(verdicts_by_id(seen)) < len(articles), "the broker stops while input is pending"
-    port = deployment.bootstrap.rsplit(":", 1)[1]
-    env = {**os.environ, "NEARDUP_KAFKA_PORT": port}
-    subprocess.run([str(KAFKA_SH), "stop"], check=True, env=env, timeout=120)
+def test_a_broker_stopped_for_30s_under_load_loses_nothing(own_broker: OwnBroker, tmp_path: Path) -> None:
+    deployment = Deployment(own_broker.bootstrap, tmp_path)
     try:
-        time.sleep(30)
+        articles = stream_of(4_000)
+        deployment.create_topics()
+        produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+        worker = deployment.start_worker()
+        reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+        seen = reader.read_until(lambda r: len(r) >= 500, timeout=300)
+        assert len(verdicts_by_id(seen)) < len(articles), "the broker stops while input is pending"
+        own_broker.run("stop")
+        try:
+            time.sleep(30)
+        finally:
+            own_broker.run("start")
+        verdicts = _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
+        assert worker.poll() is None, f"the worker must go on by itself:\n{deployment.logs()}"
     finally:
-        subprocess.run([str(KAFKA_SH), "start"], check=True, env=env, timeout=600)
-    verdicts = _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
-    assert worker.poll() is None, f"the worker must go on by itself:\n{deployment.logs()}"
+        deployment.discard()
     versions = {article_id: {v["version"] for v in seen} for article_id, seen in verdicts.items()}
     assert all(len(found) == 1 for found in versions.values())
 

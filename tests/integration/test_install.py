@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -21,7 +20,7 @@ import pytest
 
 from tests.unit.test_readme import library_example
 
-from .conftest import free_port
+from .conftest import free_port, free_port_pair
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -117,21 +116,6 @@ def test_pip_install_into_a_fresh_venv(tmp_path: Path) -> None:
     dedup = run([bin_dir / "neardup", "dedup", sample, "-o", work / "verdicts.jsonl", "-q"], work)
     assert dedup.returncode == 0, dedup.stderr
     assert "articles=489" in dedup.stdout and "duplicate=" in dedup.stdout
-
-
-def free_port_pair() -> int:
-    """A loopback port that is free, with the next one free too (the broker's controller takes it)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise AssertionError("no two adjacent free ports")
 
 
 SUMMARY = re.compile(

@@ -166,6 +166,7 @@ def test_articles_expire_across_the_retention_window(deployment: Deployment) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("heavy")  # one at a time with the other long streams (tests/run)
 def test_updates_redelivered_after_sigkill_keep_their_versions(deployment: Deployment) -> None:
     """Every article is sent twice (a correction with new text later); the worker is killed
     while input is pending, before its offsets are committed: the input comes back and is signed
@@ -224,6 +225,7 @@ def test_updates_redelivered_after_sigkill_keep_their_versions(deployment: Deplo
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("heavy")  # one at a time with the other long streams (tests/run)
 def test_a_hot_story_of_2000_copies(deployment: Deployment, tmp_path: Path) -> None:
     """Enough copies to fill their buckets past the cap many times over; what a cluster of 100,000
     costs as it grows is bench_hot_story.py's."""

@@ -32,7 +32,8 @@ from .conftest import (
     without_latency,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# Long streams that keep a core busy: run one at a time, beside the lighter tests (tests/run)
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
 
 def reference_state(articles: list[dict[str, Any]], tmp: Path) -> tuple[list[dict[str, Any]], list[Any]]:

@@ -27,7 +27,8 @@ from .conftest import (
     without_latency,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# Timed, so not beside the other heavy tests (tests/run)
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
 RESTART_WITHIN_S = 10.0
 FAILOVER_WITHIN_S = 30.0
@@ -116,4 +117,4 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
         assert done - input_end < FAILOVER_WITHIN_S, dep.logs()
         assert indexed_articles(dep, 1 - owner) > 0
     finally:
-        dep.stop_all()
+        dep.discard()

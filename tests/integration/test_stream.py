@@ -88,7 +88,7 @@ def test_two_workers_three_partitions_see_every_earlier_article(kafka: str, tmp_
             assert len(exact) == len(ids) - 1, [verdicts[i][0] for i in ids]
             assert all(v["match_id"] in ids for v in exact)
     finally:
-        dep.stop_all()
+        dep.discard()
 
 
 def test_bad_messages_go_to_dead_letters_and_valid_ones_get_verdicts(deployment: Deployment) -> None:
