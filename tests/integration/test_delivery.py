@@ -201,6 +201,7 @@ def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_p
 
 
 @pytest.mark.slow
+@pytest.mark.budget(45)  # the 30 s outage
 def test_a_broker_stopped_for_30s_under_load_loses_nothing(own_broker: OwnBroker, tmp_path: Path) -> None:
     deployment = Deployment(own_broker.bootstrap, tmp_path)
     try:

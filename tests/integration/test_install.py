@@ -71,6 +71,7 @@ def fresh_clone(target: Path) -> Path:
     return target
 
 
+@pytest.mark.budget(30)  # builds the package: the compiled modules, a wheel
 def test_pip_install_into_a_fresh_venv(tmp_path: Path) -> None:
     source, venv, work = tmp_path / "neardup", tmp_path / "venv", tmp_path / "work"
     fresh_clone(source)
@@ -124,6 +125,7 @@ SUMMARY = re.compile(
 
 
 @pytest.mark.kafka
+@pytest.mark.budget(40)  # installs the clone, starts a broker of its own, then the demo
 def test_the_readme_demo_runs_in_a_fresh_clone(tmp_path: Path) -> None:
     """The README's first command, in a fresh clone: it installs into the clone's .venv, starts a
     broker and the worker, sends the bundled sample and prints a verdict for every article, with

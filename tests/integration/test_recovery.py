@@ -70,12 +70,14 @@ def untimed(article: IndexedArticle) -> IndexedArticle:
     return dataclasses.replace(article, time_ms=0)
 
 
+@pytest.mark.budget(35)  # a worker start and a rebuild after each kill
 def test_sigkill_during_stream_loses_nothing(deployment: Deployment, tmp_path: Path) -> None:
     """A kill lands within a few hundred articles of its target, and the restarted worker handles
     again what was not committed: 6,000 articles keep thousands pending at the last kill."""
     restarted_mid_stream(deployment, tmp_path, signal.SIGKILL, 6_000, stops=3, every=1_000)
 
 
+@pytest.mark.budget(50)  # a stream that outlasts two drains
 def test_sigterm_during_stream_loses_nothing(deployment: Deployment, tmp_path: Path) -> None:
     """A clean stop (what an orchestrator sends to roll a deployment) while articles stream in: the
     stop commits what Faust acknowledged, which must be exactly what was handled. A clean stop
