@@ -1,6 +1,6 @@
 """Shared fixtures: real prose to shingle (news articles and technical paragraphs), engines and states.
-And how a run is laid out: the order tests are handed to parallel workers, and each test's time
-budget (see tests/run).
+And how a run is laid out: the `integration` mark, the order tests are handed to parallel workers,
+and each test's time budget (see tests/run).
 
 The prose is embedded so the tests need nothing outside the repository.
 """
@@ -176,9 +176,13 @@ BUDGET_SCALE = float(os.environ.get("NEARDUP_TEST_BUDGET_SCALE", "2"))
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Handed to parallel workers, the integration tests go first: they are the long ones, and the
-    many short unit tests then fill what is left of each worker's time."""
+    """Every test under tests/integration is marked `integration` (tests/run --fast leaves those
+    out but the `smoke` ones). Handed to parallel workers, those go first: they are the long ones,
+    and the many short unit tests then fill what is left of each worker's time."""
     integration = TESTS / "integration"
+    for item in items:
+        if item.path.is_relative_to(integration):
+            item.add_marker(pytest.mark.integration)
     if config.getoption("dist", "no") != "no":
         items.sort(key=lambda item: not item.path.is_relative_to(integration))  # stable
 

@@ -228,7 +228,7 @@ def test_a_broker_stopped_for_30s_under_load_loses_nothing(own_broker: OwnBroker
 @pytest.mark.parametrize(
     ("variable", "spec", "logged"),
     [
-        (AGENT_FAULT_VARIABLE, "raise:sign:1", "agent_failed"),
+        pytest.param(AGENT_FAULT_VARIABLE, "raise:sign:1", "agent_failed", marks=pytest.mark.smoke),
         (AGENT_FAULT_VARIABLE, "raise:index:1", "agent_failed"),
         (FAULT_VARIABLE, "crash:signer:1", "signing_unavailable"),
         (FAULT_VARIABLE, "crash:decider:1", "index_unavailable"),
