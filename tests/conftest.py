@@ -1,4 +1,6 @@
 """Shared fixtures: real prose to shingle (news articles and technical paragraphs), engines and states.
+And how a run is laid out: the `integration` mark, the order tests are handed to parallel workers,
+and each test's time budget (see tests/run).
 
 The prose is embedded so the tests need nothing outside the repository.
 """
@@ -6,7 +8,8 @@ The prose is embedded so the tests need nothing outside the repository.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+import os
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -184,3 +187,46 @@ def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
     for state in opened:
         with contextlib.suppress(Exception):  # a RocksState closed by the test itself
             state.close()
+
+
+# --- how a run is laid out ---------------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+# What one test's call may take, in seconds, as it takes alone on this 2-core machine, unless it
+# carries @pytest.mark.budget(seconds): a fault test proves its mechanism on a small stream within
+# it. A test fails past twice its budget: in a parallel run on a shared machine tests took 1.1-2.6
+# times what they take alone. NEARDUP_TEST_BUDGET_SCALE sets that factor; 0 turns the check off.
+TEST_BUDGET_S = 20.0
+BUDGET_SCALE = float(os.environ.get("NEARDUP_TEST_BUDGET_SCALE", "2"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/integration is marked `integration` (tests/run --fast leaves those
+    out but the `smoke` ones). Handed to parallel workers, those go first: they are the long ones,
+    and the many short unit tests then fill what is left of each worker's time."""
+    integration = TESTS / "integration"
+    for item in items:
+        if item.path.is_relative_to(integration):
+            item.add_marker(pytest.mark.integration)
+    if config.getoption("dist", "no") != "no":
+        items.sort(key=lambda item: not item.path.is_relative_to(integration))  # stable
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that passed but took longer than its budget fails, saying by how much."""
+    report = yield
+    if call.when == "call" and report.passed and BUDGET_SCALE > 0:
+        marker = item.get_closest_marker("budget")
+        budget = float(marker.args[0]) if marker else TEST_BUDGET_S
+        if call.duration > budget * BUDGET_SCALE:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"{item.nodeid} took {call.duration:.1f} s, over {BUDGET_SCALE:g} times its budget of "
+                f"{budget:g} s (tests/run tells the budgets): make it smaller, or mark it "
+                "@pytest.mark.budget(seconds) with why it needs that long"
+            )
+    return report

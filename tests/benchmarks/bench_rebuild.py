@@ -3,7 +3,7 @@
 A worker whose index was lost (a crash, a new machine) rebuilds it from the record table's changelog
 at assignment. This script fills a changelog (a list standing in for the Kafka topic) by running the
 index stage over N signed articles (the generator of bench_stream.py), then starts a decider child
-(service/stream/decider.py) on an empty directory and times its rebuild, and prints the child's peak
+(service/pipeline/decider.py) on an empty directory and times its rebuild, and prints the child's peak
 resident memory (VmHWM) beside that of a child, started in the same run, that rebuilt one article,
 and the size of the table's records: the rebuild streams the changelog in chunks and compacts it on
 disk, so its peak should not grow with the table.

@@ -1,18 +1,22 @@
 """Real-broker fixtures: the local Kafka from deploy/kafka/kafka.sh, worker subprocesses, consumers.
 
-The broker is reused when one answers on NEARDUP_TEST_KAFKA_PORT (CI starts it); otherwise this
-session starts it and stops it at the end.
+The broker is reused when one answers on NEARDUP_TEST_KAFKA_PORT (CI starts it); otherwise the
+first test that needs it starts it, and the run stops it at its end (the main process, once every
+parallel worker is done with it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -41,17 +45,75 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.fixture(scope="session")
-def kafka() -> Iterator[str]:
-    started_here = False
-    if not _port_open(PORT):
-        env = {**os.environ, "NEARDUP_KAFKA_PORT": str(PORT)}
-        subprocess.run([str(KAFKA_SH), "start"], check=True, env=env, timeout=600)
-        started_here = True
-    yield BOOTSTRAP
-    if started_here:
+def pytest_configure(config: pytest.Config) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the run's main process; its workers inherit the id
+        os.environ["NEARDUP_TEST_RUN"] = str(os.getpid())
+
+
+def _started_here() -> Path:
+    """Says that this run started the broker, for the main process to stop it."""
+    return Path(tempfile.gettempdir()) / f"neardup-kafka-{PORT}.started-by-{os.environ['NEARDUP_TEST_RUN']}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ and _started_here().exists():
         env = {**os.environ, "NEARDUP_KAFKA_PORT": str(PORT)}
         subprocess.run([str(KAFKA_SH), "stop", "--wipe"], check=False, env=env, timeout=120)
+        _started_here().unlink()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[str]:
+    # one start for the parallel workers that all find no broker
+    with open(Path(tempfile.gettempdir()) / f"neardup-kafka-{PORT}.start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _port_open(PORT):
+            env = {**os.environ, "NEARDUP_KAFKA_PORT": str(PORT)}
+            subprocess.run([str(KAFKA_SH), "start"], check=True, env=env, timeout=600)
+            _started_here().touch()
+    yield BOOTSTRAP
+
+
+def free_port_pair() -> int:
+    """A loopback port that is free, with the next one free too (a broker's controller takes it)."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise AssertionError("no two adjacent free ports")
+
+
+@dataclass
+class OwnBroker:
+    """A broker of one test's own, for a test that stops it: the shared one serves the tests that
+    run beside it (and other runs on the machine)."""
+
+    port: int
+    data: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def run(self, *command: str) -> None:
+        env = {**os.environ, "NEARDUP_KAFKA_PORT": str(self.port), "NEARDUP_KAFKA_DIR": str(self.data)}
+        subprocess.run([str(KAFKA_SH), *command], check=True, env=env, timeout=600)
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
+    broker = OwnBroker(free_port_pair(), tmp_path / "kafka")
+    broker.run("start")
+    try:
+        yield broker
+    finally:
+        broker.run("stop", "--wipe")
 
 
 def health(url: str) -> tuple[int, dict[str, Any]] | None:
@@ -196,6 +258,12 @@ class Deployment:
         for proc in self.workers:
             self.kill(proc, signal.SIGTERM)
 
+    def discard(self) -> None:
+        """SIGKILL what still runs: after the test, nothing needs a clean stop (which would flush,
+        commit and compact, seconds a test)."""
+        for proc in self.workers:
+            self.kill(proc, signal.SIGKILL)
+
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(self.root.glob("*.log")))
 
@@ -204,7 +272,7 @@ class Deployment:
 def deployment(kafka: str, tmp_path: Path) -> Iterator[Deployment]:
     dep = Deployment(kafka, tmp_path)
     yield dep
-    dep.stop_all()
+    dep.discard()
 
 
 async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes | None]]) -> None:
@@ -369,15 +437,24 @@ def stream_of(count: int) -> list[dict[str, Any]]:
     return out
 
 
+# The embedded run's output by the digest of its input, for this process (the same articles are
+# the reference of several tests)
+_EMBEDDED: dict[bytes, bytes] = {}
+
+
 def run_embedded(articles: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
     """Verdicts of `neardup dedup` for the same articles, as the reference."""
     source = tmp / "embedded-in.jsonl"
     out = tmp / "embedded-out.jsonl"
-    source.write_bytes(b"".join(orjson.dumps(a) + b"\n" for a in articles))
-    subprocess.run(
-        [sys.executable, "-m", "neardup", "dedup", str(source), "-o", str(out), "-q"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    return [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    data = b"".join(orjson.dumps(a) + b"\n" for a in articles)
+    digest = hashlib.sha256(data).digest()
+    if digest not in _EMBEDDED:
+        source.write_bytes(data)
+        subprocess.run(
+            [sys.executable, "-m", "neardup", "dedup", str(source), "-o", str(out), "-q"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+        _EMBEDDED[digest] = out.read_bytes()
+    return [orjson.loads(line) for line in _EMBEDDED[digest].splitlines()]

@@ -36,6 +36,8 @@ from .conftest import (
 pytestmark = [
     pytest.mark.kafka,
     pytest.mark.slow,
+    # on one worker of a parallel run, so that the module's image is built once
+    pytest.mark.xdist_group("container"),
     pytest.mark.skipif(
         shutil.which("podman") is None,
         reason="podman is not installed (Debian: apt-get install podman runc mmdebstrap; .ci/run does it)",

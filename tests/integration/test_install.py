@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -21,7 +20,7 @@ import pytest
 
 from tests.unit.test_readme import library_example
 
-from .conftest import free_port
+from .conftest import free_port, free_port_pair
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -72,6 +71,7 @@ def fresh_clone(target: Path) -> Path:
     return target
 
 
+@pytest.mark.budget(30)  # builds the package: the compiled modules, a wheel
 def test_pip_install_into_a_fresh_venv(tmp_path: Path) -> None:
     source, venv, work = tmp_path / "neardup", tmp_path / "venv", tmp_path / "work"
     fresh_clone(source)
@@ -119,27 +119,13 @@ def test_pip_install_into_a_fresh_venv(tmp_path: Path) -> None:
     assert "articles=489" in dedup.stdout and "duplicate=" in dedup.stdout
 
 
-def free_port_pair() -> int:
-    """A loopback port that is free, with the next one free too (the broker's controller takes it)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise AssertionError("no two adjacent free ports")
-
-
 SUMMARY = re.compile(
     r"^verdicts: (\d+) \(unique=(\d+), duplicate=(\d+), partial=(\d+); exact re-posts=(\d+)\)$", re.M
 )
 
 
 @pytest.mark.kafka
+@pytest.mark.budget(40)  # installs the clone, starts a broker of its own, then the demo
 def test_the_readme_demo_runs_in_a_fresh_clone(tmp_path: Path) -> None:
     """The README's first command, in a fresh clone: it installs into the clone's .venv, starts a
     broker and the worker, sends the bundled sample and prints a verdict for every article, with

@@ -31,7 +31,9 @@ from .conftest import (
 pytestmark = pytest.mark.kafka
 
 
-@pytest.mark.parametrize("handoff", [1, 0], ids=["hand-off", "through-the-consumer"])
+@pytest.mark.parametrize(
+    "handoff", [pytest.param(1, marks=pytest.mark.smoke), 0], ids=["hand-off", "through-the-consumer"]
+)
 def test_stream_verdicts_equal_embedded_mode(deployment: Deployment, tmp_path: Path, handoff: int) -> None:
     articles = load_sample()
     expected = run_embedded(articles, tmp_path)
@@ -88,9 +90,10 @@ def test_two_workers_three_partitions_see_every_earlier_article(kafka: str, tmp_
             assert len(exact) == len(ids) - 1, [verdicts[i][0] for i in ids]
             assert all(v["match_id"] in ids for v in exact)
     finally:
-        dep.stop_all()
+        dep.discard()
 
 
+@pytest.mark.smoke
 def test_bad_messages_go_to_dead_letters_and_valid_ones_get_verdicts(deployment: Deployment) -> None:
     valid = load_sample(20)
     bad: list[tuple[bytes | None, bytes | None, str]] = [

@@ -338,7 +338,9 @@ def test_retention_expires_a_file_of_old_news_by_its_own_dates(
         article("mid", prose[1], published_at="2025-01-20T08:00:00Z"),
         article("inside", prose[1] + FOOTER, published_at="2025-02-01T08:00:00Z"),
         article("outside", prose[0] + FOOTER, published_at="2025-02-10T08:00:00Z"),
+        # refused, each is timed by its arrival: today, past which last year's file has expired
         article("future", prose[2], published_at="2099-01-01T00:00:00Z"),
+        article("garbled", prose[3], published_at="yesterday"),
     ]
     source.write_bytes(b"".join(line + b"\n" for line in lines))
     out, state = tmp_path / "out.jsonl", tmp_path / "state"
@@ -348,15 +350,14 @@ def test_retention_expires_a_file_of_old_news_by_its_own_dates(
     verdicts = {v["article_id"]: v for v in map(orjson.loads, out.read_bytes().splitlines())}
     assert (verdicts["inside"]["verdict"], verdicts["inside"]["match_id"]) == ("duplicate", "mid")
     assert verdicts["outside"]["verdict"] == "unique", "its original is 40 days older: expired"
-    # "old" expired by the file's own dates; the date far ahead is refused and its article timed
-    # by its arrival, today, past which the rest of last year's file has expired too
-    assert "expired=4" in summary and "refused_times=1" in summary
+    # "old" expired by the file's own dates; the dates refused time their articles by arrival
+    assert "expired=4" in summary and "refused_times=2" in summary
     assert cli.main(["stats", "--state", str(state), "--json"]) == 0
     stats = orjson.loads(capsys.readouterr().out)
-    assert stats["articles"] == 1 and abs(stats["newest_ms"] / 1000 - time.time()) < 60
+    assert stats["articles"] == 2 and abs(stats["newest_ms"] / 1000 - time.time()) < 60
     assert cli.main(["stats", "--state", str(state)]) == 0
     shown = capsys.readouterr().out
-    assert "articles indexed   1" in shown and "expired            4" in shown
+    assert "articles indexed   2" in shown and "expired            4" in shown
     assert "2099" not in shown and "2025" not in shown
 
 

@@ -180,29 +180,6 @@ def _record(state: IndexState, seq: int) -> bytes:
     return record
 
 
-def test_the_engine_expires_by_event_time_and_never_matches_what_is_past_the_window(
-    prose: tuple[str, ...],
-) -> None:
-    engine = IndexShard(MemoryState(), PARAMS, Retention(window_ms=3 * DAY_MS))
-    year_ago = "2025-03-0{}T12:00:00Z"
-    process(engine, "old", prose[0], published_at=year_ago.format(1))
-    process(engine, "mid", prose[1], published_at=year_ago.format(2))
-    # a file of last year's news expires by its own dates, not by today's
-    assert engine.state.count() == 2
-    copy = process(engine, "copy", prose[0], published_at=year_ago.format(5))
-    assert copy.decision.kind == "unique", "'old' is four days older than the newest: expired"
-    assert engine.state.get("old") is None and engine.state.get("mid") is not None
-    # a date far ahead of the clock is refused: the article is timed by its arrival, and nothing
-    # is kept ahead of the clock
-    before_ms = time.time() * 1000
-    process(engine, "future", prose[3], published_at="2099-01-01T00:00:00Z")
-    arrival = engine.state.get("future").time_ms  # type: ignore[union-attr]
-    assert engine.counts.refused_times == 1 and before_ms - 1 <= arrival <= time.time() * 1000 + 1
-    assert engine.state.counts.newest_ms == arrival
-    process(engine, "garbled", prose[4], published_at="yesterday")
-    assert engine.counts.refused_times == 2
-
-
 def test_a_state_of_an_earlier_format_is_refused_with_how_to_rebuild(tmp_path: Path) -> None:
     state = RocksState(tmp_path / "old")
     old_header = {**PARAMS.header(), "format": 3}
