@@ -31,6 +31,7 @@ from .conftest import (
 pytestmark = [pytest.mark.kafka]
 
 
+@pytest.mark.budget(40)  # each message that hangs a helper costs one timeout per halving of its batch
 def test_no_single_message_stops_the_worker(deployment: Deployment, tmp_path: Path) -> None:
     """A hundred texts that NFKC expands eighteenfold (U+FDFA), just under the size limit, and two
     messages that hang any signing helper given them, then fifty ordinary articles: each heavy text
@@ -45,8 +46,9 @@ def test_no_single_message_stops_the_worker(deployment: Deployment, tmp_path: Pa
         {
             **fault_env(HELPER_FAULT, "hang:signer:poison"),
             "NEARDUP_MAX_TEXT_BYTES": str(limit),
-            "NEARDUP_HELPER_TIMEOUT": "2",
+            "NEARDUP_HELPER_TIMEOUT": "1",
             "NEARDUP_HELPER_ITEM_TIMEOUT_MS": "0",
+            "NEARDUP_SIGN_BATCH": "32",
             "NEARDUP_STALL_TIMEOUT": "5",
         }
     )
