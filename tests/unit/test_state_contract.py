@@ -312,9 +312,9 @@ def test_records_keep_the_signature_where_there_is_no_verifier(prose: tuple[str,
         # records of earlier formats, whole: refused by their format, not as cut short
         (b"N3\x00\x00\x00\x02{}" + b"\x00" * 600, False, "unknown record format b'N3'"),
         (b"N4\x00\x00\x00\x02{}" + b"\x00" * 600, False, "unknown record format b'N4'"),
-        (b"N5\x00\x00\x00\x05{}", False, ""),  # the head ends inside a varint
-        (b"N5" + b"\x00" * 6 + b"\x05" + b"\x00" * 5 + b"ab", False, ""),  # an id longer than the record
-        (b"N5" + b"\x00" * 11 + b"\x09" + b"\x00" * 3, True, ""),  # a decision longer than the record
+        (b"N6\x00\x00\x00\x05{}", False, ""),  # the head ends inside a varint
+        (b"N6" + b"\x00" * 6 + b"\x05" + b"\x00" * 5 + b"ab", False, ""),  # an id longer than the record
+        (b"N6" + b"\x00" * 11 + b"\x09" + b"\x00" * 3, True, ""),  # a decision longer than the record
     ],
 )
 def test_corrupt_records_are_named(data: bytes, front_readable: bool, reason: str) -> None:
