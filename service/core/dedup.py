@@ -121,12 +121,14 @@ def _same_sketches(a: Sketch, b: Sketch) -> bool:
 
 @dataclass(frozen=True)
 class IndexUpdate:
-    """State changes for one article: put `article` (indexed under `keys`); drop `replaced`."""
+    """State changes for one article: put `article` (indexed under `keys`); drop `replaced`;
+    `revived`: the id was deleted before, its deletion marker goes."""
 
     article: IndexedArticle
     keys: tuple[bytes, ...]
     replaced: IndexedArticle | None
     replaced_keys: tuple[bytes, ...]
+    revived: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,10 @@ class StateReader(Protocol):
 
     def next_seq(self) -> int: ...
 
+    def deleted_version(self, article_id: str) -> int | None:
+        """The last version of a deleted id while its marker lasts; None: not deleted (or expired)."""
+        ...
+
 
 def decide(
     article_id: str,
@@ -220,13 +226,15 @@ def decide(
         if keys is not None
         else tuple(band_keys(sketch.signature, params.lsh.bands, params.lsh.rows))
     )
+    # a re-added id continues its versions: (id, version) never names two articles
+    last = existing.version if existing is not None else state.deleted_version(article_id)
     seq = state.next_seq()
     decision, cluster, cluster_id = _exact_match(article_id, sketch, state, not_before_ms) or _verified_match(
         article_id, seq, sketch, keys, state, params, not_before_ms
     )
     article = IndexedArticle(
         article_id=article_id,
-        version=0 if existing is None else existing.version + 1,
+        version=0 if last is None else last + 1,
         seq=seq,
         sketch=sketch,
         decision=decision,
@@ -236,7 +244,8 @@ def decide(
         cluster_id=cluster_id,
     )
     replaced_keys = () if existing is None else existing.keys
-    return Outcome(article, IndexUpdate(article, keys, existing, replaced_keys))
+    revived = existing is None and last is not None
+    return Outcome(article, IndexUpdate(article, keys, existing, replaced_keys, revived))
 
 
 Matched = tuple[Decision, int, str]  # the decision, and the cluster it puts the article in

@@ -12,7 +12,9 @@ from .minhash import ALGORITHM, VERIFIER_BITS, MinHasher
 from .normalize import DEFAULT_NORMALIZE, NormalizeOptions
 from .shingle import DEFAULT_SHINGLE, ShingleOptions
 
-STATE_FORMAT_VERSION = 5  # capped buckets, clusters, event times; records without signatures, varint heads
+# 6: deletion markers (a re-added id continues its versions); 5: capped buckets, clusters, event
+# times, records without signatures, varint heads
+STATE_FORMAT_VERSION = 6
 
 
 class IncompatibleState(Error):

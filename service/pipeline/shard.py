@@ -26,8 +26,12 @@ from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord, encode_record
 from .wire import Headers, Signed, SignedDeletion, decode_signed, unpack_signed
 
-# The changelog's keys: one record per article, the applied offsets, the removal counts.
+# The changelog's keys: one record per article, one marker per deleted id (its last version and the
+# deletion's time, state.index.encode_marker: a re-added id continues its versions, also after a
+# rebuild; tombstoned when the id is added again or the marker expires), the applied offsets, the
+# removal counts.
 ARTICLE_PREFIX = b"a"
+MARKER_PREFIX = b"d"
 OFFSET_KEY = b"m:applied-offset"
 # the input offsets applied, per input partition (replay safety), with the offset of the
 # signatures message that last moved them
@@ -56,6 +60,14 @@ def table_articles(records: Compacted) -> Iterator[tuple[str, bytes]]:
     prefix = len(ARTICLE_PREFIX)
     for key, value in records.items():
         if key.startswith(ARTICLE_PREFIX):
+            yield key[prefix:].decode(errors="replace"), value
+
+
+def table_markers(records: Compacted) -> Iterator[tuple[str, bytes]]:
+    """The deleted ids' markers, (article id, marker)."""
+    prefix = len(MARKER_PREFIX)
+    for key, value in records.items():
+        if key.startswith(MARKER_PREFIX):
             yield key[prefix:].decode(errors="replace"), value
 
 
@@ -154,6 +166,8 @@ class IndexShard:
             self.state.apply(outcome.update, record=record)
             if self.changelog is not None:
                 self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record
+                if outcome.update.revived:
+                    del self.changelog[MARKER_PREFIX + item.article_id.encode()]
         expired = self._expire_due()
         status = "redelivered" if outcome.redelivered else "new"
         return Decided(status, outcome.article, self._verdict(outcome.article, item, now_s), expired)
@@ -176,6 +190,9 @@ class IndexShard:
         removed = self.state.expire(cutoff)
         for gone in removed:
             self._forget(gone.article_id)
+        for article_id in self.state.expire_markers(cutoff):
+            if self.changelog is not None:
+                del self.changelog[MARKER_PREFIX + article_id.encode()]
         self.counts.expired += len(removed)
         return len(removed)
 
@@ -195,6 +212,9 @@ class IndexShard:
             self.counts.unknown_deletes += 1
             return Decided("unknown_delete", deletion=article_id)
         self._forget(article_id)
+        marker = self.state.deletion_marker(article_id)
+        if self.changelog is not None and marker is not None:
+            self.changelog[MARKER_PREFIX + article_id.encode()] = marker
         return Decided("deleted", removed, deletion=article_id)
 
     def _forget(self, article_id: str) -> None:
@@ -253,7 +273,9 @@ class IndexShard:
         self.state.open_header(self.params.header())
         try:
             count = self.state.bulk_load(
-                _current_format(table_articles(table)), removed=removed_counts(table)
+                _current_format(table_articles(table)),
+                removed=removed_counts(table),
+                markers=table_markers(table),
             )
         except CorruptRecord as exc:
             raise IncompatibleState(str(exc)) from exc

@@ -14,6 +14,9 @@ so that keys sort in arrival order):
   seq), in arrival order: most articles are alone in their cluster and write none
 - ``h<cluster seq>`` → seq and id of the cluster's earliest surviving member, once its first is gone
 - ``t<time><seq>`` → the arrivals by event time: expiry walks them from the oldest
+- ``d<id>`` → a deleted id's marker: its last version and the deletion's time (encode_marker), so
+  that a re-added id continues its versions; removed when the id is added again
+- ``e<time><id>``: the markers by deletion time, so that expiry removes them incrementally too
 - ``m<name>`` → metadata (header, next seq, counters, offsets)
 
 and the records, one per article version, in a family of their own keyed by seq (records.py).
@@ -26,7 +29,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 import numpy as np
 import orjson
@@ -39,7 +42,9 @@ from .port import Counts, IndexStats
 from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 
 ARTICLE, BAND, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"b", b"c", b"x", b"k", b"h", b"t", b"m"
+MARKER, MARKER_TIME = b"d", b"e"
 SEQ = struct.Struct(">Q")
+_MARKER = struct.Struct(">QQ")  # version, biased deletion time
 _TIME_BIAS = 1 << 63  # event times may be negative (before 1970): biased so they sort as unsigned
 _SEQ_DTYPE = np.dtype(">u8")
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
@@ -58,6 +63,28 @@ def seq_key(seq: int) -> bytes:
 
 def time_key(time_ms: int, seq: int) -> bytes:
     return TIME + SEQ.pack(time_ms + _TIME_BIAS) + SEQ.pack(seq)
+
+
+def marker_time_key(time_ms: int, article_id: str) -> bytes:
+    return MARKER_TIME + SEQ.pack(time_ms + _TIME_BIAS) + article_id.encode()
+
+
+class Marker(NamedTuple):
+    """What a deletion leaves of an id: its last version, and when (event time) it was deleted."""
+
+    version: int
+    time_ms: int
+
+
+def encode_marker(marker: Marker) -> bytes:
+    return _MARKER.pack(marker.version, marker.time_ms + _TIME_BIAS)
+
+
+def decode_marker(data: bytes, article_id: str = "?") -> Marker:
+    if len(data) != _MARKER.size:
+        raise CorruptRecord(f"deletion marker of {article_id!r} has {len(data)} bytes, not {_MARKER.size}")
+    version, biased = _MARKER.unpack(data)
+    return Marker(version, biased - _TIME_BIAS)
 
 
 class KeyValue(Protocol):
@@ -132,6 +159,8 @@ class IndexState:
         self._probes: OrderedDict[int, Probe] = OrderedDict()
         self._looked_up: tuple[Sequence[bytes], list[bytes | None]] | None = None
         self._holder_looked_up: tuple[bytes, bytes | None] = (b"", None)
+        # the marker key read beside the last get(): decide() asks for it next
+        self._marker_looked_up: tuple[str | None, bytes | None] = (None, None)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -161,13 +190,30 @@ class IndexState:
         return "memory"
 
     def get(self, article_id: str) -> IndexedArticle | None:
-        (seq,) = self.kv.get_many([ARTICLE + article_id.encode()])
+        key = article_id.encode()
+        seq, marker = self.kv.get_many([ARTICLE + key, MARKER + key])
+        self._marker_looked_up = (article_id, marker)
         if seq is None:
             return None
         found = self._arrivals([SEQ.unpack(seq)[0]])[0]
         if found is None:
             raise CorruptRecord(f"state record of {article_id!r} is missing")
         return found
+
+    def deleted_version(self, article_id: str) -> int | None:
+        marker = self._marker(article_id)
+        return None if marker is None else marker.version
+
+    def deletion_marker(self, article_id: str) -> bytes | None:
+        """The id's deletion marker as stored (encode_marker), None when it has none."""
+        looked_id, stored = self._marker_looked_up
+        if looked_id != article_id:
+            (stored,) = self.kv.get_many([MARKER + article_id.encode()])
+        return stored
+
+    def _marker(self, article_id: str) -> Marker | None:
+        stored = self.deletion_marker(article_id)
+        return None if stored is None else decode_marker(stored, article_id)
 
     def _arrivals(self, seqs: Sequence[int]) -> list[IndexedArticle | None]:
         """The article versions with these seqs, from the cache or one multi-get (None: gone)."""
@@ -309,6 +355,8 @@ class IndexState:
         if update.replaced is not None:
             self._remove(batch, update.replaced, keep_id=True)
             self._looked_up = None  # the buckets may have changed in this batch
+        if update.revived:
+            self._drop_marker(batch, article.article_id)
         self._add(batch, article)
         stored = record or encode_record(article)
         batch.records[seq_key(article.seq)] = stored
@@ -344,11 +392,19 @@ class IndexState:
         if self.counts.newest_ms is None or article.time_ms > self.counts.newest_ms:
             self.counts.newest_ms = article.time_ms
 
+    def _drop_marker(self, batch: Batch, article_id: str) -> None:
+        """The id is held again: its deletion marker goes, with its place in the marker time index."""
+        marker = self._marker(article_id)
+        if marker is not None:
+            batch.delete(MARKER + article_id.encode())
+            batch.delete(marker_time_key(marker.time_ms, article_id))
+
     def _write(self, batch: Batch, extra: dict[bytes, bytes] | None = None) -> None:
         for key, value in (extra or {}).items():
             batch.put(META + key, value)
         batch.put(COUNTS_KEY, self.counts.encode())
         self.kv.write(batch)
+        self._marker_looked_up = (None, None)
 
     def _buckets(self, keys: Sequence[bytes], batch: Batch) -> list[bytes | None]:
         """The stored buckets of `keys`, as this batch leaves them; from the last candidates()
@@ -463,7 +519,8 @@ class IndexState:
         return None
 
     def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
-        """Delete an article (all of it: its current version); None when it is not held."""
+        """Delete an article (all of it: its current version), leaving its marker (its last
+        version, and the deletion's time: the newest event time held); None when it is not held."""
         old = self.get(article_id)
         if old is None:
             if extra:
@@ -471,6 +528,9 @@ class IndexState:
             return None
         batch = Batch()
         self._remove(batch, old)
+        deleted_ms = max(old.time_ms, self.counts.newest_ms or old.time_ms)
+        batch.put(MARKER + article_id.encode(), encode_marker(Marker(old.version, deleted_ms)))
+        batch.put(marker_time_key(deleted_ms, article_id), b"")
         self.counts.deleted += 1
         self._write(batch, extra)
         self._looked_up = None
@@ -497,6 +557,23 @@ class IndexState:
             self._write(Batch())
         return removed
 
+    def expire_markers(self, cutoff_ms: int, limit: int = EXPIRY_PASS) -> list[str]:
+        """Remove the deletion markers whose time is before `cutoff_ms`, the oldest first, at most
+        `limit` in one pass (the next pass goes on); returns their ids."""
+        bound = marker_time_key(cutoff_ms, "")
+        batch = Batch()
+        gone: list[str] = []
+        for key, _ in self.kv.scan(MARKER_TIME):
+            if key >= bound or len(gone) >= limit:
+                break
+            article_id = key[1 + SEQ.size :].decode()
+            batch.delete(key)
+            batch.delete(MARKER + article_id.encode())
+            gone.append(article_id)
+        if gone:
+            self._write(batch)
+        return gone
+
     def clear(self) -> None:
         """Drop everything (header included): the index is about to be rebuilt."""
         self.kv.clear()
@@ -510,12 +587,14 @@ class IndexState:
         chunk: int = LOAD_CHUNK,
         *,
         removed: tuple[int, int] = (0, 0),
+        markers: Iterable[tuple[str, bytes]] = (),
     ) -> int:
         """Index many stored records (article id, record) into an empty state, in memory bounded
         by `chunk` records: pass one stores them by seq; pass two reads them back in arrival order
         and adds them to the content map, the buckets and their clusters as apply() would have;
         a last pass hands on each cluster whose first article is gone. `removed`: the articles
-        expired and deleted before, as counted where the records come from. (`bands`, `rows`: unused,
+        expired and deleted before, as counted where the records come from; `markers`: the deleted
+        ids' markers (id, encode_marker), but those of ids held again. (`bands`, `rows`: unused,
         the records carry their band keys.)"""
         if next(self.kv.scan_records(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
@@ -532,9 +611,23 @@ class IndexState:
         for stored in runs_of(self.kv.scan_records(), chunk):
             self._index_stored([decode_record(record) for _, record in stored])
         self._hand_on_orphans()
+        self._load_markers(markers, chunk)
         self.counts.expired, self.counts.deleted = removed
         self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
         return count
+
+    def _load_markers(self, markers: Iterable[tuple[str, bytes]], chunk: int) -> None:
+        """Deletion markers into the state, with their time index; not for ids held again."""
+        for run in runs_of(markers, chunk):
+            held = self.kv.get_many([ARTICLE + article_id.encode() for article_id, _ in run])
+            batch = Batch()
+            for (article_id, stored), seq in zip(run, held, strict=True):
+                if seq is None:
+                    marker = decode_marker(stored, article_id)
+                    batch.put(MARKER + article_id.encode(), stored)
+                    batch.put(marker_time_key(marker.time_ms, article_id), b"")
+            self.kv.write(batch)
+        self._marker_looked_up = (None, None)
 
     def _index_stored(self, articles: list[IndexedArticle]) -> None:
         """Records in arrival order, after every one indexed so far: into every structure."""

@@ -94,6 +94,14 @@ class StateStore(StateReader, Protocol):
         """Remove the articles older than `cutoff_ms`; returns them."""
         ...
 
+    def expire_markers(self, cutoff_ms: int) -> list[str]:
+        """Remove the deletion markers older than `cutoff_ms`; returns their ids."""
+        ...
+
+    def deletion_marker(self, article_id: str) -> bytes | None:
+        """A deleted id's marker as stored (its last version, the deletion's time); None: none."""
+        ...
+
     def open_header(self, expected: dict[str, Any]) -> None:
         """Write the header on empty state; otherwise raise IncompatibleState on any difference."""
         ...

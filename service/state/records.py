@@ -21,7 +21,7 @@ from ..core.lsh import BAND_KEY_BYTES
 from ..core.signing import Sketch
 from ..errors import Error
 
-MAGIC = b"N5"
+MAGIC = b"N6"
 # The head: unsigned LEB128 varints (most of its numbers are small) of seq, version, time (ms,
 # zigzag: it may be negative), seq minus cluster seq (zigzag: 0 for a cluster's own first article),
 # distinct shingles, flags, then the byte lengths of: id, cluster id (0 with _OWN_CLUSTER), content

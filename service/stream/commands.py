@@ -276,7 +276,7 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
     those of the live records in the log."""
     import tempfile
 
-    from ..pipeline.shard import removed_counts, table_articles
+    from ..pipeline.shard import removed_counts, table_articles, table_markers
     from ..state.rocks import CompactedLog, RocksState
     from .topics import ChangelogReader
 
@@ -289,7 +289,9 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
         asyncio.run(_compact_changelog(ChangelogReader(settings), table))
         state = RocksState(Path(scratch) / "index")
         try:
-            state.bulk_load(table_articles(table), removed=removed_counts(table))
+            state.bulk_load(
+                table_articles(table), removed=removed_counts(table), markers=table_markers(table)
+            )
             stats = state.stats()
         finally:
             state.close()

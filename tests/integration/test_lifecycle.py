@@ -121,6 +121,33 @@ def test_a_tombstone_deletes_a_canonical_which_hands_its_cluster_on(deployment: 
     deployment.kill(worker, signal.SIGTERM)
 
 
+def test_a_re_added_id_continues_its_versions_after_a_rebuild(deployment: Deployment) -> None:
+    """A tombstone leaves the id's last version (in the changelog too): a re-added id goes on from
+    it, so (id, version) never names two articles, also after the index is rebuilt."""
+    text = load_sample(1)[0]["text"]
+    worker = deployment.start_worker()
+    topic = deployment.topics["input"]
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+
+    def version_of_a(records: list[Any]) -> int | None:
+        verdict = latest(records).get("a")
+        return None if verdict is None else int(verdict["version"])
+
+    produce_articles(deployment.bootstrap, topic, [{"id": "a", "text": text}])
+    assert version_of_a(reader.read_until(lambda r: version_of_a(r) is not None, timeout=120)) == 0
+    asyncio.run(produce(deployment.bootstrap, topic, [(b"a", None)]))
+    produce_articles(deployment.bootstrap, topic, [{"id": "a", "text": text}])
+    records = reader.read_until(lambda r: version_of_a(r) == 1, timeout=120)
+    assert [v and v["version"] for k, v in verdict_log(records) if k == "a"] == [0, None, 1]
+
+    worker = restart_without_state(deployment, worker)
+    asyncio.run(produce(deployment.bootstrap, topic, [(b"a", None)]))
+    produce_articles(deployment.bootstrap, topic, [{"id": "a", "text": text + " Updated."}])
+    records = reader.read_until(lambda r: (version_of_a(r) or 0) >= 2, timeout=180)
+    assert version_of_a(records) == 2, "the rebuilt index kept the marker the delete left"
+    deployment.kill(worker, signal.SIGTERM)
+
+
 def test_articles_expire_across_the_retention_window(deployment: Deployment) -> None:
     sample = load_sample(40)
     deployment.extra_env["NEARDUP_RETENTION"] = "30d"

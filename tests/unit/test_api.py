@@ -129,6 +129,13 @@ def test_delete_takes_an_article_out_of_the_index() -> None:
     assert stats["articles"] == 1 and stats["deleted"] == 3
 
 
+def test_a_re_added_id_continues_its_versions() -> None:
+    with neardup.open() as dedup:
+        assert dedup.check({"id": "a", "text": PROSE[0]})["version"] == 0
+        assert dedup.delete("a") is True
+        assert dedup.check({"id": "a", "text": PROSE[0]})["version"] == 1
+
+
 def test_retention_expires_old_articles() -> None:
     now = datetime.now(UTC)
     old, recent = (now - timedelta(days=10)).isoformat(), now.isoformat()

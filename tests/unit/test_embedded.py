@@ -329,6 +329,24 @@ def test_a_deleted_line_removes_the_article_and_writes_its_tombstone(
     assert (stats["articles"], stats["deleted"]) == (3, 1)
 
 
+def test_a_re_added_id_continues_its_versions(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    source = tmp_path / "in.jsonl"
+    lines = [
+        article("a", prose[0]),
+        orjson.dumps({"id": "a", "deleted": True}),
+        article("a", prose[0]),
+        orjson.dumps({"id": "a", "deleted": True}),
+    ]
+    source.write_bytes(b"".join(line + b"\n" for line in lines))
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    assert cli.main(["dedup", str(source), "-o", str(out), "--state", str(state), "-q"]) == 0
+    with source.open("ab") as more:  # a later run over the same state goes on from the marker
+        more.write(article("a", prose[1]) + b"\n")
+    assert cli.main(["dedup", str(source), "-o", str(out), "--state", str(state), "-q"]) == 0
+    records = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [r.get("version") for r in records] == [0, None, 1, None, 2]
+
+
 def test_retention_expires_a_file_of_old_news_by_its_own_dates(
     tmp_path: Path, prose: tuple[str, ...], capsys
 ) -> None:

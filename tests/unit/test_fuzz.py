@@ -589,6 +589,8 @@ class Model:
     exact: bool = True
     held: dict[str, Held] = field(default_factory=dict)
     deleted: int = 0
+    # a deleted id's last version: added again, it continues from there
+    last_versions: dict[str, int] = field(default_factory=dict)
     seen: Counter[str] = field(default_factory=Counter)  # verdict kinds and events, to show they occur
 
     def decided(self, expected: Expect, verdict: dict[str, Any]) -> None:
@@ -608,7 +610,8 @@ class Model:
             return
         self.seen["new version" if before else "new id"] += 1
         self.seen["exact"] += verdict["exact"]
-        assert verdict["version"] == (0 if before is None else before.verdict["version"] + 1)
+        last = before.verdict["version"] if before is not None else self.last_versions.pop(article_id, -1)
+        assert verdict["version"] == last + 1
         others = set(self.held) - {article_id}
         same = {other for other in others if self.held[other].canonical == expected.canonical}
         if same:
@@ -625,7 +628,10 @@ class Model:
 
     def delete(self, article_id: str) -> bool:
         """Whether the index holds `article_id` (and so deletes it)."""
-        held = self.held.pop(article_id, None) is not None
+        gone = self.held.pop(article_id, None)
+        held = gone is not None
+        if gone is not None:
+            self.last_versions[article_id] = gone.verdict["version"]
         self.deleted += held
         self.seen["deleted" if held else "unknown delete"] += 1
         return held

@@ -152,7 +152,9 @@ def test_after_expiry_and_deletes_a_rebuild_gives_the_same_state(
     records = [(a.article_id, _record(state, a.seq)) for a in state.articles()]
     rebuilt = RocksState(tmp_path / "rebuilt")
     rebuilt.open_header(PARAMS.header())
-    rebuilt.bulk_load(iter(records), removed=(state.counts.expired, state.counts.deleted))
+    markers = [(key[1:].decode(), value) for key, value in state.kv.scan(b"d")]
+    assert [article_id for article_id, _ in markers] == ["a6"]
+    rebuilt.bulk_load(iter(records), removed=(state.counts.expired, state.counts.deleted), markers=markers)
     try:
         live, fresh = contents(state), contents(rebuilt)
         assert {k: v for k, v in live.items() if not k.startswith(b"mcounts")} == {

@@ -17,8 +17,9 @@ import pytest
 
 from neardup.core.lsh import band_keys
 from neardup.core.params import DedupParams, IncompatibleState
+from neardup.core.retention import Retention
 from neardup.core.signing import sketch_of
-from neardup.pipeline.shard import ARTICLE_PREFIX, INPUTS_KEY, OFFSET_KEY, IndexShard
+from neardup.pipeline.shard import ARTICLE_PREFIX, INPUTS_KEY, MARKER_PREFIX, OFFSET_KEY, IndexShard
 from neardup.pipeline.sign import SignStage
 from neardup.pipeline.wire import (
     Provenance,
@@ -29,6 +30,7 @@ from neardup.pipeline.wire import (
     pack_signed,
     unpack_signed,
 )
+from neardup.state.memory import MemoryState
 from neardup.state.rocks import RocksState
 from tests.conftest import PROSE, process
 
@@ -555,6 +557,40 @@ def test_a_rebuild_counts_the_removals_the_record_table_counted(shards: Any) -> 
     restarted = shards("restarted", dict(live.records))
     assert (restarted.state.stats().deleted, restarted.state.stats().expired) == (1, 0)
     assert restarted.state.get(deleted_id) is None
+
+
+def test_a_rebuild_keeps_the_deleted_ids_versions(shards: Any) -> None:
+    """The delete's marker is in the changelog: after a rebuild, a re-added id still continues."""
+    live = shards("live")
+    live.handle(signed("a", PROSE[0]), 0)
+    live.handle(signed("a", PROSE[1]), 1)  # version 1
+    src = dataclasses.replace(SRC, offset=next(_INPUT_OFFSETS))
+    assert live.handle(SignedDeletion("a", src), 2)[0] == "deleted"
+    assert ARTICLE_PREFIX + b"a" not in live.records and MARKER_PREFIX + b"a" in live.records
+    restarted = shards("restarted", dict(live.records))
+    assert restarted.state.deleted_version("a") == 1
+    status, verdict = restarted.handle(signed("a", PROSE[1]), 3)
+    assert status == "new" and verdict is not None and verdict["version"] == 2
+    assert MARKER_PREFIX + b"a" not in restarted.records, "the re-add tombstones the marker"
+    again = shards("again", dict(restarted.records))
+    assert again.state.deleted_version("a") is None and again.state.get("a") is not None
+
+
+def test_expiry_removes_deletion_markers_and_tombstones_them() -> None:
+    day = 86_400_000
+    records: dict[bytes, bytes] = {}
+    stage = IndexShard(MemoryState(), PARAMS, Retention(window_ms=2 * day), changelog=records)
+    now = 30 * day / 1000
+
+    def at(article_id: str, text: str, time_ms: int) -> Signed:
+        return dataclasses.replace(signed(article_id, text), time_ms=time_ms)
+
+    stage.decide([at("a", PROSE[0], 0), SignedDeletion("a", SRC), at("b", PROSE[1], day)], now=now)
+    assert records[MARKER_PREFIX + b"a"] == stage.state.deletion_marker("a")
+    stage.decide([at("c", PROSE[2], 3 * day)], now=now)  # the cutoff moves past the deletion (day 0)
+    assert stage.state.deleted_version("a") is None and MARKER_PREFIX + b"a" not in records
+    [readded] = stage.decide([at("a", PROSE[0], 3 * day)], now=now)
+    assert readded.article is not None and readded.article.version == 0
 
 
 def test_a_text_expanding_past_the_limit_is_dead_lettered_oversized() -> None:

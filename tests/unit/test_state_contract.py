@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -28,8 +29,14 @@ MakeState = Callable[[], StateStore]
 PARAMS = DedupParams()
 
 
-def index(state: StateStore, article_id: str, text: str, extra: dict[bytes, bytes] | None = None) -> Outcome:
-    outcome = decide(article_id, sketch_of(text, PARAMS), state, PARAMS)
+def index(
+    state: StateStore,
+    article_id: str,
+    text: str,
+    extra: dict[bytes, bytes] | None = None,
+    time_ms: int = 0,
+) -> Outcome:
+    outcome = decide(article_id, sketch_of(text, PARAMS), state, PARAMS, time_ms=time_ms)
     assert outcome.update is not None
     state.apply(outcome.update, extra)
     return outcome
@@ -117,6 +124,43 @@ def test_replacing_the_first_holder_hands_the_content_to_the_earliest_copy(
     index(state, "copy-1", prose[3])
     index(state, "copy-2", prose[4])
     assert state.id_for_content(first.sketch.content_hash) == "later"
+
+
+def test_a_re_added_id_continues_its_versions(make_state: MakeState, prose: tuple[str, ...]) -> None:
+    """A delete leaves the id's last version; the id added again goes on from it, and the marker goes."""
+    state = make_state()
+    state.open_header(PARAMS.header())
+    index(state, "x", prose[0])
+    index(state, "x", prose[1])  # version 1
+    assert state.deleted_version("x") is None
+    assert state.delete("x") is not None and state.get("x") is None
+    assert state.deleted_version("x") == 1
+    assert state.delete("nobody") is None and state.deleted_version("nobody") is None
+    again = index(state, "x", prose[1])
+    assert again.article.version == 2 and again.update is not None and again.update.revived
+    assert state.deleted_version("x") is None
+    assert index(state, "x", prose[2]).article.version == 3
+    state.delete("x")
+    assert state.deleted_version("x") == 3
+    assert index(state, "x", prose[2]).article.version == 4
+    kept = contents(cast(IndexState, state))
+    assert not [key for key in kept if key[:1] in (b"d", b"e")], "no marker left behind"
+
+
+def test_markers_expire_by_the_deletions_time(make_state: MakeState, prose: tuple[str, ...]) -> None:
+    state = make_state()
+    state.open_header(PARAMS.header())
+    index(state, "old", prose[0], time_ms=1_000)
+    index(state, "late", prose[1], time_ms=5_000)
+    state.delete("old")  # at the newest time held: 5000
+    index(state, "later", prose[2], time_ms=9_000)
+    state.delete("later")  # at 9000
+    assert state.expire_markers(5_000) == []
+    assert state.expire_markers(6_000) == ["old"]
+    assert (state.deleted_version("old"), state.deleted_version("later")) == (None, 0)
+    assert index(state, "old", prose[0], time_ms=9_500).article.version == 0
+    assert state.expire_markers(10_000) == ["later"]
+    assert not [key for key in contents(cast(IndexState, state)) if key[:1] in (b"d", b"e")]
 
 
 def test_meta_and_extra_keys(make_state: MakeState, prose: tuple[str, ...]) -> None:
@@ -312,9 +356,9 @@ def test_records_keep_the_signature_where_there_is_no_verifier(prose: tuple[str,
         # records of earlier formats, whole: refused by their format, not as cut short
         (b"N3\x00\x00\x00\x02{}" + b"\x00" * 600, False, "unknown record format b'N3'"),
         (b"N4\x00\x00\x00\x02{}" + b"\x00" * 600, False, "unknown record format b'N4'"),
-        (b"N5\x00\x00\x00\x05{}", False, ""),  # the head ends inside a varint
-        (b"N5" + b"\x00" * 6 + b"\x05" + b"\x00" * 5 + b"ab", False, ""),  # an id longer than the record
-        (b"N5" + b"\x00" * 11 + b"\x09" + b"\x00" * 3, True, ""),  # a decision longer than the record
+        (b"N6\x00\x00\x00\x05{}", False, ""),  # the head ends inside a varint
+        (b"N6" + b"\x00" * 6 + b"\x05" + b"\x00" * 5 + b"ab", False, ""),  # an id longer than the record
+        (b"N6" + b"\x00" * 11 + b"\x09" + b"\x00" * 3, True, ""),  # a decision longer than the record
     ],
 )
 def test_corrupt_records_are_named(data: bytes, front_readable: bool, reason: str) -> None:
