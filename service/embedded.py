@@ -211,6 +211,7 @@ def run_file(
     summary.seconds = time.perf_counter() - started
     summary.expired = shard.counts.expired
     summary.refused_times = shard.counts.refused_times
+    summary.unknown_deletes = shard.counts.unknown_deletes
     return summary
 
 
@@ -258,8 +259,9 @@ class _FileRun:
             decided = self.shard.decide([signed])[0]
             if decided.error is not None:  # as the worker's index stage: a dead letter, not a stopped run
                 signed = _signed(SignStage.failed(decided.error, line.body, None, _source(self.topic, line)))
-            elif decided.status in ("deleted", "unknown_delete"):
-                _deleted(decided.status, signed.article_id, self.out, summary)
+            elif decided.status == "deleted":
+                self.out.write(dumps({"article_id": signed.article_id, "deleted": True}) + b"\n")
+                summary.deleted += 1
             else:
                 verdict = decided.verdict
         if isinstance(signed, _Dead):
@@ -389,16 +391,6 @@ async def _decide_while_signing(
             signing.cancel()
             await asyncio.gather(signing, return_exceptions=True)
         await signer.aclose()
-
-
-def _deleted(status: str, article_id: str, out: BinaryIO, summary: RunSummary) -> None:
-    """A deletion: its line in the verdict file (the tombstone of a compacted topic), or counted
-    when the id is unknown."""
-    if status == "unknown_delete":
-        summary.unknown_deletes += 1
-        return
-    out.write(dumps({"article_id": article_id, "deleted": True}) + b"\n")
-    summary.deleted += 1
 
 
 class ResumeMismatch(Error, RuntimeError):

@@ -24,18 +24,9 @@ DeadLetterReason = Literal[
     "empty_text",
     "key_mismatch",
     "internal_error",
-    "processing_failed",
-]
-DEAD_LETTER_REASONS: tuple[str, ...] = (
-    "invalid_utf8",
-    "invalid_json",
-    "schema_violation",
-    "oversized",
-    "empty_text",
-    "key_mismatch",
-    "internal_error",
     "processing_failed",  # the message made a helper process die or hang, alone
-)
+]
+DEAD_LETTER_REASONS: tuple[str, ...] = get_args(DeadLetterReason)
 OPTIONAL_STRING_FIELDS = ("title", "url", "source", "published_at", "language")
 MAX_ID_LENGTH = 512
 # The dead-letter topic's max.message.bytes (stream/topics.py creates it so), and the producer's
