@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -308,10 +309,27 @@ async def _produce_stamped(
     await producer.start()
     try:
         for article, stamp in stamped:
-            await producer.send(topic, orjson.dumps(article), key=article["id"].encode(), timestamp_ms=stamp)
-        await producer.flush()
+            await _send_once_allowed(producer, topic, article, stamp)
     finally:
         await producer.stop()
+
+
+async def _send_once_allowed(producer: Any, topic: str, article: dict[str, Any], stamp: int | None) -> None:
+    """Send one record, retrying while the topic's new timestamp limit has not reached its leader
+    (a config change is applied asynchronously after the admin call returns)."""
+    from aiokafka.errors import InvalidTimestampError
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await producer.send_and_wait(
+                topic, orjson.dumps(article), key=article["id"].encode(), timestamp_ms=stamp
+            )
+            return
+        except InvalidTimestampError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def test_a_record_stamped_far_ahead_expires_nothing(deployment: Deployment) -> None:
