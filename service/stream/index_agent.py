@@ -286,21 +286,25 @@ class IndexPipeline:
         return sends, counted
 
     def _index_error(self, entry: EntryOutcome) -> Letter:
-        """A record the index stage could not handle, as a dead letter (signatures messages all
-        come from the shard's one partition, under its key)."""
-        topic, partition = self.settings.signatures_topic, 0
+        """A record the index stage could not handle, as a dead letter: under the input message it
+        came from when that is known (an isolated record's), else under the signatures message
+        (they all come from the shard's one partition, under its key)."""
+        topic, offset, key = self.settings.signatures_topic, entry.offset, SHARD_KEY
+        partition: int | None = 0
+        if entry.source is not None and entry.article_id is not None:
+            topic, partition, offset = entry.source.topic, entry.source.partition, entry.source.offset
+            key = entry.article_id.encode()
         log.error(
-            "index_error topic=%s partition=%d offset=%d error=%s",
+            "index_error reason=%s topic=%s partition=%s offset=%d error=%s",
+            entry.reason,
             topic,
             partition,
-            entry.offset,
+            offset,
             entry.error,
         )
         assert entry.payload is not None and entry.error is not None
-        record = dead_letter_dict(
-            "internal_error", entry.error, entry.payload, topic, partition, entry.offset, SHARD_KEY
-        )
-        return "internal_error", orjson.dumps(record), SHARD_KEY
+        record = dead_letter_dict(entry.reason, entry.error, entry.payload, topic, partition, offset, key)
+        return entry.reason, orjson.dumps(record), key
 
     async def on_assigned(self, sender: Any, assigned: Any = None, **_: Any) -> None:
         # Faust starts every partition again from its committed offset: what was delivered before
