@@ -1,0 +1,126 @@
+"""Anchors: long shingles of the canonical text chosen by winnowing, with where they lie.
+
+Jaccard misses an excerpt inside a long article (few shingles of the whole are in the part).
+Winnowing (Schleimer et al., 2003) keeps, of every window of `window` consecutive k-shingles, the
+one of least hash: a text holds every anchor of any window it shares with another, so an excerpt's
+anchors are all anchors of its source, and any shared run of window + k - 1 characters yields at
+least one. Positions make the shared passages visible, not only their share. Sampling by hash value
+("hash ≡ 0 mod p") is kept beside it for the comparison the benchmarks make
+(tests/benchmarks/bench_containment.py).
+
+This is the numpy reference; _sketch.anchors computes the same anchors in one compiled pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from . import compiled
+from ._hashing import U64, HashArray, fmix64, mix_scalar
+from .shingle import _polynomial
+
+ANCHOR_K = 24  # characters a shingle of an anchor spans
+ANCHOR_WINDOW = 128  # shingles a winnowing window spans: a gap between anchors never exceeds it
+_ANCHOR_SEED = mix_scalar(0x414E43484F52)  # apart from the MinHash seeds: other hashes, not a subset
+AnchorHashes = npt.NDArray[np.uint32]
+AnchorPositions = npt.NDArray[np.uint32]
+
+
+@dataclass(frozen=True)
+class Anchors:
+    """A text's anchors in position order: 32 bits of each one's hash (the index key), and the
+    character offset in the canonical text where its shingle starts."""
+
+    hashes: AnchorHashes
+    positions: AnchorPositions
+
+    def __len__(self) -> int:
+        return int(self.hashes.size)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Anchors)
+            and bool(np.array_equal(self.hashes, other.hashes))
+            and bool(np.array_equal(self.positions, other.positions))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def distinct(self) -> AnchorHashes:
+        """The distinct hashes: the posting lists the text joins (a repeated passage joins once)."""
+        return np.unique(self.hashes)
+
+
+NO_ANCHORS = Anchors(np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32))
+
+
+def shingle_values(points: npt.NDArray[np.uint32], k: int = ANCHOR_K) -> HashArray:
+    """The mixed hash of every k-character shingle, in text order (the polynomial hash of
+    shingle.py, then fmix64 under the anchors' own seed: winnowing needs hashes that look random)."""
+    values = _polynomial(points.astype(U64), k)
+    values ^= U64(_ANCHOR_SEED)
+    return fmix64(values)
+
+
+def winnow(values: HashArray, window: int = ANCHOR_WINDOW) -> npt.NDArray[np.intp]:
+    """The positions winnowing keeps, ascending: of each window of `window` consecutive values the
+    least, the rightmost among equals (a run of equal values then yields one anchor per window, not
+    one per position). Fewer values than a window: the least of them all."""
+    if values.size == 0:
+        return np.empty(0, dtype=np.intp)
+    if values.size <= window:
+        reversed_at = int(np.argmin(values[::-1]))
+        return np.array([values.size - 1 - reversed_at], dtype=np.intp)
+    windows = np.lib.stride_tricks.sliding_window_view(values, window)
+    rightmost = window - 1 - np.argmin(windows[:, ::-1], axis=1)
+    return np.unique(rightmost + np.arange(windows.shape[0]))
+
+
+def sample_mod(values: HashArray, rate: int) -> npt.NDArray[np.intp]:
+    """The positions whose value falls in the lowest 1/rate of the range: "hash ≡ 0 mod p"
+    sampling (FracMinHash) with p = rate, for comparison with winnowing."""
+    bound = U64((1 << 64) // rate)
+    return np.flatnonzero(values < bound)
+
+
+def _as_anchors(values: HashArray, positions: npt.NDArray[np.intp]) -> Anchors:
+    # the low 32 bits: winnowing keeps small values, so their high bits are mostly zero
+    hashes = (values[positions] & U64(0xFFFFFFFF)).astype(np.uint32)
+    return Anchors(hashes, positions.astype(np.uint32))
+
+
+def anchors_of(
+    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW
+) -> Anchors:
+    """The winnowed anchors of a canonical text's code points (none for a text shorter than k):
+    the compiled pass where built, this numpy reference otherwise."""
+    if points.size < k:
+        return NO_ANCHORS
+    loops = compiled.loops()
+    if loops is not None:
+        return anchors_compiled(points, k, window)
+    return anchors_reference(points, k, window)
+
+
+def anchors_reference(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW) -> Anchors:
+    """anchors_of in numpy, the reference the compiled pass is tested against."""
+    if points.size < k:
+        return NO_ANCHORS
+    values = shingle_values(points, k)
+    return _as_anchors(values, winnow(values, window))
+
+
+def anchors_compiled(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW) -> Anchors:
+    """anchors_of in the compiled pass (_sketch.anchors); the module must be built."""
+    loops = compiled.loops()
+    if loops is None:
+        raise RuntimeError("the compiled loops are not built or are turned off")
+    passed = np.ascontiguousarray(points, dtype=np.uint32)
+    most = passed.size - k + 1
+    hashes = np.empty(most, dtype=np.uint32)
+    positions = np.empty(most, dtype=np.uint32)
+    count = loops.anchors(passed, k, window, _ANCHOR_SEED, hashes, positions)
+    return Anchors(hashes[:count].copy(), positions[:count].copy())
