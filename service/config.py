@@ -331,9 +331,10 @@ SETTINGS: tuple[Setting, ...] = (
     _setting(
         "unique_filter",
         STR,
-        "unique",
-        "the verdict kinds the filtered feed forwards, comma-separated: `unique`, `partial`, "
-        "`duplicate` (`neardup dedup`: with `--unique-out`)",
+        "unique,revised",
+        "the verdict kinds the filtered feed forwards, comma-separated: `unique`, `revised`, "
+        "`partial`, `duplicate` (`neardup dedup`: with `--unique-out`); a revised article is a new "
+        "text for an index, `unique` alone holds it back",
         modes=(Mode.WORKER, Mode.DEDUP),
         flag=True,
         check=_reason(parse_verdict_filter),
@@ -360,6 +361,14 @@ SETTINGS: tuple[Setting, ...] = (
         FRACTION_OR_NONE,
         _ENGINE.containment_threshold,
         "containment for `partial` (`none` or 0: no partial verdicts)",
+    ),
+    _verdicts(
+        "revised_threshold",
+        FRACTION_OR_NONE,
+        _ENGINE.revised_threshold,
+        "share of anchors (24-character shingles) one article holds of another for `revised`: "
+        "it reuses that much of an earlier text without being a copy or a part of it "
+        "(`none` or 0: no revised verdicts)",
     ),
     _verdicts(
         "lsh_threshold",
@@ -638,6 +647,7 @@ def engine_params(values: Mapping[str, Any]) -> DedupParams:
         return DedupParams(
             threshold=v["threshold"],
             containment_threshold=v["containment_threshold"],
+            revised_threshold=v["revised_threshold"],
             lsh_threshold=v["lsh_threshold"],
             fn_weight=v["fn_weight"],
             bands=v["bands"],
@@ -801,6 +811,7 @@ class Settings:
     max_text_bytes: int = FROM_TABLE
     threshold: float = FROM_TABLE
     containment_threshold: float | None = FROM_TABLE
+    revised_threshold: float | None = FROM_TABLE
     lsh_threshold: float | None = FROM_TABLE
     fn_weight: float = FROM_TABLE
     bands: int | None = FROM_TABLE

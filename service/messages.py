@@ -11,7 +11,8 @@ from typing import Any, Literal, cast, get_args
 
 import orjson
 
-from .core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
+from .core.anchors import Passage
+from .core.dedup import PASSAGES, Candidate, Decision, IndexedArticle, VerdictKind
 from .core.params import DedupParams
 from .core.signing import Sketch
 from .errors import Error
@@ -228,8 +229,26 @@ def verdict_dict(
             for c in decision.candidates
         ],
         "params": params.audit(),
+        **_passages(decision),
         "latency_ms": latency_ms,
     }
+
+
+def _passages(decision: Decision) -> dict[str, Any]:
+    """The shared passages, for a verdict that has them: offsets in both canonical texts."""
+    if not decision.passages:
+        return {}
+    spans = [
+        {
+            "start": p.start,
+            "end": p.end,
+            "match_start": p.other_start,
+            "match_end": p.other_end,
+            "anchors": p.anchors,
+        }
+        for p in decision.passages
+    ]
+    return {"passages": {"offsets": "canonical", "spans": spans}}
 
 
 # The JSON numbers of the most characters: an unsigned 64-bit integer (20 digits), and a float as
@@ -255,6 +274,7 @@ def verdict_max_bytes(params: DedupParams) -> int:
         worst_id,
         False,
         (candidate,) * params.top_candidates,
+        (Passage(_LONGEST_INT, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT),) * PASSAGES,
     )
     # verdict_dict reads only the id, version and decision of the article
     article = IndexedArticle(worst_id, _LONGEST_INT, 0, cast(Sketch, None), decision)

@@ -59,6 +59,14 @@
  *     ints, and the position after the last. ValueError when one runs past the end of `data` or
  *     past 64 bits.
  *
+ * anchors(points, k, window, seed_key, hashes, positions) -> count
+ *     points: uint32 code points, at least k of them; hashes, positions: writable uint32 buffers of
+ *     at least len(points) - k + 1 items. Winnowing (anchors.py: anchors_reference): each
+ *     k-character shingle's polynomial hash (as oph_minima, rolled rather than recomputed) mixed by
+ *     fmix64(h ^ seed_key); of every `window` consecutive ones the least, the rightmost among equals
+ *     (the least of all when there are at most `window`), each chosen position once, ascending.
+ *     Writes the low 32 bits of each chosen value and its position; returns how many.
+ *
  * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
  * number of items, non-empty where an item is read, consistent with each other and with the
  * counts), counts and byte values in range; ValueError naming the argument otherwise (TypeError
@@ -795,7 +803,80 @@ done:
     return result;
 }
 
+static PyObject *anchors(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer points, hashes, positions;
+    Py_ssize_t k, window;
+    unsigned long long seed_key;
+    if (!PyArg_ParseTuple(args, "y*nnKw*w*", &points, &k, &window, &seed_key, &hashes, &positions)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    uint64_t *values = NULL;
+    Py_ssize_t *queue = NULL;
+    Py_ssize_t count = points.len / 4, windows = count - k + 1;
+    if ((points.len % 4 && invalid("points must be uint32 (a multiple of 4 bytes)")) ||
+        ((k < 1 || k > 64) && invalid("k must be in 1..64")) ||
+        (window < 1 && invalid("window must be >= 1")) ||
+        (count < k && invalid("points must hold at least k items")) ||
+        ((hashes.len % 4 || hashes.len / 4 < windows) && invalid("hashes must hold len(points) - k + 1 uint32")) ||
+        ((positions.len % 4 || positions.len / 4 < windows) &&
+         invalid("positions must hold len(points) - k + 1 uint32")) ||
+        (count > UINT32_MAX && invalid("points must hold fewer than 2**32 items"))) {
+        goto done;
+    }
+    values = malloc((size_t)windows * sizeof(uint64_t));
+    queue = malloc((size_t)windows * sizeof(Py_ssize_t));
+    if (values == NULL || queue == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint64_t key = (uint64_t)seed_key;
+    uint64_t lead = 1; /* POLY ** (k - 1): the weight of the unit that leaves a rolled window */
+    uint64_t hash = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        hash = hash * POLY + get_u32(points.buf, j);
+        if (j) {
+            lead *= POLY;
+        }
+    }
+    values[0] = fmix64(hash ^ key);
+    for (Py_ssize_t i = 1; i < windows; i++) {
+        hash = (hash - (uint64_t)get_u32(points.buf, i - 1) * lead) * POLY + get_u32(points.buf, i + k - 1);
+        values[i] = fmix64(hash ^ key);
+    }
+    void *const out_hash = hashes.buf, *const out_position = positions.buf;
+    Py_ssize_t written = 0, head = 0, tail = 0, last = -1;
+    Py_ssize_t span = windows < window ? windows : window;
+    /* a queue of positions whose values increase strictly: its head is the window's least, the
+     * rightmost among equals (an equal newcomer evicts the earlier one) */
+    for (Py_ssize_t i = 0; i < windows; i++) {
+        while (tail > head && values[queue[tail - 1]] >= values[i]) {
+            tail--;
+        }
+        queue[tail++] = i;
+        if (queue[head] <= i - span) {
+            head++;
+        }
+        if (i >= span - 1 && queue[head] != last) {
+            last = queue[head];
+            put_u32(out_hash, written, (uint32_t)(values[last] & 0xFFFFFFFFu));
+            put_u32(out_position, written, (uint32_t)last);
+            written++;
+        }
+    }
+    result = PyLong_FromSsize_t(written);
+done:
+    free(values);
+    free(queue);
+    PyBuffer_Release(&points);
+    PyBuffer_Release(&hashes);
+    PyBuffer_Release(&positions);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"anchors", anchors, METH_VARARGS, "Winnowed anchors of code points: 32-bit hashes and positions."},
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
     {"finish", finish, METH_VARARGS, "Signature and 8-bit verifier from the verifier's bin minima."},
     {"band_keys", band_keys, METH_VARARGS, "The LSH band keys of a signature (lsh.band_keys)."},

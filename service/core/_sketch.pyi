@@ -42,3 +42,11 @@ def finish(
     verifier: npt.NDArray[np.uint8],
 ) -> int: ...
 def varints(data: bytes, position: int, count: int) -> tuple[tuple[int, ...], int]: ...
+def anchors(
+    points: npt.NDArray[np.uint32],
+    k: int,
+    window: int,
+    seed_key: int,
+    hashes: npt.NDArray[np.uint32],
+    positions: npt.NDArray[np.uint32],
+) -> int: ...

@@ -23,7 +23,10 @@ from ._hashing import U64, HashArray, fmix64, mix_scalar
 from .shingle import _polynomial
 
 ANCHOR_K = 24  # characters a shingle of an anchor spans
-ANCHOR_WINDOW = 128  # shingles a winnowing window spans: a gap between anchors never exceeds it
+ANCHOR_WINDOW = 200  # shingles a winnowing window spans: a gap between anchors never exceeds it
+# Anchors a text keeps at most, its first ones (~100 KB of prose): a record and a signed record
+# stay bounded whatever the text, and so do the posting lists one article writes.
+MAX_ANCHORS = 1024
 _ANCHOR_SEED = mix_scalar(0x414E43484F52)  # apart from the MinHash seeds: other hashes, not a subset
 AnchorHashes = npt.NDArray[np.uint32]
 AnchorPositions = npt.NDArray[np.uint32]
@@ -92,20 +95,20 @@ def _as_anchors(values: HashArray, positions: npt.NDArray[np.intp]) -> Anchors:
     return Anchors(hashes, positions.astype(np.uint32))
 
 
-def anchors_of(
-    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW
-) -> Anchors:
-    """The winnowed anchors of a canonical text's code points (none for a text shorter than k):
-    the compiled pass where built, this numpy reference otherwise."""
+def anchors_of(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW) -> Anchors:
+    """The winnowed anchors of a canonical text's code points, its first MAX_ANCHORS (none for a
+    text shorter than k): the compiled pass where built, this numpy reference otherwise."""
     if points.size < k:
         return NO_ANCHORS
-    loops = compiled.loops()
-    if loops is not None:
-        return anchors_compiled(points, k, window)
-    return anchors_reference(points, k, window)
+    found = anchors_compiled(points, k, window) if compiled.loops() else anchors_reference(points, k, window)
+    if len(found) > MAX_ANCHORS:
+        return Anchors(found.hashes[:MAX_ANCHORS].copy(), found.positions[:MAX_ANCHORS].copy())
+    return found
 
 
-def anchors_reference(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW) -> Anchors:
+def anchors_reference(
+    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW
+) -> Anchors:
     """anchors_of in numpy, the reference the compiled pass is tested against."""
     if points.size < k:
         return NO_ANCHORS
@@ -113,7 +116,9 @@ def anchors_reference(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window:
     return _as_anchors(values, winnow(values, window))
 
 
-def anchors_compiled(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW) -> Anchors:
+def anchors_compiled(
+    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW
+) -> Anchors:
     """anchors_of in the compiled pass (_sketch.anchors); the module must be built."""
     loops = compiled.loops()
     if loops is None:
@@ -124,3 +129,75 @@ def anchors_compiled(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: 
     positions = np.empty(most, dtype=np.uint32)
     count = loops.anchors(passed, k, window, _ANCHOR_SEED, hashes, positions)
     return Anchors(hashes[:count].copy(), positions[:count].copy())
+
+
+# Anchors a passage may miss between two of its own (a substituted word breaks the shingles over
+# it, and the windows that see them choose other anchors), and how far its two texts may shift
+# against each other within it (words added or removed), in characters.
+_PASSAGE_GAP = 2 * ANCHOR_WINDOW + ANCHOR_K
+_PASSAGE_SHIFT = 48
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A passage two texts share, at the anchors' resolution: [start, end) in the first text's
+    canonical form and [other_start, other_end) in the second's, from its first anchor to the end
+    of its last; `anchors`: how many anchors it spans."""
+
+    start: int
+    end: int
+    other_start: int
+    other_end: int
+    anchors: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def containment(mine: Anchors, other: Anchors) -> tuple[int, float, float]:
+    """Distinct anchors in common, and the shares of each text's distinct anchors the other holds
+    (mine in other, other in mine): the containment estimates. An excerpt of at least
+    ANCHOR_WINDOW + ANCHOR_K - 1 characters has only anchors of its source (every window of it is
+    one of the source's), so its share is 1."""
+    a, b = mine.distinct(), other.distinct()
+    if not a.size or not b.size:
+        return 0, 0.0, 0.0
+    shared = int(np.intersect1d(a, b, assume_unique=True).size)
+    return shared, shared / a.size, shared / b.size
+
+
+def passages(mine: Anchors, other: Anchors, limit: int = 3, k: int = ANCHOR_K) -> list[Passage]:
+    """The passages both texts hold, longest first (then the earliest in `mine`), at most `limit`:
+    anchors of equal hash chained in the order of `mine` while both texts advance together, with
+    gaps of at most _PASSAGE_GAP and shifts of at most _PASSAGE_SHIFT characters."""
+    if not len(mine) or not len(other):
+        return []
+    order = np.argsort(other.hashes, kind="stable")
+    sorted_hashes = other.hashes[order]
+    lo = np.searchsorted(sorted_hashes, mine.hashes, side="left")
+    hi = np.searchsorted(sorted_hashes, mine.hashes, side="right")
+    runs: list[list[int]] = []  # start, last, other start, other last, anchors
+    for i in np.flatnonzero(hi > lo).tolist():
+        at = int(mine.positions[i])
+        for j in order[lo[i] : hi[i]].tolist():
+            other_at = int(other.positions[j])
+            run = _extendable(runs, at, other_at)
+            if run is None:
+                runs.append([at, at, other_at, other_at, 1])
+            else:
+                run[1], run[3], run[4] = at, other_at, run[4] + 1
+    found = [Passage(r[0], r[1] + k, r[2], r[3] + k, r[4]) for r in runs]
+    found.sort(key=lambda p: (-p.length, p.start))
+    return found[:limit]
+
+
+def _extendable(runs: list[list[int]], at: int, other_at: int) -> list[int] | None:
+    """The latest run that an anchor at (at, other_at) continues, if any."""
+    for run in reversed(runs):
+        if at - run[1] > _PASSAGE_GAP:
+            break
+        advance, other_advance = at - run[1], other_at - run[3]
+        if advance > 0 and other_advance > 0 and abs(advance - other_advance) <= _PASSAGE_SHIFT:
+            return run
+    return None

@@ -14,6 +14,7 @@ from typing import Literal, NamedTuple, Protocol
 import numpy as np
 
 from . import compiled
+from .anchors import Anchors, Passage, containment, passages
 from .lsh import band_keys
 from .minhash import (
     CHANCE_AGREEMENT,
@@ -27,7 +28,8 @@ from .minhash import (
 from .params import DedupParams
 from .signing import Sketch
 
-VerdictKind = Literal["unique", "duplicate", "partial"]
+VerdictKind = Literal["unique", "duplicate", "partial", "revised"]
+PASSAGES = 3  # shared passages a verdict names at most
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class Decision:
     canonical_id: str
     exact: bool
     candidates: tuple[Candidate, ...]
+    # partial and revised: where the match's text lies in this one, longest first (offsets in the
+    # canonical texts, at the anchors' resolution)
+    passages: tuple[Passage, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,6 +102,16 @@ class IndexedArticle:
     @property
     def canonical_id(self) -> str:
         return self.decision.canonical_id
+
+    @property
+    def anchors(self) -> Anchors:
+        return self.sketch.anchors
+
+    @property
+    def in_postings(self) -> bool:
+        """Whether its anchors index it: not a duplicate, whose match holds the same text and
+        stands for it (a hot story's copies would fill every posting list of its anchors)."""
+        return self.decision.kind != "duplicate"
 
     @property
     def in_buckets(self) -> bool:
@@ -177,6 +192,9 @@ class Prospect(Protocol):
     @property
     def sketch(self) -> Sketch: ...
 
+    @property
+    def anchors(self) -> Anchors: ...
+
 
 class StateReader(Protocol):
     """What the decision needs to read. Adapters: memory and RocksDB (service/state)."""
@@ -195,6 +213,12 @@ class StateReader(Protocol):
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> Sequence[Prospect]:
         """The distinct articles in the band buckets `keys`, but `exclude`, in order of first
         appearance (bucket by bucket, each in the order its articles joined it), at most `limit`."""
+        ...
+
+    def anchor_candidates(self, anchors: Anchors, exclude: str, limit: int) -> Sequence[Prospect]:
+        """The articles that share anchors with `anchors` (two, or all of the fewer either side
+        has), but `exclude`, the most shared first, at most `limit`; anchors held by a full posting
+        list (boilerplate) propose none."""
         ...
 
     def next_seq(self) -> int: ...
@@ -403,17 +427,80 @@ def _verified_match(
     params: DedupParams,
     not_before_ms: int | None,
 ) -> Matched:
-    others = state.candidates(keys, article_id, params.max_candidates)
+    others = list(state.candidates(keys, article_id, params.max_candidates))
+    anchored: Sequence[Prospect] = ()
+    if len(sketch.anchors) and (params.containment_threshold or params.revised_threshold):
+        anchored = state.anchor_candidates(sketch.anchors, article_id, params.max_candidates)
     if not_before_ms is not None:
         others = [other for other in others if other.time_ms >= not_before_ms]
-    if not others:
-        return Decision("unique", None, None, None, None, article_id, False, ()), seq, article_id
-    top, match = rank(sketch, others, params)
+        anchored = [other for other in anchored if other.time_ms >= not_before_ms]
+    unique = Decision("unique", None, None, None, None, article_id, False, ()), seq, article_id
+    if not others and not anchored:
+        return unique
+    top, match = rank(sketch, others, params) if others else ([], None)
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
     kept = tuple(Candidate(others[i].article_id, j, a, b) for i, j, a, b in top)
-    if match is None:
+    if match is not None and match[0] == "duplicate":
+        return _matched(state, "duplicate", others[match[1]], match[2:], kept)
+    found = _contained(sketch, anchored, params)
+    if match is not None and (found is None or found[1] != "partial"):
+        other = others[match[1]]  # a partial by the verifier: the anchors show where
+        return _matched(
+            state, "partial", other, match[2:], kept, passages(sketch.anchors, other.anchors, PASSAGES)
+        )
+    if found is None:
         return Decision("unique", None, None, None, None, article_id, False, kept), seq, article_id
-    kind, i, j, a, b = match
-    other = others[i]
+    other, kind, inside, contains = found
+    jaccard = _jaccard_of(sketch, other)
+    if not any(c.article_id == other.article_id for c in kept):
+        kept += (Candidate(other.article_id, jaccard, inside, contains),)
+    shared = passages(sketch.anchors, other.anchors, PASSAGES)
+    return _matched(state, kind, other, (jaccard, inside, contains), kept, shared)
+
+
+def _matched(
+    state: StateReader,
+    kind: VerdictKind,
+    other: Prospect,
+    scores: tuple[float, float, float],
+    kept: tuple[Candidate, ...],
+    shared: Sequence[Passage] = (),
+) -> Matched:
     canonical = canonical_of(state, other)
-    return Decision(kind, other.article_id, j, a, b, canonical, False, kept), other.cluster, other.cluster_id
+    decision = Decision(kind, other.article_id, *scores, canonical, False, kept, tuple(shared))
+    return decision, other.cluster, other.cluster_id
+
+
+def _contained(
+    sketch: Sketch, anchored: Sequence[Prospect], params: DedupParams
+) -> tuple[Prospect, VerdictKind, float, float] | None:
+    """The candidate whose anchors make the article `partial` (one text holds at least
+    containment_threshold of the other's anchors) or else `revised` (revised_threshold), the one
+    of the highest share (then the earliest); with at least two anchors shared, or all of the
+    fewer that the smaller text has. Returns it, the kind, and the shares (this article's anchors
+    in it, its anchors in this article)."""
+    best: tuple[float, int, Prospect, float, float] | None = None
+    for other in anchored:
+        shared, inside, contains = containment(sketch.anchors, other.anchors)
+        enough = min(2, len(sketch.anchors.distinct()), len(other.anchors.distinct()))
+        if shared < max(enough, 1):
+            continue
+        reach = max(inside, contains)
+        if best is None or (reach, -other.seq) > (best[0], -best[2].seq):
+            best = (reach, other.seq, other, inside, contains)
+    if best is None:
+        return None
+    reach, _, other, inside, contains = best
+    partial, revised = params.containment_threshold, params.revised_threshold
+    if partial is not None and reach >= partial:
+        return other, "partial", inside, contains
+    if revised is not None and reach >= revised:
+        return other, "revised", inside, contains
+    return None
+
+
+def _jaccard_of(sketch: Sketch, other: Prospect) -> float:
+    """The verifier's Jaccard estimate for one candidate."""
+    scored = verified_scores(sketch.verifier, sketch.shingle_count, [other])
+    jaccard = scored[0] if scored is not None else _scored_apart(sketch, [other.sketch])[0]
+    return float(jaccard[0])

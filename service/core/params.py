@@ -7,14 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Error
+from .anchors import ANCHOR_K, ANCHOR_WINDOW
 from .lsh import LshParams, explicit_params, optimal_params
 from .minhash import ALGORITHM, VERIFIER_BITS, MinHasher
 from .normalize import DEFAULT_NORMALIZE, NormalizeOptions
 from .shingle import DEFAULT_SHINGLE, ShingleOptions
 
-# 6: deletion markers (a re-added id continues its versions); 5: capped buckets, clusters, event
+# 7: anchors (winnowed long shingles) in records and posting lists; 6: deletion markers (a re-added
+# id continues its versions); 5: capped buckets, clusters, event
 # times, records without signatures, varint heads
-STATE_FORMAT_VERSION = 6
+STATE_FORMAT_VERSION = 7
 
 
 class IncompatibleState(Error):
@@ -28,6 +30,8 @@ class DedupParams:
 
     threshold: float = 0.8
     containment_threshold: float | None = 0.9
+    # anchor containment from which an article reusing an earlier one's text is `revised`
+    revised_threshold: float | None = 0.3
     lsh_threshold: float | None = None
     fn_weight: float = 0.5
     bands: int | None = None
@@ -62,7 +66,11 @@ class DedupParams:
         else:
             lsh = _cached_optimal(candidate_threshold, self.num_perm, self.fn_weight)
         object.__setattr__(self, "lsh", lsh)
-        thresholds = {"threshold": self.threshold, "containment_threshold": self.containment_threshold}
+        thresholds = {
+            "threshold": self.threshold,
+            "containment_threshold": self.containment_threshold,
+            "revised_threshold": self.revised_threshold,
+        }
         # verify_bits: how the Jaccard estimate was made, for an auditor who recomputes it. Not in the
         # header: state written with wider slots is narrowed when read, so it stays usable.
         audit = {**self.header(), "verify_bits": VERIFIER_BITS, **thresholds}
@@ -93,6 +101,7 @@ class DedupParams:
             "normalize": self.normalize.tag(),
             "bands": self.lsh.bands,
             "rows": self.lsh.rows,
+            "anchors": f"winnow-k{ANCHOR_K}-w{ANCHOR_WINDOW}",
         }
 
     def audit(self) -> dict[str, Any]:
@@ -106,6 +115,7 @@ class DedupParams:
 FIELD_BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "threshold": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
     "containment_threshold": (lambda v: v is None or 0.0 < v <= 1.0, "must be in (0, 1] or None"),
+    "revised_threshold": (lambda v: v is None or 0.0 < v <= 1.0, "must be in (0, 1] or None"),
     "lsh_threshold": (lambda v: v is None or 0.0 < v < 1.0, "must be in (0, 1) or None"),
     "fn_weight": (lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
     "bands": (lambda v: v is None or v >= 1, "must be ≥ 1 or None"),

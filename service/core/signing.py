@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import Error
 from ._hashing import HashArray
+from .anchors import NO_ANCHORS, Anchors, anchors_of
 from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
 from .normalize import canonical_code_points, normalize
 from .params import DedupParams
@@ -30,6 +31,8 @@ class Sketch:
     shingle_count: int
     short: bool
     verifier: VerifierArray = field(default_factory=lambda: np.empty(0, dtype=np.uint8))
+    # winnowed long shingles with their offsets: containment across sizes, and the shared passages
+    anchors: Anchors = NO_ANCHORS
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -39,6 +42,7 @@ class Sketch:
             and self.short == other.short
             and bool(np.array_equal(self.signature, other.signature))
             and bool(np.array_equal(self.verifier, other.verifier))
+            and self.anchors == other.anchors
         )
 
     def estimate_jaccard(self, other: Sketch) -> float:
@@ -56,9 +60,10 @@ def content_hash(canonical: str) -> bytes:
 
 
 def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> Sketch:
-    """Normalize, shingle, sign. Raises EmptyText when the canonical text has nothing to shingle:
-    no character, or under word shingles no word (whitespace the normalization keeps is none); and
-    normalize.TooLong when normalisation takes it beyond `max_points` characters (None: no limit)."""
+    """Normalize, shingle, sign, and pick the anchors (character shingles only). Raises EmptyText
+    when the canonical text has nothing to shingle: no character, or under word shingles no word
+    (whitespace the normalization keeps is none); and normalize.TooLong when normalisation takes it
+    beyond `max_points` characters (None: no limit)."""
     if params.shingle.unit == "char":
         points = canonical_code_points(text, params.normalize, max_points)
         if points.size == 0:
@@ -68,6 +73,7 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
         signature, verifier, distinct = params.hasher.sketches_of_units(
             points, params.shingle.k, params.verify_perm
         )
+        anchors = anchors_of(points)
     else:
         canonical = normalize(text, params.normalize, max_points)
         units = len(canonical.split())
@@ -77,4 +83,5 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
         signature, verifier, distinct = params.hasher.sketches(
             shingle_hashes(canonical, params.shingle), params.verify_perm
         )
-    return Sketch(digest, signature, distinct, units < params.shingle.k, verifier)
+        anchors = NO_ANCHORS  # anchors are character spans: word shingles go without
+    return Sketch(digest, signature, distinct, units < params.shingle.k, verifier, anchors)

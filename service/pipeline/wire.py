@@ -19,13 +19,15 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
+from ..core.anchors import MAX_ANCHORS, Anchors
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.params import DedupParams
 from ..core.signing import Sketch
 from ..messages import MAX_ID_LENGTH
-from ..state.records import pack_sketches, unpack_sketches
+from ..state.records import decode_anchors, encode_anchors, pack_sketches, unpack_sketches
 
-_SIGNED = b"S5"  # band keys, 8-bit verifier, event time
+_SIGNED = b"S6"  # band keys, 8-bit verifier, event time, anchors
+_SIGNED_BEFORE = b"S5"  # the same without anchors, as the version before wrote them
 _DELETE = b"SD"  # a deletion: id and provenance
 _PACKED = b"SP"
 _FEED = b"SF"  # a signed record wrapped with its input message, for the filtered feed
@@ -77,7 +79,8 @@ class SignedDeletion:
 
 
 def encode_signed(signed: Signed) -> bytes:
-    """S5, meta length, orjson meta, (bands, rows) and the band keys back to back, then the sketches."""
+    """S6, meta length, orjson meta, (bands, rows) and the band keys back to back, the anchors
+    (records.encode_anchors: as many as meta's "a"), then the sketches."""
     sketch, src = signed.sketch, signed.provenance
     bands, rows = signed.banding if signed.band_keys else (0, 0)
     if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
@@ -92,17 +95,27 @@ def encode_signed(signed: Signed) -> bytes:
             "src": [src.topic, src.partition, src.offset, src.timestamp_ms],
             "t": signed.time_ms,
             "r": signed.refused_time,
+            "a": len(sketch.anchors),
         }
     )
     keys = b"".join(signed.band_keys)
-    return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(sketch)
+    anchors = encode_anchors(sketch.anchors)
+    return (
+        _SIGNED
+        + _LEN.pack(len(meta))
+        + meta
+        + _BANDING.pack(bands, rows)
+        + keys
+        + anchors
+        + pack_sketches(sketch)
+    )
 
 
 def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
     """A signed record (encode_signed) wrapped with the input message it came from, so that the
     index stage can forward the message unchanged to the filtered feed (NEARDUP_UNIQUE_TOPIC)
     without reading the input back; a deletion is returned as it is."""
-    if record[:2] != _SIGNED:
+    if record[:2] not in (_SIGNED, _SIGNED_BEFORE):
         return record
     pairs = headers.items() if isinstance(headers, Mapping) else headers  # (name, value) pairs
     head = orjson.dumps([[name, base64.b64encode(value or b"").decode()] for name, value in pairs])
@@ -126,6 +139,10 @@ def signed_max_bytes(params: DedupParams) -> int:
         _LONGEST_INT,
         False,
         np.zeros(params.verify_perm, dtype=np.uint8),
+    )
+    sketch = dataclasses.replace(
+        sketch,
+        anchors=Anchors(np.zeros(MAX_ANCHORS, dtype=np.uint32), np.zeros(MAX_ANCHORS, dtype=np.uint32)),
     )
     src = Provenance("t" * _TOPIC_MAX_LENGTH, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT)
     keys = (bytes(BAND_KEY_BYTES),) * bands
@@ -174,7 +191,7 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
     if magic == _DELETE:
         meta = orjson.loads(data[2:])
         return SignedDeletion(meta["id"], Provenance(*meta["src"]))
-    if magic != _SIGNED:
+    if magic not in (_SIGNED, _SIGNED_BEFORE):
         raise ValueError(f"not a signed record: {data[:8]!r}")
     (meta_len,) = _LEN.unpack_from(data, 2)
     meta = orjson.loads(data[6 : 6 + meta_len])
@@ -185,11 +202,13 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
         raise ValueError(f"signed record announces {bands} band keys and is shorter")
     keys = _keys_layout(bands).unpack_from(data, position)  # () for none
     position += bands * BAND_KEY_BYTES
+    anchors = decode_anchors(data, meta.get("a", 0), position)
+    position += 5 * len(anchors)
     signature, verifier = unpack_sketches(data[position:], meta["m"])
     topic, partition, offset, timestamp = meta["src"]
     return Signed(
         meta["id"],
-        Sketch(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier),
+        Sketch(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier, anchors),
         Provenance(topic, partition, offset, timestamp),
         keys,
         (bands, rows),
@@ -243,7 +262,7 @@ def signed_count(data: bytes) -> int:
 
 def unpack_signed(data: bytes) -> list[bytes]:
     """The signed records of one signatures message, packed or single."""
-    if data[:2] in (_SIGNED, _DELETE, _FEED):
+    if data[:2] in (_SIGNED, _SIGNED_BEFORE, _DELETE, _FEED):
         return [data]
     if data[:2] != _PACKED:
         raise ValueError(f"not a signatures message: {data[:8]!r}")

@@ -17,6 +17,11 @@ so that keys sort in arrival order):
 - ``d<id>`` → a deleted id's marker: its last version and the deletion's time (encode_marker), so
   that a re-added id continues its versions; removed when the id is added again
 - ``e<time><id>``: the markers by deletion time, so that expiry removes them incrementally too
+- ``n<anchor>`` → the seqs of the latest articles holding the anchor (32 bits of a winnowed
+  24-character shingle, core/anchors.py), at most ``anchor_cap``, a seq with its top bit set for an
+  article of fewer than two distinct anchors: a posting list that fills its cap is boilerplate
+  (a phrase of many articles) and proposes no candidate; a duplicate joins none (its match holds
+  the same text)
 - ``m<name>`` → metadata (header, next seq, counters, offsets)
 
 and the records, one per article version, in a family of their own keyed by seq (records.py).
@@ -35,6 +40,7 @@ import numpy as np
 import orjson
 
 from ..core import compiled
+from ..core.anchors import Anchors
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from ..core.signing import Sketch
@@ -42,7 +48,7 @@ from .port import Counts, IndexStats
 from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 
 ARTICLE, BAND, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"b", b"c", b"x", b"k", b"h", b"t", b"m"
-MARKER, MARKER_TIME = b"d", b"e"
+MARKER, MARKER_TIME, POSTING = b"d", b"e", b"n"
 SEQ = struct.Struct(">Q")
 _MARKER = struct.Struct(">QQ")  # version, biased deletion time
 _TIME_BIAS = 1 << 63  # event times may be negative (before 1970): biased so they sort as unsigned
@@ -50,6 +56,8 @@ _SEQ_DTYPE = np.dtype(">u8")
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
+DEFAULT_ANCHOR_CAP = 32
+_FEW_ANCHORS = 1 << 63  # in a posting entry: the article has fewer than two distinct anchors
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 # Bucket entries up to which merge_buckets merges them with a dict rather than numpy.
@@ -135,6 +143,7 @@ class IndexState:
         kv: KeyValue,
         *,
         bucket_cap: int = DEFAULT_BUCKET_CAP,
+        anchor_cap: int = DEFAULT_ANCHOR_CAP,
         record_cache: int = 20_000,
         probe_cache: int = 100_000,
     ) -> None:
@@ -142,6 +151,9 @@ class IndexState:
             raise ValueError(f"bucket_cap must be at least 1, got {bucket_cap}")
         self.kv = kv
         self.bucket_cap = bucket_cap
+        if anchor_cap < 2:
+            raise ValueError(f"anchor_cap must be at least 2, got {anchor_cap}")
+        self.anchor_cap = anchor_cap
         self._record_cache_size = record_cache
         self._probe_cache_size = probe_cache
         self._load()
@@ -158,6 +170,7 @@ class IndexState:
         # the first stored or read back is the first out: hits do not reorder it
         self._probes: OrderedDict[int, Probe] = OrderedDict()
         self._looked_up: tuple[Sequence[bytes], list[bytes | None]] | None = None
+        self._postings_looked_up: tuple[list[bytes], list[bytes | None]] | None = None
         self._holder_looked_up: tuple[bytes, bytes | None] = (b"", None)
         # the marker key read beside the last get(): decide() asks for it next
         self._marker_looked_up: tuple[str | None, bytes | None] = (None, None)
@@ -283,6 +296,31 @@ class IndexState:
         prospects = [p for p in self._prospects(in_order) if p is not None and p.article_id != exclude]
         return cast(list[Prospect], prospects[:limit])
 
+    def anchor_candidates(self, anchors: Anchors, exclude: str, limit: int) -> list[Prospect]:
+        """The articles sharing anchors with `anchors` (two, or all of the fewer either side has),
+        the most shared first (then the earliest), but `exclude`, at most `limit`: one multi-get of
+        the posting lists, the full ones (boilerplate) left out."""
+        names = _posting_keys(anchors)
+        if not names:
+            return []
+        found = self.kv.get_many(names)
+        self._postings_looked_up = (names, found)
+        full = self.anchor_cap * SEQ.size
+        shared: dict[int, int] = {}
+        for stored in found:
+            if stored and len(stored) < full:
+                for entry in np.frombuffer(stored, dtype=_SEQ_DTYPE).tolist():
+                    shared[entry] = shared.get(entry, 0) + 1
+        need = min(2, len(names))
+        ranked = sorted(
+            (-count, entry & ~_FEW_ANCHORS)
+            for entry, count in shared.items()
+            if count >= need or entry & _FEW_ANCHORS
+        )
+        seqs = [seq for _, seq in ranked[: limit + 1]]  # one more: one may be the excluded article
+        prospects = [p for p in self._prospects(seqs) if p is not None and p.article_id != exclude]
+        return cast(list[Prospect], prospects[:limit])
+
     def _prospects(self, seqs: Sequence[int]) -> list[Probe | None]:
         """The probes of these seqs, from the cache or one multi-get of their records."""
         cache = self._probes
@@ -335,12 +373,15 @@ class IndexState:
             clusters=self.counts.clusters,
             buckets=self.counts.buckets,
             largest_bucket=self.counts.largest_bucket,
+            anchor_postings=self.counts.postings,
+            boilerplate_anchors=self.counts.boilerplate,
             oldest_ms=self.oldest_ms(),
             newest_ms=self.counts.newest_ms,
             expired=self.counts.expired,
             deleted=self.counts.deleted,
             bytes_on_disk=self.kv.size_bytes(),
             bucket_cap=self.bucket_cap,
+            anchor_cap=self.anchor_cap,
         )
 
     # -- writing -------------------------------------------------------------------------------
@@ -381,6 +422,8 @@ class IndexState:
                 batch.put(COPY + content_hash + holder, b"")
             batch.put(CONTENT + content_hash, seq)
             self._join_buckets(batch, article.seq, article.keys)
+        if article.in_postings and not article.decision.exact:
+            self._join_postings(batch, article)
         self._holder_looked_up = (b"", None)
         if article.cluster == article.seq:
             self.counts.clusters += 1
@@ -439,6 +482,52 @@ class IndexState:
                 batch.put(BAND + key, joined)
         self._looked_up = None
 
+    def _postings(self, names: list[bytes], batch: Batch) -> list[bytes | None]:
+        """The stored posting lists `names`, as this batch leaves them; from the last lookup where
+        it was of these names and the batch has not touched them."""
+        last = self._postings_looked_up
+        if last is not None and last[0] == names and not any(name in batch.main for name in names):
+            return last[1]
+        stored = iter(self.kv.get_many([name for name in names if name not in batch.main]))
+        return [batch.main[name] if name in batch.main else next(stored) for name in names]
+
+    def _join_postings(self, batch: Batch, article: IndexedArticle) -> None:
+        """The article joins the posting lists of its anchors; each keeps its latest anchor_cap."""
+        names = _posting_keys(article.anchors)
+        if not names:
+            return
+        entry = SEQ.pack(article.seq | (_FEW_ANCHORS if len(names) < 2 else 0))
+        limit = self.anchor_cap * SEQ.size
+        for name, stored in zip(names, self._postings(names, batch), strict=True):
+            if stored is None:
+                self.counts.postings += 1
+                batch.put(name, entry)
+                continue
+            joined = (stored + entry)[-limit:]
+            if len(stored) < limit <= len(joined):
+                self.counts.boilerplate += 1
+            batch.put(name, joined)
+        self._postings_looked_up = None
+
+    def _leave_postings(self, batch: Batch, article: IndexedArticle) -> None:
+        names = _posting_keys(article.anchors)
+        limit = self.anchor_cap * SEQ.size
+        for name, stored in zip(names, self._postings(names, batch), strict=True):
+            if not stored:
+                continue
+            entries = np.frombuffer(stored, dtype=_SEQ_DTYPE)
+            kept = entries[(entries & ~np.uint64(_FEW_ANCHORS)) != article.seq]
+            if kept.size == entries.size:
+                continue  # pushed out by later members already
+            if len(stored) >= limit:
+                self.counts.boilerplate -= 1
+            if kept.size:
+                batch.put(name, kept.tobytes())
+            else:
+                self.counts.postings -= 1
+                batch.delete(name)
+        self._postings_looked_up = None
+
     def _leave_buckets(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
         stored_buckets = self._buckets(keys, batch)
         batch.buckets_written = True
@@ -462,6 +551,8 @@ class IndexState:
         seq = seq_key(old.seq)
         content_hash = old.sketch.content_hash
         self._leave_buckets(batch, old.seq, old.keys)
+        if old.in_postings and not old.decision.exact:
+            self._leave_postings(batch, old)
         if self._holder_seq(content_hash, batch) == seq:
             heir = self._first(COPY + content_hash, batch, skip=seq)
             if heir is None:
@@ -599,6 +690,7 @@ class IndexState:
         if next(self.kv.scan_records(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
         self._looked_up, self._holder_looked_up = None, (b"", None)
+        self._postings_looked_up = None
         count = 0
         for run in runs_of(records, chunk):
             batch = Batch()
@@ -666,7 +758,14 @@ def _as_stored(article: IndexedArticle) -> IndexedArticle:
     sketch = article.sketch
     if not sketch.verifier.size or not sketch.signature.size:
         return article
-    stripped = Sketch(sketch.content_hash, _NO_SIGNATURE, sketch.shingle_count, sketch.short, sketch.verifier)
+    stripped = Sketch(
+        sketch.content_hash,
+        _NO_SIGNATURE,
+        sketch.shingle_count,
+        sketch.short,
+        sketch.verifier,
+        sketch.anchors,
+    )
     return IndexedArticle(
         article.article_id,
         article.version,
@@ -701,6 +800,11 @@ def merge_buckets(found: Sequence[bytes | None], count: int) -> list[int]:
         return list(dict.fromkeys(seqs.tolist()))[:count]
     distinct, first = np.unique(seqs, return_index=True)
     return cast(list[int], distinct[np.argsort(first, kind="stable")][:count].tolist())
+
+
+def _posting_keys(anchors: Anchors) -> list[bytes]:
+    """The posting list keys of a text's distinct anchors."""
+    return [POSTING + value.to_bytes(4, "big") for value in anchors.distinct().tolist()]
 
 
 def _members(stored: bytes | None) -> list[int]:

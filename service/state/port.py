@@ -19,6 +19,8 @@ class Counts:
     articles: int = 0
     clusters: int = 0
     buckets: int = 0
+    postings: int = 0  # anchor posting lists held
+    boilerplate: int = 0  # of them, those at their cap: propose no candidate
     expired: int = 0
     deleted: int = 0
     newest_ms: int | None = None
@@ -59,12 +61,15 @@ class IndexStats:
     clusters: int
     buckets: int
     largest_bucket: int
+    anchor_postings: int
+    boilerplate_anchors: int
     oldest_ms: int | None
     newest_ms: int | None
     expired: int
     deleted: int
     bytes_on_disk: int
     bucket_cap: int
+    anchor_cap: int
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -4,29 +4,32 @@ A record holds what deciding and rebuilding need, and nothing else: what scoring
 candidate reads (distinct shingle count, ids, its cluster, the 8-bit verifier) first, so that a
 probe is read from the front of the record without decoding the rest; then the band keys it was
 indexed under (so it can be taken out of its buckets without its signature), its content hash, and
-the decision that re-delivery repeats. The 128-slot signature is kept only where there is no
-verifier (NEARDUP_VERIFY_PERM=0): band keys and verifier together are what the signature served.
+the decision that re-delivery repeats, and the anchors (core/anchors.py: 32-bit hashes, then
+each one's offset from the one before in one byte, a winnowing gap never being wider). The 128-slot
+signature is kept only where there is no verifier (NEARDUP_VERIFY_PERM=0): band keys and verifier
+together are what the signature served.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
 from ..core import compiled
+from ..core.anchors import NO_ANCHORS, Anchors, Passage
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.signing import Sketch
 from ..errors import Error
 
-MAGIC = b"N6"
+MAGIC = b"N7"
 # The head: unsigned LEB128 varints (most of its numbers are small) of seq, version, time (ms,
 # zigzag: it may be negative), seq minus cluster seq (zigzag: 0 for a cluster's own first article),
 # distinct shingles, flags, then the byte lengths of: id, cluster id (0 with _OWN_CLUSTER), content
-# hash, verifier, band digests, decision.
-_HEAD_FIELDS = 12
+# hash, verifier, band digests, decision; and the number of anchors.
+_HEAD_FIELDS = 13
 _SHORT = 1  # flag: the text was shorter than k
 _OWN_CLUSTER = 2  # flag: the cluster id is the article's own (not stored twice)
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
@@ -36,8 +39,9 @@ _BAND_INDEX = struct.Struct(">H")
 _DIGEST = BAND_KEY_BYTES - _BAND_INDEX.size
 # The decision, in binary: kind, flags, the match's place among the candidates, the candidates
 # (id, Jaccard, containment, contains: 8-byte floats, so that a replayed verdict is identical);
-# the match and the canonical id only where the rest does not give them.
-_KINDS: tuple[VerdictKind, ...] = ("unique", "duplicate", "partial")
+# the match and the canonical id only where the rest does not give them; then the shared passages,
+# if any: their count and five varints each (core/anchors.py: Passage).
+_KINDS: tuple[VerdictKind, ...] = ("unique", "duplicate", "partial", "revised")
 _DECISION = struct.Struct(">BBBB")  # kind, flags, match index, candidates
 _EXACT, _CANONICAL_SELF, _CANONICAL_CLUSTER, _MATCH_APART = 1, 2, 4, 8
 _SCORES = struct.Struct(">ddd")
@@ -138,6 +142,8 @@ def _compact_decision(decision: Decision, article_id: str, cluster_id: str) -> b
         parts.append(_pack_id(decision.canonical_id))
     for c in candidates:
         parts += (_pack_id(c.article_id), _SCORES.pack(c.jaccard, c.containment, c.contains))
+    if decision.passages:
+        parts.append(_varints((len(decision.passages), *(v for p in decision.passages for v in astuple(p)))))
     return b"".join(parts)
 
 
@@ -157,19 +163,47 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
         candidate_id, position = _unpack_id(data, position)
         candidates.append(Candidate(candidate_id, *_SCORES.unpack_from(data, position)))
         position += _SCORES.size
+    passages: tuple[Passage, ...] = ()
+    if position < len(data):
+        (many,), position = _read_varints(data, position, 1)
+        values, position = _read_varints(data, position, 5 * many)
+        passages = tuple(Passage(*values[i : i + 5]) for i in range(0, len(values), 5))
     if position != len(data):
         raise ValueError(f"decision has {len(data) - position} bytes too many or few")
     if match is None and where != 255:
         chosen = candidates[where]
         match = (chosen.article_id, chosen.jaccard, chosen.containment, chosen.contains)
     verdict = _KINDS[kind]
+    exact = bool(flags & _EXACT)
     if match is None:
-        return Decision(verdict, None, None, None, None, canonical, bool(flags & _EXACT), tuple(candidates))
-    return Decision(verdict, *match, canonical, bool(flags & _EXACT), tuple(candidates))
+        return Decision(verdict, None, None, None, None, canonical, exact, tuple(candidates), passages)
+    return Decision(verdict, *match, canonical, exact, tuple(candidates), passages)
+
+
+def encode_anchors(anchors: Anchors) -> bytes:
+    """The hashes (uint32, little-endian), then each offset from the previous one in a byte."""
+    if not len(anchors):
+        return b""
+    steps = np.diff(anchors.positions.astype(np.int64), prepend=0)
+    if steps.min() < 0 or steps.max() > 255:
+        raise ValueError("anchors must be in position order, at most 255 characters apart")
+    return anchors.hashes.astype("<u4").tobytes() + steps.astype(np.uint8).tobytes()
+
+
+def decode_anchors(data: bytes, count: int, position: int = 0) -> Anchors:
+    """Inverse of encode_anchors, reading `count` anchors from `position`."""
+    if not count:
+        return NO_ANCHORS
+    if position + 5 * count > len(data):
+        raise ValueError("anchors are truncated")
+    hashes = np.frombuffer(data, dtype="<u4", count=count, offset=position).astype(np.uint32)
+    steps = np.frombuffer(data, dtype=np.uint8, count=count, offset=position + 4 * count)
+    return Anchors(hashes, np.cumsum(steps, dtype=np.uint32))
 
 
 def encode_record(article: IndexedArticle) -> bytes:
-    """Head, ids, verifier, band keys, content hash, decision (and the signature without verifier)."""
+    """Head, ids, verifier, band keys, content hash, decision, anchors (and the signature without
+    verifier)."""
     sketch = article.sketch
     own = article.cluster_id == article.article_id
     article_id, cluster_id = article.article_id.encode(), b"" if own else article.cluster_id.encode()
@@ -191,10 +225,23 @@ def encode_record(article: IndexedArticle) -> bytes:
         len(verifier),
         len(keys),
         len(decision),
+        len(sketch.anchors),
     )
     head = _varints(fields)
+    anchors = encode_anchors(sketch.anchors)
     return b"".join(
-        (MAGIC, head, article_id, cluster_id, verifier, keys, sketch.content_hash, decision, signature)
+        (
+            MAGIC,
+            head,
+            article_id,
+            cluster_id,
+            verifier,
+            keys,
+            sketch.content_hash,
+            decision,
+            anchors,
+            signature,
+        )
     )
 
 
@@ -211,6 +258,14 @@ class Probe:
     cluster_id: str
     time_ms: int
     record: bytes
+    anchors_at: int = 0  # where the record's anchors start
+    anchor_count: int = 0
+
+    @property
+    def anchors(self) -> Anchors:
+        """The anchors, decoded from the record when asked (a candidate found by its bands
+        needs none unless it is the match)."""
+        return decode_anchors(self.record, self.anchor_count, self.anchors_at)
 
     @property
     def canonical_id(self) -> str:
@@ -228,7 +283,9 @@ class Probe:
 def decode_probe(data: bytes, key: str = "?") -> Probe:
     """The front of a record: what scoring it as a candidate reads."""
     try:
-        (seq, _, time, cluster, count, flags, id_len, cluster_len, _, verifier_len, _, _), start = _head(data)
+        fields, start = _head(data)
+        seq, _, time, cluster, count, flags, id_len, cluster_len, hash_len, verifier_len = fields[:10]
+        keys_len, decision_len, anchor_count = fields[10:]
         middle = start + id_len
         end = middle + cluster_len
         if end + verifier_len > len(data):
@@ -238,8 +295,18 @@ def decode_probe(data: bytes, key: str = "?") -> Probe:
     except (ValueError, IndexError) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
     verifier = data[end : end + verifier_len]
+    anchors_at = end + verifier_len + keys_len + hash_len + decision_len
     return Probe(
-        article_id, seq, count, verifier, seq - _unzigzag(cluster), cluster_id, _unzigzag(time), data
+        article_id,
+        seq,
+        count,
+        verifier,
+        seq - _unzigzag(cluster),
+        cluster_id,
+        _unzigzag(time),
+        data,
+        anchors_at,
+        anchor_count,
     )
 
 
@@ -248,7 +315,7 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
     try:
         fields, position = _head(data)
         seq, version, time, cluster, count, flags = fields[:6]
-        id_len, cluster_len, hash_len, verifier_len, keys_len, decision_len = fields[6:]
+        id_len, cluster_len, hash_len, verifier_len, keys_len, decision_len, anchor_count = fields[6:]
         parts = []
         for length in (id_len, cluster_len, verifier_len, keys_len, hash_len, decision_len):
             parts.append(data[position : position + length])
@@ -256,6 +323,8 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
         article_id, cluster_id, verifier, keys, content_hash, decision = parts
         if len(decision) != decision_len or keys_len % _DIGEST:
             raise ValueError("record is truncated")
+        anchors = decode_anchors(data, anchor_count, position)
+        position += 5 * anchor_count
         signature = (
             np.frombuffer(data, dtype="<u8", offset=position).astype(np.uint64) if not verifier else None
         )
@@ -265,6 +334,7 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
             count,
             bool(flags & _SHORT),
             np.frombuffer(verifier, dtype=np.uint8).copy(),
+            anchors,
         )
         band_keys = tuple(
             _BAND_INDEX.pack(band) + keys[start : start + _DIGEST]

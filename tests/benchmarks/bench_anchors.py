@@ -71,7 +71,10 @@ def evaluate(pairs: list[Pair], k: int, pick: Scheme) -> dict[str, float]:
                 note("excerpt >=15% and >=300 chars: flagged partial", either)
         elif pair.kind == "revision" and pair.kept >= 0.5:
             for floor in FLOORS:
-                note(f"revision keeping >=1/2: revised at {floor}", flagged(b, a, floor) or flagged(a, b, floor))
+                note(
+                    f"revision keeping >=1/2: revised at {floor}",
+                    flagged(b, a, floor) or flagged(a, b, floor),
+                )
         elif pair.kind == "quoted":
             note("quoted passage: an anchor shared", bool(a & b))
     result = {name: sum(values) / len(values) for name, values in counts.items()}
@@ -80,19 +83,24 @@ def evaluate(pairs: list[Pair], k: int, pick: Scheme) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--corpus", type=Path, default=None)
     parser.add_argument("--sources", type=int, default=400)
     parser.add_argument("--unrelated", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--k", type=int, nargs="+", default=[24, 32])
+    parser.add_argument("--rates", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--windows", type=int, nargs="+", default=[64, 100, 128])
     args = parser.parse_args()
     pairs = build(load_sources(args.corpus, args.sources, args.seed), args.seed, args.unrelated)
     print(f"{len(pairs)} pairs from {args.sources} sources ({args.corpus or 'the bundled sample'})")
     schemes: list[tuple[str, int, Scheme]] = []
-    for k in (24, 32):
-        for rate in (32, 64):
+    for k in args.k:
+        for rate in args.rates:
             schemes.append((f"mod p={rate}", k, lambda v, r=rate: sample_mod(v, r)))
-        for window in (64, 100, 128):
+        for window in args.windows:
             schemes.append((f"winnow w={window}", k, lambda v, w=window: winnow(v, w)))
     for name, k, pick in schemes:
         figures = evaluate(pairs, k, pick)

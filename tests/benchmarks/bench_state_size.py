@@ -28,7 +28,7 @@ from neardup.state.records import _head  # noqa: E402
 from neardup.state.rocks import RocksKV, RocksOptions  # noqa: E402
 from tests.benchmarks.bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
-RECORD_PARTS = ("id", "cluster id", "content hash", "verifier", "band digests", "decision")
+RECORD_PARTS = ("id", "cluster id", "content hash", "verifier", "band digests", "decision", "anchors")
 
 
 def write_input(path: Path, count: int, seed: int) -> None:
@@ -51,7 +51,7 @@ def report(state: Path, count: int) -> None:
             parts["key and value"] += len(key) + len(value)
             fields, start = _head(value)
             parts["magic and head"] += start
-            for part, length in zip(RECORD_PARTS, fields[6:], strict=True):
+            for part, length in zip(RECORD_PARTS, (*fields[6:12], 5 * fields[12]), strict=True):
                 parts[part] += length
         on_disk = kv.size_bytes()
         print(f"state {state}: {on_disk / count:,.1f} bytes per article ({on_disk:,} bytes)")

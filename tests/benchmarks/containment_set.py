@@ -119,7 +119,7 @@ def quoted(text: str, host: str, share: float, rng: random.Random) -> str:
     passage = excerpt_sentences(text, share, rng)
     sentences = _sentences(host)
     at = rng.randrange(len(sentences) + 1)
-    return " ".join(sentences[:at] + [f'"{passage}"'] + sentences[at:])
+    return " ".join([*sentences[:at], f'"{passage}"', *sentences[at:]])
 
 
 def build(records: list[dict[str, Any]], seed: int = 0, unrelated: int = 2000) -> list[Pair]:

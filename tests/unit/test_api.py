@@ -45,7 +45,7 @@ def test_verdicts_on_the_sample_equal_neardup_dedup(expected: list[dict[str, Any
     with neardup.open() as dedup:
         verdicts = list(dedup.check_many(orjson.loads(line) for line in LINES))
     assert len(verdicts) == len(LINES) == len(expected)
-    assert Counter(v["verdict"] for v in verdicts).keys() == {"unique", "duplicate", "partial"}
+    assert Counter(v["verdict"] for v in verdicts).keys() >= {"unique", "duplicate", "partial"}
     assert verdicts == expected  # latency_ms is None in both
     for verdict in verdicts[:50]:
         VERDICT_SCHEMA.validate(verdict)

@@ -779,7 +779,7 @@ class Lines:
                 continue
             assert pending is not None, f"line {number} has no verdict"
             model.decided(expected, pending)
-            if pending["verdict"] == "unique":
+            if pending["verdict"] in ("unique", "revised"):  # the feed's default filter
                 feed += raw if raw.endswith(b"\n") else raw + b"\n"
             pending = next(out, None)
         assert pending is None, f"an outcome no line accounts for: {pending}"

@@ -46,6 +46,7 @@ OTHER = {
     "max_text_bytes": ("5000", 5000),
     "threshold": ("0.7", 0.7),
     "containment_threshold": ("0.85", 0.85),
+    "revised_threshold": ("0.4", 0.4),
     "lsh_threshold": ("0.4", 0.4),
     "fn_weight": ("0.3", 0.3),
     "bands": ("8", 8),
@@ -69,6 +70,7 @@ WRONG = {
     "max_text_bytes": ("0", 0),
     "threshold": ("1.5", 1.5),
     "containment_threshold": ("2", 2.0),
+    "revised_threshold": ("2", 2.0),
     "lsh_threshold": ("1", 1.0),
     "fn_weight": ("2", 2.0),
     "bands": ("0", 0),
@@ -153,7 +155,7 @@ def test_the_defaults_are_the_lower_layers_own() -> None:
     assert BY_NAME["record_cache"].default == RocksOptions().record_cache
     assert BY_NAME["probe_cache"].default == RocksOptions().probe_cache
     assert BY_NAME["max_text_bytes"].default == embedded.DEFAULT_MAX_TEXT_BYTES
-    assert {BY_NAME["unique_filter"].default} == embedded.DEFAULT_FEED_VERDICTS
+    assert set(BY_NAME["unique_filter"].default.split(",")) == embedded.DEFAULT_FEED_VERDICTS
     assert inspect.signature(evaluation.evaluate).parameters["bucket_cap"].default == DEFAULT_BUCKET_CAP
 
 

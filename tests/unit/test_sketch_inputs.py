@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from neardup.core import anchors as anchors_module
 from neardup.core import compiled
 from neardup.core.minhash import CHANCE_AGREEMENT, EMPTY_SLOT, EMPTY_VERIFIER_SLOT
 
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built
 sketch: Any = compiled._sketch
 
 ENTRY_POINTS = {
+    "anchors",
     "oph_minima",
     "finish",
     "band_keys",
@@ -94,7 +96,18 @@ def rank(
     )
 
 
+def anchors(points: Any, k: Any = 24, window: Any = 200, out: Any = None) -> Any:
+    size = max(len(points) - 23, 1) if out is None else out
+    return sketch.anchors(points, k, window, 7, np.empty(size, np.uint32), np.empty(size, np.uint32))
+
+
 BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
+    # anchors(points, k, window, seed_key, hashes, positions)
+    ("anchors-points-fewer-than-k", lambda: anchors(np.zeros(10, np.uint32)), ValueError, "at least k"),
+    ("anchors-points-ragged", lambda: anchors(memoryview(bytes(4 * 30 + 2))), ValueError, "uint32"),
+    ("anchors-k-zero", lambda: anchors(np.zeros(30, np.uint32), k=0), ValueError, "k must"),
+    ("anchors-window-zero", lambda: anchors(np.zeros(30, np.uint32), window=0), ValueError, "window"),
+    ("anchors-hashes-short", lambda: anchors(np.zeros(30, np.uint32), out=3), ValueError, "hashes must"),
     # oph_minima(units, k, seed_key, minima[, width])
     ("oph_minima-units-empty", lambda: sketch.oph_minima(b"", 1, 7, minima()), ValueError, "units"),
     ("oph_minima-units-empty-tail", lambda: sketch.oph_minima(tail(0), 1, 7, minima()), ValueError, "units"),
@@ -513,3 +526,13 @@ def test_varints_agree_with_the_reference() -> None:
     for bad in (b"\x80", b"\xff" * 10 + b"\x01"):
         with pytest.raises(ValueError):
             _read_varints(bad, 0, 1)
+
+
+def test_anchors_at_any_alignment_are_the_reference_s() -> None:
+    points = units(3000, np.uint32) % 50 + 97
+    hashes, positions = misaligned(np.zeros(2977, np.uint32)), misaligned(np.zeros(2977, np.uint32))
+    count = sketch.anchors(misaligned(points), 24, 200, anchors_module._ANCHOR_SEED, hashes, positions)
+    reference = anchors_module.anchors_reference(points, 24, 200)
+    assert count == len(reference) > 0
+    assert hashes[:count].tolist() == reference.hashes.tolist()
+    assert positions[:count].tolist() == reference.positions.tolist()
