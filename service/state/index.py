@@ -40,7 +40,7 @@ import numpy as np
 import orjson
 
 from ..core import compiled
-from ..core.anchors import Anchors
+from ..core.anchors import NO_ANCHORS, Anchors
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from ..core.signing import Sketch
@@ -754,17 +754,15 @@ class IndexState:
 
 def _as_stored(article: IndexedArticle) -> IndexedArticle:
     """The article as its record gives it back: without its signature where it has a verifier
-    (records keep what the signature served: band keys and verifier)."""
+    (records keep what the signature served: band keys and verifier), and a duplicate without
+    its anchors (encode_record keeps none)."""
     sketch = article.sketch
-    if not sketch.verifier.size or not sketch.signature.size:
+    anchors = sketch.anchors if article.in_postings else NO_ANCHORS
+    if (not sketch.verifier.size or not sketch.signature.size) and anchors is sketch.anchors:
         return article
+    signature = _NO_SIGNATURE if sketch.verifier.size else sketch.signature
     stripped = Sketch(
-        sketch.content_hash,
-        _NO_SIGNATURE,
-        sketch.shingle_count,
-        sketch.short,
-        sketch.verifier,
-        sketch.anchors,
+        sketch.content_hash, signature, sketch.shingle_count, sketch.short, sketch.verifier, anchors
     )
     return IndexedArticle(
         article.article_id,

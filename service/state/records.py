@@ -225,10 +225,11 @@ def encode_record(article: IndexedArticle) -> bytes:
         len(verifier),
         len(keys),
         len(decision),
-        len(sketch.anchors),
+        len(sketch.anchors) if article.in_postings else 0,
     )
     head = _varints(fields)
-    anchors = encode_anchors(sketch.anchors)
+    # a duplicate keeps none: it joins no posting list, and its match holds the same text
+    anchors = encode_anchors(sketch.anchors) if article.in_postings else b""
     return b"".join(
         (
             MAGIC,
