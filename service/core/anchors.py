@@ -170,34 +170,52 @@ def containment(mine: Anchors, other: Anchors) -> tuple[int, float, float]:
 def passages(mine: Anchors, other: Anchors, limit: int = 3, k: int = ANCHOR_K) -> list[Passage]:
     """The passages both texts hold, longest first (then the earliest in `mine`), at most `limit`:
     anchors of equal hash chained in the order of `mine` while both texts advance together, with
-    gaps of at most _PASSAGE_GAP and shifts of at most _PASSAGE_SHIFT characters."""
+    gaps of at most _PASSAGE_GAP and shifts of at most _PASSAGE_SHIFT characters. Linear in the
+    anchors: a hash repeated in `other` is matched at its first _REPEATS places only, and a run is
+    looked up by its diagonal (where the texts' offsets differ by the same amount)."""
     if not len(mine) or not len(other):
         return []
     order = np.argsort(other.hashes, kind="stable")
     sorted_hashes = other.hashes[order]
     lo = np.searchsorted(sorted_hashes, mine.hashes, side="left")
-    hi = np.searchsorted(sorted_hashes, mine.hashes, side="right")
+    hi = np.minimum(np.searchsorted(sorted_hashes, mine.hashes, side="right"), lo + _REPEATS)
     runs: list[list[int]] = []  # start, last, other start, other last, anchors
+    latest: dict[int, int] = {}  # diagonal band → the latest run in it
     for i in np.flatnonzero(hi > lo).tolist():
         at = int(mine.positions[i])
         for j in order[lo[i] : hi[i]].tolist():
             other_at = int(other.positions[j])
-            run = _extendable(runs, at, other_at)
+            band = (other_at - at) // _PASSAGE_SHIFT
+            run = _extendable(runs, latest, band, at, other_at)
             if run is None:
                 runs.append([at, at, other_at, other_at, 1])
+                run = len(runs) - 1
             else:
-                run[1], run[3], run[4] = at, other_at, run[4] + 1
+                runs[run][1], runs[run][3], runs[run][4] = at, other_at, runs[run][4] + 1
+            latest[band] = run
     found = [Passage(r[0], r[1] + k, r[2], r[3] + k, r[4]) for r in runs]
     found.sort(key=lambda p: (-p.length, p.start))
     return found[:limit]
 
 
-def _extendable(runs: list[list[int]], at: int, other_at: int) -> list[int] | None:
-    """The latest run that an anchor at (at, other_at) continues, if any."""
-    for run in reversed(runs):
-        if at - run[1] > _PASSAGE_GAP:
-            break
+_REPEATS = 4
+
+
+def _extendable(
+    runs: list[list[int]], latest: dict[int, int], band: int, at: int, other_at: int
+) -> int | None:
+    """The run (its index) that an anchor at (at, other_at) continues, if any: the latest run of
+    its diagonal band or of a neighbouring one."""
+    for near in (band, band - 1, band + 1):
+        index = latest.get(near)
+        if index is None:
+            continue
+        run = runs[index]
         advance, other_advance = at - run[1], other_at - run[3]
-        if advance > 0 and other_advance > 0 and abs(advance - other_advance) <= _PASSAGE_SHIFT:
-            return run
+        if (
+            0 < advance <= _PASSAGE_GAP
+            and other_advance > 0
+            and abs(advance - other_advance) <= _PASSAGE_SHIFT
+        ):
+            return index
     return None

@@ -1,0 +1,195 @@
+"""Anchors: the compiled pass against the numpy reference bit for bit, the containment estimate
+against brute-force containment, the passages against the texts, and anchors through the engine
+and the state (posting lists capped, left on delete and expiry, counted)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import numpy as np
+import pytest
+
+from neardup.core import compiled
+from neardup.core.anchors import (
+    ANCHOR_K,
+    ANCHOR_WINDOW,
+    Anchors,
+    anchors_compiled,
+    anchors_of,
+    anchors_reference,
+    containment,
+    passages,
+)
+from neardup.core.normalize import canonical_code_points, normalize
+from neardup.core.params import DedupParams
+from neardup.core.shingle import shingle_set
+from neardup.core.signing import sketch_of
+from neardup.pipeline.shard import IndexShard
+from neardup.pipeline.wire import Provenance, Signed, decode_signed, encode_signed
+from neardup.state.memory import MemoryState
+from neardup.state.records import decode_anchors, decode_record, encode_anchors, encode_record
+from tests.conftest import process
+
+PARAMS = DedupParams()
+
+
+def points(text: str) -> np.ndarray:
+    return canonical_code_points(text)
+
+
+def exact_containment(part: str, whole: str) -> float:
+    """The share of `part`'s 5-shingles in `whole`, by brute force."""
+    a, b = shingle_set(normalize(part)), shingle_set(normalize(whole))
+    return np.intersect1d(a, b).size / a.size
+
+
+@pytest.mark.skipif(not compiled.BUILT, reason="the compiled loops are not built")
+def test_the_compiled_anchors_are_the_reference_s_bit_for_bit(prose: tuple[str, ...]) -> None:
+    rng = np.random.default_rng(5)
+    texts = [points(text) for text in prose]
+    # repetitive and random code points too: ties among equal windows, runs of one value
+    texts += [rng.integers(97, 99, 4000).astype(np.uint32), rng.integers(0, 0x10FFFF, 900).astype(np.uint32)]
+    texts += [np.full(700, 97, dtype=np.uint32), points(prose[0])[:ANCHOR_K]]
+    for text in texts:
+        for k, window in ((ANCHOR_K, ANCHOR_WINDOW), (5, 3), (1, 1), (24, 1000)):
+            expected = anchors_reference(text, k, window)
+            got = anchors_compiled(text, k, window)
+            assert got == expected and len(got) > 0
+            assert got.positions.dtype == np.uint32 and got.hashes.dtype == np.uint32
+
+
+def test_winnowing_keeps_an_anchor_in_every_window(prose: tuple[str, ...]) -> None:
+    for text in prose:
+        found = anchors_of(points(text))
+        shingles = points(text).size - ANCHOR_K + 1
+        gaps = np.diff(np.concatenate(([-1], found.positions.astype(np.int64), [shingles])))
+        assert gaps.max() <= ANCHOR_WINDOW, "a window of shingles without an anchor"
+        assert len(found) <= 2 * shingles / (ANCHOR_WINDOW + 1) * 1.5 + 2  # density about 2/(w+1)
+
+
+def test_an_excerpt_holds_only_its_source_s_anchors_and_the_estimate_follows_the_truth(
+    prose: tuple[str, ...],
+) -> None:
+    rng = random.Random(3)
+    errors: list[float] = []
+    for text in prose:
+        canonical = normalize(text)
+        whole = anchors_of(points(canonical))
+        for _ in range(20):
+            length = rng.randrange(ANCHOR_WINDOW + ANCHOR_K, len(canonical) // 2)
+            start = rng.randrange(len(canonical) - length)
+            part = canonical[start : start + length]
+            shared, inside, contains = containment(anchors_of(points(part)), whole)
+            assert exact_containment(part, canonical) == 1.0
+            assert inside == 1.0 and shared >= 1
+            errors.append(abs(contains - exact_containment(canonical, part)))
+    # the other way an estimate from a few anchors: right on average
+    assert np.mean(errors) < 0.15
+
+
+def test_unrelated_texts_share_next_to_no_anchor(prose: tuple[str, ...]) -> None:
+    for i, a in enumerate(prose):
+        for b in prose[i + 1 :]:
+            shared, inside, contains = containment(anchors_of(points(a)), anchors_of(points(b)))
+            assert exact_containment(a, b) < 0.5
+            assert shared <= 1 and max(inside, contains) < 0.3
+
+
+def test_passages_point_at_the_same_text_in_both(prose: tuple[str, ...]) -> None:
+    source = normalize(prose[0])
+    quoted = source[300:1500]
+    host = normalize(prose[1])
+    text = f"{host[:700]} {quoted} {host[700:]}"
+    found = passages(anchors_of(points(text)), anchors_of(points(source)))
+    assert found, "the quoted passage is found"
+    longest = found[0]
+    assert text[longest.start : longest.end] == source[longest.other_start : longest.other_end]
+    # at the anchors' resolution: inside the quote, within a window of its ends
+    assert 700 <= longest.start < 700 + ANCHOR_WINDOW + ANCHOR_K
+    assert longest.end <= 701 + len(quoted) and longest.length >= len(quoted) - 2 * (ANCHOR_WINDOW + ANCHOR_K)
+    assert all(a.length >= b.length for a, b in itertools.pairwise(found))
+
+
+def test_passages_of_a_repeated_text_stay_linear() -> None:
+    """Every anchor of a periodic text has the same few hashes: all pairs would be quadratic."""
+    text = "abcdefghij" * 3000
+    anchors = anchors_of(points(text))
+    started = time.perf_counter()
+    found = passages(anchors, anchors)
+    assert time.perf_counter() - started < 0.5
+    assert found and all(text[p.start : p.end] == text[p.other_start : p.other_end] for p in found)
+
+
+def test_anchors_round_trip_records_and_the_wire(prose: tuple[str, ...]) -> None:
+    anchors = anchors_of(points(prose[2]))
+    assert decode_anchors(encode_anchors(anchors), len(anchors)) == anchors
+    sketch = sketch_of(prose[2], PARAMS)
+    assert sketch.anchors == anchors
+    signed = Signed("a", sketch, Provenance("t", 0, 1, None))
+    decoded = decode_signed(encode_signed(signed))
+    assert isinstance(decoded, Signed) and decoded.sketch.anchors == anchors
+    with pytest.raises(ValueError, match="255"):
+        encode_anchors(Anchors(np.array([1, 2], np.uint32), np.array([0, 400], np.uint32)))
+
+
+@pytest.mark.parametrize("excerpt_first", [False, True])
+def test_an_excerpt_is_partial_in_either_order_with_its_passages(
+    prose: tuple[str, ...], excerpt_first: bool
+) -> None:
+    source = prose[1]
+    excerpt = normalize(source)[400 : 400 + len(source) // 5]
+    shard = IndexShard(MemoryState(), PARAMS)
+    order = [("source", source), ("excerpt", excerpt)]
+    if excerpt_first:
+        order.reverse()
+    process(shard, *order[0])
+    d = process(shard, *order[1]).decision
+    assert (d.kind, d.match_id) == ("partial", order[0][0])
+    assert max(d.containment or 0, d.contains or 0) >= PARAMS.containment_threshold  # type: ignore[operator]
+    assert d.jaccard is not None and d.jaccard < 0.5, "Jaccard alone would not find it"
+    later = normalize(order[1][1])
+    earlier = normalize(order[0][1])
+    assert d.passages and all(
+        later[p.start : p.end] == earlier[p.other_start : p.other_end] for p in d.passages
+    )
+    # the record repeats the verdict, passages included
+    assert decode_record(encode_record(shard.state.get(order[1][0]))).decision == d  # type: ignore[arg-type]
+
+
+def test_a_revision_is_revised_and_the_threshold_turns_it_off(prose: tuple[str, ...]) -> None:
+    story = f"{prose[0]} {prose[1]}"
+    sentences = normalize(story).split(". ")
+    quarter = len(sentences) // 4
+    # a quarter cut, two paragraphs' worth added, the last sentences moved to the top
+    kept = sentences[:quarter] + sentences[2 * quarter :]
+    revision = ". ".join(kept[-3:] + kept[:-3] + normalize(prose[4]).split(". "))
+    for params, kind in ((PARAMS, "revised"), (DedupParams(revised_threshold=None), "unique")):
+        shard = IndexShard(MemoryState(), params)
+        process(shard, "story", story)
+        d = process(shard, "rewrite", revision).decision
+        assert d.kind == kind
+    assert d.passages == () and d.match_id is None
+
+
+def test_posting_lists_are_capped_left_on_delete_and_counted(prose: tuple[str, ...]) -> None:
+    state = MemoryState()
+    shard = IndexShard(state, PARAMS)
+    process(shard, "a", prose[0])
+    postings = state.stats().anchor_postings
+    assert postings == len(anchors_of(points(prose[0])).distinct()) > 0
+    process(shard, "b", prose[1])
+    assert state.stats().anchor_postings > postings
+    state.delete("b")
+    assert state.stats().anchor_postings == postings
+    # an anchor in more articles than the cap is boilerplate: counted, and proposes nobody
+    shard = IndexShard(MemoryState(), PARAMS)
+    boiler = normalize(prose[2])[:300]
+    words = normalize(" ".join(prose)).split()
+    rng = random.Random(1)
+    for n in range(state.anchor_cap + 1):  # a new text each, under the same 300 characters
+        process(shard, f"n{n}", f"{boiler} {' '.join(rng.choices(words, k=150))}")
+    stats = shard.state.stats()
+    assert stats.boilerplate_anchors > 0
+    assert shard.state.anchor_candidates(anchors_of(points(boiler)), "", 10) == []
