@@ -242,6 +242,8 @@ def render_stats(stats: IndexStats) -> str:
             f"newest article     {when(stats.newest_ms)}",
             f"buckets            {stats.buckets:,} "
             f"(largest {stats.largest_bucket:,} members, capped at {stats.bucket_cap})",
+            f"anchor postings    {stats.anchor_postings:,} "
+            f"({stats.boilerplate_anchors:,} boilerplate: full at {stats.anchor_cap})",
             f"bytes on disk      {stats.bytes_on_disk:,}",
             f"expired            {stats.expired:,}",
             f"deleted            {stats.deleted:,}",

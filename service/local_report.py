@@ -8,6 +8,7 @@ import functools
 import itertools
 import re
 import shutil
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,13 @@ from typing import Literal
 
 import orjson
 
+from .core.anchors import anchors_of
+from .core.anchors import containment as anchor_containment
+from .core.anchors import passages as anchor_passages
+from .core.dedup import PASSAGES
 from .core.fuzzy import DEFAULT_FUZZY, FuzzyParams, PrefixReference, parse_prefix_reference
 from .core.local import LocalComparison, Passage, compare_local
+from .core.normalize import canonical_code_points, normalize
 
 REFERENCE_PATH = Path(__file__).resolve().parent / "data" / "prefix_reference.json"
 
@@ -228,6 +234,32 @@ def _sanitize(text: str) -> str:
     return _CONTROL_RE.sub("\ufffd", text.replace("\t", " ").replace("\r", " "))
 
 
+def _anchor_passages(text_a: str, text_b: str, width: int) -> list[str]:
+    """The passages a partial or revised verdict of B against A would name, in full: offsets in
+    the canonical texts (as the verdict gives them), each passage's canonical text of B."""
+    canonical_a, canonical_b = normalize(text_a), normalize(text_b)
+    mine, other = anchors_of(canonical_code_points(text_b)), anchors_of(canonical_code_points(text_a))
+    shared, inside, contains = anchor_containment(mine, other)
+    found = anchor_passages(mine, other, PASSAGES)
+    head = (
+        f"anchors: {shared} shared; {inside:.0%} of B's in A, {contains:.0%} of A's in B "
+        f"(a verdict on B names {len(found)} passage{'s' * (len(found) != 1)}, canonical offsets):"
+    )
+    out = ["", *textwrap.wrap(head, width)]
+    for p in found:
+        out += textwrap.wrap(
+            f"B[{p.start}:{p.end}] ~ A[{p.other_start}:{p.other_end}], {p.anchors} anchors:", width
+        )
+        sides = [("B", canonical_b[p.start : p.end])]
+        if canonical_a[p.other_start : p.other_end] != sides[0][1]:
+            sides.append(("A", canonical_a[p.other_start : p.other_end]))
+        for name, text in sides:
+            out += textwrap.wrap(
+                _sanitize(text), width, initial_indent=f"  {name}: ", subsequent_indent="     "
+            )
+    return out
+
+
 def render_compare_local(
     text_a: str,
     text_b: str,
@@ -255,6 +287,7 @@ def render_compare_local(
     cov_a, cov_b = _coverage(text_a, spans_a), _coverage(text_b, spans_b)
     out.append(f"shared passages of >= {chunk_words} words: {len(cmp.passages)}")
     out.append(f"  covering {cov_a:.0%} of A, {cov_b:.0%} of B (characters)")
+    out += _anchor_passages(text_a, text_b, total)
     out.append("")
     shown_a, shown_b = _sanitize(text_a), _sanitize(text_b)
     if color:

@@ -395,6 +395,8 @@ class BatchOutcome(NamedTuple):
     newest_ms: int | None = None
     largest_bucket: int = 0
     bytes_on_disk: int | None = None  # None: not measured again since the last batch that was
+    anchor_postings: int = 0
+    boilerplate_anchors: int = 0
 
 
 class Culprit(NamedTuple):
@@ -473,6 +475,8 @@ def decide_messages(
         counts.newest_ms,
         counts.largest_bucket,
         size.measure(state),
+        counts.postings,
+        counts.boilerplate,
     )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..config import ConfigError, FlagSet, Mode, Settings
+from ..messages import VERDICT_KINDS
 from ..state.port import IndexStats
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ def summarize(verdicts: list[dict[str, Any]]) -> str:
     latencies = sorted(v["latency_ms"] for v in verdicts if v.get("latency_ms") is not None)
     lines = [
         f"verdicts: {len(verdicts)} ("
-        + ", ".join(f"{kind}={kinds.get(kind, 0)}" for kind in ("unique", "duplicate", "partial"))
+        + ", ".join(f"{kind}={kinds.get(kind, 0)}" for kind in VERDICT_KINDS)
         + f"; exact re-posts={sum(1 for v in verdicts if v.get('exact'))})",
     ]
     if latencies:
@@ -218,10 +219,14 @@ def describe(verdict: dict[str, Any]) -> str:
     if kind == "unique":
         return head
     exact = " exact" if verdict.get("exact") else ""
+    spans = verdict.get("passages", {}).get("spans", [])
+    shared = "".join(
+        f" [{s['start']}:{s['end']}]~[{s['match_start']}:{s['match_end']}]" for s in spans
+    )  # canonical-text offsets here ~ there
     return (
         f"{head} of {verdict['match_id']} (J={verdict['jaccard']:.2f}, "
         f"in={verdict['containment']:.2f}, covers={verdict['contains']:.2f}{exact}) "
-        f"cluster {verdict['canonical_id']}"
+        f"cluster {verdict['canonical_id']}{' passages' + shared if shared else ''}"
     )
 
 

@@ -276,6 +276,8 @@ class IndexPipeline:
             metrics.clusters.set(outcome.clusters)
             metrics.buckets.set(outcome.buckets)
             metrics.largest_bucket.set(outcome.largest_bucket)
+            metrics.anchor_postings.set(outcome.anchor_postings)
+            metrics.boilerplate_anchors.set(outcome.boilerplate_anchors)
             if outcome.bytes_on_disk is not None:
                 metrics.index_bytes.set(outcome.bytes_on_disk)
             if outcome.oldest_ms is not None:

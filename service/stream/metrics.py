@@ -17,7 +17,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..messages import DEAD_LETTER_REASONS
+from ..messages import DEAD_LETTER_REASONS, VERDICT_KINDS
 
 
 class Metrics:
@@ -31,7 +31,7 @@ class Metrics:
         self._declare_worker(r)
         for reason in DEAD_LETTER_REASONS:
             self.dead_letters.labels(reason)
-        for kind in ("unique", "duplicate", "partial"):
+        for kind in VERDICT_KINDS:
             self.verdicts.labels(kind)
         for status in ("deleted", "unknown_delete"):
             self.deletes.labels(status)
@@ -67,6 +67,14 @@ class Metrics:
         self.buckets = Gauge("neardup_index_buckets", "LSH band buckets in the index", registry=r)
         self.largest_bucket = Gauge(
             "neardup_index_largest_bucket", "Members of the largest LSH bucket (at most the cap)", registry=r
+        )
+        self.anchor_postings = Gauge(
+            "neardup_index_anchor_postings", "Anchor posting lists in the index (containment)", registry=r
+        )
+        self.boilerplate_anchors = Gauge(
+            "neardup_index_boilerplate_anchors",
+            "Anchor posting lists at their cap: phrases of many articles, proposing no candidate",
+            registry=r,
         )
         self.index_bytes = Gauge(
             "neardup_index_bytes", "Bytes of the index on disk (measured every 10 s)", registry=r
