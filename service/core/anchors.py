@@ -13,6 +13,7 @@ This is the numpy reference; _sketch.anchors computes the same anchors in one co
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,9 +53,14 @@ class Anchors:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def distinct(self) -> AnchorHashes:
-        """The distinct hashes: the posting lists the text joins (a repeated passage joins once)."""
+    @functools.cached_property
+    def _distinct(self) -> AnchorHashes:
         return np.unique(self.hashes)
+
+    def distinct(self) -> AnchorHashes:
+        """The distinct hashes: the posting lists the text joins (a repeated passage joins once).
+        Computed once: deciding and indexing an article ask for them several times."""
+        return self._distinct
 
 
 NO_ANCHORS = Anchors(np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32))

@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple, Protocol
 import numpy as np
 
 from . import compiled
-from .anchors import Anchors, Passage, containment, passages
+from .anchors import Anchors, Passage, passages
 from .lsh import band_keys
 from .minhash import (
     CHANCE_AGREEMENT,
@@ -30,6 +30,9 @@ from .signing import Sketch
 
 VerdictKind = Literal["unique", "duplicate", "partial", "revised"]
 PASSAGES = 3  # shared passages a verdict names at most
+# Anchor candidates a decision weighs, the most shared first: the text an article reuses most is
+# among them, and a story of many related articles does not make each decision weigh them all.
+ANCHOR_CANDIDATES = 4
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,10 @@ class IndexedArticle:
     @property
     def anchors(self) -> Anchors:
         return self.sketch.anchors
+
+    @property
+    def anchor_count(self) -> int:
+        return len(self.sketch.anchors.distinct())
 
     @property
     def in_postings(self) -> bool:
@@ -195,6 +202,11 @@ class Prospect(Protocol):
     @property
     def anchors(self) -> Anchors: ...
 
+    @property
+    def anchor_count(self) -> int:
+        """Its distinct anchors (the record keeps them distinct but for a repeated passage)."""
+        ...
+
 
 class StateReader(Protocol):
     """What the decision needs to read. Adapters: memory and RocksDB (service/state)."""
@@ -215,10 +227,10 @@ class StateReader(Protocol):
         appearance (bucket by bucket, each in the order its articles joined it), at most `limit`."""
         ...
 
-    def anchor_candidates(self, anchors: Anchors, exclude: str, limit: int) -> Sequence[Prospect]:
+    def anchor_candidates(self, anchors: Anchors, exclude: str, limit: int) -> Sequence[tuple[Prospect, int]]:
         """The articles that share anchors with `anchors` (two, or all of the fewer either side
-        has), but `exclude`, the most shared first, at most `limit`; anchors held by a full posting
-        list (boilerplate) propose none."""
+        has), with how many, but `exclude`, the most shared first, at most `limit`; anchors held
+        by a full posting list (boilerplate) propose none."""
         ...
 
     def next_seq(self) -> int: ...
@@ -428,12 +440,12 @@ def _verified_match(
     not_before_ms: int | None,
 ) -> Matched:
     others = list(state.candidates(keys, article_id, params.max_candidates))
-    anchored: Sequence[Prospect] = ()
+    anchored: Sequence[tuple[Prospect, int]] = ()
     if len(sketch.anchors) and (params.containment_threshold or params.revised_threshold):
-        anchored = state.anchor_candidates(sketch.anchors, article_id, params.max_candidates)
+        anchored = state.anchor_candidates(sketch.anchors, article_id, ANCHOR_CANDIDATES)
     if not_before_ms is not None:
         others = [other for other in others if other.time_ms >= not_before_ms]
-        anchored = [other for other in anchored if other.time_ms >= not_before_ms]
+        anchored = [(other, shared) for other, shared in anchored if other.time_ms >= not_before_ms]
     unique = Decision("unique", None, None, None, None, article_id, False, ()), seq, article_id
     if not others and not anchored:
         return unique
@@ -472,19 +484,21 @@ def _matched(
 
 
 def _contained(
-    sketch: Sketch, anchored: Sequence[Prospect], params: DedupParams
+    sketch: Sketch, anchored: Sequence[tuple[Prospect, int]], params: DedupParams
 ) -> tuple[Prospect, VerdictKind, float, float] | None:
     """The candidate whose anchors make the article `partial` (one text holds at least
     containment_threshold of the other's anchors) or else `revised` (revised_threshold), the one
     of the highest share (then the earliest); with at least two anchors shared, or all of the
     fewer that the smaller text has. Returns it, the kind, and the shares (this article's anchors
-    in it, its anchors in this article)."""
+    in it, its anchors in this article), from the anchors the posting lists say they share: the
+    candidates' own anchors are not read."""
     best: tuple[float, int, Prospect, float, float] | None = None
-    for other in anchored:
-        shared, inside, contains = containment(sketch.anchors, other.anchors)
-        enough = min(2, len(sketch.anchors.distinct()), len(other.anchors.distinct()))
-        if shared < max(enough, 1):
+    mine = len(sketch.anchors.distinct())
+    for other, shared in anchored:
+        theirs = max(other.anchor_count, 1)
+        if shared < max(min(2, mine, theirs), 1):
             continue
+        inside, contains = min(shared / mine, 1.0), min(shared / theirs, 1.0)
         reach = max(inside, contains)
         if best is None or (reach, -other.seq) > (best[0], -best[2].seq):
             best = (reach, other.seq, other, inside, contains)

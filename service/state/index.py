@@ -30,6 +30,8 @@ Every change is one write batch: a crash leaves all of it or none.
 
 from __future__ import annotations
 
+import collections
+import heapq
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -296,7 +298,7 @@ class IndexState:
         prospects = [p for p in self._prospects(in_order) if p is not None and p.article_id != exclude]
         return cast(list[Prospect], prospects[:limit])
 
-    def anchor_candidates(self, anchors: Anchors, exclude: str, limit: int) -> list[Prospect]:
+    def anchor_candidates(self, anchors: Anchors, exclude: str, limit: int) -> list[tuple[Prospect, int]]:
         """The articles sharing anchors with `anchors` (two, or all of the fewer either side has),
         the most shared first (then the earliest), but `exclude`, at most `limit`: one multi-get of
         the posting lists, the full ones (boilerplate) left out."""
@@ -306,20 +308,29 @@ class IndexState:
         found = self.kv.get_many(names)
         self._postings_looked_up = (names, found)
         full = self.anchor_cap * SEQ.size
-        shared: dict[int, int] = {}
-        for stored in found:
-            if stored and len(stored) < full:
-                for entry in np.frombuffer(stored, dtype=_SEQ_DTYPE).tolist():
-                    shared[entry] = shared.get(entry, 0) + 1
+        held = b"".join([stored for stored in found if stored and len(stored) < full])
+        if not held:
+            return []
+        # a dict over the few entries a news text meets: numpy's per-call cost is larger here
+        counts = collections.Counter(np.frombuffer(held, dtype=_SEQ_DTYPE).tolist())
         need = min(2, len(names))
-        ranked = sorted(
-            (-count, entry & ~_FEW_ANCHORS)
-            for entry, count in shared.items()
-            if count >= need or entry & _FEW_ANCHORS
+        # the most shared first, then the earliest; one more: one may be the excluded article
+        ranked = heapq.nsmallest(
+            limit + 1,
+            (
+                (-count, entry & ~_FEW_ANCHORS)
+                for entry, count in counts.items()
+                if count >= need or entry & _FEW_ANCHORS
+            ),
         )
-        seqs = [seq for _, seq in ranked[: limit + 1]]  # one more: one may be the excluded article
-        prospects = [p for p in self._prospects(seqs) if p is not None and p.article_id != exclude]
-        return cast(list[Prospect], prospects[:limit])
+        if not ranked:
+            return []
+        prospects = [
+            (p, -count)
+            for p, (count, _) in zip(self._prospects([seq for _, seq in ranked]), ranked, strict=True)
+            if p is not None and p.article_id != exclude
+        ]
+        return cast(list[tuple[Prospect, int]], prospects[:limit])
 
     def _prospects(self, seqs: Sequence[int]) -> list[Probe | None]:
         """The probes of these seqs, from the cache or one multi-get of their records."""
@@ -800,9 +811,18 @@ def merge_buckets(found: Sequence[bytes | None], count: int) -> list[int]:
     return cast(list[int], distinct[np.argsort(first, kind="stable")][:count].tolist())
 
 
+_last_keys: list[tuple[Anchors, list[bytes]]] = []
+
+
 def _posting_keys(anchors: Anchors) -> list[bytes]:
-    """The posting list keys of a text's distinct anchors."""
-    return [POSTING + value.to_bytes(4, "big") for value in anchors.distinct().tolist()]
+    """The posting list keys of a text's distinct anchors; those of the last text asked for are
+    kept (deciding and indexing an article both ask)."""
+    if _last_keys and _last_keys[0][0] is anchors:
+        return _last_keys[0][1]
+    raw = anchors.distinct().astype(">u4").tobytes()
+    names = [POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]
+    _last_keys[:] = [(anchors, names)]
+    return names
 
 
 def _members(stored: bytes | None) -> list[int]:

@@ -260,13 +260,17 @@ class Probe:
     time_ms: int
     record: bytes
     anchors_at: int = 0  # where the record's anchors start
-    anchor_count: int = 0
+    anchor_count_stored: int = 0
+
+    @property
+    def anchor_count(self) -> int:
+        return self.anchor_count_stored
 
     @property
     def anchors(self) -> Anchors:
         """The anchors, decoded from the record when asked (a candidate found by its bands
         needs none unless it is the match)."""
-        return decode_anchors(self.record, self.anchor_count, self.anchors_at)
+        return decode_anchors(self.record, self.anchor_count_stored, self.anchors_at)
 
     @property
     def canonical_id(self) -> str:
