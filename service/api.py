@@ -4,7 +4,7 @@
 
     with neardup.open("state/") as dedup:      # neardup.open() keeps the index in memory
         verdict = dedup.check({"id": "a1", "text": "..."})
-        verdict["verdict"]                      # "unique", "duplicate" or "partial"
+        verdict["verdict"]                      # "unique", "duplicate", "partial" or "revised"
 
 A verdict is the dict the worker publishes on the verdicts topic (schemas/verdict.schema.json),
 `latency_ms` being None as in `neardup dedup`'s output. The same articles in the same order get the

@@ -31,7 +31,6 @@ Every change is one write batch: a crash leaves all of it or none.
 from __future__ import annotations
 
 import collections
-import heapq
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -315,14 +314,13 @@ class IndexState:
         counts = collections.Counter(np.frombuffer(held, dtype=_SEQ_DTYPE).tolist())
         need = min(2, len(names))
         # the most shared first, then the earliest; one more: one may be the excluded article
-        ranked = heapq.nsmallest(
-            limit + 1,
-            (
+        ranked = sorted(
+            [
                 (-count, entry & ~_FEW_ANCHORS)
                 for entry, count in counts.items()
                 if count >= need or entry & _FEW_ANCHORS
-            ),
-        )
+            ]
+        )[: limit + 1]
         if not ranked:
             return []
         prospects = [
@@ -819,8 +817,9 @@ def _posting_keys(anchors: Anchors) -> list[bytes]:
     kept (deciding and indexing an article both ask)."""
     if _last_keys and _last_keys[0][0] is anchors:
         return _last_keys[0][1]
-    raw = anchors.distinct().astype(">u4").tobytes()
-    names = [POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]
+    raw = anchors.hashes.astype(">u4").tobytes()
+    # distinct without a sort: a winnowed text seldom repeats an anchor
+    names = list(dict.fromkeys([POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]))
     _last_keys[:] = [(anchors, names)]
     return names
 

@@ -184,8 +184,11 @@ def encode_anchors(anchors: Anchors) -> bytes:
     """The hashes (uint32, little-endian), then each offset from the previous one in a byte."""
     if not len(anchors):
         return b""
-    steps = np.diff(anchors.positions.astype(np.int64), prepend=0)
-    if steps.min() < 0 or steps.max() > 255:
+    positions = anchors.positions
+    steps = np.empty_like(positions)
+    steps[0] = positions[0]
+    np.subtract(positions[1:], positions[:-1], out=steps[1:])  # one out of order wraps: > 255
+    if steps.max() > 255:
         raise ValueError("anchors must be in position order, at most 255 characters apart")
     return anchors.hashes.astype("<u4").tobytes() + steps.astype(np.uint8).tobytes()
 
