@@ -123,7 +123,7 @@ def test_container_worker_verdicts_equal_embedded_mode(
     assert len(records) == len(articles), dep.logs()
     got = {v["article_id"]: without_latency(v) for v in map(orjson.loads, (r.value for r in records))}
     assert got == {v["article_id"]: without_latency(v) for v in expected}
-    assert {v["verdict"] for v in got.values()} == {"unique", "duplicate", "partial"}
+    assert {v["verdict"] for v in got.values()} >= {"unique", "duplicate", "partial"}
 
     dep.stop_all()
     assert proc.returncode == 0, dep.logs()

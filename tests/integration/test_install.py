@@ -120,7 +120,9 @@ def test_pip_install_into_a_fresh_venv(tmp_path: Path) -> None:
 
 
 SUMMARY = re.compile(
-    r"^verdicts: (\d+) \(unique=(\d+), duplicate=(\d+), partial=(\d+); exact re-posts=(\d+)\)$", re.M
+    r"^verdicts: (\d+) \(unique=(\d+), duplicate=(\d+), partial=(\d+), revised=(\d+); "
+    r"exact re-posts=(\d+)\)$",
+    re.M,
 )
 
 
@@ -167,7 +169,9 @@ def test_the_readme_demo_runs_in_a_fresh_clone(tmp_path: Path) -> None:
     assert f"== sending {total} articles" in output, output[-6000:]
     summary = SUMMARY.search(output)
     assert summary is not None, output[-6000:]
-    shown = [line for line in output.splitlines() if re.match(r"^\S+\s+(unique|duplicate|partial)\b", line)]
+    shown = [
+        line for line in output.splitlines() if re.match(r"^\S+\s+(unique|duplicate|partial|revised)\b", line)
+    ]
     assert len(shown) == 25, output[-6000:]  # the first verdicts as they arrive
 
     # the same sample through the embedded mode, with what the demo installed
@@ -177,6 +181,6 @@ def test_the_readme_demo_runs_in_a_fresh_clone(tmp_path: Path) -> None:
     expected = [orjson.loads(line) for line in verdicts.read_bytes().splitlines()]
     kinds = Counter(v["verdict"] for v in expected)
     exact = sum(1 for v in expected if v["exact"])
-    counts = (total, kinds["unique"], kinds["duplicate"], kinds["partial"], exact)
+    counts = (total, kinds["unique"], kinds["duplicate"], kinds["partial"], kinds["revised"], exact)
     assert tuple(map(int, summary.groups())) == counts, summary.group(0)
     print(summary.group(0))

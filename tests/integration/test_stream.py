@@ -53,7 +53,7 @@ def test_stream_verdicts_equal_embedded_mode(deployment: Deployment, tmp_path: P
     got = {v["article_id"]: without_latency(v) for v in map(orjson.loads, (r.value for r in records))}
     assert got == {v["article_id"]: without_latency(v) for v in expected}
     kinds = {v["verdict"] for v in got.values()}
-    assert kinds == {"unique", "duplicate", "partial"}
+    assert kinds >= {"unique", "duplicate", "partial"}
     assert all(orjson.loads(r.value)["latency_ms"] >= 0 for r in records)
     # decided on the acknowledgement of the worker's own sends, or only as the consumer reads them
     handed_off = re.search(r"^neardup_index_handed_off_total (\S+)$", deployment.metrics(0), re.MULTILINE)
