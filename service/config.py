@@ -203,6 +203,10 @@ def _at_least(low: float) -> Check:
     return lambda value: None if value >= low else f"must be ≥ {low}, got {value}"
 
 
+def _none_or_at_least(low: int) -> Check:
+    return lambda value: None if value is None or value >= low else f"must be ≥ {low} or none, got {value}"
+
+
 def _positive(value: float) -> str | None:
     return None if value > 0 else f"must be > 0, got {value}"
 
@@ -488,8 +492,18 @@ SETTINGS: tuple[Setting, ...] = (
         "stall_timeout",
         FLOAT,
         60.0,
-        "seconds without progress (unacknowledged batches, or waiting input no agent takes, or a "
-        "blocked event loop) after which `/health` answers 503 `stalled`",
+        "seconds without progress (waiting input no agent takes while its stage waits for no "
+        "acknowledgement, or a blocked event loop) after which `/health`, the liveness probe, answers "
+        "503 `stalled`; a broker outage is readiness' (`NEARDUP_READY_TIMEOUT`), not this",
+        check=_positive,
+    ),
+    _setting(
+        "ready_timeout",
+        FLOAT,
+        30.0,
+        "seconds a stage's batches may wait for the broker's acknowledgement before `/ready` answers "
+        "503 (a broker outage): the worker is then not ready, but alive (`/health` stays 200), and "
+        "delivers again when the broker returns, within `NEARDUP_DELIVERY_TIMEOUT`",
         check=_positive,
     ),
     _setting(
@@ -606,6 +620,31 @@ SETTINGS: tuple[Setting, ...] = (
         1_000,
         "how often the consumer heartbeats (at most a third of the session timeout)",
         check=_at_least(1),
+    ),
+    _setting(
+        "replication_factor",
+        INT_OR_NONE,
+        None,
+        "replicas of every topic the worker creates (`none`: the broker's `default.replication.factor`); "
+        "a topic it writes that exists with fewer is refused at start",
+        check=_none_or_at_least(1),
+    ),
+    _setting(
+        "min_insync_replicas",
+        INT_OR_NONE,
+        None,
+        "`min.insync.replicas` of every topic the worker creates (`none`: the broker's own); a topic it "
+        "writes that exists with fewer is refused at start",
+        check=_none_or_at_least(1),
+    ),
+    _setting(
+        "signatures_purge_interval",
+        FLOAT,
+        30.0,
+        "seconds between purges of the signatures topic (delete-records up to the index stage's "
+        "committed offset: messages whose verdicts the broker holds); the topic has no time or size "
+        "retention, so nothing undecided is lost however long the worker stops",
+        check=_positive,
     ),
     _setting("log_level", STR, "info", "log level"),
     _setting(
@@ -828,6 +867,7 @@ class Settings:
     helper_item_timeout_ms: float = FROM_TABLE
     delivery_timeout: float = FROM_TABLE
     stall_timeout: float = FROM_TABLE
+    ready_timeout: float = FROM_TABLE
     failure_exit_timeout: float = FROM_TABLE
     record_cache: int = FROM_TABLE
     probe_cache: int = FROM_TABLE
@@ -841,6 +881,9 @@ class Settings:
     instance_id: str = FROM_TABLE
     session_timeout_ms: int = FROM_TABLE
     heartbeat_interval_ms: int = FROM_TABLE
+    replication_factor: int | None = FROM_TABLE
+    min_insync_replicas: int | None = FROM_TABLE
+    signatures_purge_interval: float = FROM_TABLE
     log_level: str = FROM_TABLE
     security_protocol: str = FROM_TABLE
     sasl_mechanism: str = FROM_TABLE

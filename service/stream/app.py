@@ -3,6 +3,7 @@ built whole before the app starts. Thin: the pipeline (neardup.pipeline) does th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
+from faust.types import TP
 
 from ..config import Settings
 from ..pipeline.collector import CollectorPolicy
@@ -25,13 +27,17 @@ from .delivery import Deliveries
 from .index_agent import SHARD_KEY, HandOff, IndexPipeline
 from .metrics import Metrics
 from .outputs import Outputs
-from .progress import Failure, Progress
+from .progress import Failure, Progress, unacknowledged
+from .purge import SignaturesPurge
 from .sign_agent import SignPipeline
 from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
 
 __all__ = ["SHARD_KEY", "Runtime", "create_app", "exit_after"]
 log = logging.getLogger("neardup.stream")
-WATCH_INTERVAL_S = 1.0  # how often the event loop reports on itself and its agents (/health)
+WATCH_INTERVAL_S = 1.0  # how often the event loop reports on itself and its agents (/health, /ready)
+# How long the worker waits for a broker to answer its metadata check: one that does not answer
+# within this counts as away (readiness), and the next check starts after it.
+BROKER_CHECK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -54,13 +60,30 @@ class Runtime:
         return [self.signed, self.indexed]
 
     def stalled(self) -> str | None:
-        """Why the worker is stuck, if it is (Progress.stalled). A topic whose agent is busy with
+        """Why the worker is wedged, if it is (Progress.stalled). A topic whose agent is busy with
         its batch does not count: the shard's while the index is rebuilt before its next batch,
-        the input's while the signer isolates a message that broke a helper."""
+        the input's while the signer isolates a message that broke a helper; nor does one whose
+        stage waits for the broker's acknowledgements (`unready`: the delivery timeout bounds it)."""
         busy = {self.settings.signatures_topic} if self.decider.opening else set()
         if self.signer.isolating:
             busy.add(self.settings.input_topic)
-        return self.progress.stalled(self.stages(), self.settings.stall_timeout, busy)
+        inputs = {self.settings.input_topic: self.signed, self.settings.signatures_topic: self.indexed}
+        busy |= {topic for topic, stage in inputs.items() if stage.unsettled}
+        return self.progress.stalled(self.settings.stall_timeout, busy)
+
+    def unready(self) -> str | None:
+        """Why the worker does not deliver now, if it does not: sends unacknowledged, no broker
+        answering, or the index opening (rebuilt from the changelog) before the shard's next batch."""
+        limit = self.settings.ready_timeout
+        waited = unacknowledged(self.stages(), limit)
+        if waited is not None:
+            return waited
+        unseen = time.monotonic() - self.metrics.broker_seen
+        if unseen > limit:
+            return f"no broker answered for {unseen:.0f} s"
+        if self.decider.opening:
+            return "opening the index"
+        return None
 
 
 def exit_after(seconds: float) -> None:
@@ -254,6 +277,28 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
 
     @app.timer(interval=WATCH_INTERVAL_S)
     async def watch() -> None:
-        """What /health reports about the agents, from the event loop (whose own beat it is)."""
+        """What /health and /ready report about the agents, from the event loop (whose own beat
+        it is)."""
         metrics.loop_beat = time.monotonic()
         metrics.stalled = runtime.stalled()
+        metrics.unready = runtime.unready()
+
+    @app.task
+    async def watch_broker() -> None:
+        """Whether a broker answers, for /ready when nothing is sent (an idle worker's outage)."""
+        interval = min(BROKER_CHECK_S, runtime.settings.ready_timeout / 2)
+        while True:
+            if await framework.broker_answers(app, BROKER_CHECK_S):
+                metrics.broker_seen = time.monotonic()
+            await asyncio.sleep(interval)
+
+    purge = SignaturesPurge(runtime.settings, metrics)
+    cast(Any, app).at_shutdown.append(purge.close)
+
+    @app.timer(interval=runtime.settings.signatures_purge_interval)
+    async def purge_signatures() -> None:
+        """The signatures messages whose verdicts the broker holds, deleted: the topic keeps no
+        time or size retention (it must not lose pending messages), so this is what bounds it."""
+        shard = TP(runtime.settings.signatures_topic, 0)
+        if shard in app.consumer.assignment():
+            await purge.purge(framework.committed_offset(app, shard))

@@ -246,3 +246,14 @@ def default_partitions(producer: Any, topic: str, keys: Sequence[bytes | None]) 
     # in the partitioner's order (aiokafka's _partition lists the metadata's partitions the same way)
     choices = list(producer._metadata.partitions_for_topic(topic))
     return [choices[index] for index in _kafka_hash.partitions(cast(list[bytes], keys), len(choices))]
+
+
+async def broker_answers(app: faust.App, timeout: float) -> bool:
+    """Whether a broker answers the producer's metadata request within `timeout` seconds. Through
+    the producer's own client (public aiokafka API), so that no connection is added for it; its
+    update is shared, so a check that times out leaves the request in flight for the next one."""
+    update = aiokafka_producer(app).client.force_metadata_update()
+    try:
+        return bool(await asyncio.wait_for(update, timeout))
+    except TimeoutError:
+        return False

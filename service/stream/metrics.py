@@ -1,7 +1,9 @@
-"""Prometheus metrics and a health endpoint on a small HTTP server bound to loopback by default.
+"""Prometheus metrics and the probes on a small HTTP server bound to loopback by default.
 
-Nothing here serves table contents: /metrics and /health only (Faust's own web server, which can
-show tables, is disabled by the worker).
+/health is liveness (a wedged process: a supervisor restarts it), /ready is readiness (delivery:
+a broker outage makes the worker not ready, and restarting it would not bring the broker back).
+Nothing here serves table contents (Faust's own web server, which can show tables, is disabled by
+the worker).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ class Metrics:
         # Written by the event loop, read by the HTTP thread (single attribute stores)
         self.failure: str | None = None  # the failure the worker stops for
         self.stalled: str | None = None  # what the last watch found stuck
+        self.unready: str | None = None  # why the last watch found the worker not ready
         self.loop_beat: float | None = None  # monotonic time of the event loop's last watch
+        self.broker_seen = time.monotonic()  # when a broker last answered the worker's check
         self.stall_timeout = 60.0
 
     def _declare_flow(self, r: CollectorRegistry) -> None:
@@ -123,6 +127,11 @@ class Metrics:
             "Input messages forwarded to the filtered feed (NEARDUP_UNIQUE_TOPIC) and acknowledged",
             registry=r,
         )
+        self.signatures_purged = Gauge(
+            "neardup_signatures_log_start",
+            "Log start offset of the signatures topic after the last purge (messages below it were decided)",
+            registry=r,
+        )
         self.lag = Gauge(
             "neardup_consumer_lag", "Messages behind the high-water mark", ["topic", "partition"], registry=r
         )
@@ -149,9 +158,9 @@ class Metrics:
         return on_gc  # for gc.callbacks.remove
 
     def health(self) -> dict[str, Any]:
-        """ "ok" only while the worker makes progress: "failed" once it stops for a failure,
+        """Liveness: "ok" unless the worker is wedged or done. "failed" once it stops for a failure,
         "stalled" when an agent or the event loop itself is stuck (a liveness probe restarts it),
-        "starting" until the helpers are warm."""
+        "starting" until the helpers are warm. A broker outage is none of these (`readiness`)."""
         status, reason = "ok", None
         beat = self.loop_beat
         if self.failure is not None:
@@ -162,10 +171,24 @@ class Metrics:
             status, reason = "stalled", f"event loop unresponsive for {time.monotonic() - beat:.0f} s"
         elif self.stalled is not None:
             status, reason = "stalled", self.stalled
-        health: dict[str, Any] = {"status": status, "uptime_s": round(time.time() - self.started, 1)}
+        return self._answer(status, reason)
+
+    def readiness(self) -> dict[str, Any]:
+        """Readiness: "ok" while the worker delivers; "not_ready" while its sends wait for the
+        broker's acknowledgement, no broker answers, or the index opens; whatever liveness says
+        when that is not ok."""
+        live = self.health()
+        if live["status"] != "ok":
+            return live
+        if self.unready is not None:
+            return self._answer("not_ready", self.unready)
+        return live
+
+    def _answer(self, status: str, reason: str | None) -> dict[str, Any]:
+        answer: dict[str, Any] = {"status": status, "uptime_s": round(time.time() - self.started, 1)}
         if reason is not None:
-            health["reason"] = reason
-        return health
+            answer["reason"] = reason
+        return answer
 
 
 def serve(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:
@@ -175,10 +198,10 @@ def serve(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:
         def do_GET(self) -> None:
             if self.path.startswith("/metrics"):
                 body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
-            elif self.path.startswith("/health"):
-                health = metrics.health()
-                body, ctype = orjson.dumps(health), "application/json"
-                code = 200 if health["status"] == "ok" else 503
+            elif self.path.startswith(("/health", "/ready")):
+                probe = metrics.health() if self.path.startswith("/health") else metrics.readiness()
+                body, ctype = orjson.dumps(probe), "application/json"
+                code = 200 if probe["status"] == "ok" else 503
             else:
                 body, ctype, code = b"not found\n", "text/plain", 404
             self.send_response(code)

@@ -213,6 +213,8 @@ def _sample(name: str, default: object) -> str:
         return "20000"
     if name in ("bands", "rows"):  # both or neither, within num_perm
         return {"bands": "16", "rows": "8"}[name]
+    if name in ("replication_factor", "min_insync_replicas"):  # none by default: the broker's
+        return "3"
     if isinstance(default, bool):
         return str(not default).lower()
     if name == "lsh_threshold":
