@@ -63,7 +63,14 @@ class Runtime:
         """Why the worker is wedged, if it is (Progress.stalled). A topic whose agent is busy with
         its batch does not count: the shard's while the index is rebuilt before its next batch,
         the input's while the signer isolates a message that broke a helper; nor does one whose
-        stage waits for the broker's acknowledgements (`unready`: the delivery timeout bounds it)."""
+        stage waits for the broker's acknowledgements, nor any while no broker answers (`unready`:
+        an outage, which the delivery timeout bounds)."""
+        if time.monotonic() - self.metrics.broker_seen > self.settings.ready_timeout:
+            # No broker answers: nothing is available to take, whatever the last high-water mark
+            # said; the stall clock starts again when one does.
+            for topic in list(self.progress.taken_at):
+                self.progress.took(topic)
+            return None
         busy = {self.settings.signatures_topic} if self.decider.opening else set()
         if self.signer.isolating:
             busy.add(self.settings.input_topic)

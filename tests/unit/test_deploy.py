@@ -1,6 +1,7 @@
 """deploy/: the Kubernetes manifests against the API's schemas (strict: an unknown or misspelt field
 fails), and what they and the compose file promise: credentials only from a Secret, the image by
-version, probes on /health and /ready, a volume sized for a month of articles, a network policy, loopback ports."""
+version, probes on /health and /ready, a volume sized for a month of articles, a network policy,
+loopback ports."""
 
 from __future__ import annotations
 

@@ -1,0 +1,166 @@
+"""Readiness is delivery, liveness a wedged process: a broker stopped (SIGSTOP) under a stream makes
+the worker not ready but leaves it alive, and it delivers everything once the broker is back. And
+the signatures topic is purged up to what is decided, never past it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from .conftest import (
+    Deployment,
+    OwnBroker,
+    TopicReader,
+    health,
+    produce_articles,
+    stream_of,
+    verdicts_by_id,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def _ready_url(deployment: Deployment, index: int = 0) -> str:
+    return deployment.health_url(index).replace("/health", "/ready")
+
+
+def _watch_probes(deployment: Deployment, seconds: float) -> list[tuple[Any, Any]]:
+    """(/health, /ready) answers, five a second for `seconds`."""
+    answers = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        answers.append((health(deployment.health_url(0)), health(_ready_url(deployment))))
+        time.sleep(0.2)
+    return answers
+
+
+def _wait_ready(deployment: Deployment, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (answer := health(_ready_url(deployment))) is None or answer[0] != 200:
+        assert time.monotonic() < deadline, f"/ready: {answer}\n{deployment.logs()}"
+        time.sleep(0.2)
+
+
+@pytest.mark.budget(30)  # a broker stopped for 10 s under a stream, then the rest of the stream
+def test_a_stopped_broker_makes_the_worker_unready_not_dead_and_nothing_is_lost(
+    own_broker: OwnBroker, tmp_path: Path
+) -> None:
+    deployment = Deployment(own_broker.bootstrap, tmp_path)
+    # limits far below the outage: the old single /health turned 503 after the stall timeout of
+    # unacknowledged sends, which a liveness probe turned into a restart
+    deployment.extra_env.update({"NEARDUP_READY_TIMEOUT": "2", "NEARDUP_STALL_TIMEOUT": "4"})
+    articles = stream_of(1_500)
+    broker_pid = int((own_broker.data / "kafka.pid").read_text())
+    try:
+        worker = deployment.start_worker()
+        _wait_ready(deployment, 30)
+        produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+        reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+        seen = reader.read_until(lambda r: len(r) >= 100, timeout=60)
+        assert len(verdicts_by_id(seen)) < len(articles), "the broker stops while input is pending"
+        os.kill(broker_pid, signal.SIGSTOP)
+        try:
+            answers = _watch_probes(deployment, 10)
+        finally:
+            os.kill(broker_pid, signal.SIGCONT)
+        lives = [live for live, _ in answers]
+        readies = [ready for _, ready in answers]
+        assert all(live is not None and live[0] == 200 for live in lives), lives
+        unready = [ready for ready in readies if ready is not None and ready[0] == 503]
+        assert unready, f"/ready never answered 503 during the outage: {readies}"
+        assert all(ready[1]["status"] == "not_ready" for ready in unready), unready
+        _wait_ready(deployment, 60)
+        verdicts = verdicts_by_id(
+            reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=120)
+        )
+        assert set(verdicts) == {a["id"] for a in articles}, deployment.logs()
+        assert worker.poll() is None, f"the worker must go on by itself:\n{deployment.logs()}"
+        assert health(deployment.health_url(0)) is not None
+    finally:
+        deployment.discard()
+
+
+async def _signatures_offsets(bootstrap: str, topic: str) -> tuple[int, int]:
+    """The signatures partition's log start and end offsets."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        start, end = await consumer.beginning_offsets([tp]), await consumer.end_offsets([tp])
+        return int(start[tp]), int(end[tp])
+    finally:
+        await consumer.stop()
+
+
+async def _committed(bootstrap: str, group: str, topic: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        found = offsets.get(TopicPartition(topic, 0))
+        return -1 if found is None else int(found.offset)
+    finally:
+        await admin.close()
+
+
+def _decider_pid(worker_pid: int) -> int:
+    """The worker's decider process (the index stage's child)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[1]) == worker_pid and b"neardup.pipeline.decider" in cmdline:
+                return int(entry.name)
+    raise AssertionError(f"no decider child of {worker_pid}")
+
+
+def test_the_signatures_topic_is_purged_up_to_what_is_decided_and_never_past_it(
+    deployment: Deployment,
+) -> None:
+    deployment.extra_env["NEARDUP_SIGNATURES_PURGE_INTERVAL"] = "0.5"
+    topic = deployment.topics["signatures"]
+    articles = stream_of(120)
+    first, second = articles[:60], articles[60:]
+    worker = deployment.start_worker()
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    produce_articles(deployment.bootstrap, deployment.topics["input"], first)
+    reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=60)
+    deadline = time.monotonic() + 15
+    while (offsets := asyncio.run(_signatures_offsets(deployment.bootstrap, topic)))[0] < offsets[1]:
+        assert time.monotonic() < deadline, f"not purged: {offsets}\n{deployment.logs()}"
+        time.sleep(0.3)
+    decided_end = offsets[1]
+    assert decided_end > 0
+    # the index stage stopped for real: what is signed now stays undecided
+    decider = _decider_pid(worker.pid)
+    os.kill(decider, signal.SIGSTOP)
+    try:
+        produce_articles(deployment.bootstrap, deployment.topics["input"], second)
+        deadline = time.monotonic() + 15
+        while (offsets := asyncio.run(_signatures_offsets(deployment.bootstrap, topic)))[1] == decided_end:
+            assert time.monotonic() < deadline, f"nothing signed: {offsets}\n{deployment.logs()}"
+            time.sleep(0.3)
+        time.sleep(3)  # six purge intervals
+        start, end = asyncio.run(_signatures_offsets(deployment.bootstrap, topic))
+        assert start == decided_end < end, (start, decided_end, end)
+        assert asyncio.run(_committed(deployment.bootstrap, deployment.name, topic)) == decided_end
+    finally:
+        os.kill(decider, signal.SIGCONT)
+    reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=60)
+    deadline = time.monotonic() + 15
+    while (offsets := asyncio.run(_signatures_offsets(deployment.bootstrap, topic)))[0] < offsets[1]:
+        assert time.monotonic() < deadline, f"not purged after the decisions: {offsets}"
+        time.sleep(0.3)
+    assert offsets[0] > decided_end
+    assert deployment.metric(0, "neardup_signatures_log_start") == offsets[0]
