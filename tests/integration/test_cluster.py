@@ -1,0 +1,223 @@
+"""A real three-broker cluster (deploy/kafka/kafka.sh start --brokers 3, on ports of its own): a node
+killed and started again; the worker's topics replicated as the cluster's defaults ask, an existing
+topic with fewer replicas refused by name; and a worker deciding every article with one broker of
+three SIGKILLed (replication 3, min.insync 2).
+
+One cluster for the module (its start takes ~10 s on this machine, three JVMs of 512 MB heap each):
+the tests run one after another on one parallel worker (xdist_group) and leave it whole."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+from neardup.config import Settings
+from neardup.stream.topics import TopicMismatch, ensure_topics
+
+from .conftest import KAFKA_SH, Deployment, TopicReader, produce_articles, stream_of, verdicts_by_id
+
+pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("cluster")]
+NODES = 3
+CONTROLLER_OFFSET = 100  # kafka.sh's default for a cluster: controller i on port + 100 + i
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _cluster_port() -> int:
+    """NEARDUP_TEST_KAFKA_CLUSTER_PORT, or a base port whose three brokers' and three controllers'
+    ports are all free."""
+    if "NEARDUP_TEST_KAFKA_CLUSTER_PORT" in os.environ:
+        return int(os.environ["NEARDUP_TEST_KAFKA_CLUSTER_PORT"])
+    for base in range(21000, 29000, 7):
+        ports = [base + i for i in range(NODES)] + [base + CONTROLLER_OFFSET + i for i in range(NODES)]
+        if all(_free(port) for port in ports):
+            return base
+    raise AssertionError("no free ports for a cluster")
+
+
+@dataclass
+class Cluster:
+    port: int
+    data: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{self.port + i}" for i in range(NODES))
+
+    @property
+    def broker_url(self) -> str:
+        """NEARDUP_BROKER for the worker: every node, as Faust lists several."""
+        return ";".join(f"kafka://127.0.0.1:{self.port + i}" for i in range(NODES))
+
+    def run(self, *command: str) -> str:
+        env = {**os.environ, "NEARDUP_KAFKA_PORT": str(self.port), "NEARDUP_KAFKA_DIR": str(self.data)}
+        done = subprocess.run(
+            [str(KAFKA_SH), *command], check=True, env=env, timeout=300, capture_output=True, text=True
+        )
+        return done.stdout
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    found = Cluster(_cluster_port(), tmp_path_factory.mktemp("cluster") / "kafka")
+    found.run("start", "--brokers", str(NODES))
+    try:
+        yield found
+    finally:
+        found.run("stop", "--wipe")
+
+
+async def _live_brokers(bootstrap: str) -> set[int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return {broker["node_id"] for broker in (await admin.describe_cluster())["brokers"]}
+    finally:
+        await admin.close()
+
+
+def _wait_brokers(bootstrap: str, count: int, timeout: float = 20) -> set[int]:
+    """The live brokers, once there are `count` of them. A request that the client sends to the
+    dead node (still in the metadata it was given) fails: asked again."""
+    deadline = time.monotonic() + timeout
+    live: set[int] = set()
+    while True:
+        with contextlib.suppress(KafkaError):
+            live = asyncio.run(_live_brokers(bootstrap))
+        if len(live) == count:
+            return live
+        assert time.monotonic() < deadline, f"brokers {live}, expected {count}"
+        time.sleep(0.3)
+
+
+def test_a_node_killed_and_started_again_rejoins_the_cluster(cluster: Cluster) -> None:
+    assert _wait_brokers(cluster.bootstrap, NODES) == {0, 1, 2}
+    status = cluster.run("status")
+    assert status.count(" running on 127.0.0.1:") == NODES, status
+    cluster.run("kill-broker", "1")
+    # node 0 still answers metadata, without the dead node once the controller fenced it
+    assert _wait_brokers(f"127.0.0.1:{cluster.port}", NODES - 1) == {0, 2}
+    with pytest.raises(subprocess.CalledProcessError):  # status: exit 1 while a node is down
+        cluster.run("status")
+    assert "in sync" in cluster.run("start-broker", "1")
+    assert _wait_brokers(f"127.0.0.1:{cluster.port + 1}", NODES) == {0, 1, 2}
+    cluster.run("status")
+
+
+def _settings(cluster: Cluster, deployment: Deployment) -> Settings:
+    return Settings.from_env(deployment.env(0))
+
+
+async def _topic_state(bootstrap: str, topic: str) -> tuple[list[int], dict[str, str]]:
+    """Replicas per partition, and the topic's min.insync and retention."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+        replicas = [len(p["replicas"]) for p in described["partitions"]]
+        names = {"min.insync.replicas": None, "retention.ms": None, "retention.bytes": None}
+        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic, names)])
+        configs = {entry[0]: entry[1] for entry in response.resources[0][4]}
+        return replicas, configs
+    finally:
+        await admin.close()
+
+
+def _deployment(cluster: Cluster, tmp_path: Path, **env: str) -> Deployment:
+    deployment = Deployment(cluster.bootstrap, tmp_path)
+    deployment.extra_env.update({"NEARDUP_BROKER": cluster.broker_url, **env})
+    return deployment
+
+
+def test_topics_take_the_clusters_replication_and_one_with_fewer_replicas_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    deployment = _deployment(cluster, tmp_path)
+    deployment.create_topics()
+    for topic in ("signatures", "verdicts", "dead"):
+        replicas, configs = asyncio.run(_topic_state(cluster.bootstrap, deployment.topics[topic]))
+        assert set(replicas) == {3}, (topic, replicas)
+        assert configs["min.insync.replicas"] == "2", (topic, configs)
+    _, signatures = asyncio.run(_topic_state(cluster.bootstrap, deployment.topics["signatures"]))
+    assert (signatures["retention.ms"], signatures["retention.bytes"]) == ("-1", "-1")
+
+    # a verdicts topic made with one replica (as the worker once made every topic) is refused
+    other = _deployment(cluster, tmp_path / "other")
+    settings = _settings(cluster, other)
+
+    async def create_single_replica() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(settings.verdicts_topic, 3, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create_single_replica())
+    with pytest.raises(TopicMismatch, match=rf"{settings.verdicts_topic}.*1 replicas.*asks for 3") as refused:
+        asyncio.run(ensure_topics(settings))
+    assert "kafka-reassign-partitions.sh" in str(refused.value)
+    # asked for one replica, min.insync above it is refused, and with min.insync 1 it is accepted
+    one = {**other.env(0), "NEARDUP_REPLICATION_FACTOR": "1"}
+    with pytest.raises(TopicMismatch, match=r"min\.insync\.replicas 2 is above the replication factor 1"):
+        asyncio.run(ensure_topics(Settings.from_env(one)))
+    asyncio.run(ensure_topics(Settings.from_env({**one, "NEARDUP_MIN_INSYNC_REPLICAS": "1"})))
+
+
+async def _leader(bootstrap: str, topic: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+        return int(described["partitions"][0]["leader"])
+    finally:
+        await admin.close()
+
+
+@pytest.mark.budget(40)  # a worker's start on three brokers, a leader's failover after the kill
+def test_a_worker_decides_every_article_with_one_broker_of_three_killed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    deployment = _deployment(cluster, tmp_path)
+    articles = stream_of(300)
+    first, second = articles[:150], articles[150:]
+    reader = TopicReader(cluster.bootstrap, deployment.topics["verdicts"])
+    killed: Any = None
+    try:
+        deployment.start_worker()
+        produce_articles(cluster.bootstrap, deployment.topics["input"], first)
+        reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=60)
+        # the node that leads the signatures partition: the index shard's input moves to another
+        killed = asyncio.run(_leader(cluster.bootstrap, deployment.topics["signatures"]))
+        cluster.run("kill-broker", str(killed))
+        produce_articles(cluster.bootstrap, deployment.topics["input"], second)
+        verdicts = verdicts_by_id(
+            reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=90)
+        )
+        assert set(verdicts) == {a["id"] for a in articles}, deployment.logs()
+        assert all(proc.poll() is None for proc in deployment.workers), deployment.logs()
+        assert asyncio.run(_leader(cluster.bootstrap, deployment.topics["signatures"])) != killed
+    finally:
+        deployment.discard()
+        if killed is not None:
+            cluster.run("start-broker", str(killed))  # whole again for the next test
