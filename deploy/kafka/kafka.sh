@@ -600,7 +600,16 @@ cmd_stop() {
             pids+=("$pid")
         fi
     done
-    if ((${#pids[@]})); then
+    if ((${#pids[@]} && BROKERS > 1 && WIPE)); then
+        # Its data is about to go: no clean shutdown to wait for (a cluster's nodes stopping
+        # together wait on each other's controlled shutdown, up to STOP_TIMEOUT)
+        log "killing kafka (pid ${pids[*]}) on $HOST:$PORT ..."
+        kill -KILL "${pids[@]}" 2>/dev/null || true
+        for pid in "${pids[@]}"; do
+            while alive "$pid"; do sleep 0.05; done
+        done
+        log "kafka stopped"
+    elif ((${#pids[@]})); then
         log "stopping kafka (pid ${pids[*]}) on $HOST:$PORT ..."
         stop_pids "${pids[@]}"
         log "kafka stopped"
