@@ -19,6 +19,7 @@ worker.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import mmap
@@ -210,24 +211,36 @@ class Decider:
         # isolation, the oldest forgotten first), and the marker that names them.
         self.culprits: dict[RecordAt, Culprit] = {}
         self._marker: RecordMarker | None = None
+        # The writes of each chunk answered and not yet acknowledged in the changelog: a replacement
+        # child rebuilds from the changelog and then these (under exactly-once, those of the open
+        # transaction, which a reader of committed records does not see yet).
+        self._unacknowledged: collections.deque[list[Write]] = collections.deque()
 
     @property
     def child_pid(self) -> int | None:
         return None if self._child is None else self._child.pid
 
-    def acknowledged(self, end: int) -> None:
-        """The changelog holds every write up to offset `end` (excluded)."""
+    def acknowledged(self, end: int, chunks: int = 1) -> None:
+        """The changelog holds every write up to offset `end` (excluded), the writes of the
+        `chunks` oldest chunks answered and not acknowledged before among them."""
         self.changelog_end = max(self.changelog_end, end)
+        for _ in range(min(chunks, len(self._unacknowledged))):
+            self._unacknowledged.popleft()
 
     def mark_ahead(self) -> None:
         """A batch failed half-way: the index may hold writes that the changelog never gets, so a
         close must not mark it reusable (the next open rebuilds it from the changelog)."""
         self.ahead_of_changelog = True
+        self._unacknowledged.clear()  # never to be acknowledged: the batch comes again
 
-    async def open(self) -> int | None:
+    async def open(self, *, replacing: bool = False) -> int | None:
         """At every assignment of the shard: reopen the derived index or rebuild it from the
-        changelog. Returns the number of articles rebuilt, None when the index was kept."""
+        changelog. Returns the number of articles rebuilt, None when the index was kept.
+        `replacing`: a replacement for a child that failed in a batch, rebuilt with the writes of
+        the chunks it had answered too."""
         self.opening = True  # a rebuild takes as long as the changelog is large: not a stall
+        if not replacing:
+            self._unacknowledged.clear()
         try:
             end = await self.changelog.end()
             count, self.applied_offset = await self._open(str(end).encode(), end)
@@ -248,6 +261,8 @@ class Decider:
             with CompactedLog(_scratch(self.index_path)) as table:
                 async for entries in self.changelog.read(end):
                     table.add(entries)
+                for writes in self._unacknowledged:
+                    table.add(writes)
                 return self.shard.replay(table), self.shard.applied_offset
         if self._child is None:
             if self._marker is None:
@@ -274,6 +289,9 @@ class Decider:
         async for entries in self.changelog.read(end):
             await child.call(("load", entries), timeout.seconds(len(entries)))
             loaded += len(entries)
+        for writes in self._unacknowledged:
+            await child.call(("load", writes), timeout.seconds(len(writes)))
+            loaded += len(writes)
         return cast(tuple[int, int], await child.call(("loaded",), timeout.seconds(loaded)))
 
     async def decide(self, messages: list[SignedMessage]) -> tuple[BatchOutcome, list[Write]]:
@@ -296,7 +314,9 @@ class Decider:
         if self.in_process:
             assert self.shard is not None, "open() first"
             for messages in chunks:
-                yield decide_messages(self.shard, messages, self._size), self._collector.drain()
+                answer = decide_messages(self.shard, messages, self._size), self._collector.drain()
+                self._unacknowledged.append(answer[1])
+                yield answer
             return
         answered, failures, isolated = 0, 0, 0
         suspects: set[RecordAt] = set()  # records a child failed on once in this batch
@@ -306,7 +326,7 @@ class Decider:
                 if self._child is None:
                     if self.before_rebuild is not None:
                         await self.before_rebuild()
-                    await self.open()  # a replacement: rebuilt from the changelog
+                    await self.open(replacing=True)  # rebuilt from the changelog
                 child = self._child
                 assert child is not None
                 while answered < len(chunks):
@@ -316,6 +336,7 @@ class Decider:
                     articles = sum(signed_count(value) for _, value in chunks[answered])
                     answer = cast(Answer, await child.receive(self.timeout.seconds(articles)))
                     answered += 1
+                    self._unacknowledged.append(answer[1])
                     yield answer
                 return
             except ChildFailed as exc:

@@ -28,6 +28,7 @@ from .outputs import Outputs
 from .progress import Failure, Progress
 from .sign_agent import SignPipeline
 from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
+from .transactions import ShardTransactions, producer_of
 
 __all__ = ["SHARD_KEY", "Runtime", "create_app", "exit_after"]
 log = logging.getLogger("neardup.stream")
@@ -126,7 +127,7 @@ def create_app(
 
 def _faust_app(settings: Settings) -> faust.App:
     """The Faust app, configured for the worker."""
-    return framework.app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
+    return framework.app_class(settings.fetch_wait_ms, settings.fetch_min_bytes, settings.isolation_level)(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
@@ -200,7 +201,13 @@ def _runtime(
     decider.before_rebuild = indexed.drain
     outputs = Outputs(app, metrics, settings.dead_letter_topic)
     collector = CollectorPolicy(settings.gc_freeze_every)
-    index = IndexPipeline(settings, decider, collector, outputs, progress, failure, indexed)
+    transactions, index_outputs = None, outputs
+    if settings.exactly_once:
+        transactions = ShardTransactions(settings)
+        index_outputs = Outputs(app, metrics, settings.dead_letter_topic, producer_of(transactions))
+    index = IndexPipeline(
+        settings, decider, collector, index_outputs, progress, failure, indexed, transactions
+    )
     hand_off = HandOff()
     sign = SignPipeline(settings, signer, outputs, signatures, progress, failure, signed, hand_off)
     return Runtime(

@@ -114,12 +114,17 @@ class LeanMonitor(Monitor):
         return None  # no state: on_stream_event_out has nothing to time
 
 
-def app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
+def app_class(
+    fetch_wait_ms: int, fetch_min_bytes: int, isolation_level: str = "read_uncommitted"
+) -> type[faust.App]:
     """faust.App whose consumer waits at most `fetch_wait_ms` for a fetch, instead of the 1500 ms
     Faust hard-codes. The worker reads its input and its own signatures over one connection, and
     aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog spends most
     of its time waiting for fetches (deploy/docs/benchmarks.md).
-    The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait."""
+    The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait.
+    `isolation_level`: read_committed under exactly-once, which Faust sets only for its own
+    transactions (processing_guarantee), not used here: the index stage drives its own
+    (transactions.py)."""
 
     class ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Any) -> Any:
@@ -127,6 +132,7 @@ def app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
             # read when the consumer starts its fetcher
             consumer._fetch_max_wait_ms = fetch_wait_ms
             consumer._fetch_min_bytes = fetch_min_bytes
+            consumer._isolation_level = isolation_level
             return consumer
 
     class FetchWaitConsumer(aiokafka_driver.Consumer):
@@ -207,6 +213,7 @@ PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (aiokafka_driver.Consumer, "wait_first", "app_class: the stream callback run inline"),
     (AIOKafkaConsumer, "_fetch_max_wait_ms", "app_class: read when the consumer starts its fetcher"),
     (AIOKafkaConsumer, "_fetch_min_bytes", "app_class: read when the consumer starts its fetcher"),
+    (AIOKafkaConsumer, "_isolation_level", "app_class: read when the consumer starts its fetcher"),
     (aiokafka_driver.Consumer, "_committed_offset", "committed_offset"),
     (aiokafka_driver.Consumer, "_add_gap", "allow_commits_past"),
     (aiokafka_driver.Producer, "_ensure_producer", "aiokafka_producer"),

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import faust
 import orjson
+from aiokafka import TopicPartition
 from faust.types import TP
 
 from ..config import Settings
@@ -27,6 +28,7 @@ from .gaps import OffsetGap, following_run, in_log_order
 from .outputs import Letter, Outputs
 from .progress import Failure, Progress
 from .topics import changelog_topic
+from .transactions import Fenced, ShardTransactions
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
@@ -99,8 +101,11 @@ class IndexPipeline:
         progress: Progress,
         failure: Failure,
         deliveries: Deliveries,
+        transactions: ShardTransactions | None = None,
     ) -> None:
         self.settings = settings
+        # exactly-once: each batch's writes and the signatures offsets it consumed in one transaction
+        self.transactions = transactions
         self.decider = decider
         self.collector = collector
         self.outputs = outputs
@@ -141,8 +146,39 @@ class IndexPipeline:
             batch = [e for e in fetched if e.message.offset > self.handed_off]
             gaps = self.progress.check_gaps(batch) if batch else []
             if batch:
-                await self.decide_and_publish(decider, await self._in_log_order(batch, gaps))
+                await self.decide(decider, await self._in_log_order(batch, gaps))
         return gaps
+
+    async def decide(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+        """Decide signatures messages and publish what they cause: settled as the broker
+        acknowledges each chunk (at least once), or in one transaction committed with the
+        signatures offsets consumed (exactly once)."""
+        if self.transactions is None:
+            await self.decide_and_publish(decider, messages)
+            return
+        settled: list[tuple[list[Any], Callable[[], None]]] = []
+
+        async def hold(sends: list[Any], applied: Callable[[], None]) -> None:
+            settled.append((sends, applied))
+
+        next_offsets = {TopicPartition(self.shard.topic, self.shard.partition): messages[-1][0] + 1}
+        try:
+            async with self.transactions.transaction(lambda: next_offsets):
+                await self.decide_and_publish(decider, messages, hold)
+                await asyncio.gather(*(send for sends, _ in settled for send in sends))
+        except Fenced as exc:
+            self.failure.fail(f"producer_fenced: {exc}; another worker owns the index shard, stopping")
+            raise
+        except BaseException:
+            self.metrics.transactions.labels("aborted").inc()
+            raise
+        self.metrics.transactions.labels("committed").inc()
+        end = decider.changelog_end
+        for _, applied in settled:
+            applied()
+        if decider.changelog_end > end:
+            # the transaction's commit marker follows its last record in the changelog
+            decider.acknowledged(decider.changelog_end + 1, chunks=0)
 
     async def _in_log_order(
         self, batch: list[faust.EventT], gaps: list[OffsetGap]
@@ -159,11 +195,17 @@ class IndexPipeline:
         ]
         return [(offset, value) for _, offset, value in in_log_order(delivered, gaps, fills)]
 
-    async def decide_and_publish(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+    async def decide_and_publish(
+        self,
+        decider: Decider,
+        messages: list[tuple[int, bytes]],
+        settle: Callable[[list[Any], Callable[[], None]], Awaitable[None]] | None = None,
+    ) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
-        each chunk's writes to the changelog and its verdicts, and hand them to the
-        index stage's deliveries. The index has the writes already: it is kept at the next start
-        only when closed with all of them acknowledged (Decider.close)."""
+        each chunk's writes to the changelog and its verdicts, and hand them to `settle` (the
+        index stage's deliveries by default). The index has the writes already: it is kept at the
+        next start only when closed with all of them acknowledged (Decider.close)."""
+        settle = settle or self.deliveries.settle
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
@@ -172,7 +214,7 @@ class IndexPipeline:
                     changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
                     sends, counted = await self.publish(outcome)
                     sends += [batch.sent for batch in changelog]
-                    await self.deliveries.settle(sends, self._applied(changelog, counted))
+                    await settle(sends, self._applied(changelog, counted))
         except BaseException as exc:
             # Half a batch applied: the index may be ahead of the changelog. Rebuild it from the
             # changelog before the next batch (the re-delivered batch then replays what was applied).
@@ -190,6 +232,8 @@ class IndexPipeline:
             if changelog:
                 last = changelog[-1]  # one partition: the last batch holds the last write
                 self.decider.acknowledged(last.sent.result().offset + last.messages)
+            else:
+                self.decider.acknowledged(-1)  # a chunk that wrote nothing is acknowledged too
             counted()
 
         return apply
@@ -204,7 +248,9 @@ class IndexPipeline:
             if not run:
                 return  # another worker's messages come first, or these were decided already
             try:
-                await self.decide_and_publish(self.decider, run)
+                await self.decide(self.decider, run)
+            except Fenced:
+                return  # the worker is stopping (decide reported it)
             except Exception:
                 log.exception("handoff_failed: the consumer delivers these messages again")
                 return
@@ -230,6 +276,10 @@ class IndexPipeline:
                 continue
             if entry.status in ("replayed", "stale"):
                 counts[(metrics.replays, entry.status)] += 1
+                if self.transactions is not None:
+                    # Under exactly-once the index holds only what was committed: an input it
+                    # has applied was answered in a committed transaction already.
+                    continue
             expired += entry.expired
             if entry.deletion and entry.article_id is not None:
                 if entry.status in ("deleted", "unknown_delete"):
@@ -338,12 +388,18 @@ class IndexPipeline:
             log.error("index_close: a decision still runs after %.0f s; closing anyway", CLOSE_WAIT_S)
         await self.decider.close(clean=clean)
         await self.progress.log_reader.close()
+        if self.transactions is not None:
+            await self.transactions.stop()
 
     async def _open_decider(self) -> Decider:
         """The index stage: at every assignment of the shard, reopened (after a clean shutdown)
         or rebuilt from the changelog."""
         if self.needs_open:
             await self.deliveries.drain()  # the changelog holds everything decided so far
+            if self.transactions is not None:
+                # a new producer epoch at each assignment: it fences whoever held the shard before
+                await self.transactions.stop()
+                await self.transactions.start()
             count = await self.decider.open()
             self.needs_open = False
             # The shard's next message follows the last one the index says was applied: a first
