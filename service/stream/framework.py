@@ -122,9 +122,8 @@ def app_class(
     aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog spends most
     of its time waiting for fetches (deploy/docs/benchmarks.md).
     The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait.
-    `isolation_level`: read_committed under exactly-once, which Faust sets only for its own
-    transactions (processing_guarantee), not used here: the index stage drives its own
-    (transactions.py)."""
+    `isolation_level`: read_committed under exactly-once (Faust sets it for its own transactions
+    only, not used here: the index stage drives its own, transactions.py)."""
 
     class ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Any) -> Any:
