@@ -144,7 +144,9 @@ class IndexPipeline:
             decider = await self._open_decider()
             # decided already, as soon as this worker's send of them was acknowledged
             batch = [e for e in fetched if e.message.offset > self.handed_off]
-            gaps = self.progress.check_gaps(batch) if batch else []
+            # under exactly-once, another worker's sign transactions leave markers unknown here
+            level = logging.INFO if self.transactions is not None else logging.ERROR
+            gaps = self.progress.check_gaps(batch, level) if batch else []
             if batch:
                 await self.decide(decider, await self._in_log_order(batch, gaps))
         return gaps
@@ -244,7 +246,7 @@ class IndexPipeline:
             last = self.progress.delivered.get(self.shard)
             if self.needs_open or last is None:
                 return  # the shard is not (or not yet) this worker's: the consumer brings them
-            run = following_run(last, messages)
+            run = following_run(last, messages, self.progress.markers.of(self.shard))
             if not run:
                 return  # another worker's messages come first, or these were decided already
             try:

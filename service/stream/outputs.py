@@ -33,6 +33,10 @@ class Outputs:
         self.dead_letter_topic = dead_letter_topic
         self._producer = producer
 
+    def through(self, producer: Any) -> Outputs:
+        """The same outputs sent through `producer` (a transaction's)."""
+        return Outputs(self.app, self.metrics, self.dead_letter_topic, lambda: producer)
+
     def producer(self) -> Any:
         if self._producer is not None:
             return self._producer()

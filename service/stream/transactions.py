@@ -13,6 +13,7 @@ the transactional id, one per shard, as in Kafka Streams' first exactly-once mod
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -40,14 +41,19 @@ def transactional_id(settings: Settings, shard: int = 0) -> str:
     return f"{settings.app_id}-index-{shard}"
 
 
-class ShardTransactions:
-    """The shard's transactional producer: started when the shard is assigned (which fences any
-    earlier owner), one transaction per decided batch (`transaction`)."""
+def input_transactional_id(settings: Settings, topic: str, partition: int) -> str:
+    return f"{settings.app_id}-sign-{topic}-{partition}"
 
-    def __init__(self, settings: Settings, shard: int = 0) -> None:
+
+class TransactionalWriter:
+    """One transactional producer: started when what it writes for is assigned (which fences any
+    earlier owner), one transaction at a time (`transaction`)."""
+
+    def __init__(self, settings: Settings, transactional_id: str) -> None:
         self.settings = settings
-        self.transactional_id = transactional_id(settings, shard)
+        self.transactional_id = transactional_id
         self.producer: AIOKafkaProducer | None = None
+        self.lock = asyncio.Lock()  # one open transaction at a time
 
     async def start(self) -> AIOKafkaProducer:
         """The producer, started once: its start registers the transactional id with the
@@ -82,6 +88,13 @@ class ShardTransactions:
         """A transaction around what the block sends through the producer it yields; committed
         with `offsets()` (the next offset to consume, per partition, for the group) when the block
         ends, aborted when it raises. A fence, wherever it shows, raises Fenced."""
+        async with self.lock, self._transaction(offsets) as producer:
+            yield producer
+
+    @contextlib.asynccontextmanager
+    async def _transaction(
+        self, offsets: Callable[[], dict[TopicPartition, int]]
+    ) -> AsyncIterator[AIOKafkaProducer]:
         producer = await self.start()
         try:
             await producer.begin_transaction()
@@ -109,7 +122,44 @@ class ShardTransactions:
             await producer.stop()
 
 
-def producer_of(transactions: ShardTransactions) -> Callable[[], Any]:
+class ShardTransactions(TransactionalWriter):
+    """The index shard's writer: its verdicts, feed, dead letters and changelog."""
+
+    def __init__(self, settings: Settings, shard: int = 0) -> None:
+        super().__init__(settings, transactional_id(settings, shard))
+
+
+class InputTransactions:
+    """The sign stage's writers, one per input partition (aiokafka's offsets carry no group
+    generation, so a writer is fenced by the next owner of its partition only if the id is the
+    partition's): a partition's signatures and dead letters commit with its input offsets."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.writers: dict[tuple[str, int], TransactionalWriter] = {}
+
+    def writer(self, topic: str, partition: int) -> TransactionalWriter:
+        key = (topic, partition)
+        if key not in self.writers:
+            self.writers[key] = TransactionalWriter(
+                self.settings, input_transactional_id(self.settings, topic, partition)
+            )
+        return self.writers[key]
+
+    async def revoked(self, partitions: list[tuple[str, int]]) -> None:
+        """The partitions went to another worker (or will come back): their writers stop, and a
+        new one (a new epoch) starts at the next assignment."""
+        for key in partitions:
+            writer = self.writers.pop(key, None)
+            if writer is not None:
+                async with writer.lock:
+                    await writer.stop()
+
+    async def stop(self) -> None:
+        await self.revoked(list(self.writers))
+
+
+def producer_of(transactions: TransactionalWriter) -> Callable[[], Any]:
     """What Outputs sends through for the index stage: the shard's transactional producer."""
 
     def producer() -> Any:
