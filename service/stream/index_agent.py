@@ -36,6 +36,9 @@ SHARD_KEY = b"0"
 # in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
 # articles, ~390 KB) is one message, and so a chunk of its own.
 DECIDE_CHUNK_BYTES = 256 * 1024
+# Under exactly-once, signatures messages per transaction (~500-1,000 articles): a commit costs a few
+# round trips to the coordinator, and a backlog batch in one transaction could outlast its timeout.
+TRANSACTION_BYTES = 4 * DECIDE_CHUNK_BYTES
 TAKE_WITHIN_S = 0.001  # as the sign agent's (sign_agent.py)
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
@@ -153,11 +156,18 @@ class IndexPipeline:
 
     async def decide(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
         """Decide signatures messages and publish what they cause: settled as the broker
-        acknowledges each chunk (at least once), or in one transaction committed with the
-        signatures offsets consumed (exactly once)."""
+        acknowledges each chunk (at least once), or in transactions committed with the
+        signatures offsets consumed (exactly once), each of at most TRANSACTION_BYTES of them, so
+        that none stays open for long whatever the backlog."""
         if self.transactions is None:
             await self.decide_and_publish(decider, messages)
             return
+        for part in runs_within(messages, lambda message: len(message[1]), TRANSACTION_BYTES):
+            await self._decide_in_transaction(decider, self.transactions, part)
+
+    async def _decide_in_transaction(
+        self, decider: Decider, transactions: ShardTransactions, messages: list[tuple[int, bytes]]
+    ) -> None:
         settled: list[tuple[list[Any], Callable[[], None]]] = []
 
         async def hold(sends: list[Any], applied: Callable[[], None]) -> None:
@@ -165,7 +175,7 @@ class IndexPipeline:
 
         next_offsets = {TopicPartition(self.shard.topic, self.shard.partition): messages[-1][0] + 1}
         try:
-            async with self.transactions.transaction(lambda: next_offsets):
+            async with transactions.transaction(lambda: next_offsets):
                 await self.decide_and_publish(decider, messages, hold)
                 await asyncio.gather(*(send for sends, _ in settled for send in sends))
         except Fenced as exc:
