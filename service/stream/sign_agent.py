@@ -115,8 +115,9 @@ class SignPipeline:
         every_letter = [letter for tp_letters in letters.values() for letter in tp_letters]
         if self.transactions is not None:
             ends = {tp: offset + 1 for tp, offset, _ in sorted(entries, key=lambda entry: entry[1])}
-            await self._send_in_transactions(ends, signed, letters)
-            sends: list[Any] = []
+            # Committed while the next batch is signed; each partition's writer takes its
+            # transactions in the order they were started, and the batch settles once committed.
+            sends: list[Any] = [asyncio.ensure_future(self._send_in_transactions(ends, signed, letters))]
         else:
             sends = await self._send(signed, every_letter)
 

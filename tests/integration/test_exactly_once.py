@@ -138,6 +138,11 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
     committed.read_until(lambda r: len(r) >= 10, timeout=60)
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[10:20])
     _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60)
+    changelog = f"{deployment.name}-records-changelog"
+    written = TopicReader(deployment.bootstrap, changelog, transactional=True)
+    kept = TopicReader(deployment.bootstrap, changelog, "read_committed")
+    # the held chunk's changelog records are in the log, their transaction open
+    _wait_for(lambda: len(written.read_all(timeout=10)) > len(kept.read_all(timeout=10)), timeout=30)
     os.kill(owner.pid, signal.SIGSTOP)
     try:
         for name in fault:
@@ -156,10 +161,7 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
     assert got == {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
     # the old owner did write before its pause: its transaction's changelog records are in the
     # log, aborted, skipped by a rebuild (which reads committed records only)
-    changelog = f"{deployment.name}-records-changelog"
-    written = TopicReader(deployment.bootstrap, changelog, transactional=True).read_all(timeout=10)
-    kept = TopicReader(deployment.bootstrap, changelog, "read_committed").read_all(timeout=10)
-    assert len(written) > len(kept)
+    assert len(written.read_all(timeout=10)) > len(kept.read_all(timeout=10))
     live = deployment.workers[-1]
     assert deployment.kill(live, signal.SIGTERM) and live.returncode == 0
     assert _stats(deployment, "--broker", f"kafka://{deployment.bootstrap}") == _stats(
