@@ -489,6 +489,27 @@ SETTINGS: tuple[Setting, ...] = (
         check=_positive,
     ),
     _setting(
+        "processing_guarantee",
+        STR,
+        "at_least_once",
+        "at_least_once: after a crash, verdicts of the articles decided since the last commit are "
+        "published again (the same verdicts); exactly_once: the index stage's verdicts, feed "
+        "messages, dead letters and changelog records and the signatures offsets it consumed commit "
+        "together in one Kafka transaction per batch, under a transactional id per index shard that "
+        "fences any earlier owner, so a consumer reading with isolation.level=read_committed sees "
+        "each (id, version) once (deploy/docs/operations.md, Guarantees)",
+        check=_one_of("at_least_once", "exactly_once"),
+    ),
+    _setting(
+        "transaction_timeout",
+        FLOAT,
+        60.0,
+        "exactly_once: seconds a transaction may stay open before the broker aborts it (a worker "
+        "paused or cut off longer is fenced by its own timeout); it must not exceed the broker's "
+        "transaction.max.timeout.ms (15 minutes by default)",
+        check=_positive,
+    ),
+    _setting(
         "stall_timeout",
         FLOAT,
         60.0,
@@ -866,6 +887,8 @@ class Settings:
     helper_timeout: float = FROM_TABLE
     helper_item_timeout_ms: float = FROM_TABLE
     delivery_timeout: float = FROM_TABLE
+    processing_guarantee: str = FROM_TABLE
+    transaction_timeout: float = FROM_TABLE
     stall_timeout: float = FROM_TABLE
     ready_timeout: float = FROM_TABLE
     failure_exit_timeout: float = FROM_TABLE
@@ -948,6 +971,16 @@ class Settings:
         path = str(self.state_path.resolve()).encode()
         host = re.sub(r"[^a-zA-Z0-9._-]", "_", socket.gethostname())[:200]
         return f"{host}-{hashlib.sha256(path).hexdigest()[:12]}"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
+
+    @property
+    def isolation_level(self) -> str:
+        """How the worker reads its topics: under exactly-once, committed records only (what an
+        aborted transaction wrote is never decided, replayed or read back)."""
+        return "read_committed" if self.exactly_once else "read_uncommitted"
 
     @property
     def bootstrap_servers(self) -> str:

@@ -5,7 +5,8 @@ NEARDUP_TEST_HELPER_FAULT=<hang|crash>:<signer|decider>:<n>: every child of that
 replacement too, counting again from 1) hangs for good, or exits at once with status 70, when its
 n-th batch comes (a batch to sign; a batch to decide); n = 0: as it starts.
 <hang|crash>:signer:poison: when a batch to sign holds a message containing POISON (the message
-that breaks a helper wherever it goes).
+that breaks a helper wherever it goes); <hang|crash>:decider:poison: as the decider comes to an
+article whose id contains POISON (the decider never sees the text).
 
 NEARDUP_TEST_AGENT_FAULT=raise:<sign|index>:<n>: that agent raises after it has sent what its n-th
 batch caused, before the batch is acknowledged. delay:index:<n>:<ms>: the index agent's n-th
@@ -67,7 +68,7 @@ def parse_helper_fault(spec: str) -> tuple[str, str, int]:
     parts = spec.split(":")
     if len(parts) != 3 or parts[0] not in ("hang", "crash") or parts[1] not in ("signer", "decider"):
         raise ValueError(f"{HELPER_FAULT}={spec!r}: expected <hang|crash>:<signer|decider>:<n|poison>")
-    if parts[2] == "poison" and parts[1] == "signer":
+    if parts[2] == "poison":
         return parts[0], parts[1], -1
     if not parts[2].isdigit():
         raise ValueError(f"{HELPER_FAULT}={spec!r}: <n> must be a number")
@@ -98,6 +99,9 @@ def _fail_children(kind: str, action: str, at: int) -> None:
     """Wrap the child's per-batch function: the n-th call (or one holding POISON) hangs or exits."""
     if at == 0:
         _fail(action)
+    if kind == "decider" and at == -1:
+        _fail_on_poisoned_decisions(action)
+        return
     if kind == "signer":
         from neardup.pipeline import signer as module
 
@@ -117,6 +121,21 @@ def _fail_children(kind: str, action: str, at: int) -> None:
         return real(*args, **kwargs)
 
     setattr(module, name, wrapped)
+
+
+def _fail_on_poisoned_decisions(action: str) -> None:
+    """The decider fails as it comes to the poisoned article, half-way through its batch."""
+    from neardup.pipeline.shard import IndexShard
+
+    real = IndexShard._decide_one
+
+    @functools.wraps(real)
+    def deciding(self: IndexShard, item: Any, *args: Any) -> Any:
+        if POISON in item.article_id.encode():
+            _fail(action)
+        return real(self, item, *args)
+
+    IndexShard._decide_one = deciding  # type: ignore[method-assign]
 
 
 def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:

@@ -11,7 +11,7 @@ the only copy and there is no changelog.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -24,7 +24,8 @@ from ..messages import verdict_dict
 from ..state.index import IndexState
 from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord, encode_record
-from .wire import Headers, Signed, SignedDeletion, decode_signed, unpack_signed
+from .sign import PROCESSING_FAILED
+from .wire import Headers, Provenance, Signed, SignedDeletion, decode_signed, unpack_signed
 
 # The changelog's keys: one record per article, one marker per deleted id (its last version and the
 # deletion's time, state.index.encode_marker: a re-added id continues its versions, also after a
@@ -128,16 +129,23 @@ class IndexShard:
     # -- a batch of articles -----------------------------------------------------------------
 
     def decide(
-        self, items: Sequence[Item], offset: int | None = None, now: float | None = None
+        self,
+        items: Sequence[Item],
+        offset: int | None = None,
+        now: float | None = None,
+        before: Callable[[int], None] | None = None,
     ) -> list[Decided]:
         """Decide `items` in order, each applied before the next is decided; never raises for one
         item (its result has status "error"). `offset`: the signatures message they came in (the
         worker), by which a re-delivered input is recognised and answered with its stored verdict,
         never a new version; None: no such tracking (the state's content check still answers an
-        article sent again with its stored verdict)."""
+        article sent again with its stored verdict). `before(n)`: called as item n starts (the
+        decider child marks the record it is on: RecordMarker)."""
         now_s = time.time() if now is None else now
         results = []
-        for item in items:
+        for n, item in enumerate(items):
+            if before is not None:
+                before(n)
             try:
                 results.append(self._decide_one(item, offset, now_s))
             except Exception as exc:  # one bad record must not stop the shard
@@ -322,6 +330,8 @@ class EntryOutcome(NamedTuple):
     original: bytes | None = None  # the input message, for the filtered feed (with_original)
     headers: Headers = ()
     deletion: bool = False  # answers a deletion: a tombstone goes out under `article_id`
+    reason: str = "internal_error"  # an error's dead-letter reason
+    source: Provenance | None = None  # an error's input message, when known
 
     @classmethod
     def of(cls, offset: int, result: Decided, signed: Signed | None = None) -> EntryOutcome:
@@ -352,6 +362,28 @@ class EntryOutcome(NamedTuple):
     def failed(cls, offset: int, payload: bytes, exc: Exception) -> EntryOutcome:
         return cls(offset, None, "error", error=f"{type(exc).__name__}: {exc}", payload=payload)
 
+    @classmethod
+    def isolated(cls, offset: int, payload: bytes, culprit: Culprit) -> EntryOutcome:
+        """A record the decider process failed on (`culprit`), left out of the retry: dead-lettered
+        as `processing_failed`, under its input message when it can be decoded safely (it failed
+        in its decision, not in its decoding), with the input message itself when the record
+        carries it (the filtered feed's), else the signed record."""
+        source, article_id, original = None, None, payload
+        if culprit.deciding:
+            item = decode_signed(payload)
+            source, article_id = item.provenance, item.article_id
+            if isinstance(item, Signed) and item.original is not None:
+                original = item.original
+        return cls(
+            offset,
+            article_id,
+            "error",
+            error=culprit.detail,
+            payload=original,
+            reason=PROCESSING_FAILED,
+            source=source,
+        )
+
 
 class BatchOutcome(NamedTuple):
     entries: list[EntryOutcome]
@@ -365,31 +397,69 @@ class BatchOutcome(NamedTuple):
     bytes_on_disk: int | None = None  # None: not measured again since the last batch that was
 
 
-def decide_messages(shard: IndexShard, messages: Sequence[SignedMessage], size: SizeGauge) -> BatchOutcome:
+class Culprit(NamedTuple):
+    """A record that a decider process died or hung on, and what happened: left out when its
+    message is decided again. `deciding`: it failed in its decision (so it decodes safely), not
+    in its decoding."""
+
+    deciding: bool
+    detail: str
+
+
+WHOLE_MESSAGE = -1  # a record index that stands for the whole signatures message (its unpacking)
+RecordAt = tuple[int, int]  # (signatures offset, record index in its message, or WHOLE_MESSAGE)
+
+
+class Marker(Protocol):
+    """Where a decision is, for the worker to read after the process doing it died (RecordMarker)."""
+
+    def at(self, offset: int, index: int, *, deciding: bool) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+def decide_messages(
+    shard: IndexShard,
+    messages: Sequence[SignedMessage],
+    size: SizeGauge,
+    marker: Marker | None = None,
+    skip: Mapping[RecordAt, Culprit] | None = None,
+) -> BatchOutcome:
     """A batch of signatures messages ((offset, value), in order), each unpacked and its records
     decided in order, then checkpointed. Never raises for bad input: a message or record that
-    cannot be handled comes back as an error with its bytes, for the dead-letter topic."""
+    cannot be handled comes back as an error with its bytes, for the dead-letter topic. `marker`
+    learns which record is being decoded or decided; the records in `skip` are answered as
+    isolated (EntryOutcome.isolated) without being decoded or decided again."""
     entries: list[EntryOutcome] = []
     handled = 0
+    skip = skip or {}
     for offset, value in messages:
-        try:
-            records = unpack_signed(value)
-        except Exception as exc:  # a corrupt internal message must not stop the shard
-            entries.append(EntryOutcome.failed(offset, value, exc))
-            records = []
+        if (culprit := skip.get((offset, WHOLE_MESSAGE))) is not None:
+            entries.append(EntryOutcome.isolated(offset, value, culprit))
+            continue
+        records = _unpacked(offset, value, entries, marker)
         handled += len(records)
-        items, kept = [], []
-        for record in records:
+        items, kept, indexes = [], [], []
+        for index, record in enumerate(records):
+            if (culprit := skip.get((offset, index))) is not None:
+                entries.append(EntryOutcome.isolated(offset, record, culprit))
+                continue
+            if marker is not None:
+                marker.at(offset, index, deciding=False)
             try:
                 items.append(decode_signed(record))
                 kept.append(record)
+                indexes.append(index)
             except Exception as exc:
                 entries.append(EntryOutcome.failed(offset, record, exc))
-        for record, item, result in zip(kept, items, shard.decide(items, offset), strict=True):
+        before = None if marker is None else _marking(marker, offset, indexes)
+        for record, item, result in zip(kept, items, shard.decide(items, offset, before=before), strict=True):
             if result.error is not None:
                 entries.append(EntryOutcome.failed(offset, record, result.error))
             else:
                 entries.append(EntryOutcome.of(offset, result, item if isinstance(item, Signed) else None))
+        if marker is not None:
+            marker.clear()
     shard.checkpoint()
     state = shard.state
     counts = state.counts
@@ -404,6 +474,26 @@ def decide_messages(shard: IndexShard, messages: Sequence[SignedMessage], size: 
         counts.largest_bucket,
         size.measure(state),
     )
+
+
+def _unpacked(offset: int, value: bytes, entries: list[EntryOutcome], marker: Marker | None) -> list[bytes]:
+    """A signatures message's records; none when it cannot be unpacked (an error entry then)."""
+    if marker is not None:
+        marker.at(offset, WHOLE_MESSAGE, deciding=False)
+    try:
+        return unpack_signed(value)
+    except Exception as exc:  # a corrupt internal message must not stop the shard
+        entries.append(EntryOutcome.failed(offset, value, exc))
+        return []
+
+
+def _marking(marker: Marker, offset: int, indexes: Sequence[int]) -> Callable[[int], None]:
+    """IndexShard.decide's `before`: the record's place in its message, as it is decided."""
+
+    def before(n: int) -> None:
+        marker.at(offset, indexes[n], deciding=True)
+
+    return before
 
 
 class SizeGauge:

@@ -31,6 +31,7 @@ from .progress import Failure, Progress, unacknowledged
 from .purge import SignaturesPurge
 from .sign_agent import SignPipeline
 from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
+from .transactions import InputTransactions, ShardTransactions, producer_of
 
 __all__ = ["SHARD_KEY", "Runtime", "create_app", "exit_after"]
 log = logging.getLogger("neardup.stream")
@@ -156,7 +157,14 @@ def create_app(
 
 def _faust_app(settings: Settings) -> faust.App:
     """The Faust app, configured for the worker."""
-    return framework.app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
+    app_class = framework.app_class(
+        settings.fetch_wait_ms,
+        settings.fetch_min_bytes,
+        settings.isolation_level,
+        # under exactly-once, the stages' transactions commit the offsets, Faust's consumer never
+        commits=not settings.exactly_once,
+    )
+    return app_class(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
@@ -230,9 +238,17 @@ def _runtime(
     decider.before_rebuild = indexed.drain
     outputs = Outputs(app, metrics, settings.dead_letter_topic)
     collector = CollectorPolicy(settings.gc_freeze_every)
-    index = IndexPipeline(settings, decider, collector, outputs, progress, failure, indexed)
+    shard_transactions, input_transactions, index_outputs = None, None, outputs
+    if settings.exactly_once:
+        shard_transactions, input_transactions = ShardTransactions(settings), InputTransactions(settings)
+        index_outputs = Outputs(app, metrics, settings.dead_letter_topic, producer_of(shard_transactions))
+    index = IndexPipeline(
+        settings, decider, collector, index_outputs, progress, failure, indexed, shard_transactions
+    )
     hand_off = HandOff()
-    sign = SignPipeline(settings, signer, outputs, signatures, progress, failure, signed, hand_off)
+    sign = SignPipeline(
+        settings, signer, outputs, signatures, progress, failure, signed, hand_off, input_transactions
+    )
     return Runtime(
         settings, metrics, signer, decider, failure, progress, signed, indexed, hand_off, sign, index
     )
@@ -259,6 +275,9 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     app.agent(signatures, name="index")(index.run)
     app.on_partitions_assigned.connect(index.on_assigned)  # type: ignore[arg-type]  # mode wants `signal=`
     app.on_partitions_revoked.connect(index.on_revoked)  # type: ignore[arg-type]
+    app.on_partitions_revoked.connect(sign.on_revoked)  # type: ignore[arg-type]
+    if sign.transactions is not None:
+        cast(Any, app).at_shutdown.append(sign.transactions.stop)
     app.on_before_shutdown.connect(index.close)  # type: ignore[arg-type]
 
     @app.task

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import faust
 import orjson
+from aiokafka import TopicPartition
 from faust.types import TP
 
 from ..config import Settings
@@ -27,6 +28,7 @@ from .gaps import OffsetGap, following_run, in_log_order
 from .outputs import Letter, Outputs
 from .progress import Failure, Progress
 from .topics import changelog_topic
+from .transactions import Fenced, ShardTransactions
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
@@ -34,6 +36,9 @@ SHARD_KEY = b"0"
 # in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
 # articles, ~390 KB) is one message, and so a chunk of its own.
 DECIDE_CHUNK_BYTES = 256 * 1024
+# Under exactly-once, signatures messages per transaction (~500-1,000 articles): a commit costs a few
+# round trips to the coordinator, and a backlog batch in one transaction could outlast its timeout.
+TRANSACTION_BYTES = 4 * DECIDE_CHUNK_BYTES
 TAKE_WITHIN_S = 0.001  # as the sign agent's (sign_agent.py)
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
@@ -99,8 +104,11 @@ class IndexPipeline:
         progress: Progress,
         failure: Failure,
         deliveries: Deliveries,
+        transactions: ShardTransactions | None = None,
     ) -> None:
         self.settings = settings
+        # exactly-once: each batch's writes and the signatures offsets it consumed in one transaction
+        self.transactions = transactions
         self.decider = decider
         self.collector = collector
         self.outputs = outputs
@@ -139,10 +147,50 @@ class IndexPipeline:
             decider = await self._open_decider()
             # decided already, as soon as this worker's send of them was acknowledged
             batch = [e for e in fetched if e.message.offset > self.handed_off]
-            gaps = self.progress.check_gaps(batch) if batch else []
+            # under exactly-once, another worker's sign transactions leave markers unknown here
+            level = logging.INFO if self.transactions is not None else logging.ERROR
+            gaps = self.progress.check_gaps(batch, level) if batch else []
             if batch:
-                await self.decide_and_publish(decider, await self._in_log_order(batch, gaps))
+                await self.decide(decider, await self._in_log_order(batch, gaps))
         return gaps
+
+    async def decide(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+        """Decide signatures messages and publish what they cause: settled as the broker
+        acknowledges each chunk (at least once), or in transactions committed with the
+        signatures offsets consumed (exactly once), each of at most TRANSACTION_BYTES of them, so
+        that none stays open for long whatever the backlog."""
+        if self.transactions is None:
+            await self.decide_and_publish(decider, messages)
+            return
+        for part in runs_within(messages, lambda message: len(message[1]), TRANSACTION_BYTES):
+            await self._decide_in_transaction(decider, self.transactions, part)
+
+    async def _decide_in_transaction(
+        self, decider: Decider, transactions: ShardTransactions, messages: list[tuple[int, bytes]]
+    ) -> None:
+        settled: list[tuple[list[Any], Callable[[], None]]] = []
+
+        async def hold(sends: list[Any], applied: Callable[[], None]) -> None:
+            settled.append((sends, applied))
+
+        next_offsets = {TopicPartition(self.shard.topic, self.shard.partition): messages[-1][0] + 1}
+        try:
+            async with transactions.transaction(lambda: next_offsets):
+                await self.decide_and_publish(decider, messages, hold)
+                await asyncio.gather(*(send for sends, _ in settled for send in sends))
+        except Fenced as exc:
+            self.failure.fail(f"producer_fenced: {exc}; another worker owns the index shard, stopping")
+            raise
+        except BaseException:
+            self.metrics.transactions.labels("aborted").inc()
+            raise
+        self.metrics.transactions.labels("committed").inc()
+        end = decider.changelog_end
+        for _, applied in settled:
+            applied()
+        if decider.changelog_end > end:
+            # the transaction's commit marker follows its last record in the changelog
+            decider.acknowledged(decider.changelog_end + 1, chunks=0)
 
     async def _in_log_order(
         self, batch: list[faust.EventT], gaps: list[OffsetGap]
@@ -159,11 +207,17 @@ class IndexPipeline:
         ]
         return [(offset, value) for _, offset, value in in_log_order(delivered, gaps, fills)]
 
-    async def decide_and_publish(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+    async def decide_and_publish(
+        self,
+        decider: Decider,
+        messages: list[tuple[int, bytes]],
+        settle: Callable[[list[Any], Callable[[], None]], Awaitable[None]] | None = None,
+    ) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
-        each chunk's writes to the changelog and its verdicts, and hand them to the
-        index stage's deliveries. The index has the writes already: it is kept at the next start
-        only when closed with all of them acknowledged (Decider.close)."""
+        each chunk's writes to the changelog and its verdicts, and hand them to `settle` (the
+        index stage's deliveries by default). The index has the writes already: it is kept at the
+        next start only when closed with all of them acknowledged (Decider.close)."""
+        settle = settle or self.deliveries.settle
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
@@ -172,7 +226,7 @@ class IndexPipeline:
                     changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
                     sends, counted = await self.publish(outcome)
                     sends += [batch.sent for batch in changelog]
-                    await self.deliveries.settle(sends, self._applied(changelog, counted))
+                    await settle(sends, self._applied(changelog, counted))
         except BaseException as exc:
             # Half a batch applied: the index may be ahead of the changelog. Rebuild it from the
             # changelog before the next batch (the re-delivered batch then replays what was applied).
@@ -190,6 +244,8 @@ class IndexPipeline:
             if changelog:
                 last = changelog[-1]  # one partition: the last batch holds the last write
                 self.decider.acknowledged(last.sent.result().offset + last.messages)
+            else:
+                self.decider.acknowledged(-1)  # a chunk that wrote nothing is acknowledged too
             counted()
 
         return apply
@@ -200,11 +256,13 @@ class IndexPipeline:
             last = self.progress.delivered.get(self.shard)
             if self.needs_open or last is None:
                 return  # the shard is not (or not yet) this worker's: the consumer brings them
-            run = following_run(last, messages)
+            run = following_run(last, messages, self.progress.markers.of(self.shard))
             if not run:
                 return  # another worker's messages come first, or these were decided already
             try:
-                await self.decide_and_publish(self.decider, run)
+                await self.decide(self.decider, run)
+            except Fenced:
+                return  # the worker is stopping (decide reported it)
             except Exception:
                 log.exception("handoff_failed: the consumer delivers these messages again")
                 return
@@ -230,6 +288,10 @@ class IndexPipeline:
                 continue
             if entry.status in ("replayed", "stale"):
                 counts[(metrics.replays, entry.status)] += 1
+                if self.transactions is not None:
+                    # Under exactly-once the index holds only what was committed: an input it
+                    # has applied was answered in a committed transaction already.
+                    continue
             expired += entry.expired
             if entry.deletion and entry.article_id is not None:
                 if entry.status in ("deleted", "unknown_delete"):
@@ -286,21 +348,25 @@ class IndexPipeline:
         return sends, counted
 
     def _index_error(self, entry: EntryOutcome) -> Letter:
-        """A record the index stage could not handle, as a dead letter (signatures messages all
-        come from the shard's one partition, under its key)."""
-        topic, partition = self.settings.signatures_topic, 0
+        """A record the index stage could not handle, as a dead letter: under the input message it
+        came from when that is known (an isolated record's), else under the signatures message
+        (they all come from the shard's one partition, under its key)."""
+        topic, offset, key = self.settings.signatures_topic, entry.offset, SHARD_KEY
+        partition: int | None = 0
+        if entry.source is not None and entry.article_id is not None:
+            topic, partition, offset = entry.source.topic, entry.source.partition, entry.source.offset
+            key = entry.article_id.encode()
         log.error(
-            "index_error topic=%s partition=%d offset=%d error=%s",
+            "index_error reason=%s topic=%s partition=%s offset=%d error=%s",
+            entry.reason,
             topic,
             partition,
-            entry.offset,
+            offset,
             entry.error,
         )
         assert entry.payload is not None and entry.error is not None
-        record = dead_letter_dict(
-            "internal_error", entry.error, entry.payload, topic, partition, entry.offset, SHARD_KEY
-        )
-        return "internal_error", orjson.dumps(record), SHARD_KEY
+        record = dead_letter_dict(entry.reason, entry.error, entry.payload, topic, partition, offset, key)
+        return entry.reason, orjson.dumps(record), key
 
     async def on_assigned(self, sender: Any, assigned: Any = None, **_: Any) -> None:
         # Faust starts every partition again from its committed offset: what was delivered before
@@ -334,12 +400,18 @@ class IndexPipeline:
             log.error("index_close: a decision still runs after %.0f s; closing anyway", CLOSE_WAIT_S)
         await self.decider.close(clean=clean)
         await self.progress.log_reader.close()
+        if self.transactions is not None:
+            await self.transactions.stop()
 
     async def _open_decider(self) -> Decider:
         """The index stage: at every assignment of the shard, reopened (after a clean shutdown)
         or rebuilt from the changelog."""
         if self.needs_open:
             await self.deliveries.drain()  # the changelog holds everything decided so far
+            if self.transactions is not None:
+                # a new producer epoch at each assignment: it fences whoever held the shard before
+                await self.transactions.stop()
+                await self.transactions.start()
             count = await self.decider.open()
             self.needs_open = False
             # The shard's next message follows the last one the index says was applied: a first

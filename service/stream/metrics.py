@@ -39,6 +39,8 @@ class Metrics:
             self.deletes.labels(status)
         for how in ("reopened", "rebuilt"):
             self.index_opens.labels(how)
+        for outcome in ("committed", "aborted"):
+            self.transactions.labels(outcome)
         self.started = time.time()
         self.ready = threading.Event()
         # Written by the event loop, read by the HTTP thread (single attribute stores)
@@ -84,6 +86,12 @@ class Metrics:
             registry=r,
         )
         self.expired = Counter("neardup_expired", "Articles removed by the retention window", registry=r)
+        self.transactions = Counter(
+            "neardup_index_transactions",
+            "The index stage's transactions (exactly_once) by outcome: committed, aborted",
+            ["outcome"],
+            registry=r,
+        )
         self.deletes = Counter(
             "neardup_deletes",
             "Deletions (input tombstones) by outcome: deleted, or unknown id",

@@ -322,6 +322,7 @@ def groupless_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
         enable_auto_commit=False,
         group_id=None,
         auto_offset_reset="earliest",
+        isolation_level=settings.isolation_level,
         **options,
         **settings.client_security(),
     )

@@ -79,6 +79,48 @@ def test_no_single_message_stops_the_worker(deployment: Deployment, tmp_path: Pa
     assert "stall" not in deployment.logs()
 
 
+def test_an_article_that_breaks_the_decider_is_isolated_and_the_stream_goes_on(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Two articles that make the index stage's process die as it decides them, among thirty
+    ordinary ones: each is dead-lettered (processing_failed, under its input message), every
+    ordinary article gets the verdict embedded mode gives it, and the worker never exits nor
+    reports a stall."""
+    ordinary = load_sample(30)
+    poison = [
+        {"id": f"poison-{n}-{POISON.decode()}", "text": load_sample(32)[30 + n]["text"]} for n in range(2)
+    ]
+    deployment.extra_env.update(
+        {**fault_env(HELPER_FAULT, "crash:decider:poison"), "NEARDUP_STALL_TIMEOUT": "5"}
+    )
+    worker = deployment.start_worker()
+    stream = [*ordinary[:10], poison[0], *ordinary[10:20], poison[1], *ordinary[20:]]
+    produce_articles(deployment.bootstrap, deployment.topics["input"], stream)
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    statuses = []
+    verdicts = verdicts_by_id(
+        reader.read_until(
+            lambda r: (
+                statuses.append(health(deployment.health_url(0))) or len(verdicts_by_id(r)) >= len(ordinary)
+            ),
+            timeout=120,
+        )
+    )
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(ordinary, tmp_path)}
+    assert set(verdicts) == set(expected)
+    for article_id, versions in verdicts.items():
+        assert all(without_latency(v) == expected[article_id] for v in versions), article_id
+    dead = TopicReader(deployment.bootstrap, deployment.topics["dead"])
+    letters = [orjson.loads(r.value) for r in dead.read_until(lambda r: len(r) >= 2, timeout=60)]
+    assert sorted((r["reason"], base64.b64decode(r["key_b64"]).decode(), r["topic"]) for r in letters) == [
+        ("processing_failed", p["id"], deployment.topics["input"]) for p in poison
+    ]
+    assert all("died deciding" in r["detail"] for r in letters)
+    assert worker.poll() is None, deployment.logs()
+    assert all(s is None or s[0] == 200 for s in statuses), [s for s in statuses if s and s[0] != 200]
+    assert "stall" not in deployment.logs()
+
+
 INPUT_MAX_BYTES = DEAD_LETTER_MAX_BYTES + 1024 * 1024  # an input topic that takes larger messages
 
 

@@ -209,6 +209,8 @@ def _sample(name: str, default: object) -> str:
         return {"num_perm": "64", "verify_perm": "256"}[name]
     if name == "unique_filter":
         return "unique,partial"
+    if name == "processing_guarantee":
+        return "exactly_once"
     if name == "session_timeout_ms":  # within Kafka's bounds, and three heartbeats
         return "20000"
     if name in ("bands", "rows"):  # both or neither, within num_perm

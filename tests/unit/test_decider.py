@@ -386,3 +386,66 @@ async def test_an_index_ahead_of_its_changelog_is_rebuilt_however_it_closes(
     assert await second.open() == 2  # rebuilt from the changelog: the two acknowledged articles
     outcome = await decide(second, packed(HISTORY[2:4], 10))
     assert [entry.status for entry in outcome.entries] == ["new", "new"]  # not replayed: not held
+
+
+@pytest.mark.parametrize("action", ["crash", "hang"])
+async def test_a_record_that_breaks_the_child_is_isolated_and_the_rest_decided(
+    make: Any, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    """Two articles that make any decider child die (or hang) as it comes to them, in the middle
+    of a batch: each costs two replacements (the first failure on a record only makes it a
+    suspect), is answered as an isolated error (processing_failed,
+    under its input message), and every other record is decided as it is without them."""
+    inject(monkeypatch, HELPER_FAULT, f"{action}:decider:poison")
+    here = make("here", ListChangelog(), in_process=True)
+    child = make("child", ListChangelog(), in_process=False, timeout=CallTimeout(base_s=2.0, per_item_s=0.0))
+    await here.open()
+    await child.open()
+    history = packed(HISTORY, 0)
+    assert comparable(await decide(child, history)) == comparable(await decide(here, history))
+    poisoned = [
+        *FUTURE[:2],
+        ("x-POISON-PILL", PROSE[3]),
+        *FUTURE[2:5],
+        ("y-POISON-PILL", PROSE[1]),
+        *FUTURE[5:],
+    ]
+    records = [encode_signed(signed(article_id, text)) for article_id, text in poisoned]
+    batch = [(10, pack_signed(records[:4])), (11, pack_signed(records[4:]))]
+    first = child.child_pid
+    got = await decide(child, batch)
+    assert child.child_pid not in (None, first)
+    isolated = [entry for entry in got.entries if entry.status == "error"]
+    assert [(e.offset, e.article_id, e.reason) for e in isolated] == [
+        (10, "x-POISON-PILL", "processing_failed"),
+        (11, "y-POISON-PILL", "processing_failed"),
+    ]
+    how = "hung" if action == "hang" else "died"
+    assert all(e.error is not None and f"{how} deciding" in e.error for e in isolated)
+    assert all(e.source is not None and e.source.topic == "neardup-articles" for e in isolated)
+    clean = [
+        record
+        for record, (article_id, _) in zip(records, poisoned, strict=True)
+        if "POISON" not in article_id
+    ]
+    expected = await decide(here, [(10, pack_signed(clean[:3])), (11, pack_signed(clean[3:]))])
+    assert [row for row in comparable(got) if row[2] != "error"] == comparable(expected)
+    assert child.changelog.table() == here.changelog.table()
+    # delivered again, the batch leaves the same records out, without failing the child again
+    pid = child.child_pid
+    again, _ = await child.decide(batch)
+    assert child.child_pid == pid
+    assert [e.article_id for e in again.entries if e.status == "error"] == ["x-POISON-PILL", "y-POISON-PILL"]
+
+
+async def test_a_child_failing_between_records_is_not_blamed_on_one(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child that fails before it comes to any record (here: as each batch starts) names no
+    culprit: twice, and the batch fails, nothing dead-lettered in its place."""
+    inject(monkeypatch, HELPER_FAULT, "crash:decider:1")
+    child = make("child", ListChangelog(), in_process=False)
+    await child.open()
+    with pytest.raises(DeciderFailed, match="twice"):
+        await child.decide(packed(HISTORY, 0))
+    assert child.culprits == {}
