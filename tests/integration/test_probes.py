@@ -125,10 +125,12 @@ def _decider_pid(worker_pid: int) -> int:
     raise AssertionError(f"no decider child of {worker_pid}")
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_the_signatures_topic_is_purged_up_to_what_is_decided_and_never_past_it(
-    deployment: Deployment,
+    deployment: Deployment, guarantee: str
 ) -> None:
     deployment.extra_env["NEARDUP_SIGNATURES_PURGE_INTERVAL"] = "0.5"
+    deployment.extra_env["NEARDUP_PROCESSING_GUARANTEE"] = guarantee
     topic = deployment.topics["signatures"]
     articles = stream_of(120)
     first, second = articles[:60], articles[60:]
@@ -136,31 +138,36 @@ def test_the_signatures_topic_is_purged_up_to_what_is_decided_and_never_past_it(
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
     produce_articles(deployment.bootstrap, deployment.topics["input"], first)
     reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=60)
-    deadline = time.monotonic() + 15
-    while (offsets := asyncio.run(_signatures_offsets(deployment.bootstrap, topic)))[0] < offsets[1]:
-        assert time.monotonic() < deadline, f"not purged: {offsets}\n{deployment.logs()}"
-        time.sleep(0.3)
-    decided_end = offsets[1]
-    assert decided_end > 0
+    decided_start, end = _purged_to_committed(deployment, topic, 0)
     # the index stage stopped for real: what is signed now stays undecided
     decider = _decider_pid(worker.pid)
     os.kill(decider, signal.SIGSTOP)
     try:
         produce_articles(deployment.bootstrap, deployment.topics["input"], second)
         deadline = time.monotonic() + 15
-        while (offsets := asyncio.run(_signatures_offsets(deployment.bootstrap, topic)))[1] == decided_end:
-            assert time.monotonic() < deadline, f"nothing signed: {offsets}\n{deployment.logs()}"
+        while asyncio.run(_signatures_offsets(deployment.bootstrap, topic))[1] == end:
+            assert time.monotonic() < deadline, f"nothing signed\n{deployment.logs()}"
             time.sleep(0.3)
         time.sleep(3)  # six purge intervals
         start, end = asyncio.run(_signatures_offsets(deployment.bootstrap, topic))
-        assert start == decided_end < end, (start, decided_end, end)
-        assert asyncio.run(_committed(deployment.bootstrap, deployment.name, topic)) == decided_end
+        assert start == decided_start < end, (start, decided_start, end)
+        assert asyncio.run(_committed(deployment.bootstrap, deployment.name, topic)) == decided_start
     finally:
         os.kill(decider, signal.SIGCONT)
     reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=60)
+    start, _ = _purged_to_committed(deployment, topic, decided_start)
+    assert deployment.metric(0, "neardup_signatures_log_start") == start
+
+
+def _purged_to_committed(deployment: Deployment, topic: str, above: int) -> tuple[int, int]:
+    """The signatures topic's log start and end once the start is above `above` and at the group's
+    committed offset, with everything decided: the end at most one beyond it (a transaction's commit
+    marker, under exactly-once)."""
     deadline = time.monotonic() + 15
-    while (offsets := asyncio.run(_signatures_offsets(deployment.bootstrap, topic)))[0] < offsets[1]:
-        assert time.monotonic() < deadline, f"not purged after the decisions: {offsets}"
+    while True:
+        start, end = asyncio.run(_signatures_offsets(deployment.bootstrap, topic))
+        committed = asyncio.run(_committed(deployment.bootstrap, deployment.name, topic))
+        if above < start == committed >= end - 1:
+            return start, end
+        assert time.monotonic() < deadline, f"not purged: {start, end, committed}\n{deployment.logs()}"
         time.sleep(0.3)
-    assert offsets[0] > decided_end
-    assert deployment.metric(0, "neardup_signatures_log_start") == offsets[0]
