@@ -213,6 +213,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: not item.path.is_relative_to(integration))  # stable
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """pytest-xdist names a test of an xdist_group "<nodeid>@<group>" by setting `_nodeid`, which
+    pytest 9 no longer reads (its node id is `_id`): without this, --dist loadgroup spreads a
+    group's tests over every worker, and the heavy ones run side by side. Before xdist's own
+    hook sends the collected ids to the scheduler."""
+    from _pytest.nodeid import NodeId
+
+    for item in session.items:
+        renamed = item.__dict__.get("_nodeid")
+        if isinstance(renamed, str) and renamed != item.nodeid:
+            item._id = NodeId.parse(renamed)  # type: ignore[attr-defined]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
