@@ -3,20 +3,25 @@ killed and started again; the worker's topics replicated as the cluster's defaul
 topic with fewer replicas refused by name; and a worker deciding every article with one broker of
 three SIGKILLed (replication 3, min.insync 2).
 
-One test, in three parts, on one cluster: its start takes ~10 s on this machine (three JVMs of 512
-MB heap each), and three such clusters at once, one per parallel worker, would not fit two cores."""
+The tests share one cluster, on one parallel worker: its start takes ~10 s on this machine (three
+JVMs of 512 MB heap each), and three such clusters at once would not fit two cores. The last one is
+exactly-once through kills of the index owner, a broker and a worker."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -24,11 +29,13 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
 from neardup.config import Settings
+from neardup.core.params import DedupParams
+from neardup.core.signing import sketch_of
 from neardup.stream.topics import TopicMismatch, ensure_topics
 
 from .conftest import KAFKA_SH, Deployment, TopicReader, produce_articles, stream_of, verdicts_by_id
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("cluster")]
 NODES = 3
 CONTROLLER_OFFSET = 100  # kafka.sh's default for a cluster: controller i on port + 100 + i
 
@@ -83,9 +90,10 @@ class Cluster:
         return done.stdout
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    found = Cluster(_cluster_port(), tmp_path / "kafka")
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the module's tests, which run on one parallel worker (xdist_group)."""
+    found = Cluster(_cluster_port(), tmp_path_factory.mktemp("cluster") / "kafka")
     found.run("start", "--brokers", str(NODES))
     try:
         yield found
@@ -237,3 +245,101 @@ def test_a_three_broker_cluster_loses_a_node_and_the_worker_decides_everything_t
     _a_node_killed_and_started_again_rejoins_the_cluster(cluster)
     _topics_take_the_clusters_replication_and_one_with_fewer_replicas_is_refused(cluster, tmp_path / "topics")
     _a_worker_decides_every_article_with_one_broker_of_three_killed(cluster, tmp_path / "worker")
+
+
+def _indexed(deployment: Deployment, index: int) -> float:
+    """The worker's neardup_indexed_articles: above 0 only where the index shard was decided."""
+    try:
+        return deployment.metric(index, "neardup_indexed_articles") or 0.0
+    except OSError:  # not serving yet
+        return 0.0
+
+
+def _exact_groups_agree(articles: list[dict[str, Any]], verdicts: dict[str, list[dict[str, Any]]]) -> None:
+    """With several input partitions the order across them is the broker's: of each group of
+    articles with equal canonical text, exactly one is not an exact duplicate, and every other one
+    names a member of the group."""
+    groups: dict[bytes, list[str]] = {}
+    for article in articles:
+        groups.setdefault(sketch_of(article["text"], DedupParams()).content_hash, []).append(article["id"])
+    multi = [ids for ids in groups.values() if len(ids) > 1]
+    assert multi
+    for ids in multi:
+        exact = [verdicts[i][0] for i in ids if verdicts[i][0]["exact"]]
+        assert len(exact) == len(ids) - 1, [verdicts[i][0] for i in ids]
+        assert all(v["match_id"] in ids for v in exact)
+
+
+class _SteadyProducer(threading.Thread):
+    """Produces the articles at a steady pace in the background, so that each kill lands while
+    batches are in flight."""
+
+    def __init__(self, bootstrap: str, topic: str, articles: list[dict[str, Any]], per_s: float) -> None:
+        super().__init__(daemon=True)
+        self.args = (bootstrap, topic, articles, per_s)
+        self.failed: BaseException | None = None
+
+    def run(self) -> None:
+        bootstrap, topic, articles, per_s = self.args
+        step = 20
+        try:
+            for start in range(0, len(articles), step):
+                produce_articles(bootstrap, topic, articles[start : start + step])
+                time.sleep(step / per_s)
+        except BaseException as exc:  # reported by the test
+            self.failed = exc
+
+
+@pytest.mark.budget(120)  # three kills under a stream on three JVMs and two workers: rebuilds,
+# a session timeout per worker kill and a broker's catch-up, on two cores
+def test_exactly_once_on_three_brokers_through_kills_of_the_owner_a_broker_and_a_worker(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Replication 3, min.insync 2, exactly-once, three input partitions, two workers: while a
+    stream comes in, the index owner is SIGKILLed (and restarted, as a supervisor would), a broker
+    is SIGKILLed and started again, a worker is SIGKILLed again. A read_committed consumer then
+    finds every (id, version) verdict once, none missing, none disagreeing; the unique feed holds
+    each article it carried once."""
+    deployment = _deployment(
+        cluster,
+        tmp_path,
+        NEARDUP_PROCESSING_GUARANTEE="exactly_once",
+        NEARDUP_SESSION_TIMEOUT_MS="6000",
+        NEARDUP_HEARTBEAT_INTERVAL_MS="1000",
+        NEARDUP_UNIQUE_TOPIC=f"{tmp_path.name}-unique",
+    )
+    deployment.input_partitions = 3
+    feed_topic = deployment.extra_env["NEARDUP_UNIQUE_TOPIC"]
+    articles = stream_of(1500)
+    committed = TopicReader(cluster.bootstrap, deployment.topics["verdicts"], "read_committed")
+    try:
+        deployment.create_topics()
+        workers = {0: deployment.start_worker(0), 1: deployment.start_worker(1)}
+        producer = _SteadyProducer(cluster.bootstrap, deployment.topics["input"], articles, per_s=100)
+        producer.start()
+        committed.read_until(lambda r: len(r) >= 200, timeout=90)
+        owner = max(workers, key=lambda i: _indexed(deployment, i))
+        assert deployment.kill(workers[owner], signal.SIGKILL), deployment.logs()
+        workers[owner] = deployment.start_worker(owner)
+        committed.read_until(lambda r: len(r) >= 500, timeout=90)
+        killed = _leader(cluster.bootstrap, deployment.topics["signatures"])
+        cluster.run("kill-broker", str(killed))
+        committed.read_until(lambda r: len(r) >= 700, timeout=90)
+        cluster.run("start-broker", str(killed))
+        assert deployment.kill(workers[1], signal.SIGKILL), deployment.logs()
+        workers[1] = deployment.start_worker(1)
+        producer.join(timeout=60)
+        assert producer.failed is None, producer.failed
+        committed.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=120)
+        records = committed.read_all(timeout=30)
+        verdicts = verdicts_by_id(records)
+        counts = collections.Counter((v["article_id"], v["version"]) for vs in verdicts.values() for v in vs)
+        assert [key for key, n in counts.items() if n > 1] == []
+        assert set(verdicts) == {a["id"] for a in articles}, deployment.logs()
+        _exact_groups_agree(articles, verdicts)
+        fed = TopicReader(cluster.bootstrap, feed_topic, "read_committed").read_all(timeout=30)
+        fed_ids = collections.Counter(m.key.decode() for m in fed)
+        assert [key for key, n in fed_ids.items() if n > 1] == []
+        assert set(fed_ids) == {i for i, vs in verdicts.items() if vs[0]["verdict"] == "unique"}
+    finally:
+        deployment.discard()
