@@ -7,7 +7,7 @@ both agents use these on (partition, offset) pairs, whatever the topic and the p
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
@@ -21,23 +21,16 @@ class OffsetGap(NamedTuple):
     got: int  # the offset delivered instead
 
 
-def offset_gaps(
-    last: dict[Any, int],
-    delivered: Iterable[tuple[Any, int]],
-    markers: Container[tuple[Any, int]] = (),
-) -> list[OffsetGap]:
+def offset_gaps(last: dict[Any, int], delivered: Iterable[tuple[Any, int]]) -> list[OffsetGap]:
     """Gaps in `delivered` ((partition, offset) in delivery order), given the last offset delivered
     before for each partition (`last`, updated in place). Going back is no gap (re-delivery after a
-    restart or rebalance); going forward by more than one is, on topics whose offsets have no holes
-    (not compacted, no transactions), as the signatures topic, unless every offset skipped is
-    one of `markers` ((partition, offset) known to hold a transaction's commit marker)."""
+    restart or rebalance); going forward by more than one is (on a topic written in transactions,
+    a commit marker makes one too: read back, it holds nothing)."""
     gaps = []
     for partition, offset in delivered:
         before = last.get(partition)
         if before is not None and offset > before + 1:
-            skipped = range(before + 1, offset)
-            if not all((partition, skip) in markers for skip in skipped):
-                gaps.append(OffsetGap(partition, before + 1, offset))
+            gaps.append(OffsetGap(partition, before + 1, offset))
         last[partition] = offset
     return gaps
 
@@ -61,22 +54,16 @@ def in_log_order(
     return ordered
 
 
-def following_run(
-    after: int, messages: Sequence[tuple[int, T]], markers: Container[int] = ()
-) -> list[tuple[int, T]]:
+def following_run(after: int, messages: Sequence[tuple[int, T]]) -> list[tuple[int, T]]:
     """Of `messages` ((offset, payload), in offset order), those that can be decided right after the
     offset `after` without skipping one: past the ones at or before it (decided already), the
-    offsets that follow it one by one, or across `markers` (offsets known to hold a transaction's
-    commit marker, no message)."""
+    offsets that follow it one by one. (Under exactly-once a commit marker follows each sign
+    transaction, and which offset it took is not known here: the consumer brings what follows.)"""
     run: list[tuple[int, T]] = []
-    expected = after + 1
     for message in messages:
         if message[0] <= after:
             continue
-        while expected in markers and message[0] > expected:
-            expected += 1
-        if message[0] != expected:
+        if message[0] != after + 1 + len(run):
             break
         run.append(message)
-        expected += 1
     return run

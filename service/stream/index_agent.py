@@ -147,7 +147,7 @@ class IndexPipeline:
             decider = await self._open_decider()
             # decided already, as soon as this worker's send of them was acknowledged
             batch = [e for e in fetched if e.message.offset > self.handed_off]
-            # under exactly-once, another worker's sign transactions leave markers unknown here
+            # under exactly-once each sign transaction leaves a commit marker: a gap that holds nothing
             level = logging.INFO if self.transactions is not None else logging.ERROR
             gaps = self.progress.check_gaps(batch, level) if batch else []
             if batch:
@@ -256,7 +256,7 @@ class IndexPipeline:
             last = self.progress.delivered.get(self.shard)
             if self.needs_open or last is None:
                 return  # the shard is not (or not yet) this worker's: the consumer brings them
-            run = following_run(last, messages, self.progress.markers.of(self.shard))
+            run = following_run(last, messages)
             if not run:
                 return  # another worker's messages come first, or these were decided already
             try:

@@ -9,7 +9,7 @@ import signal
 import time
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import faust
 
@@ -51,31 +51,6 @@ class Failure:
             self.stop_worker()
 
 
-class Markers:
-    """Offsets known to hold a commit marker of this worker's own transactions ((partition,
-    offset)): under exactly-once each sign transaction ends with one on the signatures topic, which
-    the consumer skips, and which is no message to read back. Forgotten once delivery passes them."""
-
-    def __init__(self) -> None:
-        self._offsets: dict[Any, set[int]] = {}
-
-    def add(self, partition: Any, offset: int) -> None:
-        self._offsets.setdefault(partition, set()).add(offset)
-
-    def __contains__(self, item: object) -> bool:
-        partition, offset = cast(tuple[Any, int], item)
-        return offset in self._offsets.get(partition, ())
-
-    def of(self, partition: Any) -> Set[int]:
-        return self._offsets.get(partition, set())
-
-    def passed(self, delivered: list[tuple[Any, int]]) -> None:
-        for partition, offset in delivered:
-            known = self._offsets.get(partition)
-            if known:
-                self._offsets[partition] = {marker for marker in known if marker > offset}
-
-
 @dataclass
 class Progress:
     """The offsets the agents were delivered, and when each topic's agent last took a batch."""
@@ -89,17 +64,14 @@ class Progress:
     delivered: dict[Any, int] = field(default_factory=dict)
     # when each topic's agent last took a batch (monotonic), for the stall check
     taken_at: dict[str, float] = field(default_factory=dict)
-    markers: Markers = field(default_factory=Markers)
 
     def took(self, topic: str) -> None:
         self.taken_at[topic] = time.monotonic()
 
     def check_gaps(self, batch: list[faust.EventT], level: int = logging.ERROR) -> list[OffsetGap]:
-        """Log and count the messages the consumer went past without delivering them (not the
-        commit markers of this worker's own transactions: `markers`)."""
-        delivered = [(event.message.tp, event.message.offset) for event in batch]
-        gaps = offset_gaps(self.delivered, delivered, self.markers)
-        self.markers.passed(delivered)
+        """Log and count the messages the consumer went past without delivering them."""
+        delivered = ((event.message.tp, event.message.offset) for event in batch)
+        gaps = offset_gaps(self.delivered, delivered)
         for gap in gaps:
             self.metrics.offset_gaps.labels(gap.partition.topic).inc()
             log.log(
@@ -130,13 +102,20 @@ class Progress:
         be read back (the broker does not answer) stops the worker, so that it restarts from its
         last commit rather than go on without those messages."""
         fills: list[tuple[Any, StoredMessage]] = []
-        for gap in gaps:
-            tp = gap.partition
+        spans: dict[Any, list[StoredMessage]] = {}
+        for tp in {gap.partition for gap in gaps}:
+            # one read per partition, from its first gap to its last: under exactly-once a commit
+            # marker leaves a gap after nearly every sign transaction
+            first = min(gap.expected for gap in gaps if gap.partition == tp)
+            last = max(gap.got for gap in gaps if gap.partition == tp)
             try:
-                found = await self.log_reader.read(tp.topic, tp.partition, gap.expected, gap.got)
+                spans[tp] = await self.log_reader.read(tp.topic, tp.partition, first, last)
             except Exception:
                 self.failure.fail("offset_gap_unreadable: stopping the worker", exc_info=True)
                 raise
+        for gap in gaps:
+            tp = gap.partition
+            found = [message for message in spans[tp] if gap.expected <= message.offset < gap.got]
             # messages in a gap were skipped by the consumer; none: a transaction marker, or removed
             self.metrics.offset_gap_messages.labels(tp.topic).inc(len(found))
             log.log(

@@ -11,7 +11,6 @@ from typing import Any, NamedTuple
 
 import faust
 from aiokafka import TopicPartition
-from faust.types import TP
 
 from ..config import Settings
 from ..pipeline.signer import Signer, SignerFailed, SignItem
@@ -165,11 +164,8 @@ class SignPipeline:
                     partition=0,
                 )
                 await asyncio.gather(*sends, *(batch.sent for batch in sent))
-            at = _offsets_of(sent)
-            if at:  # the transaction's commit marker follows its last message
-                self.progress.markers.add(TP(self.settings.signatures_topic, 0), at[-1] + 1)
             if self.settings.index_handoff:
-                for pack, offset in zip(packs, at, strict=True):
+                for pack, offset in zip(packs, _offsets_of(sent), strict=True):
                     self.hand_off.submit(_settled(offset), pack)
 
         try:

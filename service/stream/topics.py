@@ -387,7 +387,7 @@ class LogReader:
                 self.settings,
                 # a gap that holds only a transaction marker has no record to return: the broker
                 # would answer only once its fetch wait (500 ms by default) has passed
-                fetch_max_wait_ms=10,
+                fetch_max_wait_ms=0,
                 max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
                 fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
             )

@@ -65,16 +65,3 @@ def test_the_following_run_starts_right_after_the_last_offset_decided() -> None:
     assert following_run(9, messages) == []  # all decided already
     assert following_run(2, messages) == []  # 3 comes first, and it is not among them
     assert following_run(-1, [(0, "a")]) == [(0, "a")]
-
-
-def test_known_commit_markers_are_no_gaps_and_do_not_break_a_run() -> None:
-    """Under exactly-once a sign transaction ends with a commit marker (an offset with no message):
-    a jump over known markers only is no gap, and the hand-off's run goes across them; an unknown
-    offset skipped still is a gap, and still ends the run."""
-    markers = {("s", 3), ("s", 6)}
-    last = {"s": 2}
-    assert offset_gaps(last, [("s", 4), ("s", 5), ("s", 7)], markers) == []
-    assert offset_gaps(last, [("s", 9)], markers) == [OffsetGap("s", 8, 9)]
-    messages = [(4, "a"), (5, "b"), (7, "c"), (9, "d")]
-    assert following_run(2, messages, {3, 6}) == [(4, "a"), (5, "b"), (7, "c")]
-    assert following_run(2, messages) == []
