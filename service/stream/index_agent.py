@@ -8,6 +8,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -162,34 +163,38 @@ class IndexPipeline:
     async def decide_and_publish(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
         each chunk's writes to the changelog and its verdicts, and hand them to the
-        index stage's deliveries. The index has the writes already: it is kept at the next start
-        only when closed with all of them acknowledged (Decider.close)."""
+        index stage's deliveries. The index holds a chunk's writes aside until the changelog has
+        them all (Decider.acknowledged): it never reflects what the changelog lacks."""
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
             async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
                 async for outcome, writes in answers:
+                    chunk = decider.answered
                     changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
                     sends, counted = await self.publish(outcome)
                     sends += [batch.sent for batch in changelog]
-                    await self.deliveries.settle(sends, self._applied(changelog, counted))
+                    await self.deliveries.settle(sends, self._applied(changelog, counted, chunk))
         except BaseException as exc:
-            # Half a batch applied: the index may be ahead of the changelog. Rebuild it from the
-            # changelog before the next batch (the re-delivered batch then replays what was applied).
+            # Half a batch decided: the index holds writes that may never be committed. Restore it
+            # before the next batch (the re-delivered batch then replays what the changelog has).
             self.needs_open = True
-            decider.mark_ahead()
             if isinstance(exc, DeciderFailed):
                 self.failure.fail(f"index_unavailable: {exc}; stopping the worker")
             raise
 
-    def _applied(self, changelog: list[SentBatch], counted: Callable[[], None]) -> Callable[[], None]:
-        """What a chunk's acknowledgement means: the changelog holds its writes (the decider learns
-        where it ends), and its counters count."""
+    def _applied(
+        self, changelog: list[SentBatch], counted: Callable[[], None], chunk: int
+    ) -> Callable[[], None]:
+        """What a chunk's acknowledgement means: the changelog holds its writes, so the index
+        commits them with where the changelog ends, and its counters count."""
 
         def apply() -> None:
+            end = None
             if changelog:
                 last = changelog[-1]  # one partition: the last batch holds the last write
-                self.decider.acknowledged(last.sent.result().offset + last.messages)
+                end = last.sent.result().offset + last.messages
+            self.decider.acknowledged(end, chunk)
             counted()
 
         return apply
@@ -319,8 +324,7 @@ class IndexPipeline:
     async def close(self, sender: Any, **_: Any) -> None:
         """At shutdown, once the consumer has stopped: no batch comes from it any more, and no
         hand-off starts (the shard is no longer this worker's); one in progress ends first. The
-        index is then flushed (it has no write-ahead log) and marked reusable when the changelog
-        acknowledged everything it holds."""
+        index is then closed, compacted when the changelog acknowledged everything it decided."""
         self.progress.delivered.pop(self.shard, None)
         clean = False
         try:
@@ -336,18 +340,21 @@ class IndexPipeline:
         await self.progress.log_reader.close()
 
     async def _open_decider(self) -> Decider:
-        """The index stage: at every assignment of the shard, reopened (after a clean shutdown)
-        or rebuilt from the changelog."""
+        """The index stage: at every assignment of the shard, restored (the changelog after its
+        committed offset applied) or rebuilt from the changelog."""
         if self.needs_open:
             await self.deliveries.drain()  # the changelog holds everything decided so far
+            started = time.monotonic()
             count = await self.decider.open()
             self.needs_open = False
             # The shard's next message follows the last one the index says was applied: a first
             # message beyond it is a gap too.
             self.progress.delivered[self.shard] = self.decider.applied_offset
-            self.metrics.index_opens.labels("reopened" if count is None else "rebuilt").inc()
+            self.metrics.index_opens.labels(self.decider.opened).inc()
+            self.metrics.index_replayed.inc(self.decider.replayed)
+            seconds = time.monotonic() - started
             if count is None:
-                log.info("index_reopened")
+                log.info("index_restored records_replayed=%d seconds=%.2f", self.decider.replayed, seconds)
             else:
-                log.info("index_rebuilt articles=%d", count)
+                log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)
         return self.decider
