@@ -135,9 +135,9 @@ class ShardCounts:
 @dataclass
 class IndexShard:
     """One writer per shard. `decide` takes a batch of signed articles in order; `replay` rebuilds
-    the state from the changelog. With a `changelog`, the state is derived from it (its header is
-    checked when it is reopened, else it is replayed); without, the state is the only copy and its
-    header is checked now."""
+    the state from the changelog, `restore` continues it from its position. With a `changelog`, the
+    state is derived from it (its header is checked at `restore_point`, else it is replayed);
+    without, the state is the only copy and its header is checked now."""
 
     state: IndexState
     params: DedupParams

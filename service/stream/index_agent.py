@@ -112,7 +112,7 @@ class IndexPipeline:
         self.changelog = changelog_topic(settings)
         self.shard = TP(settings.signatures_topic, 0)  # the index shard: one partition
         self.feed_kinds = settings.feed_kinds()
-        # raised whenever the index shard is (re)assigned: the index is reopened or rebuilt first
+        # raised whenever the index shard is (re)assigned: the index is restored or rebuilt first
         self.needs_open = True
         # One decision at a time, whether from the index agent or from a hand-off (`HandOff`)
         self.lock = asyncio.Lock()
