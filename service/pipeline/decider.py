@@ -164,9 +164,11 @@ class Decider:
         # Chunks are numbered as they are submitted; `answered`: the number of the last answered.
         self.chunks = 0
         self.answered = 0
-        # How the last open went ("restored", "rebuilt") and the changelog records it replayed.
+        # How the last open went ("restored", "rebuilt"), the changelog records it replayed, and
+        # what is told of each open (the adapter's log and metrics), a replacement child's too.
         self.opened = ""
         self.replayed = 0
+        self.on_opened: Callable[[int | None, float], None] | None = None
 
     @property
     def child_pid(self) -> int | None:
@@ -191,6 +193,7 @@ class Decider:
         articles rebuilt, None when it was restored (`replayed`: the records applied)."""
         self.opening = True  # a rebuild takes as long as the changelog is large: not a stall
         try:
+            started = time.monotonic()
             # no record at or after `end` was written before this moment
             read_at = round(time.time() * 1000)
             end = await self.changelog.end()
@@ -198,6 +201,8 @@ class Decider:
             count, self.applied_offset = await self._open(end, read_at, retention)
             self.changelog_end = end
             self.opened = "rebuilt" if count is not None else "restored"
+            if self.on_opened is not None:
+                self.on_opened(count, time.monotonic() - started)
             return count
         finally:
             self.opening = False

@@ -8,7 +8,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -119,6 +118,7 @@ class IndexPipeline:
         # The last signatures offset decided by a hand-off since the shard's assignment: the
         # consumer delivers those messages too, and the index agent lets them pass
         self.handed_off = -1
+        decider.on_opened = self._opened
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
@@ -344,17 +344,18 @@ class IndexPipeline:
         committed offset applied) or rebuilt from the changelog."""
         if self.needs_open:
             await self.deliveries.drain()  # the changelog holds everything decided so far
-            started = time.monotonic()
-            count = await self.decider.open()
+            await self.decider.open()
             self.needs_open = False
             # The shard's next message follows the last one the index says was applied: a first
             # message beyond it is a gap too.
             self.progress.delivered[self.shard] = self.decider.applied_offset
-            self.metrics.index_opens.labels(self.decider.opened).inc()
-            self.metrics.index_replayed.inc(self.decider.replayed)
-            seconds = time.monotonic() - started
-            if count is None:
-                log.info("index_restored records_replayed=%d seconds=%.2f", self.decider.replayed, seconds)
-            else:
-                log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)
         return self.decider
+
+    def _opened(self, count: int | None, seconds: float) -> None:
+        """Every open of the index, at an assignment or by a replacement decider child."""
+        self.metrics.index_opens.labels(self.decider.opened).inc()
+        self.metrics.index_replayed.inc(self.decider.replayed)
+        if count is None:
+            log.info("index_restored records_replayed=%d seconds=%.2f", self.decider.replayed, seconds)
+        else:
+            log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)

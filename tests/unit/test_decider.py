@@ -114,9 +114,12 @@ async def test_a_killed_child_is_replaced_and_the_batch_decided_again(make: Any)
     await decide(child, history)
     before = child.child_pid
     assert before is not None
+    opens: list[int | None] = []
+    child.on_opened = lambda count, _seconds: opens.append(count)
     os.kill(before, signal.SIGKILL)
-    got = await decide(child, future)  # a replacement, rebuilt from the record table
+    got = await decide(child, future)  # a replacement, restored from its committed offset
     assert child.child_pid not in (None, before)
+    assert opens == [None] and child.opened == "restored"
     assert comparable(got) == comparable(await decide(here, future))
     # a re-delivered batch gets the stored verdicts and writes nothing new
     again, writes = await child.decide(future)
