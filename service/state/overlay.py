@@ -21,22 +21,29 @@ _ABSENT = object()
 
 @dataclass
 class _Family:
-    """One family's held writes: key → value (None: deleted), and the keys in order for scans."""
+    """One family's held writes: key → value (None: deleted), and the keys in order for scans,
+    sorted when a scan needs them: a layer takes thousands of new keys between two scans."""
 
     values: dict[bytes, bytes | None] = field(default_factory=dict)
     ordered: list[bytes] = field(default_factory=list)
+    fresh: list[bytes] = field(default_factory=list)  # new keys, not in `ordered` yet
 
     def put(self, key: bytes, value: bytes | None) -> None:
         if key not in self.values:
-            bisect.insort(self.ordered, key)
+            self.fresh.append(key)
         self.values[key] = value
 
     def keys_from(self, start: bytes, prefix: bytes) -> Iterator[bytes]:
         """Its keys at or after `start` that start with `prefix`, in order."""
-        for key in self.ordered[bisect.bisect_left(self.ordered, start) :]:
-            if not key.startswith(prefix):
+        if self.fresh:
+            # a new list: a scan in progress goes on over the one it started with
+            self.ordered = sorted(self.ordered + self.fresh)  # one sorted run and the new keys
+            self.fresh = []
+        ordered = self.ordered
+        for index in range(bisect.bisect_left(ordered, start), len(ordered)):
+            if not ordered[index].startswith(prefix):
                 return
-            yield key
+            yield ordered[index]
 
 
 @dataclass
