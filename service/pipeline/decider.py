@@ -177,7 +177,8 @@ class Decider:
     def acknowledged(self, end: int | None, chunk: int | None = None) -> None:
         """The changelog holds every write of the chunks up to number `chunk` (None: every chunk
         answered), and so every write up to offset `end` (excluded; None: no further than
-        before): their writes are committed to the index."""
+        before): their writes are committed to the index. Called once the records are durable,
+        whatever makes them so (the broker's acknowledgement; a transaction's commit)."""
         if end is not None:
             self.changelog_end = max(self.changelog_end, end)
         chunk = self.answered if chunk is None else chunk
