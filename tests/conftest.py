@@ -41,6 +41,16 @@ class ListChangelog:
         for start in range(0, end, self.chunk):
             yield self.entries[start : min(start + self.chunk, end)]
 
+    async def read_after(
+        self, start: int, end: int
+    ) -> AsyncIterator[tuple[list[tuple[bytes, bytes | None]], int]]:
+        for first in range(start, end, self.chunk):
+            after = min(first + self.chunk, end)
+            yield self.entries[first:after], after
+
+    async def delete_retention_ms(self) -> int | None:
+        return None  # a list drops nothing
+
     def table(self) -> dict[bytes, bytes]:
         """The records it holds: the last value per key, tombstones removing theirs."""
         latest = dict(self.entries)

@@ -215,9 +215,9 @@ def _runtime(
     decider = Decider(
         params,
         settings.state_path / "index",
-        # rebuilt from the changelog after a crash: no write-ahead log needed
+        # the write-ahead log keeps each commit, changelog offset included, through a SIGKILL
         RocksOptions(
-            write_ahead_log=False,
+            write_ahead_log=True,
             record_cache=settings.record_cache,
             probe_cache=settings.probe_cache,
             bucket_cap=settings.bucket_cap,
@@ -234,7 +234,7 @@ def _runtime(
         failure.stop_worker = stop_worker
     progress = Progress(app, metrics, LogReader(settings), failure)
     signed, indexed = Deliveries("sign", failure.fail), Deliveries("index", failure.fail)
-    # A replaced decider child rebuilds from the changelog: first, everything decided before it there
+    # A replaced decider child restores from the changelog: first, everything decided before it there
     decider.before_rebuild = indexed.drain
     outputs = Outputs(app, metrics, settings.dead_letter_topic)
     collector = CollectorPolicy(settings.gc_freeze_every)

@@ -119,13 +119,14 @@ class IndexPipeline:
         self.changelog = changelog_topic(settings)
         self.shard = TP(settings.signatures_topic, 0)  # the index shard: one partition
         self.feed_kinds = settings.feed_kinds()
-        # raised whenever the index shard is (re)assigned: the index is reopened or rebuilt first
+        # raised whenever the index shard is (re)assigned: the index is restored or rebuilt first
         self.needs_open = True
         # One decision at a time, whether from the index agent or from a hand-off (`HandOff`)
         self.lock = asyncio.Lock()
         # The last signatures offset decided by a hand-off since the shard's assignment: the
         # consumer delivers those messages too, and the index agent lets them pass
         self.handed_off = -1
+        decider.on_opened = self._opened
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
@@ -190,7 +191,7 @@ class IndexPipeline:
             applied()
         if decider.changelog_end > end:
             # the transaction's commit marker follows its last record in the changelog
-            decider.acknowledged(decider.changelog_end + 1, chunks=0)
+            decider.acknowledged(decider.changelog_end + 1)
 
     async def _in_log_order(
         self, batch: list[faust.EventT], gaps: list[OffsetGap]
@@ -215,37 +216,39 @@ class IndexPipeline:
     ) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
         each chunk's writes to the changelog and its verdicts, and hand them to `settle` (the
-        index stage's deliveries by default). The index has the writes already: it is kept at the
-        next start only when closed with all of them acknowledged (Decider.close)."""
+        index stage's deliveries by default). The index holds a chunk's writes aside until the
+        changelog has them all (Decider.acknowledged): it never reflects what the changelog lacks."""
         settle = settle or self.deliveries.settle
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
             async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
                 async for outcome, writes in answers:
+                    chunk = decider.answered
                     changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
                     sends, counted = await self.publish(outcome)
                     sends += [batch.sent for batch in changelog]
-                    await settle(sends, self._applied(changelog, counted))
+                    await settle(sends, self._applied(changelog, counted, chunk))
         except BaseException as exc:
-            # Half a batch applied: the index may be ahead of the changelog. Rebuild it from the
-            # changelog before the next batch (the re-delivered batch then replays what was applied).
+            # Half a batch decided: the index holds writes that may never be committed. Restore it
+            # before the next batch (the re-delivered batch then replays what the changelog has).
             self.needs_open = True
-            decider.mark_ahead()
             if isinstance(exc, DeciderFailed):
                 self.failure.fail(f"index_unavailable: {exc}; stopping the worker")
             raise
 
-    def _applied(self, changelog: list[SentBatch], counted: Callable[[], None]) -> Callable[[], None]:
-        """What a chunk's acknowledgement means: the changelog holds its writes (the decider learns
-        where it ends), and its counters count."""
+    def _applied(
+        self, changelog: list[SentBatch], counted: Callable[[], None], chunk: int
+    ) -> Callable[[], None]:
+        """What a chunk's acknowledgement means: the changelog holds its writes, so the index
+        commits them with where the changelog ends, and its counters count."""
 
         def apply() -> None:
+            end = None
             if changelog:
                 last = changelog[-1]  # one partition: the last batch holds the last write
-                self.decider.acknowledged(last.sent.result().offset + last.messages)
-            else:
-                self.decider.acknowledged(-1)  # a chunk that wrote nothing is acknowledged too
+                end = last.sent.result().offset + last.messages
+            self.decider.acknowledged(end, chunk)
             counted()
 
         return apply
@@ -385,8 +388,7 @@ class IndexPipeline:
     async def close(self, sender: Any, **_: Any) -> None:
         """At shutdown, once the consumer has stopped: no batch comes from it any more, and no
         hand-off starts (the shard is no longer this worker's); one in progress ends first. The
-        index is then flushed (it has no write-ahead log) and marked reusable when the changelog
-        acknowledged everything it holds."""
+        index is then closed, compacted when the changelog acknowledged everything it decided."""
         self.progress.delivered.pop(self.shard, None)
         clean = False
         try:
@@ -404,22 +406,26 @@ class IndexPipeline:
             await self.transactions.stop()
 
     async def _open_decider(self) -> Decider:
-        """The index stage: at every assignment of the shard, reopened (after a clean shutdown)
-        or rebuilt from the changelog."""
+        """The index stage: at every assignment of the shard, restored (the changelog after its
+        committed offset applied) or rebuilt from the changelog."""
         if self.needs_open:
             await self.deliveries.drain()  # the changelog holds everything decided so far
             if self.transactions is not None:
                 # a new producer epoch at each assignment: it fences whoever held the shard before
                 await self.transactions.stop()
                 await self.transactions.start()
-            count = await self.decider.open()
+            await self.decider.open()
             self.needs_open = False
             # The shard's next message follows the last one the index says was applied: a first
             # message beyond it is a gap too.
             self.progress.delivered[self.shard] = self.decider.applied_offset
-            self.metrics.index_opens.labels("reopened" if count is None else "rebuilt").inc()
-            if count is None:
-                log.info("index_reopened")
-            else:
-                log.info("index_rebuilt articles=%d", count)
         return self.decider
+
+    def _opened(self, count: int | None, seconds: float) -> None:
+        """Every open of the index, at an assignment or by a replacement decider child."""
+        self.metrics.index_opens.labels(self.decider.opened).inc()
+        self.metrics.index_replayed.inc(self.decider.replayed)
+        if count is None:
+            log.info("index_restored records_replayed=%d seconds=%.2f", self.decider.replayed, seconds)
+        else:
+            log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)

@@ -37,7 +37,7 @@ class Metrics:
             self.verdicts.labels(kind)
         for status in ("deleted", "unknown_delete"):
             self.deletes.labels(status)
-        for how in ("reopened", "rebuilt"):
+        for how in ("restored", "rebuilt"):
             self.index_opens.labels(how)
         for outcome in ("committed", "aborted"):
             self.transactions.labels(outcome)
@@ -126,8 +126,14 @@ class Metrics:
         )
         self.index_opens = Counter(
             "neardup_index_opens",
-            "Index openings at the shard's assignment: reopened after a clean stop, or rebuilt",
+            "Index openings at the shard's assignment (or a decider's replacement): restored from "
+            "its committed changelog offset, or rebuilt from the whole changelog",
             ["how"],
+            registry=r,
+        )
+        self.index_replayed = Counter(
+            "neardup_index_replayed_records",
+            "Changelog records applied to the index by restores (those after its committed offset)",
             registry=r,
         )
         self.fed = Counter(

@@ -427,21 +427,53 @@ class ChangelogReader:
 
     async def read(self, end: int) -> AsyncIterator[list[Entry]]:
         """Its messages from the start up to `end` (excluded), in order, `chunk` at a time."""
+        async for entries, _ in self._read(None, end):
+            yield entries
+
+    async def read_after(self, start: int, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
+        """Its messages from `start` up to `end` (excluded), `chunk` at a time, each chunk with
+        the offset after its last message (`end` for the last)."""
+        async for entries, after in self._read(start, end):
+            yield entries, after
+
+    async def _read(self, start: int | None, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
+        if start is not None and start >= end:
+            return
         consumer = groupless_consumer(self.settings)
         try:
             tp = TopicPartition(self.topic, 0)
             async with asyncio.timeout(self.stall_s):
                 await consumer.start()
                 consumer.assign([tp])
-                await consumer.seek_to_beginning(tp)
+                if start is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, start)
             chunk: list[Entry] = []
             async for record in _records_before(consumer, tp, end, self.stall_s):
                 if record.key is not None:
                     chunk.append((record.key, record.value))
                 if len(chunk) >= self.chunk:
-                    yield chunk
+                    yield chunk, record.offset + 1
                     chunk = []
-            if chunk:
-                yield chunk
+            yield chunk, end
         finally:
             await consumer.stop()
+
+    async def delete_retention_ms(self) -> int | None:
+        """The changelog's delete.retention.ms: how long compaction keeps a tombstone."""
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.settings.bootstrap_servers, **self.settings.client_security()
+        )
+        try:
+            async with asyncio.timeout(self.stall_s):
+                await admin.start()
+                wanted = ConfigResource(ConfigResourceType.TOPIC, self.topic, {"delete.retention.ms": None})
+                for response in await admin.describe_configs([wanted]):
+                    for _error, _message, _type, _name, entries in response.resources:
+                        for entry in entries:
+                            if entry[0] == "delete.retention.ms" and entry[1] is not None:
+                                return int(entry[1])
+        finally:
+            await admin.close()
+        return None
