@@ -462,3 +462,38 @@ async def test_a_child_failing_between_records_is_not_blamed_on_one(
     with pytest.raises(DeciderFailed, match="twice"):
         await child.decide(packed(HISTORY, 0))
     assert child.culprits == {}
+
+
+async def test_a_replaced_child_holds_again_the_chunks_of_the_open_transaction(make: Any) -> None:
+    """Under exactly-once a batch's chunks are acknowledged only when its transaction commits, and
+    a reader of committed records does not see them before: a child killed in the middle of the
+    batch is replaced, restored from the changelog, and holds the answered chunks' writes again, so
+    the rest of the batch is decided as if nothing had happened; the commit then lands them all."""
+    here = make("here", ListChangelog(), in_process=True)
+    child = make("child", ListChangelog(), in_process=False)
+    await here.open()
+    await child.open()
+    history = packed(HISTORY, 0)
+    assert comparable(await decide(child, history)) == comparable(await decide(here, history))
+    chunks = [[message] for message in packed(FUTURE, 10, per_message=1)]
+    expected = await decided_chunks(here, chunks)
+    held: list[Write] = []  # sent in the open transaction, not committed: not in the changelog yet
+    got = []
+    async with contextlib.aclosing(child.decide_chunks(chunks)) as answers:
+        async for outcome, writes in answers:
+            held += writes
+            got.append(comparable(outcome))
+            if len(got) == 2:
+                assert child.child_pid is not None
+                os.kill(child.child_pid, signal.SIGKILL)
+    assert got == expected
+    changelog = child.changelog
+    assert isinstance(changelog, ListChangelog)
+    changelog.entries += held  # the transaction commits
+    child.acknowledged(len(changelog.entries))
+    assert changelog.table() == here.changelog.table()
+    # reopened from what it committed, the child's index answers as the other does
+    await child.close(clean=True)
+    await child.open()
+    again = packed([("k", PROSE[0]), ("l", PROSE[3])], 30)
+    assert comparable(await decide(child, again)) == comparable(await decide(here, again))
