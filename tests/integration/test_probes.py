@@ -88,6 +88,76 @@ def test_a_stopped_broker_makes_the_worker_unready_not_dead_and_nothing_is_lost(
         deployment.discard()
 
 
+@pytest.mark.budget(60)  # a 12 s outage, a supervised restart and the rest of the stream
+def test_an_outage_past_the_transaction_timeout_loses_and_repeats_nothing_under_exactly_once(
+    own_broker: OwnBroker, tmp_path: Path
+) -> None:
+    """Exactly-once, a broker stopped for longer than the transaction and delivery timeouts under a
+    stream: the worker is not ready meanwhile and stays alive; once the broker is back it finds its
+    transaction aborted (fenced by its own timeout) and stops, and restarted as a supervisor would,
+    it restores its index and delivers again within 30 s of the broker's return: a read_committed
+    consumer finds every verdict once."""
+    deployment = Deployment(own_broker.bootstrap, tmp_path)
+    deployment.extra_env.update(
+        {
+            "NEARDUP_PROCESSING_GUARANTEE": "exactly_once",
+            "NEARDUP_TRANSACTION_TIMEOUT": "4",
+            "NEARDUP_DELIVERY_TIMEOUT": "4",
+            # the stop for that failure, bounded (a stop that waits on the broker's commit)
+            "NEARDUP_FAILURE_EXIT_TIMEOUT": "5",
+            "NEARDUP_READY_TIMEOUT": "2",
+            "NEARDUP_STALL_TIMEOUT": "4",
+        }
+    )
+    articles = stream_of(1_500)
+    broker_pid = int((own_broker.data / "kafka.pid").read_text())
+    try:
+        worker = deployment.start_worker()
+        _wait_ready(deployment, 30)
+        produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+        reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"], "read_committed")
+        seen = reader.read_until(lambda r: len(r) >= 100, timeout=60)
+        assert len(verdicts_by_id(seen)) < len(articles), "the broker stops while input is pending"
+        os.kill(broker_pid, signal.SIGSTOP)
+        try:
+            answers = _watch_probes(deployment, 12)
+        finally:
+            os.kill(broker_pid, signal.SIGCONT)
+        back = time.monotonic()
+        assert all(live is not None and live[0] == 200 for live, _ in answers), answers
+        assert any(ready is not None and ready[0] == 503 for _, ready in answers), answers
+        # the supervisor: a worker that stops is started again
+        restarts = 0
+        while len(verdicts_by_id(reader.read_all(timeout=30))) < len(articles):
+            assert time.monotonic() - back < 60, deployment.logs()
+            if worker.poll() is not None:
+                worker = deployment.start_worker(wait=False)
+                restarts += 1
+            time.sleep(0.5)
+        records = reader.read_all(timeout=30)
+        counts: dict[tuple[str, int], int] = {}
+        for verdicts in verdicts_by_id(records).values():
+            for verdict in verdicts:
+                key = (verdict["article_id"], verdict["version"])
+                counts[key] = counts.get(key, 0) + 1
+        assert [key for key, n in counts.items() if n > 1] == []
+        assert {article_id for article_id, _ in counts} == {a["id"] for a in articles}
+        first_after = _first_verdict_after(records, back)
+        assert first_after is not None and first_after - back < 30, (first_after, back, restarts)
+    finally:
+        deployment.discard()
+
+
+def _first_verdict_after(records: list[Any], since_monotonic: float) -> float | None:
+    """When (monotonic) the first verdict written after `since_monotonic` was written, by its
+    record timestamp (the wall clock of the worker's producer)."""
+    since_ms = (time.time() - (time.monotonic() - since_monotonic)) * 1000
+    after = [r.timestamp for r in records if r.timestamp >= since_ms]
+    if not after:
+        return None
+    return since_monotonic + (min(after) - since_ms) / 1000
+
+
 async def _signatures_offsets(bootstrap: str, topic: str) -> tuple[int, int]:
     """The signatures partition's log start and end offsets."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
