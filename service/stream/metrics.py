@@ -150,7 +150,8 @@ class Metrics:
         )
         self.standby_applied = Counter(
             "neardup_index_standby_applied_records",
-            "Changelog records the standby copy applied as it caught up",
+            "Changelog records the standby copy applied as it caught up from its stored position "
+            "(its first build, from the whole changelog, is not counted)",
             registry=r,
         )
         self.fed = Counter(

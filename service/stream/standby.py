@@ -56,12 +56,10 @@ class Standby:
                 log.warning("standby_catch_up_failed error=%r", str(exc))
                 decider.kill()
                 return False
-        applied = decider.replayed if count is None else count
         metrics.standby.set(1)
         metrics.standby_lag.set(decider.behind)
-        metrics.standby_applied.inc(applied)
         if count is not None:
             log.info("standby_rebuilt articles=%d", count)
-        elif applied:
-            log.debug("standby_caught_up records=%d behind=%d", applied, decider.behind)
+        else:
+            metrics.standby_applied.inc(decider.replayed)
         return True
