@@ -380,7 +380,10 @@ class IndexPipeline:
         self.handed_off = -1
         for tp in assigned or ():
             self.progress.took(tp.topic)  # no batch yet: none was due
-        self.owner = self.shard in set(assigned or ())
+        owner, self.owner = self.owner, self.shard in set(assigned or ())
+        if self.owner and not owner:
+            # when a takeover starts: the index opens at the shard's first batch, after this
+            log.info("index_shard_assigned topic=%s partition=0", self.shard.topic)
         if any(tp.topic == self.settings.signatures_topic for tp in assigned or ()):
             self.needs_open = True
 
