@@ -61,7 +61,10 @@ def assigned_at(log: Path) -> float:
 
 
 @pytest.mark.budget(90)  # two workers, the dead owner's session timeout, an embedded reference run
-def test_a_standby_takes_the_shard_over_replaying_only_its_lag(kafka: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_a_standby_takes_the_shard_over_replaying_only_its_lag(
+    kafka: str, tmp_path: Path, guarantee: str
+) -> None:
     # One input partition: the log order, and so every verdict, is the embedded run's
     dep = Deployment(kafka, tmp_path, input_partitions=1)
     dep.extra_env.update(
@@ -70,6 +73,8 @@ def test_a_standby_takes_the_shard_over_replaying_only_its_lag(kafka: str, tmp_p
         NEARDUP_SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
         NEARDUP_HEARTBEAT_INTERVAL_MS="1000",
         NEARDUP_LOG_LEVEL="info",
+        # under exactly-once the standby reads committed records only, and commit markers take offsets
+        NEARDUP_PROCESSING_GUARANTEE=guarantee,
     )
     articles = stream_of(3_000)
     before = 2_000
