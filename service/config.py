@@ -643,6 +643,24 @@ SETTINGS: tuple[Setting, ...] = (
         check=_at_least(1),
     ),
     _setting(
+        "standby_replicas",
+        INT,
+        0,
+        "warm standbys of the index: with 1 or more, every worker that does not own the index shard "
+        "keeps its own index current from the committed changelog, so that a takeover replays "
+        "seconds of it, not all of it (with one shard, values above 1 mean the same). See "
+        '"Standbys" in [operations.md](operations.md)',
+        check=_at_least(0),
+    ),
+    _setting(
+        "standby_interval",
+        FLOAT,
+        1.0,
+        "seconds between a standby's catch-ups with the changelog: about what a takeover has left "
+        "to replay, at the rate the changelog grows",
+        check=_positive,
+    ),
+    _setting(
         "replication_factor",
         INT_OR_NONE,
         None,
@@ -904,6 +922,8 @@ class Settings:
     instance_id: str = FROM_TABLE
     session_timeout_ms: int = FROM_TABLE
     heartbeat_interval_ms: int = FROM_TABLE
+    standby_replicas: int = FROM_TABLE
+    standby_interval: float = FROM_TABLE
     replication_factor: int | None = FROM_TABLE
     min_insync_replicas: int | None = FROM_TABLE
     signatures_purge_interval: float = FROM_TABLE

@@ -224,6 +224,9 @@ class Decider:
         # what is told of each open (the adapter's log and metrics), a replacement child's too.
         self.opened = ""
         self.replayed = 0
+        # How far behind the changelog's end the index stood when the last open or catch-up
+        # started (changelog end - its stored position; the whole changelog for a rebuild).
+        self.behind = 0
         self.on_opened: Callable[[int | None, float], None] | None = None
         # Records a child failed on, left out when their messages are decided again (in order of
         # isolation, the oldest forgotten first), and the marker that names them.
@@ -279,6 +282,20 @@ class Decider:
         finally:
             self.opening = False
 
+    async def catch_up(self) -> int | None:
+        """A standby's step, on a worker that does not own the shard: the same restore as `open`
+        (the committed changelog after the index's stored position applied to it, or a rebuild
+        when it has none), but neither an open of the shard (`on_opened` is not told) nor a
+        stall (`opening` stays unset, so readiness does not flap). Returns what `open` does;
+        `behind` says how far the index was from the changelog's end."""
+        self._unacknowledged.clear()
+        read_at = round(time.time() * 1000)
+        end = await self.changelog.end()
+        retention = await self.changelog.delete_retention_ms()
+        count, self.applied_offset = await self._open(end, read_at, retention)
+        self.changelog_end = end
+        return count
+
     async def _hold_unacknowledged(self) -> None:
         for number, writes in sorted(self._unacknowledged.items()):
             if self.shard is not None:
@@ -306,6 +323,7 @@ class Decider:
             self._child = await Child.start(__name__, setup)
         child, timeout = self._child, self.timeout
         start = await child.call(("reopen", end, read_at, retention), timeout.seconds())
+        self.behind = end - (0 if start is None else cast(int, start))
         if start is not None:
             async for entries, after in self.changelog.read_after(cast(int, start), end):
                 await child.call(("tail", entries, after), timeout.seconds(len(entries)))
@@ -328,6 +346,7 @@ class Decider:
         shard = self.shard
         self._collector.drain()  # a batch that failed half-way: the shard replays
         point, why = shard.restore_point(end, read_at, retention)
+        self.behind = end - (0 if point is None else point.offset)
         if point is not None:
             async for entries, after in self.changelog.read_after(point.offset, end):
                 shard.restore(entries, after, point.since_ms)

@@ -30,6 +30,7 @@ from .outputs import Outputs
 from .progress import Failure, Progress, unacknowledged
 from .purge import SignaturesPurge
 from .sign_agent import SignPipeline
+from .standby import Standby
 from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
 from .transactions import InputTransactions, ShardTransactions, producer_of
 
@@ -318,6 +319,9 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
                 metrics.broker_seen = time.monotonic()
             await asyncio.sleep(interval)
 
+    standby = Standby(runtime.settings, index)
+    if standby.enabled:
+        app.task(standby.run)
     purge = SignaturesPurge(runtime.settings, metrics)
     cast(Any, app).at_shutdown.append(purge.close)
 

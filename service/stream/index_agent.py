@@ -126,6 +126,8 @@ class IndexPipeline:
         # The last signatures offset decided by a hand-off since the shard's assignment: the
         # consumer delivers those messages too, and the index agent lets them pass
         self.handed_off = -1
+        # Whether the group assigned the shard to this worker (a standby catches up only while not)
+        self.owner = False
         decider.on_opened = self._opened
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
@@ -378,12 +380,18 @@ class IndexPipeline:
         self.handed_off = -1
         for tp in assigned or ():
             self.progress.took(tp.topic)  # no batch yet: none was due
+        owner, self.owner = self.owner, self.shard in set(assigned or ())
+        if self.owner and not owner:
+            # when a takeover starts: the index opens at the shard's first batch, after this
+            log.info("index_shard_assigned topic=%s partition=0", self.shard.topic)
         if any(tp.topic == self.settings.signatures_topic for tp in assigned or ()):
             self.needs_open = True
 
     async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
         # No hand-off once the shard may be another worker's: it waits for the next assignment.
         self.progress.delivered.pop(self.shard, None)
+        if self.shard in set(revoked or ()):
+            self.owner = False
 
     async def close(self, sender: Any, **_: Any) -> None:
         """At shutdown, once the consumer has stopped: no batch comes from it any more, and no

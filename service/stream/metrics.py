@@ -136,6 +136,24 @@ class Metrics:
             "Changelog records applied to the index by restores (those after its committed offset)",
             registry=r,
         )
+        self.standby = Gauge(
+            "neardup_index_standby",
+            "1 while this worker keeps a warm standby copy of the index (NEARDUP_STANDBY_REPLICAS) "
+            "and does not own the shard, else 0",
+            registry=r,
+        )
+        self.standby_lag = Gauge(
+            "neardup_index_standby_lag_records",
+            "Changelog offsets the standby copy was behind at its last catch-up (changelog end - "
+            "its stored position): about what a takeover would replay",
+            registry=r,
+        )
+        self.standby_applied = Counter(
+            "neardup_index_standby_applied_records",
+            "Changelog records the standby copy applied as it caught up from its stored position "
+            "(its first build, from the whole changelog, is not counted)",
+            registry=r,
+        )
         self.fed = Counter(
             "neardup_feed_messages",
             "Input messages forwarded to the filtered feed (NEARDUP_UNIQUE_TOPIC) and acknowledged",

@@ -497,3 +497,39 @@ async def test_a_replaced_child_holds_again_the_chunks_of_the_open_transaction(m
     await child.open()
     again = packed([("k", PROSE[0]), ("l", PROSE[3])], 30)
     assert comparable(await decide(child, again)) == comparable(await decide(here, again))
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["in_process", "child"])
+async def test_a_standby_catches_up_step_by_step_and_its_takeover_replays_only_the_rest(
+    make: Any, in_process: bool
+) -> None:
+    records = ListChangelog()
+    owner = make("owner", records, in_process=True)
+    standby = make("standby", records, in_process=in_process)
+    opens: list[int | None] = []
+    standby.on_opened = lambda count, _seconds: opens.append(count)
+    await owner.open()
+    history = packed(HISTORY, 0)
+    await decide(owner, history[:2])
+    articles = len([key for key in records.table() if key.startswith(ARTICLE_PREFIX)])
+    assert await standby.catch_up() == articles > 0  # a new copy: rebuilt
+    assert standby.behind == len(records.entries) and not standby.opening
+    caught = len(records.entries)
+    await decide(owner, history[2:])
+    assert await standby.catch_up() is None  # restored: only what followed its last catch-up
+    assert standby.replayed == standby.behind == len(records.entries) - caught
+    assert await standby.catch_up() is None and standby.replayed == standby.behind == 0
+    assert opens == [], "a catch-up is not an open of the shard"
+
+    # the owner decides once more, then the shard comes to the standby: its open replays that only
+    before = len(records.entries)
+    await decide(owner, packed([("late", PROSE[4])], 20))
+    assert await standby.open() is None and opens == [None]
+    assert standby.replayed == len(records.entries) - before > 0
+    copy = packed([("copy", HISTORY[0][1]), ("late-copy", PROSE[4])], 30)
+    expected = comparable(await decide(owner, copy))
+    got = await decide(standby, copy)
+    assert comparable(got) == expected
+    # both copies found: what was caught up on, and what only the takeover's open replayed
+    assert [entry.kind for entry in got.entries] == ["duplicate", "duplicate"]
+    assert orjson.loads(got.entries[1].verdict or b"{}")["match_id"] == "late"
