@@ -130,7 +130,9 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
             "NEARDUP_HEARTBEAT_INTERVAL_MS": "1000",
         }
     )
-    fault = fault_env(AGENT_FAULT, "delay:verdicts:2:8000")
+    # held long enough to outlast the checks below on a loaded machine (the pause stops the clock
+    # of nothing: once resumed, the old owner waits out what is left of it, then tries to write)
+    fault = fault_env(AGENT_FAULT, "delay:verdicts:2:20000")
     deployment.extra_env.update(fault)
     owner = deployment.start_worker(0)
     committed = TopicReader(deployment.bootstrap, deployment.topics["verdicts"], "read_committed")
