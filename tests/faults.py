@@ -12,7 +12,8 @@ NEARDUP_TEST_AGENT_FAULT=raise:<sign|index>:<n>: that agent raises after it has 
 batch caused, before the batch is acknowledged. delay:index:<n>:<ms>: the index agent's n-th
 decided chunk is held that long between its decision and its changelog send (a SIGKILL then lands
 between the two). delay:verdicts:<n>:<ms>: the n-th decided chunk's verdicts are held that long
-after its changelog send.
+after its changelog send; delay:verdicts:armed:<ms>: the first chunk decided once the file named by
+NEARDUP_TEST_FAULT_ARMED exists (a test arms it when the stream is where it wants the fault).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 HELPER_FAULT = "NEARDUP_TEST_HELPER_FAULT"
 AGENT_FAULT = "NEARDUP_TEST_AGENT_FAULT"
+ARMED = "NEARDUP_TEST_FAULT_ARMED"
 HOOKS_FILE = str(Path(__file__).resolve())
 POISON = b"POISON-PILL"
 log = logging.getLogger("neardup.faults")
@@ -80,12 +82,13 @@ def parse_agent_fault(spec: str) -> tuple[str, str, int, float]:
     valid = (len(parts) == 3 and parts[0] == "raise" and parts[1] in ("sign", "index")) or (
         len(parts) == 4 and parts[0] == "delay" and parts[1] in ("index", "verdicts")
     )
-    if not valid or not all(part.isdigit() for part in parts[2:]):
+    armed = valid and parts[1] == "verdicts" and parts[2] == "armed"
+    if not valid or not all(part.isdigit() for part in parts[3 if armed else 2 :]):
         raise ValueError(
             f"{AGENT_FAULT}={spec!r}: expected raise:<sign|index>:<n> or delay:<index|verdicts>:<n>:<ms>"
         )
     delay_s = int(parts[3]) / 1000.0 if parts[0] == "delay" else 0.0
-    return parts[0], parts[1], int(parts[2]), delay_s
+    return parts[0], parts[1], -1 if armed else int(parts[2]), delay_s
 
 
 def _fail(action: str) -> None:
@@ -164,7 +167,8 @@ def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:
         @functools.wraps(real_publish)
         async def held(self: IndexPipeline, *args: Any) -> Any:
             calls[0] += 1
-            if calls[0] == at:
+            if calls[0] == at or (at == -1 and calls[0] > 0 and Path(os.environ[ARMED]).exists()):
+                calls[0] = -(10**9)  # once
                 log.warning("injected_delay verdicts chunk=%d seconds=%.1f", at, delay_s)
                 await asyncio.sleep(delay_s)
             return await real_publish(self, *args)

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.faults import AGENT_FAULT, fault_env
+from tests.faults import AGENT_FAULT, ARMED, fault_env
 
 from .conftest import (
     REPO,
@@ -130,14 +130,17 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
             "NEARDUP_HEARTBEAT_INTERVAL_MS": "1000",
         }
     )
-    # held long enough to outlast the checks below on a loaded machine (the pause stops the clock
-    # of nothing: once resumed, the old owner waits out what is left of it, then tries to write)
-    fault = fault_env(AGENT_FAULT, "delay:verdicts:2:20000")
+    # the first chunk decided once the test arms the fault (after the first ten verdicts) is held,
+    # long enough to outlast the checks below on a loaded machine (once resumed, the old owner
+    # waits out what is left of it, then tries to write)
+    armed = tmp_path / "armed"
+    fault = {**fault_env(AGENT_FAULT, "delay:verdicts:armed:20000"), ARMED: str(armed)}
     deployment.extra_env.update(fault)
     owner = deployment.start_worker(0)
     committed = TopicReader(deployment.bootstrap, deployment.topics["verdicts"], "read_committed")
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[:10])
     committed.read_until(lambda r: len(r) >= 10, timeout=60)
+    armed.touch()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[10:20])
     _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60)
     changelog = f"{deployment.name}-records-changelog"
