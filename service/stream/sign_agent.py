@@ -7,7 +7,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import faust
 from aiokafka import TopicPartition
@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from ..config import Settings
 from ..pipeline.signer import Signer, SignerFailed, SignItem
 from ..pipeline.wire import Provenance, pack_in_chunks, with_original
-from .batches import SentBatch, send_in_batches
+from .batches import send_in_batches
 from .delivery import Deliveries
 from .gaps import in_log_order
 from .index_agent import SHARD_KEY, HandOff
@@ -147,7 +147,9 @@ class SignPipeline:
     ) -> None:
         """Exactly once: each input partition's signatures messages and dead letters in a
         transaction of its own writer, committed with the partition's next offset (`ends`); the
-        partitions' transactions run side by side. Handed off once committed."""
+        partitions' transactions run side by side. Nothing is handed off: the next transaction's
+        first message follows this one's commit marker, past which the hand-off never decides
+        (gaps.following_run), so the consumer brings them."""
         assert self.transactions is not None
         transactions = self.transactions
 
@@ -164,9 +166,6 @@ class SignPipeline:
                     partition=0,
                 )
                 await asyncio.gather(*sends, *(batch.sent for batch in sent))
-            if self.settings.index_handoff:
-                for pack, offset in zip(packs, _offsets_of(sent), strict=True):
-                    self.hand_off.submit(_settled(offset), pack)
 
         try:
             await asyncio.gather(*(commit(tp) for tp in ends))
@@ -180,23 +179,6 @@ class SignPipeline:
                 (tp.topic, tp.partition) for tp in revoked or () if tp.topic == self.settings.input_topic
             ]
             await self.transactions.revoked(inputs)
-
-
-class Acknowledged(NamedTuple):
-    """What the hand-off reads of a send's metadata: the message's offset."""
-
-    offset: int
-
-
-def _offsets_of(sent: list[SentBatch]) -> list[int]:
-    """The offset of each message of the batches sent, in order (acknowledged batches)."""
-    return [batch.sent.result().offset + n for batch in sent for n in range(batch.messages)]
-
-
-def _settled(offset: int) -> asyncio.Future[Acknowledged]:
-    future: asyncio.Future[Acknowledged] = asyncio.get_running_loop().create_future()
-    future.set_result(Acknowledged(offset))
-    return future
 
 
 def _entry(event: faust.EventT) -> tuple[Any, int, SignItem]:
