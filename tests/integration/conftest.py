@@ -8,6 +8,7 @@ parallel worker is done with it).
 from __future__ import annotations
 
 import asyncio
+import collections
 import fcntl
 import hashlib
 import os
@@ -414,6 +415,12 @@ def read_feed(bootstrap: str, topic: str, wanted: set[str], timeout: float = 180
     records = reader.read_until(lambda r: {m.key.decode() for m in r} >= wanted, timeout=timeout)
     time.sleep(2)
     return reader.read_until(lambda r: len(r) > len(records), timeout=3) or records
+
+
+def verdicts_by_version(records: list[Any]) -> collections.Counter[tuple[str, int]]:
+    """How many times each (article id, version) verdict was read (tombstones left out)."""
+    verdicts = (orjson.loads(r.value) for r in records if r.value is not None)
+    return collections.Counter((v["article_id"], v["version"]) for v in verdicts)
 
 
 def verdicts_by_id(records: list[Any]) -> dict[str, list[dict[str, Any]]]:

@@ -33,7 +33,15 @@ from neardup.core.params import DedupParams
 from neardup.core.signing import sketch_of
 from neardup.stream.topics import TopicMismatch, ensure_topics
 
-from .conftest import KAFKA_SH, Deployment, TopicReader, produce_articles, stream_of, verdicts_by_id
+from .conftest import (
+    KAFKA_SH,
+    Deployment,
+    TopicReader,
+    produce_articles,
+    stream_of,
+    verdicts_by_id,
+    verdicts_by_version,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("cluster")]
 NODES = 3
@@ -333,7 +341,7 @@ def test_exactly_once_on_three_brokers_through_kills_of_the_owner_a_broker_and_a
         committed.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=120)
         records = committed.read_all(timeout=30)
         verdicts = verdicts_by_id(records)
-        counts = collections.Counter((v["article_id"], v["version"]) for vs in verdicts.values() for v in vs)
+        counts = verdicts_by_version(records)
         assert [key for key, n in counts.items() if n > 1] == []
         assert set(verdicts) == {a["id"] for a in articles}, deployment.logs()
         _exact_groups_agree(articles, verdicts)

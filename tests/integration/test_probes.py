@@ -23,6 +23,7 @@ from .conftest import (
     produce_articles,
     stream_of,
     verdicts_by_id,
+    verdicts_by_version,
 )
 
 pytestmark = pytest.mark.kafka
@@ -49,6 +50,28 @@ def _wait_ready(deployment: Deployment, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def _outage_under_a_stream(
+    deployment: Deployment,
+    broker: OwnBroker,
+    articles: list[dict[str, Any]],
+    reader: TopicReader,
+    seconds: float,
+) -> tuple[Any, list[tuple[Any, Any]]]:
+    """A worker fed `articles`, its broker stopped (SIGSTOP) for `seconds` once 100 verdicts are in
+    and input is still pending: the worker, and its probes' answers meanwhile."""
+    broker_pid = int((broker.data / "kafka.pid").read_text())
+    worker = deployment.start_worker()
+    _wait_ready(deployment, 30)
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    seen = reader.read_until(lambda r: len(r) >= 100, timeout=60)
+    assert len(verdicts_by_id(seen)) < len(articles), "the broker stops while input is pending"
+    os.kill(broker_pid, signal.SIGSTOP)
+    try:
+        return worker, _watch_probes(deployment, seconds)
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+
+
 @pytest.mark.budget(30)  # a broker stopped for 10 s under a stream, then the rest of the stream
 def test_a_stopped_broker_makes_the_worker_unready_not_dead_and_nothing_is_lost(
     own_broker: OwnBroker, tmp_path: Path
@@ -58,19 +81,9 @@ def test_a_stopped_broker_makes_the_worker_unready_not_dead_and_nothing_is_lost(
     # unacknowledged sends, which a liveness probe turned into a restart
     deployment.extra_env.update({"NEARDUP_READY_TIMEOUT": "2", "NEARDUP_STALL_TIMEOUT": "4"})
     articles = stream_of(1_500)
-    broker_pid = int((own_broker.data / "kafka.pid").read_text())
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
     try:
-        worker = deployment.start_worker()
-        _wait_ready(deployment, 30)
-        produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
-        reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
-        seen = reader.read_until(lambda r: len(r) >= 100, timeout=60)
-        assert len(verdicts_by_id(seen)) < len(articles), "the broker stops while input is pending"
-        os.kill(broker_pid, signal.SIGSTOP)
-        try:
-            answers = _watch_probes(deployment, 10)
-        finally:
-            os.kill(broker_pid, signal.SIGCONT)
+        worker, answers = _outage_under_a_stream(deployment, own_broker, articles, reader, 10)
         lives = [live for live, _ in answers]
         readies = [ready for _, ready in answers]
         assert all(live is not None and live[0] == 200 for live in lives), lives
@@ -110,19 +123,9 @@ def test_an_outage_past_the_transaction_timeout_loses_and_repeats_nothing_under_
         }
     )
     articles = stream_of(1_500)
-    broker_pid = int((own_broker.data / "kafka.pid").read_text())
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"], "read_committed")
     try:
-        worker = deployment.start_worker()
-        _wait_ready(deployment, 30)
-        produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
-        reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"], "read_committed")
-        seen = reader.read_until(lambda r: len(r) >= 100, timeout=60)
-        assert len(verdicts_by_id(seen)) < len(articles), "the broker stops while input is pending"
-        os.kill(broker_pid, signal.SIGSTOP)
-        try:
-            answers = _watch_probes(deployment, 12)
-        finally:
-            os.kill(broker_pid, signal.SIGCONT)
+        worker, answers = _outage_under_a_stream(deployment, own_broker, articles, reader, 12)
         back = time.monotonic()
         assert all(live is not None and live[0] == 200 for live, _ in answers), answers
         assert any(ready is not None and ready[0] == 503 for _, ready in answers), answers
@@ -135,11 +138,7 @@ def test_an_outage_past_the_transaction_timeout_loses_and_repeats_nothing_under_
                 restarts += 1
             time.sleep(0.5)
         records = reader.read_all(timeout=30)
-        counts: dict[tuple[str, int], int] = {}
-        for verdicts in verdicts_by_id(records).values():
-            for verdict in verdicts:
-                key = (verdict["article_id"], verdict["version"])
-                counts[key] = counts.get(key, 0) + 1
+        counts = verdicts_by_version(records)
         assert [key for key, n in counts.items() if n > 1] == []
         assert {article_id for article_id, _ in counts} == {a["id"] for a in articles}
         first_after = _first_verdict_after(records, back)
