@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -153,25 +154,22 @@ class LayeredKV:
         layers = [
             layer.main if family == "main" else layer.records for layer in reversed(self._layers)
         ]  # newest first
-        held = heapq.merge(*(f.keys_from(prefix, prefix) for f in layers))
+        # each held key once, in order, whichever layers hold it
+        held = (
+            key for key, _ in itertools.groupby(heapq.merge(*(f.keys_from(prefix, prefix) for f in layers)))
+        )
         next_held = next(held, None)
         for key, value in below:
             while next_held is not None and next_held <= key:
-                entry = self._newest(layers, next_held)
-                if entry is not None:
+                if (entry := self._newest(layers, next_held)) is not None:
                     yield next_held, entry
-                last = next_held
-                while next_held is not None and next_held == last:
-                    next_held = next(held, None)
+                next_held = next(held, None)
             if not any(key in f.values for f in layers):
                 yield key, value
         while next_held is not None:
-            entry = self._newest(layers, next_held)
-            if entry is not None:
+            if (entry := self._newest(layers, next_held)) is not None:
                 yield next_held, entry
-            last = next_held
-            while next_held is not None and next_held == last:
-                next_held = next(held, None)
+            next_held = next(held, None)
 
     @staticmethod
     def _newest(layers: list[_Family], key: bytes) -> bytes | None:
