@@ -203,6 +203,10 @@ def _at_least(low: float) -> Check:
     return lambda value: None if value >= low else f"must be ≥ {low}, got {value}"
 
 
+def _none_or_at_least(low: int) -> Check:
+    return lambda value: None if value is None or value >= low else f"must be ≥ {low} or none, got {value}"
+
+
 def _positive(value: float) -> str | None:
     return None if value > 0 else f"must be > 0, got {value}"
 
@@ -494,11 +498,42 @@ SETTINGS: tuple[Setting, ...] = (
         check=_positive,
     ),
     _setting(
+        "processing_guarantee",
+        STR,
+        "at_least_once",
+        "at_least_once: after a crash, verdicts of the articles decided since the last commit are "
+        "published again (the same verdicts); exactly_once: the index stage's verdicts, feed "
+        "messages, dead letters and changelog records and the signatures offsets it consumed commit "
+        "together in one Kafka transaction per batch, under a transactional id per index shard that "
+        "fences any earlier owner, so a consumer reading with isolation.level=read_committed sees "
+        "each (id, version) once (deploy/docs/operations.md, Guarantees)",
+        check=_one_of("at_least_once", "exactly_once"),
+    ),
+    _setting(
+        "transaction_timeout",
+        FLOAT,
+        60.0,
+        "exactly_once: seconds a transaction may stay open before the broker aborts it (a worker "
+        "paused or cut off longer is fenced by its own timeout); it must not exceed the broker's "
+        "transaction.max.timeout.ms (15 minutes by default)",
+        check=_positive,
+    ),
+    _setting(
         "stall_timeout",
         FLOAT,
         60.0,
-        "seconds without progress (unacknowledged batches, or waiting input no agent takes, or a "
-        "blocked event loop) after which `/health` answers 503 `stalled`",
+        "seconds without progress (waiting input no agent takes while its stage waits for no "
+        "acknowledgement, or a blocked event loop) after which `/health`, the liveness probe, answers "
+        "503 `stalled`; a broker outage is readiness' (`NEARDUP_READY_TIMEOUT`), not this",
+        check=_positive,
+    ),
+    _setting(
+        "ready_timeout",
+        FLOAT,
+        30.0,
+        "seconds a stage's batches may wait for the broker's acknowledgement before `/ready` answers "
+        "503 (a broker outage): the worker is then not ready, but alive (`/health` stays 200), and "
+        "delivers again when the broker returns, within `NEARDUP_DELIVERY_TIMEOUT`",
         check=_positive,
     ),
     _setting(
@@ -615,6 +650,49 @@ SETTINGS: tuple[Setting, ...] = (
         1_000,
         "how often the consumer heartbeats (at most a third of the session timeout)",
         check=_at_least(1),
+    ),
+    _setting(
+        "standby_replicas",
+        INT,
+        0,
+        "warm standbys of the index: with 1 or more, every worker that does not own the index shard "
+        "keeps its own index current from the committed changelog, so that a takeover replays "
+        "seconds of it, not all of it (with one shard, values above 1 mean the same). See "
+        '"Standbys" in [operations.md](operations.md)',
+        check=_at_least(0),
+    ),
+    _setting(
+        "standby_interval",
+        FLOAT,
+        1.0,
+        "seconds between a standby's catch-ups with the changelog: about what a takeover has left "
+        "to replay, at the rate the changelog grows",
+        check=_positive,
+    ),
+    _setting(
+        "replication_factor",
+        INT_OR_NONE,
+        None,
+        "replicas of every topic the worker creates (`none`: the broker's `default.replication.factor`); "
+        "a topic it writes that exists with fewer is refused at start",
+        check=_none_or_at_least(1),
+    ),
+    _setting(
+        "min_insync_replicas",
+        INT_OR_NONE,
+        None,
+        "`min.insync.replicas` of every topic the worker creates (`none`: the broker's own); a topic it "
+        "writes that exists with fewer is refused at start",
+        check=_none_or_at_least(1),
+    ),
+    _setting(
+        "signatures_purge_interval",
+        FLOAT,
+        30.0,
+        "seconds between purges of the signatures topic (delete-records up to the index stage's "
+        "committed offset: messages whose verdicts the broker holds); the topic has no time or size "
+        "retention, so nothing undecided is lost however long the worker stops",
+        check=_positive,
     ),
     _setting("log_level", STR, "info", "log level"),
     _setting(
@@ -838,7 +916,10 @@ class Settings:
     helper_timeout: float = FROM_TABLE
     helper_item_timeout_ms: float = FROM_TABLE
     delivery_timeout: float = FROM_TABLE
+    processing_guarantee: str = FROM_TABLE
+    transaction_timeout: float = FROM_TABLE
     stall_timeout: float = FROM_TABLE
+    ready_timeout: float = FROM_TABLE
     failure_exit_timeout: float = FROM_TABLE
     record_cache: int = FROM_TABLE
     probe_cache: int = FROM_TABLE
@@ -852,6 +933,11 @@ class Settings:
     instance_id: str = FROM_TABLE
     session_timeout_ms: int = FROM_TABLE
     heartbeat_interval_ms: int = FROM_TABLE
+    standby_replicas: int = FROM_TABLE
+    standby_interval: float = FROM_TABLE
+    replication_factor: int | None = FROM_TABLE
+    min_insync_replicas: int | None = FROM_TABLE
+    signatures_purge_interval: float = FROM_TABLE
     log_level: str = FROM_TABLE
     security_protocol: str = FROM_TABLE
     sasl_mechanism: str = FROM_TABLE
@@ -916,6 +1002,16 @@ class Settings:
         path = str(self.state_path.resolve()).encode()
         host = re.sub(r"[^a-zA-Z0-9._-]", "_", socket.gethostname())[:200]
         return f"{host}-{hashlib.sha256(path).hexdigest()[:12]}"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
+
+    @property
+    def isolation_level(self) -> str:
+        """How the worker reads its topics: under exactly-once, committed records only (what an
+        aborted transaction wrote is never decided, replayed or read back)."""
+        return "read_committed" if self.exactly_once else "read_uncommitted"
 
     @property
     def bootstrap_servers(self) -> str:

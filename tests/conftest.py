@@ -41,6 +41,16 @@ class ListChangelog:
         for start in range(0, end, self.chunk):
             yield self.entries[start : min(start + self.chunk, end)]
 
+    async def read_after(
+        self, start: int, end: int
+    ) -> AsyncIterator[tuple[list[tuple[bytes, bytes | None]], int]]:
+        for first in range(start, end, self.chunk):
+            after = min(first + self.chunk, end)
+            yield self.entries[first:after], after
+
+    async def delete_retention_ms(self) -> int | None:
+        return None  # a list drops nothing
+
     def table(self) -> dict[bytes, bytes]:
         """The records it holds: the last value per key, tombstones removing theirs."""
         latest = dict(self.entries)
@@ -211,6 +221,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
     if config.getoption("dist", "no") != "no":
         items.sort(key=lambda item: not item.path.is_relative_to(integration))  # stable
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """pytest-xdist names a test of an xdist_group "<nodeid>@<group>" by setting `_nodeid`, which
+    pytest 9 no longer reads (its node id is `_id`): without this, --dist loadgroup spreads a
+    group's tests over every worker, and the heavy ones run side by side. Before xdist's own
+    hook sends the collected ids to the scheduler."""
+    from _pytest.nodeid import NodeId
+
+    for item in session.items:
+        renamed = item.__dict__.get("_nodeid")
+        if isinstance(renamed, str) and renamed != item.nodeid:
+            item._id = NodeId.parse(renamed)  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(wrapper=True)

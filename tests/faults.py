@@ -12,21 +12,27 @@ NEARDUP_TEST_AGENT_FAULT=raise:<sign|index>:<n>: that agent raises after it has 
 batch caused, before the batch is acknowledged. delay:index:<n>:<ms>: the index agent's n-th
 decided chunk is held that long between its decision and its changelog send (a SIGKILL then lands
 between the two). delay:verdicts:<n>:<ms>: the n-th decided chunk's verdicts are held that long
-after its changelog send.
+after its changelog send; delay:verdicts:armed:<ms>: the first chunk decided once the file named by
+NEARDUP_TEST_FAULT_ARMED exists (a test arms it when the stream is where it wants the fault).
+delay:commit:<n>:<ms>: under exactly-once, the index stage's n-th transaction is held that long
+once everything it sent is acknowledged, before its commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 HELPER_FAULT = "NEARDUP_TEST_HELPER_FAULT"
 AGENT_FAULT = "NEARDUP_TEST_AGENT_FAULT"
+ARMED = "NEARDUP_TEST_FAULT_ARMED"
 HOOKS_FILE = str(Path(__file__).resolve())
 POISON = b"POISON-PILL"
 log = logging.getLogger("neardup.faults")
@@ -78,14 +84,16 @@ def parse_helper_fault(spec: str) -> tuple[str, str, int]:
 def parse_agent_fault(spec: str) -> tuple[str, str, int, float]:
     parts = spec.split(":")
     valid = (len(parts) == 3 and parts[0] == "raise" and parts[1] in ("sign", "index")) or (
-        len(parts) == 4 and parts[0] == "delay" and parts[1] in ("index", "verdicts")
+        len(parts) == 4 and parts[0] == "delay" and parts[1] in ("index", "verdicts", "commit")
     )
-    if not valid or not all(part.isdigit() for part in parts[2:]):
+    armed = valid and parts[1] == "verdicts" and parts[2] == "armed"
+    if not valid or not all(part.isdigit() for part in parts[3 if armed else 2 :]):
         raise ValueError(
-            f"{AGENT_FAULT}={spec!r}: expected raise:<sign|index>:<n> or delay:<index|verdicts>:<n>:<ms>"
+            f"{AGENT_FAULT}={spec!r}: expected raise:<sign|index>:<n> "
+            "or delay:<index|verdicts|commit>:<n>:<ms>"
         )
     delay_s = int(parts[3]) / 1000.0 if parts[0] == "delay" else 0.0
-    return parts[0], parts[1], int(parts[2]), delay_s
+    return parts[0], parts[1], -1 if armed else int(parts[2]), delay_s
 
 
 def _fail(action: str) -> None:
@@ -138,6 +146,25 @@ def _fail_on_poisoned_decisions(action: str) -> None:
     IndexShard._decide_one = deciding  # type: ignore[method-assign]
 
 
+def _hold_commit(at: int, delay_s: float) -> None:
+    """The index stage's `at`-th transaction held before its commit, its sends acknowledged."""
+    from neardup.stream.transactions import ShardTransactions
+
+    real = ShardTransactions.transaction
+    calls = [0]
+
+    @contextlib.asynccontextmanager
+    async def held(self: ShardTransactions, offsets: Any) -> AsyncIterator[Any]:
+        async with real(self, offsets) as producer:
+            yield producer
+            calls[0] += 1
+            if calls[0] == at:
+                log.warning("injected_delay transaction=%d seconds=%.1f", at, delay_s)
+                await asyncio.sleep(delay_s)
+
+    ShardTransactions.transaction = held  # type: ignore[method-assign,assignment]
+
+
 def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:
     from neardup.stream.index_agent import IndexPipeline
     from neardup.stream.outputs import Outputs
@@ -158,13 +185,17 @@ def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:
 
         cls.handle = raising
         return
+    if agent == "commit":
+        _hold_commit(at, delay_s)
+        return
     if agent == "verdicts":
         real_publish = IndexPipeline.publish
 
         @functools.wraps(real_publish)
         async def held(self: IndexPipeline, *args: Any) -> Any:
             calls[0] += 1
-            if calls[0] == at:
+            if calls[0] == at or (at == -1 and calls[0] > 0 and Path(os.environ[ARMED]).exists()):
+                calls[0] = -(10**9)  # once
                 log.warning("injected_delay verdicts chunk=%d seconds=%.1f", at, delay_s)
                 await asyncio.sleep(delay_s)
             return await real_publish(self, *args)

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Local single-node Apache Kafka (KRaft, combined broker+controller) for development and CI.
+# Local Apache Kafka (KRaft) for development and CI: one combined broker+controller by default,
+# or a cluster of N such nodes on loopback (--brokers 3) to test replication and broker failures.
 #
 # The broker is assembled from the release jars published on Maven Central, so no tarball,
 # container engine or system package is needed: only Java 17+, Maven and python3.
 #
 #   deploy/kafka/kafka.sh fetch                      download the jars once into the cache
-#   deploy/kafka/kafka.sh start  [--port N]          format storage (first time), start, wait until ready
-#   deploy/kafka/kafka.sh status [--port N]          running or not (exit 0 if ready, 1 otherwise)
-#   deploy/kafka/kafka.sh stop   [--port N] [--wipe] stop it; --wipe also removes its data dir
+#   deploy/kafka/kafka.sh start  [--port N] [--brokers B]  format storage (first time), start, wait until ready
+#   deploy/kafka/kafka.sh status [--port N]          each node running or not (exit 0 if all ready)
+#   deploy/kafka/kafka.sh stop   [--port N] [--wipe] stop it (every node); --wipe also removes its data dir
+#   deploy/kafka/kafka.sh kill-broker I [--port N]   cluster only: SIGKILL node I (0-based)
+#   deploy/kafka/kafka.sh start-broker I [--port N]  cluster only: start node I again, wait until it serves
 #   deploy/kafka/kafka.sh create-topic NAME PARTITIONS [--compact] [--port N]
 #   deploy/kafka/kafka.sh list-topics [--port N]
 #
@@ -31,7 +34,8 @@ TOOLS_LOG4J_CONF="$VERSION_DIR/tools-log4j2.properties"
 PORT="${NEARDUP_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${NEARDUP_KAFKA_CONTROLLER_PORT:-}"
 DATA_DIR="${NEARDUP_KAFKA_DIR:-}"
-HEAP_OPTS="${NEARDUP_KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
+HEAP_OPTS="${NEARDUP_KAFKA_HEAP_OPTS:-}"
+BROKERS="${NEARDUP_KAFKA_BROKERS:-}"
 START_TIMEOUT="${NEARDUP_KAFKA_START_TIMEOUT:-90}"
 STOP_TIMEOUT="${NEARDUP_KAFKA_STOP_TIMEOUT:-30}"
 HOST="127.0.0.1"
@@ -45,7 +49,7 @@ log() { printf '%s\n' "$*"; }
 die() { printf 'kafka.sh: error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -67,6 +71,8 @@ while (($#)); do
         --dir=*) DATA_DIR="${1#*=}"; shift ;;
         --timeout) START_TIMEOUT="${2:?--timeout needs a value}"; shift 2 ;;
         --timeout=*) START_TIMEOUT="${1#*=}"; shift ;;
+        --brokers) BROKERS="${2:?--brokers needs a value}"; shift 2 ;;
+        --brokers=*) BROKERS="${1#*=}"; shift ;;
         --wipe) WIPE=1; shift ;;
         --compact) COMPACT=1; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -76,15 +82,47 @@ while (($#)); do
 done
 
 [[ "$PORT" =~ ^[0-9]+$ ]] || die "port must be a number, got '$PORT'"
-CONTROLLER_PORT="${CONTROLLER_PORT:-$((PORT + 1))}"
-[[ "$CONTROLLER_PORT" =~ ^[0-9]+$ ]] || die "controller port must be a number"
-[[ "$CONTROLLER_PORT" != "$PORT" ]] || die "controller port must differ from the broker port"
 DATA_DIR="${DATA_DIR:-/tmp/neardup-kafka-$PORT}"
-PID_FILE="$DATA_DIR/kafka.pid"
-LOG_FILE="$DATA_DIR/kafka.log"
-PROPS="$DATA_DIR/server.properties"
-LOG4J_CONF="$DATA_DIR/log4j2.properties"
-LOG_DIRS="$DATA_DIR/data"
+# A cluster records its size in its data dir, so that stop, status, kill-broker and start-broker
+# find every node without being told --brokers again.
+if [[ -z "$BROKERS" && -s "$DATA_DIR/brokers" ]]; then
+    BROKERS="$(cat "$DATA_DIR/brokers")"
+fi
+BROKERS="${BROKERS:-1}"
+[[ "$BROKERS" =~ ^[1-9]$ ]] || die "--brokers must be 1..9, got '$BROKERS'"
+if ((BROKERS > 1)); then
+    # clear of the brokers' ports PORT..PORT+BROKERS-1
+    CONTROLLER_PORT="${CONTROLLER_PORT:-$((PORT + 100))}"
+    # three JVMs on a small machine: a small heap each
+    HEAP_OPTS="${HEAP_OPTS:--Xms128m -Xmx512m}"
+else
+    CONTROLLER_PORT="${CONTROLLER_PORT:-$((PORT + 1))}"
+    HEAP_OPTS="${HEAP_OPTS:--Xms256m -Xmx1g}"
+fi
+[[ "$CONTROLLER_PORT" =~ ^[0-9]+$ ]] || die "controller port must be a number"
+if ((CONTROLLER_PORT >= PORT && CONTROLLER_PORT < PORT + BROKERS)); then
+    die "controller ports must differ from the broker ports"
+fi
+# The node the per-node functions act on. The single broker keeps its files at the top of the data
+# dir, as it always has; node I of a cluster has its own under node-I/.
+NODE=0
+NODE_DIR="$DATA_DIR"
+select_node() {
+    NODE="$1"
+    if ((BROKERS > 1)); then
+        NODE_DIR="$DATA_DIR/node-$NODE"
+    else
+        NODE_DIR="$DATA_DIR"
+    fi
+    NODE_PORT=$((PORT + NODE))
+    NODE_CONTROLLER_PORT=$((CONTROLLER_PORT + NODE))
+    PID_FILE="$NODE_DIR/kafka.pid"
+    LOG_FILE="$NODE_DIR/kafka.log"
+    PROPS="$NODE_DIR/server.properties"
+    LOG4J_CONF="$NODE_DIR/log4j2.properties"
+    LOG_DIRS="$NODE_DIR/data"
+}
+select_node 0
 
 # ---------------------------------------------------------------------------------------------
 # fetch
@@ -210,18 +248,22 @@ our_pid() {
     printf '%s\n' "$pid"
 }
 
-# Ask the broker over the Kafka protocol whether it serves metadata with itself registered
-# (ApiVersions, then Metadata listing at least one live broker). Exit 0 when ready.
+# Ask the node over the Kafka protocol whether it serves metadata with itself registered
+# (ApiVersions, then Metadata listing live brokers). Exit 0 when ready. For a cluster node, also:
+# $1 live brokers at least (all of them, at a cluster's start), and with $2=isr, every partition
+# replicated to this node has it back in its in-sync replicas (after start-broker).
 probe() {
+    local want="${1:-1}" isr="${2:-}" node_id=-1
+    ((BROKERS > 1)) && node_id="$NODE"
     if ! command -v python3 >/dev/null; then
         # no python3: accept an open port plus the broker's own "started" log line
-        port_busy "$PORT" && grep -q "Kafka Server started" "$LOG_FILE" 2>/dev/null
+        port_busy "$NODE_PORT" && grep -q "Kafka Server started" "$LOG_FILE" 2>/dev/null
         return
     fi
-    python3 - "$HOST" "$PORT" <<'PY'
+    python3 - "$HOST" "$NODE_PORT" "$want" "$node_id" "$isr" <<'PY'
 import socket, struct, sys
 
-host, port = sys.argv[1], int(sys.argv[2])
+host, port, want, node_id, isr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 
 def call(sock, api_key, version, corr, body=b""):
     client = b"neardup-kafka-sh"
@@ -244,6 +286,20 @@ def call(sock, api_key, version, corr, body=b""):
         raise ValueError("correlation id mismatch")
     return data[4:]
 
+class Reader:
+    def __init__(self, data):
+        self.data, self.pos = data, 0
+    def take(self, fmt):
+        values = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return values if len(values) > 1 else values[0]
+    def string(self):
+        n = self.take(">h")
+        if n > 0:
+            self.pos += n
+    def ints(self):
+        return [self.take(">i") for _ in range(self.take(">i"))]
+
 try:
     with socket.create_connection((host, port), timeout=3) as s:
         s.settimeout(3)
@@ -256,14 +312,38 @@ try:
             k, lo, hi = struct.unpack(">hhh", resp[6 + 6 * i: 12 + 6 * i])
             ranges[k] = (lo, hi)
         lo, hi = ranges.get(3, (0, -1))
-        # Metadata v4..v7 share the request layout and the response prefix read below
-        v = max(lo, 4)
+        # Metadata v5..v7 share the request layout and the response read below
+        v = max(lo, 5)
         if v > min(hi, 7):
             sys.exit(0)  # cannot speak a Metadata version we know; ApiVersions answered
         body = struct.pack(">i", -1) + b"\x01"  # all topics, allow auto-creation (ignored)
-        resp = call(s, 3, v, 2, body)
-        _throttle, brokers = struct.unpack(">ii", resp[:8])
-        sys.exit(0 if brokers >= 1 else 1)
+        r = Reader(call(s, 3, v, 2, body))
+        r.take(">i")  # throttle time
+        live = set()
+        for _ in range(r.take(">i")):
+            live.add(r.take(">i"))
+            r.string()  # host
+            r.take(">i")  # port
+            r.string()  # rack
+        if len(live) < want or (node_id >= 0 and node_id not in live):
+            sys.exit(1)
+        if isr != "isr":
+            sys.exit(0)
+        r.string()  # cluster id
+        r.take(">i")  # controller id
+        for _ in range(r.take(">i")):  # topics
+            r.take(">h")
+            r.string()
+            r.take(">b")  # internal
+            for _ in range(r.take(">i")):  # partitions
+                r.take(">hii")  # error, index, leader
+                if v >= 7:
+                    r.take(">i")  # leader epoch
+                replicas, in_sync = r.ints(), r.ints()
+                r.ints()  # offline replicas
+                if node_id in replicas and node_id not in in_sync:
+                    sys.exit(1)
+        sys.exit(0)
 except (OSError, ValueError, struct.error):
     sys.exit(1)
 PY
@@ -271,28 +351,41 @@ PY
 
 write_configs() {
     mkdir -p "$DATA_DIR" "$LOG_DIRS"
+    # One node: replication 1. A cluster: every node is a voter of the KRaft quorum and a broker,
+    # and everything is replicated up to 3 times with min.insync 2, so one node down loses
+    # nothing acknowledged and stops nothing.
+    local node_id=1 voters="1@$HOST:$CONTROLLER_PORT" rf=1 isr=1 i
+    if ((BROKERS > 1)); then
+        node_id="$NODE"
+        voters=""
+        for ((i = 0; i < BROKERS; i++)); do
+            voters+="${voters:+,}$i@$HOST:$((CONTROLLER_PORT + i))"
+        done
+        rf=$((BROKERS < 3 ? BROKERS : 3))
+        isr=$((rf - 1))
+    fi
     cat >"$PROPS" <<EOF
 # generated by deploy/kafka/kafka.sh; rewritten on every start
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT
+node.id=$node_id
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://$HOST:$NODE_PORT,CONTROLLER://$HOST:$NODE_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$NODE_PORT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=$LOG_DIRS
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor=$rf
 offsets.topic.num.partitions=${NEARDUP_KAFKA_OFFSETS_PARTITIONS:-8}
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=${NEARDUP_KAFKA_TXN_PARTITIONS:-8}
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
 group.initial.rebalance.delay.ms=0
 num.network.threads=2
 num.io.threads=4
@@ -302,6 +395,14 @@ log.segment.bytes=67108864
 log.cleaner.dedupe.buffer.size=16777216
 delete.topic.enable=true
 EOF
+    if ((BROKERS > 1)); then
+        # A killed node is fenced, and its partitions' leadership moves, after 3 s without its
+        # heartbeat instead of Kafka's 9 s: clients on a test cluster wait that long for a leader.
+        cat >>"$PROPS" <<EOF
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=3000
+EOF
+    fi
     cat >"$LOG4J_CONF" <<'EOF'
 # generated by deploy/kafka/kafka.sh: everything to stdout, which is redirected to kafka.log
 status = warn
@@ -366,11 +467,68 @@ while True:
 # ---------------------------------------------------------------------------------------------
 # start / stop / status
 # ---------------------------------------------------------------------------------------------
+# Start the selected node's JVM (its storage formatted on first use); its pid in LAUNCHED_PID.
+launch_node() {
+    local p
+    for p in "$NODE_PORT" "$NODE_CONTROLLER_PORT"; do
+        if port_busy "$p"; then
+            die "port $HOST:$p is already in use by another process (not a broker started by this script for $DATA_DIR); pick another with --port or NEARDUP_KAFKA_PORT"
+        fi
+    done
+    write_configs
+    rm -f "$PID_FILE"
+    format_storage
+    local what="kafka"
+    ((BROKERS > 1)) && what="kafka node $NODE"
+    log "starting $what $KAFKA_VERSION on $HOST:$NODE_PORT (controller $NODE_CONTROLLER_PORT), data dir $NODE_DIR"
+    {
+        printf '\n==== %s start kafka %s on %s:%s ====\n' "$(date -Is)" "$KAFKA_VERSION" "$HOST" "$NODE_PORT"
+    } >>"$LOG_FILE"
+    # setsid: the broker must not die with the caller's terminal or process group.
+    # The child writes its own pid before exec'ing java, so the pid file names the JVM.
+    # shellcheck disable=SC2086,SC2016
+    setsid bash -c 'echo $$ >"$0"; exec "$@"' "$PID_FILE" \
+        "$JAVA" $HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
+        -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$LOG4J_CONF" -Dkafka.logs.dir="$NODE_DIR" \
+        -cp "$(java_cp)" "$MAIN_CLASS" "$PROPS" \
+        </dev/null >>"$LOG_FILE" 2>&1 8>&- 9>&- &
+    local _
+    for _ in $(seq 1 50); do
+        [[ -s "$PID_FILE" ]] && break
+        sleep 0.1
+    done
+    LAUNCHED_PID="$(cat "$PID_FILE" 2>/dev/null || true)"
+    [[ -n "$LAUNCHED_PID" ]] || die "broker process did not start; see $LOG_FILE"
+}
+
+# Wait until the selected node (pid $1) passes probe "$2" "$3"; fail if it exits meanwhile.
+wait_node() {
+    local pid="$1" deadline=$((SECONDS + START_TIMEOUT))
+    while ((SECONDS < deadline)); do
+        if ! alive "$pid"; then
+            tail -n 40 "$LOG_FILE" >&2
+            rm -f "$PID_FILE"
+            die "kafka exited during startup; full log in $LOG_FILE"
+        fi
+        if probe "${2:-1}" "${3:-}"; then
+            return 0
+        fi
+        sleep 0.25
+    done
+    tail -n 40 "$LOG_FILE" >&2
+    die "kafka did not become ready on $HOST:$NODE_PORT within ${START_TIMEOUT}s (pid $pid still running; stop it with: $0 stop --port $PORT)"
+}
+
 cmd_start() {
     local pid
     mkdir -p "$DATA_DIR"
     exec 8>"$DATA_DIR/.start.lock"
     flock 8  # a second concurrent start for this data dir waits, then finds the broker running
+    if ((BROKERS > 1)); then
+        start_cluster
+        return
+    fi
     if pid="$(our_pid)"; then
         if probe; then
             log "kafka already running on $HOST:$PORT (pid $pid, data dir $DATA_DIR)"
@@ -378,75 +536,90 @@ cmd_start() {
         fi
         log "kafka (pid $pid) is starting; waiting for it"
     else
-        local p
-        for p in "$PORT" "$CONTROLLER_PORT"; do
-            if port_busy "$p"; then
-                die "port $HOST:$p is already in use by another process (not a broker started by this script for $DATA_DIR); pick another with --port or NEARDUP_KAFKA_PORT"
-            fi
-        done
         check_java
         cmd_fetch
-        write_configs
-        rm -f "$PID_FILE"
-        format_storage
-        log "starting kafka $KAFKA_VERSION on $HOST:$PORT (controller $CONTROLLER_PORT), data dir $DATA_DIR"
-        {
-            printf '\n==== %s start kafka %s on %s:%s ====\n' "$(date -Is)" "$KAFKA_VERSION" "$HOST" "$PORT"
-        } >>"$LOG_FILE"
-        # setsid: the broker must not die with the caller's terminal or process group.
-        # The child writes its own pid before exec'ing java, so the pid file names the JVM.
-        # shellcheck disable=SC2086,SC2016
-        setsid bash -c 'echo $$ >"$0"; exec "$@"' "$PID_FILE" \
-            "$JAVA" $HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
-            -Djava.awt.headless=true \
-            -Dlog4j2.configurationFile="$LOG4J_CONF" -Dkafka.logs.dir="$DATA_DIR" \
-            -cp "$(java_cp)" "$MAIN_CLASS" "$PROPS" \
-            </dev/null >>"$LOG_FILE" 2>&1 8>&- 9>&- &
-        local _
-        for _ in $(seq 1 50); do
-            [[ -s "$PID_FILE" ]] && break
-            sleep 0.1
-        done
-        pid="$(cat "$PID_FILE" 2>/dev/null || true)"
-        [[ -n "$pid" ]] || die "broker process did not start; see $LOG_FILE"
+        launch_node
+        pid="$LAUNCHED_PID"
     fi
-    local deadline=$((SECONDS + START_TIMEOUT))
-    while ((SECONDS < deadline)); do
-        if ! alive "$pid"; then
-            tail -n 40 "$LOG_FILE" >&2
-            rm -f "$PID_FILE"
-            die "kafka exited during startup; full log in $LOG_FILE"
+    wait_node "$pid"
+    log "kafka ready on $HOST:$PORT"
+}
+
+# Every node is launched before any is waited for: none serves before a majority of the
+# controller quorum is up.
+start_cluster() {
+    if [[ -f "$DATA_DIR/brokers" ]] && [[ "$(cat "$DATA_DIR/brokers")" != "$BROKERS" ]]; then
+        die "$DATA_DIR holds a cluster of $(cat "$DATA_DIR/brokers") nodes; stop it with --wipe first"
+    fi
+    if [[ ! -f "$DATA_DIR/brokers" && -f "$DATA_DIR/data/meta.properties" ]]; then
+        die "$DATA_DIR holds a single broker's data; stop it with --wipe first or pick another --dir"
+    fi
+    printf '%s\n' "$BROKERS" >"$DATA_DIR/brokers"
+    local i pids=()
+    check_java
+    cmd_fetch
+    for ((i = 0; i < BROKERS; i++)); do
+        select_node "$i"
+        if pids[i]="$(our_pid)"; then
+            log "kafka node $i already running on $HOST:$NODE_PORT (pid ${pids[i]})"
+        else
+            launch_node
+            pids[i]="$LAUNCHED_PID"
         fi
-        if probe; then
-            log "kafka ready on $HOST:$PORT"
-            return 0
-        fi
-        sleep 0.25
     done
-    tail -n 40 "$LOG_FILE" >&2
-    die "kafka did not become ready on $HOST:$PORT within ${START_TIMEOUT}s (pid $pid still running; stop it with: $0 stop --port $PORT)"
+    for ((i = 0; i < BROKERS; i++)); do
+        select_node "$i"
+        wait_node "${pids[i]}" "$BROKERS"
+    done
+    log "kafka cluster of $BROKERS ready on $HOST:$PORT-$((PORT + BROKERS - 1)) (controllers $CONTROLLER_PORT-$((CONTROLLER_PORT + BROKERS - 1)))"
+}
+
+# SIGTERM the given pids together, then SIGKILL what is left after STOP_TIMEOUT
+stop_pids() {
+    (($#)) || return 0
+    kill -TERM "$@" 2>/dev/null || true
+    local deadline=$((SECONDS + STOP_TIMEOUT)) pid left
+    while ((SECONDS < deadline)); do
+        left=0
+        for pid in "$@"; do alive "$pid" && left=1; done
+        ((left)) || return 0
+        sleep 0.2
+    done
+    log "kafka did not stop within ${STOP_TIMEOUT}s; killing it"
+    for pid in "$@"; do
+        kill -KILL "$pid" 2>/dev/null || true
+        while alive "$pid"; do sleep 0.1; done
+    done
 }
 
 cmd_stop() {
-    local pid
-    if pid="$(our_pid)"; then
-        log "stopping kafka (pid $pid) on $HOST:$PORT ..."
-        kill -TERM "$pid" 2>/dev/null || true
-        local deadline=$((SECONDS + STOP_TIMEOUT))
-        while alive "$pid" && ((SECONDS < deadline)); do
-            sleep 0.2
-        done
-        if alive "$pid"; then
-            log "kafka did not stop within ${STOP_TIMEOUT}s; killing it"
-            kill -KILL "$pid" 2>/dev/null || true
-            while alive "$pid"; do sleep 0.1; done
+    local pid i pids=()
+    for ((i = 0; i < BROKERS; i++)); do
+        select_node "$i"
+        if pid="$(our_pid)"; then
+            pids+=("$pid")
         fi
-        rm -f "$PID_FILE"
+    done
+    if ((${#pids[@]} && BROKERS > 1 && WIPE)); then
+        # Its data is about to go: no clean shutdown to wait for (a cluster's nodes stopping
+        # together wait on each other's controlled shutdown, up to STOP_TIMEOUT)
+        log "killing kafka (pid ${pids[*]}) on $HOST:$PORT ..."
+        kill -KILL "${pids[@]}" 2>/dev/null || true
+        for pid in "${pids[@]}"; do
+            while alive "$pid"; do sleep 0.05; done
+        done
+        log "kafka stopped"
+    elif ((${#pids[@]})); then
+        log "stopping kafka (pid ${pids[*]}) on $HOST:$PORT ..."
+        stop_pids "${pids[@]}"
         log "kafka stopped"
     else
-        rm -f "$PID_FILE"
         log "no kafka started by this script is running for $DATA_DIR"
     fi
+    for ((i = 0; i < BROKERS; i++)); do
+        select_node "$i"
+        rm -f "$PID_FILE"
+    done
     if ((WIPE)); then
         case "$DATA_DIR" in
             ""|/|"$HOME") die "refusing to wipe '$DATA_DIR'" ;;
@@ -455,29 +628,80 @@ cmd_stop() {
         log "removed $DATA_DIR"
     fi
     local p
-    for p in "$PORT" "$CONTROLLER_PORT"; do
-        if port_busy "$p"; then
-            die "port $HOST:$p is still in use (by a process this script did not start)"
-        fi
+    for ((i = 0; i < BROKERS; i++)); do
+        for p in $((PORT + i)) $((CONTROLLER_PORT + i)); do
+            if port_busy "$p"; then
+                die "port $HOST:$p is still in use (by a process this script did not start)"
+            fi
+        done
     done
 }
 
-cmd_status() {
-    local pid
+# One node's state, as a line; exit 0 if it answers
+node_status() {
+    local pid what="kafka"
+    ((BROKERS > 1)) && what="kafka node $NODE"
     if pid="$(our_pid)"; then
         if probe; then
-            log "kafka running on $HOST:$PORT (pid $pid, data dir $DATA_DIR)"
+            log "$what running on $HOST:$NODE_PORT (pid $pid, data dir $NODE_DIR)"
             return 0
         fi
-        log "kafka process running (pid $pid) but not answering on $HOST:$PORT"
+        log "$what process running (pid $pid) but not answering on $HOST:$NODE_PORT"
         return 1
     fi
-    if port_busy "$PORT"; then
-        log "kafka not started by this script; port $HOST:$PORT is used by another process"
+    if port_busy "$NODE_PORT"; then
+        log "$what not started by this script; port $HOST:$NODE_PORT is used by another process"
     else
-        log "kafka not running on $HOST:$PORT"
+        log "$what not running on $HOST:$NODE_PORT"
     fi
     return 1
+}
+
+cmd_status() {
+    local i status=0
+    for ((i = 0; i < BROKERS; i++)); do
+        select_node "$i"
+        node_status || status=1
+    done
+    return "$status"
+}
+
+# The node named by the one argument of kill-broker / start-broker, selected
+cluster_node() {
+    ((BROKERS > 1)) || die "$CMD needs a cluster (start --brokers 3); $DATA_DIR holds a single broker"
+    ((${#ARGS[@]} == 1)) && [[ "${ARGS[0]}" =~ ^[0-9]$ ]] && ((ARGS[0] < BROKERS)) \
+        || die "usage: $0 $CMD I [--port N]   (I: 0..$((BROKERS - 1)))"
+    select_node "${ARGS[0]}"
+}
+
+cmd_kill_broker() {
+    cluster_node
+    local pid
+    if ! pid="$(our_pid)"; then
+        log "kafka node $NODE is not running"
+        return 0
+    fi
+    kill -KILL "$pid"
+    while alive "$pid"; do sleep 0.05; done
+    rm -f "$PID_FILE"
+    log "kafka node $NODE (pid $pid) killed"
+}
+
+# Back in service: registered as a live broker and in the in-sync replicas of every partition it
+# holds a replica of, so that killing another node next keeps min.insync.
+cmd_start_broker() {
+    cluster_node
+    local pid
+    mkdir -p "$DATA_DIR"
+    exec 8>"$DATA_DIR/.start.lock"
+    flock 8
+    if ! pid="$(our_pid)"; then
+        check_java
+        launch_node
+        pid="$LAUNCHED_PID"
+    fi
+    wait_node "$pid" 1 isr
+    log "kafka node $NODE ready on $HOST:$NODE_PORT, in sync"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -486,8 +710,12 @@ cmd_status() {
 topic_tool() {
     fetched || die "kafka jars not fetched; run: $0 fetch"
     write_tools_log4j
+    local servers="" i
+    for ((i = 0; i < BROKERS; i++)); do
+        servers+="${servers:+,}$HOST:$((PORT + i))"
+    done
     "$JAVA" -Xmx256m -Dlog4j2.configurationFile="$TOOLS_LOG4J_CONF" -cp "$(java_cp)" "$TOPIC_TOOL" \
-        --bootstrap-server "$HOST:$PORT" "$@"
+        --bootstrap-server "$servers" "$@"
 }
 
 cmd_create_topic() {
@@ -496,8 +724,9 @@ cmd_create_topic() {
     [[ "$partitions" =~ ^[1-9][0-9]*$ ]] || die "PARTITIONS must be a positive number"
     local extra=()
     ((COMPACT)) && extra+=(--config cleanup.policy=compact)
-    topic_tool --create --if-not-exists --topic "$name" --partitions "$partitions" \
-        --replication-factor 1 "${extra[@]}"
+    # a cluster's topics take its default.replication.factor
+    ((BROKERS > 1)) || extra+=(--replication-factor 1)
+    topic_tool --create --if-not-exists --topic "$name" --partitions "$partitions" "${extra[@]}"
 }
 
 cmd_list_topics() {
@@ -509,6 +738,8 @@ case "$CMD" in
     start) cmd_start ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
+    kill-broker) cmd_kill_broker ;;
+    start-broker) cmd_start_broker ;;
     create-topic|topics) cmd_create_topic ;;
     list-topics) cmd_list_topics ;;
     -h|--help|help) usage ;;

@@ -6,15 +6,18 @@ keeps only Kafka work: the loop sends a batch of signatures messages and gets ba
 (JSON) and the writes for the changelog, which it sends there. The child runs the same IndexShard
 in the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
 
-The records are held once on disk, in the index; the changelog is what rebuilds it. The index is
-kept when it was closed cleanly where the changelog still ends; otherwise (a crash, a lost state
-directory, a shard that another worker wrote to meanwhile) it is rebuilt from the changelog, read
-from its start. A child that dies is replaced and rebuilds the same way, once the changelog has
-every chunk it answered; the batch is then decided again, which re-delivery already makes safe
-(records applied after the last checkpoint come back with their stored verdicts). When the child
-was on the same record as it died or hung twice (RecordMarker), that record is left out of the
-next try and dead-lettered: one message that breaks the decider costs two replacements, not the
-worker.
+The records are held once on disk, in the index; the changelog is what rebuilds it. A chunk's
+writes reach the index only once the changelog has the chunk's records (`acknowledged`), with the
+changelog offset they reflect, on a write-ahead log: whatever stops the worker, the index is at a
+committed point. At every open the index is restored: the changelog after that point is applied to
+it. It is rebuilt from the changelog's start only when it has no point (a lost or new state
+directory), its format is refused, or its point is older than the changelog's delete.retention.ms.
+A child that dies is replaced and restores the same way, once the changelog has every chunk it
+answered (under exactly-once, the chunks of the open transaction are held again as they were);
+the batch is then decided again, which re-delivery already makes safe (records applied after the
+last checkpoint come back with their stored verdicts). When the child was on the same record as it
+died or hung twice (RecordMarker), that record is left out of the next try and dead-lettered: one
+message that breaks the decider costs two replacements, not the worker.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import logging
 import mmap
 import os
 import struct
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -54,6 +58,7 @@ from .shard import (
     BatchOutcome,
     Culprit,
     IndexShard,
+    Position,
     RecordAt,
     SignedMessage,
     SizeGauge,
@@ -67,11 +72,11 @@ Write = tuple[bytes, bytes | None]  # (key, value) for the changelog; None, a to
 Entry = Write  # a changelog message as read back for a replay
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
 CLOSE_TIMEOUT_S = 30.0
-# Records a batch may lose to isolation (each two replacement children, and until the index restores
-# without a rebuild, two rebuilds): more in one batch is no longer a bad message but a bad decider.
+COMPACTION_AT_CLOSE_S = 15.0  # then the child is killed: its index stays as it was, reusable
+# Records a batch may lose to isolation (each two replacement children): more in one batch is no
+# longer a bad message but a bad decider.
 ISOLATED_PER_BATCH = 16
 REMEMBERED_CULPRITS = 1024  # records left out again when their message comes back (re-delivery)
-COMPACTION_AT_CLOSE_S = 15.0  # then the child is killed: its index stays as it was, reusable
 
 
 Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
@@ -88,6 +93,15 @@ class Changelog(Protocol):
     async def end(self) -> int: ...
 
     def read(self, end: int) -> AsyncIterator[list[Entry]]: ...
+
+    def read_after(self, start: int, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
+        """Its messages from `start` up to `end` (excluded), in chunks, each with the offset
+        after its last message (`end` for the last chunk)."""
+        ...
+
+    async def delete_retention_ms(self) -> int | None:
+        """How long compaction keeps a tombstone (None: nothing is compacted away)."""
+        ...
 
 
 class _WriteCollector(MutableMapping[bytes, bytes]):
@@ -203,52 +217,96 @@ class Decider:
         # Where the changelog ends once the writes acknowledged so far are in it (`acknowledged`):
         # what the index holds when every chunk answered is acknowledged, as at a clean close.
         self.changelog_end = -1
-        # Raised when a chunk's writes may never reach the changelog (`mark_ahead`): until the
-        # next open, the index is not to be kept, however the worker closes.
-        self.ahead_of_changelog = False
+        # Chunks are numbered as they are submitted; `answered`: the number of the last answered.
+        self.chunks = 0
+        self.answered = 0
+        # How the last open went ("restored", "rebuilt"), the changelog records it replayed, and
+        # what is told of each open (the adapter's log and metrics), a replacement child's too.
+        self.opened = ""
+        self.replayed = 0
+        # How far behind the changelog's end the index stood when the last open or catch-up
+        # started (changelog end - its stored position; the whole changelog for a rebuild).
+        self.behind = 0
+        self.on_opened: Callable[[int | None, float], None] | None = None
         # Records a child failed on, left out when their messages are decided again (in order of
         # isolation, the oldest forgotten first), and the marker that names them.
         self.culprits: dict[RecordAt, Culprit] = {}
         self._marker: RecordMarker | None = None
+        # The writes of each chunk answered and not yet acknowledged, by chunk number: a
+        # replacement child holds them again after its restore (under exactly-once, those of the
+        # open transaction, which a reader of committed records does not see yet).
+        self._unacknowledged: dict[int, list[Write]] = {}
 
     @property
     def child_pid(self) -> int | None:
         return None if self._child is None else self._child.pid
 
-    def acknowledged(self, end: int) -> None:
-        """The changelog holds every write up to offset `end` (excluded)."""
-        self.changelog_end = max(self.changelog_end, end)
+    def acknowledged(self, end: int | None, chunk: int | None = None) -> None:
+        """The changelog holds every write of the chunks up to number `chunk` (None: every chunk
+        answered), and so every write up to offset `end` (excluded; None: no further than
+        before): their writes are committed to the index. Called once the records are durable,
+        whatever makes them so (the broker's acknowledgement; a transaction's commit)."""
+        if end is not None:
+            self.changelog_end = max(self.changelog_end, end)
+        chunk = self.answered if chunk is None else chunk
+        for number in [number for number in self._unacknowledged if number <= chunk]:
+            del self._unacknowledged[number]
+        if self.in_process:
+            if self.shard is not None:
+                self.shard.commit(chunk, self.changelog_end)
+        elif self._child is not None:
+            self._child.submit(("commit", chunk, self.changelog_end))  # not answered
 
-    def mark_ahead(self) -> None:
-        """A batch failed half-way: the index may hold writes that the changelog never gets, so a
-        close must not mark it reusable (the next open rebuilds it from the changelog)."""
-        self.ahead_of_changelog = True
-
-    async def open(self) -> int | None:
-        """At every assignment of the shard: reopen the derived index or rebuild it from the
-        changelog. Returns the number of articles rebuilt, None when the index was kept."""
+    async def open(self, *, replacing: bool = False) -> int | None:
+        """At every assignment of the shard: restore the derived index (the changelog after its
+        committed point applied to it) or rebuild it from the changelog. Returns the number of
+        articles rebuilt, None when it was restored (`replayed`: the records applied).
+        `replacing`: for a child that failed in a batch; the chunks it answered that are not
+        acknowledged yet are held again."""
         self.opening = True  # a rebuild takes as long as the changelog is large: not a stall
+        if not replacing:
+            self._unacknowledged.clear()
         try:
+            started = time.monotonic()
+            # no record at or after `end` was written before this moment
+            read_at = round(time.time() * 1000)
             end = await self.changelog.end()
-            count, self.applied_offset = await self._open(str(end).encode(), end)
+            retention = await self.changelog.delete_retention_ms()
+            count, self.applied_offset = await self._open(end, read_at, retention)
+            await self._hold_unacknowledged()
             self.changelog_end = end
-            self.ahead_of_changelog = False
+            self.opened = "rebuilt" if count is not None else "restored"
+            if self.on_opened is not None:
+                self.on_opened(count, time.monotonic() - started)
             return count
         finally:
             self.opening = False
 
-    async def _open(self, position: bytes, end: int) -> tuple[int | None, int]:
+    async def catch_up(self) -> int | None:
+        """A standby's step, on a worker that does not own the shard: the same restore as `open`
+        (the committed changelog after the index's stored position applied to it, or a rebuild
+        when it has none), but neither an open of the shard (`on_opened` is not told) nor a
+        stall (`opening` stays unset, so readiness does not flap). Returns what `open` does;
+        `behind` says how far the index was from the changelog's end."""
+        self._unacknowledged.clear()
+        read_at = round(time.time() * 1000)
+        end = await self.changelog.end()
+        retention = await self.changelog.delete_retention_ms()
+        count, self.applied_offset = await self._open(end, read_at, retention)
+        self.changelog_end = end
+        return count
+
+    async def _hold_unacknowledged(self) -> None:
+        for number, writes in sorted(self._unacknowledged.items()):
+            if self.shard is not None:
+                self.shard.hold(number, writes)
+            elif self._child is not None:
+                await self._child.call(("hold", number, writes), self.timeout.seconds(len(writes)))
+
+    async def _open(self, end: int, read_at: int, retention: int | None) -> tuple[int | None, int]:
+        self.replayed = 0
         if self.in_process:
-            if self.shard is None:
-                state = RocksState(self.index_path, self.options)
-                self.shard = IndexShard(state, self.params, self.retention, self._collector)
-            self._collector.drain()  # a batch that failed half-way: the shard replays
-            if self.shard.reopen(position):
-                return None, self.shard.applied_offset
-            with CompactedLog(_scratch(self.index_path)) as table:
-                async for entries in self.changelog.read(end):
-                    table.add(entries)
-                return self.shard.replay(table), self.shard.applied_offset
+            return await self._open_here(end, read_at, retention)
         if self._child is None:
             if self._marker is None:
                 self._marker = RecordMarker(_marker_path(self.index_path))
@@ -264,9 +322,13 @@ class Decider:
             # this module, by the name the package was imported under
             self._child = await Child.start(__name__, setup)
         child, timeout = self._child, self.timeout
-        applied = await child.call(("reopen", position), timeout.seconds())
-        if applied is not None:
-            return None, cast(int, applied)
+        start = await child.call(("reopen", end, read_at, retention), timeout.seconds())
+        self.behind = end - (0 if start is None else cast(int, start))
+        if start is not None:
+            async for entries, after in self.changelog.read_after(cast(int, start), end):
+                await child.call(("tail", entries, after), timeout.seconds(len(entries)))
+                self.replayed += len(entries)
+            return None, cast(int, await child.call(("restored", end, read_at), timeout.seconds()))
         # The child compacts the changelog on disk as it comes, a chunk at a time: neither process
         # ever holds the whole table in memory.
         await child.call(("rebuild",), timeout.seconds())
@@ -274,7 +336,30 @@ class Decider:
         async for entries in self.changelog.read(end):
             await child.call(("load", entries), timeout.seconds(len(entries)))
             loaded += len(entries)
-        return cast(tuple[int, int], await child.call(("loaded",), timeout.seconds(loaded)))
+        return cast(tuple[int, int], await child.call(("loaded", end, read_at), timeout.seconds(loaded)))
+
+    async def _open_here(self, end: int, read_at: int, retention: int | None) -> tuple[int | None, int]:
+        """_open in this process."""
+        if self.shard is None:
+            state = RocksState(self.index_path, self.options, layered=True)
+            self.shard = IndexShard(state, self.params, self.retention, self._collector)
+        shard = self.shard
+        self._collector.drain()  # a batch that failed half-way: the shard replays
+        point, why = shard.restore_point(end, read_at, retention)
+        self.behind = end - (0 if point is None else point.offset)
+        if point is not None:
+            async for entries, after in self.changelog.read_after(point.offset, end):
+                shard.restore(entries, after, point.since_ms)
+                self.replayed += len(entries)
+            shard.mark_position(end, read_at)
+            return None, shard.applied_offset
+        log.info("index_rebuild reason=%s", why)
+        with CompactedLog(_scratch(self.index_path)) as table:
+            async for entries in self.changelog.read(end):
+                table.add(entries)
+            count = shard.replay(table)
+        shard.mark_position(end, read_at)
+        return count, shard.applied_offset
 
     async def decide(self, messages: list[SignedMessage]) -> tuple[BatchOutcome, list[Write]]:
         """Decide one chunk of messages (see decide_chunks)."""
@@ -296,26 +381,37 @@ class Decider:
         if self.in_process:
             assert self.shard is not None, "open() first"
             for messages in chunks:
-                yield decide_messages(self.shard, messages, self._size), self._collector.drain()
+                self.chunks += 1
+                self.shard.begin(self.chunks)
+                answer = decide_messages(self.shard, messages, self._size), self._collector.drain()
+                self.answered = self.chunks
+                self._unacknowledged[self.answered] = answer[1]
+                yield answer
             return
         answered, failures, isolated = 0, 0, 0
         suspects: set[RecordAt] = set()  # records a child failed on once in this batch
         while True:
             queued = answered
+            numbers: list[int] = []  # of the chunks submitted and not answered
             try:
                 if self._child is None:
                     if self.before_rebuild is not None:
                         await self.before_rebuild()
-                    await self.open()  # a replacement: rebuilt from the changelog
+                    await self.open(replacing=True)  # restored, its unacknowledged chunks held
                 child = self._child
                 assert child is not None
                 while answered < len(chunks):
                     while queued < min(answered + QUEUED_CHUNKS, len(chunks)):
-                        child.submit(("decide", chunks[queued], self._culprits_in(chunks[queued])))
+                        self.chunks += 1
+                        culprits = self._culprits_in(chunks[queued])
+                        child.submit(("decide", chunks[queued], self.chunks, culprits))
+                        numbers.append(self.chunks)
                         queued += 1
                     articles = sum(signed_count(value) for _, value in chunks[answered])
                     answer = cast(Answer, await child.receive(self.timeout.seconds(articles)))
                     answered += 1
+                    self.answered = numbers.pop(0)
+                    self._unacknowledged[self.answered] = answer[1]
                     yield answer
                 return
             except ChildFailed as exc:
@@ -366,20 +462,18 @@ class Decider:
         return "culprit"
 
     async def close(self, *, clean: bool) -> None:
-        """Close the derived index; `clean`: every chunk answered is acknowledged in the changelog,
-        so that the index, marked with where the changelog ends, can be kept at the next open."""
-        reusable = clean and self.changelog_end >= 0 and not self.ahead_of_changelog
-        position = str(self.changelog_end).encode() if reusable else None
+        """Close the derived index (what is not committed is lost, as in a crash); `clean`: every
+        chunk answered is committed, and the index is compacted on the way out."""
         if self.in_process:
             if self.shard is not None:
-                self.shard.close(position)
+                self.shard.close()
                 self.shard = None
             return
         if self._child is None:
             return
         child, self._child = self._child, None
         try:
-            await child.call(("close", position), CLOSE_TIMEOUT_S)
+            await child.call(("close", clean), CLOSE_TIMEOUT_S)
             if await child.wait(COMPACTION_AT_CLOSE_S) is None:
                 log.warning("decider_compaction_cut_short pid=%d", child.pid)
         except ChildFailed as exc:
@@ -394,30 +488,33 @@ class Decider:
             self._child = None
 
 
-def _streamed_entries(requests: BinaryIO, answers: BinaryIO) -> Iterator[list[Entry]]:
-    """The changelog's messages as the worker streams them for a rebuild: ("load", entries)
-    frames, each acknowledged once consumed, up to ("loaded",)."""
+def _streamed_entries(requests: BinaryIO, answers: BinaryIO, compacted: CompactedLog) -> tuple[int, int]:
+    """The changelog's messages as the worker streams them for a rebuild, into `compacted`:
+    ("load", entries) frames, each acknowledged once consumed, up to ("loaded", end, read time),
+    whose end and read time are returned."""
     while True:
         request = read_frame(requests)
         if request is None:
             raise EOFError("the worker went away during a rebuild")
         op, *args = cast(tuple, request)
         if op == "loaded":
-            return
+            return cast(tuple[int, int], tuple(args))
         if op != "load":
             raise ValueError(f"unexpected request {op!r} during a rebuild")
-        yield args[0]
+        compacted.add(args[0])
         write_frame(answers, None)
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """The child's loop. First frame: (params, index path, RocksOptions, freeze interval,
-    retention, marker path); then ("reopen", changelog position) → applied offset, or None:
-    rebuild, with ("rebuild",) → "rebuilding", ("load", entries) → None for each chunk of the
-    changelog, and ("loaded",) → (count, applied offset); ("decide", messages, culprits to leave
-    out) → (outcome, writes);
-    ("close", changelog position or None) → "closed", which ends it (as EOF does, without marking
-    the index reusable)."""
+    retention, marker path); then ("reopen", changelog end, read time, delete retention) → the
+    offset to restore from, with ("tail", entries, offset after them) → None for each chunk of the
+    changelog after it and ("restored", end, read time) → applied offset; or None: rebuild, with
+    ("rebuild",) → "rebuilding", ("load", entries) → None for each chunk of the changelog, and
+    ("loaded", end, read time) → (count, applied offset); ("hold", chunk number, writes) → None;
+    ("decide", messages, chunk number, culprits to leave out) → (outcome, writes); ("commit",
+    chunk number, changelog end), not answered; ("close", clean) → "closed", which ends it (as EOF
+    does)."""
     first = read_frame(requests)
     if first is None:
         return
@@ -426,36 +523,52 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     )
     marker = RecordMarker(Path(marker_path))
     table = _WriteCollector()
-    shard = IndexShard(RocksState(path, options), params, retention, table)
+    shard = IndexShard(RocksState(path, options, layered=True), params, retention, table)
     size = SizeGauge()
     collector = CollectorPolicy(freeze_every)
+    point: Position | None = None
     write_frame(answers, "ready")
     while (request := read_frame(requests)) is not None:
         op, *args = cast(tuple, request)
         if op == "decide":
-            outcome = decide_messages(shard, args[0], size, marker, args[1])
+            shard.begin(args[1])
+            outcome = decide_messages(shard, args[0], size, marker, args[2])
             write_frame(answers, (outcome, table.drain()))
             collector.after(outcome.handled)
+        elif op == "commit":
+            shard.commit(args[0], args[1])
+        elif op == "hold":
+            shard.hold(args[0], args[1])
+            write_frame(answers, None)
         elif op == "reopen":
             table.drain()
-            write_frame(answers, shard.applied_offset if shard.reopen(args[0]) else None)
+            point, why = shard.restore_point(*args)
+            if point is None:
+                log.info("index_rebuild reason=%s", why)
+            write_frame(answers, None if point is None else point.offset)
+        elif op == "tail":
+            assert point is not None, "reopen first"
+            shard.restore(args[0], args[1], point.since_ms)
+            write_frame(answers, None)
+        elif op == "restored":
+            shard.mark_position(*args)
+            write_frame(answers, shard.applied_offset)
         elif op == "rebuild":
             write_frame(answers, "rebuilding")
             with CompactedLog(_scratch(Path(path))) as compacted:
-                for entries in _streamed_entries(requests, answers):
-                    compacted.add(entries)
+                end, read_at = _streamed_entries(requests, answers, compacted)
                 count = shard.replay(compacted)
+            shard.mark_position(end, read_at)
             write_frame(answers, (count, shard.applied_offset))
         elif op == "close":
-            reusable = shard.mark_reusable(args[0])
             write_frame(answers, "closed")
-            if reusable:
+            if args[0]:
                 # The space of expired, deleted and overwritten entries is reclaimed while the
-                # worker shuts down. Safe to cut short: the marker is on disk already, and a
-                # RocksDB killed mid-compaction reopens as it was before it.
+                # worker shuts down. Safe to cut short: everything is committed, and a RocksDB
+                # killed mid-compaction reopens as it was before it.
                 shard.state.compact()
             shard.state.close()
             return
         else:
             raise ValueError(f"unknown request {op!r}")
-    shard.state.close()  # the worker went away: no clean marker
+    shard.state.close()  # the worker went away

@@ -3,9 +3,11 @@ the retention window leaves behind, and writes the changelog that rebuilds it.
 
 The one engine of the worker's index stage, embedded mode, the library and `neardup evaluate`. In
 the worker the state is derived: the durable truth is the changelog (`changelog`, sent by the
-adapter to the compacted topic `<app_id>-records-changelog`), whose key layout this module owns;
-the state is kept across a clean restart, else replayed from the changelog. Elsewhere the state is
-the only copy and there is no changelog.
+adapter to the compacted topic `<app_id>-records-changelog`), whose key layout this module owns.
+There the state sits on a write overlay (state/overlay.py): a chunk's writes are held until the
+changelog has its records (`commit`), then written in one batch with the changelog offset they
+reflect, so that a restart replays only the changelog after that offset (`restore_point`,
+`restore`). Elsewhere the state is the only copy, there is no changelog, and writes land at once.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ..core.dedup import IndexedArticle, decide
 from ..core.params import DedupParams, IncompatibleState
 from ..core.retention import NO_RETENTION, Retention
 from ..messages import verdict_dict
-from ..state.index import IndexState
+from ..state.index import META, IndexState
+from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord, encode_record
 from .sign import PROCESSING_FAILED
@@ -40,12 +43,37 @@ INPUTS_KEY = b"m:applied-inputs"
 # how many articles expiry and deletes removed ({"expired", "deleted"}), so that a replayed index,
 # and `neardup stats --broker`, count them as the worker did
 REMOVED_KEY = b"m:removed"
-# in the derived state only: where the changelog ended when it was closed cleanly
-CLEAN_KEY = b"closed-cleanly-at"
+# in the derived state only: the changelog offset it reflects (every record before it applied, none
+# after) and a time no record at or after that offset precedes (`Position`)
+POSITION_KEY = b"changelog-position"
+# Kafka's log cleaner and this worker do not share a clock: a restore point is kept only while it is
+# this much younger than the changelog's delete.retention.ms
+CLOCK_MARGIN_MS = 60_000
 SIZE_EVERY_S = 10.0  # how often a batch's outcome carries the index's size on disk
 
 Item = Signed | SignedDeletion
 SignedMessage = tuple[int, bytes]  # (offset, value) of one signatures message
+Entry = tuple[bytes, bytes | None]  # a changelog message: key, value (None: a tombstone)
+
+
+class Position(NamedTuple):
+    """Where the derived state stands in the changelog: `offset`, the first record it has not
+    applied; `since_ms`, a time before any record at or after `offset` was written (when the chunk
+    that led there was decided, or when the changelog's end was read): compaction may drop a
+    tombstone once it is delete.retention.ms old, so a tail older than that is incomplete."""
+
+    offset: int
+    since_ms: int
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self._asdict())
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> Position | None:
+        if not data:
+            return None
+        stored = orjson.loads(data)
+        return cls(int(stored["offset"]), int(stored["since_ms"]))
 
 
 class Compacted(Protocol):
@@ -108,9 +136,9 @@ class ShardCounts:
 @dataclass
 class IndexShard:
     """One writer per shard. `decide` takes a batch of signed articles in order; `replay` rebuilds
-    the state from the changelog. With a `changelog`, the state is derived from it (its header is
-    checked when it is reopened, else it is replayed); without, the state is the only copy and its
-    header is checked now."""
+    the state from the changelog, `restore` continues it from its position. With a `changelog`, the
+    state is derived from it (its header is checked at `restore_point`, else it is replayed);
+    without, the state is the only copy and its header is checked now."""
 
     state: IndexState
     params: DedupParams
@@ -121,6 +149,8 @@ class IndexShard:
     # per input partition ("topic:partition"), the last input offset applied
     inputs: dict[str, int] = field(default_factory=dict)
     _checkpointed: tuple[int, dict[str, int], tuple[int, int]] = (-1, {}, (0, 0))
+    # when each chunk held in the overlay was decided (`begin`)
+    _decided_at: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.changelog is None:
@@ -242,6 +272,10 @@ class IndexShard:
         if self.changelog is None:
             return
         offset, inputs, removed = self._checkpointed
+        if self.inputs != inputs or self.applied_offset != offset:
+            # the derived state keeps them too, committed with the chunk's writes
+            applied = {OFFSET_KEY: str(self.applied_offset).encode(), INPUTS_KEY: orjson.dumps(self.inputs)}
+            self.state.set_meta(applied)
         if self.inputs != inputs:
             self.changelog[INPUTS_KEY] = orjson.dumps(self.inputs)
         if self.applied_offset != offset:
@@ -257,26 +291,122 @@ class IndexShard:
 
     # -- the derived state's life ------------------------------------------------------------
 
-    def reopen(self, position: bytes) -> bool:
-        """Keep the derived state when it was closed cleanly at `position`, where the changelog
-        ends now (nothing was written to it since, by this worker or another); False: replay."""
-        marker = self.state.get_meta(CLEAN_KEY)
-        if not marker or marker != position:
-            return False
+    @property
+    def layers(self) -> LayeredKV | None:
+        """The write overlay under the state; None where writes land at once."""
+        kv = self.state.kv
+        return kv if isinstance(kv, LayeredKV) else None
+
+    def begin(self, chunk: int) -> None:
+        """The writes from now on are chunk `chunk`'s (numbered upwards), held until committed."""
+        if (layers := self.layers) is not None:
+            layers.hold(chunk)
+            self._decided_at[chunk] = _now_ms()
+
+    def commit(self, chunk: int, changelog_end: int) -> int:
+        """The changelog holds every record of the chunks up to `chunk`, and ends at
+        `changelog_end` once they are in it: their writes reach the store in one batch with that
+        position. Returns how many chunks were written (0: none held, or discarded since)."""
+        layers = self.layers
+        if layers is None:
+            return 0
+        done = [tag for tag in layers.held if tag <= chunk]
+        if not done:
+            return 0
+        # records after this position come from later chunks, decided after this one started
+        position = Position(changelog_end, self._decided_at[done[-1]])
+        for tag in done:
+            del self._decided_at[tag]
+        return layers.commit_through(chunk, {META + POSITION_KEY: position.encode()})
+
+    def discard(self) -> None:
+        """Forget the writes not committed: the state as the store holds it, at its position."""
+        if (layers := self.layers) is not None:
+            layers.discard()
+        self._decided_at.clear()
+        self.state.reload()
+        self._restore(self.state.get_meta(OFFSET_KEY), self.state.get_meta(INPUTS_KEY))
+
+    def restore_point(self, end: int, now_ms: int, retention_ms: int | None) -> tuple[Position | None, str]:
+        """Where a restore starts, or None and why the state must be rebuilt instead: no position
+        (a lost, new or half-rebuilt state), a format or header not this version's, a position
+        past the changelog's `end` (another changelog), or one older than `retention_ms`, the
+        changelog's delete.retention.ms (None: nothing is compacted away), less CLOCK_MARGIN_MS:
+        compaction may have dropped tombstones after it that the state never saw."""
+        self.discard()
+        position = Position.decode(self.state.get_meta(POSITION_KEY))
+        if position is None:
+            return None, "no_position"
         try:
             self.state.open_header(self.params.header())
         except IncompatibleState:
-            return False
-        offset, inputs = self.state.get_meta(OFFSET_KEY), self.state.get_meta(INPUTS_KEY)
-        # From now on the state changes: a crash must force a replay, so forget the marker on disk
-        # before the first change.
-        self.state.set_meta({CLEAN_KEY: b""}, durable=True)
-        self._restore(offset, inputs)
-        return True
+            return None, "format_refused"
+        if position.offset > end:
+            return None, "past_changelog_end"
+        if retention_ms is not None and now_ms - position.since_ms + CLOCK_MARGIN_MS >= retention_ms:
+            return None, "older_than_delete_retention"
+        return position, "ok"
+
+    def restore(self, entries: Sequence[Entry], next_offset: int, since_ms: int) -> int:
+        """Apply changelog records, in their order, after the state's position: one step, committed
+        with the position `next_offset` (the offset after the last of them) and `since_ms`.
+        Returns how many were applied. Records of an earlier format are refused."""
+        layers = self.layers
+        if layers is not None:
+            layers.hold(0)  # nothing is held during a restore
+        for key, value in entries:
+            self._apply_entry(key, value)
+        position = {POSITION_KEY: Position(next_offset, since_ms).encode()}
+        if layers is not None:
+            layers.commit_through(0, {META + key: value for key, value in position.items()})
+        else:
+            self.state.set_meta(position)
+        self._checkpointed = (self.applied_offset, dict(self.inputs), self._removed())
+        return len(entries)
+
+    def hold(self, chunk: int, writes: Sequence[Entry]) -> None:
+        """Writes a chunk made before its process was replaced, held again as chunk `chunk`'s until
+        committed: under exactly-once, those of the open transaction, which a restore from the
+        changelog's committed records does not bring back."""
+        self.begin(chunk)
+        for key, value in writes:
+            self._apply_entry(key, value)
+
+    def _apply_entry(self, key: bytes, value: bytes | None) -> None:
+        """One changelog record into the state, as the write that made it had left it."""
+        if key.startswith(ARTICLE_PREFIX):
+            article_id = key[len(ARTICLE_PREFIX) :].decode(errors="replace")
+            if value is None:
+                self.state.drop_article(article_id)
+            else:
+                for _, record in _current_format([(article_id, value)]):
+                    self.state.put_record(record)
+        elif key.startswith(MARKER_PREFIX):
+            self.state.put_marker(key[len(MARKER_PREFIX) :].decode(errors="replace"), value)
+        elif key == OFFSET_KEY and value is not None:
+            self.applied_offset = int(value)
+            self.state.set_meta({OFFSET_KEY: value})
+        elif key == INPUTS_KEY and value is not None:
+            self.inputs = dict(orjson.loads(value))
+            self.state.set_meta({INPUTS_KEY: value})
+        elif key == REMOVED_KEY:
+            self.state.set_removed(*removed_counts({REMOVED_KEY: value} if value else {}))
+
+    def mark_position(self, end: int, since_ms: int) -> None:
+        """After a rebuild or a restore up to `end`, where the changelog ended when read at
+        `since_ms`: the state's position, with the applied offsets, in one write."""
+        self.state.set_meta(
+            {
+                POSITION_KEY: Position(end, since_ms).encode(),
+                OFFSET_KEY: str(self.applied_offset).encode(),
+                INPUTS_KEY: orjson.dumps(self.inputs),
+            }
+        )
 
     def replay(self, table: Compacted) -> int:
         """Re-derive the state from `table`, the changelog compacted, its article records read
         lazily; returns the number indexed. Records of an earlier format are refused."""
+        self.discard()
         self.state.clear()
         self.state.open_header(self.params.header())
         try:
@@ -296,19 +426,13 @@ class IndexShard:
         self.inputs = dict(orjson.loads(inputs)) if inputs else {}
         self._checkpointed = (self.applied_offset, dict(self.inputs), self._removed())
 
-    def mark_reusable(self, position: bytes | None) -> bool:
-        """At close, with the changelog's end `position` (None: unknown, after a failure): mark
-        the state reusable when everything applied is checkpointed. Whether it was marked."""
-        if position is None or self.applied_offset != self._checkpointed[0]:
-            return False
-        marker = {CLEAN_KEY: position, OFFSET_KEY: str(self.applied_offset).encode()}
-        self.state.set_meta({**marker, INPUTS_KEY: orjson.dumps(self.inputs)}, durable=True)
-        return True
-
-    def close(self, position: bytes | None = None) -> None:
-        """Close the state, marked reusable if it can be (mark_reusable)."""
-        self.mark_reusable(position)
+    def close(self) -> None:
+        """Close the state; writes not committed are lost, as in a crash."""
         self.state.close()
+
+
+def _now_ms() -> int:
+    return round(time.time() * 1000)
 
 
 # -- the worker's batches: signatures messages in, outcomes out (they cross the decider's pipe) --

@@ -457,6 +457,9 @@ class IndexState:
         batch.put(COUNTS_KEY, self.counts.encode())
         self.kv.write(batch)
         self._marker_looked_up = (None, None)
+        # posting lists read before this write may be stale: a restore's or an expiry's batches
+        # come without a lookup of their own in between
+        self._postings_looked_up = None
 
     def _buckets(self, keys: Sequence[bytes], batch: Batch) -> list[bytes | None]:
         """The stored buckets of `keys`, as this batch leaves them; from the last candidates()
@@ -673,6 +676,63 @@ class IndexState:
         if gone:
             self._write(batch)
         return gone
+
+    def reload(self) -> None:
+        """Read the counters again from the store and forget what was cached: writes the store
+        no longer holds (layers discarded, state/overlay.py) must not be seen."""
+        self._load()
+
+    # -- a changelog's records applied one by one (a restore: the records after a known point) --
+
+    def put_record(self, record: bytes) -> bool:
+        """Hold the stored article version `record` as apply() left it, in place of the id's
+        current version (its deletion marker gone); False when it is held already."""
+        article = decode_record(record)
+        current = self.get(article.article_id)
+        if current is not None and current.seq == article.seq:
+            return False
+        batch = Batch()
+        self._looked_up = None
+        if current is not None:
+            self._remove(batch, current, keep_id=True)
+        self._drop_marker(batch, article.article_id)
+        self._add(batch, article)
+        batch.records[seq_key(article.seq)] = record
+        self._seq = max(self._seq, article.seq + 1)
+        batch.put(SEQ_KEY, str(self._seq).encode())
+        self._write(batch)
+        self._remember(article)
+        return True
+
+    def drop_article(self, article_id: str) -> bool:
+        """Take the id's current version out of every structure, leaving no marker (a marker
+        comes as a record of its own); False when it is not held."""
+        current = self.get(article_id)
+        if current is None:
+            return False
+        batch = Batch()
+        self._looked_up = None
+        self._remove(batch, current)
+        self._write(batch)
+        return True
+
+    def put_marker(self, article_id: str, stored: bytes | None) -> None:
+        """Set the id's deletion marker (encode_marker) to `stored`, None removing it; a held id
+        keeps none."""
+        key = article_id.encode()
+        batch = Batch()
+        self._marker_looked_up = (None, None)
+        self._drop_marker(batch, article_id)
+        if stored is not None and self.kv.get_many([ARTICLE + key])[0] is None:
+            marker = decode_marker(stored, article_id)
+            batch.put(MARKER + key, stored)
+            batch.put(marker_time_key(marker.time_ms, article_id), b"")
+        self._write(batch)
+
+    def set_removed(self, expired: int, deleted: int) -> None:
+        """The removal counts as counted where the records come from."""
+        self.counts.expired, self.counts.deleted = expired, deleted
+        self._write(Batch())
 
     def clear(self) -> None:
         """Drop everything (header included): the index is about to be rebuilt."""

@@ -28,6 +28,7 @@ from rocksdict import (
 
 from ..errors import Error
 from .index import DEFAULT_BUCKET_CAP, Batch, IndexState
+from .overlay import LayeredKV
 
 _RECORDS = "records"  # the column family of the records, by arrival number
 T = TypeVar("T")
@@ -61,7 +62,9 @@ class RocksOptions:
     # On a busy machine a flush or compaction otherwise takes the core of the thread that decides,
     # and verdicts wait for it: the latency tail comes from those moments.
     background_nice: int = 0
-    # Off only for state that is rebuilt from elsewhere after a crash (the stream's derived index).
+    # Off only for state that can be rebuilt from elsewhere after a crash: without it, writes since
+    # the last flush are lost to a SIGKILL (the worker's index records its changelog position in
+    # the same writes, and needs it on).
     write_ahead_log: bool = True
     # Decoded article records kept in memory, read again for exact copies, re-deliveries and
     # replays; a miss costs a read and a decode. Candidates are read as probes (below).
@@ -244,15 +247,22 @@ def _successor(prefix: bytes) -> bytes:
 
 
 class RocksState(IndexState):
-    """The index on disk. One writer at a time: RocksDB's lock file enforces it."""
+    """The index on disk. One writer at a time: RocksDB's lock file enforces it. `layered`: writes
+    are held in a write overlay (overlay.py) until committed, as the worker's derived index is."""
 
     def __init__(
-        self, path: str | Path, options: RocksOptions = RocksOptions(), *, read_only: bool = False
+        self,
+        path: str | Path,
+        options: RocksOptions = RocksOptions(),
+        *,
+        read_only: bool = False,
+        layered: bool = False,
     ) -> None:
         self.path = Path(path)
         self.options = options
+        self.rocks = RocksKV(self.path, options, read_only=read_only)
         super().__init__(
-            RocksKV(self.path, options, read_only=read_only),
+            LayeredKV(self.rocks) if layered else self.rocks,
             bucket_cap=options.bucket_cap,
             record_cache=options.record_cache,
             probe_cache=options.probe_cache,
@@ -263,7 +273,7 @@ class RocksState(IndexState):
         return str(self.path)
 
     def compact(self) -> None:
-        cast(RocksKV, self.kv).compact()
+        self.rocks.compact()
 
 
 class CompactedLog:

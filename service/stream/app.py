@@ -3,6 +3,7 @@ built whole before the app starts. Thin: the pipeline (neardup.pipeline) does th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
+from faust.types import TP
 
 from ..config import Settings
 from ..pipeline.collector import CollectorPolicy
@@ -25,13 +27,19 @@ from .delivery import Deliveries
 from .index_agent import SHARD_KEY, HandOff, IndexPipeline
 from .metrics import Metrics
 from .outputs import Outputs
-from .progress import Failure, Progress
+from .progress import Failure, Progress, unacknowledged
+from .purge import SignaturesPurge
 from .sign_agent import SignPipeline
+from .standby import Standby
 from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
+from .transactions import InputTransactions, ShardTransactions, producer_of
 
 __all__ = ["SHARD_KEY", "Runtime", "create_app", "exit_after"]
 log = logging.getLogger("neardup.stream")
-WATCH_INTERVAL_S = 1.0  # how often the event loop reports on itself and its agents (/health)
+WATCH_INTERVAL_S = 1.0  # how often the event loop reports on itself and its agents (/health, /ready)
+# How long the worker waits for a broker to answer its metadata check: one that does not answer
+# within this counts as away (readiness), and the next check starts after it.
+BROKER_CHECK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -54,13 +62,37 @@ class Runtime:
         return [self.signed, self.indexed]
 
     def stalled(self) -> str | None:
-        """Why the worker is stuck, if it is (Progress.stalled). A topic whose agent is busy with
+        """Why the worker is wedged, if it is (Progress.stalled). A topic whose agent is busy with
         its batch does not count: the shard's while the index is rebuilt before its next batch,
-        the input's while the signer isolates a message that broke a helper."""
+        the input's while the signer isolates a message that broke a helper; nor does one whose
+        stage waits for the broker's acknowledgements, nor any while no broker answers (`unready`:
+        an outage, which the delivery timeout bounds)."""
+        if time.monotonic() - self.metrics.broker_seen > self.settings.ready_timeout:
+            # No broker answers: nothing is available to take, whatever the last high-water mark
+            # said; the stall clock starts again when one does.
+            for topic in list(self.progress.taken_at):
+                self.progress.took(topic)
+            return None
         busy = {self.settings.signatures_topic} if self.decider.opening else set()
         if self.signer.isolating:
             busy.add(self.settings.input_topic)
-        return self.progress.stalled(self.stages(), self.settings.stall_timeout, busy)
+        inputs = {self.settings.input_topic: self.signed, self.settings.signatures_topic: self.indexed}
+        busy |= {topic for topic, stage in inputs.items() if stage.unsettled}
+        return self.progress.stalled(self.settings.stall_timeout, busy)
+
+    def unready(self) -> str | None:
+        """Why the worker does not deliver now, if it does not: sends unacknowledged, no broker
+        answering, or the index opening (rebuilt from the changelog) before the shard's next batch."""
+        limit = self.settings.ready_timeout
+        waited = unacknowledged(self.stages(), limit)
+        if waited is not None:
+            return waited
+        unseen = time.monotonic() - self.metrics.broker_seen
+        if unseen > limit:
+            return f"no broker answered for {unseen:.0f} s"
+        if self.decider.opening:
+            return "opening the index"
+        return None
 
 
 def exit_after(seconds: float) -> None:
@@ -126,7 +158,14 @@ def create_app(
 
 def _faust_app(settings: Settings) -> faust.App:
     """The Faust app, configured for the worker."""
-    return framework.app_class(settings.fetch_wait_ms, settings.fetch_min_bytes)(
+    app_class = framework.app_class(
+        settings.fetch_wait_ms,
+        settings.fetch_min_bytes,
+        settings.isolation_level,
+        # under exactly-once, the stages' transactions commit the offsets, Faust's consumer never
+        commits=not settings.exactly_once,
+    )
+    return app_class(
         settings.app_id,
         broker=settings.broker,
         broker_credentials=_credentials(settings),
@@ -177,9 +216,9 @@ def _runtime(
     decider = Decider(
         params,
         settings.state_path / "index",
-        # rebuilt from the changelog after a crash: no write-ahead log needed
+        # the write-ahead log keeps each commit, changelog offset included, through a SIGKILL
         RocksOptions(
-            write_ahead_log=False,
+            write_ahead_log=True,
             record_cache=settings.record_cache,
             probe_cache=settings.probe_cache,
             bucket_cap=settings.bucket_cap,
@@ -196,13 +235,21 @@ def _runtime(
         failure.stop_worker = stop_worker
     progress = Progress(app, metrics, LogReader(settings), failure)
     signed, indexed = Deliveries("sign", failure.fail), Deliveries("index", failure.fail)
-    # A replaced decider child rebuilds from the changelog: first, everything decided before it there
+    # A replaced decider child restores from the changelog: first, everything decided before it there
     decider.before_rebuild = indexed.drain
     outputs = Outputs(app, metrics, settings.dead_letter_topic)
     collector = CollectorPolicy(settings.gc_freeze_every)
-    index = IndexPipeline(settings, decider, collector, outputs, progress, failure, indexed)
+    shard_transactions, input_transactions, index_outputs = None, None, outputs
+    if settings.exactly_once:
+        shard_transactions, input_transactions = ShardTransactions(settings), InputTransactions(settings)
+        index_outputs = Outputs(app, metrics, settings.dead_letter_topic, producer_of(shard_transactions))
+    index = IndexPipeline(
+        settings, decider, collector, index_outputs, progress, failure, indexed, shard_transactions
+    )
     hand_off = HandOff()
-    sign = SignPipeline(settings, signer, outputs, signatures, progress, failure, signed, hand_off)
+    sign = SignPipeline(
+        settings, signer, outputs, signatures, progress, failure, signed, hand_off, input_transactions
+    )
     return Runtime(
         settings, metrics, signer, decider, failure, progress, signed, indexed, hand_off, sign, index
     )
@@ -229,6 +276,9 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     app.agent(signatures, name="index")(index.run)
     app.on_partitions_assigned.connect(index.on_assigned)  # type: ignore[arg-type]  # mode wants `signal=`
     app.on_partitions_revoked.connect(index.on_revoked)  # type: ignore[arg-type]
+    app.on_partitions_revoked.connect(sign.on_revoked)  # type: ignore[arg-type]
+    if sign.transactions is not None:
+        cast(Any, app).at_shutdown.append(sign.transactions.stop)
     app.on_before_shutdown.connect(index.close)  # type: ignore[arg-type]
 
     @app.task
@@ -254,6 +304,31 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
 
     @app.timer(interval=WATCH_INTERVAL_S)
     async def watch() -> None:
-        """What /health reports about the agents, from the event loop (whose own beat it is)."""
+        """What /health and /ready report about the agents, from the event loop (whose own beat
+        it is)."""
         metrics.loop_beat = time.monotonic()
         metrics.stalled = runtime.stalled()
+        metrics.unready = runtime.unready()
+
+    @app.task
+    async def watch_broker() -> None:
+        """Whether a broker answers, for /ready when nothing is sent (an idle worker's outage)."""
+        interval = min(BROKER_CHECK_S, runtime.settings.ready_timeout / 2)
+        while True:
+            if await framework.broker_answers(app, BROKER_CHECK_S):
+                metrics.broker_seen = time.monotonic()
+            await asyncio.sleep(interval)
+
+    standby = Standby(runtime.settings, index)
+    if standby.enabled:
+        app.task(standby.run)
+    purge = SignaturesPurge(runtime.settings, metrics)
+    cast(Any, app).at_shutdown.append(purge.close)
+
+    @app.timer(interval=runtime.settings.signatures_purge_interval)
+    async def purge_signatures() -> None:
+        """The signatures messages whose verdicts the broker holds, deleted: the topic keeps no
+        time or size retention (it must not lose pending messages), so this is what bounds it."""
+        shard = TP(runtime.settings.signatures_topic, 0)
+        if shard in app.consumer.assignment():
+            await purge.purge(framework.committed_offset(app, shard))

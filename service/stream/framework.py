@@ -114,12 +114,10 @@ class LeanMonitor(Monitor):
         return None  # no state: on_stream_event_out has nothing to time
 
 
-def app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
-    """faust.App whose consumer waits at most `fetch_wait_ms` for a fetch, instead of the 1500 ms
-    Faust hard-codes. The worker reads its input and its own signatures over one connection, and
-    aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog spends most
-    of its time waiting for fetches (deploy/docs/benchmarks.md).
-    The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait."""
+def _consumer_class(
+    fetch_wait_ms: int, fetch_min_bytes: int, isolation_level: str, commits: bool
+) -> type[aiokafka_driver.Consumer]:
+    """Faust's consumer with app_class's fetch wait, isolation level and commits."""
 
     class ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Any) -> Any:
@@ -127,11 +125,16 @@ def app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
             # read when the consumer starts its fetcher
             consumer._fetch_max_wait_ms = fetch_wait_ms
             consumer._fetch_min_bytes = fetch_min_bytes
+            consumer._isolation_level = isolation_level
             return consumer
 
     class FetchWaitConsumer(aiokafka_driver.Consumer):
         def _new_consumer_thread(self) -> ConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+        async def _commit(self, offsets: Any) -> bool:
+            # True without committing: Faust's bookkeeping moves on as after a commit
+            return await super()._commit(offsets) if commits else True
 
         async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
             """Faust's consumer hands each message to the streams with
@@ -154,8 +157,27 @@ def app_class(fetch_wait_ms: int, fetch_min_bytes: int) -> type[faust.App]:
                 coros = (asyncio.ensure_future(outcome, loop=self.loop), other)
             return await super().wait_first(*coros, timeout=timeout)
 
+    return FetchWaitConsumer
+
+
+def app_class(
+    fetch_wait_ms: int,
+    fetch_min_bytes: int,
+    isolation_level: str = "read_uncommitted",
+    *,
+    commits: bool = True,
+) -> type[faust.App]:
+    """faust.App whose consumer waits at most `fetch_wait_ms` for a fetch, instead of the 1500 ms
+    Faust hard-codes. The worker reads its input and its own signatures over one connection, and
+    aiokafka keeps one fetch in flight per broker: with 1500 ms, a worker with a backlog spends most
+    of its time waiting for fetches (deploy/docs/benchmarks.md).
+    The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait.
+    `isolation_level`: read_committed under exactly-once (Faust sets it for its own transactions
+    only, not used here: the stages drive their own, transactions.py), where `commits` is False:
+    the transactions commit the offsets, and a commit of Faust's would race them."""
+
     class Transport(aiokafka_driver.Transport):
-        Consumer = FetchWaitConsumer
+        Consumer = _consumer_class(fetch_wait_ms, fetch_min_bytes, isolation_level, commits)
 
     class App(faust.App):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -207,7 +229,9 @@ PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (aiokafka_driver.Consumer, "wait_first", "app_class: the stream callback run inline"),
     (AIOKafkaConsumer, "_fetch_max_wait_ms", "app_class: read when the consumer starts its fetcher"),
     (AIOKafkaConsumer, "_fetch_min_bytes", "app_class: read when the consumer starts its fetcher"),
+    (AIOKafkaConsumer, "_isolation_level", "app_class: read when the consumer starts its fetcher"),
     (aiokafka_driver.Consumer, "_committed_offset", "committed_offset"),
+    (aiokafka_driver.Consumer, "_commit", "app_class: under exactly-once the transactions commit"),
     (aiokafka_driver.Consumer, "_add_gap", "allow_commits_past"),
     (aiokafka_driver.Producer, "_ensure_producer", "aiokafka_producer"),
     (AIOKafkaProducer, "_partitioner", "default_partitions"),
@@ -246,3 +270,14 @@ def default_partitions(producer: Any, topic: str, keys: Sequence[bytes | None]) 
     # in the partitioner's order (aiokafka's _partition lists the metadata's partitions the same way)
     choices = list(producer._metadata.partitions_for_topic(topic))
     return [choices[index] for index in _kafka_hash.partitions(cast(list[bytes], keys), len(choices))]
+
+
+async def broker_answers(app: faust.App, timeout: float) -> bool:
+    """Whether a broker answers the producer's metadata request within `timeout` seconds. Through
+    the producer's own client (public aiokafka API), so that no connection is added for it; its
+    update is shared, so a check that times out leaves the request in flight for the next one."""
+    update = aiokafka_producer(app).client.force_metadata_update()
+    try:
+        return bool(await asyncio.wait_for(update, timeout))
+    except TimeoutError:
+        return False

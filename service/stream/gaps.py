@@ -24,8 +24,8 @@ class OffsetGap(NamedTuple):
 def offset_gaps(last: dict[Any, int], delivered: Iterable[tuple[Any, int]]) -> list[OffsetGap]:
     """Gaps in `delivered` ((partition, offset) in delivery order), given the last offset delivered
     before for each partition (`last`, updated in place). Going back is no gap (re-delivery after a
-    restart or rebalance); going forward by more than one is, on topics whose offsets have no holes
-    (not compacted, no transactions), as the signatures topic."""
+    restart or rebalance); going forward by more than one is (on a topic written in transactions,
+    a commit marker makes one too: read back, it holds nothing)."""
     gaps = []
     for partition, offset in delivered:
         before = last.get(partition)
@@ -57,7 +57,8 @@ def in_log_order(
 def following_run(after: int, messages: Sequence[tuple[int, T]]) -> list[tuple[int, T]]:
     """Of `messages` ((offset, payload), in offset order), those that can be decided right after the
     offset `after` without skipping one: past the ones at or before it (decided already), the
-    offsets that follow it one by one."""
+    offsets that follow it one by one. (Under exactly-once a commit marker follows each sign
+    transaction, and which offset it took is not known here: the consumer brings what follows.)"""
     run: list[tuple[int, T]] = []
     for message in messages:
         if message[0] <= after:

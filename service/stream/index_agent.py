@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import faust
 import orjson
+from aiokafka import TopicPartition
 from faust.types import TP
 
 from ..config import Settings
@@ -27,6 +28,7 @@ from .gaps import OffsetGap, following_run, in_log_order
 from .outputs import Letter, Outputs
 from .progress import Failure, Progress
 from .topics import changelog_topic
+from .transactions import Fenced, ShardTransactions
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
@@ -34,6 +36,9 @@ SHARD_KEY = b"0"
 # in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
 # articles, ~390 KB) is one message, and so a chunk of its own.
 DECIDE_CHUNK_BYTES = 256 * 1024
+# Under exactly-once, signatures messages per transaction (~500-1,000 articles): a commit costs a few
+# round trips to the coordinator, and a backlog batch in one transaction could outlast its timeout.
+TRANSACTION_BYTES = 4 * DECIDE_CHUNK_BYTES
 TAKE_WITHIN_S = 0.001  # as the sign agent's (sign_agent.py)
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
@@ -99,8 +104,11 @@ class IndexPipeline:
         progress: Progress,
         failure: Failure,
         deliveries: Deliveries,
+        transactions: ShardTransactions | None = None,
     ) -> None:
         self.settings = settings
+        # exactly-once: each batch's writes and the signatures offsets it consumed in one transaction
+        self.transactions = transactions
         self.decider = decider
         self.collector = collector
         self.outputs = outputs
@@ -111,13 +119,16 @@ class IndexPipeline:
         self.changelog = changelog_topic(settings)
         self.shard = TP(settings.signatures_topic, 0)  # the index shard: one partition
         self.feed_kinds = settings.feed_kinds()
-        # raised whenever the index shard is (re)assigned: the index is reopened or rebuilt first
+        # raised whenever the index shard is (re)assigned: the index is restored or rebuilt first
         self.needs_open = True
         # One decision at a time, whether from the index agent or from a hand-off (`HandOff`)
         self.lock = asyncio.Lock()
         # The last signatures offset decided by a hand-off since the shard's assignment: the
         # consumer delivers those messages too, and the index agent lets them pass
         self.handed_off = -1
+        # Whether the group assigned the shard to this worker (a standby catches up only while not)
+        self.owner = False
+        decider.on_opened = self._opened
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
@@ -139,10 +150,50 @@ class IndexPipeline:
             decider = await self._open_decider()
             # decided already, as soon as this worker's send of them was acknowledged
             batch = [e for e in fetched if e.message.offset > self.handed_off]
-            gaps = self.progress.check_gaps(batch) if batch else []
+            # under exactly-once each sign transaction leaves a commit marker: a gap that holds nothing
+            level = logging.INFO if self.transactions is not None else logging.ERROR
+            gaps = self.progress.check_gaps(batch, level) if batch else []
             if batch:
-                await self.decide_and_publish(decider, await self._in_log_order(batch, gaps))
+                await self.decide(decider, await self._in_log_order(batch, gaps))
         return gaps
+
+    async def decide(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+        """Decide signatures messages and publish what they cause: settled as the broker
+        acknowledges each chunk (at least once), or in transactions committed with the
+        signatures offsets consumed (exactly once), each of at most TRANSACTION_BYTES of them, so
+        that none stays open for long whatever the backlog."""
+        if self.transactions is None:
+            await self.decide_and_publish(decider, messages)
+            return
+        for part in runs_within(messages, lambda message: len(message[1]), TRANSACTION_BYTES):
+            await self._decide_in_transaction(decider, self.transactions, part)
+
+    async def _decide_in_transaction(
+        self, decider: Decider, transactions: ShardTransactions, messages: list[tuple[int, bytes]]
+    ) -> None:
+        settled: list[tuple[list[Any], Callable[[], None]]] = []
+
+        async def hold(sends: list[Any], applied: Callable[[], None]) -> None:
+            settled.append((sends, applied))
+
+        next_offsets = {TopicPartition(self.shard.topic, self.shard.partition): messages[-1][0] + 1}
+        try:
+            async with transactions.transaction(lambda: next_offsets):
+                await self.decide_and_publish(decider, messages, hold)
+                await asyncio.gather(*(send for sends, _ in settled for send in sends))
+        except Fenced as exc:
+            self.failure.fail(f"producer_fenced: {exc}; another worker owns the index shard, stopping")
+            raise
+        except BaseException:
+            self.metrics.transactions.labels("aborted").inc()
+            raise
+        self.metrics.transactions.labels("committed").inc()
+        end = decider.changelog_end
+        for _, applied in settled:
+            applied()
+        if decider.changelog_end > end:
+            # the transaction's commit marker follows its last record in the changelog
+            decider.acknowledged(decider.changelog_end + 1)
 
     async def _in_log_order(
         self, batch: list[faust.EventT], gaps: list[OffsetGap]
@@ -159,37 +210,47 @@ class IndexPipeline:
         ]
         return [(offset, value) for _, offset, value in in_log_order(delivered, gaps, fills)]
 
-    async def decide_and_publish(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+    async def decide_and_publish(
+        self,
+        decider: Decider,
+        messages: list[tuple[int, bytes]],
+        settle: Callable[[list[Any], Callable[[], None]], Awaitable[None]] | None = None,
+    ) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
-        each chunk's writes to the changelog and its verdicts, and hand them to the
-        index stage's deliveries. The index has the writes already: it is kept at the next start
-        only when closed with all of them acknowledged (Decider.close)."""
+        each chunk's writes to the changelog and its verdicts, and hand them to `settle` (the
+        index stage's deliveries by default). The index holds a chunk's writes aside until the
+        changelog has them all (Decider.acknowledged): it never reflects what the changelog lacks."""
+        settle = settle or self.deliveries.settle
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
             async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
                 async for outcome, writes in answers:
+                    chunk = decider.answered
                     changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
                     sends, counted = await self.publish(outcome)
                     sends += [batch.sent for batch in changelog]
-                    await self.deliveries.settle(sends, self._applied(changelog, counted))
+                    await settle(sends, self._applied(changelog, counted, chunk))
         except BaseException as exc:
-            # Half a batch applied: the index may be ahead of the changelog. Rebuild it from the
-            # changelog before the next batch (the re-delivered batch then replays what was applied).
+            # Half a batch decided: the index holds writes that may never be committed. Restore it
+            # before the next batch (the re-delivered batch then replays what the changelog has).
             self.needs_open = True
-            decider.mark_ahead()
             if isinstance(exc, DeciderFailed):
                 self.failure.fail(f"index_unavailable: {exc}; stopping the worker")
             raise
 
-    def _applied(self, changelog: list[SentBatch], counted: Callable[[], None]) -> Callable[[], None]:
-        """What a chunk's acknowledgement means: the changelog holds its writes (the decider learns
-        where it ends), and its counters count."""
+    def _applied(
+        self, changelog: list[SentBatch], counted: Callable[[], None], chunk: int
+    ) -> Callable[[], None]:
+        """What a chunk's acknowledgement means: the changelog holds its writes, so the index
+        commits them with where the changelog ends, and its counters count."""
 
         def apply() -> None:
+            end = None
             if changelog:
                 last = changelog[-1]  # one partition: the last batch holds the last write
-                self.decider.acknowledged(last.sent.result().offset + last.messages)
+                end = last.sent.result().offset + last.messages
+            self.decider.acknowledged(end, chunk)
             counted()
 
         return apply
@@ -204,7 +265,9 @@ class IndexPipeline:
             if not run:
                 return  # another worker's messages come first, or these were decided already
             try:
-                await self.decide_and_publish(self.decider, run)
+                await self.decide(self.decider, run)
+            except Fenced:
+                return  # the worker is stopping (decide reported it)
             except Exception:
                 log.exception("handoff_failed: the consumer delivers these messages again")
                 return
@@ -230,6 +293,10 @@ class IndexPipeline:
                 continue
             if entry.status in ("replayed", "stale"):
                 counts[(metrics.replays, entry.status)] += 1
+                if self.transactions is not None:
+                    # Under exactly-once the index holds only what was committed: an input it
+                    # has applied was answered in a committed transaction already.
+                    continue
             expired += entry.expired
             if entry.deletion and entry.article_id is not None:
                 if entry.status in ("deleted", "unknown_delete"):
@@ -315,18 +382,23 @@ class IndexPipeline:
         self.handed_off = -1
         for tp in assigned or ():
             self.progress.took(tp.topic)  # no batch yet: none was due
+        owner, self.owner = self.owner, self.shard in set(assigned or ())
+        if self.owner and not owner:
+            # when a takeover starts: the index opens at the shard's first batch, after this
+            log.info("index_shard_assigned topic=%s partition=0", self.shard.topic)
         if any(tp.topic == self.settings.signatures_topic for tp in assigned or ()):
             self.needs_open = True
 
     async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
         # No hand-off once the shard may be another worker's: it waits for the next assignment.
         self.progress.delivered.pop(self.shard, None)
+        if self.shard in set(revoked or ()):
+            self.owner = False
 
     async def close(self, sender: Any, **_: Any) -> None:
         """At shutdown, once the consumer has stopped: no batch comes from it any more, and no
         hand-off starts (the shard is no longer this worker's); one in progress ends first. The
-        index is then flushed (it has no write-ahead log) and marked reusable when the changelog
-        acknowledged everything it holds."""
+        index is then closed, compacted when the changelog acknowledged everything it decided."""
         self.progress.delivered.pop(self.shard, None)
         clean = False
         try:
@@ -340,20 +412,30 @@ class IndexPipeline:
             log.error("index_close: a decision still runs after %.0f s; closing anyway", CLOSE_WAIT_S)
         await self.decider.close(clean=clean)
         await self.progress.log_reader.close()
+        if self.transactions is not None:
+            await self.transactions.stop()
 
     async def _open_decider(self) -> Decider:
-        """The index stage: at every assignment of the shard, reopened (after a clean shutdown)
-        or rebuilt from the changelog."""
+        """The index stage: at every assignment of the shard, restored (the changelog after its
+        committed offset applied) or rebuilt from the changelog."""
         if self.needs_open:
             await self.deliveries.drain()  # the changelog holds everything decided so far
-            count = await self.decider.open()
+            if self.transactions is not None:
+                # a new producer epoch at each assignment: it fences whoever held the shard before
+                await self.transactions.stop()
+                await self.transactions.start()
+            await self.decider.open()
             self.needs_open = False
             # The shard's next message follows the last one the index says was applied: a first
             # message beyond it is a gap too.
             self.progress.delivered[self.shard] = self.decider.applied_offset
-            self.metrics.index_opens.labels("reopened" if count is None else "rebuilt").inc()
-            if count is None:
-                log.info("index_reopened")
-            else:
-                log.info("index_rebuilt articles=%d", count)
         return self.decider
+
+    def _opened(self, count: int | None, seconds: float) -> None:
+        """Every open of the index, at an assignment or by a replacement decider child."""
+        self.metrics.index_opens.labels(self.decider.opened).inc()
+        self.metrics.index_replayed.inc(self.decider.replayed)
+        if count is None:
+            log.info("index_restored records_replayed=%d seconds=%.2f", self.decider.replayed, seconds)
+        else:
+            log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)

@@ -1,7 +1,9 @@
-"""Prometheus metrics and a health endpoint on a small HTTP server bound to loopback by default.
+"""Prometheus metrics and the probes on a small HTTP server bound to loopback by default.
 
-Nothing here serves table contents: /metrics and /health only (Faust's own web server, which can
-show tables, is disabled by the worker).
+/health is liveness (a wedged process: a supervisor restarts it), /ready is readiness (delivery:
+a broker outage makes the worker not ready, and restarting it would not bring the broker back).
+Nothing here serves table contents (Faust's own web server, which can show tables, is disabled by
+the worker).
 """
 
 from __future__ import annotations
@@ -35,14 +37,18 @@ class Metrics:
             self.verdicts.labels(kind)
         for status in ("deleted", "unknown_delete"):
             self.deletes.labels(status)
-        for how in ("reopened", "rebuilt"):
+        for how in ("restored", "rebuilt"):
             self.index_opens.labels(how)
+        for outcome in ("committed", "aborted"):
+            self.transactions.labels(outcome)
         self.started = time.time()
         self.ready = threading.Event()
         # Written by the event loop, read by the HTTP thread (single attribute stores)
         self.failure: str | None = None  # the failure the worker stops for
         self.stalled: str | None = None  # what the last watch found stuck
+        self.unready: str | None = None  # why the last watch found the worker not ready
         self.loop_beat: float | None = None  # monotonic time of the event loop's last watch
+        self.broker_seen = time.monotonic()  # when a broker last answered the worker's check
         self.stall_timeout = 60.0
 
     def _declare_flow(self, r: CollectorRegistry) -> None:
@@ -88,6 +94,12 @@ class Metrics:
             registry=r,
         )
         self.expired = Counter("neardup_expired", "Articles removed by the retention window", registry=r)
+        self.transactions = Counter(
+            "neardup_index_transactions",
+            "The index stage's transactions (exactly_once) by outcome: committed, aborted",
+            ["outcome"],
+            registry=r,
+        )
         self.deletes = Counter(
             "neardup_deletes",
             "Deletions (input tombstones) by outcome: deleted, or unknown id",
@@ -122,13 +134,42 @@ class Metrics:
         )
         self.index_opens = Counter(
             "neardup_index_opens",
-            "Index openings at the shard's assignment: reopened after a clean stop, or rebuilt",
+            "Index openings at the shard's assignment (or a decider's replacement): restored from "
+            "its committed changelog offset, or rebuilt from the whole changelog",
             ["how"],
+            registry=r,
+        )
+        self.index_replayed = Counter(
+            "neardup_index_replayed_records",
+            "Changelog records applied to the index by restores (those after its committed offset)",
+            registry=r,
+        )
+        self.standby = Gauge(
+            "neardup_index_standby",
+            "1 while this worker keeps a warm standby copy of the index (NEARDUP_STANDBY_REPLICAS) "
+            "and does not own the shard, else 0",
+            registry=r,
+        )
+        self.standby_lag = Gauge(
+            "neardup_index_standby_lag_records",
+            "Changelog offsets the standby copy was behind at its last catch-up (changelog end - "
+            "its stored position): about what a takeover would replay",
+            registry=r,
+        )
+        self.standby_applied = Counter(
+            "neardup_index_standby_applied_records",
+            "Changelog records the standby copy applied as it caught up from its stored position "
+            "(its first build, from the whole changelog, is not counted)",
             registry=r,
         )
         self.fed = Counter(
             "neardup_feed_messages",
             "Input messages forwarded to the filtered feed (NEARDUP_UNIQUE_TOPIC) and acknowledged",
+            registry=r,
+        )
+        self.signatures_purged = Gauge(
+            "neardup_signatures_log_start",
+            "Log start offset of the signatures topic after the last purge (messages below it were decided)",
             registry=r,
         )
         self.lag = Gauge(
@@ -157,9 +198,9 @@ class Metrics:
         return on_gc  # for gc.callbacks.remove
 
     def health(self) -> dict[str, Any]:
-        """ "ok" only while the worker makes progress: "failed" once it stops for a failure,
+        """Liveness: "ok" unless the worker is wedged or done. "failed" once it stops for a failure,
         "stalled" when an agent or the event loop itself is stuck (a liveness probe restarts it),
-        "starting" until the helpers are warm."""
+        "starting" until the helpers are warm. A broker outage is none of these (`readiness`)."""
         status, reason = "ok", None
         beat = self.loop_beat
         if self.failure is not None:
@@ -170,10 +211,24 @@ class Metrics:
             status, reason = "stalled", f"event loop unresponsive for {time.monotonic() - beat:.0f} s"
         elif self.stalled is not None:
             status, reason = "stalled", self.stalled
-        health: dict[str, Any] = {"status": status, "uptime_s": round(time.time() - self.started, 1)}
+        return self._answer(status, reason)
+
+    def readiness(self) -> dict[str, Any]:
+        """Readiness: "ok" while the worker delivers; "not_ready" while its sends wait for the
+        broker's acknowledgement, no broker answers, or the index opens; whatever liveness says
+        when that is not ok."""
+        live = self.health()
+        if live["status"] != "ok":
+            return live
+        if self.unready is not None:
+            return self._answer("not_ready", self.unready)
+        return live
+
+    def _answer(self, status: str, reason: str | None) -> dict[str, Any]:
+        answer: dict[str, Any] = {"status": status, "uptime_s": round(time.time() - self.started, 1)}
         if reason is not None:
-            health["reason"] = reason
-        return health
+            answer["reason"] = reason
+        return answer
 
 
 def serve(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:
@@ -183,10 +238,10 @@ def serve(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:
         def do_GET(self) -> None:
             if self.path.startswith("/metrics"):
                 body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
-            elif self.path.startswith("/health"):
-                health = metrics.health()
-                body, ctype = orjson.dumps(health), "application/json"
-                code = 200 if health["status"] == "ok" else 503
+            elif self.path.startswith(("/health", "/ready")):
+                probe = metrics.health() if self.path.startswith("/health") else metrics.readiness()
+                body, ctype = orjson.dumps(probe), "application/json"
+                code = 200 if probe["status"] == "ok" else 503
             else:
                 body, ctype, code = b"not found\n", "text/plain", 404
             self.send_response(code)

@@ -5,7 +5,7 @@ broker has them."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
@@ -18,12 +18,28 @@ Letter = tuple[str, bytes, bytes | None]  # (reason, dead-letter record, key)
 
 
 class Outputs:
-    def __init__(self, app: faust.App, metrics: Metrics, dead_letter_topic: str) -> None:
+    """`producer`: what to send through (the index stage's transactional producer under
+    exactly-once, transactions.py); by default aiokafka's producer under Faust's."""
+
+    def __init__(
+        self,
+        app: faust.App,
+        metrics: Metrics,
+        dead_letter_topic: str,
+        producer: Callable[[], Any] | None = None,
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.dead_letter_topic = dead_letter_topic
+        self._producer = producer
+
+    def through(self, producer: Any) -> Outputs:
+        """The same outputs sent through `producer` (a transaction's)."""
+        return Outputs(self.app, self.metrics, self.dead_letter_topic, lambda: producer)
 
     def producer(self) -> Any:
+        if self._producer is not None:
+            return self._producer()
         return framework.aiokafka_producer(self.app)
 
     async def send_batches(

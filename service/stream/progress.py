@@ -102,13 +102,20 @@ class Progress:
         be read back (the broker does not answer) stops the worker, so that it restarts from its
         last commit rather than go on without those messages."""
         fills: list[tuple[Any, StoredMessage]] = []
-        for gap in gaps:
-            tp = gap.partition
+        spans: dict[Any, list[StoredMessage]] = {}
+        for tp in {gap.partition for gap in gaps}:
+            # one read per partition, from its first gap to its last: under exactly-once a commit
+            # marker leaves a gap after nearly every sign transaction
+            first = min(gap.expected for gap in gaps if gap.partition == tp)
+            last = max(gap.got for gap in gaps if gap.partition == tp)
             try:
-                found = await self.log_reader.read(tp.topic, tp.partition, gap.expected, gap.got)
+                spans[tp] = await self.log_reader.read(tp.topic, tp.partition, first, last)
             except Exception:
                 self.failure.fail("offset_gap_unreadable: stopping the worker", exc_info=True)
                 raise
+        for gap in gaps:
+            tp = gap.partition
+            found = [message for message in spans[tp] if gap.expected <= message.offset < gap.got]
             # messages in a gap were skipped by the consumer; none: a transaction marker, or removed
             self.metrics.offset_gap_messages.labels(tp.topic).inc(len(found))
             log.log(
@@ -139,16 +146,11 @@ class Progress:
             if highwater is not None:
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))
 
-    def stalled(self, stages: list[Deliveries], limit: float, busy: Set[str] = frozenset()) -> str | None:
-        """Why the worker is stuck, if it is: a stage whose batches have waited for the broker's
-        acknowledgement longer than `limit` seconds, or a partition with messages waiting that its
-        agent has not taken a batch from for that long (but the `busy` topics, whose agents are
-        known to be at work on their batch)."""
+    def stalled(self, limit: float, busy: Set[str] = frozenset()) -> str | None:
+        """Why the worker is wedged, if it is: a partition with messages waiting that its agent has
+        not taken a batch from for `limit` seconds (but the `busy` topics, whose agents are known to
+        be at work on their batch or waiting for the broker)."""
         now = time.monotonic()
-        for stage in stages:
-            if stage.unsettled and now - stage.settled_at > limit:
-                waited = now - stage.settled_at
-                return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
         for tp in self.app.consumer.assignment():
             if tp.topic in busy:
                 continue
@@ -159,3 +161,15 @@ class Progress:
                 waiting = highwater - 1 - last
                 return f"{tp.topic}:{tp.partition}: {waiting} waiting, none taken for {now - taken:.0f} s"
         return None
+
+
+def unacknowledged(stages: list[Deliveries], limit: float) -> str | None:
+    """A stage whose batches have waited for the broker's acknowledgement longer than `limit`
+    seconds: the broker is away or overloaded. Not a wedged process (the producer's delivery timeout
+    bounds the wait), so it makes the worker not ready, not dead."""
+    now = time.monotonic()
+    for stage in stages:
+        if stage.unsettled and now - stage.settled_at > limit:
+            waited = now - stage.settled_at
+            return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
+    return None

@@ -4,21 +4,25 @@ index shard's topic (with dead letters for what cannot be signed)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
+from aiokafka import TopicPartition
 
 from ..config import Settings
 from ..pipeline.signer import Signer, SignerFailed, SignItem
 from ..pipeline.wire import Provenance, pack_in_chunks, with_original
+from .batches import send_in_batches
 from .delivery import Deliveries
 from .gaps import in_log_order
 from .index_agent import SHARD_KEY, HandOff
 from .outputs import Letter, Outputs
 from .progress import Failure, Progress
 from .topics import StoredMessage
+from .transactions import Fenced, InputTransactions
 
 log = logging.getLogger("neardup.stream")
 # How long a batch waits for more events after its first (LeanStream.take_events): the consumer
@@ -41,8 +45,11 @@ class SignPipeline:
         failure: Failure,
         deliveries: Deliveries,
         hand_off: HandOff,
+        transactions: InputTransactions | None = None,
     ) -> None:
         self.settings = settings
+        # exactly-once: each input partition's sends and offsets in transactions of its own
+        self.transactions = transactions
         self.signer = signer
         self.outputs = outputs
         self.signatures = signatures
@@ -85,8 +92,8 @@ class SignPipeline:
             # would sign the next batches ahead of this one. The worker's stop cancels this.
             await asyncio.Event().wait()
             raise
-        packs: list[bytes] = []
-        letters: list[Letter] = []
+        signed: dict[Any, list[bytes]] = collections.defaultdict(list)  # by input partition
+        letters: dict[Any, list[Letter]] = collections.defaultdict(list)
         refused_times = 0
         for (tp, offset, (raw, key, src)), result in zip(entries, results, strict=True):
             if result.signed is None:
@@ -98,29 +105,80 @@ class SignPipeline:
                     src.partition,
                     src.offset,
                 )
-                letters.append((result.reason, result.dead_letter, key))
+                letters[tp].append((result.reason, result.dead_letter, key))
             elif settings.unique_topic:  # the filtered feed forwards the input message as it came
-                packs.append(with_original(result.signed, raw or b"", headers.get((tp, offset), ())))
+                signed[tp].append(with_original(result.signed, raw or b"", headers.get((tp, offset), ())))
             else:
-                packs.append(result.signed)
+                signed[tp].append(result.signed)
             refused_times += result.refused_time
-        sends = await self.outputs.dead_letters(letters)
-        for pack in pack_in_chunks(packs):
-            sent = await self.signatures.send(key=SHARD_KEY, value=pack)
-            sends.append(sent)
-            if settings.index_handoff:
-                self.hand_off.submit(sent, pack)
+        every_letter = [letter for tp_letters in letters.values() for letter in tp_letters]
+        if self.transactions is not None:
+            ends = {tp: offset + 1 for tp, offset, _ in sorted(entries, key=lambda entry: entry[1])}
+            # Committed while the next batch is signed; each partition's writer takes its
+            # transactions in the order they were started, and the batch settles once committed.
+            sends: list[Any] = [asyncio.ensure_future(self._send_in_transactions(ends, signed, letters))]
+        else:
+            sends = await self._send(signed, every_letter)
 
         async def delivered() -> None:
             await progress.allow_commits_past(gaps)
             await stream.acknowledge(batch)
-            self.outputs.count_dead_letters(letters)
+            self.outputs.count_dead_letters(every_letter)
             progress.metrics.articles_in.inc(len(items))
             if refused_times:
                 progress.metrics.refused_times.inc(refused_times)
             progress.record_lag(batch)
 
         return sends, delivered
+
+    async def _send(self, signed: dict[Any, list[bytes]], letters: list[Letter]) -> list[Any]:
+        """At least once: the batch's dead letters, and its signed records packed into messages
+        handed off as the broker acknowledges them."""
+        sends = await self.outputs.dead_letters(letters)
+        for pack in pack_in_chunks([record for records in signed.values() for record in records]):
+            sent = await self.signatures.send(key=SHARD_KEY, value=pack)
+            sends.append(sent)
+            if self.settings.index_handoff:
+                self.hand_off.submit(sent, pack)
+        return sends
+
+    async def _send_in_transactions(
+        self, ends: dict[Any, int], signed: dict[Any, list[bytes]], letters: dict[Any, list[Letter]]
+    ) -> None:
+        """Exactly once: each input partition's signatures messages and dead letters in a
+        transaction of its own writer, committed with the partition's next offset (`ends`); the
+        partitions' transactions run side by side. Nothing is handed off: the next transaction's
+        first message follows this one's commit marker, past which the hand-off never decides
+        (gaps.following_run), so the consumer brings them."""
+        assert self.transactions is not None
+        transactions = self.transactions
+
+        async def commit(tp: Any) -> None:
+            writer = transactions.writer(tp.topic, tp.partition)
+            offsets = {TopicPartition(tp.topic, tp.partition): ends[tp]}
+            packs = pack_in_chunks(signed.get(tp, []))
+            async with writer.transaction(lambda: offsets) as producer:
+                sends = await self.outputs.through(producer).dead_letters(letters.get(tp, []))
+                sent = await send_in_batches(
+                    producer,
+                    self.settings.signatures_topic,
+                    [(SHARD_KEY, pack) for pack in packs],
+                    partition=0,
+                )
+                await asyncio.gather(*sends, *(batch.sent for batch in sent))
+
+        try:
+            await asyncio.gather(*(commit(tp) for tp in ends))
+        except Fenced as exc:
+            self.failure.fail(f"producer_fenced: {exc}; another worker owns the input partition, stopping")
+            raise
+
+    async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
+        if self.transactions is not None:
+            inputs = [
+                (tp.topic, tp.partition) for tp in revoked or () if tp.topic == self.settings.input_topic
+            ]
+            await self.transactions.revoked(inputs)
 
 
 def _entry(event: faust.EventT) -> tuple[Any, int, SignItem]:

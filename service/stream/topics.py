@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -13,7 +12,7 @@ from typing import Any, NamedTuple
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import for_code
 
 from ..config import Settings
 from ..errors import Error
@@ -35,7 +34,8 @@ class StoredMessage(NamedTuple):
 
 
 class TopicMismatch(Error, RuntimeError):
-    """An existing topic has a partition count the service cannot work with."""
+    """An existing topic has a partition count, replication or limit the service cannot work with,
+    or a topic could not be created."""
 
 
 # The producer's batch size (app.py's producer_max_batch_size): aiokafka fills a batch up to it, and
@@ -60,6 +60,23 @@ class TopicSpec:
     # topic is created to take it, and an existing topic that takes less is refused at start, as
     # the broker would refuse that message later and stop the worker at every restart
     max_message_bytes: int | None = None
+    # internal, as a Kafka Streams repartition topic: no time or size retention (a long stop must not
+    # lose what is not decided yet); what is decided is purged with delete-records (purge.py)
+    internal: bool = False
+
+
+@dataclass(frozen=True)
+class Replication:
+    """What every topic the worker creates gets: replicas, and min.insync.replicas."""
+
+    factor: int
+    min_insync: int
+
+
+# The topic settings that make the signatures topic keep its messages until they are purged
+INTERNAL_RETENTION = {"retention.ms": "-1", "retention.bytes": "-1"}
+# CreateTopics' error for a topic that exists already (another worker created it meanwhile)
+TOPIC_ALREADY_EXISTS = 36
 
 
 def changelog_topic(settings: Settings) -> str:
@@ -91,7 +108,9 @@ def signatures_max_bytes(settings: Settings) -> int:
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     specs = [
         TopicSpec(settings.input_topic, settings.input_partitions, exact=False),
-        TopicSpec(settings.signatures_topic, 1, max_message_bytes=signatures_max_bytes(settings)),
+        TopicSpec(
+            settings.signatures_topic, 1, max_message_bytes=signatures_max_bytes(settings), internal=True
+        ),
         TopicSpec(
             settings.verdicts_topic,
             settings.verdicts_partitions,
@@ -123,30 +142,18 @@ def max_request_bytes(settings: Settings) -> int:
 
 
 async def ensure_topics(settings: Settings) -> dict[str, int]:
-    """Create missing topics; raise TopicMismatch naming the topic if a fixed count differs or it
-    takes smaller messages than the worker sends it."""
+    """Create missing topics with the replication asked for; raise TopicMismatch naming the topic if
+    a fixed count differs, or a topic the worker writes has fewer replicas, a lower min.insync, a
+    retention that can lose pending messages or takes smaller messages than the worker sends it."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
     await admin.start()
     try:
         specs = topic_specs(settings)
+        replication = await _replication(admin, settings)
         existing = await _partition_counts(admin, [s.name for s in specs])
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            # another worker may be creating them at the same moment
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(
-                    [
-                        NewTopic(
-                            s.name,
-                            s.partitions,
-                            1,
-                            topic_configs=_configs(s),
-                        )
-                        for s in missing
-                    ]
-                )
-            for spec in missing:
-                log.info("created topic=%s partitions=%d", spec.name, spec.partitions)
+            await _create(admin, missing, replication)
             # new topics reach the metadata a moment after CreateTopics returns
             for _ in range(100):
                 existing = await _partition_counts(admin, [s.name for s in specs])
@@ -164,36 +171,138 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
                         "delete it or point the service at another topic name"
                     )
                 log.info("topic=%s partitions=%d (configured %d; fine)", spec.name, have, spec.partitions)
-        await _check_limits(admin, [spec for spec in specs if spec.max_message_bytes is not None])
+        written = [spec for spec in specs if spec.max_message_bytes is not None]
+        await _check_replicas(admin, written, replication, settings.bootstrap_servers)
+        await _check_configs(admin, written, replication)
         return existing
     finally:
         await admin.close()
 
 
-async def _check_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
-    """Refuse topics whose max.message.bytes is below what the service sends them."""
-    wanted = [ConfigResource(ConfigResourceType.TOPIC, s.name, {"max.message.bytes": None}) for s in specs]
-    limits: dict[str, int] = {}
-    for response in await admin.describe_configs(wanted):
-        for _error, _message, _type, name, entries in response.resources:
-            for entry in entries:
-                if entry[0] == "max.message.bytes":
-                    limits[name] = int(entry[1])
-    for spec in specs:
-        have, need = limits.get(spec.name), spec.max_message_bytes
-        if have is not None and need is not None and have < need:
+async def _replication(admin: AIOKafkaAdminClient, settings: Settings) -> Replication:
+    """The settings', or where one is none the broker's own default (CreateTopics' -1, "the
+    broker's default", is not something aiokafka's request can carry)."""
+    factor, min_insync = settings.replication_factor, settings.min_insync_replicas
+    if factor is None or min_insync is None:
+        defaults = await _broker_defaults(admin)
+        factor = int(defaults["default.replication.factor"]) if factor is None else factor
+        min_insync = int(defaults["min.insync.replicas"]) if min_insync is None else min_insync
+    if min_insync > factor:
+        # the broker would refuse every send with acks=all to such a topic (NotEnoughReplicas)
+        raise TopicMismatch(
+            f"min.insync.replicas {min_insync} is above the replication factor {factor}: set "
+            "NEARDUP_MIN_INSYNC_REPLICAS or NEARDUP_REPLICATION_FACTOR so that it is not"
+        )
+    return Replication(factor, min_insync)
+
+
+async def _broker_defaults(admin: AIOKafkaAdminClient) -> dict[str, str]:
+    """default.replication.factor and min.insync.replicas as one broker has them (DescribeConfigs)."""
+    brokers = (await admin.describe_cluster())["brokers"]
+    if not brokers:
+        raise TopicMismatch("the cluster lists no broker: cannot read its default replication")
+    wanted = {"default.replication.factor": None, "min.insync.replicas": None}
+    resource = ConfigResource(ConfigResourceType.BROKER, str(brokers[0]["node_id"]), wanted)
+    found: dict[str, str] = {}
+    for response in await admin.describe_configs([resource]):
+        for _error, _message, _type, _name, entries in response.resources:
+            found.update({entry[0]: entry[1] for entry in entries if entry[0] in wanted})
+    if set(found) != set(wanted):
+        raise TopicMismatch(f"broker {brokers[0]['node_id']} did not describe {sorted(wanted)}: got {found}")
+    return found
+
+
+async def _create(admin: AIOKafkaAdminClient, missing: list[TopicSpec], replication: Replication) -> None:
+    """Create `missing`; one that another worker created meanwhile is fine, any other refusal
+    (too few brokers for the replication asked, a policy) stops the start, saying why."""
+    factor = replication.factor
+    response = await admin.create_topics(
+        [NewTopic(s.name, s.partitions, factor, topic_configs=_configs(s, replication)) for s in missing]
+    )
+    for name, code, message, *_ in response.topic_errors:
+        if code == TOPIC_ALREADY_EXISTS:
+            continue
+        if code:
             raise TopicMismatch(
-                f"topic {spec.name!r} takes messages of up to {have} bytes (max.message.bytes), the "
-                f"service sends it up to {need}; raise its limit (kafka-configs.sh --alter "
-                f"--entity-type topics --entity-name {spec.name} --add-config max.message.bytes={need}) "
-                "or point the service at another topic name"
+                f"topic {name!r} could not be created with {replication.factor} replicas: "
+                f"{for_code(code).__name__}: {message}"
+            )
+        log.info("created topic=%s replicas=%d min_insync=%d", name, factor, replication.min_insync)
+
+
+async def _check_replicas(
+    admin: AIOKafkaAdminClient, specs: list[TopicSpec], replication: Replication, bootstrap: str
+) -> None:
+    """Refuse a topic the worker writes that has fewer replicas than asked: one broker down would
+    stop the worker, and one disk lost would lose what it acknowledged."""
+    for topic in await admin.describe_topics([spec.name for spec in specs]):
+        partitions = topic.get("partitions") or []
+        have = min((len(p["replicas"]) for p in partitions), default=replication.factor)
+        if have < replication.factor:
+            name = topic["topic"]
+            raise TopicMismatch(
+                f"topic {name!r} has {have} replicas, the service asks for {replication.factor} "
+                "(NEARDUP_REPLICATION_FACTOR, by default the broker's default.replication.factor); "
+                f"add replicas with kafka-reassign-partitions.sh --bootstrap-server {bootstrap} "
+                f"--execute --reassignment-json-file FILE, FILE listing each of its partitions with "
+                f"{replication.factor} broker ids as its replicas (deploy/docs/operations.md, "
+                '"Replication"), or delete the topic (the changelog only with the state: it is the '
+                "index's copy) so that the service creates it again"
             )
 
 
-def _configs(spec: TopicSpec) -> dict[str, str]:
-    configs = {"cleanup.policy": "compact"} if spec.compact else {}
+async def _check_configs(
+    admin: AIOKafkaAdminClient, specs: list[TopicSpec], replication: Replication
+) -> None:
+    """Refuse topics whose max.message.bytes is below what the service sends them, whose
+    min.insync.replicas is below what is asked, and an internal topic with a retention."""
+    names = ("max.message.bytes", "min.insync.replicas", *INTERNAL_RETENTION)
+    wanted = [ConfigResource(ConfigResourceType.TOPIC, s.name, dict.fromkeys(names)) for s in specs]
+    configs: dict[str, dict[str, str]] = {}
+    for response in await admin.describe_configs(wanted):
+        for _error, _message, _type, name, entries in response.resources:
+            configs[name] = {entry[0]: entry[1] for entry in entries}
+    for spec in specs:
+        have = configs.get(spec.name, {})
+        for problem in _config_problems(spec, have, replication):
+            raise TopicMismatch(problem)
+
+
+def _config_problems(spec: TopicSpec, have: dict[str, str], replication: Replication) -> list[str]:
+    """What is wrong with one topic's configs, each said with the command that fixes it."""
+    fix = f"kafka-configs.sh --alter --entity-type topics --entity-name {spec.name} --add-config"
+    problems = []
+    limit, need = have.get("max.message.bytes"), spec.max_message_bytes
+    if limit is not None and need is not None and int(limit) < need:
+        problems.append(
+            f"topic {spec.name!r} takes messages of up to {limit} bytes (max.message.bytes), the "
+            f"service sends it up to {need}; raise its limit ({fix} max.message.bytes={need}) "
+            "or point the service at another topic name"
+        )
+    min_insync = have.get("min.insync.replicas")
+    if min_insync is not None and int(min_insync) < replication.min_insync:
+        problems.append(
+            f"topic {spec.name!r} has min.insync.replicas={min_insync}, the service asks for "
+            f"{replication.min_insync} (NEARDUP_MIN_INSYNC_REPLICAS, by default the broker's); "
+            f"raise it ({fix} min.insync.replicas={replication.min_insync})"
+        )
+    kept = {key: have.get(key) for key in INTERNAL_RETENTION}
+    if spec.internal and any(value is not None and value != "-1" for value in kept.values()):
+        problems.append(
+            f"topic {spec.name!r} is internal and must keep its messages until they are decided "
+            f"and purged, but has retention {kept}; remove it ({fix} retention.ms=-1,retention.bytes=-1)"
+        )
+    return problems
+
+
+def _configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
+    configs = {"min.insync.replicas": str(replication.min_insync)}
+    if spec.compact:
+        configs["cleanup.policy"] = "compact"
     if spec.max_message_bytes is not None:
         configs["max.message.bytes"] = str(max(spec.max_message_bytes, KAFKA_DEFAULT_MAX_MESSAGE_BYTES))
+    if spec.internal:
+        configs.update(INTERNAL_RETENTION)
     return configs
 
 
@@ -213,6 +322,7 @@ def groupless_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
         enable_auto_commit=False,
         group_id=None,
         auto_offset_reset="earliest",
+        isolation_level=settings.isolation_level,
         **options,
         **settings.client_security(),
     )
@@ -277,7 +387,7 @@ class LogReader:
                 self.settings,
                 # a gap that holds only a transaction marker has no record to return: the broker
                 # would answer only once its fetch wait (500 ms by default) has passed
-                fetch_max_wait_ms=10,
+                fetch_max_wait_ms=0,
                 max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
                 fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
             )
@@ -317,21 +427,53 @@ class ChangelogReader:
 
     async def read(self, end: int) -> AsyncIterator[list[Entry]]:
         """Its messages from the start up to `end` (excluded), in order, `chunk` at a time."""
+        async for entries, _ in self._read(None, end):
+            yield entries
+
+    async def read_after(self, start: int, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
+        """Its messages from `start` up to `end` (excluded), `chunk` at a time, each chunk with
+        the offset after its last message (`end` for the last)."""
+        async for entries, after in self._read(start, end):
+            yield entries, after
+
+    async def _read(self, start: int | None, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
+        if start is not None and start >= end:
+            return
         consumer = groupless_consumer(self.settings)
         try:
             tp = TopicPartition(self.topic, 0)
             async with asyncio.timeout(self.stall_s):
                 await consumer.start()
                 consumer.assign([tp])
-                await consumer.seek_to_beginning(tp)
+                if start is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, start)
             chunk: list[Entry] = []
             async for record in _records_before(consumer, tp, end, self.stall_s):
                 if record.key is not None:
                     chunk.append((record.key, record.value))
                 if len(chunk) >= self.chunk:
-                    yield chunk
+                    yield chunk, record.offset + 1
                     chunk = []
-            if chunk:
-                yield chunk
+            yield chunk, end
         finally:
             await consumer.stop()
+
+    async def delete_retention_ms(self) -> int | None:
+        """The changelog's delete.retention.ms: how long compaction keeps a tombstone."""
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.settings.bootstrap_servers, **self.settings.client_security()
+        )
+        try:
+            async with asyncio.timeout(self.stall_s):
+                await admin.start()
+                wanted = ConfigResource(ConfigResourceType.TOPIC, self.topic, {"delete.retention.ms": None})
+                for response in await admin.describe_configs([wanted]):
+                    for _error, _message, _type, _name, entries in response.resources:
+                        for entry in entries:
+                            if entry[0] == "delete.retention.ms" and entry[1] is not None:
+                                return int(entry[1])
+        finally:
+            await admin.close()
+        return None

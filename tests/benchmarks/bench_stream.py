@@ -177,6 +177,8 @@ def consumer_for(settings: Settings, topic: str) -> AIOKafkaConsumer:
         auto_offset_reset="earliest",
         max_poll_records=5000,
         fetch_max_wait_ms=100,
+        # what a consumer of exactly-once verdicts reads (the same records otherwise)
+        isolation_level="read_committed",
         **settings.client_security(),
     )
 
@@ -726,6 +728,7 @@ async def signatures_sent_at(settings: Settings, since_ms: int, ids: set[str]) -
         group_id=None,
         enable_auto_commit=False,
         max_poll_records=5000,
+        isolation_level="read_committed",
         **settings.client_security(),
     )
     await consumer.start()

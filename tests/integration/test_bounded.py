@@ -8,6 +8,7 @@ import asyncio
 import base64
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -29,6 +30,34 @@ from .conftest import (
 )
 
 pytestmark = [pytest.mark.kafka]
+
+
+def _verdicts_as_embedded(
+    deployment: Deployment, ordinary: list[dict[str, Any]], tmp_path: Path, timeout: float
+) -> list[Any]:
+    """Until every ordinary article has its verdict, each as embedded mode gives it; the /health
+    answers seen meanwhile."""
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    statuses: list[Any] = []
+    verdicts = verdicts_by_id(
+        reader.read_until(
+            lambda r: (
+                statuses.append(health(deployment.health_url(0))) or len(verdicts_by_id(r)) >= len(ordinary)
+            ),
+            timeout=timeout,
+        )
+    )
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(ordinary, tmp_path)}
+    assert set(verdicts) == set(expected)
+    for article_id, versions in verdicts.items():
+        assert all(without_latency(v) == expected[article_id] for v in versions), article_id
+    return statuses
+
+
+def _alive_and_never_stalled(deployment: Deployment, worker: Any, statuses: list[Any]) -> None:
+    assert worker.poll() is None, deployment.logs()
+    assert all(s is None or s[0] == 200 for s in statuses), [s for s in statuses if s and s[0] != 200]
+    assert "stall" not in deployment.logs()
 
 
 @pytest.mark.budget(40)  # each message that hangs a helper costs one timeout per halving of its batch
@@ -55,28 +84,13 @@ def test_no_single_message_stops_the_worker(deployment: Deployment, tmp_path: Pa
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], [*heavy[:50], poison[0], *heavy[50:]])
     produce_articles(deployment.bootstrap, deployment.topics["input"], [poison[1], *ordinary])
-    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
-    statuses = []
-    verdicts = verdicts_by_id(
-        reader.read_until(
-            lambda r: (
-                statuses.append(health(deployment.health_url(0))) or len(verdicts_by_id(r)) >= len(ordinary)
-            ),
-            timeout=180,
-        )
-    )
-    expected = {v["article_id"]: without_latency(v) for v in run_embedded(ordinary, tmp_path)}
-    assert set(verdicts) == set(expected)
-    for article_id, versions in verdicts.items():
-        assert all(without_latency(v) == expected[article_id] for v in versions), article_id
+    statuses = _verdicts_as_embedded(deployment, ordinary, tmp_path, timeout=180)
     dead = TopicReader(deployment.bootstrap, deployment.topics["dead"])
     letters = [orjson.loads(r.value) for r in dead.read_until(lambda r: len(r) >= 102, timeout=60)]
     reasons = {(r["reason"], orjson.loads(base64.b64decode(r["value_b64"]))["id"][:6]) for r in letters}
     assert reasons == {("oversized", "heavy-"), ("processing_failed", "poison")}, reasons
     assert len(letters) == 102
-    assert worker.poll() is None, deployment.logs()
-    assert all(s is None or s[0] == 200 for s in statuses), [s for s in statuses if s and s[0] != 200]
-    assert "stall" not in deployment.logs()
+    _alive_and_never_stalled(deployment, worker, statuses)
 
 
 def test_an_article_that_breaks_the_decider_is_isolated_and_the_stream_goes_on(
@@ -96,29 +110,14 @@ def test_an_article_that_breaks_the_decider_is_isolated_and_the_stream_goes_on(
     worker = deployment.start_worker()
     stream = [*ordinary[:10], poison[0], *ordinary[10:20], poison[1], *ordinary[20:]]
     produce_articles(deployment.bootstrap, deployment.topics["input"], stream)
-    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
-    statuses = []
-    verdicts = verdicts_by_id(
-        reader.read_until(
-            lambda r: (
-                statuses.append(health(deployment.health_url(0))) or len(verdicts_by_id(r)) >= len(ordinary)
-            ),
-            timeout=120,
-        )
-    )
-    expected = {v["article_id"]: without_latency(v) for v in run_embedded(ordinary, tmp_path)}
-    assert set(verdicts) == set(expected)
-    for article_id, versions in verdicts.items():
-        assert all(without_latency(v) == expected[article_id] for v in versions), article_id
+    statuses = _verdicts_as_embedded(deployment, ordinary, tmp_path, timeout=120)
     dead = TopicReader(deployment.bootstrap, deployment.topics["dead"])
     letters = [orjson.loads(r.value) for r in dead.read_until(lambda r: len(r) >= 2, timeout=60)]
     assert sorted((r["reason"], base64.b64decode(r["key_b64"]).decode(), r["topic"]) for r in letters) == [
         ("processing_failed", p["id"], deployment.topics["input"]) for p in poison
     ]
     assert all("died deciding" in r["detail"] for r in letters)
-    assert worker.poll() is None, deployment.logs()
-    assert all(s is None or s[0] == 200 for s in statuses), [s for s in statuses if s and s[0] != 200]
-    assert "stall" not in deployment.logs()
+    _alive_and_never_stalled(deployment, worker, statuses)
 
 
 INPUT_MAX_BYTES = DEAD_LETTER_MAX_BYTES + 1024 * 1024  # an input topic that takes larger messages

@@ -294,7 +294,7 @@ def test_a_kill_between_decision_and_changelog_leaves_nothing_a_rebuild_lacks(
     _assert_verdicts_as_embedded(deployment, first + second, tmp_path, once=False)
     deployment.kill(worker, signal.SIGTERM)
     shutil.rmtree(deployment.state_dir(0))
-    # the shard's next batch opens the index: rebuilt, as there is no state to reopen
+    # the shard's next batch opens the index: rebuilt, as there is no state to restore
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], rest)
     verdicts = _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)

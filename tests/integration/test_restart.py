@@ -1,4 +1,5 @@
-"""How soon verdicts flow again after a worker dies, through the real broker.
+"""How soon verdicts flow again after a worker dies, through the real broker, and what its index
+replays then.
 
 A worker restarted after SIGKILL takes its place in the consumer group at once (static membership:
 NEARDUP_INSTANCE_ID), and when the worker that owns the index shard dies for good, another takes
@@ -8,6 +9,7 @@ verdicts of an uninterrupted (embedded) run.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import time
@@ -16,6 +18,11 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from neardup.pipeline.shard import POSITION_KEY, Position
+from neardup.state.index import META
+from neardup.state.rocks import RocksKV, RocksOptions
 
 from .conftest import (
     Deployment,
@@ -122,3 +129,71 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
         assert indexed_articles(dep, 1 - owner) > 0
     finally:
         dep.discard()
+
+
+async def _changelog_records(bootstrap: str, topic: str, start: int) -> tuple[int, int]:
+    """(records from offset `start` to the changelog's end, the end): what a restore replays."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        end = int((await consumer.end_offsets([tp]))[tp])
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        count = 0
+        while await consumer.position(tp) < end:
+            for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                count += record.offset < end and record.key is not None
+        return count, end
+    finally:
+        await consumer.stop()
+
+
+def stored_position(state_dir: Path) -> Position:
+    """The changelog position the killed worker's index committed, read beside it."""
+    kv = RocksKV(state_dir / "index", RocksOptions(), read_only=True)
+    try:
+        position = Position.decode(kv.get_many([META + POSITION_KEY])[0])
+    finally:
+        kv.close()
+    assert position is not None, "the index committed a position"
+    return position
+
+
+@pytest.mark.budget(60)  # two worker starts, a stream of 4,000 and an embedded reference run
+def test_a_killed_worker_replays_only_the_changelog_after_its_committed_offset(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    articles = stream_of(4_000)
+    expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
+    deployment.extra_env["NEARDUP_LOG_LEVEL"] = "info"
+    deployment.create_topics()
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
+    worker = deployment.start_worker()
+    reader.read_until(lambda r: len(r) >= 1_500, timeout=300)
+    # the worker and its helper children, as when a pod is killed
+    assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
+    position = stored_position(deployment.state_dir(0))
+    changelog = f"{deployment.name}-records-changelog"
+    tail, end = asyncio.run(_changelog_records(deployment.bootstrap, changelog, position.offset))
+    assert 0 < position.offset <= end
+
+    deployment.start_worker()
+    records = reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=300)
+    assert_as_embedded(records, expected, deployment.logs())
+    replayed = deployment.metric(0, "neardup_index_replayed_records_total")
+    restored = deployment.metric(0, 'neardup_index_opens_total{how="restored"}')
+    rebuilt = deployment.metric(0, 'neardup_index_opens_total{how="rebuilt"}')
+    print(f"restore: {tail} changelog records replayed of {end} (committed offset {position.offset})")
+    assert (replayed, rebuilt) == (tail, 0) and restored is not None and restored >= 1, deployment.logs()
+    log = (deployment.root / "worker0.log").read_text(errors="replace")
+    assert f"index_restored records_replayed={tail} " in log
+
+    # an exact copy of an article indexed before the kill is its duplicate: the index has it
+    copy = {"id": "copy-after-restart", "text": articles[0]["text"]}
+    produce_articles(deployment.bootstrap, deployment.topics["input"], [copy])
+    records = reader.read_until(lambda r: copy["id"] in verdicts_by_id(r), timeout=60)
+    [verdict] = verdicts_by_id(records)[copy["id"]]
+    seen = (verdict["verdict"], verdict["match_id"], verdict["exact"])
+    assert seen == ("duplicate", articles[0]["id"], True)

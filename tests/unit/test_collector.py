@@ -35,8 +35,10 @@ def test_freezes_every_so_many_articles() -> None:
     policy.after(60)
     frozen = gc.get_freeze_count()
     assert frozen >= len(kept)
+    more = [[n] for n in range(1000)]  # a freeze now would move these too
     policy.after(99)
-    assert gc.get_freeze_count() == frozen  # the count restarted at the freeze
+    # the count restarted at the freeze: none since (frozen objects that die leave the count)
+    assert gc.get_freeze_count() < frozen + len(more)
 
 
 def test_thaws_and_collects_every_so_often() -> None:

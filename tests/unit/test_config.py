@@ -209,10 +209,14 @@ def _sample(name: str, default: object) -> str:
         return {"num_perm": "64", "verify_perm": "256"}[name]
     if name == "unique_filter":
         return "unique,partial"
+    if name == "processing_guarantee":
+        return "exactly_once"
     if name == "session_timeout_ms":  # within Kafka's bounds, and three heartbeats
         return "20000"
     if name in ("bands", "rows"):  # both or neither, within num_perm
         return {"bands": "16", "rows": "8"}[name]
+    if name in ("replication_factor", "min_insync_replicas"):  # none by default: the broker's
+        return "3"
     if isinstance(default, bool):
         return str(not default).lower()
     if name == "lsh_threshold":

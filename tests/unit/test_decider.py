@@ -1,5 +1,6 @@
 """neardup.pipeline.decider: the index stage in a child process decides exactly as in the worker, on a
-real RocksDB, survives the child being killed, and keeps or rebuilds its index like the stage does.
+real RocksDB, survives the child being killed, and restores (or, with no state, rebuilds) its index
+like the stage does.
 A list stands in for the record table's changelog (a compacted Kafka topic in the worker)."""
 
 from __future__ import annotations
@@ -113,9 +114,12 @@ async def test_a_killed_child_is_replaced_and_the_batch_decided_again(make: Any)
     await decide(child, history)
     before = child.child_pid
     assert before is not None
+    opens: list[int | None] = []
+    child.on_opened = lambda count, _seconds: opens.append(count)
     os.kill(before, signal.SIGKILL)
-    got = await decide(child, future)  # a replacement, rebuilt from the record table
+    got = await decide(child, future)  # a replacement, restored from its committed offset
     assert child.child_pid not in (None, before)
+    assert opens == [None] and child.opened == "restored"
     assert comparable(got) == comparable(await decide(here, future))
     # a re-delivered batch gets the stored verdicts and writes nothing new
     again, writes = await child.decide(future)
@@ -124,22 +128,27 @@ async def test_a_killed_child_is_replaced_and_the_batch_decided_again(make: Any)
     assert [key for key, _ in writes if key.startswith(ARTICLE_PREFIX)] == []
 
 
-async def test_a_cleanly_closed_child_index_is_reopened_and_a_killed_one_rebuilt(make: Any) -> None:
+async def test_a_child_index_is_restored_after_a_clean_close_and_after_a_kill(make: Any) -> None:
     records = ListChangelog()
     first = make("index", records, in_process=False)
-    assert await first.open() == 0
+    assert await first.open() == 0  # nothing to restore: built from the (empty) changelog
     await decide(first, packed(HISTORY, 0))
     await first.close(clean=True)
     assert first.child_pid is None
 
     second = make("index", records, in_process=False)
-    assert await second.open() is None  # kept: closed cleanly where the changelog still ends
-    await decide(second, packed([("z", PROSE[4])], 10))
-    second.kill()  # a crash: no marker
+    assert await second.open() is None and second.replayed == 0  # everything was committed
+    outcome, writes = await second.decide(packed([("z", PROSE[4])], 10))
+    records.entries += writes  # in the changelog, but killed before the acknowledgement came
+    second.kill()
 
     third = make("index", records, in_process=False)
     indexed = len([key for key in records.table() if key.startswith(ARTICLE_PREFIX)])
-    assert await third.open() == indexed
+    assert await third.open() is None  # restored: only what followed its committed offset
+    assert third.replayed == len(writes) and third.opened == "restored"
+    again = await decide(third, packed([("z", PROSE[4])], 10))
+    assert [e.status for e in again.entries] == ["replayed"]
+    assert comparable(again)[0][3:] == comparable(outcome)[0][3:]
     await third.close(clean=True)
     state = RocksState(third.index_path)
     try:
@@ -148,7 +157,7 @@ async def test_a_cleanly_closed_child_index_is_reopened_and_a_killed_one_rebuilt
         state.close()
 
 
-async def test_the_in_process_decider_returns_its_writes_and_rebuilds_after_lost_ones(make: Any) -> None:
+async def test_the_in_process_decider_returns_its_writes_and_forgets_lost_ones(make: Any) -> None:
     records = ListChangelog()
     here = make("here", records, in_process=True)
     await here.open()
@@ -159,9 +168,9 @@ async def test_the_in_process_decider_returns_its_writes_and_rebuilds_after_lost
     assert isinstance(here.shard, IndexShard)
     apply(here, writes)
     # A batch decided but its writes never sent (the agent failed half-way): opened again, the
-    # stage rebuilds from the changelog, and the re-delivered batch is new again, not a re-delivery.
+    # stage forgets it (never committed), and the re-delivered batch is new again, not a re-delivery.
     lost, _ = await here.decide(packed(HISTORY[2:3], 1))
-    assert await here.open() == 2
+    assert await here.open() is None and here.replayed == 0
     again, writes = await here.decide(packed(HISTORY[2:3], 1))
     assert [entry.status for entry in again.entries] == ["new"]
     assert comparable(again) == comparable(lost)
@@ -275,8 +284,8 @@ async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight
             break  # the agent failed while publishing: the second chunk is still queued
     assert child.child_pid is None  # its answer would have been read as the next request's
     assert await asyncio.wait_for(process.wait(), 10) == -signal.SIGKILL
-    # the agent then reopens (the shard's index is rebuilt from the table) and decides again
-    assert await child.open() == 1
+    # the agent then opens the index again (restored from the table) and decides again
+    assert await child.open() is None
     assert child.child_pid not in (None, pid)
     await decided_chunks(here, chunks[:1])
     assert await decided_chunks(child, chunks[1:]) == await decided_chunks(here, chunks[1:])
@@ -321,7 +330,7 @@ def test_a_message_counts_its_articles_for_the_timeout() -> None:
     assert signed_count(b"SP\xff\xff\xff\xff") == 1  # a corrupt count: at most one per 4 bytes
 
 
-async def test_a_changelog_written_since_the_clean_close_is_rebuilt_from_with_its_tombstones(
+async def test_a_changelog_written_since_the_clean_close_is_replayed_with_its_tombstones(
     make: Any,
 ) -> None:
     records = ListChangelog()
@@ -340,8 +349,11 @@ async def test_a_changelog_written_since_the_clean_close_is_rebuilt_from_with_it
     second = make("index", records, in_process=False)
     indexed = articles()
     assert gone not in records.table() and indexed == before - 1
-    assert await second.open() == indexed
-    assert second.applied_offset == len(packed(HISTORY, 0)) - 1
+    assert await second.open() is None and second.replayed == 1  # the tombstone only
+    assert second.shard is None and second.applied_offset == len(packed(HISTORY, 0)) - 1
+    outcome = await decide(second, packed([("copy", HISTORY[0][1])], 50))
+    assert outcome.indexed == indexed + 1  # the deleted article is gone from the restored index
+    assert orjson.loads(outcome.entries[0].verdict or b"{}")["match_id"] != HISTORY[0][0]
     replayed, _ = await second.decide(packed(HISTORY[1:2], 1))  # applied before: its stored verdict
     assert [entry.status for entry in replayed.entries] == ["replayed"]
 
@@ -356,7 +368,9 @@ def files_at_level0(path: Path) -> int:
 
 
 @pytest.mark.parametrize("clean", [True, False])
-async def test_a_child_closed_cleanly_compacts_its_index_and_keeps_it(make: Any, clean: bool) -> None:
+async def test_a_child_closed_cleanly_compacts_its_index_either_way_it_is_kept(
+    make: Any, clean: bool
+) -> None:
     records = ListChangelog()
     first = make("index", records, in_process=False)
     await first.open()
@@ -365,13 +379,13 @@ async def test_a_child_closed_cleanly_compacts_its_index_and_keeps_it(make: Any,
     await first.close(clean=clean)
     assert (files_at_level0(first.index_path) == 0) is clean
     second = make("index", records, in_process=False)
-    assert (await second.open() is None) is clean  # kept after its compaction; else rebuilt
+    assert await second.open() is None and second.replayed == 0  # every chunk was committed
     outcome = await decide(second, packed([("copy", HISTORY[0][1])], 100))
     assert [entry.kind for entry in outcome.entries] == ["duplicate"]
 
 
 @pytest.mark.parametrize("in_process", [True, False])
-async def test_an_index_ahead_of_its_changelog_is_rebuilt_however_it_closes(
+async def test_writes_the_changelog_never_acknowledged_never_reach_the_index(
     make: Any, in_process: bool
 ) -> None:
     records = ListChangelog()
@@ -379,11 +393,10 @@ async def test_an_index_ahead_of_its_changelog_is_rebuilt_however_it_closes(
     await first.open()
     await decide(first, packed(HISTORY[:2], 0))
     await first.decide(packed(HISTORY[2:4], 10))  # decided, its writes never sent: a failed batch
-    first.mark_ahead()
     await first.close(clean=True)  # a shutdown without a failure of its own
     first.shard = None
     second = make("index", records, in_process=in_process)
-    assert await second.open() == 2  # rebuilt from the changelog: the two acknowledged articles
+    assert await second.open() is None and second.replayed == 0
     outcome = await decide(second, packed(HISTORY[2:4], 10))
     assert [entry.status for entry in outcome.entries] == ["new", "new"]  # not replayed: not held
 
@@ -449,3 +462,74 @@ async def test_a_child_failing_between_records_is_not_blamed_on_one(
     with pytest.raises(DeciderFailed, match="twice"):
         await child.decide(packed(HISTORY, 0))
     assert child.culprits == {}
+
+
+async def test_a_replaced_child_holds_again_the_chunks_of_the_open_transaction(make: Any) -> None:
+    """Under exactly-once a batch's chunks are acknowledged only when its transaction commits, and
+    a reader of committed records does not see them before: a child killed in the middle of the
+    batch is replaced, restored from the changelog, and holds the answered chunks' writes again, so
+    the rest of the batch is decided as if nothing had happened; the commit then lands them all."""
+    here = make("here", ListChangelog(), in_process=True)
+    child = make("child", ListChangelog(), in_process=False)
+    await here.open()
+    await child.open()
+    history = packed(HISTORY, 0)
+    assert comparable(await decide(child, history)) == comparable(await decide(here, history))
+    chunks = [[message] for message in packed(FUTURE, 10, per_message=1)]
+    expected = await decided_chunks(here, chunks)
+    held: list[Write] = []  # sent in the open transaction, not committed: not in the changelog yet
+    got = []
+    async with contextlib.aclosing(child.decide_chunks(chunks)) as answers:
+        async for outcome, writes in answers:
+            held += writes
+            got.append(comparable(outcome))
+            if len(got) == 2:
+                assert child.child_pid is not None
+                os.kill(child.child_pid, signal.SIGKILL)
+    assert got == expected
+    changelog = child.changelog
+    assert isinstance(changelog, ListChangelog)
+    changelog.entries += held  # the transaction commits
+    child.acknowledged(len(changelog.entries))
+    assert changelog.table() == here.changelog.table()
+    # reopened from what it committed, the child's index answers as the other does
+    await child.close(clean=True)
+    await child.open()
+    again = packed([("k", PROSE[0]), ("l", PROSE[3])], 30)
+    assert comparable(await decide(child, again)) == comparable(await decide(here, again))
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["in_process", "child"])
+async def test_a_standby_catches_up_step_by_step_and_its_takeover_replays_only_the_rest(
+    make: Any, in_process: bool
+) -> None:
+    records = ListChangelog()
+    owner = make("owner", records, in_process=True)
+    standby = make("standby", records, in_process=in_process)
+    opens: list[int | None] = []
+    standby.on_opened = lambda count, _seconds: opens.append(count)
+    await owner.open()
+    history = packed(HISTORY, 0)
+    await decide(owner, history[:2])
+    articles = len([key for key in records.table() if key.startswith(ARTICLE_PREFIX)])
+    assert await standby.catch_up() == articles > 0  # a new copy: rebuilt
+    assert standby.behind == len(records.entries) and not standby.opening
+    caught = len(records.entries)
+    await decide(owner, history[2:])
+    assert await standby.catch_up() is None  # restored: only what followed its last catch-up
+    assert standby.replayed == standby.behind == len(records.entries) - caught
+    assert await standby.catch_up() is None and standby.replayed == standby.behind == 0
+    assert opens == [], "a catch-up is not an open of the shard"
+
+    # the owner decides once more, then the shard comes to the standby: its open replays that only
+    before = len(records.entries)
+    await decide(owner, packed([("late", PROSE[4])], 20))
+    assert await standby.open() is None and opens == [None]
+    assert standby.replayed == len(records.entries) - before > 0
+    copy = packed([("copy", HISTORY[0][1]), ("late-copy", PROSE[4])], 30)
+    expected = comparable(await decide(owner, copy))
+    got = await decide(standby, copy)
+    assert comparable(got) == expected
+    # both copies found: what was caught up on, and what only the takeover's open replayed
+    assert [entry.kind for entry in got.entries] == ["duplicate", "duplicate"]
+    assert orjson.loads(got.entries[1].verdict or b"{}")["match_id"] == "late"

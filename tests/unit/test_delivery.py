@@ -1,5 +1,5 @@
 """Deliveries: a batch is settled only once its sends are acknowledged, in order; a failed send
-stops the stage for good; and /health reports failures and stalls."""
+stops the stage for good; /health reports failures and stalls, /ready delivery."""
 
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ def test_health_reports_failure_then_stall_then_ok() -> None:
     metrics.ready.set()
     metrics.loop_beat = time.monotonic()
     assert metrics.health() == {"status": "ok", "uptime_s": metrics.health()["uptime_s"]}
-    metrics.stalled = "index: 3 batches unacknowledged for 61 s"
-    assert metrics.health()["status"] == "stalled" and "index" in metrics.health()["reason"]
+    metrics.stalled = "articles:0: 59 waiting, none taken for 61 s"
+    assert metrics.health()["status"] == "stalled" and "articles" in metrics.health()["reason"]
     metrics.stalled = None
     metrics.stall_timeout = 0.5
     metrics.loop_beat = time.monotonic() - 1.0
@@ -103,12 +103,29 @@ def test_health_reports_failure_then_stall_then_ok() -> None:
     }
 
 
-def test_a_stage_or_partition_without_progress_is_reported_stalled() -> None:
+def test_readiness_is_delivery_and_liveness_ignores_it() -> None:
+    metrics = Metrics()
+    assert metrics.readiness()["status"] == "starting"
+    metrics.ready.set()
+    metrics.loop_beat = time.monotonic()
+    assert metrics.readiness()["status"] == "ok"
+    metrics.unready = "stage index: 3 batches unacknowledged for 31 s"
+    assert metrics.readiness() == {
+        "status": "not_ready",
+        "uptime_s": metrics.readiness()["uptime_s"],
+        "reason": "stage index: 3 batches unacknowledged for 31 s",
+    }
+    assert metrics.health()["status"] == "ok"  # waiting for the broker is not a wedged process
+    metrics.stalled = "articles:0: 59 waiting, none taken for 61 s"
+    assert metrics.readiness()["status"] == "stalled"  # what is not alive is not ready either
+
+
+def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_unacknowledged() -> None:
     from types import SimpleNamespace
 
     from faust.types import TP
 
-    from neardup.stream.progress import Progress
+    from neardup.stream.progress import Progress, unacknowledged
 
     now = time.monotonic()
     stage = Deliveries("index", lambda message: None)
@@ -119,16 +136,19 @@ def test_a_stage_or_partition_without_progress_is_reported_stalled() -> None:
     progress = Progress(app, cast(Any, None), cast(Any, None), cast(Any, None))
     progress.delivered[tp] = 99
     progress.taken_at["articles"] = now - 120
-    assert progress.stalled([stage], 60.0) is None  # everything taken: nothing waits
+    assert progress.stalled(60.0) is None  # everything taken: nothing waits
     progress.delivered[tp] = 40
-    assert "articles:0: 59 waiting" in (progress.stalled([stage], 60.0) or "")
+    assert "articles:0: 59 waiting" in (progress.stalled(60.0) or "")
     progress.taken_at["articles"] = now
-    assert progress.stalled([stage], 60.0) is None  # waiting, but a batch was just taken
-    stage._unsettled, stage.settled_at = 2, now - 61
-    assert "stage index: 2 batches unacknowledged" in (progress.stalled([stage], 60.0) or "")
+    assert progress.stalled(60.0) is None  # waiting, but a batch was just taken
+    assert unacknowledged([stage], 30.0) is None
+    stage._unsettled, stage.settled_at = 2, now - 31
+    assert "stage index: 2 batches unacknowledged" in (unacknowledged([stage], 30.0) or "")
+    assert unacknowledged([stage], 60.0) is None
     stage.settled_at = now
+    assert unacknowledged([stage], 30.0) is None
     sigs = TP("sigs", 0)
     highwater[sigs], progress.delivered[sigs], progress.taken_at["sigs"] = 10, 2, now - 300
-    assert "sigs:0" in (progress.stalled([stage], 60.0) or "")
-    # a rebuild in progress is not a stall
-    assert progress.stalled([stage], 60.0, {"sigs"}) is None
+    assert "sigs:0" in (progress.stalled(60.0) or "")
+    # a rebuild in progress, or a stage waiting for the broker, is not a stall
+    assert progress.stalled(60.0, {"sigs"}) is None

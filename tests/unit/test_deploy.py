@@ -1,6 +1,7 @@
 """deploy/: the Kubernetes manifests against the API's schemas (strict: an unknown or misspelt field
 fails), and what they and the compose file promise: credentials only from a Secret, the image by
-version, probes on /health, a volume sized for a month of articles, a network policy, loopback ports."""
+version, probes on /health and /ready, a volume sized for a month of articles, a network policy,
+loopback ports."""
 
 from __future__ import annotations
 
@@ -96,8 +97,10 @@ def test_probes_ask_health_on_the_metrics_port() -> None:
     (port,) = container["ports"]
     assert port == {"name": "metrics", "containerPort": 9108}
     assert load("configmap.yaml")["data"]["NEARDUP_METRICS_PORT"] == "9108"
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    # liveness (and startup) on /health, which a broker outage leaves 200; readiness on /ready
+    for probe in ("startupProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
 
 
 def test_volume_and_memory_are_sized_for_a_month_of_articles() -> None:

@@ -45,8 +45,10 @@ from neardup.stream.metrics import Metrics
 from neardup.stream.topics import (
     KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
     PRODUCER_BATCH_BYTES,
+    Replication,
     TopicMismatch,
-    _check_limits,
+    _check_configs,
+    _config_problems,
     _configs,
     changelog_topic,
     feed_max_bytes,
@@ -199,13 +201,37 @@ def test_every_topic_the_worker_writes_has_a_limit_and_the_producer_takes_the_la
 def test_a_topic_is_created_to_take_what_it_needs_and_never_less_than_kafkas_default() -> None:
     settings = Settings(unique_topic="feed")
     by_name = {s.name: s for s in topic_specs(settings)}
-    assert _configs(by_name["feed"])["max.message.bytes"] == str(feed_max_bytes(settings))
-    assert _configs(by_name["neardup-verdicts"])["max.message.bytes"] == str(KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
-    assert _configs(by_name["neardup-records-changelog"]) == {
+    replication = Replication(3, 2)
+    assert _configs(by_name["feed"], replication)["max.message.bytes"] == str(feed_max_bytes(settings))
+    verdicts = _configs(by_name["neardup-verdicts"], replication)
+    assert verdicts["max.message.bytes"] == str(KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
+    assert _configs(by_name["neardup-records-changelog"], replication) == {
         "cleanup.policy": "compact",
         "max.message.bytes": str(KAFKA_DEFAULT_MAX_MESSAGE_BYTES),
+        "min.insync.replicas": "2",
     }
-    assert "max.message.bytes" not in _configs(by_name["neardup-articles"])
+    assert "max.message.bytes" not in _configs(by_name["neardup-articles"], replication)
+    # the signatures topic alone keeps its messages until they are purged
+    for spec in by_name.values():
+        configs = _configs(spec, replication)
+        kept = configs.get("retention.ms") == configs.get("retention.bytes") == "-1"
+        assert kept == (spec.name == settings.signatures_topic), (spec.name, configs)
+
+
+def test_a_topic_with_a_lower_min_insync_or_an_internal_topic_with_a_retention_is_refused() -> None:
+    specs = {s.name: s for s in topic_specs(Settings())}
+    verdicts, signatures = specs["neardup-verdicts"], specs["neardup-signatures"]
+    replication = Replication(3, 2)
+    fine = {"max.message.bytes": str(10**8), "min.insync.replicas": "2", "retention.ms": "604800000"}
+    assert _config_problems(verdicts, fine, replication) == []
+    (problem,) = _config_problems(verdicts, {**fine, "min.insync.replicas": "1"}, replication)
+    assert "topic 'neardup-verdicts' has min.insync.replicas=1, the service asks for 2" in problem
+    assert "--entity-name neardup-verdicts --add-config min.insync.replicas=2" in problem
+    (problem,) = _config_problems(signatures, fine, replication)
+    assert "topic 'neardup-signatures' is internal" in problem
+    assert "--add-config retention.ms=-1,retention.bytes=-1" in problem
+    kept = {**fine, "retention.ms": "-1", "retention.bytes": "-1"}
+    assert _config_problems(signatures, kept, replication) == []
 
 
 class Admin:
@@ -229,12 +255,12 @@ def test_an_existing_topic_below_its_need_is_refused_by_name_with_the_command_th
     checked = [s for s in specs if s.max_message_bytes is not None]
     need = next(s.max_message_bytes for s in specs if s.name == topic)
     with pytest.raises(TopicMismatch) as info:
-        asyncio.run(_check_limits(Admin(limits), checked))  # type: ignore[arg-type]
+        asyncio.run(_check_configs(Admin(limits), checked, Replication(1, 1)))  # type: ignore[arg-type]
     assert f"topic {topic!r} takes messages of up to 1000 bytes" in str(info.value)
     command = f"kafka-configs.sh --alter --entity-type topics --entity-name {topic} "
     assert f"{command}--add-config max.message.bytes={need}" in str(info.value)
     limits[topic] = need  # exactly what it needs: fine
-    asyncio.run(_check_limits(Admin(limits), checked))  # type: ignore[arg-type]
+    asyncio.run(_check_configs(Admin(limits), checked, Replication(1, 1)))  # type: ignore[arg-type]
 
 
 def test_the_app_sends_within_the_bounds(tmp_path: Path) -> None:

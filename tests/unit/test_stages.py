@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -466,85 +465,6 @@ def test_content_map_passes_to_a_remaining_exact_copy(kind: str, tmp_path: Path)
         assert state.id_for_content(first.sketch.content_hash) is None
     finally:
         state.close()
-
-
-# --- reopening the derived index after a clean shutdown ----------------------------------------------
-
-
-def _stage(path: Path, records: dict[bytes, bytes]) -> IndexShard:
-    return IndexShard(RocksState(path), PARAMS, changelog=records)
-
-
-def _open(shard: IndexShard, position: bytes = b"") -> int | None:
-    """Reopened (None) or replayed from its changelog (the number indexed), as the decider opens it."""
-    assert isinstance(shard.changelog, dict)
-    return None if shard.reopen(position) else shard.replay(shard.changelog)
-
-
-def _end(records: dict[bytes, bytes]) -> bytes:
-    """Stands in for where the changelog ends: it moves whenever the table changes."""
-    return hashlib.sha256(repr(sorted(records.items())).encode()).hexdigest().encode()
-
-
-def _apply(stage: IndexShard, offset: int, article_id: str, text: str) -> dict[str, Any] | None:
-    [result] = stage.decide([signed(article_id, text)], offset, now=NOW)
-    stage.checkpoint()
-    return result.verdict
-
-
-def test_a_cleanly_closed_index_is_reopened_not_rebuilt(tmp_path: Path) -> None:
-    records: dict[bytes, bytes] = {}
-    first = _stage(tmp_path / "index", records)
-    assert _open(first, _end(records)) == 0  # nothing to keep yet: built (empty)
-    for offset, (article_id, text) in enumerate(HISTORY):
-        _apply(first, offset, article_id, text)
-    first.close(_end(records))
-
-    second = _stage(tmp_path / "index", records)
-    assert _open(second, _end(records)) is None  # kept
-    assert second.applied_offset == len(HISTORY) - 1
-    assert second.state.count() == len({a for a, _ in HISTORY})
-    # and it decides exactly as a rebuilt one would
-    rebuilt = _stage(tmp_path / "rebuilt", dict(records))
-    assert _open(rebuilt) == len({a for a, _ in HISTORY})
-    for offset, (article_id, text) in enumerate(FUTURE, start=len(HISTORY)):
-        assert _apply(second, offset, article_id, text) == _apply(rebuilt, offset, article_id, text)
-    second.close(_end(records))
-    rebuilt.close()
-
-
-def test_a_reopened_index_is_rebuilt_after_a_crash(tmp_path: Path) -> None:
-    records: dict[bytes, bytes] = {}
-    first = _stage(tmp_path / "index", records)
-    _open(first, _end(records))
-    _apply(first, 0, "a", PROSE[0])
-    first.close(_end(records))
-    second = _stage(tmp_path / "index", records)
-    assert _open(second, _end(records)) is None
-    _apply(second, 1, "b", PROSE[1])
-    second.state.close()  # a crash: the stage never closes, no marker is written
-    third = _stage(tmp_path / "index", records)
-    assert _open(third, _end(records)) == 2
-    third.close(_end(records))
-
-
-@pytest.mark.parametrize("case", ["applied elsewhere since", "closed with unsaved work"])
-def test_a_stale_index_is_rebuilt(tmp_path: Path, case: str) -> None:
-    records: dict[bytes, bytes] = {}
-    first = _stage(tmp_path / "index", records)
-    _open(first, _end(records))
-    _apply(first, 0, "a", PROSE[0])
-    if case == "closed with unsaved work":
-        first.decide([signed("b", PROSE[1])], 1, now=NOW)  # applied, but the checkpoint was never written
-    first.close(_end(records))
-    if case == "applied elsewhere since":
-        elsewhere = _stage(tmp_path / "elsewhere", records)  # the shard moved to another worker
-        _open(elsewhere, _end(records))
-        _apply(elsewhere, 1, "c", PROSE[2])
-        elsewhere.close(_end(records))
-    again = _stage(tmp_path / "index", records)
-    assert _open(again, _end(records)) == len([k for k in records if k.startswith(ARTICLE_PREFIX)])
-    again.close(_end(records))
 
 
 def test_a_rebuild_counts_the_removals_the_record_table_counted(shards: Any) -> None:

@@ -1,0 +1,193 @@
+"""Writes held beside the store until they are committed: a read overlay over a KeyValue store.
+
+The worker's index is derived from its changelog, and must never be ahead of it: a chunk's writes
+wait in a layer of their own until the changelog holds the chunk's records, then reach the store in
+one write batch with the changelog offset they correspond to. The store has no transactions and a
+write batch cannot be read back, so reads see the held layers, newest first, over the store.
+Generic: it knows keys and values, not what they mean.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .index import Batch, KeyValue
+
+_ABSENT = object()
+
+
+@dataclass
+class _Family:
+    """One family's held writes: key → value (None: deleted), and the keys in order for scans,
+    sorted when a scan needs them: a layer takes thousands of new keys between two scans."""
+
+    values: dict[bytes, bytes | None] = field(default_factory=dict)
+    ordered: list[bytes] = field(default_factory=list)
+    fresh: list[bytes] = field(default_factory=list)  # new keys, not in `ordered` yet
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        if key not in self.values:
+            self.fresh.append(key)
+        self.values[key] = value
+
+    def keys_from(self, start: bytes, prefix: bytes) -> Iterator[bytes]:
+        """Its keys at or after `start` that start with `prefix`, in order."""
+        if self.fresh:
+            # a new list: a scan in progress goes on over the one it started with
+            self.ordered = sorted(self.ordered + self.fresh)  # one sorted run and the new keys
+            self.fresh = []
+        ordered = self.ordered
+        for index in range(bisect.bisect_left(ordered, start), len(ordered)):
+            if not ordered[index].startswith(prefix):
+                return
+            yield ordered[index]
+
+
+@dataclass
+class Layer:
+    """The writes of one unit of work (a decided chunk), tagged by its number."""
+
+    tag: int
+    main: _Family = field(default_factory=_Family)
+    records: _Family = field(default_factory=_Family)
+
+    def add(self, batch: Batch) -> None:
+        for key, value in batch.main.items():
+            self.main.put(key, value)
+        for key, value in batch.records.items():
+            self.records.put(key, value)
+
+
+class LayeredKV:
+    """A KeyValue over `base` that holds writes in layers while any is open (`hold`), writes them
+    to `base` when they are committed (`commit_through`), or forgets them (`discard`). With no
+    layer held, a write goes to `base` at once."""
+
+    def __init__(self, base: KeyValue) -> None:
+        self.base = base
+        self._layers: list[Layer] = []  # oldest first
+
+    @property
+    def held(self) -> list[int]:
+        """The tags of the layers not committed yet, oldest first."""
+        return [layer.tag for layer in self._layers]
+
+    def hold(self, tag: int) -> None:
+        """Writes from now on go to a new layer tagged `tag` (greater than any held)."""
+        if self._layers and tag <= self._layers[-1].tag:
+            raise ValueError(f"layer {tag} after layer {self._layers[-1].tag}")
+        self._layers.append(Layer(tag))
+
+    def commit_through(self, tag: int, extra: dict[bytes, bytes] | None = None) -> int:
+        """Write the layers tagged up to `tag` to the store, with `extra` (main family), in one
+        write batch; returns how many were written (0: none was held, and nothing is written)."""
+        done = [layer for layer in self._layers if layer.tag <= tag]
+        if not done:
+            return 0
+        batch = Batch()
+        for layer in done:
+            batch.main.update(layer.main.values)
+            batch.records.update(layer.records.values)
+        batch.main.update(extra or {})
+        self.base.write(batch)
+        self._layers = self._layers[len(done) :]
+        return len(done)
+
+    def discard(self) -> None:
+        """Forget every held layer: the store stays at its last commit."""
+        self._layers = []
+
+    # -- the KeyValue port ------------------------------------------------------------------
+
+    def write(self, batch: Batch) -> None:
+        if self._layers:
+            self._layers[-1].add(batch)
+        else:
+            self.base.write(batch)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        if not self._layers:
+            return self.base.get_many(keys)
+        return self._read(keys, [layer.main for layer in reversed(self._layers)], self.base.get_many)
+
+    def records(self, keys: list[bytes]) -> list[bytes | None]:
+        if not self._layers:
+            return self.base.records(keys)
+        return self._read(keys, [layer.records for layer in reversed(self._layers)], self.base.records)
+
+    @staticmethod
+    def _read(
+        keys: list[bytes], layers: list[_Family], below: Callable[[list[bytes]], list[bytes | None]]
+    ) -> list[bytes | None]:
+        """`keys` as the newest layer holding each has it, else as the store has it."""
+        found: list[object] = [_ABSENT] * len(keys)
+        for family in layers:
+            values = family.values
+            for i, key in enumerate(keys):
+                if found[i] is _ABSENT:
+                    found[i] = values.get(key, _ABSENT)
+        missing = [i for i, value in enumerate(found) if value is _ABSENT]
+        if missing:
+            for i, value in zip(missing, below([keys[i] for i in missing]), strict=True):
+                found[i] = value
+        return found  # type: ignore[return-value]  # every _ABSENT was replaced
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._merged(self.base.scan(prefix), "main", prefix)
+
+    def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
+        return self._merged(self.base.scan_records(), "records", b"")
+
+    def _merged(
+        self, below: Iterator[tuple[bytes, bytes]], family: str, prefix: bytes
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The store's entries under `prefix` with the layers' over them, in key order: a key the
+        layers hold takes their newest value, and is left out where that is a deletion. Lazy: a
+        caller that stops early reads no further, in the store or the layers."""
+        if not self._layers:
+            yield from below
+            return
+        layers = [
+            layer.main if family == "main" else layer.records for layer in reversed(self._layers)
+        ]  # newest first
+        # each held key once, in order, whichever layers hold it
+        held = (
+            key for key, _ in itertools.groupby(heapq.merge(*(f.keys_from(prefix, prefix) for f in layers)))
+        )
+        next_held = next(held, None)
+        for key, value in below:
+            while next_held is not None and next_held <= key:
+                if (entry := self._newest(layers, next_held)) is not None:
+                    yield next_held, entry
+                next_held = next(held, None)
+            if not any(key in f.values for f in layers):
+                yield key, value
+        while next_held is not None:
+            if (entry := self._newest(layers, next_held)) is not None:
+                yield next_held, entry
+            next_held = next(held, None)
+
+    @staticmethod
+    def _newest(layers: list[_Family], key: bytes) -> bytes | None:
+        for family in layers:
+            if key in family.values:
+                return family.values[key]
+        return None
+
+    def flush(self) -> None:
+        self.base.flush()
+
+    def close(self) -> None:
+        self._layers = []
+        self.base.close()
+
+    def clear(self) -> None:
+        self._layers = []
+        self.base.clear()
+
+    def size_bytes(self) -> int:
+        return self.base.size_bytes()

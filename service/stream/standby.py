@@ -1,0 +1,65 @@
+"""Warm standby of the index (NEARDUP_STANDBY_REPLICAS): a worker that does not own the index
+shard keeps its own index current from the committed changelog, so that when the shard comes to
+it, its open replays only what was written since its last catch-up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..config import Settings
+from .index_agent import IndexPipeline
+
+log = logging.getLogger("neardup.stream")
+
+
+class Standby:
+    """Catches the decider's index up with the changelog every `standby_interval` seconds while
+    this worker does not own the shard. It takes the index agent's lock, so a catch-up and an
+    open (or a decision) never overlap: when the shard is assigned in the middle of one, the open
+    waits for it and then replays only the rest."""
+
+    def __init__(self, settings: Settings, index: IndexPipeline) -> None:
+        self.settings = settings
+        self.index = index
+        self.metrics = index.metrics
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.standby_replicas >= 1
+
+    async def run(self) -> None:
+        while True:
+            await self.step()
+            await asyncio.sleep(self.settings.standby_interval)
+
+    async def step(self) -> bool:
+        """One catch-up, unless this worker owns the shard, or its own last decisions are not all
+        acknowledged yet (a former owner: the changelog lacks them, the next step has them).
+        Returns whether it caught up."""
+        index, metrics = self.index, self.metrics
+        if index.owner:
+            metrics.standby.set(0)
+            return False
+        async with index.lock:
+            if index.owner or index.deliveries.unsettled:
+                return False
+            decider = index.decider
+            try:
+                count = await decider.catch_up()
+            except asyncio.CancelledError:
+                decider.kill()  # a request in flight: its answer would be read as the next one's
+                raise
+            except Exception as exc:
+                # The broker away or the decider child lost: a standby is an optimisation, and
+                # the owner's open restores whatever a missed step left.
+                log.warning("standby_catch_up_failed error=%r", str(exc))
+                decider.kill()
+                return False
+        metrics.standby.set(1)
+        metrics.standby_lag.set(decider.behind)
+        if count is not None:
+            log.info("standby_rebuilt articles=%d", count)
+        else:
+            metrics.standby_applied.inc(decider.replayed)
+        return True
