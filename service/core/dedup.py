@@ -440,20 +440,21 @@ def _verified_match(
     not_before_ms: int | None,
 ) -> Matched:
     others = list(state.candidates(keys, article_id, params.max_candidates))
-    anchored: Sequence[tuple[Prospect, int]] = ()
-    if len(sketch.anchors) and (params.containment_threshold or params.revised_threshold):
-        anchored = state.anchor_candidates(sketch.anchors, article_id, ANCHOR_CANDIDATES)
     if not_before_ms is not None:
         others = [other for other in others if other.time_ms >= not_before_ms]
-        anchored = [(other, shared) for other, shared in anchored if other.time_ms >= not_before_ms]
-    unique = Decision("unique", None, None, None, None, article_id, False, ()), seq, article_id
-    if not others and not anchored:
-        return unique
     top, match = rank(sketch, others, params) if others else ([], None)
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
     kept = tuple(Candidate(others[i].article_id, j, a, b) for i, j, a, b in top)
     if match is not None and match[0] == "duplicate":
+        # a duplicate is the strongest verdict, and joins no posting list: no anchor lookup
         return _matched(state, "duplicate", others[match[1]], match[2:], kept)
+    anchored: Sequence[tuple[Prospect, int]] = ()
+    if len(sketch.anchors) and (params.containment_threshold or params.revised_threshold):
+        anchored = state.anchor_candidates(sketch.anchors, article_id, ANCHOR_CANDIDATES)
+    if not_before_ms is not None:
+        anchored = [(other, shared) for other, shared in anchored if other.time_ms >= not_before_ms]
+    if not others and not anchored:
+        return Decision("unique", None, None, None, None, article_id, False, ()), seq, article_id
     found = _contained(sketch, anchored, params)
     if match is not None and (found is None or found[1] != "partial"):
         other = others[match[1]]  # a partial by the verifier: the anchors show where
