@@ -18,10 +18,10 @@ so that keys sort in arrival order):
   that a re-added id continues its versions; removed when the id is added again
 - ``e<time><id>``: the markers by deletion time, so that expiry removes them incrementally too
 - ``n<anchor>`` → the seqs of the latest articles holding the anchor (32 bits of a winnowed
-  24-character shingle, core/anchors.py), at most ``anchor_cap``, a seq with its top bit set for an
-  article of fewer than two distinct anchors: a posting list that fills its cap is boilerplate
-  (a phrase of many articles) and proposes no candidate; a duplicate joins none (its match holds
-  the same text)
+  24-character shingle, core/anchors.py), at most ``anchor_cap``, each seq in 6 bytes
+  (POSTING_ENTRY), its top bit set for an article of fewer than two distinct anchors: a posting
+  list that fills its cap is boilerplate (a phrase of many articles) and proposes no candidate; a
+  duplicate joins none (its match holds the same text)
 - ``m<name>`` → metadata (header, next seq, counters, offsets)
 
 and the records, one per article version, in a family of their own keyed by seq (records.py).
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from ..core import compiled
@@ -58,7 +59,12 @@ _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
 DEFAULT_ANCHOR_CAP = 32
-_FEW_ANCHORS = 1 << 63  # in a posting entry: the article has fewer than two distinct anchors
+# A posting entry: the seq in 6 bytes big-endian (47 bits: 10^14 arrivals), its top bit set for an
+# article of fewer than two distinct anchors. Not the 8 bytes of a bucket's: posting lists are the
+# bulk of what an article writes, rewritten whole on each join.
+POSTING_ENTRY = 6
+_FEW_ANCHORS = 1 << 47
+_POSTING_SEQS = _FEW_ANCHORS - 1
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 # Bucket entries up to which merge_buckets merges them with a dict rather than numpy.
@@ -128,6 +134,7 @@ class Batch:
     main: dict[bytes, bytes | None] = field(default_factory=dict)
     records: dict[bytes, bytes | None] = field(default_factory=dict)
     buckets_written: bool = False  # whether a bucket is among `main`
+    postings: list[bytes] = field(default_factory=list)  # the posting lists among `main`
 
     def put(self, key: bytes, value: bytes) -> None:
         self.main[key] = value
@@ -147,6 +154,7 @@ class IndexState:
         anchor_cap: int = DEFAULT_ANCHOR_CAP,
         record_cache: int = 20_000,
         probe_cache: int = 100_000,
+        posting_cache: int = 50_000,
     ) -> None:
         if bucket_cap < 1:
             raise ValueError(f"bucket_cap must be at least 1, got {bucket_cap}")
@@ -157,6 +165,7 @@ class IndexState:
         self.anchor_cap = anchor_cap
         self._record_cache_size = record_cache
         self._probe_cache_size = probe_cache
+        self._posting_cache_size = posting_cache
         self._load()
 
     def _load(self) -> None:
@@ -171,7 +180,11 @@ class IndexState:
         # the first stored or read back is the first out: hits do not reorder it
         self._probes: OrderedDict[int, Probe] = OrderedDict()
         self._looked_up: tuple[Sequence[bytes], list[bytes | None]] | None = None
-        self._postings_looked_up: tuple[list[bytes], list[bytes | None]] | None = None
+        # Posting lists as the store holds them (None: absent), the first read or written the
+        # first out. A news text's anchors recur in later texts (quotes, boilerplate, rewrites),
+        # and a cached list spares a read of the store for each; updated by every write of one,
+        # forgotten with what reload() forgets.
+        self._posting_cache: OrderedDict[bytes, bytes | None] = OrderedDict()
         self._holder_looked_up: tuple[bytes, bytes | None] = (b"", None)
         # the marker key read beside the last get(): decide() asks for it next
         self._marker_looked_up: tuple[str | None, bytes | None] = (None, None)
@@ -304,19 +317,18 @@ class IndexState:
         names = _posting_keys(anchors)
         if not names:
             return []
-        found = self.kv.get_many(names)
-        self._postings_looked_up = (names, found)
-        full = self.anchor_cap * SEQ.size
+        found = self._postings(names, Batch())
+        full = self.anchor_cap * POSTING_ENTRY
         held = b"".join([stored for stored in found if stored and len(stored) < full])
         if not held:
             return []
         # a dict over the few entries a news text meets: numpy's per-call cost is larger here
-        counts = collections.Counter(np.frombuffer(held, dtype=_SEQ_DTYPE).tolist())
+        counts = collections.Counter(posting_entries(held).tolist())
         need = min(2, len(names))
         # the most shared first, then the earliest; one more: one may be the excluded article
         ranked = sorted(
             [
-                (-count, entry & ~_FEW_ANCHORS)
+                (-count, entry & _POSTING_SEQS)
                 for entry, count in counts.items()
                 if count >= need or entry & _FEW_ANCHORS
             ]
@@ -457,9 +469,7 @@ class IndexState:
         batch.put(COUNTS_KEY, self.counts.encode())
         self.kv.write(batch)
         self._marker_looked_up = (None, None)
-        # posting lists read before this write may be stale: a restore's or an expiry's batches
-        # come without a lookup of their own in between
-        self._postings_looked_up = None
+        self._cache_postings(batch)
 
     def _buckets(self, keys: Sequence[bytes], batch: Batch) -> list[bytes | None]:
         """The stored buckets of `keys`, as this batch leaves them; from the last candidates()
@@ -495,50 +505,68 @@ class IndexState:
         self._looked_up = None
 
     def _postings(self, names: list[bytes], batch: Batch) -> list[bytes | None]:
-        """The stored posting lists `names`, as this batch leaves them; from the last lookup where
-        it was of these names and the batch has not touched them."""
-        last = self._postings_looked_up
-        if last is not None and last[0] == names and not any(name in batch.main for name in names):
-            return last[1]
-        stored = iter(self.kv.get_many([name for name in names if name not in batch.main]))
-        return [batch.main[name] if name in batch.main else next(stored) for name in names]
+        """The posting lists `names` as this batch leaves them: the batch's, else the cache's,
+        else the store's (one multi-get, then cached)."""
+        cache, written = self._posting_cache, batch.main
+        missing = [name for name in names if name not in written and name not in cache]
+        if missing:
+            for name, stored in zip(missing, self.kv.get_many(missing), strict=True):
+                cache[name] = stored
+            while len(cache) > self._posting_cache_size:
+                cache.popitem(last=False)
+            # a name evicted just now is read again: rare, the cache holds many articles' worth
+            if any(name not in cache for name in missing):
+                gone = [name for name in names if name not in written and name not in cache]
+                cache.update(zip(gone, self.kv.get_many(gone), strict=True))
+        return [written[name] if name in written else cache[name] for name in names]
+
+    def _cache_postings(self, batch: Batch) -> None:
+        """The posting lists a batch just written wrote, into the cache."""
+        cache = self._posting_cache
+        for name in batch.postings:
+            cache[name] = batch.main[name]
+        while len(cache) > self._posting_cache_size:
+            cache.popitem(last=False)
 
     def _join_postings(self, batch: Batch, article: IndexedArticle) -> None:
         """The article joins the posting lists of its anchors; each keeps its latest anchor_cap."""
         names = _posting_keys(article.anchors)
         if not names:
             return
-        entry = SEQ.pack(article.seq | (_FEW_ANCHORS if len(names) < 2 else 0))
-        limit = self.anchor_cap * SEQ.size
+        if article.seq > _POSTING_SEQS:
+            raise ValueError(f"arrival {article.seq} is past what a posting entry holds")
+        entry = (article.seq | (_FEW_ANCHORS if len(names) < 2 else 0)).to_bytes(POSTING_ENTRY, "big")
+        limit = self.anchor_cap * POSTING_ENTRY
         for name, stored in zip(names, self._postings(names, batch), strict=True):
             if stored is None:
                 self.counts.postings += 1
-                batch.put(name, entry)
+                batch.main[name] = entry
                 continue
             joined = (stored + entry)[-limit:]
             if len(stored) < limit <= len(joined):
                 self.counts.boilerplate += 1
-            batch.put(name, joined)
-        self._postings_looked_up = None
+            batch.main[name] = joined
+        batch.postings += names
 
     def _leave_postings(self, batch: Batch, article: IndexedArticle) -> None:
         names = _posting_keys(article.anchors)
-        limit = self.anchor_cap * SEQ.size
+        limit = self.anchor_cap * POSTING_ENTRY
         for name, stored in zip(names, self._postings(names, batch), strict=True):
             if not stored:
                 continue
-            entries = np.frombuffer(stored, dtype=_SEQ_DTYPE)
-            kept = entries[(entries & ~np.uint64(_FEW_ANCHORS)) != article.seq]
-            if kept.size == entries.size:
+            entries = posting_entries(stored)
+            kept = (entries & np.uint64(_POSTING_SEQS)) != article.seq
+            if kept.all():
                 continue  # pushed out by later members already
             if len(stored) >= limit:
                 self.counts.boilerplate -= 1
-            if kept.size:
-                batch.put(name, kept.tobytes())
+            if kept.any():
+                rows = np.frombuffer(stored, dtype=np.uint8).reshape(-1, POSTING_ENTRY)
+                batch.put(name, rows[kept].tobytes())
             else:
                 self.counts.postings -= 1
                 batch.delete(name)
-        self._postings_looked_up = None
+            batch.postings.append(name)
 
     def _leave_buckets(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
         stored_buckets = self._buckets(keys, batch)
@@ -759,7 +787,6 @@ class IndexState:
         if next(self.kv.scan_records(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
         self._looked_up, self._holder_looked_up = None, (b"", None)
-        self._postings_looked_up = None
         count = 0
         for run in runs_of(records, chunk):
             batch = Batch()
@@ -796,6 +823,7 @@ class IndexState:
         for article in articles:
             self._add(batch, article)
         self.kv.write(batch)
+        self._cache_postings(batch)
         self._holder_looked_up = (b"", None)
 
     def _hand_on_orphans(self) -> None:
@@ -882,6 +910,14 @@ def _posting_keys(anchors: Anchors) -> list[bytes]:
     names = list(dict.fromkeys([POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]))
     _last_keys[:] = [(anchors, names)]
     return names
+
+
+def posting_entries(stored: bytes) -> npt.NDArray[np.uint64]:
+    """The entries of posting lists joined back to back (POSTING_ENTRY bytes each), as integers."""
+    rows = np.frombuffer(stored, dtype=np.uint8).reshape(-1, POSTING_ENTRY)
+    wide = np.zeros((rows.shape[0], SEQ.size), dtype=np.uint8)
+    wide[:, SEQ.size - POSTING_ENTRY :] = rows
+    return wide.view(_SEQ_DTYPE).ravel().astype(np.uint64)
 
 
 def _members(stored: bytes | None) -> list[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,8 +29,10 @@ from neardup.core.shingle import shingle_set
 from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.pipeline.wire import Provenance, Signed, decode_signed, encode_signed
+from neardup.state.index import POSTING_ENTRY, posting_entries
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_anchors, decode_record, encode_anchors, encode_record
+from neardup.state.rocks import RocksState
 from tests.conftest import process
 
 PARAMS = DedupParams()
@@ -193,3 +196,31 @@ def test_posting_lists_are_capped_left_on_delete_and_counted(prose: tuple[str, .
     stats = shard.state.stats()
     assert stats.boilerplate_anchors > 0
     assert shard.state.anchor_candidates(anchors_of(points(boiler)), "", 10) == []
+
+
+def test_posting_entries_read_back_six_byte_seqs_with_their_flag() -> None:
+    values = [0, 1, 255, 256, (1 << 40) + 7, (1 << 47) - 1, (1 << 47) | 5]
+    stored = b"".join(value.to_bytes(POSTING_ENTRY, "big") for value in values)
+    assert len(stored) == POSTING_ENTRY * len(values)
+    assert posting_entries(stored).tolist() == values
+
+
+def test_posting_lists_read_back_follow_the_overlay_through_a_discard(
+    prose: tuple[str, ...], tmp_path: Path
+) -> None:
+    state = RocksState(tmp_path / "index", layered=True)
+    shard = IndexShard(state, PARAMS)
+    try:
+        shard.begin(1)
+        process(shard, "a", prose[0])
+        excerpt = anchors_of(points(normalize(prose[0])[:600]))
+        assert [p.article_id for p, _ in state.anchor_candidates(excerpt, "", 4)] == ["a"]
+        shard.discard()  # "a" never committed: its posting entries must go with it
+        shard.begin(2)
+        process(shard, "b", prose[0])  # the same seq as "a" had, in the same posting lists
+        shard.commit(2, 0)
+        lists = dict(state.rocks.scan(b"n"))
+        assert lists and all(len(stored) == POSTING_ENTRY for stored in lists.values())
+        assert [p.article_id for p, _ in state.anchor_candidates(excerpt, "", 4)] == ["b"]
+    finally:
+        shard.close()
