@@ -17,11 +17,12 @@ so that keys sort in arrival order):
 - ``d<id>`` → a deleted id's marker: its last version and the deletion's time (encode_marker), so
   that a re-added id continues its versions; removed when the id is added again
 - ``e<time><id>``: the markers by deletion time, so that expiry removes them incrementally too
-- ``n<anchor>`` → the seqs of the latest articles holding the anchor (32 bits of a winnowed
-  24-character shingle, core/anchors.py), at most ``anchor_cap``, each seq in 6 bytes
+- ``n<anchor>`` → the seqs of articles holding the anchor (32 bits of a winnowed 24-character
+  shingle, core/anchors.py), in the order they joined, at most ``anchor_cap``, each seq in 6 bytes
   (POSTING_ENTRY), its top bit set for an article of fewer than two distinct anchors: a posting
-  list that fills its cap is boilerplate (a phrase of many articles) and proposes no candidate; a
-  duplicate joins none (its match holds the same text)
+  list that fills its cap is boilerplate (a phrase of many articles), proposes no candidate and
+  takes no member until one of its own leaves; a duplicate joins none (its match holds the same
+  text)
 - ``m<name>`` → metadata (header, next seq, counters, offsets)
 
 and the records, one per article version, in a family of their own keyed by seq (records.py).
@@ -529,7 +530,7 @@ class IndexState:
             cache.popitem(last=False)
 
     def _join_postings(self, batch: Batch, article: IndexedArticle) -> None:
-        """The article joins the posting lists of its anchors; each keeps its latest anchor_cap."""
+        """The article joins the posting lists of its anchors but the full ones (boilerplate)."""
         names = _posting_keys(article.anchors)
         if not names:
             return
@@ -541,12 +542,17 @@ class IndexState:
             if stored is None:
                 self.counts.postings += 1
                 batch.main[name] = entry
+                batch.postings.append(name)
                 continue
-            joined = (stored + entry)[-limit:]
-            if len(stored) < limit <= len(joined):
+            if len(stored) >= limit:
+                # boilerplate: proposes nobody whoever its latest members are, so it is not
+                # rewritten (its members leave it as they go, and the next one fills it again)
+                continue
+            joined = stored + entry
+            if len(joined) >= limit:
                 self.counts.boilerplate += 1
             batch.main[name] = joined
-        batch.postings += names
+            batch.postings.append(name)
 
     def _leave_postings(self, batch: Batch, article: IndexedArticle) -> None:
         names = _posting_keys(article.anchors)
