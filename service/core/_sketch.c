@@ -59,6 +59,13 @@
  *     ints, and the position after the last. ValueError when one runs past the end of `data` or
  *     past 64 bits.
  *
+ * count_postings(lists, width, full, need, top) -> list of (int, int)
+ *     lists: a sequence of bytes (posting lists: `width`-byte big-endian entries, the top bit of
+ *     an entry a flag) or None; those of `full` bytes or more are left out. Counts each distinct
+ *     entry over the lists and keeps those counted at least `need` times or flagged; returns at
+ *     most `top` of them as (entry without its flag, count), the most counted first, then the
+ *     smallest (index.py: rank_postings, the reference).
+ *
  * anchors(points, k, window, seed_key, hashes, positions) -> count
  *     points: uint32 code points, at least k of them; hashes, positions: writable uint32 buffers of
  *     at least len(points) - k + 1 items. Winnowing (anchors.py: anchors_reference): each
@@ -709,6 +716,118 @@ done:
     return merged;
 }
 
+typedef struct {
+    uint64_t entry;
+    uint64_t count;
+} Counted;
+
+/* The most counted first, then the smallest entry. */
+static int by_count(const void *a, const void *b) {
+    const Counted *x = a, *y = b;
+    if (x->count != y->count) {
+        return x->count > y->count ? -1 : 1;
+    }
+    return (x->entry > y->entry) - (x->entry < y->entry);
+}
+
+static PyObject *count_postings(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *lists;
+    Py_ssize_t width, full, need, top;
+    if (!PyArg_ParseTuple(args, "Onnnn", &lists, &width, &full, &need, &top)) {
+        return NULL;
+    }
+    if ((width < 1 || width > 8) && invalid("width must be in 1..8")) {
+        return NULL;
+    }
+    if ((need < 0 || top < 0) && invalid("need and top must be >= 0")) {
+        return NULL;
+    }
+    /* made before the lists are read in place: see merge_buckets */
+    PyObject *result = PyList_New(0);
+    if (result == NULL) {
+        return NULL;
+    }
+    PyObject *sequence = PySequence_Fast(lists, "lists must be a sequence");
+    if (sequence == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    uint64_t *slots = NULL, *counts = NULL;
+    Counted *kept = NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence), total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *stored = PySequence_Fast_GET_ITEM(sequence, i);
+        if (stored == Py_None) {
+            continue;
+        }
+        if (!PyBytes_Check(stored) || PyBytes_GET_SIZE(stored) % width != 0) {
+            invalid("each of lists must be bytes of whole entries, or None");
+            Py_CLEAR(result);
+            goto done;
+        }
+        if (PyBytes_GET_SIZE(stored) < full) {
+            Py_ssize_t entries = PyBytes_GET_SIZE(stored) / width;
+            total = entries > PY_SSIZE_T_MAX - total ? PY_SSIZE_T_MAX : total + entries;
+        }
+    }
+    size_t capacity = set_capacity(total);
+    slots = capacity ? PyMem_Calloc(capacity, sizeof(uint64_t)) : NULL; /* entry + 1; 0: free */
+    counts = capacity ? PyMem_Calloc(capacity, sizeof(uint64_t)) : NULL;
+    kept = capacity ? PyMem_Calloc(capacity, sizeof(Counted)) : NULL;
+    if (slots == NULL || counts == NULL || kept == NULL) {
+        PyErr_NoMemory();
+        Py_CLEAR(result);
+        goto done;
+    }
+    size_t mask = capacity - 1;
+    const uint64_t flag = (uint64_t)1 << (8 * width - 1);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *stored = PySequence_Fast_GET_ITEM(sequence, i);
+        if (stored == Py_None || PyBytes_GET_SIZE(stored) >= full) {
+            continue;
+        }
+        const uint8_t *bytes = (const uint8_t *)PyBytes_AS_STRING(stored);
+        Py_ssize_t entries = PyBytes_GET_SIZE(stored) / width;
+        for (Py_ssize_t m = 0; m < entries; m++) {
+            uint64_t entry = 0;
+            for (Py_ssize_t b = 0; b < width; b++) {
+                entry = (entry << 8) | bytes[m * width + b];
+            }
+            size_t at = (size_t)fmix64(entry) & mask;
+            while (slots[at] != 0 && slots[at] != entry + 1) {
+                at = (at + 1) & mask;
+            }
+            slots[at] = entry + 1;
+            counts[at]++;
+        }
+    }
+    size_t many = 0;
+    for (size_t at = 0; at < capacity; at++) {
+        if (slots[at] != 0 && (counts[at] >= (uint64_t)need || ((slots[at] - 1) & flag))) {
+            kept[many].entry = (slots[at] - 1) & ~flag;
+            kept[many].count = counts[at];
+            many++;
+        }
+    }
+    qsort(kept, many, sizeof(Counted), by_count);
+    for (size_t i = 0; i < many && (Py_ssize_t)i < top; i++) {
+        PyObject *pair = Py_BuildValue("(KK)", (unsigned long long)kept[i].entry, (unsigned long long)kept[i].count);
+        if (pair == NULL || PyList_Append(result, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_CLEAR(result);
+            goto done;
+        }
+        Py_DECREF(pair);
+    }
+done:
+    PyMem_Free(slots);
+    PyMem_Free(counts);
+    PyMem_Free(kept);
+    Py_DECREF(sequence);
+    return result;
+}
+
 static PyObject *finish(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer wide, signature, verifier;
@@ -883,6 +1002,7 @@ static PyMethodDef methods[] = {
     {"collapse_spaces", collapse_spaces, METH_VARARGS, "Runs of spaces as one U+0020, none at the ends."},
     {"scores", scores, METH_VARARGS, "Jaccard and containment estimates of a verifier against candidates'."},
     {"rank", rank, METH_VARARGS, "The candidates scored, best first, and the match among them."},
+    {"count_postings", count_postings, METH_VARARGS, "Entries counted over posting lists, the most counted first."},
     {"merge_buckets", merge_buckets, METH_VARARGS, "The distinct arrival numbers of LSH buckets, in order of first appearance."},
     {"varints", varints, METH_VARARGS, "Unsigned LEB128 varints from a position of a buffer."},
     {NULL, NULL, 0, NULL},

@@ -33,6 +33,9 @@ def rank(
     containment: float,
 ) -> tuple[list[tuple[int, float, float, float]], tuple[int, int, float, float, float] | None]: ...
 def merge_buckets(buckets: Sequence[bytes | None], count: int) -> list[int]: ...
+def count_postings(
+    lists: Sequence[bytes | None], width: int, full: int, need: int, top: int
+) -> list[tuple[int, int]]: ...
 def finish(
     wide: npt.NDArray[np.uint64],
     num_perm: int,

@@ -319,26 +319,15 @@ class IndexState:
         if not names:
             return []
         found = self._postings(names, Batch())
-        full = self.anchor_cap * POSTING_ENTRY
-        held = b"".join([stored for stored in found if stored and len(stored) < full])
-        if not held:
-            return []
-        # a dict over the few entries a news text meets: numpy's per-call cost is larger here
-        counts = collections.Counter(posting_entries(held).tolist())
-        need = min(2, len(names))
-        # the most shared first, then the earliest; one more: one may be the excluded article
-        ranked = sorted(
-            [
-                (-count, entry & _POSTING_SEQS)
-                for entry, count in counts.items()
-                if count >= need or entry & _FEW_ANCHORS
-            ]
-        )[: limit + 1]
+        loops = compiled.loops()
+        # one more than the limit: one may be the excluded article
+        args = (found, POSTING_ENTRY, self.anchor_cap * POSTING_ENTRY, min(2, len(names)), limit + 1)
+        ranked = loops.count_postings(*args) if loops else rank_postings(*args)
         if not ranked:
             return []
         prospects = [
-            (p, -count)
-            for p, (count, _) in zip(self._prospects([seq for _, seq in ranked]), ranked, strict=True)
+            (p, count)
+            for p, (_, count) in zip(self._prospects([seq for seq, _ in ranked]), ranked, strict=True)
             if p is not None and p.article_id != exclude
         ]
         return cast(list[tuple[Prospect, int]], prospects[:limit])
@@ -916,6 +905,27 @@ def _posting_keys(anchors: Anchors) -> list[bytes]:
     names = list(dict.fromkeys([POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]))
     _last_keys[:] = [(anchors, names)]
     return names
+
+
+def rank_postings(
+    found: Sequence[bytes | None], width: int, full: int, need: int, top: int
+) -> list[tuple[int, int]]:
+    """The entries of the posting lists `found` (None: absent; `full` bytes or more: boilerplate,
+    left out) counted at least `need` times or flagged (an article of fewer than two anchors), as
+    (seq, count), the most counted first, then the earliest, at most `top`: the reference of the
+    compiled _sketch.count_postings."""
+    if width != POSTING_ENTRY:
+        raise ValueError(f"posting entries are {POSTING_ENTRY} bytes, not {width}")
+    held = b"".join([stored for stored in found if stored and len(stored) < full])
+    if not held:
+        return []
+    counts = collections.Counter(posting_entries(held).tolist())
+    ranked = sorted(
+        (-count, entry & _POSTING_SEQS)
+        for entry, count in counts.items()
+        if count >= need or entry & _FEW_ANCHORS
+    )
+    return [(seq, -count) for count, seq in ranked[:top]]
 
 
 def posting_entries(stored: bytes) -> npt.NDArray[np.uint64]:

@@ -29,7 +29,7 @@ from neardup.core.shingle import shingle_set
 from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.pipeline.wire import Provenance, Signed, decode_signed, encode_signed
-from neardup.state.index import POSTING_ENTRY, posting_entries
+from neardup.state.index import POSTING_ENTRY, posting_entries, rank_postings
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_anchors, decode_record, encode_anchors, encode_record
 from neardup.state.rocks import RocksState
@@ -224,3 +224,24 @@ def test_posting_lists_read_back_follow_the_overlay_through_a_discard(
         assert [p.article_id for p, _ in state.anchor_candidates(excerpt, "", 4)] == ["b"]
     finally:
         shard.close()
+
+
+@pytest.mark.skipif(not compiled.BUILT, reason="the compiled loops are not built")
+def test_posting_lists_counted_in_c_as_the_reference_counts_them() -> None:
+    rng = random.Random(4)
+    loops = compiled.loops()
+    assert loops is not None
+    full = 8 * POSTING_ENTRY
+    for _ in range(300):
+        seqs = [rng.randrange(40) | (rng.random() < 0.1) << 47 for _ in range(60)]
+        lists: list[bytes | None] = [None] * rng.randrange(3)
+        while seqs:
+            size = rng.randrange(1, 10)
+            take, seqs = seqs[:size], seqs[size:]
+            lists.append(b"".join(seq.to_bytes(POSTING_ENTRY, "big") for seq in take))
+        args = (lists, POSTING_ENTRY, full, rng.randrange(4), rng.randrange(8))
+        assert loops.count_postings(*args) == rank_postings(*args)
+    mixed = [(5).to_bytes(6, "big") * 2, ((1 << 47) | 9).to_bytes(6, "big"), (7).to_bytes(6, "big")]
+    assert rank_postings(mixed, POSTING_ENTRY, full, 2, 5) == [(5, 2), (9, 1)]
+    with pytest.raises(ValueError):
+        loops.count_postings([b"12345"], POSTING_ENTRY, full, 2, 5)

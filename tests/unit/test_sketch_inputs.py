@@ -31,6 +31,7 @@ ENTRY_POINTS = {
     "scores",
     "rank",
     "merge_buckets",
+    "count_postings",
     "varints",
 }
 
@@ -346,6 +347,40 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ),
     ("merge_buckets-buckets-int", lambda: sketch.merge_buckets(5, 5), TypeError, "buckets"),
     ("merge_buckets-count-str", lambda: sketch.merge_buckets([bytes(8)], "5"), TypeError, ""),
+    # count_postings(lists, width, full, need, top)
+    (
+        "count_postings-width-zero",
+        lambda: sketch.count_postings([bytes(6)], 0, 192, 2, 4),
+        ValueError,
+        "width",
+    ),
+    (
+        "count_postings-width-wide",
+        lambda: sketch.count_postings([bytes(6)], 9, 192, 2, 4),
+        ValueError,
+        "width",
+    ),
+    (
+        "count_postings-need-negative",
+        lambda: sketch.count_postings([bytes(6)], 6, 192, -1, 4),
+        ValueError,
+        "need",
+    ),
+    (
+        "count_postings-top-negative",
+        lambda: sketch.count_postings([bytes(6)], 6, 192, 2, -1),
+        ValueError,
+        "top",
+    ),
+    (
+        "count_postings-list-ragged",
+        lambda: sketch.count_postings([bytes(6), bytes(7)], 6, 192, 2, 4),
+        ValueError,
+        "lists",
+    ),
+    ("count_postings-list-str", lambda: sketch.count_postings(["abcdef"], 6, 192, 2, 4), ValueError, "lists"),
+    ("count_postings-lists-int", lambda: sketch.count_postings(5, 6, 192, 2, 4), TypeError, "lists"),
+    ("count_postings-top-str", lambda: sketch.count_postings([bytes(6)], 6, 192, 2, "4"), TypeError, ""),
     # varints(data, position, count)
     ("varints-position-negative", lambda: sketch.varints(b"\x01", -1, 1), ValueError, "position"),
     ("varints-position-past", lambda: sketch.varints(b"\x01", 2, 0), ValueError, "position"),
