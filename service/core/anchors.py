@@ -62,6 +62,11 @@ class Anchors:
         Computed once: deciding and indexing an article ask for them several times."""
         return self._distinct
 
+    @functools.cached_property
+    def distinct_count(self) -> int:
+        """How many distinct hashes: a set of a few tens of ints costs less than numpy's unique."""
+        return len(set(self.hashes.tolist()))
+
 
 NO_ANCHORS = Anchors(np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32))
 

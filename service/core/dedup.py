@@ -112,7 +112,7 @@ class IndexedArticle:
 
     @property
     def anchor_count(self) -> int:
-        return len(self.sketch.anchors.distinct())
+        return self.sketch.anchors.distinct_count
 
     @property
     def in_postings(self) -> bool:
@@ -494,7 +494,7 @@ def _contained(
     in it, its anchors in this article), from the anchors the posting lists say they share: the
     candidates' own anchors are not read."""
     best: tuple[float, int, Prospect, float, float] | None = None
-    mine = len(sketch.anchors.distinct())
+    mine = sketch.anchors.distinct_count
     for other, shared in anchored:
         theirs = max(other.anchor_count, 1)
         if shared < max(min(2, mine, theirs), 1):

@@ -245,3 +245,8 @@ def test_posting_lists_counted_in_c_as_the_reference_counts_them() -> None:
     assert rank_postings(mixed, POSTING_ENTRY, full, 2, 5) == [(5, 2), (9, 1)]
     with pytest.raises(ValueError):
         loops.count_postings([b"12345"], POSTING_ENTRY, full, 2, 5)
+
+
+def test_the_distinct_count_is_that_of_the_distinct_hashes(prose: tuple[str, ...]) -> None:
+    found = anchors_of(points(" ".join(prose[:2]) * 2))  # a repeated passage repeats its anchors
+    assert found.distinct_count == len(found.distinct()) < len(found)
