@@ -498,17 +498,16 @@ class IndexState:
         """The posting lists `names` as this batch leaves them: the batch's, else the cache's,
         else the store's (one multi-get, then cached)."""
         cache, written = self._posting_cache, batch.main
-        missing = [name for name in names if name not in written and name not in cache]
+        found = {name: cache[name] for name in names if name not in written and name in cache}
+        missing = [name for name in names if name not in written and name not in found]
         if missing:
-            for name, stored in zip(missing, self.kv.get_many(missing), strict=True):
-                cache[name] = stored
+            stored = self.kv.get_many(missing)
+            found.update(zip(missing, stored, strict=True))
+            cache.update(zip(missing, stored, strict=True))
+            # may evict some of `names`: they are answered from `found`
             while len(cache) > self._posting_cache_size:
                 cache.popitem(last=False)
-            # a name evicted just now is read again: rare, the cache holds many articles' worth
-            if any(name not in cache for name in missing):
-                gone = [name for name in names if name not in written and name not in cache]
-                cache.update(zip(gone, self.kv.get_many(gone), strict=True))
-        return [written[name] if name in written else cache[name] for name in names]
+        return [written[name] if name in written else found[name] for name in names]
 
     def _cache_postings(self, batch: Batch) -> None:
         """The posting lists a batch just written wrote, into the cache."""

@@ -29,8 +29,8 @@ from neardup.core.shingle import shingle_set
 from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.pipeline.wire import Provenance, Signed, decode_signed, encode_signed
-from neardup.state.index import POSTING_ENTRY, posting_entries, rank_postings
-from neardup.state.memory import MemoryState
+from neardup.state.index import POSTING_ENTRY, IndexState, posting_entries, rank_postings
+from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.records import decode_anchors, decode_record, encode_anchors, encode_record
 from neardup.state.rocks import RocksState
 from tests.conftest import process
@@ -250,3 +250,23 @@ def test_posting_lists_counted_in_c_as_the_reference_counts_them() -> None:
 def test_the_distinct_count_is_that_of_the_distinct_hashes(prose: tuple[str, ...]) -> None:
     found = anchors_of(points(" ".join(prose[:2]) * 2))  # a repeated passage repeats its anchors
     assert found.distinct_count == len(found.distinct()) < len(found)
+
+
+def test_a_posting_cache_smaller_than_one_text_gives_the_same_verdicts_and_lists(
+    prose: tuple[str, ...],
+) -> None:
+    first = " ".join(prose[:2])
+    size = anchors_of(points(first)).distinct_count
+    # the first text fills the small cache; the next quotes its start (anchors held in the cache,
+    # the oldest there) before a passage of its own (anchors not held: their lookup evicts)
+    texts = [first, f"{first[:700]} {prose[2][:500]}", prose[3], f"{prose[3][:700]} {prose[4][:500]}"]
+    states = [IndexState(MemoryKV(), posting_cache=size) for size in (size, 50_000)]
+    shards = [IndexShard(state, PARAMS) for state in states]
+    kinds = []
+    for n, text in enumerate(texts):
+        small, large = (process(shard, f"a{n}", text).decision for shard in shards)
+        assert small == large
+        kinds.append(small.kind)
+    assert len(states[0]._posting_cache) <= size < len(states[1]._posting_cache)
+    assert dict(states[0].kv.scan(b"n")) == dict(states[1].kv.scan(b"n"))
+    assert kinds == ["unique", "revised", "unique", "revised"]
