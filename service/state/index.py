@@ -18,11 +18,11 @@ so that keys sort in arrival order):
   that a re-added id continues its versions; removed when the id is added again
 - ``e<time><id>``: the markers by deletion time, so that expiry removes them incrementally too
 - ``n<anchor>`` → the seqs of articles holding the anchor (32 bits of a winnowed 24-character
-  shingle, core/anchors.py), in the order they joined, at most ``anchor_cap``, each seq in 6 bytes
-  (POSTING_ENTRY), its top bit set for an article of fewer than two distinct anchors: a posting
-  list that fills its cap is boilerplate (a phrase of many articles), proposes no candidate and
-  takes no member until one of its own leaves; a duplicate joins none (its match holds the same
-  text)
+  shingle, core/anchors.py), in the order they joined, at most ``anchor_cap``, each in 5 bytes
+  (POSTING_ENTRY: the seq's low 39 bits), its top bit set for an article of fewer than two
+  distinct anchors: a posting list that fills its cap is boilerplate (a phrase of many articles),
+  proposes no candidate and takes no member until one of its own leaves; a duplicate joins none
+  (its match holds the same text)
 - ``m<name>`` → metadata (header, next seq, counters, offsets)
 
 and the records, one per article version, in a family of their own keyed by seq (records.py).
@@ -60,11 +60,13 @@ _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
 DEFAULT_ANCHOR_CAP = 32
-# A posting entry: the seq in 6 bytes big-endian (47 bits: 10^14 arrivals), its top bit set for an
-# article of fewer than two distinct anchors. Not the 8 bytes of a bucket's: posting lists are the
-# bulk of what an article writes, rewritten whole on each join.
-POSTING_ENTRY = 6
-_FEW_ANCHORS = 1 << 47
+# A posting entry: 5 bytes big-endian, the seq modulo 2**39 and a top bit set for an article of
+# fewer than two distinct anchors. Not a bucket's 8 bytes: posting lists are most of the keys an
+# article adds. The seq is whole again as the latest at or before the newest arrival with those
+# low bits: an article held 2**39 arrivals (5.5 * 10**11) behind the newest would take a state of
+# hundreds of terabytes.
+POSTING_ENTRY = 5
+_FEW_ANCHORS = 1 << 39
 _POSTING_SEQS = _FEW_ANCHORS - 1
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
@@ -325,9 +327,11 @@ class IndexState:
         ranked = loops.count_postings(*args) if loops else rank_postings(*args)
         if not ranked:
             return []
+        newest = self._seq - 1
+        seqs = [newest - ((newest - low) & _POSTING_SEQS) for low, _ in ranked]
         prospects = [
             (p, count)
-            for p, (_, count) in zip(self._prospects([seq for seq, _ in ranked]), ranked, strict=True)
+            for p, (_, count) in zip(self._prospects(seqs), ranked, strict=True)
             if p is not None and p.article_id != exclude
         ]
         return cast(list[tuple[Prospect, int]], prospects[:limit])
@@ -522,9 +526,8 @@ class IndexState:
         names = _posting_keys(article.anchors)
         if not names:
             return
-        if article.seq > _POSTING_SEQS:
-            raise ValueError(f"arrival {article.seq} is past what a posting entry holds")
-        entry = (article.seq | (_FEW_ANCHORS if len(names) < 2 else 0)).to_bytes(POSTING_ENTRY, "big")
+        low = article.seq & _POSTING_SEQS
+        entry = (low | (_FEW_ANCHORS if len(names) < 2 else 0)).to_bytes(POSTING_ENTRY, "big")
         limit = self.anchor_cap * POSTING_ENTRY
         for name, stored in zip(names, self._postings(names, batch), strict=True):
             if stored is None:
@@ -549,7 +552,7 @@ class IndexState:
             if not stored:
                 continue
             entries = posting_entries(stored)
-            kept = (entries & np.uint64(_POSTING_SEQS)) != article.seq
+            kept = (entries & np.uint64(_POSTING_SEQS)) != article.seq & _POSTING_SEQS
             if kept.all():
                 continue  # pushed out by later members already
             if len(stored) >= limit:
