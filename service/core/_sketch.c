@@ -994,6 +994,332 @@ done:
     return result;
 }
 
+/* A packed run of anchors (anchors.py: Anchors.packed): `count` 32-bit hashes big-endian, then
+ * each one's offset from the one before (the first's from 0) in a byte. */
+typedef struct {
+    const uint8_t *bytes;
+    Py_ssize_t count;
+} Packed;
+
+static int packed_of(const Py_buffer *buffer, Packed *packed, const char *message) {
+    if (buffer->len % 5 != 0) {
+        return invalid(message);
+    }
+    packed->bytes = (const uint8_t *)buffer->buf;
+    packed->count = buffer->len / 5;
+    return 0;
+}
+
+static inline uint32_t packed_hash(const Packed *packed, Py_ssize_t i) {
+    const uint8_t *p = packed->bytes + 4 * i;
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* Each anchor's position: the running sum of the offsets. */
+static void packed_positions(const Packed *packed, int64_t *positions) {
+    int64_t at = 0;
+    const uint8_t *steps = packed->bytes + 4 * packed->count;
+    for (Py_ssize_t i = 0; i < packed->count; i++) {
+        at += steps[i];
+        positions[i] = at;
+    }
+}
+
+typedef struct {
+    uint32_t hash;
+    uint32_t index;
+} Keyed;
+
+/* By hash, then by place: the order of a stable sort by hash. */
+static int by_hash(const void *a, const void *b) {
+    const Keyed *x = a, *y = b;
+    if (x->hash != y->hash) {
+        return x->hash < y->hash ? -1 : 1;
+    }
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+typedef struct {
+    int64_t start, last, other_start, other_last, anchors;
+    Py_ssize_t order;
+} Run;
+
+/* The longest first, then the earliest start, then the first made (a stable sort's order). */
+static int longest_first(const void *a, const void *b) {
+    const Run *x = a, *y = b;
+    int64_t lx = x->last - x->start, ly = y->last - y->start;
+    if (lx != ly) {
+        return lx > ly ? -1 : 1;
+    }
+    if (x->start != y->start) {
+        return x->start < y->start ? -1 : 1;
+    }
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+/* Python's floor division, for a negative difference too. */
+static inline int64_t floor_div(int64_t a, int64_t b) {
+    int64_t q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+/* The latest run of each diagonal band: an open-addressing map of band -> run index. */
+typedef struct {
+    int64_t *bands;
+    Py_ssize_t *runs; /* -1: a free slot */
+    size_t mask;
+} Bands;
+
+static Py_ssize_t *band_slot(Bands *map, int64_t band) {
+    size_t at = (size_t)fmix64((uint64_t)band) & map->mask;
+    while (map->runs[at] >= 0 && map->bands[at] != band) {
+        at = (at + 1) & map->mask;
+    }
+    map->bands[at] = band;
+    return &map->runs[at];
+}
+
+static inline Py_ssize_t band_latest(const Bands *map, int64_t band) {
+    size_t at = (size_t)fmix64((uint64_t)band) & map->mask;
+    while (map->runs[at] >= 0) {
+        if (map->bands[at] == band) {
+            return map->runs[at];
+        }
+        at = (at + 1) & map->mask;
+    }
+    return -1;
+}
+
+/* The run an anchor pair at (at, other_at) continues: the latest of its band or a neighbour's
+ * that both texts advance from, within the gap and the shift (anchors.py: _extendable). */
+static Py_ssize_t extendable(const Bands *map, const Run *runs, int64_t band, int64_t at, int64_t other_at,
+                             int64_t gap, int64_t shift) {
+    const int64_t near[3] = {band, band - 1, band + 1};
+    for (int n = 0; n < 3; n++) {
+        Py_ssize_t index = band_latest(map, near[n]);
+        if (index < 0) {
+            continue;
+        }
+        int64_t advance = at - runs[index].last, other_advance = other_at - runs[index].other_last;
+        int64_t apart = advance - other_advance;
+        if (advance > 0 && advance <= gap && other_advance > 0 && (apart < 0 ? -apart : apart) <= shift) {
+            return index;
+        }
+    }
+    return -1;
+}
+
+static PyObject *passages_list(Run *runs, Py_ssize_t count, Py_ssize_t limit, int64_t k) {
+    qsort(runs, (size_t)count, sizeof(Run), longest_first);
+    PyObject *result = PyList_New(0);
+    for (Py_ssize_t i = 0; result != NULL && i < count && i < limit; i++) {
+        const Run *r = &runs[i];
+        PyObject *passage = Py_BuildValue("(LLLLL)", (long long)r->start, (long long)(r->last + k),
+                                          (long long)r->other_start, (long long)(r->other_last + k),
+                                          (long long)r->anchors);
+        if (passage == NULL || PyList_Append(result, passage) < 0) {
+            Py_CLEAR(result);
+        }
+        Py_XDECREF(passage);
+    }
+    return result;
+}
+
+static PyObject *passages(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer mine_buffer, other_buffer;
+    Py_ssize_t k, gap, shift, repeats, limit;
+    if (!PyArg_ParseTuple(args, "y*y*nnnnn", &mine_buffer, &other_buffer, &k, &gap, &shift, &repeats, &limit)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int64_t *mine_at = NULL, *other_at = NULL;
+    Keyed *sorted = NULL;
+    Run *runs = NULL;
+    Bands map = {NULL, NULL, 0};
+    Packed mine, other;
+    if (packed_of(&mine_buffer, &mine, "mine must be packed anchors (5 bytes each)") < 0 ||
+        packed_of(&other_buffer, &other, "other must be packed anchors (5 bytes each)") < 0 ||
+        (k < 0 && invalid("k must be >= 0")) || (gap < 0 && invalid("gap must be >= 0")) ||
+        (shift < 1 && invalid("shift must be >= 1")) || (repeats < 1 && invalid("repeats must be >= 1")) ||
+        (limit < 0 && invalid("limit must be >= 0")) ||
+        ((mine.count > UINT32_MAX || other.count > UINT32_MAX || repeats > PY_SSIZE_T_MAX / 2 / (mine.count + 1)) &&
+         invalid("too many anchors"))) {
+        goto done;
+    }
+    if (mine.count == 0 || other.count == 0) {
+        result = PyList_New(0);
+        goto done;
+    }
+    Py_ssize_t most = mine.count * (repeats < other.count ? repeats : other.count); /* pairs at most */
+    size_t capacity = set_capacity(most);
+    mine_at = PyMem_Malloc((size_t)mine.count * sizeof(int64_t));
+    other_at = PyMem_Malloc((size_t)other.count * sizeof(int64_t));
+    sorted = PyMem_Malloc((size_t)other.count * sizeof(Keyed));
+    runs = PyMem_Malloc((size_t)most * sizeof(Run));
+    map.bands = capacity ? PyMem_Malloc(capacity * sizeof(int64_t)) : NULL;
+    map.runs = capacity ? PyMem_Malloc(capacity * sizeof(Py_ssize_t)) : NULL;
+    if (mine_at == NULL || other_at == NULL || sorted == NULL || runs == NULL || map.bands == NULL ||
+        map.runs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    map.mask = capacity - 1;
+    for (size_t at = 0; at < capacity; at++) {
+        map.runs[at] = -1;
+    }
+    packed_positions(&mine, mine_at);
+    packed_positions(&other, other_at);
+    for (Py_ssize_t j = 0; j < other.count; j++) {
+        sorted[j].hash = packed_hash(&other, j);
+        sorted[j].index = (uint32_t)j;
+    }
+    qsort(sorted, (size_t)other.count, sizeof(Keyed), by_hash);
+    Py_ssize_t made = 0;
+    for (Py_ssize_t i = 0; i < mine.count; i++) {
+        uint32_t hash = packed_hash(&mine, i);
+        Py_ssize_t lo = 0, hi = other.count; /* the first of `hash` in sorted */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (sorted[mid].hash < hash) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        int64_t at = mine_at[i];
+        for (Py_ssize_t j = lo; j < other.count && j < lo + repeats && sorted[j].hash == hash; j++) {
+            int64_t there = other_at[sorted[j].index];
+            int64_t band = floor_div(there - at, shift);
+            Py_ssize_t run = extendable(&map, runs, band, at, there, gap, shift);
+            if (run < 0) {
+                runs[made] = (Run){at, at, there, there, 1, made};
+                run = made++;
+            } else {
+                runs[run].last = at;
+                runs[run].other_last = there;
+                runs[run].anchors++;
+            }
+            *band_slot(&map, band) = run;
+        }
+    }
+    result = passages_list(runs, made, limit, k);
+done:
+    PyMem_Free(mine_at);
+    PyMem_Free(other_at);
+    PyMem_Free(sorted);
+    PyMem_Free(runs);
+    PyMem_Free(map.bands);
+    PyMem_Free(map.runs);
+    PyBuffer_Release(&mine_buffer);
+    PyBuffer_Release(&other_buffer);
+    return result;
+}
+
+static PyObject *posting_keys(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer buffer;
+    const char *prefix;
+    Py_ssize_t prefix_len;
+    if (!PyArg_ParseTuple(args, "y*y#", &buffer, &prefix, &prefix_len)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    uint64_t *seen = NULL;
+    Packed packed;
+    if (packed_of(&buffer, &packed, "anchors must be packed anchors (5 bytes each)") < 0 ||
+        (prefix_len > 64 && invalid("prefix must be at most 64 bytes"))) {
+        goto done;
+    }
+    size_t capacity = set_capacity(packed.count);
+    seen = capacity ? PyMem_Calloc(capacity, sizeof(uint64_t)) : NULL;
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyList_New(0);
+    char key[64 + 4];
+    memcpy(key, prefix, (size_t)prefix_len);
+    for (Py_ssize_t i = 0; result != NULL && i < packed.count; i++) {
+        uint64_t hash = packed_hash(&packed, i);
+        if (!set_add(seen, capacity - 1, (size_t)fmix64(hash) & (capacity - 1), hash + 1)) {
+            continue; /* a repeated passage joins its posting list once */
+        }
+        memcpy(key + prefix_len, packed.bytes + 4 * i, 4);
+        PyObject *name = PyBytes_FromStringAndSize(key, prefix_len + 4);
+        if (name == NULL || PyList_Append(result, name) < 0) {
+            Py_CLEAR(result);
+        }
+        Py_XDECREF(name);
+    }
+done:
+    PyMem_Free(seen);
+    PyBuffer_Release(&buffer);
+    return result;
+}
+
+static PyObject *join_postings(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *names, *lists, *into;
+    const char *entry;
+    Py_ssize_t entry_len, full;
+    if (!PyArg_ParseTuple(args, "OOy#nO!", &names, &lists, &entry, &entry_len, &full, &PyDict_Type, &into)) {
+        return NULL;
+    }
+    if ((entry_len < 1 && invalid("entry must not be empty")) || (full < 1 && invalid("full must be >= 1"))) {
+        return NULL;
+    }
+    /* Copies: setting dict items runs no Python code for bytes keys, but the lists may be
+     * anything until checked. */
+    PyObject *name_list = PySequence_List(names);
+    PyObject *stored_list = name_list == NULL ? NULL : PySequence_List(lists);
+    PyObject *result = NULL;
+    if (stored_list == NULL) {
+        goto done;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(name_list);
+    if (PyList_GET_SIZE(stored_list) != count) {
+        invalid("names and lists must be as long");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *stored = PyList_GET_ITEM(stored_list, i);
+        if (!PyBytes_Check(PyList_GET_ITEM(name_list, i)) || (stored != Py_None && !PyBytes_Check(stored))) {
+            invalid("names must be bytes, lists bytes or None");
+            goto done;
+        }
+    }
+    Py_ssize_t created = 0, filled = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *stored = PyList_GET_ITEM(stored_list, i), *joined;
+        if (stored == Py_None) {
+            joined = PyBytes_FromStringAndSize(entry, entry_len);
+            created++;
+        } else {
+            Py_ssize_t size = PyBytes_GET_SIZE(stored);
+            if (size >= full) {
+                continue; /* full: not rewritten */
+            }
+            joined = PyBytes_FromStringAndSize(NULL, size + entry_len);
+            if (joined != NULL) {
+                memcpy(PyBytes_AS_STRING(joined), PyBytes_AS_STRING(stored), (size_t)size);
+                memcpy(PyBytes_AS_STRING(joined) + size, entry, (size_t)entry_len);
+                filled += size + entry_len >= full;
+            }
+        }
+        if (joined == NULL || PyDict_SetItem(into, PyList_GET_ITEM(name_list, i), joined) < 0) {
+            Py_XDECREF(joined);
+            goto done;
+        }
+        Py_DECREF(joined);
+    }
+    result = Py_BuildValue("(nn)", created, filled);
+done:
+    Py_XDECREF(name_list);
+    Py_XDECREF(stored_list);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"anchors", anchors, METH_VARARGS, "Winnowed anchors of code points: 32-bit hashes and positions."},
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
@@ -1002,6 +1328,9 @@ static PyMethodDef methods[] = {
     {"collapse_spaces", collapse_spaces, METH_VARARGS, "Runs of spaces as one U+0020, none at the ends."},
     {"scores", scores, METH_VARARGS, "Jaccard and containment estimates of a verifier against candidates'."},
     {"rank", rank, METH_VARARGS, "The candidates scored, best first, and the match among them."},
+    {"passages", passages, METH_VARARGS, "The passages two packed anchor runs share, longest first."},
+    {"posting_keys", posting_keys, METH_VARARGS, "The distinct posting keys of packed anchors."},
+    {"join_postings", join_postings, METH_VARARGS, "An entry appended to posting lists, into a dict."},
     {"count_postings", count_postings, METH_VARARGS, "Entries counted over posting lists, the most counted first."},
     {"merge_buckets", merge_buckets, METH_VARARGS, "The distinct arrival numbers of LSH buckets, in order of first appearance."},
     {"varints", varints, METH_VARARGS, "Unsigned LEB128 varints from a position of a buffer."},

@@ -35,23 +35,35 @@ AnchorPositions = npt.NDArray[np.uint32]
 
 @dataclass(frozen=True)
 class Anchors:
-    """A text's anchors in position order: 32 bits of each one's hash (the index key), and the
-    character offset in the canonical text where its shingle starts."""
+    """A text's anchors in position order, packed as records and signed records keep them: each
+    one's hash (32 bits, big-endian: a posting key's suffix as it is), then each one's offset from
+    the one before (the first's from 0) in a byte, a winnowing gap never being wider. Packed, they
+    pass from the signing pass to the store and the compiled loops without a Python object per
+    anchor; `hashes` and `positions` unpack them where numpy is wanted."""
 
-    hashes: AnchorHashes
-    positions: AnchorPositions
+    packed: bytes = b""
+
+    @classmethod
+    def of(cls, hashes: npt.ArrayLike, positions: npt.ArrayLike) -> Anchors:
+        """Packed from the hashes and ascending positions; ValueError when two are more than 255
+        characters apart (or out of order)."""
+        hashes, positions = np.asarray(hashes, dtype=np.uint32), np.asarray(positions, dtype=np.int64)
+        steps = np.diff(positions, prepend=0)
+        if hashes.shape != positions.shape or (steps.size and (steps.min() < 0 or steps.max() > 255)):
+            raise ValueError("anchors must be in position order, at most 255 characters apart")
+        return cls(hashes.astype(">u4").tobytes() + steps.astype(np.uint8).tobytes())
 
     def __len__(self) -> int:
-        return int(self.hashes.size)
+        return len(self.packed) // 5
 
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Anchors)
-            and bool(np.array_equal(self.hashes, other.hashes))
-            and bool(np.array_equal(self.positions, other.positions))
-        )
+    @functools.cached_property
+    def hashes(self) -> AnchorHashes:
+        return np.frombuffer(self.packed, dtype=">u4", count=len(self)).astype(np.uint32)
 
-    __hash__ = None  # type: ignore[assignment]
+    @functools.cached_property
+    def positions(self) -> AnchorPositions:
+        steps = np.frombuffer(self.packed, dtype=np.uint8, offset=4 * len(self))
+        return np.cumsum(steps, dtype=np.uint32)
 
     @functools.cached_property
     def _distinct(self) -> AnchorHashes:
@@ -64,11 +76,14 @@ class Anchors:
 
     @functools.cached_property
     def distinct_count(self) -> int:
-        """How many distinct hashes: a set of a few tens of ints costs less than numpy's unique."""
+        """How many distinct hashes, without unpacking them where the compiled loops are built."""
+        loops = compiled.loops()
+        if loops is not None:
+            return len(loops.posting_keys(self.packed, b""))
         return len(set(self.hashes.tolist()))
 
 
-NO_ANCHORS = Anchors(np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32))
+NO_ANCHORS = Anchors()
 
 
 def shingle_values(points: npt.NDArray[np.uint32], k: int = ANCHOR_K) -> HashArray:
@@ -103,7 +118,7 @@ def sample_mod(values: HashArray, rate: int) -> npt.NDArray[np.intp]:
 def _as_anchors(values: HashArray, positions: npt.NDArray[np.intp]) -> Anchors:
     # the low 32 bits: winnowing keeps small values, so their high bits are mostly zero
     hashes = (values[positions] & U64(0xFFFFFFFF)).astype(np.uint32)
-    return Anchors(hashes, positions.astype(np.uint32))
+    return Anchors.of(hashes, positions)
 
 
 def anchors_of(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW) -> Anchors:
@@ -113,7 +128,7 @@ def anchors_of(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = 
         return NO_ANCHORS
     found = anchors_compiled(points, k, window) if compiled.loops() else anchors_reference(points, k, window)
     if len(found) > MAX_ANCHORS:
-        return Anchors(found.hashes[:MAX_ANCHORS].copy(), found.positions[:MAX_ANCHORS].copy())
+        return Anchors.of(found.hashes[:MAX_ANCHORS], found.positions[:MAX_ANCHORS])
     return found
 
 
@@ -139,7 +154,7 @@ def anchors_compiled(
     hashes = np.empty(most, dtype=np.uint32)
     positions = np.empty(most, dtype=np.uint32)
     count = loops.anchors(passed, k, window, _ANCHOR_SEED, hashes, positions)
-    return Anchors(hashes[:count].copy(), positions[:count].copy())
+    return Anchors.of(hashes[:count], positions[:count])
 
 
 # Anchors a passage may miss between two of its own (a substituted word breaks the shingles over
@@ -179,6 +194,16 @@ def containment(mine: Anchors, other: Anchors) -> tuple[int, float, float]:
 
 
 def passages(mine: Anchors, other: Anchors, limit: int = 3, k: int = ANCHOR_K) -> list[Passage]:
+    """The passages both texts hold (passages_reference): in one compiled pass over the packed
+    anchors where built, the reference otherwise."""
+    loops = compiled.loops()
+    if loops is None:
+        return passages_reference(mine, other, limit, k)
+    found = loops.passages(mine.packed, other.packed, k, _PASSAGE_GAP, _PASSAGE_SHIFT, _REPEATS, limit)
+    return [Passage(*spans) for spans in found]
+
+
+def passages_reference(mine: Anchors, other: Anchors, limit: int = 3, k: int = ANCHOR_K) -> list[Passage]:
     """The passages both texts hold, longest first (then the earliest in `mine`), at most `limit`:
     anchors of equal hash chained in the order of `mine` while both texts advance together, with
     gaps of at most _PASSAGE_GAP and shifts of at most _PASSAGE_SHIFT characters. Linear in the

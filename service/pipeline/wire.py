@@ -142,7 +142,7 @@ def signed_max_bytes(params: DedupParams) -> int:
     )
     sketch = dataclasses.replace(
         sketch,
-        anchors=Anchors(np.zeros(MAX_ANCHORS, dtype=np.uint32), np.zeros(MAX_ANCHORS, dtype=np.uint32)),
+        anchors=Anchors(bytes(5 * MAX_ANCHORS)),
     )
     src = Provenance("t" * _TOPIC_MAX_LENGTH, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT)
     keys = (bytes(BAND_KEY_BYTES),) * bands

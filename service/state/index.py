@@ -137,7 +137,7 @@ class Batch:
     main: dict[bytes, bytes | None] = field(default_factory=dict)
     records: dict[bytes, bytes | None] = field(default_factory=dict)
     buckets_written: bool = False  # whether a bucket is among `main`
-    postings: list[bytes] = field(default_factory=list)  # the posting lists among `main`
+    postings_written: list[list[bytes]] = field(default_factory=list)  # posting lists in `main`
 
     def put(self, key: bytes, value: bytes) -> None:
         self.main[key] = value
@@ -183,11 +183,13 @@ class IndexState:
         # the first stored or read back is the first out: hits do not reorder it
         self._probes: OrderedDict[int, Probe] = OrderedDict()
         self._looked_up: tuple[Sequence[bytes], list[bytes | None]] | None = None
-        # Posting lists as the store holds them (None: absent), the first read or written the
-        # first out. A news text's anchors recur in later texts (quotes, boilerplate, rewrites),
-        # and a cached list spares a read of the store for each; updated by every write of one,
-        # forgotten with what reload() forgets.
-        self._posting_cache: OrderedDict[bytes, bytes | None] = OrderedDict()
+        # the posting lists the last anchor_candidates() read: indexing the article joins them next
+        self._postings_looked_up: tuple[list[bytes], list[bytes | None]] | None = None
+        # Posting lists as the store holds them (None: absent), as last read or written: a news
+        # text's anchors recur in later texts (quotes, boilerplate, rewrites), and a list held here
+        # spares a read of the store. Emptied when it grows past its size (cheaper than ordering
+        # it), and with what reload() forgets.
+        self._posting_cache: dict[bytes, bytes | None] = {}
         self._holder_looked_up: tuple[bytes, bytes | None] = (b"", None)
         # the marker key read beside the last get(): decide() asks for it next
         self._marker_looked_up: tuple[str | None, bytes | None] = (None, None)
@@ -320,7 +322,8 @@ class IndexState:
         names = _posting_keys(anchors)
         if not names:
             return []
-        found = self._postings(names, Batch())
+        found = self._cached_postings(names)
+        self._postings_looked_up = (names, found)
         loops = compiled.loops()
         # one more than the limit: one may be the excluded article
         args = (found, POSTING_ENTRY, self.anchor_cap * POSTING_ENTRY, min(2, len(names)), limit + 1)
@@ -463,6 +466,7 @@ class IndexState:
         batch.put(COUNTS_KEY, self.counts.encode())
         self.kv.write(batch)
         self._marker_looked_up = (None, None)
+        self._postings_looked_up = None
         self._cache_postings(batch)
 
     def _buckets(self, keys: Sequence[bytes], batch: Batch) -> list[bytes | None]:
@@ -499,51 +503,57 @@ class IndexState:
         self._looked_up = None
 
     def _postings(self, names: list[bytes], batch: Batch) -> list[bytes | None]:
-        """The posting lists `names` as this batch leaves them: the batch's, else the cache's,
-        else the store's (one multi-get, then cached)."""
-        cache, written = self._posting_cache, batch.main
-        found = {name: cache[name] for name in names if name not in written and name in cache}
-        missing = [name for name in names if name not in written and name not in found]
-        if missing:
-            stored = self.kv.get_many(missing)
-            found.update(zip(missing, stored, strict=True))
-            cache.update(zip(missing, stored, strict=True))
-            # may evict some of `names`: they are answered from `found`
-            while len(cache) > self._posting_cache_size:
-                cache.popitem(last=False)
-        return [written[name] if name in written else found[name] for name in names]
+        """The posting lists `names` as this batch leaves them: as the last anchor_candidates()
+        read them where it read these and the batch has written none, else the batch's and the
+        store's (one multi-get)."""
+        last = self._postings_looked_up
+        if last is not None and last[0] is names and not batch.postings_written:
+            return last[1]
+        if not batch.postings_written:
+            return self._cached_postings(names)
+        written = batch.main
+        absent = [name for name in names if name not in written]
+        pending = iter(self._cached_postings(absent) if absent else ())
+        return [written[name] if name in written else next(pending) for name in names]
+
+    def _cached_postings(self, names: list[bytes]) -> list[bytes | None]:
+        """The stored posting lists `names`: the cache's, the others in one multi-get (then cached)."""
+        cache = self._posting_cache
+        found = [cache.get(name, _UNCACHED) for name in names]
+        missing = [name for name, stored in zip(names, found, strict=True) if stored is _UNCACHED]
+        if not missing:
+            return cast(list[bytes | None], found)
+        read = dict(zip(missing, self.kv.get_many(missing), strict=True))
+        if len(cache) + len(read) > self._posting_cache_size:
+            cache.clear()
+        cache.update(read)
+        pairs = zip(names, found, strict=True)
+        return [read[name] if stored is _UNCACHED else stored for name, stored in pairs]
 
     def _cache_postings(self, batch: Batch) -> None:
         """The posting lists a batch just written wrote, into the cache."""
-        cache = self._posting_cache
-        for name in batch.postings:
-            cache[name] = batch.main[name]
-        while len(cache) > self._posting_cache_size:
-            cache.popitem(last=False)
+        cache, written = self._posting_cache, batch.main
+        for names in batch.postings_written:
+            cache.update({name: written[name] for name in names if name in written})
+        if len(cache) > self._posting_cache_size:
+            cache.clear()
 
     def _join_postings(self, batch: Batch, article: IndexedArticle) -> None:
-        """The article joins the posting lists of its anchors but the full ones (boilerplate)."""
+        """The article joins the posting lists of its anchors but the full ones (boilerplate): a
+        full list proposes nobody whoever its latest members are, so it is not rewritten (its
+        members leave it as they go, and the next one fills it again)."""
         names = _posting_keys(article.anchors)
         if not names:
             return
         low = article.seq & _POSTING_SEQS
         entry = (low | (_FEW_ANCHORS if len(names) < 2 else 0)).to_bytes(POSTING_ENTRY, "big")
-        limit = self.anchor_cap * POSTING_ENTRY
-        for name, stored in zip(names, self._postings(names, batch), strict=True):
-            if stored is None:
-                self.counts.postings += 1
-                batch.main[name] = entry
-                batch.postings.append(name)
-                continue
-            if len(stored) >= limit:
-                # boilerplate: proposes nobody whoever its latest members are, so it is not
-                # rewritten (its members leave it as they go, and the next one fills it again)
-                continue
-            joined = stored + entry
-            if len(joined) >= limit:
-                self.counts.boilerplate += 1
-            batch.main[name] = joined
-            batch.postings.append(name)
+        stored = self._postings(names, batch)
+        loops = compiled.loops()
+        join = loops.join_postings if loops else join_postings
+        created, filled = join(names, stored, entry, self.anchor_cap * POSTING_ENTRY, batch.main)
+        self.counts.postings += created
+        self.counts.boilerplate += filled
+        batch.postings_written.append(names)
 
     def _leave_postings(self, batch: Batch, article: IndexedArticle) -> None:
         names = _posting_keys(article.anchors)
@@ -563,7 +573,7 @@ class IndexState:
             else:
                 self.counts.postings -= 1
                 batch.delete(name)
-            batch.postings.append(name)
+            batch.postings_written.append([name])
 
     def _leave_buckets(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
         stored_buckets = self._buckets(keys, batch)
@@ -820,6 +830,7 @@ class IndexState:
         for article in articles:
             self._add(batch, article)
         self.kv.write(batch)
+        self._postings_looked_up = None
         self._cache_postings(batch)
         self._holder_looked_up = (b"", None)
 
@@ -895,18 +906,42 @@ def merge_buckets(found: Sequence[bytes | None], count: int) -> list[int]:
 
 
 _last_keys: list[tuple[Anchors, list[bytes]]] = []
+_UNCACHED = b"?"  # a posting list is a whole number of entries: never this
 
 
 def _posting_keys(anchors: Anchors) -> list[bytes]:
-    """The posting list keys of a text's distinct anchors; those of the last text asked for are
-    kept (deciding and indexing an article both ask)."""
+    """The posting list keys of a text's distinct anchors, in the order of their first place;
+    those of the last text asked for are kept (deciding and indexing an article both ask)."""
     if _last_keys and _last_keys[0][0] is anchors:
         return _last_keys[0][1]
-    raw = anchors.hashes.astype(">u4").tobytes()
-    # distinct without a sort: a winnowed text seldom repeats an anchor
-    names = list(dict.fromkeys([POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]))
+    loops = compiled.loops()
+    names = loops.posting_keys(anchors.packed, POSTING) if loops else posting_keys(anchors)
     _last_keys[:] = [(anchors, names)]
     return names
+
+
+def posting_keys(anchors: Anchors) -> list[bytes]:
+    """The reference of the compiled _sketch.posting_keys: the packed hashes are the keys' suffixes."""
+    raw = anchors.packed[: 4 * len(anchors)]
+    return list(dict.fromkeys([POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]))
+
+
+def join_postings(
+    names: Sequence[bytes], found: Sequence[bytes | None], entry: bytes, full: int, into: dict[bytes, Any]
+) -> tuple[int, int]:
+    """`entry` appended to the posting lists `found` (None: absent) into `into` by their names,
+    but to those of `full` bytes or more; returns how many lists it starts and how many it
+    fills: the reference of the compiled _sketch.join_postings."""
+    created = filled = 0
+    for name, stored in zip(names, found, strict=True):
+        if stored is None:
+            created += 1
+            into[name] = entry
+        elif len(stored) < full:
+            joined = stored + entry
+            filled += len(joined) >= full
+            into[name] = joined
+    return created, filled
 
 
 def rank_postings(

@@ -4,10 +4,10 @@ A record holds what deciding and rebuilding need, and nothing else: what scoring
 candidate reads (distinct shingle count, ids, its cluster, the 8-bit verifier) first, so that a
 probe is read from the front of the record without decoding the rest; then the band keys it was
 indexed under (so it can be taken out of its buckets without its signature), its content hash, and
-the decision that re-delivery repeats, and the anchors (core/anchors.py: 32-bit hashes, then
-each one's offset from the one before in one byte, a winnowing gap never being wider). The 128-slot
-signature is kept only where there is no verifier (NEARDUP_VERIFY_PERM=0): band keys and verifier
-together are what the signature served.
+the decision that re-delivery repeats, and the anchors (core/anchors.py: Anchors.packed, 32-bit
+hashes, then each one's offset from the one before in one byte, a winnowing gap never being
+wider). The 128-slot signature is kept only where there is no verifier (NEARDUP_VERIFY_PERM=0):
+band keys and verifier together are what the signature served.
 """
 
 from __future__ import annotations
@@ -184,16 +184,8 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
 
 
 def encode_anchors(anchors: Anchors) -> bytes:
-    """The hashes (uint32, little-endian), then each offset from the previous one in a byte."""
-    if not len(anchors):
-        return b""
-    positions = anchors.positions
-    steps = np.empty_like(positions)
-    steps[0] = positions[0]
-    np.subtract(positions[1:], positions[:-1], out=steps[1:])  # one out of order wraps: > 255
-    if steps.max() > 255:
-        raise ValueError("anchors must be in position order, at most 255 characters apart")
-    return anchors.hashes.astype("<u4").tobytes() + steps.astype(np.uint8).tobytes()
+    """The anchors as stored: packed as they are (Anchors.packed)."""
+    return anchors.packed
 
 
 def decode_anchors(data: bytes, count: int, position: int = 0) -> Anchors:
@@ -202,9 +194,7 @@ def decode_anchors(data: bytes, count: int, position: int = 0) -> Anchors:
         return NO_ANCHORS
     if position + 5 * count > len(data):
         raise ValueError("anchors are truncated")
-    hashes = np.frombuffer(data, dtype="<u4", count=count, offset=position).astype(np.uint32)
-    steps = np.frombuffer(data, dtype=np.uint8, count=count, offset=position + 4 * count)
-    return Anchors(hashes, np.cumsum(steps, dtype=np.uint32))
+    return Anchors(data[position : position + 5 * count])
 
 
 def encode_record(article: IndexedArticle) -> bytes:

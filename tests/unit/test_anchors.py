@@ -22,6 +22,7 @@ from neardup.core.anchors import (
     anchors_reference,
     containment,
     passages,
+    passages_reference,
 )
 from neardup.core.normalize import canonical_code_points, normalize
 from neardup.core.params import DedupParams
@@ -29,7 +30,15 @@ from neardup.core.shingle import shingle_set
 from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.pipeline.wire import Provenance, Signed, decode_signed, encode_signed
-from neardup.state.index import POSTING_ENTRY, IndexState, posting_entries, rank_postings
+from neardup.state.index import (
+    POSTING,
+    POSTING_ENTRY,
+    IndexState,
+    join_postings,
+    posting_entries,
+    posting_keys,
+    rank_postings,
+)
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.records import decode_anchors, decode_record, encode_anchors, encode_record
 from neardup.state.rocks import RocksState
@@ -56,7 +65,8 @@ def test_the_compiled_anchors_are_the_reference_s_bit_for_bit(prose: tuple[str, 
     texts += [rng.integers(97, 99, 4000).astype(np.uint32), rng.integers(0, 0x10FFFF, 900).astype(np.uint32)]
     texts += [np.full(700, 97, dtype=np.uint32), points(prose[0])[:ANCHOR_K]]
     for text in texts:
-        for k, window in ((ANCHOR_K, ANCHOR_WINDOW), (5, 3), (1, 1), (24, 1000)):
+        # 255: the widest window whose gaps a packed offset holds
+        for k, window in ((ANCHOR_K, ANCHOR_WINDOW), (5, 3), (1, 1), (24, 255)):
             expected = anchors_reference(text, k, window)
             got = anchors_compiled(text, k, window)
             assert got == expected and len(got) > 0
@@ -115,6 +125,54 @@ def test_passages_point_at_the_same_text_in_both(prose: tuple[str, ...]) -> None
     assert all(a.length >= b.length for a, b in itertools.pairwise(found))
 
 
+@pytest.mark.skipif(not compiled.BUILT, reason="the compiled loops are not built")
+def test_the_compiled_passages_are_the_reference_s(prose: tuple[str, ...]) -> None:
+    """Quotes, shuffled paragraphs, repeats and edits: the same passages, in the same order."""
+    rng = random.Random(7)
+    loops = compiled.loops()
+    assert loops is not None
+    texts = [normalize(text) for text in prose[:12]]
+    checked = 0
+    for _ in range(150):
+        source = rng.choice(texts)
+        cuts = sorted(rng.sample(range(len(source)), 4))
+        pieces = [source[cuts[0] : cuts[1]], rng.choice(texts)[:400], source[cuts[2] : cuts[3]]]
+        rng.shuffle(pieces)
+        text = " ".join(pieces) * rng.choice((1, 1, 2))
+        mine, other = anchors_of(points(text)), anchors_of(points(source))
+        for limit in (0, 3, 50):
+            found = loops.passages(mine.packed, other.packed, ANCHOR_K, 424, 48, 4, limit)
+            assert [tuple(vars(p).values()) for p in passages_reference(mine, other, limit)] == found
+            checked += bool(found)
+    assert checked > 200
+
+
+def test_posting_keys_and_joins_in_c_as_the_reference_makes_them(prose: tuple[str, ...]) -> None:
+    loops = compiled.loops()
+    anchors = anchors_of(points(" ".join(prose[:2]) * 2))  # repeated anchors join once
+    keys = posting_keys(anchors)
+    assert len(keys) == anchors.distinct_count < len(anchors)
+    assert keys == [POSTING + int(h).to_bytes(4, "big") for h in dict.fromkeys(anchors.hashes.tolist())]
+    rng = random.Random(3)
+    full = 4 * POSTING_ENTRY
+    lists = [None if rng.random() < 0.3 else bytes(POSTING_ENTRY * rng.randrange(1, 6)) for _ in keys]
+    entry = (7).to_bytes(POSTING_ENTRY, "big")
+    into: dict[bytes, bytes] = {}
+    counts = join_postings(keys, lists, entry, full, into)
+    assert counts == (
+        lists.count(None),
+        sum(stored is not None and len(stored) == 3 * POSTING_ENTRY for stored in lists),
+    )
+    assert into == {
+        k: (s or b"") + entry for k, s in zip(keys, lists, strict=True) if s is None or len(s) < full
+    }
+    if loops is not None:
+        assert loops.posting_keys(anchors.packed, POSTING) == keys
+        compiled_into: dict[bytes, bytes] = {}
+        assert loops.join_postings(keys, lists, entry, full, compiled_into) == counts
+        assert compiled_into == into
+
+
 def test_passages_of_a_repeated_text_stay_linear() -> None:
     """Every anchor of a periodic text has the same few hashes: all pairs would be quadratic."""
     text = "abcdefghij" * 3000
@@ -134,7 +192,11 @@ def test_anchors_round_trip_records_and_the_wire(prose: tuple[str, ...]) -> None
     decoded = decode_signed(encode_signed(signed))
     assert isinstance(decoded, Signed) and decoded.sketch.anchors == anchors
     with pytest.raises(ValueError, match="255"):
-        encode_anchors(Anchors(np.array([1, 2], np.uint32), np.array([0, 400], np.uint32)))
+        Anchors.of(np.array([1, 2], np.uint32), np.array([0, 400], np.uint32))
+    with pytest.raises(ValueError, match="order"):
+        Anchors.of(np.array([1, 2], np.uint32), np.array([9, 3], np.uint32))
+    unpacked = Anchors.of(anchors.hashes, anchors.positions)
+    assert unpacked == anchors and unpacked.packed == anchors.packed
 
 
 @pytest.mark.parametrize("excerpt_first", [False, True])

@@ -33,6 +33,9 @@ ENTRY_POINTS = {
     "merge_buckets",
     "count_postings",
     "varints",
+    "passages",
+    "posting_keys",
+    "join_postings",
 }
 
 
@@ -381,6 +384,87 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("count_postings-list-str", lambda: sketch.count_postings(["abcdef"], 6, 192, 2, 4), ValueError, "lists"),
     ("count_postings-lists-int", lambda: sketch.count_postings(5, 6, 192, 2, 4), TypeError, "lists"),
     ("count_postings-top-str", lambda: sketch.count_postings([bytes(6)], 6, 192, 2, "4"), TypeError, ""),
+    # passages(mine, other, k, gap, shift, repeats, limit)
+    (
+        "passages-mine-ragged",
+        lambda: sketch.passages(bytes(6), bytes(5), 24, 424, 48, 4, 3),
+        ValueError,
+        "mine",
+    ),
+    (
+        "passages-other-ragged",
+        lambda: sketch.passages(bytes(5), bytes(9), 24, 424, 48, 4, 3),
+        ValueError,
+        "other",
+    ),
+    ("passages-k-negative", lambda: sketch.passages(bytes(5), bytes(5), -1, 424, 48, 4, 3), ValueError, "k"),
+    (
+        "passages-gap-negative",
+        lambda: sketch.passages(bytes(5), bytes(5), 24, -1, 48, 4, 3),
+        ValueError,
+        "gap",
+    ),
+    (
+        "passages-shift-zero",
+        lambda: sketch.passages(bytes(5), bytes(5), 24, 424, 0, 4, 3),
+        ValueError,
+        "shift",
+    ),
+    (
+        "passages-repeats-zero",
+        lambda: sketch.passages(bytes(5), bytes(5), 24, 424, 48, 0, 3),
+        ValueError,
+        "repeats",
+    ),
+    (
+        "passages-limit-negative",
+        lambda: sketch.passages(bytes(5), bytes(5), 24, 424, 48, 4, -1),
+        ValueError,
+        "limit",
+    ),
+    ("passages-mine-str", lambda: sketch.passages("abcde", bytes(5), 24, 424, 48, 4, 3), TypeError, ""),
+    # posting_keys(anchors, prefix)
+    ("posting_keys-anchors-ragged", lambda: sketch.posting_keys(bytes(7), b"n"), ValueError, "anchors"),
+    ("posting_keys-prefix-long", lambda: sketch.posting_keys(bytes(5), bytes(65)), ValueError, "prefix"),
+    ("posting_keys-anchors-str", lambda: sketch.posting_keys("abcde", b"n"), TypeError, ""),
+    # join_postings(names, lists, entry, full, into)
+    (
+        "join_postings-entry-empty",
+        lambda: sketch.join_postings([b"n"], [None], b"", 10, {}),
+        ValueError,
+        "entry",
+    ),
+    (
+        "join_postings-full-zero",
+        lambda: sketch.join_postings([b"n"], [None], bytes(5), 0, {}),
+        ValueError,
+        "full",
+    ),
+    (
+        "join_postings-lists-short",
+        lambda: sketch.join_postings([b"n", b"m"], [None], bytes(5), 10, {}),
+        ValueError,
+        "as long",
+    ),
+    (
+        "join_postings-list-str",
+        lambda: sketch.join_postings([b"n"], ["ab"], bytes(5), 10, {}),
+        ValueError,
+        "lists",
+    ),
+    (
+        "join_postings-name-str",
+        lambda: sketch.join_postings(["n"], [None], bytes(5), 10, {}),
+        ValueError,
+        "names",
+    ),
+    (
+        "join_postings-into-list",
+        lambda: sketch.join_postings([b"n"], [None], bytes(5), 10, []),
+        TypeError,
+        "",
+    ),
+    ("join_postings-names-int", lambda: sketch.join_postings(5, [None], bytes(5), 10, {}), TypeError, ""),
     # varints(data, position, count)
     ("varints-position-negative", lambda: sketch.varints(b"\x01", -1, 1), ValueError, "position"),
     ("varints-position-past", lambda: sketch.varints(b"\x01", 2, 0), ValueError, "position"),
@@ -571,3 +655,19 @@ def test_anchors_at_any_alignment_are_the_reference_s() -> None:
     assert count == len(reference) > 0
     assert hashes[:count].tolist() == reference.hashes.tolist()
     assert positions[:count].tolist() == reference.positions.tolist()
+
+
+def test_passages_keys_and_joins_of_misaligned_buffers_are_the_reference_s() -> None:
+    from neardup.state.index import POSTING, posting_keys
+
+    points = units(3000, np.uint32) % 50 + 97
+    found = anchors_module.anchors_reference(points, 24, 200)
+    copy = anchors_module.anchors_reference(np.concatenate([points[1500:], points[:1400]]), 24, 200)
+    packed = misaligned(np.frombuffer(found.packed, dtype=np.uint8))
+    spans = sketch.passages(packed, copy.packed, 24, 424, 48, 4, 3)
+    reference = anchors_module.passages_reference(found, copy, 3)
+    assert [anchors_module.Passage(*s) for s in spans] == reference and len(reference) == 2
+    assert sketch.posting_keys(packed, POSTING) == posting_keys(found)
+    into: dict[bytes, bytes] = {}
+    assert sketch.join_postings((b"a", b"b"), (None, bytes(5)), bytes(5), 10, into) == (1, 1)
+    assert into == {b"a": bytes(5), b"b": bytes(10)}
