@@ -66,13 +66,32 @@
  *     most `top` of them as (entry without its flag, count), the most counted first, then the
  *     smallest (index.py: rank_postings, the reference).
  *
- * anchors(points, k, window, seed_key, hashes, positions) -> count
- *     points: uint32 code points, at least k of them; hashes, positions: writable uint32 buffers of
- *     at least len(points) - k + 1 items. Winnowing (anchors.py: anchors_reference): each
- *     k-character shingle's polynomial hash (as oph_minima, rolled rather than recomputed) mixed by
- *     fmix64(h ^ seed_key); of every `window` consecutive ones the least, the rightmost among equals
- *     (the least of all when there are at most `window`), each chosen position once, ascending.
- *     Writes the low 32 bits of each chosen value and its position; returns how many.
+ * anchors(points, k, window, seed_key, most) -> bytes
+ *     points: uint32 code points, at least k of them; window in 1..255. Winnowing
+ *     (anchors.py: anchors_reference): each k-character shingle's polynomial hash (as oph_minima,
+ *     rolled rather than recomputed) mixed by fmix64(h ^ seed_key); of every `window` consecutive
+ *     ones the least, the rightmost among equals (the least of all when there are at most
+ *     `window`), each chosen position once, ascending, the first `most` of them. Returns them packed
+ *     (anchors.py: Anchors): the low 32 bits of each chosen value big-endian, then each position's
+ *     offset from the one before (the first's from 0) in a byte, which a window <= 255 bounds.
+ *
+ * passages(mine, other, k, gap, shift, repeats, limit) -> list of (int, int, int, int, int)
+ *     mine, other: packed anchors (as `anchors` returns them). The passages both hold
+ *     (anchors.py: passages_reference): anchors of equal hash, each of mine matched with the first
+ *     `repeats` of other's in position order, chained while both advance (by at most `gap`, their
+ *     advances differing by at most `shift`) in the latest run of their diagonal band
+ *     ((other's position - mine's) floor-divided by `shift`) or of a neighbouring one. At most
+ *     `limit`, the longest first, then the earliest: (start, last + k, other start, other last + k,
+ *     anchors).
+ *
+ * posting_keys(anchors, prefix) -> list of bytes
+ *     anchors: packed anchors. `prefix` followed by each distinct hash's 4 bytes, in the order of
+ *     first appearance (index.py: posting_keys).
+ *
+ * join_postings(names, lists, entry, full, into) -> (created, filled)
+ *     names: bytes; lists: bytes or None (absent), as many. `entry` appended to each list of fewer
+ *     than `full` bytes (an absent one: `entry` alone), set in the dict `into` under its name;
+ *     returns how many were absent and how many reach `full` (index.py: join_postings).
  *
  * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
  * number of items, non-empty where an item is read, consistent with each other and with the
@@ -922,31 +941,82 @@ done:
     return result;
 }
 
+/* The position of the least of values[from..to] (inclusive), the rightmost among equals. */
+static Py_ssize_t least_of(const uint64_t *values, Py_ssize_t from, Py_ssize_t to) {
+    Py_ssize_t least = from;
+    for (Py_ssize_t i = from + 1; i <= to; i++) {
+        if (values[i] <= values[least]) {
+            least = i;
+        }
+    }
+    return least;
+}
+
+/* Winnowing by blocks of `window` values: in each block the least from each place to the block's
+ * end (`after`) and from the block's start to each place (`before`), the rightmost among equals;
+ * a window [s, s + window) is one block's `before` at its last place, or the `after` of s in its
+ * block and the `before` of its last place in the next, the right one on a tie. Straight passes
+ * with no data-dependent loop, where a queue of candidates pops an unpredictable number of them
+ * at each place. Writes the chosen positions, each once, ascending, at most `most`. */
+static Py_ssize_t winnow(const uint64_t *values, Py_ssize_t count, Py_ssize_t window, uint32_t *after,
+                         uint32_t *before, uint32_t *chosen, Py_ssize_t most) {
+    if (count <= window) {
+        chosen[0] = (uint32_t)least_of(values, 0, count - 1);
+        return most > 0 ? 1 : 0;
+    }
+    for (Py_ssize_t start = 0; start < count; start += window) {
+        Py_ssize_t end = start + window < count ? start + window - 1 : count - 1;
+        Py_ssize_t least = end;
+        for (Py_ssize_t i = end; i >= start; i--) {
+            least = values[i] < values[least] ? i : least; /* an equal one to the right stays */
+            after[i] = (uint32_t)least;
+        }
+        least = start;
+        for (Py_ssize_t i = start; i <= end; i++) {
+            least = values[i] <= values[least] ? i : least;
+            before[i] = (uint32_t)least;
+        }
+    }
+    Py_ssize_t written = 0;
+    int64_t last = -1;
+    for (Py_ssize_t s = 0; s + window <= count && written < most; s++) {
+        uint32_t right = before[s + window - 1], pick = right;
+        if (s % window) {
+            uint32_t left = after[s];
+            pick = values[right] <= values[left] ? right : left;
+        }
+        if ((int64_t)pick != last) {
+            last = pick;
+            chosen[written++] = pick;
+        }
+    }
+    return written;
+}
+
 static PyObject *anchors(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer points, hashes, positions;
-    Py_ssize_t k, window;
+    Py_buffer points;
+    Py_ssize_t k, window, most;
     unsigned long long seed_key;
-    if (!PyArg_ParseTuple(args, "y*nnKw*w*", &points, &k, &window, &seed_key, &hashes, &positions)) {
+    if (!PyArg_ParseTuple(args, "y*nnKn", &points, &k, &window, &seed_key, &most)) {
         return NULL;
     }
     PyObject *result = NULL;
     uint64_t *values = NULL;
-    Py_ssize_t *queue = NULL;
+    uint32_t *after = NULL, *before = NULL, *chosen = NULL;
     Py_ssize_t count = points.len / 4, windows = count - k + 1;
     if ((points.len % 4 && invalid("points must be uint32 (a multiple of 4 bytes)")) ||
         ((k < 1 || k > 64) && invalid("k must be in 1..64")) ||
-        (window < 1 && invalid("window must be >= 1")) ||
-        (count < k && invalid("points must hold at least k items")) ||
-        ((hashes.len % 4 || hashes.len / 4 < windows) && invalid("hashes must hold len(points) - k + 1 uint32")) ||
-        ((positions.len % 4 || positions.len / 4 < windows) &&
-         invalid("positions must hold len(points) - k + 1 uint32")) ||
+        ((window < 1 || window > 255) && invalid("window must be in 1..255 (a packed offset is a byte)")) ||
+        (most < 0 && invalid("most must be >= 0")) || (count < k && invalid("points must hold at least k items")) ||
         (count > UINT32_MAX && invalid("points must hold fewer than 2**32 items"))) {
         goto done;
     }
     values = malloc((size_t)windows * sizeof(uint64_t));
-    queue = malloc((size_t)windows * sizeof(Py_ssize_t));
-    if (values == NULL || queue == NULL) {
+    after = malloc((size_t)windows * sizeof(uint32_t));
+    before = malloc((size_t)windows * sizeof(uint32_t));
+    chosen = malloc((size_t)windows * sizeof(uint32_t));
+    if (values == NULL || after == NULL || before == NULL || chosen == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -964,33 +1034,29 @@ static PyObject *anchors(PyObject *self, PyObject *args) {
         hash = (hash - (uint64_t)get_u32(points.buf, i - 1) * lead) * POLY + get_u32(points.buf, i + k - 1);
         values[i] = fmix64(hash ^ key);
     }
-    void *const out_hash = hashes.buf, *const out_position = positions.buf;
-    Py_ssize_t written = 0, head = 0, tail = 0, last = -1;
-    Py_ssize_t span = windows < window ? windows : window;
-    /* a queue of positions whose values increase strictly: its head is the window's least, the
-     * rightmost among equals (an equal newcomer evicts the earlier one) */
-    for (Py_ssize_t i = 0; i < windows; i++) {
-        while (tail > head && values[queue[tail - 1]] >= values[i]) {
-            tail--;
-        }
-        queue[tail++] = i;
-        if (queue[head] <= i - span) {
-            head++;
-        }
-        if (i >= span - 1 && queue[head] != last) {
-            last = queue[head];
-            put_u32(out_hash, written, (uint32_t)(values[last] & 0xFFFFFFFFu));
-            put_u32(out_position, written, (uint32_t)last);
-            written++;
-        }
+    Py_ssize_t written = winnow(values, windows, window, after, before, chosen, most);
+    result = PyBytes_FromStringAndSize(NULL, 5 * written);
+    if (result == NULL) {
+        goto done;
     }
-    result = PyLong_FromSsize_t(written);
+    /* packed: the hashes big-endian, then the offsets (a window <= 255 keeps each within a byte) */
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    uint32_t previous = 0;
+    for (Py_ssize_t i = 0; i < written; i++) {
+        uint32_t low = (uint32_t)(values[chosen[i]] & 0xFFFFFFFFu);
+        out[4 * i] = (uint8_t)(low >> 24);
+        out[4 * i + 1] = (uint8_t)(low >> 16);
+        out[4 * i + 2] = (uint8_t)(low >> 8);
+        out[4 * i + 3] = (uint8_t)low;
+        out[4 * written + i] = (uint8_t)(chosen[i] - previous);
+        previous = chosen[i];
+    }
 done:
     free(values);
-    free(queue);
+    free(after);
+    free(before);
+    free(chosen);
     PyBuffer_Release(&points);
-    PyBuffer_Release(&hashes);
-    PyBuffer_Release(&positions);
     return result;
 }
 

@@ -24,7 +24,9 @@ from ._hashing import U64, HashArray, fmix64, mix_scalar
 from .shingle import _polynomial
 
 ANCHOR_K = 24  # characters a shingle of an anchor spans
-ANCHOR_WINDOW = 200  # shingles a winnowing window spans: a gap between anchors never exceeds it
+# shingles a winnowing window spans: a gap between anchors never exceeds it (at most 255, so that
+# each anchor's offset from the one before packs in a byte)
+ANCHOR_WINDOW = 200
 # Anchors a text keeps at most, its first ones (~100 KB of prose): a record and a signed record
 # stay bounded whatever the text, and so do the posting lists one article writes.
 MAX_ANCHORS = 1024
@@ -126,7 +128,9 @@ def anchors_of(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = 
     text shorter than k): the compiled pass where built, this numpy reference otherwise."""
     if points.size < k:
         return NO_ANCHORS
-    found = anchors_compiled(points, k, window) if compiled.loops() else anchors_reference(points, k, window)
+    if compiled.loops():
+        return anchors_compiled(points, k, window, MAX_ANCHORS)
+    found = anchors_reference(points, k, window)
     if len(found) > MAX_ANCHORS:
         return Anchors.of(found.hashes[:MAX_ANCHORS], found.positions[:MAX_ANCHORS])
     return found
@@ -143,18 +147,16 @@ def anchors_reference(
 
 
 def anchors_compiled(
-    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW
+    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW, most: int | None = None
 ) -> Anchors:
-    """anchors_of in the compiled pass (_sketch.anchors); the module must be built."""
+    """anchors_of in the compiled pass (_sketch.anchors: packed as it goes), the first `most`
+    (None: all); the module must be built."""
     loops = compiled.loops()
     if loops is None:
         raise RuntimeError("the compiled loops are not built or are turned off")
     passed = np.ascontiguousarray(points, dtype=np.uint32)
-    most = passed.size - k + 1
-    hashes = np.empty(most, dtype=np.uint32)
-    positions = np.empty(most, dtype=np.uint32)
-    count = loops.anchors(passed, k, window, _ANCHOR_SEED, hashes, positions)
-    return Anchors.of(hashes[:count], positions[:count])
+    limit = passed.size if most is None else most
+    return Anchors(loops.anchors(passed, k, window, _ANCHOR_SEED, limit))
 
 
 # Anchors a passage may miss between two of its own (a substituted word breaks the shingles over

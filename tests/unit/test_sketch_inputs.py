@@ -100,18 +100,18 @@ def rank(
     )
 
 
-def anchors(points: Any, k: Any = 24, window: Any = 200, out: Any = None) -> Any:
-    size = max(len(points) - 23, 1) if out is None else out
-    return sketch.anchors(points, k, window, 7, np.empty(size, np.uint32), np.empty(size, np.uint32))
+def anchors(points: Any, k: Any = 24, window: Any = 200, most: Any = 1024) -> Any:
+    return sketch.anchors(points, k, window, 7, most)
 
 
 BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
-    # anchors(points, k, window, seed_key, hashes, positions)
+    # anchors(points, k, window, seed_key, most)
     ("anchors-points-fewer-than-k", lambda: anchors(np.zeros(10, np.uint32)), ValueError, "at least k"),
     ("anchors-points-ragged", lambda: anchors(memoryview(bytes(4 * 30 + 2))), ValueError, "uint32"),
     ("anchors-k-zero", lambda: anchors(np.zeros(30, np.uint32), k=0), ValueError, "k must"),
     ("anchors-window-zero", lambda: anchors(np.zeros(30, np.uint32), window=0), ValueError, "window"),
-    ("anchors-hashes-short", lambda: anchors(np.zeros(30, np.uint32), out=3), ValueError, "hashes must"),
+    ("anchors-window-wide", lambda: anchors(np.zeros(30, np.uint32), window=256), ValueError, "window"),
+    ("anchors-most-negative", lambda: anchors(np.zeros(30, np.uint32), most=-1), ValueError, "most"),
     # oph_minima(units, k, seed_key, minima[, width])
     ("oph_minima-units-empty", lambda: sketch.oph_minima(b"", 1, 7, minima()), ValueError, "units"),
     ("oph_minima-units-empty-tail", lambda: sketch.oph_minima(tail(0), 1, 7, minima()), ValueError, "units"),
@@ -649,12 +649,12 @@ def test_varints_agree_with_the_reference() -> None:
 
 def test_anchors_at_any_alignment_are_the_reference_s() -> None:
     points = units(3000, np.uint32) % 50 + 97
-    hashes, positions = misaligned(np.zeros(2977, np.uint32)), misaligned(np.zeros(2977, np.uint32))
-    count = sketch.anchors(misaligned(points), 24, 200, anchors_module._ANCHOR_SEED, hashes, positions)
+    packed = sketch.anchors(misaligned(points), 24, 200, anchors_module._ANCHOR_SEED, 1 << 20)
     reference = anchors_module.anchors_reference(points, 24, 200)
-    assert count == len(reference) > 0
-    assert hashes[:count].tolist() == reference.hashes.tolist()
-    assert positions[:count].tolist() == reference.positions.tolist()
+    assert packed == reference.packed and len(reference) > 0
+    assert sketch.anchors(points, 24, 200, anchors_module._ANCHOR_SEED, 3) == (
+        anchors_module.Anchors.of(reference.hashes[:3], reference.positions[:3]).packed
+    )
 
 
 def test_passages_keys_and_joins_of_misaligned_buffers_are_the_reference_s() -> None:
