@@ -32,6 +32,7 @@ Every change is one write batch: a crash leaves all of it or none.
 from __future__ import annotations
 
 import collections
+import itertools
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -519,16 +520,18 @@ class IndexState:
     def _cached_postings(self, names: list[bytes]) -> list[bytes | None]:
         """The stored posting lists `names`: the cache's, the others in one multi-get (then cached)."""
         cache = self._posting_cache
-        found = [cache.get(name, _UNCACHED) for name in names]
+        found: list[bytes | None] = list(map(cache.get, names, itertools.repeat(_UNCACHED)))
+        if _UNCACHED not in found:
+            return found
         missing = [name for name, stored in zip(names, found, strict=True) if stored is _UNCACHED]
-        if not missing:
-            return cast(list[bytes | None], found)
-        read = dict(zip(missing, self.kv.get_many(missing), strict=True))
+        read = self.kv.get_many(missing)
         if len(cache) + len(read) > self._posting_cache_size:
             cache.clear()
-        cache.update(read)
-        pairs = zip(names, found, strict=True)
-        return [read[name] if stored is _UNCACHED else stored for name, stored in pairs]
+        cache.update(zip(missing, read, strict=True))
+        if len(missing) == len(names):  # new text: none cached
+            return read
+        fresh = iter(read)
+        return [next(fresh) if stored is _UNCACHED else stored for stored in found]
 
     def _cache_postings(self, batch: Batch) -> None:
         """The posting lists a batch just written wrote, into the cache."""
