@@ -488,30 +488,40 @@ def _contained(
     sketch: Sketch, anchored: Sequence[tuple[Prospect, int]], params: DedupParams
 ) -> tuple[Prospect, VerdictKind, float, float] | None:
     """The candidate whose anchors make the article `partial` (one text holds at least
-    containment_threshold of the other's anchors) or else `revised` (revised_threshold), the one
-    of the highest share (then the earliest); with at least two anchors shared, or all of the
-    fewer that the smaller text has. Returns it, the kind, and the shares (this article's anchors
-    in it, its anchors in this article), from the anchors the posting lists say they share: the
-    candidates' own anchors are not read."""
-    best: tuple[float, int, Prospect, float, float] | None = None
+    containment_threshold of the other's anchors, _holds) or else `revised` (revised_threshold),
+    the one of the highest share (then the earliest); with at least two anchors shared, or all of
+    the fewer that the smaller text has. Returns it, the kind, and the shares (this article's
+    anchors in it, its anchors in this article), from the anchors the posting lists say they
+    share: the candidates' own anchors are not read."""
+    best: tuple[float, int, Prospect, int, int] | None = None
     mine = sketch.anchors.distinct_count
     for other, shared in anchored:
         theirs = max(other.anchor_count, 1)
         if shared < max(min(2, mine, theirs), 1):
             continue
-        inside, contains = min(shared / mine, 1.0), min(shared / theirs, 1.0)
-        reach = max(inside, contains)
+        reach = max(min(shared / mine, 1.0), min(shared / theirs, 1.0))
         if best is None or (reach, -other.seq) > (best[0], -best[2].seq):
-            best = (reach, other.seq, other, inside, contains)
+            best = (reach, other.seq, other, shared, theirs)
     if best is None:
         return None
-    reach, _, other, inside, contains = best
+    reach, _, other, shared, theirs = best
+    inside, contains = min(shared / mine, 1.0), min(shared / theirs, 1.0)
     partial, revised = params.containment_threshold, params.revised_threshold
-    if partial is not None and reach >= partial:
+    if partial is not None and (_holds(shared, mine, partial) or _holds(shared, theirs, partial)):
         return other, "partial", inside, contains
     if revised is not None and reach >= revised:
         return other, "revised", inside, contains
     return None
+
+
+def _holds(shared: int, total: int, threshold: float) -> bool:
+    """Whether a text of `total` anchors is contained where `shared` of them are: their share
+    reaches the threshold, or, for a text too short for the threshold to spare any (3 to 9
+    anchors at 0.9), all but one are shared. An excerpt cut inside a window of its source may
+    choose an anchor at its edge that the source does not, and one of six is a sixth."""
+    if min(shared / total, 1.0) >= threshold:
+        return True
+    return total >= 3 and shared >= total - 1 and (total - 1) / total < threshold
 
 
 def _jaccard_of(sketch: Sketch, other: Prospect) -> float:

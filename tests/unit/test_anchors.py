@@ -321,7 +321,7 @@ def test_a_posting_cache_smaller_than_one_text_gives_the_same_verdicts_and_lists
     size = anchors_of(points(first)).distinct_count
     # the first text fills the small cache; the next quotes its start (anchors held in the cache,
     # the oldest there) before a passage of its own (anchors not held: their lookup evicts)
-    texts = [first, f"{first[:700]} {prose[2][:500]}", prose[3], f"{prose[3][:700]} {prose[4][:500]}"]
+    texts = [first, f"{first[:700]} {prose[2][:500]}", prose[3], f"{prose[3][:500]} {prose[4][:500]}"]
     states = [IndexState(MemoryKV(), posting_cache=size) for size in (size, 50_000)]
     shards = [IndexShard(state, PARAMS) for state in states]
     kinds = []
@@ -346,3 +346,15 @@ def test_posting_entries_past_their_39_bits_name_the_right_articles(prose: tuple
         assert [(p.article_id, p.seq) for p, _ in found] == [(f"a{n}", (1 << 39) - 2 + n)]
     state.delete("a3")  # leaves its posting lists by its low bits
     assert state.anchor_candidates(anchors_of(points(normalize(prose[3])[:700])), "", 4) == []
+
+
+def test_a_short_text_is_contained_with_all_but_one_anchor_shared() -> None:
+    """One anchor of an excerpt cut inside a window may be its own: a text too short for the
+    threshold to spare one is held with all but one shared, a longer one by its share alone."""
+    from neardup.core.dedup import _holds
+
+    assert _holds(5, 6, 0.9) and _holds(2, 3, 0.9) and _holds(9, 10, 0.9) and _holds(27, 30, 0.9)
+    assert not _holds(4, 6, 0.9) and not _holds(8, 10, 0.9) and not _holds(26, 30, 0.9)
+    assert not _holds(1, 2, 0.9) and not _holds(0, 1, 0.9)
+    # 0.8 spares one of six already (the share alone decides), not one of four
+    assert _holds(5, 6, 0.8) and not _holds(4, 6, 0.8) and _holds(3, 4, 0.8)
