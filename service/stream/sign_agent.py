@@ -113,11 +113,17 @@ class SignPipeline:
             refused_times += result.refused_time
         every_letter = [letter for tp_letters in letters.values() for letter in tp_letters]
         if self.transactions is not None:
-            ends = {tp: offset + 1 for tp, offset, _ in sorted(entries, key=lambda entry: entry[1])}
-            # Joined and committed while the next batch is signed: each partition's writer takes
-            # batches in the order they come (an asyncio.Lock is fair), and the batch settles once
-            # its transactions are committed.
-            sends: list[Any] = [asyncio.ensure_future(self._send_in_transactions(ends, signed, letters))]
+            ends: dict[Any, int] = {}
+            for tp, offset, _ in entries:
+                ends[tp] = max(ends.get(tp, 0), offset + 1)
+            # Joined and committed while the next batch is signed. A partition's records must
+            # reach the index in their order: each partition's task is started here, in the
+            # batches' order, and takes its writer's lock (an asyncio.Lock is fair) before any
+            # task of a later batch can.
+            sends: list[Any] = [
+                asyncio.ensure_future(self._send_in_transaction(tp, end, signed[tp], letters[tp]))
+                for tp, end in ends.items()
+            ]
         else:
             sends = await self._send(signed, every_letter)
 
@@ -143,25 +149,22 @@ class SignPipeline:
                 self.hand_off.submit(sent, pack)
         return sends
 
-    async def _send_in_transactions(
-        self, ends: dict[Any, int], signed: dict[Any, list[bytes]], letters: dict[Any, list[Letter]]
+    async def _send_in_transaction(
+        self, tp: Any, end: int, signed: list[bytes], letters: list[Letter]
     ) -> None:
-        """Exactly once: each input partition's signatures messages and dead letters in the open
-        transaction of its own writer, committed with the partition's next offset (`ends`); returns
+        """Exactly once: an input partition's signatures messages and dead letters in the open
+        transaction of its own writer, committed with the partition's next offset (`end`); returns
         once they are committed. Nothing is handed off: past a commit marker the hand-off never
         decides (gaps.following_run), so the consumer brings them."""
         assert self.transactions is not None
-        committed = []
-        for tp in ends:
-            writer = self.transactions.writer(tp.topic, tp.partition)
-            async with writer.joined({TopicPartition(tp.topic, tp.partition): ends[tp]}) as transaction:
-                producer = transaction.producer
-                transaction.sends += await self.outputs.through(producer).dead_letters(letters.get(tp, []))
-                packs = [(SHARD_KEY, pack) for pack in pack_in_chunks(signed.get(tp, []))]
-                sent = await send_in_batches(producer, self.settings.signatures_topic, packs, partition=0)
-                transaction.sends += [batch.sent for batch in sent]
-            committed.append(transaction.committed)
-        await asyncio.gather(*committed)
+        writer = self.transactions.writer(tp.topic, tp.partition)
+        async with writer.joined({TopicPartition(tp.topic, tp.partition): end}) as transaction:
+            producer = transaction.producer
+            transaction.sends += await self.outputs.through(producer).dead_letters(letters)
+            packs = [(SHARD_KEY, pack) for pack in pack_in_chunks(signed)]
+            sent = await send_in_batches(producer, self.settings.signatures_topic, packs, partition=0)
+            transaction.sends += [batch.sent for batch in sent]
+        await transaction.committed
 
     async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
         if self.transactions is not None:
