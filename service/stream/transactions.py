@@ -1,6 +1,6 @@
 """The index stage's writes in Kafka transactions (NEARDUP_PROCESSING_GUARANTEE=exactly_once).
 
-One transactional producer per index shard, under an id stable across restarts and workers
+One transactional producer per index shard (and one per input partition for the sign stage), under an id stable across restarts and workers
 (`<app_id>-index-<shard>`): whichever worker starts it for the shard fences every earlier producer
 of that id (a previous owner paused or cut off: its next write fails with ProducerFenced) and
 aborts what it left open. A batch's verdicts, feed messages, dead letters and changelog records
