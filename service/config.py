@@ -495,7 +495,8 @@ SETTINGS: tuple[Setting, ...] = (
         "at_least_once: after a crash, verdicts of the articles decided since the last commit are "
         "published again (the same verdicts); exactly_once: the index stage's verdicts, feed "
         "messages, dead letters and changelog records and the signatures offsets it consumed commit "
-        "together in one Kafka transaction per batch, under a transactional id per index shard that "
+        "together in Kafka transactions (batches committed in group), under a transactional id "
+        "per index shard that "
         "fences any earlier owner, so a consumer reading with isolation.level=read_committed sees "
         "each (id, version) once (deploy/docs/operations.md, Guarantees)",
         check=_one_of("at_least_once", "exactly_once"),
