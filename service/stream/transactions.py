@@ -1,14 +1,15 @@
-"""The index stage's writes in Kafka transactions (NEARDUP_PROCESSING_GUARANTEE=exactly_once).
+"""The stages' writes in Kafka transactions (NEARDUP_PROCESSING_GUARANTEE=exactly_once).
 
-One transactional producer per index shard (and one per input partition for the sign stage), under an id stable across restarts and workers
-(`<app_id>-index-<shard>`): whichever worker starts it for the shard fences every earlier producer
-of that id (a previous owner paused or cut off: its next write fails with ProducerFenced) and
-aborts what it left open. A batch's verdicts, feed messages, dead letters and changelog records
-commit with the signatures offsets it consumed, or not at all: the changelog and the group's
-offsets move together, and a consumer reading committed records sees each verdict once.
+One transactional producer per index shard (`<app_id>-index-<shard>`) and one per input partition
+(`<app_id>-sign-<topic>-<partition>`), each under an id stable across restarts and workers:
+whichever worker starts it fences every earlier producer of that id (a previous owner paused or
+cut off: its next write fails with ProducerFenced) and aborts what it left open. A batch's verdicts,
+feed messages, dead letters and changelog records commit with the signatures offsets it consumed,
+or not at all: the changelog and the group's offsets move together, and a consumer reading
+committed records sees each verdict once. Batches commit in group (TransactionalWriter).
 
 aiokafka's send_offsets_to_transaction carries no group generation (KIP-447), so fencing comes from
-the transactional id, one per shard, as in Kafka Streams' first exactly-once mode.
+the transactional id, as in Kafka Streams' first exactly-once mode.
 """
 
 from __future__ import annotations
