@@ -42,8 +42,9 @@ CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
 HANDOFF_QUEUE = 16
 Settle = Callable[[list[Any], Callable[[], None]], Awaitable[None]]  # a chunk's sends, what they mean
-# Around each chunk's sends: the settle to hand them to (transactions.py under exactly-once)
-Publishing = Callable[[], contextlib.AbstractAsyncContextManager[Settle]]
+# Around each chunk's sends (given the chunk): the settle to hand them to (transactions.py under
+# exactly-once)
+Publishing = Callable[[list[tuple[int, bytes]]], contextlib.AbstractAsyncContextManager[Settle]]
 
 
 async def _nothing() -> None:
@@ -174,29 +175,23 @@ class IndexPipeline:
         if self.transactions is None:
             await self.decide_and_publish(decider, messages)
             return
-        chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
-        await self.decide_and_publish(decider, messages, self._joined(self.transactions, chunks))
+        await self.decide_and_publish(decider, messages, self._joined)
 
-    def _joined(self, transactions: ShardTransactions, chunks: list[list[tuple[int, bytes]]]) -> Publishing:
-        """Exactly once: each chunk's sends in the shard's open transaction, with the signatures
+    @contextlib.asynccontextmanager
+    async def _joined(self, chunk: list[tuple[int, bytes]]) -> AsyncIterator[Settle]:
+        """Exactly once: a chunk's sends in the shard's open transaction, with the signatures
         offset after the chunk's last message; the index commits the chunk's writes, and its
         counters count, once that transaction is committed."""
-        numbers = iter(range(len(chunks)))
+        assert self.transactions is not None
+        offsets = {TopicPartition(self.shard.topic, self.shard.partition): chunk[-1][0] + 1}
+        async with self.transactions.joined(offsets) as transaction:
 
-        @contextlib.asynccontextmanager
-        async def joined() -> AsyncIterator[Settle]:
-            last = chunks[next(numbers)][-1][0]
-            offsets = {TopicPartition(self.shard.topic, self.shard.partition): last + 1}
-            async with transactions.joined(offsets) as transaction:
+            async def settle(sends: list[Any], applied: Callable[[], None]) -> None:
+                transaction.sends.extend(sends)
+                transaction.on_commit.append(applied)
 
-                async def settle(sends: list[Any], applied: Callable[[], None]) -> None:
-                    transaction.sends.extend(sends)
-                    transaction.on_commit.append(applied)
-
-                yield settle
-            await self.deliveries.settle([transaction.committed], _nothing)
-
-        return joined
+            yield settle
+        await self.deliveries.settle([transaction.committed], _nothing)
 
     def _committed(self) -> None:
         """After each commit of the shard's transaction: its commit marker follows its last record
@@ -227,7 +222,7 @@ class IndexPipeline:
         publishing: Publishing | None = None,
     ) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
-        each chunk's writes to the changelog and its verdicts within `publishing()`, and hand them
+        each chunk's writes to the changelog and its verdicts within `publishing(chunk)`, and hand them
         to the settle it gives (the index stage's deliveries by default). The index holds a chunk's
         writes aside until they are durable (Decider.acknowledged): it never reflects what the
         changelog lacks."""
@@ -236,9 +231,10 @@ class IndexPipeline:
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
             async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
+                decided = iter(chunks)  # one answer per chunk, in their order
                 async for outcome, writes in answers:
                     chunk = decider.answered
-                    async with publishing() as settle:
+                    async with publishing(next(decided)) as settle:
                         changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
                         sends, counted = await self.publish(outcome)
                         sends += [batch.sent for batch in changelog]
@@ -252,7 +248,7 @@ class IndexPipeline:
             raise
 
     @contextlib.asynccontextmanager
-    async def _settled(self) -> AsyncIterator[Settle]:
+    async def _settled(self, chunk: list[tuple[int, bytes]]) -> AsyncIterator[Settle]:
         """At least once: a chunk's sends settled by the stage's deliveries."""
         yield self.deliveries.settle
 
