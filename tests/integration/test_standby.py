@@ -68,22 +68,28 @@ def assigned_at(log: Path) -> float:
     return datetime.strptime(found[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
+def _standby_deployment(kafka: str, tmp_path: Path, interval: str, **env: str) -> Deployment:
+    """Workers keeping a standby copy, caught up every `interval` seconds, with a short session
+    timeout. One input partition: the log order, and so every verdict, is the embedded run's."""
+    dep = Deployment(kafka, tmp_path, input_partitions=1)
+    dep.extra_env.update(
+        NEARDUP_STANDBY_REPLICAS="1",
+        NEARDUP_STANDBY_INTERVAL=interval,
+        NEARDUP_SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
+        NEARDUP_HEARTBEAT_INTERVAL_MS="1000",
+        NEARDUP_LOG_LEVEL="info",
+        **env,
+    )
+    return dep
+
+
 @pytest.mark.budget(90)  # two workers, the dead owner's session timeout, an embedded reference run
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_a_standby_takes_the_shard_over_replaying_only_its_lag(
     kafka: str, tmp_path: Path, guarantee: str
 ) -> None:
-    # One input partition: the log order, and so every verdict, is the embedded run's
-    dep = Deployment(kafka, tmp_path, input_partitions=1)
-    dep.extra_env.update(
-        NEARDUP_STANDBY_REPLICAS="1",
-        NEARDUP_STANDBY_INTERVAL="0.5",
-        NEARDUP_SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
-        NEARDUP_HEARTBEAT_INTERVAL_MS="1000",
-        NEARDUP_LOG_LEVEL="info",
-        # under exactly-once the standby reads committed records only, and commit markers take offsets
-        NEARDUP_PROCESSING_GUARANTEE=guarantee,
-    )
+    # under exactly-once the standby reads committed records only, and commit markers take offsets
+    dep = _standby_deployment(kafka, tmp_path, "0.5", NEARDUP_PROCESSING_GUARANTEE=guarantee)
     articles = stream_of(3_000)
     before = 2_000
     copy = {"id": "copy-after-takeover", "text": articles[10]["text"]}
@@ -146,16 +152,8 @@ def wait_standing_by(dep: Deployment, index: int, timeout: float = 30.0) -> None
 def test_a_standby_behind_the_changelog_replays_exactly_its_lag_on_takeover(
     kafka: str, tmp_path: Path
 ) -> None:
-    # One input partition: the log order, and so every verdict, is the embedded run's
-    dep = Deployment(kafka, tmp_path, input_partitions=1)
-    dep.extra_env.update(
-        NEARDUP_STANDBY_REPLICAS="1",
-        # one catch-up as the standby starts, then none before the kill: its copy falls behind
-        NEARDUP_STANDBY_INTERVAL="3600",
-        NEARDUP_SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
-        NEARDUP_HEARTBEAT_INTERVAL_MS="1000",
-        NEARDUP_LOG_LEVEL="info",
-    )
+    # one catch-up as the standby starts, then none before the kill: its copy falls behind
+    dep = _standby_deployment(kafka, tmp_path, "3600")
     articles = stream_of(3_000)
     held, behind = 1_000, 2_000  # decided before the standby's catch-up; before the kill
     copy = {"id": "copy-after-takeover", "text": articles[10]["text"]}
