@@ -293,7 +293,12 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     app.on_partitions_revoked.connect(index.on_revoked)  # type: ignore[arg-type]
     app.on_partitions_revoked.connect(sign.on_revoked)  # type: ignore[arg-type]
     if sign.transactions is not None:
-        cast(Any, app).at_shutdown.append(sign.transactions.stop)
+        input_transactions = sign.transactions
+
+        async def stop_input_transactions() -> None:
+            await input_transactions.stop(commit=not failure.failed)
+
+        cast(Any, app).at_shutdown.append(stop_input_transactions)
     app.on_before_shutdown.connect(index.close)  # type: ignore[arg-type]
 
     @app.task

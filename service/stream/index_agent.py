@@ -426,7 +426,7 @@ class IndexPipeline:
         await self.decider.close(clean=clean)
         await self.progress.log_reader.close()
         if self.transactions is not None:
-            await self.transactions.stop()
+            await self.transactions.stop(commit=clean)
 
     async def _open_decider(self) -> Decider:
         """The index stage: at every assignment of the shard, restored (the changelog after its

@@ -211,11 +211,15 @@ class TransactionalWriter:
                 self._on_fenced(self.fenced)
         return self.fenced
 
-    async def stop(self) -> None:
-        """Commit what is open, then stop the producer."""
+    async def stop(self, commit: bool = True) -> None:
+        """Commit what is open (abort it when not `commit`: after a failure, what is unsettled
+        stays so), then stop the producer."""
         async with self.lock:
-            with contextlib.suppress(Exception):
-                await self._commit_open()
+            if commit:
+                with contextlib.suppress(Exception):
+                    await self._commit_open()
+            elif self._open is not None:
+                await self._end_aborted(self._open, RuntimeError("the worker stops after a failure"))
             if self.producer is not None:
                 producer, self.producer = self.producer, None
                 await producer.stop()
@@ -252,16 +256,16 @@ class InputTransactions:
             )
         return self.writers[key]
 
-    async def revoked(self, partitions: list[tuple[str, int]]) -> None:
+    async def revoked(self, partitions: list[tuple[str, int]], commit: bool = True) -> None:
         """The partitions went to another worker (or will come back): what their writers hold
         open is committed, they stop, and a new one (a new epoch) starts at the next assignment."""
         for key in partitions:
             writer = self.writers.pop(key, None)
             if writer is not None:
-                await writer.stop()
+                await writer.stop(commit)
 
-    async def stop(self) -> None:
-        await self.revoked(list(self.writers))
+    async def stop(self, commit: bool = True) -> None:
+        await self.revoked(list(self.writers), commit)
 
 
 def producer_of(transactions: TransactionalWriter) -> Callable[[], Any]:
