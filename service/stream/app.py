@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -270,6 +270,15 @@ def _stop_when_fenced(failure: Failure, what: str) -> Callable[[Fenced], None]:
     return fenced
 
 
+def _stopping(transactions: InputTransactions, failure: Failure) -> Callable[[], Awaitable[None]]:
+    """At shutdown: the sign stage's open transactions committed, or aborted after a failure."""
+
+    async def stop() -> None:
+        await transactions.stop(commit=not failure.failed)
+
+    return stop
+
+
 def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: faust.TopicT) -> None:
     """The agents on their topics, the shard's assignment hooks, and the app's tasks."""
     signer, failure, metrics = runtime.signer, runtime.failure, runtime.metrics
@@ -293,12 +302,7 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     app.on_partitions_revoked.connect(index.on_revoked)  # type: ignore[arg-type]
     app.on_partitions_revoked.connect(sign.on_revoked)  # type: ignore[arg-type]
     if sign.transactions is not None:
-        input_transactions = sign.transactions
-
-        async def stop_input_transactions() -> None:
-            await input_transactions.stop(commit=not failure.failed)
-
-        cast(Any, app).at_shutdown.append(stop_input_transactions)
+        cast(Any, app).at_shutdown.append(_stopping(sign.transactions, failure))
     app.on_before_shutdown.connect(index.close)  # type: ignore[arg-type]
 
     @app.task
