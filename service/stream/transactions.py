@@ -185,13 +185,19 @@ class TransactionalWriter:
         transaction.committed.set_result(None)
 
     async def _commit(self, transaction: Transaction) -> None:
+        """The offsets go to the group coordinator while the batches' sends are still being
+        acknowledged (nothing of either is visible before the commit), and the commit follows
+        both: a commit waits for the slower of the two, not for their sum."""
+        producer = transaction.producer
+        steps: list[Any] = list(transaction.sends)
+        if transaction.offsets:
+            steps.append(producer.send_offsets_to_transaction(transaction.offsets, self.settings.app_id))
         try:
-            await asyncio.gather(*transaction.sends)
-            if transaction.offsets:
-                await transaction.producer.send_offsets_to_transaction(
-                    transaction.offsets, self.settings.app_id
-                )
-            await transaction.producer.commit_transaction()
+            # every step ended before the transaction is aborted for the first that failed
+            for outcome in await asyncio.gather(*steps, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            await producer.commit_transaction()
         except FENCED_ERRORS as exc:
             raise self._fence(exc) from exc
 
