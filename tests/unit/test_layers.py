@@ -87,6 +87,13 @@ def test_the_state_port_depends_on_none_of_its_adapters() -> None:
     assert [name for name in IMPORTS[port] if name.startswith(adapters)] == []
 
 
+def test_the_wire_format_depends_on_no_state_codec() -> None:
+    """The signatures topic's layout is the pipeline's own: a change to how the state stores a
+    record must not change what the sign stage writes."""
+    wire = SERVICE / "pipeline" / "wire.py"
+    assert IMPORTS[wire] and [name for name in IMPORTS[wire] if name.startswith("neardup.state")] == []
+
+
 # Parsed at collection too (see IMPORTS): each function of the package and its length in lines.
 FUNCTION_LINES = {
     f"{path.relative_to(SERVICE)}:{node.name}": node.end_lineno - node.lineno + 1  # type: ignore[operator]
