@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -18,7 +17,6 @@ from neardup.stream.transactions import Fenced, TransactionalWriter
 
 from .conftest import TopicReader
 
-pytestmark = pytest.mark.kafka
 BATCHES = 40
 
 
