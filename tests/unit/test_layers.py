@@ -87,6 +87,19 @@ def test_the_state_port_depends_on_none_of_its_adapters() -> None:
     assert [name for name in IMPORTS[port] if name.startswith(adapters)] == []
 
 
+def test_the_state_port_defines_the_types_its_adapters_exchange() -> None:
+    """The index's store port (KeyValue, the Batch it writes) and the state's (StateStore, Counts,
+    IndexStats) live in port.py, not beside one of their implementations."""
+    defined = {
+        node.name: path.name
+        for path in (SERVICE / "state").glob("*.py")
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ClassDef)
+    }
+    port_types = ("KeyValue", "Batch", "StateStore", "Counts", "IndexStats")
+    assert {name: defined.get(name) for name in port_types} == dict.fromkeys(port_types, "port.py")
+
+
 def test_the_wire_format_depends_on_no_state_codec() -> None:
     """The signatures topic's layout is the pipeline's own: a change to how the state stores a
     record must not change what the sign stage writes."""
