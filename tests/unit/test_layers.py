@@ -100,6 +100,15 @@ def test_the_state_port_defines_the_types_its_adapters_exchange() -> None:
     assert {name: defined.get(name) for name in port_types} == dict.fromkeys(port_types, "port.py")
 
 
+def test_faults_enter_only_through_the_test_hooks_seam_at_process_start() -> None:
+    """No module of the package reaches the tests' faults; the seam (testhooks.py) is loaded where
+    a process starts (the worker's command, a helper's entry point), never on the hot path."""
+    imported = {p.relative_to(SERVICE).as_posix(): names for p, names in IMPORTS.items()}
+    assert [path for path, names in imported.items() if any(n.split(".")[0] == "tests" for n in names)] == []
+    seam_users = {path for path, names in imported.items() if "neardup.testhooks" in names}
+    assert seam_users == {"stream/commands.py", "pipeline/child.py"}
+
+
 def test_the_wire_format_depends_on_no_state_codec() -> None:
     """The signatures topic's layout is the pipeline's own: a change to how the state stores a
     record must not change what the sign stage writes."""
