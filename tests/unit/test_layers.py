@@ -47,6 +47,14 @@ def offences(imported: list[str]) -> list[str]:
 # Parsed at collection, before any test runs: on this Python, a RecursionError caught in an
 # earlier test (the deep-nesting inputs) can leave ast.parse failing for the rest of the process.
 IMPORTS = {module: absolute_imports(module) for module in SERVICE.rglob("*.py")}
+STATE_CLASSES = {
+    path: [
+        node.name
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ClassDef)
+    ]
+    for path in sorted((SERVICE / "state").glob("*.py"))
+}
 FAKE_IMPORTS = absolute_imports(
     SERVICE / "pipeline" / "fake.py",
     "from ..stream import app\nimport aiokafka\nfrom .wire import Signed\nfrom ..core import lsh\n",
@@ -90,12 +98,7 @@ def test_the_state_port_depends_on_none_of_its_adapters() -> None:
 def test_the_state_port_defines_the_types_its_adapters_exchange() -> None:
     """The index's store port (KeyValue, the Batch it writes) and the state's (StateStore, Counts,
     IndexStats) live in port.py, not beside one of their implementations."""
-    defined = {
-        node.name: path.name
-        for path in (SERVICE / "state").glob("*.py")
-        for node in ast.parse(path.read_text(encoding="utf-8")).body
-        if isinstance(node, ast.ClassDef)
-    }
+    defined = {name: path.name for path, names in STATE_CLASSES.items() for name in names}
     port_types = ("KeyValue", "Batch", "StateStore", "Counts", "IndexStats")
     assert {name: defined.get(name) for name in port_types} == dict.fromkeys(port_types, "port.py")
 
