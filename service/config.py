@@ -511,6 +511,17 @@ SETTINGS: tuple[Setting, ...] = (
         check=_positive,
     ),
     _setting(
+        "commit_interval",
+        FLOAT,
+        0.05,
+        "exactly_once: the least time, in seconds, from one commit of a stage's transaction to the "
+        "next (Kafka Streams' commit.interval.ms): batches that come meanwhile join the open "
+        "transaction. Fewer, larger transactions cost the broker and the worker less (each commit "
+        "leaves a marker that the index stage reads past) and add up to this much to a verdict's "
+        "latency; 0 commits as soon as a batch joins",
+        check=_at_least(0),
+    ),
+    _setting(
         "stall_timeout",
         FLOAT,
         60.0,
@@ -908,6 +919,7 @@ class Settings:
     delivery_timeout: float = FROM_TABLE
     processing_guarantee: str = FROM_TABLE
     transaction_timeout: float = FROM_TABLE
+    commit_interval: float = FROM_TABLE
     stall_timeout: float = FROM_TABLE
     ready_timeout: float = FROM_TABLE
     failure_exit_timeout: float = FROM_TABLE

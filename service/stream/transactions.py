@@ -69,7 +69,8 @@ class TransactionalWriter:
     their size. So batches join the open transaction, and its commit waits only for those that
     joined before it was due (it is due as soon as the first one joins); those that come while it
     commits open the next. Light load commits each batch at once; under load each commit carries
-    what arrived during the previous one, as a group commit does."""
+    what arrived during the previous one, as a group commit does; `commit_interval` spaces the
+    commits further, as Kafka Streams' commit.interval.ms does."""
 
     def __init__(
         self,
@@ -85,6 +86,7 @@ class TransactionalWriter:
         self.lock = asyncio.Lock()
         self._open: Transaction | None = None
         self._commit_due: asyncio.Future[None] | None = None
+        self._last_commit = float("-inf")  # when the last commit began (the event loop's clock)
         self._on_fenced = fenced  # told of a fence once, wherever it shows
         self.fenced: Fenced | None = None
         self._counted = counted  # each transaction's outcome: "committed" or "aborted"
@@ -151,6 +153,13 @@ class TransactionalWriter:
         return self._open
 
     async def _commit_when_due(self) -> None:
+        """At least `commit_interval` after the previous commit began: under load, the batches
+        of that interval share one transaction (its round trips, and its marker in each partition
+        it wrote, which the index stage reads past)."""
+        loop = asyncio.get_running_loop()
+        wait = self._last_commit + self.settings.commit_interval - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
         async with self.lock:
             await self._commit_open()
 
@@ -159,6 +168,7 @@ class TransactionalWriter:
         transaction, self._open = self._open, None
         if transaction is None:
             return
+        self._last_commit = asyncio.get_running_loop().time()
         try:
             await self._commit(transaction)
         except BaseException as exc:
@@ -175,13 +185,19 @@ class TransactionalWriter:
         transaction.committed.set_result(None)
 
     async def _commit(self, transaction: Transaction) -> None:
+        """The offsets go to the group coordinator while the batches' sends are still being
+        acknowledged (nothing of either is visible before the commit), and the commit follows
+        both: a commit waits for the slower of the two, not for their sum."""
+        producer = transaction.producer
+        steps: list[Any] = list(transaction.sends)
+        if transaction.offsets:
+            steps.append(producer.send_offsets_to_transaction(transaction.offsets, self.settings.app_id))
         try:
-            await asyncio.gather(*transaction.sends)
-            if transaction.offsets:
-                await transaction.producer.send_offsets_to_transaction(
-                    transaction.offsets, self.settings.app_id
-                )
-            await transaction.producer.commit_transaction()
+            # every step ended before the transaction is aborted for the first that failed
+            for outcome in await asyncio.gather(*steps, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            await producer.commit_transaction()
         except FENCED_ERRORS as exc:
             raise self._fence(exc) from exc
 

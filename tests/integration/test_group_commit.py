@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -31,8 +32,11 @@ async def _topic(bootstrap: str) -> str:
     return name
 
 
-def _writer(bootstrap: str, outcomes: list[str], name: str) -> TransactionalWriter:
-    settings = Settings.from_env({}, broker=f"kafka://{bootstrap}", app_id=f"{name}-group")
+def _writer(
+    bootstrap: str, outcomes: list[str], name: str, commit_interval: float = 0.0
+) -> TransactionalWriter:
+    env = {"NEARDUP_COMMIT_INTERVAL": str(commit_interval)}
+    settings = Settings.from_env(env, broker=f"kafka://{bootstrap}", app_id=f"{name}-group")
     return TransactionalWriter(settings, f"{name}-writer", counted=outcomes.append)
 
 
@@ -150,3 +154,36 @@ def test_a_fenced_writer_sends_nothing_more(kafka: str) -> None:
     assert isinstance(error, Fenced)
     assert outcomes == ["committed", "aborted"]
     assert _committed_values(kafka, topic, 1) == [0]
+
+
+@pytest.mark.parametrize("interval", [0.0, 1.0])
+def test_the_commit_interval_spaces_the_commits(kafka: str, interval: float) -> None:
+    """Batches come one by one, each once its send is in (not its commit), over 0.4 s: without an
+    interval each commit takes what came during the one before, so there are several; with a
+    1 s interval all but the first share the transaction committed 1 s after the first began."""
+
+    async def run() -> tuple[str, list[str], float]:
+        topic = await _topic(kafka)
+        outcomes: list[str] = []
+        writer = _writer(kafka, outcomes, topic, commit_interval=interval)
+        loop = asyncio.get_running_loop()
+        await writer.start()
+        try:
+            began = loop.time()
+            batches = []
+            for number in range(BATCHES // 2):
+                batches.append(asyncio.ensure_future(_batch(writer, topic, number)))
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*batches)
+            return topic, outcomes, loop.time() - began
+        finally:
+            await writer.stop()
+
+    topic, outcomes, took = asyncio.run(run())
+    assert set(outcomes) == {"committed"}
+    if interval:
+        assert outcomes == ["committed", "committed"]
+        assert took >= interval
+    else:
+        assert len(outcomes) > 2
+    assert _committed_values(kafka, topic, BATCHES // 2) == list(range(BATCHES // 2))
