@@ -23,7 +23,6 @@ from ..core.lsh import BAND_KEY_BYTES
 from ..core.params import DedupParams
 from ..core.signing import Sketch
 from ..messages import MAX_ID_LENGTH
-from ..state.records import pack_sketches, unpack_sketches
 
 _SIGNED = b"S5"  # band keys, 8-bit verifier, event time
 _DELETE = b"SD"  # a deletion: id and provenance
@@ -96,6 +95,19 @@ def encode_signed(signed: Signed) -> bytes:
     )
     keys = b"".join(signed.band_keys)
     return _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows) + keys + pack_sketches(sketch)
+
+
+def pack_sketches(sketch: Sketch) -> bytes:
+    """Signature (little-endian uint64) then verifier (one byte a slot), back to back: how the
+    signatures topic carries a sketch (a state record keeps its own layout: records.py)."""
+    signature = np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
+    return signature + np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
+
+
+def unpack_sketches(data: bytes, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of pack_sketches, given the number of signature slots."""
+    signature = np.frombuffer(data, dtype="<u8", count=slots).astype(np.uint64)
+    return signature, np.frombuffer(data, dtype=np.uint8, offset=slots * 8).copy()
 
 
 def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:

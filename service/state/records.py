@@ -285,16 +285,3 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
         )
     except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
-
-
-def pack_sketches(sketch: Sketch) -> bytes:
-    """Signature (little-endian uint64) then verifier (one byte a slot), back to back: how the
-    signatures topic carries a sketch."""
-    signature = np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
-    return signature + np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
-
-
-def unpack_sketches(data: bytes, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of pack_sketches, given the number of signature slots."""
-    signature = np.frombuffer(data, dtype="<u8", count=slots).astype(np.uint64)
-    return signature, np.frombuffer(data, dtype=np.uint8, offset=slots * 8).copy()

@@ -29,7 +29,6 @@ from .conftest import (
     without_latency,
 )
 
-pytestmark = pytest.mark.kafka
 EXACTLY_ONCE = {"NEARDUP_PROCESSING_GUARANTEE": "exactly_once"}
 
 

@@ -18,7 +18,6 @@ from neardup.stream.transactions import Fenced, TransactionalWriter
 
 from .conftest import TopicReader
 
-pytestmark = pytest.mark.kafka
 BATCHES = 40
 
 

@@ -45,7 +45,6 @@ from .conftest import (
     without_latency,
 )
 
-pytestmark = [pytest.mark.kafka]
 SKIPPED = 3  # signatures messages the consumer goes past
 
 

@@ -26,8 +26,6 @@ from .conftest import (
     verdicts_by_version,
 )
 
-pytestmark = pytest.mark.kafka
-
 
 def _ready_url(deployment: Deployment, index: int = 0) -> str:
     return deployment.health_url(index).replace("/health", "/ready")

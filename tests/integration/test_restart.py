@@ -35,7 +35,7 @@ from .conftest import (
 )
 
 # Timed, so not beside the other heavy tests (tests/run)
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.xdist_group("heavy")]
 
 RESTART_WITHIN_S = 10.0
 FAILOVER_WITHIN_S = 30.0

@@ -34,7 +34,7 @@ from .test_restart import (
 )
 
 # Timed, so not beside the other heavy tests (tests/run)
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.xdist_group("heavy")]
 
 SESSION_TIMEOUT_MS = 6_000  # the broker's smallest: what the takeover waits for first
 DECIDES_WITHIN_S = 10.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -533,3 +534,15 @@ def test_the_worker_monitor_keeps_only_the_stall_check_time(
     assert before <= monitor.stream_inbound_time[tp] <= time.monotonic()
     monitor.on_stream_event_out(tp, 7, cast(Any, None), cast(Any, None), None)
     assert monitor.events_total == 0 and monitor.events_active == 0 and not monitor.events_by_stream
+
+
+def test_the_runtime_is_built_whole_and_stays_as_built(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]],
+) -> None:
+    """What the agents share is complete before the app starts and cannot be swapped under them."""
+    _, runtime, _ = wired
+    fields = dataclasses.fields(runtime)
+    assert fields and all(getattr(runtime, field.name) is not None for field in fields)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        runtime.signer = runtime.signer  # type: ignore[misc]
+    assert runtime.sign.signer is runtime.signer and runtime.index.decider is runtime.decider
