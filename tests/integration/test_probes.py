@@ -114,8 +114,6 @@ def test_an_outage_past_the_transaction_timeout_loses_and_repeats_nothing_under_
             "NEARDUP_PROCESSING_GUARANTEE": "exactly_once",
             "NEARDUP_TRANSACTION_TIMEOUT": "4",
             "NEARDUP_DELIVERY_TIMEOUT": "4",
-            # the stop for that failure, bounded (a stop that waits on the broker's commit)
-            "NEARDUP_FAILURE_EXIT_TIMEOUT": "5",
             "NEARDUP_READY_TIMEOUT": "2",
             "NEARDUP_STALL_TIMEOUT": "4",
         }
