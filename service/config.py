@@ -504,7 +504,8 @@ SETTINGS: tuple[Setting, ...] = (
         "at_least_once: after a crash, verdicts of the articles decided since the last commit are "
         "published again (the same verdicts); exactly_once: the index stage's verdicts, feed "
         "messages, dead letters and changelog records and the signatures offsets it consumed commit "
-        "together in one Kafka transaction per batch, under a transactional id per index shard that "
+        "together in Kafka transactions (batches committed in group), under a transactional id "
+        "per index shard that "
         "fences any earlier owner, so a consumer reading with isolation.level=read_committed sees "
         "each (id, version) once (deploy/docs/operations.md, Guarantees)",
         check=_one_of("at_least_once", "exactly_once"),
@@ -517,6 +518,17 @@ SETTINGS: tuple[Setting, ...] = (
         "paused or cut off longer is fenced by its own timeout); it must not exceed the broker's "
         "transaction.max.timeout.ms (15 minutes by default)",
         check=_positive,
+    ),
+    _setting(
+        "commit_interval",
+        FLOAT,
+        0.05,
+        "exactly_once: the least time, in seconds, from one commit of a stage's transaction to the "
+        "next (Kafka Streams' commit.interval.ms): batches that come meanwhile join the open "
+        "transaction. Fewer, larger transactions cost the broker and the worker less (each commit "
+        "leaves a marker that the index stage reads past) and add up to this much to a verdict's "
+        "latency; 0 commits as soon as a batch joins",
+        check=_at_least(0),
     ),
     _setting(
         "stall_timeout",
@@ -539,8 +551,10 @@ SETTINGS: tuple[Setting, ...] = (
     _setting(
         "failure_exit_timeout",
         FLOAT,
-        30.0,
-        "seconds a stop for a failure may take before the process exits (status 1) without finishing it",
+        10.0,
+        "seconds a stop for a failure may take before the process exits (status 1) without finishing it "
+        "(nothing is lost: what was not committed comes back after the restart, and the index is on "
+        "its write-ahead log); it adds to the time a broker outage costs",
         check=_positive,
     ),
     _setting(
@@ -918,6 +932,7 @@ class Settings:
     delivery_timeout: float = FROM_TABLE
     processing_guarantee: str = FROM_TABLE
     transaction_timeout: float = FROM_TABLE
+    commit_interval: float = FROM_TABLE
     stall_timeout: float = FROM_TABLE
     ready_timeout: float = FROM_TABLE
     failure_exit_timeout: float = FROM_TABLE

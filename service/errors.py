@@ -16,6 +16,7 @@ catches that one works as well.
     ├── ChildFailed (RuntimeError)       a helper process exited or answered garbage
     │   └── ChildTimedOut                ... or did not answer in time, and was killed
     ├── TopicMismatch (RuntimeError)     a topic's partition count or size limit the worker cannot use
+    ├── Fenced (RuntimeError)            under exactly-once, another worker took a transactional id
     └── TooLong (ValueError)             a text normalisation expands past its limit (dead-lettered
                                          as oversized; the library raises InvalidMessage)
 

@@ -21,12 +21,10 @@ once everything it sent is acknowledged, before its commit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -148,21 +146,20 @@ def _fail_on_poisoned_decisions(action: str) -> None:
 
 def _hold_commit(at: int, delay_s: float) -> None:
     """The index stage's `at`-th transaction held before its commit, its sends acknowledged."""
-    from neardup.stream.transactions import ShardTransactions
+    from neardup.stream.transactions import ShardTransactions, Transaction
 
-    real = ShardTransactions.transaction
+    real = ShardTransactions._commit
     calls = [0]
 
-    @contextlib.asynccontextmanager
-    async def held(self: ShardTransactions, offsets: Any) -> AsyncIterator[Any]:
-        async with real(self, offsets) as producer:
-            yield producer
-            calls[0] += 1
-            if calls[0] == at:
-                log.warning("injected_delay transaction=%d seconds=%.1f", at, delay_s)
-                await asyncio.sleep(delay_s)
+    async def held(self: ShardTransactions, transaction: Transaction) -> None:
+        await asyncio.gather(*transaction.sends)
+        calls[0] += 1
+        if calls[0] == at:
+            log.warning("injected_delay transaction=%d seconds=%.1f", at, delay_s)
+            await asyncio.sleep(delay_s)
+        await real(self, transaction)
 
-    ShardTransactions.transaction = held  # type: ignore[method-assign,assignment]
+    ShardTransactions._commit = held  # type: ignore[method-assign]
 
 
 def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:

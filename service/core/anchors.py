@@ -56,6 +56,15 @@ class Anchors:
             raise ValueError("anchors must be in position order, at most 255 characters apart")
         return cls(hashes.astype(">u4").tobytes() + steps.astype(np.uint8).tobytes())
 
+    @classmethod
+    def unpack_from(cls, data: bytes, count: int, position: int = 0) -> Anchors:
+        """The `count` packed anchors of `data` from `position` (a record, a signed record)."""
+        if not count:
+            return NO_ANCHORS
+        if position + 5 * count > len(data):
+            raise ValueError("anchors are truncated")
+        return cls(data[position : position + 5 * count])
+
     def __len__(self) -> int:
         return len(self.packed) // 5
 

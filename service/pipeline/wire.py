@@ -24,7 +24,6 @@ from ..core.lsh import BAND_KEY_BYTES
 from ..core.params import DedupParams
 from ..core.signing import Sketch
 from ..messages import MAX_ID_LENGTH
-from ..state.records import decode_anchors, encode_anchors, pack_sketches, unpack_sketches
 
 _SIGNED = b"S6"  # band keys, 8-bit verifier, event time, anchors
 _SIGNED_BEFORE = b"S5"  # the same without anchors, as the version before wrote them
@@ -80,7 +79,7 @@ class SignedDeletion:
 
 def encode_signed(signed: Signed) -> bytes:
     """S6, meta length, orjson meta, (bands, rows) and the band keys back to back, the anchors
-    (records.encode_anchors: as many as meta's "a"), then the sketches."""
+    (packed: as many as meta's "a"), then the sketches."""
     sketch, src = signed.sketch, signed.provenance
     bands, rows = signed.banding if signed.band_keys else (0, 0)
     if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
@@ -99,7 +98,7 @@ def encode_signed(signed: Signed) -> bytes:
         }
     )
     keys = b"".join(signed.band_keys)
-    anchors = encode_anchors(sketch.anchors)
+    anchors = sketch.anchors.packed
     return (
         _SIGNED
         + _LEN.pack(len(meta))
@@ -109,6 +108,19 @@ def encode_signed(signed: Signed) -> bytes:
         + anchors
         + pack_sketches(sketch)
     )
+
+
+def pack_sketches(sketch: Sketch) -> bytes:
+    """Signature (little-endian uint64) then verifier (one byte a slot), back to back: how the
+    signatures topic carries a sketch (a state record keeps its own layout: records.py)."""
+    signature = np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
+    return signature + np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
+
+
+def unpack_sketches(data: bytes, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of pack_sketches, given the number of signature slots."""
+    signature = np.frombuffer(data, dtype="<u8", count=slots).astype(np.uint64)
+    return signature, np.frombuffer(data, dtype=np.uint8, offset=slots * 8).copy()
 
 
 def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
@@ -202,7 +214,7 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
         raise ValueError(f"signed record announces {bands} band keys and is shorter")
     keys = _keys_layout(bands).unpack_from(data, position)  # () for none
     position += bands * BAND_KEY_BYTES
-    anchors = decode_anchors(data, meta.get("a", 0), position)
+    anchors = Anchors.unpack_from(data, meta.get("a", 0), position)
     position += 5 * len(anchors)
     signature, verifier = unpack_sketches(data[position:], meta["m"])
     topic, partition, offset, timestamp = meta["src"]

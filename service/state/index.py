@@ -36,8 +36,7 @@ import itertools
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -48,7 +47,7 @@ from ..core.anchors import NO_ANCHORS, Anchors
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from ..core.signing import Sketch
-from .port import Counts, IndexStats
+from .port import Batch, Counts, IndexStats, KeyValue
 from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 
 ARTICLE, BAND, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"b", b"c", b"x", b"k", b"h", b"t", b"m"
@@ -104,47 +103,6 @@ def decode_marker(data: bytes, article_id: str = "?") -> Marker:
         raise CorruptRecord(f"deletion marker of {article_id!r} has {len(data)} bytes, not {_MARKER.size}")
     version, biased = _MARKER.unpack(data)
     return Marker(version, biased - _TIME_BIAS)
-
-
-class KeyValue(Protocol):
-    """The store under the index: a main family and a records family, ordered by key."""
-
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]: ...
-
-    def records(self, keys: list[bytes]) -> list[bytes | None]: ...
-
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """The main family's entries whose key starts with `prefix`, in key order."""
-        ...
-
-    def scan_records(self) -> Iterator[tuple[bytes, bytes]]: ...
-
-    def write(self, batch: Batch) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def clear(self) -> None: ...
-
-    def size_bytes(self) -> int: ...
-
-
-@dataclass
-class Batch:
-    """Writes collected for one atomic write: key → value, None deleting it. Reads during an
-    operation look here first, so that its later steps see its earlier ones."""
-
-    main: dict[bytes, bytes | None] = field(default_factory=dict)
-    records: dict[bytes, bytes | None] = field(default_factory=dict)
-    buckets_written: bool = False  # whether a bucket is among `main`
-    postings_written: list[list[bytes]] = field(default_factory=list)  # posting lists in `main`
-
-    def put(self, key: bytes, value: bytes) -> None:
-        self.main[key] = value
-
-    def delete(self, key: bytes) -> None:
-        self.main[key] = None
 
 
 class IndexState:

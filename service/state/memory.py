@@ -5,7 +5,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from .index import COPY, DEFAULT_BUCKET_CAP, MEMBER, TIME, Batch, IndexState
+from .index import COPY, DEFAULT_BUCKET_CAP, MEMBER, TIME, IndexState
+from .port import Batch
 
 
 class MemoryState(IndexState):

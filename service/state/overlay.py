@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .index import Batch, KeyValue
+from .port import Batch, KeyValue
 
 _ABSENT = object()
 

@@ -1,10 +1,12 @@
-"""The state port: what the index stage reads (core.dedup.StateReader) plus how it writes, and the
-value types it hands out (Counts, IndexStats); the adapters (index.py) implement it."""
+"""The state ports and their types: what the index stage reads (core.dedup.StateReader) plus how it
+writes (StateStore, implemented by index.py's IndexState) and the value types it hands out (Counts,
+IndexStats); the ordered key-value store under the index (KeyValue, taking a Batch), implemented by
+memory.py, rocks.py and overlay.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -124,3 +126,44 @@ class StateStore(StateReader, Protocol):
     def compact(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class KeyValue(Protocol):
+    """The store under the index: a main family and a records family, ordered by key."""
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]: ...
+
+    def records(self, keys: list[bytes]) -> list[bytes | None]: ...
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The main family's entries whose key starts with `prefix`, in key order."""
+        ...
+
+    def scan_records(self) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def write(self, batch: Batch) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def size_bytes(self) -> int: ...
+
+
+@dataclass
+class Batch:
+    """Writes collected for one atomic write: key → value, None deleting it. Reads during an
+    operation look here first, so that its later steps see its earlier ones."""
+
+    main: dict[bytes, bytes | None] = field(default_factory=dict)
+    records: dict[bytes, bytes | None] = field(default_factory=dict)
+    buckets_written: bool = False  # whether a bucket is among `main`
+    postings_written: list[list[bytes]] = field(default_factory=list)  # posting lists in `main`
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.main[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.main[key] = None

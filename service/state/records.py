@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import compiled
-from ..core.anchors import NO_ANCHORS, Anchors, Passage
+from ..core.anchors import Anchors, Passage
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.signing import Sketch
@@ -190,11 +190,7 @@ def encode_anchors(anchors: Anchors) -> bytes:
 
 def decode_anchors(data: bytes, count: int, position: int = 0) -> Anchors:
     """Inverse of encode_anchors, reading `count` anchors from `position`."""
-    if not count:
-        return NO_ANCHORS
-    if position + 5 * count > len(data):
-        raise ValueError("anchors are truncated")
-    return Anchors(data[position : position + 5 * count])
+    return Anchors.unpack_from(data, count, position)
 
 
 def encode_record(article: IndexedArticle) -> bytes:
@@ -356,16 +352,3 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
         )
     except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
-
-
-def pack_sketches(sketch: Sketch) -> bytes:
-    """Signature (little-endian uint64) then verifier (one byte a slot), back to back: how the
-    signatures topic carries a sketch."""
-    signature = np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
-    return signature + np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
-
-
-def unpack_sketches(data: bytes, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of pack_sketches, given the number of signature slots."""
-    signature = np.frombuffer(data, dtype="<u8", count=slots).astype(np.uint64)
-    return signature, np.frombuffer(data, dtype=np.uint8, offset=slots * 8).copy()

@@ -27,8 +27,9 @@ from rocksdict import (
 )
 
 from ..errors import Error
-from .index import DEFAULT_BUCKET_CAP, Batch, IndexState
+from .index import DEFAULT_BUCKET_CAP, IndexState
 from .overlay import LayeredKV
+from .port import Batch
 
 _RECORDS = "records"  # the column family of the records, by arrival number
 T = TypeVar("T")

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -32,7 +32,7 @@ from .purge import SignaturesPurge
 from .sign_agent import SignPipeline
 from .standby import Standby
 from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
-from .transactions import InputTransactions, ShardTransactions, producer_of
+from .transactions import Fenced, InputTransactions, ShardTransactions, producer_of
 
 __all__ = ["SHARD_KEY", "Runtime", "create_app", "exit_after"]
 log = logging.getLogger("neardup.stream")
@@ -241,7 +241,15 @@ def _runtime(
     collector = CollectorPolicy(settings.gc_freeze_every)
     shard_transactions, input_transactions, index_outputs = None, None, outputs
     if settings.exactly_once:
-        shard_transactions, input_transactions = ShardTransactions(settings), InputTransactions(settings)
+        shard_transactions = ShardTransactions(
+            settings,
+            fenced=_stop_when_fenced(failure, "the index shard"),
+            counted=lambda outcome: metrics.transactions.labels(outcome).inc(),
+        )
+        input_transactions = InputTransactions(
+            settings,
+            fenced=_stop_when_fenced(failure, "the input partition"),
+        )
         index_outputs = Outputs(app, metrics, settings.dead_letter_topic, producer_of(shard_transactions))
     index = IndexPipeline(
         settings, decider, collector, index_outputs, progress, failure, indexed, shard_transactions
@@ -253,6 +261,22 @@ def _runtime(
     return Runtime(
         settings, metrics, signer, decider, failure, progress, signed, indexed, hand_off, sign, index
     )
+
+
+def _stop_when_fenced(failure: Failure, what: str) -> Callable[[Fenced], None]:
+    def fenced(exc: Fenced) -> None:
+        failure.fail(f"producer_fenced: {exc}; another worker owns {what}, stopping")
+
+    return fenced
+
+
+def _stopping(transactions: InputTransactions, failure: Failure) -> Callable[[], Awaitable[None]]:
+    """At shutdown: the sign stage's open transactions committed, or aborted after a failure."""
+
+    async def stop() -> None:
+        await transactions.stop(commit=not failure.failed)
+
+    return stop
 
 
 def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: faust.TopicT) -> None:
@@ -278,7 +302,7 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     app.on_partitions_revoked.connect(index.on_revoked)  # type: ignore[arg-type]
     app.on_partitions_revoked.connect(sign.on_revoked)  # type: ignore[arg-type]
     if sign.transactions is not None:
-        cast(Any, app).at_shutdown.append(sign.transactions.stop)
+        cast(Any, app).at_shutdown.append(_stopping(sign.transactions, failure))
     app.on_before_shutdown.connect(index.close)  # type: ignore[arg-type]
 
     @app.task

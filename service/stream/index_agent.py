@@ -8,7 +8,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import faust
@@ -36,14 +36,19 @@ SHARD_KEY = b"0"
 # in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
 # articles, ~390 KB) is one message, and so a chunk of its own.
 DECIDE_CHUNK_BYTES = 256 * 1024
-# Under exactly-once, signatures messages per transaction (~500-1,000 articles): a commit costs a few
-# round trips to the coordinator, and a backlog batch in one transaction could outlast its timeout.
-TRANSACTION_BYTES = 4 * DECIDE_CHUNK_BYTES
 TAKE_WITHIN_S = 0.001  # as the sign agent's (sign_agent.py)
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
 # A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
 HANDOFF_QUEUE = 16
+Settle = Callable[[list[Any], Callable[[], None]], Awaitable[None]]  # a chunk's sends, what they mean
+# Around each chunk's sends (given the chunk): the settle to hand them to (transactions.py under
+# exactly-once)
+Publishing = Callable[[list[tuple[int, bytes]]], contextlib.AbstractAsyncContextManager[Settle]]
+
+
+async def _nothing() -> None:
+    """A batch settled: under exactly-once, its transaction's commit did what it means."""
 
 
 class HandOff:
@@ -129,6 +134,12 @@ class IndexPipeline:
         # Whether the group assigned the shard to this worker (a standby catches up only while not)
         self.owner = False
         decider.on_opened = self._opened
+        # Exactly once: whether the transaction being committed wrote to the changelog, and the
+        # number of its last chunk (`_committed`)
+        self._changelog_in_transaction = False
+        self._last_applied = 0
+        if transactions is not None:
+            transactions.after_commit = self._committed
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
@@ -159,41 +170,35 @@ class IndexPipeline:
 
     async def decide(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
         """Decide signatures messages and publish what they cause: settled as the broker
-        acknowledges each chunk (at least once), or in transactions committed with the
-        signatures offsets consumed (exactly once), each of at most TRANSACTION_BYTES of them, so
-        that none stays open for long whatever the backlog."""
+        acknowledges each chunk (at least once), or as the transaction it joined commits with the
+        signatures offsets consumed (exactly once)."""
         if self.transactions is None:
             await self.decide_and_publish(decider, messages)
             return
-        for part in runs_within(messages, lambda message: len(message[1]), TRANSACTION_BYTES):
-            await self._decide_in_transaction(decider, self.transactions, part)
+        await self.decide_and_publish(decider, messages, self._joined)
 
-    async def _decide_in_transaction(
-        self, decider: Decider, transactions: ShardTransactions, messages: list[tuple[int, bytes]]
-    ) -> None:
-        settled: list[tuple[list[Any], Callable[[], None]]] = []
+    @contextlib.asynccontextmanager
+    async def _joined(self, chunk: list[tuple[int, bytes]]) -> AsyncIterator[Settle]:
+        """Exactly once: a chunk's sends in the shard's open transaction, with the signatures
+        offset after the chunk's last message; the index commits the chunk's writes, and its
+        counters count, once that transaction is committed."""
+        assert self.transactions is not None
+        offsets = {TopicPartition(self.shard.topic, self.shard.partition): chunk[-1][0] + 1}
+        async with self.transactions.joined(offsets) as transaction:
 
-        async def hold(sends: list[Any], applied: Callable[[], None]) -> None:
-            settled.append((sends, applied))
+            async def settle(sends: list[Any], applied: Callable[[], None]) -> None:
+                transaction.sends.extend(sends)
+                transaction.on_commit.append(applied)
 
-        next_offsets = {TopicPartition(self.shard.topic, self.shard.partition): messages[-1][0] + 1}
-        try:
-            async with transactions.transaction(lambda: next_offsets):
-                await self.decide_and_publish(decider, messages, hold)
-                await asyncio.gather(*(send for sends, _ in settled for send in sends))
-        except Fenced as exc:
-            self.failure.fail(f"producer_fenced: {exc}; another worker owns the index shard, stopping")
-            raise
-        except BaseException:
-            self.metrics.transactions.labels("aborted").inc()
-            raise
-        self.metrics.transactions.labels("committed").inc()
-        end = decider.changelog_end
-        for _, applied in settled:
-            applied()
-        if decider.changelog_end > end:
-            # the transaction's commit marker follows its last record in the changelog
-            decider.acknowledged(decider.changelog_end + 1)
+            yield settle
+        await self.deliveries.settle([transaction.committed], _nothing)
+
+    def _committed(self) -> None:
+        """After each commit of the shard's transaction: its commit marker follows its last record
+        in the changelog (when it wrote any), so the index's commit point is past the marker."""
+        if self._changelog_in_transaction:
+            self._changelog_in_transaction = False
+            self.decider.acknowledged(self.decider.changelog_end + 1, self._last_applied)
 
     async def _in_log_order(
         self, batch: list[faust.EventT], gaps: list[OffsetGap]
@@ -214,23 +219,26 @@ class IndexPipeline:
         self,
         decider: Decider,
         messages: list[tuple[int, bytes]],
-        settle: Callable[[list[Any], Callable[[], None]], Awaitable[None]] | None = None,
+        publishing: Publishing | None = None,
     ) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided), send
-        each chunk's writes to the changelog and its verdicts, and hand them to `settle` (the
-        index stage's deliveries by default). The index holds a chunk's writes aside until the
-        changelog has them all (Decider.acknowledged): it never reflects what the changelog lacks."""
-        settle = settle or self.deliveries.settle
+        each chunk's writes to the changelog and its verdicts within `publishing(chunk)`, and hand them
+        to the settle it gives (the index stage's deliveries by default). The index holds a chunk's
+        writes aside until they are durable (Decider.acknowledged): it never reflects what the
+        changelog lacks."""
+        publishing = publishing or self._settled
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
             async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
+                decided = iter(chunks)  # one answer per chunk, in their order
                 async for outcome, writes in answers:
                     chunk = decider.answered
-                    changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
-                    sends, counted = await self.publish(outcome)
-                    sends += [batch.sent for batch in changelog]
-                    await settle(sends, self._applied(changelog, counted, chunk))
+                    async with publishing(next(decided)) as settle:
+                        changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
+                        sends, counted = await self.publish(outcome)
+                        sends += [batch.sent for batch in changelog]
+                        await settle(sends, self._applied(changelog, counted, chunk))
         except BaseException as exc:
             # Half a batch decided: the index holds writes that may never be committed. Restore it
             # before the next batch (the re-delivered batch then replays what the changelog has).
@@ -238,6 +246,11 @@ class IndexPipeline:
             if isinstance(exc, DeciderFailed):
                 self.failure.fail(f"index_unavailable: {exc}; stopping the worker")
             raise
+
+    @contextlib.asynccontextmanager
+    async def _settled(self, chunk: list[tuple[int, bytes]]) -> AsyncIterator[Settle]:
+        """At least once: a chunk's sends settled by the stage's deliveries."""
+        yield self.deliveries.settle
 
     def _applied(
         self, changelog: list[SentBatch], counted: Callable[[], None], chunk: int
@@ -250,6 +263,8 @@ class IndexPipeline:
             if changelog:
                 last = changelog[-1]  # one partition: the last batch holds the last write
                 end = last.sent.result().offset + last.messages
+                self._changelog_in_transaction = True
+            self._last_applied = chunk
             self.decider.acknowledged(end, chunk)
             counted()
 
@@ -413,7 +428,7 @@ class IndexPipeline:
         await self.decider.close(clean=clean)
         await self.progress.log_reader.close()
         if self.transactions is not None:
-            await self.transactions.stop()
+            await self.transactions.stop(commit=clean)
 
     async def _open_decider(self) -> Decider:
         """The index stage: at every assignment of the shard, restored (the changelog after its

@@ -100,22 +100,19 @@ class Progress:
     async def read_gaps(self, gaps: list[OffsetGap]) -> list[tuple[Any, StoredMessage]]:
         """The messages of `gaps` read back from Kafka, with their partitions. A gap that cannot
         be read back (the broker does not answer) stops the worker, so that it restarts from its
-        last commit rather than go on without those messages."""
+        last commit rather than go on without those messages.
+
+        Each gap is read on its own: under exactly-once a commit marker leaves a gap after nearly
+        every sign transaction, between messages already delivered, and one read from a batch's
+        first gap to its last would fetch all of those again."""
         fills: list[tuple[Any, StoredMessage]] = []
-        spans: dict[Any, list[StoredMessage]] = {}
-        for tp in {gap.partition for gap in gaps}:
-            # one read per partition, from its first gap to its last: under exactly-once a commit
-            # marker leaves a gap after nearly every sign transaction
-            first = min(gap.expected for gap in gaps if gap.partition == tp)
-            last = max(gap.got for gap in gaps if gap.partition == tp)
+        for gap in gaps:
+            tp = gap.partition
             try:
-                spans[tp] = await self.log_reader.read(tp.topic, tp.partition, first, last)
+                found = await self.log_reader.read(tp.topic, tp.partition, gap.expected, gap.got)
             except Exception:
                 self.failure.fail("offset_gap_unreadable: stopping the worker", exc_info=True)
                 raise
-        for gap in gaps:
-            tp = gap.partition
-            found = [message for message in spans[tp] if gap.expected <= message.offset < gap.got]
             # messages in a gap were skipped by the consumer; none: a transaction marker, or removed
             self.metrics.offset_gap_messages.labels(tp.topic).inc(len(found))
             log.log(

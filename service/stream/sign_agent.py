@@ -22,7 +22,7 @@ from .index_agent import SHARD_KEY, HandOff
 from .outputs import Letter, Outputs
 from .progress import Failure, Progress
 from .topics import StoredMessage
-from .transactions import Fenced, InputTransactions
+from .transactions import InputTransactions
 
 log = logging.getLogger("neardup.stream")
 # How long a batch waits for more events after its first (LeanStream.take_events): the consumer
@@ -113,10 +113,17 @@ class SignPipeline:
             refused_times += result.refused_time
         every_letter = [letter for tp_letters in letters.values() for letter in tp_letters]
         if self.transactions is not None:
-            ends = {tp: offset + 1 for tp, offset, _ in sorted(entries, key=lambda entry: entry[1])}
-            # Committed while the next batch is signed; each partition's writer takes its
-            # transactions in the order they were started, and the batch settles once committed.
-            sends: list[Any] = [asyncio.ensure_future(self._send_in_transactions(ends, signed, letters))]
+            ends: dict[Any, int] = {}
+            for tp, offset, _ in entries:
+                ends[tp] = max(ends.get(tp, 0), offset + 1)
+            # Joined and committed while the next batch is signed. A partition's records must
+            # reach the index in their order: each partition's task is started here, in the
+            # batches' order, and takes its writer's lock (an asyncio.Lock is fair) before any
+            # task of a later batch can.
+            sends: list[Any] = [
+                asyncio.ensure_future(self._send_in_transaction(tp, end, signed[tp], letters[tp]))
+                for tp, end in ends.items()
+            ]
         else:
             sends = await self._send(signed, every_letter)
 
@@ -142,36 +149,22 @@ class SignPipeline:
                 self.hand_off.submit(sent, pack)
         return sends
 
-    async def _send_in_transactions(
-        self, ends: dict[Any, int], signed: dict[Any, list[bytes]], letters: dict[Any, list[Letter]]
+    async def _send_in_transaction(
+        self, tp: Any, end: int, signed: list[bytes], letters: list[Letter]
     ) -> None:
-        """Exactly once: each input partition's signatures messages and dead letters in a
-        transaction of its own writer, committed with the partition's next offset (`ends`); the
-        partitions' transactions run side by side. Nothing is handed off: the next transaction's
-        first message follows this one's commit marker, past which the hand-off never decides
-        (gaps.following_run), so the consumer brings them."""
+        """Exactly once: an input partition's signatures messages and dead letters in the open
+        transaction of its own writer, committed with the partition's next offset (`end`); returns
+        once they are committed. Nothing is handed off: past a commit marker the hand-off never
+        decides (gaps.following_run), so the consumer brings them."""
         assert self.transactions is not None
-        transactions = self.transactions
-
-        async def commit(tp: Any) -> None:
-            writer = transactions.writer(tp.topic, tp.partition)
-            offsets = {TopicPartition(tp.topic, tp.partition): ends[tp]}
-            packs = pack_in_chunks(signed.get(tp, []))
-            async with writer.transaction(lambda: offsets) as producer:
-                sends = await self.outputs.through(producer).dead_letters(letters.get(tp, []))
-                sent = await send_in_batches(
-                    producer,
-                    self.settings.signatures_topic,
-                    [(SHARD_KEY, pack) for pack in packs],
-                    partition=0,
-                )
-                await asyncio.gather(*sends, *(batch.sent for batch in sent))
-
-        try:
-            await asyncio.gather(*(commit(tp) for tp in ends))
-        except Fenced as exc:
-            self.failure.fail(f"producer_fenced: {exc}; another worker owns the input partition, stopping")
-            raise
+        writer = self.transactions.writer(tp.topic, tp.partition)
+        async with writer.joined({TopicPartition(tp.topic, tp.partition): end}) as transaction:
+            producer = transaction.producer
+            transaction.sends += await self.outputs.through(producer).dead_letters(letters)
+            packs = [(SHARD_KEY, pack) for pack in pack_in_chunks(signed)]
+            sent = await send_in_batches(producer, self.settings.signatures_topic, packs, partition=0)
+            transaction.sends += [batch.sent for batch in sent]
+        await transaction.committed
 
     async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
         if self.transactions is not None:

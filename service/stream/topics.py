@@ -73,6 +73,8 @@ class Replication:
     min_insync: int
 
 
+# What a read-back asks per partition and fetch (LogReader): a marker batch is ~80 bytes.
+READ_BACK_FETCH_BYTES = 16 * 1024
 # The topic settings that make the signatures topic keep its messages until they are purged
 INTERNAL_RETENTION = {"retention.ms": "-1", "retention.bytes": "-1"}
 # CreateTopics' error for a topic that exists already (another worker created it meanwhile)
@@ -388,7 +390,10 @@ class LogReader:
                 # a gap that holds only a transaction marker has no record to return: the broker
                 # would answer only once its fetch wait (500 ms by default) has passed
                 fetch_max_wait_ms=0,
-                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
+                # A fetch returns the first record batch at its offset whatever its size (a marker
+                # is one, an oversized message another): a small limit keeps the broker from
+                # adding the messages after the gap, which the worker's consumer delivered already.
+                max_partition_fetch_bytes=READ_BACK_FETCH_BYTES,
                 fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
             )
             await consumer.start()

@@ -1,14 +1,15 @@
-"""The index stage's writes in Kafka transactions (NEARDUP_PROCESSING_GUARANTEE=exactly_once).
+"""The stages' writes in Kafka transactions (NEARDUP_PROCESSING_GUARANTEE=exactly_once).
 
-One transactional producer per index shard, under an id stable across restarts and workers
-(`<app_id>-index-<shard>`): whichever worker starts it for the shard fences every earlier producer
-of that id (a previous owner paused or cut off: its next write fails with ProducerFenced) and
-aborts what it left open. A batch's verdicts, feed messages, dead letters and changelog records
-commit with the signatures offsets it consumed, or not at all: the changelog and the group's
-offsets move together, and a consumer reading committed records sees each verdict once.
+One transactional producer per index shard (`<app_id>-index-<shard>`) and one per input partition
+(`<app_id>-sign-<topic>-<partition>`), each under an id stable across restarts and workers:
+whichever worker starts it fences every earlier producer of that id (a previous owner paused or
+cut off: its next write fails with ProducerFenced) and aborts what it left open. A batch's verdicts,
+feed messages, dead letters and changelog records commit with the signatures offsets it consumed,
+or not at all: the changelog and the group's offsets move together, and a consumer reading
+committed records sees each verdict once. Batches commit in group (TransactionalWriter).
 
 aiokafka's send_offsets_to_transaction carries no group generation (KIP-447), so fencing comes from
-the transactional id, one per shard, as in Kafka Streams' first exactly-once mode.
+the transactional id, as in Kafka Streams' first exactly-once mode.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -45,15 +47,51 @@ def input_transactional_id(settings: Settings, topic: str, partition: int) -> st
     return f"{settings.app_id}-sign-{topic}-{partition}"
 
 
+@dataclass
+class Transaction:
+    """The open transaction, as each batch that joins it sees it: the producer to send through,
+    and what the batch adds (`sends` to await before the commit, `on_commit` run in order once it
+    is committed); `committed` resolves when it is committed, or fails with why it was not."""
+
+    producer: AIOKafkaProducer
+    committed: asyncio.Future[None]
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    sends: list[Any] = field(default_factory=list)
+    on_commit: list[Callable[[], None]] = field(default_factory=list)
+
+
 class TransactionalWriter:
     """One transactional producer: started when what it writes for is assigned (which fences any
-    earlier owner), one transaction at a time (`transaction`)."""
+    earlier owner), its batches committed in group (`joined`).
 
-    def __init__(self, settings: Settings, transactional_id: str) -> None:
+    A commit costs several round trips to the coordinators, and a producer has one transaction
+    at a time: one per batch would bound the stage to a few dozen batches a second, whatever
+    their size. So batches join the open transaction, and its commit waits only for those that
+    joined before it was due (it is due as soon as the first one joins); those that come while it
+    commits open the next. Light load commits each batch at once; under load each commit carries
+    what arrived during the previous one, as a group commit does; `commit_interval` spaces the
+    commits further, as Kafka Streams' commit.interval.ms does."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        transactional_id: str,
+        fenced: Callable[[Fenced], None] | None = None,
+        counted: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.transactional_id = transactional_id
         self.producer: AIOKafkaProducer | None = None
-        self.lock = asyncio.Lock()  # one open transaction at a time
+        # sends into the open transaction and its commit, one at a time, in the order they came
+        self.lock = asyncio.Lock()
+        self._open: Transaction | None = None
+        self._commit_due: asyncio.Future[None] | None = None
+        self._last_commit = float("-inf")  # when the last commit began (the event loop's clock)
+        self._on_fenced = fenced  # told of a fence once, wherever it shows
+        self.fenced: Fenced | None = None
+        self._counted = counted  # each transaction's outcome: "committed" or "aborted"
+        # run under the lock after each commit, after the batches' own on_commit
+        self.after_commit: Callable[[], None] | None = None
 
     async def start(self) -> AIOKafkaProducer:
         """The producer, started once: its start registers the transactional id with the
@@ -76,57 +114,144 @@ class TransactionalWriter:
                 await producer.start()
             except FENCED_ERRORS as exc:
                 await producer.stop()
-                raise Fenced(f"{self.transactional_id}: {exc!r}") from exc
+                raise self._fence(exc) from exc
             self.producer = producer
             log.info("transactions_started transactional_id=%s", self.transactional_id)
         return self.producer
 
     @contextlib.asynccontextmanager
-    async def transaction(
-        self, offsets: Callable[[], dict[TopicPartition, int]]
-    ) -> AsyncIterator[AIOKafkaProducer]:
-        """A transaction around what the block sends through the producer it yields; committed
-        with `offsets()` (the next offset to consume, per partition, for the group) when the block
-        ends, aborted when it raises. A fence, wherever it shows, raises Fenced."""
-        async with self.lock, self._transaction(offsets) as producer:
-            yield producer
+    async def joined(self, offsets: dict[TopicPartition, int]) -> AsyncIterator[Transaction]:
+        """The open transaction (begun if none is), for the block to send a batch through; it
+        commits with `offsets` (the next offset to consume, per partition, for the group) and
+        what else joined it. A block that raises aborts the transaction, and with it the batches
+        that joined it before (their `committed` fails too)."""
+        async with self.lock:
+            transaction = self._open or await self._begin()
+            try:
+                yield transaction
+            except FENCED_ERRORS as exc:
+                fenced = self._fence(exc)
+                await self._end_aborted(transaction, fenced)
+                raise fenced from exc
+            except BaseException as exc:
+                await self._end_aborted(transaction, exc)
+                raise
+            for tp, offset in offsets.items():
+                transaction.offsets[tp] = max(offset, transaction.offsets.get(tp, offset))
 
-    @contextlib.asynccontextmanager
-    async def _transaction(
-        self, offsets: Callable[[], dict[TopicPartition, int]]
-    ) -> AsyncIterator[AIOKafkaProducer]:
+    async def _begin(self) -> Transaction:
+        if self.fenced is not None:
+            raise self.fenced  # the producer is done for: nothing more is sent through it
         producer = await self.start()
         try:
             await producer.begin_transaction()
-            try:
-                yield producer
-            except BaseException:
-                await self._abort(producer)
+        except FENCED_ERRORS as exc:
+            raise self._fence(exc) from exc
+        self._open = Transaction(producer, asyncio.get_running_loop().create_future())
+        # queued on the lock behind this batch and those already waiting: they join first
+        self._commit_due = asyncio.ensure_future(self._commit_when_due())
+        return self._open
+
+    async def _commit_when_due(self) -> None:
+        """At least `commit_interval` after the previous commit began: under load, the batches
+        of that interval share one transaction (its round trips, and its marker in each partition
+        it wrote, which the index stage reads past)."""
+        loop = asyncio.get_running_loop()
+        wait = self._last_commit + self.settings.commit_interval - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        async with self.lock:
+            await self._commit_open()
+
+    async def _commit_open(self) -> None:
+        """Commit the open transaction, if any (under the lock)."""
+        transaction, self._open = self._open, None
+        if transaction is None:
+            return
+        self._last_commit = asyncio.get_running_loop().time()
+        try:
+            await self._commit(transaction)
+        except BaseException as exc:
+            await self._end_aborted(transaction, exc)
+            if not isinstance(exc, Exception):
                 raise
-            await producer.send_offsets_to_transaction(offsets(), self.settings.app_id)
+            return
+        for then in transaction.on_commit:
+            then()
+        if self.after_commit is not None:
+            self.after_commit()
+        if self._counted is not None:
+            self._counted("committed")
+        transaction.committed.set_result(None)
+
+    async def _commit(self, transaction: Transaction) -> None:
+        """The offsets go to the group coordinator while the batches' sends are still being
+        acknowledged (nothing of either is visible before the commit), and the commit follows
+        both: a commit waits for the slower of the two, not for their sum."""
+        producer = transaction.producer
+        steps: list[Any] = list(transaction.sends)
+        if transaction.offsets:
+            steps.append(producer.send_offsets_to_transaction(transaction.offsets, self.settings.app_id))
+        try:
+            # every step ended before the transaction is aborted for the first that failed
+            for outcome in await asyncio.gather(*steps, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
             await producer.commit_transaction()
         except FENCED_ERRORS as exc:
-            raise Fenced(f"{self.transactional_id}: {exc!r}") from exc
+            raise self._fence(exc) from exc
 
-    async def _abort(self, producer: AIOKafkaProducer) -> None:
-        """Abort the open transaction, unless the producer can no longer (fenced, or stopping):
-        the coordinator then aborts it itself (on the next owner's start, or its timeout)."""
-        try:
-            await producer.abort_transaction()
-        except Exception as exc:
-            log.warning("transaction_abort_failed transactional_id=%s error=%r", self.transactional_id, exc)
+    async def _end_aborted(self, transaction: Transaction, exc: BaseException) -> None:
+        """Abort the transaction, unless the producer can no longer (fenced, or stopping): the
+        coordinator then aborts it itself (on the next owner's start, or its timeout)."""
+        if self._open is transaction:
+            self._open = None
+        if not isinstance(exc, Fenced):
+            try:
+                await transaction.producer.abort_transaction()
+            except Exception as error:
+                log.warning(
+                    "transaction_abort_failed transactional_id=%s error=%r", self.transactional_id, error
+                )
+        if self._counted is not None:
+            self._counted("aborted")
+        if not transaction.committed.done():
+            failure = exc if isinstance(exc, Exception) else RuntimeError(f"transaction ended: {exc!r}")
+            transaction.committed.set_exception(failure)
+            transaction.committed.exception()  # whoever joined reports it; not unretrieved
 
-    async def stop(self) -> None:
-        if self.producer is not None:
-            producer, self.producer = self.producer, None
-            await producer.stop()
+    def _fence(self, exc: BaseException) -> Fenced:
+        if self.fenced is None:
+            self.fenced = Fenced(f"{self.transactional_id}: {exc!r}")
+            if self._on_fenced is not None:
+                self._on_fenced(self.fenced)
+        return self.fenced
+
+    async def stop(self, commit: bool = True) -> None:
+        """Commit what is open (abort it when not `commit`: after a failure, what is unsettled
+        stays so), then stop the producer."""
+        async with self.lock:
+            if commit:
+                with contextlib.suppress(Exception):
+                    await self._commit_open()
+            elif self._open is not None:
+                await self._end_aborted(self._open, RuntimeError("the worker stops after a failure"))
+            if self.producer is not None:
+                producer, self.producer = self.producer, None
+                await producer.stop()
 
 
 class ShardTransactions(TransactionalWriter):
     """The index shard's writer: its verdicts, feed, dead letters and changelog."""
 
-    def __init__(self, settings: Settings, shard: int = 0) -> None:
-        super().__init__(settings, transactional_id(settings, shard))
+    def __init__(
+        self,
+        settings: Settings,
+        shard: int = 0,
+        fenced: Callable[[Fenced], None] | None = None,
+        counted: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(settings, transactional_id(settings, shard), fenced, counted)
 
 
 class InputTransactions:
@@ -134,29 +259,29 @@ class InputTransactions:
     generation, so a writer is fenced by the next owner of its partition only if the id is the
     partition's): a partition's signatures and dead letters commit with its input offsets."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, fenced: Callable[[Fenced], None] | None = None) -> None:
         self.settings = settings
+        self.fenced = fenced
         self.writers: dict[tuple[str, int], TransactionalWriter] = {}
 
     def writer(self, topic: str, partition: int) -> TransactionalWriter:
         key = (topic, partition)
         if key not in self.writers:
             self.writers[key] = TransactionalWriter(
-                self.settings, input_transactional_id(self.settings, topic, partition)
+                self.settings, input_transactional_id(self.settings, topic, partition), self.fenced
             )
         return self.writers[key]
 
-    async def revoked(self, partitions: list[tuple[str, int]]) -> None:
-        """The partitions went to another worker (or will come back): their writers stop, and a
-        new one (a new epoch) starts at the next assignment."""
+    async def revoked(self, partitions: list[tuple[str, int]], commit: bool = True) -> None:
+        """The partitions went to another worker (or will come back): what their writers hold
+        open is committed, they stop, and a new one (a new epoch) starts at the next assignment."""
         for key in partitions:
             writer = self.writers.pop(key, None)
             if writer is not None:
-                async with writer.lock:
-                    await writer.stop()
+                await writer.stop(commit)
 
-    async def stop(self) -> None:
-        await self.revoked(list(self.writers))
+    async def stop(self, commit: bool = True) -> None:
+        await self.revoked(list(self.writers), commit)
 
 
 def producer_of(transactions: TransactionalWriter) -> Callable[[], Any]:

@@ -76,17 +76,18 @@ def kafka() -> Iterator[str]:
 
 
 def free_port_pair() -> int:
-    """A loopback port that is free, with the next one free too (a broker's controller takes it)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
+    """A loopback port that is free, with the next one free too (a broker's controller takes it).
+    Below the kernel's ephemeral range (32768 and up by default): a test that stops its broker
+    starts it again on the same ports, which an outgoing connection could take meanwhile."""
+    for _ in range(200):
+        port = random.SystemRandom().randrange(21000, 32000)  # not the per-test seeded generator
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
     raise AssertionError("no two adjacent free ports")
 
 

@@ -29,8 +29,6 @@ from .conftest import (
     without_latency,
 )
 
-pytestmark = [pytest.mark.kafka]
-
 
 def _verdicts_as_embedded(
     deployment: Deployment, ordinary: list[dict[str, Any]], tmp_path: Path, timeout: float

@@ -43,7 +43,7 @@ from .conftest import (
     verdicts_by_version,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("cluster")]
+pytestmark = [pytest.mark.xdist_group("cluster")]
 NODES = 3
 CONTROLLER_OFFSET = 100  # kafka.sh's default for a cluster: controller i on port + 100 + i
 

@@ -34,8 +34,6 @@ from .conftest import (
 )
 
 pytestmark = [
-    pytest.mark.kafka,
-    pytest.mark.slow,
     # on one worker of a parallel run, so that the module's image is built once
     pytest.mark.xdist_group("container"),
     pytest.mark.skipif(

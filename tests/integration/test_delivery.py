@@ -40,8 +40,6 @@ from .conftest import (
 )
 from .test_recovery import reference_state, untimed
 
-pytestmark = [pytest.mark.kafka]
-
 
 async def _admin(bootstrap: str, action: Any) -> Any:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -211,7 +209,6 @@ def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_p
         assert list(message.headers) == source_header(article_id)
 
 
-@pytest.mark.slow
 @pytest.mark.budget(45)  # the 30 s outage
 def test_a_broker_stopped_for_30s_under_load_loses_nothing(own_broker: OwnBroker, tmp_path: Path) -> None:
     deployment = Deployment(own_broker.bootstrap, tmp_path)
@@ -270,7 +267,6 @@ def test_an_exception_in_an_agent_or_a_helper_stops_the_worker_and_a_restart_mis
     _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)
 
 
-@pytest.mark.slow
 def test_a_kill_between_decision_and_changelog_leaves_nothing_a_rebuild_lacks(
     deployment: Deployment, tmp_path: Path
 ) -> None:

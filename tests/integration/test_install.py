@@ -22,7 +22,7 @@ from tests.unit.test_readme import library_example
 
 from .conftest import free_port, free_port_pair
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 # What a fresh clone does not have, for a source that is not a git checkout (an unpacked archive):
@@ -126,7 +126,6 @@ SUMMARY = re.compile(
 )
 
 
-@pytest.mark.kafka
 @pytest.mark.budget(40)  # installs the clone, starts a broker of its own, then the demo
 def test_the_readme_demo_runs_in_a_fresh_clone(tmp_path: Path) -> None:
     """The README's first command, in a fresh clone: it installs into the clone's .venv, starts a

@@ -33,8 +33,6 @@ from .conftest import (
     without_latency,
 )
 
-pytestmark = pytest.mark.kafka
-
 
 def verdict_log(records: list[Any]) -> list[tuple[str, dict[str, Any] | None]]:
     """(key, verdict or None for a tombstone), in the order the topic holds them per partition."""
@@ -195,7 +193,6 @@ def test_articles_expire_across_the_retention_window(deployment: Deployment) -> 
     assert stats_of_state(deployment)["articles"] == 5
 
 
-@pytest.mark.slow
 @pytest.mark.xdist_group("heavy")  # one at a time with the other long streams (tests/run)
 def test_updates_redelivered_after_sigkill_keep_their_versions(deployment: Deployment) -> None:
     """Every article is sent twice (a correction with new text later); the worker is killed
@@ -254,7 +251,6 @@ def test_updates_redelivered_after_sigkill_keep_their_versions(deployment: Deplo
     )
 
 
-@pytest.mark.slow
 @pytest.mark.xdist_group("heavy")  # one at a time with the other long streams (tests/run)
 def test_a_hot_story_of_2000_copies(deployment: Deployment, tmp_path: Path) -> None:
     """Enough copies to fill their buckets past the cap many times over; what a cluster of 100,000

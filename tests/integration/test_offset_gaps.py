@@ -27,7 +27,9 @@ from neardup.pipeline.wire import Provenance, pack_signed
 from neardup.stream.app import SHARD_KEY
 from neardup.stream.topics import (
     DEAD_LETTER_MAX_BYTES,
+    READ_BACK_FETCH_BYTES,
     ChangelogReader,
+    LogReader,
     TopicMismatch,
     changelog_topic,
     ensure_topics,
@@ -43,7 +45,6 @@ from .conftest import (
     without_latency,
 )
 
-pytestmark = [pytest.mark.kafka]
 SKIPPED = 3  # signatures messages the consumer goes past
 
 
@@ -169,6 +170,61 @@ def test_transaction_markers_in_the_input_are_gaps_with_nothing_missing(
     read_back = f'neardup_offset_gap_messages_total{{topic="{deployment.topics["input"]}"}}'
     assert deployment.metric(0, read_back) == 0.0
     deployment.kill(worker, signal.SIGTERM)
+
+
+def test_a_read_back_returns_what_a_gap_holds_and_nothing_after_it(kafka: str) -> None:
+    """The read-backs of gaps under exactly-once: a committed transaction's messages (larger than
+    one fetch asks), its marker, an aborted transaction and its marker, in one range; and a gap
+    that holds only a marker, between messages already delivered, returns nothing."""
+    settings = Settings.from_env(
+        {"NEARDUP_PROCESSING_GUARANTEE": "exactly_once"},
+        broker=f"kafka://{kafka}",
+        app_id=f"readback-{time.time_ns()}",
+    )
+    topic = f"{settings.app_id}-log"
+    big = [bytes([n]) * (READ_BACK_FETCH_BYTES * 4) for n in range(3)]
+
+    async def write() -> list[int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 1, 1)])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(
+            bootstrap_servers=kafka, transactional_id=f"{topic}-writer", max_request_size=2**21
+        )
+        await producer.start()
+        try:
+            async with producer.transaction():  # offsets 0-2, its marker 3
+                committed = [
+                    (await producer.send_and_wait(topic, value, partition=0)).offset for value in big
+                ]
+            await producer.begin_transaction()  # offsets 4-5, its marker 6
+            for value in (b"aborted", b"aborted too"):
+                await producer.send_and_wait(topic, value, partition=0)
+            await producer.abort_transaction()
+            async with producer.transaction():  # offset 7, its marker 8
+                last = (await producer.send_and_wait(topic, b"after", partition=0)).offset
+        finally:
+            await producer.stop()
+        return [*committed, last]
+
+    async def read(reader: LogReader, start: int, stop: int) -> list[tuple[int, bytes | None]]:
+        return [(found.offset, found.value) for found in await reader.read(topic, 0, start, stop)]
+
+    async def run() -> tuple[list[int], list[tuple[int, bytes | None]], list[tuple[int, bytes | None]]]:
+        offsets = await write()
+        reader = LogReader(settings)
+        try:
+            return offsets, await read(reader, 0, offsets[-1]), await read(reader, 3, 7)
+        finally:
+            await reader.close()
+
+    offsets, whole, between = asyncio.run(run())
+    assert offsets == [0, 1, 2, 7]
+    assert whole == list(zip(offsets[:3], big, strict=True))
+    assert between == []  # a marker, an aborted transaction and its marker: nothing to decide
 
 
 def test_a_changelog_read_that_stops_moving_fails_within_its_bound(kafka: str) -> None:

@@ -33,7 +33,7 @@ from .conftest import (
 )
 
 # Long streams that keep a core busy: run one at a time, beside the lighter tests (tests/run)
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.xdist_group("heavy")]
 
 
 def reference_state(articles: list[dict[str, Any]], tmp: Path) -> tuple[list[dict[str, Any]], list[Any]]:

@@ -35,7 +35,7 @@ from .conftest import (
 )
 
 # Timed, so not beside the other heavy tests (tests/run)
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("heavy")]
+pytestmark = [pytest.mark.xdist_group("heavy")]
 
 RESTART_WITHIN_S = 10.0
 FAILOVER_WITHIN_S = 30.0
@@ -131,7 +131,7 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
         dep.discard()
 
 
-async def _changelog_records(bootstrap: str, topic: str, start: int) -> tuple[int, int]:
+async def changelog_records(bootstrap: str, topic: str, start: int) -> tuple[int, int]:
     """(records from offset `start` to the changelog's end, the end): what a restore replays."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     await consumer.start()
@@ -176,7 +176,7 @@ def test_a_killed_worker_replays_only_the_changelog_after_its_committed_offset(
     assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
     position = stored_position(deployment.state_dir(0))
     changelog = f"{deployment.name}-records-changelog"
-    tail, end = asyncio.run(_changelog_records(deployment.bootstrap, changelog, position.offset))
+    tail, end = asyncio.run(changelog_records(deployment.bootstrap, changelog, position.offset))
     assert 0 < position.offset <= end
 
     deployment.start_worker()

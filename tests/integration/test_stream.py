@@ -28,8 +28,6 @@ from .conftest import (
     without_latency,
 )
 
-pytestmark = pytest.mark.kafka
-
 
 @pytest.mark.parametrize(
     "handoff", [pytest.param(1, marks=pytest.mark.smoke), 0], ids=["hand-off", "through-the-consumer"]

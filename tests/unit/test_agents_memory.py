@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -248,8 +249,8 @@ async def test_input_messages_the_consumer_went_past_are_read_back_and_signed_in
         sign_agent.sent_offset = offset
         await sign_agent.put(stored[offset].value, key=stored[offset].key)
     signed = _records(await recorders["signatures"].wait_for(7, size=_record_count))
-    # one read per partition and batch, from its first gap to its last: only the gaps' messages kept
-    assert asked == [(topic, 0, 2, 8)]
+    # one read per gap, never the messages delivered between them
+    assert asked == [(topic, 0, 2, 4), (topic, 0, 6, 8)]
     assert [decode_signed(r).article_id for r in signed] == [f"m{o}" for o in range(2, 9)]
     # read back with their provenance: dead letters and latency need it
     assert decode_signed(signed[0]).provenance == Provenance(topic, 0, 2, 1_002)
@@ -533,3 +534,15 @@ def test_the_worker_monitor_keeps_only_the_stall_check_time(
     assert before <= monitor.stream_inbound_time[tp] <= time.monotonic()
     monitor.on_stream_event_out(tp, 7, cast(Any, None), cast(Any, None), None)
     assert monitor.events_total == 0 and monitor.events_active == 0 and not monitor.events_by_stream
+
+
+def test_the_runtime_is_built_whole_and_stays_as_built(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]],
+) -> None:
+    """What the agents share is complete before the app starts and cannot be swapped under them."""
+    _, runtime, _ = wired
+    fields = dataclasses.fields(runtime)
+    assert fields and all(getattr(runtime, field.name) is not None for field in fields)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        runtime.signer = runtime.signer  # type: ignore[misc]
+    assert runtime.sign.signer is runtime.signer and runtime.index.decider is runtime.decider

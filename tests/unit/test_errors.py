@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,18 @@ def test_the_walk_finds_them() -> None:
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SERVICE)))
 def test_no_exception_is_defined_out_of_reach(path: Path) -> None:
     assert nested_exception_classes(TREES[path]) == []
+
+
+def test_the_tree_in_neardup_errors_names_every_exception() -> None:
+    """The one place that documents them, with each one's bases."""
+    tree = importlib.import_module("neardup.errors").__doc__ or ""
+    drawn = dict(re.findall(r"[├└]── (\w+)(?: \((\w+)\))?", tree))
+    for cls in EXCEPTIONS:
+        if cls is Error:
+            continue
+        assert cls.__name__ in drawn, f"{cls.__module__}.{cls.__name__} is not in neardup.errors' tree"
+        builtin = drawn[cls.__name__]
+        assert not builtin or issubclass(cls, getattr(builtins, builtin)), cls.__name__
 
 
 def test_the_nested_check_can_fail() -> None:

@@ -14,9 +14,9 @@ from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.retention import Retention
 from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
-from neardup.state.index import HEADER_KEY, Batch, IndexState
+from neardup.state.index import HEADER_KEY, IndexState
 from neardup.state.memory import MemoryState
-from neardup.state.port import StateStore
+from neardup.state.port import Batch, StateStore
 from neardup.state.rocks import RocksOptions, RocksState
 from tests.conftest import process
 from tests.unit.test_state_contract import MakeState, contents

@@ -47,6 +47,14 @@ def offences(imported: list[str]) -> list[str]:
 # Parsed at collection, before any test runs: on this Python, a RecursionError caught in an
 # earlier test (the deep-nesting inputs) can leave ast.parse failing for the rest of the process.
 IMPORTS = {module: absolute_imports(module) for module in SERVICE.rglob("*.py")}
+STATE_CLASSES = {
+    path: [
+        node.name
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ClassDef)
+    ]
+    for path in sorted((SERVICE / "state").glob("*.py"))
+}
 FAKE_IMPORTS = absolute_imports(
     SERVICE / "pipeline" / "fake.py",
     "from ..stream import app\nimport aiokafka\nfrom .wire import Signed\nfrom ..core import lsh\n",
@@ -85,6 +93,30 @@ def test_the_state_port_depends_on_none_of_its_adapters() -> None:
     adapters = tuple(f"neardup.state.{name}" for name in ("index", "memory", "rocks", "records"))
     port = SERVICE / "state" / "port.py"
     assert [name for name in IMPORTS[port] if name.startswith(adapters)] == []
+
+
+def test_the_state_port_defines_the_types_its_adapters_exchange() -> None:
+    """The index's store port (KeyValue, the Batch it writes) and the state's (StateStore, Counts,
+    IndexStats) live in port.py, not beside one of their implementations."""
+    defined = {name: path.name for path, names in STATE_CLASSES.items() for name in names}
+    port_types = ("KeyValue", "Batch", "StateStore", "Counts", "IndexStats")
+    assert {name: defined.get(name) for name in port_types} == dict.fromkeys(port_types, "port.py")
+
+
+def test_faults_enter_only_through_the_test_hooks_seam_at_process_start() -> None:
+    """No module of the package reaches the tests' faults; the seam (testhooks.py) is loaded where
+    a process starts (the worker's command, a helper's entry point), never on the hot path."""
+    imported = {p.relative_to(SERVICE).as_posix(): names for p, names in IMPORTS.items()}
+    assert [path for path, names in imported.items() if any(n.split(".")[0] == "tests" for n in names)] == []
+    seam_users = {path for path, names in imported.items() if "neardup.testhooks" in names}
+    assert seam_users == {"stream/commands.py", "pipeline/child.py"}
+
+
+def test_the_wire_format_depends_on_no_state_codec() -> None:
+    """The signatures topic's layout is the pipeline's own: a change to how the state stores a
+    record must not change what the sign stage writes."""
+    wire = SERVICE / "pipeline" / "wire.py"
+    assert IMPORTS[wire] and [name for name in IMPORTS[wire] if name.startswith("neardup.state")] == []
 
 
 # Parsed at collection too (see IMPORTS): each function of the package and its length in lines.

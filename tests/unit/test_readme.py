@@ -1,5 +1,5 @@
 """The README's configuration table and command list cannot drift from the code, and the links of
-the README and the deployment docs resolve."""
+the README, the deployment docs and the measurements resolve."""
 
 from __future__ import annotations
 
@@ -77,6 +77,12 @@ def test_the_library_example_prints_what_the_readme_says(tmp_path: Path) -> None
     assert (tmp_path / "dedup-state" / "CURRENT").exists()  # it did use the directory
 
 
+def test_the_measurements_hold_the_present_only() -> None:
+    """Each benchmark's current figure, not its history (that is in git): a page that stays short."""
+    results = (ROOT / "tests" / "benchmarks" / "RESULTS.md").read_text()
+    assert "## bench_stream.py" in results and len(results.encode()) <= 25 * 1024
+
+
 def test_the_readme_is_a_page_to_start_from() -> None:
     """Short enough to read: details live in deploy/docs/, every link there resolves."""
     assert len(README.encode()) <= 10 * 1024
@@ -84,7 +90,12 @@ def test_the_readme_is_a_page_to_start_from() -> None:
         assert (ROOT / link).exists(), link
 
 
-DOCS = [*sorted((ROOT / "deploy" / "docs").glob("*.md")), ROOT / "deploy" / "k8s" / "README.md"]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "deploy" / "docs").glob("*.md")),
+    ROOT / "deploy" / "k8s" / "README.md",
+    ROOT / "tests" / "benchmarks" / "RESULTS.md",
+]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

@@ -24,9 +24,10 @@ from neardup.pipeline.shard import (
     Position,
 )
 from neardup.pipeline.wire import Signed, SignedDeletion
-from neardup.state.index import META, Batch, KeyValue
+from neardup.state.index import META
 from neardup.state.memory import MemoryKV
 from neardup.state.overlay import LayeredKV
+from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
 from tests.unit.test_stages import PARAMS, SRC, signed
 
@@ -162,7 +163,7 @@ def test_a_commit_survives_a_sigkill_of_the_process_and_held_writes_do_not(tmp_p
     """Through RocksDB's write-ahead log: the process is killed right after its writes."""
     script = f"""
 import os, signal
-from neardup.state.index import Batch
+from neardup.state.port import Batch
 from neardup.state.rocks import RocksOptions, RocksState
 state = RocksState({str(tmp_path / "db")!r}, RocksOptions(write_ahead_log=True), layered=True)
 kv = state.kv
