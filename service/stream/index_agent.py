@@ -32,10 +32,11 @@ from .transactions import Fenced, ShardTransactions
 
 log = logging.getLogger("neardup.stream")
 SHARD_KEY = b"0"
-# Bytes of signatures messages per decision request: a backlog batch (up to 100 messages) is decided
-# in chunks of whole messages, so that deciding and publishing overlap. A full sign batch (200
-# articles, ~390 KB) is one message, and so a chunk of its own.
-DECIDE_CHUNK_BYTES = 256 * 1024
+# Bytes of signatures messages per decision request: a backlog batch (up to 100 messages, each a
+# sign batch of up to ~390 KB) is decided in chunks of whole messages, so that deciding and
+# publishing overlap. A chunk of several messages costs one request, one layer of writes held until
+# they are committed and one join of the open transaction, where a chunk per message cost one each.
+DECIDE_CHUNK_BYTES = 1024 * 1024
 TAKE_WITHIN_S = 0.001  # as the sign agent's (sign_agent.py)
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).

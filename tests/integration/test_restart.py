@@ -131,9 +131,15 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
         dep.discard()
 
 
-async def changelog_records(bootstrap: str, topic: str, start: int) -> tuple[int, int]:
-    """(records from offset `start` to the changelog's end, the end): what a restore replays."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+async def changelog_records(
+    bootstrap: str, topic: str, start: int, isolation_level: str = "read_uncommitted"
+) -> tuple[int, int]:
+    """(records from offset `start` to the changelog's end, the end): what a restore replays
+    (under exactly-once, read committed: the end is then the first offset of a transaction still
+    open, which its producer's successor aborts)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, isolation_level=isolation_level
+    )
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)

@@ -149,11 +149,13 @@ def wait_standing_by(dep: Deployment, index: int, timeout: float = 30.0) -> None
 
 
 @pytest.mark.budget(60)  # two workers, the dead owner's session timeout, an embedded reference run
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_a_standby_behind_the_changelog_replays_exactly_its_lag_on_takeover(
-    kafka: str, tmp_path: Path
+    kafka: str, tmp_path: Path, guarantee: str
 ) -> None:
     # one catch-up as the standby starts, then none before the kill: its copy falls behind
-    dep = _standby_deployment(kafka, tmp_path, "3600")
+    dep = _standby_deployment(kafka, tmp_path, "3600", NEARDUP_PROCESSING_GUARANTEE=guarantee)
+    isolation = "read_committed" if guarantee == "exactly_once" else "read_uncommitted"
     articles = stream_of(3_000)
     held, behind = 1_000, 2_000  # decided before the standby's catch-up; before the kill
     copy = {"id": "copy-after-takeover", "text": articles[10]["text"]}
@@ -177,8 +179,8 @@ def test_a_standby_behind_the_changelog_replays_exactly_its_lag_on_takeover(
         assert dep.kill(owner, signal.SIGKILL), f"the owner was running:\n{dep.logs()}"
         killed = time.time()
         changelog = f"{dep.name}-records-changelog"
-        lag, end = asyncio.run(changelog_records(dep.bootstrap, changelog, position.offset))
-        everything, _ = asyncio.run(changelog_records(dep.bootstrap, changelog, 0))
+        lag, end = asyncio.run(changelog_records(dep.bootstrap, changelog, position.offset, isolation))
+        everything, _ = asyncio.run(changelog_records(dep.bootstrap, changelog, 0, isolation))
         assert 0 < lag < everything, (lag, everything)
         produce_articles(dep.bootstrap, dep.topics["input"], articles[behind:])
         records = reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=120)
