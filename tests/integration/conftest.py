@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from neardup.config import Settings
 from neardup.stream.topics import ensure_topics
@@ -275,6 +276,19 @@ def deployment(kafka: str, tmp_path: Path) -> Iterator[Deployment]:
     dep = Deployment(kafka, tmp_path)
     yield dep
     dep.discard()
+
+
+async def create_topic(
+    bootstrap: str, name: str, partitions: int = 1, configs: dict[str, str] | None = None
+) -> None:
+    """One topic with one replica, made as an operator would before the worker or a test writes it
+    (a partition count or limit other than the worker's own, or a topic it never creates)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs or {})])
+    finally:
+        await admin.close()
 
 
 async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes | None]]) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from neardup.messages import DEAD_LETTER_MAX_BYTES
 from tests.faults import HELPER_FAULT, POISON, fault_env
@@ -21,6 +20,7 @@ from tests.faults import HELPER_FAULT, POISON, fault_env
 from .conftest import (
     Deployment,
     TopicReader,
+    create_topic,
     health,
     load_sample,
     produce_articles,
@@ -131,22 +131,13 @@ async def _produce_large(bootstrap: str, topic: str, messages: list[tuple[bytes,
         await producer.stop()
 
 
-async def _create_input_topic(bootstrap: str, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        configs = {"max.message.bytes": str(INPUT_MAX_BYTES)}
-        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=configs)])
-    finally:
-        await admin.close()
-
-
 def test_a_message_too_large_for_a_dead_letter_is_cut_to_fit_and_the_stream_goes_on(
     deployment: Deployment,
 ) -> None:
     """Just under the input topic's limit, over the text limit, and a third larger once in base64
     than the dead-letter topic takes."""
-    asyncio.run(_create_input_topic(deployment.bootstrap, deployment.topics["input"]))
+    limit = {"max.message.bytes": str(INPUT_MAX_BYTES)}
+    asyncio.run(create_topic(deployment.bootstrap, deployment.topics["input"], configs=limit))
     deployment.start_worker()
     before, after = load_sample(2)
     big = b'{"id": "huge", "text": "' + b"w " * ((INPUT_MAX_BYTES - 64 * 1024) // 2) + b'"}'

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
@@ -37,6 +37,7 @@ from .conftest import (
     KAFKA_SH,
     Deployment,
     TopicReader,
+    create_topic,
     produce_articles,
     stream_of,
     verdicts_by_id,
@@ -184,15 +185,7 @@ def _topics_take_the_clusters_replication_and_one_with_fewer_replicas_is_refused
     other = _deployment(cluster, tmp_path / "other")
     settings = Settings.from_env(other.env(0))
 
-    async def create_single_replica() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(settings.verdicts_topic, 3, 1)])
-        finally:
-            await admin.close()
-
-    asyncio.run(create_single_replica())
+    asyncio.run(create_topic(cluster.bootstrap, settings.verdicts_topic, partitions=3))  # one replica
     with pytest.raises(TopicMismatch, match=rf"{settings.verdicts_topic}.*1 replicas.*asks for 3") as refused:
         asyncio.run(ensure_topics(settings))
     assert "kafka-reassign-partitions.sh" in str(refused.value)

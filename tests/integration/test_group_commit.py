@@ -11,24 +11,18 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from neardup.config import Settings
 from neardup.stream.transactions import Fenced, TransactionalWriter
 
-from .conftest import TopicReader
+from .conftest import TopicReader, create_topic
 
 BATCHES = 40
 
 
 async def _topic(bootstrap: str) -> str:
     name = f"gc-{uuid.uuid4().hex[:10]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1)])
-    finally:
-        await admin.close()
+    await create_topic(bootstrap, name)
     return name
 
 

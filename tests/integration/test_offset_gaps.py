@@ -17,7 +17,6 @@ from pathlib import Path
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 
 from neardup.config import Settings
@@ -38,6 +37,7 @@ from neardup.stream.topics import (
 from .conftest import (
     Deployment,
     TopicReader,
+    create_topic,
     load_sample,
     produce_articles,
     run_embedded,
@@ -185,12 +185,7 @@ def test_a_read_back_returns_what_a_gap_holds_and_nothing_after_it(kafka: str) -
     big = [bytes([n]) * (READ_BACK_FETCH_BYTES * 4) for n in range(3)]
 
     async def write() -> list[int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, 1, 1)])
-        finally:
-            await admin.close()
+        await create_topic(kafka, topic)
         producer = AIOKafkaProducer(
             bootstrap_servers=kafka, transactional_id=f"{topic}-writer", max_request_size=2**21
         )
@@ -254,16 +249,7 @@ def test_a_dead_letter_topic_that_takes_less_than_a_dead_letter_is_refused_at_st
     settings = Settings(broker=f"kafka://{kafka}", app_id=f"limits-{time.time_ns()}")
     settings = dataclasses.replace(settings, dead_letter_topic=f"{settings.app_id}-small-letters")
 
-    async def create_small_topic() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
-        await admin.start()
-        try:
-            configs = {"max.message.bytes": "100000"}
-            await admin.create_topics([NewTopic(settings.dead_letter_topic, 1, 1, topic_configs=configs)])
-        finally:
-            await admin.close()
-
-    asyncio.run(create_small_topic())
+    asyncio.run(create_topic(kafka, settings.dead_letter_topic, configs={"max.message.bytes": "100000"}))
     with pytest.raises(TopicMismatch, match=f"'{settings.dead_letter_topic}' takes messages of up to 100000"):
         asyncio.run(ensure_topics(settings))
     fine = dataclasses.replace(settings, dead_letter_topic=f"{settings.app_id}-letters")

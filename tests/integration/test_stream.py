@@ -17,6 +17,7 @@ from neardup.core.signing import sketch_of
 from .conftest import (
     Deployment,
     TopicReader,
+    create_topic,
     load_sample,
     produce,
     produce_articles,
@@ -180,17 +181,7 @@ def test_a_message_keyed_by_another_id_is_dead_lettered_and_the_next_one_gets_it
 
 def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment) -> None:
     """An internal topic with the wrong partition count stops the worker with a clear message."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    async def create_wrong_signatures_topic() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(deployment.topics["signatures"], 2, 1)])
-        finally:
-            await admin.close()
-
-    asyncio.run(create_wrong_signatures_topic())
+    asyncio.run(create_topic(deployment.bootstrap, deployment.topics["signatures"], partitions=2))
     import subprocess
     import sys
 
