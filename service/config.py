@@ -375,6 +375,15 @@ SETTINGS: tuple[Setting, ...] = (
         "(`none` or 0: no revised verdicts)",
     ),
     _verdicts(
+        "containment_index",
+        BOOL,
+        _ENGINE.containment_index,
+        "the containment index: excerpts `partial` and reused text `revised` whatever their "
+        "Jaccard, with the shared passages, for about a quarter of the worker's throughput "
+        "([Containment](operations.md#containment)); off: `partial` only for copies LSH finds, "
+        "no `revised`; a change needs a rebuild",
+    ),
+    _verdicts(
         "lsh_threshold",
         FRACTION_OR_NONE,
         _ENGINE.lsh_threshold,
@@ -740,6 +749,7 @@ def engine_params(values: Mapping[str, Any]) -> DedupParams:
             threshold=v["threshold"],
             containment_threshold=v["containment_threshold"],
             revised_threshold=v["revised_threshold"],
+            containment_index=v["containment_index"],
             lsh_threshold=v["lsh_threshold"],
             fn_weight=v["fn_weight"],
             bands=v["bands"],
@@ -904,6 +914,7 @@ class Settings:
     threshold: float = FROM_TABLE
     containment_threshold: float | None = FROM_TABLE
     revised_threshold: float | None = FROM_TABLE
+    containment_index: bool = FROM_TABLE
     lsh_threshold: float | None = FROM_TABLE
     fn_weight: float = FROM_TABLE
     bands: int | None = FROM_TABLE

@@ -32,6 +32,10 @@ class DedupParams:
     containment_threshold: float | None = 0.9
     # anchor containment from which an article reusing an earlier one's text is `revised`
     revised_threshold: float | None = 0.3
+    # the containment index (anchors and their posting lists): excerpts and revisions found at any
+    # Jaccard, for a share of the throughput (tests/benchmarks/CONTAINMENT.md); off, `partial` comes
+    # from LSH candidates alone and there is no `revised`
+    containment_index: bool = False
     lsh_threshold: float | None = None
     fn_weight: float = 0.5
     bands: int | None = None
@@ -101,7 +105,7 @@ class DedupParams:
             "normalize": self.normalize.tag(),
             "bands": self.lsh.bands,
             "rows": self.lsh.rows,
-            "anchors": f"winnow-k{ANCHOR_K}-w{ANCHOR_WINDOW}",
+            "anchors": f"winnow-k{ANCHOR_K}-w{ANCHOR_WINDOW}" if self.containment_index else "none",
         }
 
     def audit(self) -> dict[str, Any]:

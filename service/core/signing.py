@@ -60,10 +60,10 @@ def content_hash(canonical: str) -> bytes:
 
 
 def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> Sketch:
-    """Normalize, shingle, sign, and pick the anchors (character shingles only). Raises EmptyText
-    when the canonical text has nothing to shingle: no character, or under word shingles no word
-    (whitespace the normalization keeps is none); and normalize.TooLong when normalisation takes it
-    beyond `max_points` characters (None: no limit)."""
+    """Normalize, shingle, sign, and pick the anchors (character shingles, containment index on).
+    Raises EmptyText when the canonical text has nothing to shingle: no character, or under word
+    shingles no word (whitespace the normalization keeps is none); and normalize.TooLong when
+    normalisation takes it beyond `max_points` characters (None: no limit)."""
     if params.shingle.unit == "char":
         points = canonical_code_points(text, params.normalize, max_points)
         if points.size == 0:
@@ -73,7 +73,7 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
         signature, verifier, distinct = params.hasher.sketches_of_units(
             points, params.shingle.k, params.verify_perm
         )
-        anchors = anchors_of(points)
+        anchors = anchors_of(points) if params.containment_index else NO_ANCHORS
     else:
         canonical = normalize(text, params.normalize, max_points)
         units = len(canonical.split())

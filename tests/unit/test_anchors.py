@@ -25,7 +25,7 @@ from neardup.core.anchors import (
     passages_reference,
 )
 from neardup.core.normalize import canonical_code_points, normalize
-from neardup.core.params import DedupParams
+from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.shingle import shingle_set
 from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
@@ -44,7 +44,7 @@ from neardup.state.records import decode_anchors, decode_record, encode_anchors,
 from neardup.state.rocks import RocksState
 from tests.conftest import process
 
-PARAMS = DedupParams()
+PARAMS = DedupParams(containment_index=True)
 
 
 def points(text: str) -> np.ndarray:
@@ -223,6 +223,26 @@ def test_an_excerpt_is_partial_in_either_order_with_its_passages(
     assert decode_record(encode_record(shard.state.get(order[1][0]))).decision == d  # type: ignore[arg-type]
 
 
+def test_without_the_containment_index_an_excerpt_is_unique_and_its_state_is_another(
+    prose: tuple[str, ...], tmp_path: Path
+) -> None:
+    """The index is off by default: no anchors are picked, no posting list is kept, an excerpt out
+    of LSH's reach stays unique, and a state built either way refuses to open the other way."""
+    source, excerpt = prose[1], normalize(prose[1])[400 : 400 + len(prose[1]) // 5]
+    off = DedupParams()
+    assert not off.containment_index and len(sketch_of(source, off).anchors) == 0
+    assert off.header()["anchors"] == "none" and PARAMS.header()["anchors"].startswith("winnow-")
+    shard = IndexShard(RocksState(tmp_path / "off"), off)
+    process(shard, "source", source)
+    d = process(shard, "excerpt", excerpt).decision
+    assert (d.kind, d.match_id, d.passages) == ("unique", None, ())
+    assert shard.state.counts.postings == 0
+    assert not any(key.startswith(POSTING) for key, _ in shard.state.kv.scan(POSTING))
+    shard.close()
+    with pytest.raises(IncompatibleState, match="anchors"):
+        IndexShard(RocksState(tmp_path / "off"), PARAMS)
+
+
 def test_a_revision_is_revised_and_the_threshold_turns_it_off(prose: tuple[str, ...]) -> None:
     story = f"{prose[0]} {prose[1]}"
     sentences = normalize(story).split(". ")
@@ -230,7 +250,8 @@ def test_a_revision_is_revised_and_the_threshold_turns_it_off(prose: tuple[str, 
     # a quarter cut, two paragraphs' worth added, the last sentences moved to the top
     kept = sentences[:quarter] + sentences[2 * quarter :]
     revision = ". ".join(kept[-3:] + kept[:-3] + normalize(prose[4]).split(". "))
-    for params, kind in ((PARAMS, "revised"), (DedupParams(revised_threshold=None), "unique")):
+    without_revised = DedupParams(revised_threshold=None, containment_index=True)
+    for params, kind in ((PARAMS, "revised"), (without_revised, "unique")):
         shard = IndexShard(MemoryState(), params)
         process(shard, "story", story)
         d = process(shard, "rewrite", revision).decision

@@ -123,11 +123,13 @@ def test_truncated_copy_is_partial_with_containment(prose: tuple[str, ...], inde
     assert d.containment is not None and d.containment >= 0.9
     assert d.contains is not None and d.contains < 0.8
     # without partial verdicts a head of 60% still reuses much of its source: revised
-    revised = IndexShard(MemoryState(), DedupParams(containment_threshold=None))
+    revised = IndexShard(MemoryState(), DedupParams(containment_threshold=None, containment_index=True))
     process(revised, "full", text)
     d = process(revised, "head", head).decision
     assert (d.kind, d.match_id, d.canonical_id) == ("revised", "full", "full")
-    off = IndexShard(MemoryState(), DedupParams(containment_threshold=None, revised_threshold=None))
+    off = IndexShard(
+        MemoryState(), DedupParams(containment_threshold=None, revised_threshold=None, containment_index=True)
+    )
     process(off, "full", text)
     d = process(off, "head", head).decision
     assert (d.kind, d.match_id, d.canonical_id) == ("unique", None, "head")

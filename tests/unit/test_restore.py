@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
+from neardup.core.params import DedupParams
 from neardup.core.retention import Retention
 from neardup.pipeline.shard import (
     CLOCK_MARGIN_MS,
@@ -29,9 +30,10 @@ from neardup.state.memory import MemoryKV
 from neardup.state.overlay import LayeredKV
 from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
-from tests.unit.test_stages import PARAMS, SRC, signed
+from tests.unit.test_stages import SRC, signed
 
 REPO = Path(__file__).resolve().parents[2]
+PARAMS = DedupParams(containment_index=True)  # the posting lists restored too
 
 
 @pytest.fixture(params=["memory", "rocks"])
@@ -221,7 +223,7 @@ def workload(count: int) -> list[Signed | SignedDeletion]:
         else:
             article_id = f"n{n}"
             held.append(article_id)
-        item = signed(article_id, text, 10_000 + n)
+        item = signed(article_id, text, 10_000 + n, PARAMS)
         items.append(dataclasses.replace(item, time_ms=int(n * 30 * DAY / count)))
     return items
 
@@ -324,7 +326,7 @@ def test_a_restored_index_equals_one_rebuilt_from_the_whole_changelog(tmp_path: 
 
 def test_a_restore_point_is_refused_when_compaction_may_have_dropped_its_tombstones(tmp_path: Path) -> None:
     live = Live(tmp_path / "index", Retention())
-    live.decide([signed("a", sample_articles()[0]["text"])], 0)
+    live.decide([signed("a", sample_articles()[0]["text"], params=PARAMS)], 0)
     point = Position.decode(live.shard.state.get_meta(POSITION_KEY))
     assert point is not None and point.offset == len(live.entries)
     end = len(live.entries)

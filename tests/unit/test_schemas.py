@@ -113,8 +113,9 @@ def _verdicts(params: DedupParams) -> dict[str, dict[str, Any]]:
     return {name: verdict_dict(article, params, 3.5) for name, article in out.items()}
 
 
-def test_engine_verdicts_validate_and_have_the_expected_kinds() -> None:
-    verdicts = _verdicts(DedupParams())
+@pytest.mark.parametrize("containment_index", [False, True])
+def test_engine_verdicts_validate_and_have_the_expected_kinds(containment_index: bool) -> None:
+    verdicts = _verdicts(DedupParams(containment_index=containment_index))
     expected = {
         "unique": "unique",
         "duplicate": "duplicate",
@@ -134,7 +135,7 @@ def test_engine_verdicts_validate_and_have_the_expected_kinds() -> None:
 
 
 def test_engine_verdicts_validate_without_containment_or_latency() -> None:
-    params = DedupParams(containment_threshold=None, top_candidates=1)
+    params = DedupParams(containment_threshold=None, top_candidates=1, containment_index=True)
     verdicts = {name: {**v, "latency_ms": None} for name, v in _verdicts(params).items()}
     # without partial verdicts the excerpt reuses enough of its source to be revised
     assert verdicts["partial"]["verdict"] == "revised" and verdicts["partial"]["passages"]["spans"]

@@ -191,11 +191,13 @@ def test_provenance_without_timestamp_round_trips() -> None:
 _INPUT_OFFSETS = itertools.count()
 
 
-def signed(article_id: str, text: str, input_offset: int | None = None) -> Signed:
+def signed(
+    article_id: str, text: str, input_offset: int | None = None, params: DedupParams = PARAMS
+) -> Signed:
     """Signed as the sign stage would, by default from the next message of its input partition."""
     offset = next(_INPUT_OFFSETS) if input_offset is None else input_offset
     src = Provenance(SRC.topic, SRC.partition, offset, SRC.timestamp_ms)
-    result = SignStage(PARAMS, 1_000_000).handle(article(article_id, text), article_id.encode(), src)
+    result = SignStage(params, 1_000_000).handle(article(article_id, text), article_id.encode(), src)
     assert result.signed is not None, result.reason
     item = decode_signed(result.signed)
     assert isinstance(item, Signed)
