@@ -37,6 +37,7 @@ def test_excerpts_in_either_order_are_partial_and_a_rewrite_is_revised(deploymen
         {"id": "rewrite", "text": rewrite},
     ]
     deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = deployment.topics["input"] + "-unique"
+    deployment.extra_env["NEARDUP_CONTAINMENT_INDEX"] = "true"
     deployment.start_worker()
     messages = [(a["id"].encode(), orjson.dumps(a)) for a in articles]
     asyncio.run(produce(deployment.bootstrap, deployment.topics["input"], messages))
