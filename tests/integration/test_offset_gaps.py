@@ -20,7 +20,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 
 from neardup.config import Settings
-from neardup.core.params import DedupParams
 from neardup.pipeline.sign import SignStage
 from neardup.pipeline.wire import Provenance, pack_signed
 from neardup.stream.app import SHARD_KEY
@@ -97,7 +96,7 @@ def test_signatures_the_consumer_went_past_are_read_back_in_order(
     deployment.kill(worker, signal.SIGTERM)  # a clean stop: everything applied is committed
 
     # The second half signed as the sign stage does, ten articles a message, appended to the topic.
-    stage = SignStage(DedupParams(), 1_000_000)
+    stage = SignStage(Settings.from_env(deployment.env(0)).params(), 1_000_000)  # the worker's own
     packs = []
     for start in range(0, len(second), 10):
         signed = []
