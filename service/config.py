@@ -371,8 +371,8 @@ SETTINGS: tuple[Setting, ...] = (
         FRACTION_OR_NONE,
         _ENGINE.revised_threshold,
         "share of anchors (24-character shingles) one article holds of another for `revised`: "
-        "it reuses that much of an earlier text without being a copy or a part of it "
-        "(`none` or 0: no revised verdicts)",
+        "it reuses that much of an earlier text without being a copy or a part of it; with "
+        "`NEARDUP_CONTAINMENT_INDEX` on (`none` or 0: no revised verdicts)",
     ),
     _verdicts(
         "containment_index",
