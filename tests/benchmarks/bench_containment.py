@@ -1,6 +1,6 @@
 """Verdicts on the excerpt and revision set (containment_set.py) through the engine, as the
-worker, embedded mode and the library give them: each pair in a fresh in-memory index, the
-earlier text then the later one, and the later one's verdict counted.
+worker, embedded mode and the library give them with the containment index on: each pair in a
+fresh in-memory index, the earlier text then the later one, and the later one's verdict counted.
 
 Targets (issue 33): excerpts of at least 15% of their source and 300 characters `partial`, either
 order, recall ≥ 0.99 (shorter ones: the curve by length); unrelated pairs flagged (anything but
@@ -28,7 +28,7 @@ STRONGER = {"revised", "partial", "duplicate"}
 
 
 def verdict_of(pair: Pair) -> str:
-    with neardup.open() as dedup:
+    with neardup.open(containment_index=True) as dedup:
         dedup.check({"id": "earlier", "text": pair.earlier})
         return str(dedup.check({"id": "later", "text": pair.later})["verdict"])
 
