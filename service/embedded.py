@@ -417,7 +417,10 @@ def _resumed_feed_offset(mark: dict[str, Any], feed_path: Path, feed_verdicts: f
 
 
 def _open_at(path: Path, offset: int) -> BinaryIO:
-    """Open for writing at `offset`, dropping anything a crashed run wrote after it."""
+    """Open for writing at `offset`, dropping anything a crashed run wrote after it; a device or a
+    pipe (`-o /dev/null`) has no offset to resume at, and is written as it comes."""
+    if path.exists() and not path.is_file():
+        return path.open("wb")
     size = path.stat().st_size if path.exists() else 0
     if offset > size:
         raise ResumeMismatch(

@@ -147,10 +147,15 @@ def _cached_optimal(threshold: float, num_perm: int, fn_weight: float) -> LshPar
     return _OPTIMAL_CACHE[key]
 
 
+# header fields named otherwise than the setting that gives them, for the refusal to name it
+_SETTING_OF = {"anchors": "containment_index", "k": "shingle_size", "unit": "word_shingles"}
+
+
 def check_header(stored: dict[str, Any], expected: dict[str, Any], where: str) -> None:
-    """Raise IncompatibleState naming every field that differs."""
+    """Raise IncompatibleState naming every field that differs (and its setting where the names differ)."""
     diffs = [
         f"{key}: stored {stored.get(key)!r}, configured {value!r}"
+        + (f" (setting {_SETTING_OF[key]})" if key in _SETTING_OF else "")
         for key, value in expected.items()
         if stored.get(key) != value
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
 import time
 from pathlib import Path
@@ -240,6 +241,22 @@ def test_crash_after_state_update_before_output(tmp_path: Path, prose: tuple[str
     finally:
         state.close()
     assert (tmp_path / "out.jsonl").read_bytes() == reference[0]
+
+
+def test_verdicts_to_a_device_need_a_file_for_the_dead_letters_and_resume(
+    tmp_path: Path, prose: tuple[str, ...], reference, capsys
+) -> None:
+    """`-o /dev/null` (a benchmark's): no offset to resume at there, and no directory beside it
+    for the dead letters, which are kept in a file of their own or refused in words."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(corpus_lines(prose)))
+    argv = ["dedup", str(source), "-o", os.devnull, "--state", str(tmp_path / "state"), "-q"]
+    assert cli.main(argv) == 2
+    assert "--dead-letters FILE" in capsys.readouterr().err
+    dead = tmp_path / "dead.jsonl"
+    for _ in range(2):  # the second run resumes past every line
+        assert cli.main([*argv, "--dead-letters", str(dead)]) == 0
+    assert dead_without_time(dead) == reference[1]
 
 
 def test_cli_dedup_with_state(tmp_path: Path, prose: tuple[str, ...], reference, capsys) -> None:
