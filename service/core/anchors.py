@@ -31,6 +31,7 @@ ANCHOR_WINDOW = 240
 # Anchors a text keeps at most, its first ones (~100 KB of prose): a record and a signed record
 # stay bounded whatever the text, and so do the posting lists one article writes.
 MAX_ANCHORS = 1024
+ANCHOR_BYTES = 5  # a packed anchor: its 32-bit hash, and its one-byte offset from the one before
 _ANCHOR_SEED = mix_scalar(0x414E43484F52)  # apart from the MinHash seeds: other hashes, not a subset
 AnchorHashes = npt.NDArray[np.uint32]
 AnchorPositions = npt.NDArray[np.uint32]
@@ -61,12 +62,13 @@ class Anchors:
         """The `count` packed anchors of `data` from `position` (a record, a signed record)."""
         if not count:
             return NO_ANCHORS
-        if position + 5 * count > len(data):
+        end = position + ANCHOR_BYTES * count
+        if end > len(data):
             raise ValueError("anchors are truncated")
-        return cls(data[position : position + 5 * count])
+        return cls(data[position:end])
 
     def __len__(self) -> int:
-        return len(self.packed) // 5
+        return len(self.packed) // ANCHOR_BYTES
 
     @functools.cached_property
     def hashes(self) -> AnchorHashes:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
-from ..core.anchors import MAX_ANCHORS, Anchors
+from ..core.anchors import ANCHOR_BYTES, MAX_ANCHORS, Anchors
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.params import DedupParams
 from ..core.signing import Sketch
@@ -151,10 +151,7 @@ def signed_max_bytes(params: DedupParams) -> int:
         _LONGEST_INT,
         False,
         np.zeros(params.verify_perm, dtype=np.uint8),
-    )
-    sketch = dataclasses.replace(
-        sketch,
-        anchors=Anchors(bytes(5 * MAX_ANCHORS)),
+        Anchors(bytes(ANCHOR_BYTES * MAX_ANCHORS)),
     )
     src = Provenance("t" * _TOPIC_MAX_LENGTH, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT)
     keys = (bytes(BAND_KEY_BYTES),) * bands
@@ -215,7 +212,7 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
     keys = _keys_layout(bands).unpack_from(data, position)  # () for none
     position += bands * BAND_KEY_BYTES
     anchors = Anchors.unpack_from(data, meta.get("a", 0), position)
-    position += 5 * len(anchors)
+    position += len(anchors.packed)
     signature, verifier = unpack_sketches(data[position:], meta["m"])
     topic, partition, offset, timestamp = meta["src"]
     return Signed(

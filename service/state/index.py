@@ -399,7 +399,7 @@ class IndexState:
                 batch.put(COPY + content_hash + holder, b"")
             batch.put(CONTENT + content_hash, seq)
             self._join_buckets(batch, article.seq, article.keys)
-        if article.in_postings and not article.decision.exact:
+        if article.in_postings:
             self._join_postings(batch, article)
         self._holder_looked_up = (b"", None)
         if article.cluster == article.seq:
@@ -559,7 +559,7 @@ class IndexState:
         seq = seq_key(old.seq)
         content_hash = old.sketch.content_hash
         self._leave_buckets(batch, old.seq, old.keys)
-        if old.in_postings and not old.decision.exact:
+        if old.in_postings:
             self._leave_postings(batch, old)
         if self._holder_seq(content_hash, batch) == seq:
             heir = self._first(COPY + content_hash, batch, skip=seq)

@@ -183,16 +183,6 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
     return Decision(verdict, *match, canonical, exact, tuple(candidates), passages)
 
 
-def encode_anchors(anchors: Anchors) -> bytes:
-    """The anchors as stored: packed as they are (Anchors.packed)."""
-    return anchors.packed
-
-
-def decode_anchors(data: bytes, count: int, position: int = 0) -> Anchors:
-    """Inverse of encode_anchors, reading `count` anchors from `position`."""
-    return Anchors.unpack_from(data, count, position)
-
-
 def encode_record(article: IndexedArticle) -> bytes:
     """Head, ids, verifier, band keys, content hash, decision, anchors (and the signature without
     verifier)."""
@@ -221,7 +211,7 @@ def encode_record(article: IndexedArticle) -> bytes:
     )
     head = _varints(fields)
     # a duplicate keeps none: it joins no posting list, and its match holds the same text
-    anchors = encode_anchors(sketch.anchors) if article.in_postings else b""
+    anchors = sketch.anchors.packed if article.in_postings else b""
     return b"".join(
         (
             MAGIC,
@@ -252,17 +242,13 @@ class Probe:
     time_ms: int
     record: bytes
     anchors_at: int = 0  # where the record's anchors start
-    anchor_count_stored: int = 0
-
-    @property
-    def anchor_count(self) -> int:
-        return self.anchor_count_stored
+    anchor_count: int = 0
 
     @property
     def anchors(self) -> Anchors:
         """The anchors, decoded from the record when asked (a candidate found by its bands
         needs none unless it is the match)."""
-        return decode_anchors(self.record, self.anchor_count_stored, self.anchors_at)
+        return Anchors.unpack_from(self.record, self.anchor_count, self.anchors_at)
 
     @property
     def canonical_id(self) -> str:
@@ -320,8 +306,8 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
         article_id, cluster_id, verifier, keys, content_hash, decision = parts
         if len(decision) != decision_len or keys_len % _DIGEST:
             raise ValueError("record is truncated")
-        anchors = decode_anchors(data, anchor_count, position)
-        position += 5 * anchor_count
+        anchors = Anchors.unpack_from(data, anchor_count, position)
+        position += len(anchors.packed)
         signature = (
             np.frombuffer(data, dtype="<u8", offset=position).astype(np.uint64) if not verifier else None
         )

@@ -40,7 +40,7 @@ from neardup.state.index import (
     rank_postings,
 )
 from neardup.state.memory import MemoryKV, MemoryState
-from neardup.state.records import decode_anchors, decode_record, encode_anchors, encode_record
+from neardup.state.records import decode_record, encode_record
 from neardup.state.rocks import RocksState
 from tests.conftest import process
 
@@ -185,7 +185,7 @@ def test_passages_of_a_repeated_text_stay_linear() -> None:
 
 def test_anchors_round_trip_records_and_the_wire(prose: tuple[str, ...]) -> None:
     anchors = anchors_of(points(prose[2]))
-    assert decode_anchors(encode_anchors(anchors), len(anchors)) == anchors
+    assert Anchors.unpack_from(anchors.packed, len(anchors)) == anchors
     sketch = sketch_of(prose[2], PARAMS)
     assert sketch.anchors == anchors
     signed = Signed("a", sketch, Provenance("t", 0, 1, None))
