@@ -1,0 +1,159 @@
+"""What the containment index costs in RocksDB alone, against what the 0.90x speed bound allows.
+
+The engine (one IndexShard over a RocksState, as embedded mode and the library run it) decides
+`--articles` articles of bench_stream.py's generator twice, with the containment index off and on,
+signed beforehand so that deciding is timed alone. The store calls of each run (multi-gets and write
+batches, in order) are recorded, then replayed into a fresh state with the product's RocksDB options,
+alternated `--repeats` times, timing the store calls and nothing else: the least the engine can
+spend per article in RocksDB, whatever its Python does.
+
+Prints per article: the decider's time off and on, the bound's allowance (the decider's time off
+times 1/0.9 - 1: deciding is the serial stage in the worker and in `neardup dedup`, the signing
+helpers run beside it), and the replayed store time off and on with its increase. When that increase
+alone exceeds the allowance, no Python around the same store calls meets the bound.
+
+Usage:
+  python tests/benchmarks/bench_index_floor.py [--articles 20000] [--repeats 3] [--seed 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from neardup.config import engine_params, keyword_values, retention_window  # noqa: E402
+from neardup.messages import decode_message  # noqa: E402
+from neardup.pipeline.shard import IndexShard  # noqa: E402
+from neardup.pipeline.sign import SignStage  # noqa: E402
+from neardup.pipeline.wire import Provenance  # noqa: E402
+from neardup.state.port import Batch, KeyValue  # noqa: E402
+from neardup.state.rocks import RocksKV, RocksOptions, RocksState  # noqa: E402
+from tests.benchmarks.bench_state_size import write_input  # noqa: E402
+
+BOUND = 0.90
+SOURCE = Provenance("bench", None, 0, None)
+Call = tuple[str, Any]  # ("get", keys) | ("records", keys) | ("write", (main, records))
+
+
+@dataclass
+class Recorder:
+    """A KeyValue that passes every call on to `base` and keeps the reads and writes in order."""
+
+    base: KeyValue
+    calls: list[Call] = field(default_factory=list)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        self.calls.append(("get", list(keys)))
+        return self.base.get_many(keys)
+
+    def records(self, keys: list[bytes]) -> list[bytes | None]:
+        self.calls.append(("records", list(keys)))
+        return self.base.records(keys)
+
+    def write(self, batch: Batch) -> None:
+        self.calls.append(("write", (dict(batch.main), dict(batch.records))))
+        self.base.write(batch)
+
+    def __getattr__(self, name: str) -> Any:  # scans, flush, close: not recorded
+        return getattr(self.base, name)
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as source:
+        yield from (line.rstrip(b"\n") for line in source)
+
+
+def decide_all(source: Path, work: Path, containment: bool, record: bool) -> tuple[float, list[Call]]:
+    """Seconds per article spent deciding (signing excluded) into a new state under `work`, and
+    the store calls if `record`."""
+    values = keyword_values({"containment_index": containment})
+    params, retention = engine_params(values), retention_window(values)
+    stage = SignStage(params, values["max_text_bytes"], retention.skew_ms)
+    signed = [stage.sign(decode_message(line, None, values["max_text_bytes"]), SOURCE) for line in _lines(source)]
+    state = RocksState(work / f"state-{containment}", RocksOptions(bucket_cap=values["bucket_cap"]))
+    recorder = Recorder(state.kv)
+    if record:
+        state.kv = recorder
+    shard = IndexShard(state, params, retention)
+    started = time.perf_counter()
+    for article in signed:
+        shard.decide([article])
+    seconds = (time.perf_counter() - started) / len(signed)
+    state.close()
+    return seconds, recorder.calls
+
+
+def replay(calls: list[Call], path: Path) -> float:
+    """Seconds the store calls take in a fresh state (with the product's options), summed."""
+    kv = RocksKV(path, RocksOptions())
+    spent = 0.0
+    for kind, argument in calls:
+        if kind == "write":
+            batch = Batch()
+            batch.main.update(argument[0])
+            batch.records.update(argument[1])
+        started = time.perf_counter()
+        if kind == "get":
+            kv.get_many(argument)
+        elif kind == "records":
+            kv.records(argument)
+        else:
+            kv.write(batch)
+        spent += time.perf_counter() - started
+    kv.close()
+    return spent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--articles", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="neardup-floor-") as temp:
+        work = Path(temp)
+        source = work / "articles.jsonl"
+        write_input(source, args.articles, args.seed)
+        decider: dict[bool, list[float]] = {False: [], True: []}
+        for round_ in range(args.repeats):
+            for containment in (False, True):
+                timed = decide_all(source, work / f"timed-{round_}", containment, False)
+                decider[containment].append(timed[0])
+        calls = {on: decide_all(source, work / "recorded", on, True)[1] for on in (False, True)}
+        stored: dict[bool, list[float]] = {False: [], True: []}
+        for round_ in range(args.repeats):
+            for containment in (False, True):
+                spent = replay(calls[containment], work / f"replay-{containment}-{round_}")
+                stored[containment].append(spent / args.articles)
+    us = {on: {k: statistics.median(v) * 1e6 for k, v in (("decide", decider[on]), ("store", stored[on]))} for on in (False, True)}
+    allowance = us[False]["decide"] * (1 / BOUND - 1)
+    extra_store = us[True]["store"] - us[False]["store"]
+    reads = {on: sum(len(a) for kind, a in calls[on] if kind == "get") / args.articles for on in calls}
+    writes = {on: sum(len(a[0]) for kind, a in calls[on] if kind == "write") / args.articles for on in calls}
+    print(f"articles: {args.articles}, medians of {args.repeats} alternated runs, µs per article")
+    for on, name in ((False, "index off"), (True, "index on ")):
+        print(
+            f"  {name}: decider {us[on]['decide']:6.1f}   store calls alone {us[on]['store']:5.1f}"
+            f"   (keys read {reads[on]:.1f}, keys written {writes[on]:.1f})"
+        )
+    print(f"  decider, on - off: {us[True]['decide'] - us[False]['decide']:.1f} (ratio {us[False]['decide'] / us[True]['decide']:.3f}x)")
+    print(f"  the {BOUND:.2f}x bound allows: {allowance:.1f}")
+    print(f"  store calls alone, on - off: {extra_store:.1f} = {extra_store / allowance:.2f} of the allowance")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
