@@ -46,7 +46,7 @@ def _verdicts_as_embedded(
         )
     )
     expected = {v["article_id"]: without_latency(v) for v in run_embedded(ordinary, tmp_path)}
-    assert set(verdicts) == set(expected)
+    assert set(verdicts) == set(expected), (sorted(set(expected) - set(verdicts)), deployment.logs())
     for article_id, versions in verdicts.items():
         assert all(without_latency(v) == expected[article_id] for v in versions), article_id
     return statuses

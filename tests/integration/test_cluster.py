@@ -148,11 +148,17 @@ def _a_node_killed_and_started_again_rejoins_the_cluster(cluster: Cluster) -> No
 
 
 async def _topic_state(bootstrap: str, topic: str) -> tuple[list[int], dict[str, str]]:
-    """Replicas per partition, and the topic's min.insync and retention."""
+    """Replicas per partition, and the topic's min.insync and retention. A broker learns of a topic
+    just created a moment after the controller does (a node just restarted later still), and
+    describes it without partitions meanwhile: asked again until it lists them, for 15 s."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
+        deadline = time.monotonic() + 15
         (described,) = await admin.describe_topics([topic])
+        while not described["partitions"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            (described,) = await admin.describe_topics([topic])
         replicas = [len(p["replicas"]) for p in described["partitions"]]
         names = {"min.insync.replicas": None, "retention.ms": None, "retention.bytes": None}
         (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic, names)])
