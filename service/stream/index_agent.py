@@ -400,6 +400,9 @@ class IndexPipeline:
             self.progress.took(tp.topic)  # no batch yet: none was due
         owner, self.owner = self.owner, self.shard in set(assigned or ())
         if self.owner and not owner:
+            # No longer a standby from now on, not from the standby's next step: the owner may
+            # decide a whole backlog before that step runs.
+            self.metrics.standby.set(0)
             # when a takeover starts: the index opens at the shard's first batch, after this
             log.info("index_shard_assigned topic=%s partition=0", self.shard.topic)
         if any(tp.topic == self.settings.signatures_topic for tp in assigned or ()):

@@ -56,7 +56,8 @@ class Standby:
                 log.warning("standby_catch_up_failed error=%r", str(exc))
                 decider.kill()
                 return False
-        metrics.standby.set(1)
+        # the shard may have come to this worker during the catch-up (on_assigned set 0 then)
+        metrics.standby.set(0 if index.owner else 1)
         metrics.standby_lag.set(decider.behind)
         if count is not None:
             log.info("standby_rebuilt articles=%d", count)

@@ -118,3 +118,19 @@ async def test_a_failed_step_is_reported_and_the_next_one_catches_up(deciders: A
     assert await standby.step()
     assert sample(index.metrics, "neardup_index_standby") == 1
     assert sample(index.metrics, "neardup_index_standby_lag_records") == len(records.entries)
+
+
+async def test_a_shard_that_comes_during_a_catch_up_is_not_reported_as_a_standby(deciders: Any) -> None:
+    owner, copy, _ = deciders
+    standby, index = standby_of(copy)
+    await decide(owner, packed(HISTORY, 0))
+    catch_up = copy.catch_up
+
+    async def assigned_meanwhile() -> int | None:
+        count = await catch_up()
+        index.owner = True  # the rebalance gives this worker the shard while it catches up
+        return count
+
+    copy.catch_up = assigned_meanwhile
+    assert await standby.step()
+    assert sample(index.metrics, "neardup_index_standby") == 0
