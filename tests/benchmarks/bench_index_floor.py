@@ -14,6 +14,8 @@ alone exceeds the allowance, no Python around the same store calls meets the bou
 
 Usage:
   python tests/benchmarks/bench_index_floor.py [--articles 20000] [--repeats 3] [--seed 7]
+      [--chunk 20]  (as the worker's decider: chunks of articles held in the write overlay, then
+                     committed in one write batch)
       [--input FILE]  (its first --articles lines instead of the generator's: the news corpus,
                        whose texts are all distinct, writes a new posting list for nearly every anchor)
 """
@@ -40,12 +42,12 @@ from neardup.messages import decode_message  # noqa: E402
 from neardup.pipeline.shard import IndexShard  # noqa: E402
 from neardup.pipeline.sign import SignStage  # noqa: E402
 from neardup.pipeline.wire import Provenance  # noqa: E402
+from neardup.state.overlay import LayeredKV  # noqa: E402
 from neardup.state.port import Batch, KeyValue  # noqa: E402
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState  # noqa: E402
 from tests.benchmarks.bench_state_size import write_input  # noqa: E402
 
 BOUND = 0.90
-SOURCE = Provenance("bench", None, 0, None)
 Call = tuple[str, Any]  # ("get", keys) | ("records", keys) | ("write", (main, records))
 
 
@@ -77,22 +79,39 @@ def _lines(path: Path) -> Iterator[bytes]:
         yield from (line.rstrip(b"\n") for line in source)
 
 
-def decide_all(source: Path, work: Path, containment: bool, record: bool) -> tuple[float, list[Call]]:
+def decide_all(
+    source: Path, work: Path, containment: bool, record: bool, chunk: int = 0
+) -> tuple[float, list[Call]]:
     """Seconds per article spent deciding (signing excluded) into a new state under `work`, and
-    the store calls if `record`."""
+    the store calls if `record`. `chunk` 0: one article a call, its writes in the store at once
+    (`neardup dedup`, the library); else as the worker's decider: `chunk` articles a call, their
+    writes held in the write overlay and committed together (the calls recorded below it)."""
     values = keyword_values({"containment_index": containment})
     params, retention = engine_params(values), retention_window(values)
     stage = SignStage(params, values["max_text_bytes"], retention.skew_ms)
     limit = values["max_text_bytes"]
-    signed = [stage.sign(decode_message(line, None, limit), SOURCE) for line in _lines(source)]
-    state = RocksState(work / f"state-{containment}", RocksOptions(bucket_cap=values["bucket_cap"]))
-    recorder = Recorder(state.kv)
-    if record:
+    signed = [
+        stage.sign(decode_message(line, None, limit), Provenance("bench", None, n, None))
+        for n, line in enumerate(_lines(source))
+    ]
+    options = RocksOptions(bucket_cap=values["bucket_cap"])
+    state = RocksState(work / f"state-{containment}", options, layered=chunk > 0)
+    overlay = state.kv if isinstance(state.kv, LayeredKV) else None
+    recorder = Recorder(state.kv if overlay is None else overlay.base)
+    if record and overlay is not None:
+        overlay.base = recorder
+    elif record:
         state.kv = recorder
     shard = IndexShard(state, params, retention)
     started = time.perf_counter()
-    for article in signed:
-        shard.decide([article])
+    if chunk == 0:
+        for article in signed:
+            shard.decide([article])
+    else:
+        for number, at in enumerate(range(0, len(signed), chunk)):
+            shard.begin(number)
+            shard.decide(signed[at : at + chunk], at)
+            shard.commit(number, at + chunk)
     seconds = (time.perf_counter() - started) / len(signed)
     state.close()
     return seconds, recorder.calls
@@ -154,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--input", type=Path, default=None, help="a JSON-lines file of articles instead of the generator's"
     )
+    parser.add_argument(
+        "--chunk", type=int, default=0, help="articles a call, committed together, as the worker (0: one)"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="neardup-floor-") as temp:
         work = Path(temp)
@@ -167,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         decider: dict[bool, list[float]] = {False: [], True: []}
         for round_ in range(args.repeats):
             for containment in (False, True):
-                timed = decide_all(source, work / f"timed-{round_}", containment, False)
+                timed = decide_all(source, work / f"timed-{round_}", containment, False, args.chunk)
                 decider[containment].append(timed[0])
-        calls = {on: decide_all(source, work / "recorded", on, True)[1] for on in (False, True)}
+        calls = {on: decide_all(source, work / "recorded", on, True, args.chunk)[1] for on in (False, True)}
         stored: dict[bool, list[float]] = {False: [], True: []}
         for round_ in range(args.repeats):
             for containment in (False, True):
