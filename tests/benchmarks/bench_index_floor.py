@@ -10,12 +10,16 @@ spend per article in RocksDB, whatever its Python does.
 Prints per article: the decider's time off and on, the bound's allowance (the decider's time off
 times 1/0.9 - 1: deciding is the serial stage in the worker and in `neardup dedup`, the signing
 helpers run beside it), and the replayed store time off and on with its increase. When that increase
-alone exceeds the allowance, no Python around the same store calls meets the bound.
+alone exceeds the allowance, no Python around the same store calls meets the bound. With
+`--what-if-memory`, the index on is also timed with its posting lists in a dict instead of RocksDB
+keys: what the rest of its work costs.
 
 Usage:
   python tests/benchmarks/bench_index_floor.py [--articles 20000] [--repeats 3] [--seed 7]
       [--chunk 20]  (as the worker's decider: chunks of articles held in the write overlay, then
                      committed in one write batch)
+      [--what-if-memory]  (also: the index on with its posting lists in a dict, no RocksDB key
+                           for them, to see what the rest of its work costs)
       [--input FILE]  (its first --articles lines instead of the generator's: the news corpus,
                        whose texts are all distinct, writes a new posting list for nearly every anchor)
 """
@@ -42,6 +46,7 @@ from neardup.messages import decode_message  # noqa: E402
 from neardup.pipeline.shard import IndexShard  # noqa: E402
 from neardup.pipeline.sign import SignStage  # noqa: E402
 from neardup.pipeline.wire import Provenance  # noqa: E402
+from neardup.state.index import POSTING  # noqa: E402
 from neardup.state.overlay import LayeredKV  # noqa: E402
 from neardup.state.port import Batch, KeyValue  # noqa: E402
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState  # noqa: E402
@@ -74,18 +79,49 @@ class Recorder:
         return getattr(self.base, name)
 
 
+@dataclass
+class PostingsInMemory:
+    """What if the posting lists were not RocksDB keys: a KeyValue that keeps them (the keys under
+    POSTING) in a dict, and passes everything else on to `base`. The index reads posting lists in
+    multi-gets of their own, so a multi-get is routed by its first key."""
+
+    base: KeyValue
+    held: dict[bytes, bytes] = field(default_factory=dict)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        if not keys or not keys[0].startswith(POSTING):
+            return self.base.get_many(keys)
+        return [self.held.get(key) for key in keys]
+
+    def write(self, batch: Batch) -> None:
+        rest = Batch()
+        rest.records.update(batch.records)
+        for key, value in batch.main.items():
+            if not key.startswith(POSTING):
+                rest.main[key] = value
+            elif value is None:
+                self.held.pop(key, None)
+            else:
+                self.held[key] = value
+        self.base.write(rest)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+
 def _lines(path: Path) -> Iterator[bytes]:
     with path.open("rb") as source:
         yield from (line.rstrip(b"\n") for line in source)
 
 
 def decide_all(
-    source: Path, work: Path, containment: bool, record: bool, chunk: int = 0
+    source: Path, work: Path, containment: bool, record: bool, chunk: int = 0, in_memory: bool = False
 ) -> tuple[float, list[Call]]:
     """Seconds per article spent deciding (signing excluded) into a new state under `work`, and
     the store calls if `record`. `chunk` 0: one article a call, its writes in the store at once
     (`neardup dedup`, the library); else as the worker's decider: `chunk` articles a call, their
-    writes held in the write overlay and committed together (the calls recorded below it)."""
+    writes held in the write overlay and committed together (the calls recorded below it).
+    `in_memory`: the posting lists in a dict (PostingsInMemory), not in RocksDB."""
     values = keyword_values({"containment_index": containment})
     params, retention = engine_params(values), retention_window(values)
     stage = SignStage(params, values["max_text_bytes"], retention.skew_ms)
@@ -97,11 +133,14 @@ def decide_all(
     options = RocksOptions(bucket_cap=values["bucket_cap"])
     state = RocksState(work / f"state-{containment}", options, layered=chunk > 0)
     overlay = state.kv if isinstance(state.kv, LayeredKV) else None
-    recorder = Recorder(state.kv if overlay is None else overlay.base)
-    if record and overlay is not None:
-        overlay.base = recorder
-    elif record:
-        state.kv = recorder
+    below: KeyValue = state.kv if overlay is None else overlay.base
+    recorder = Recorder(below)
+    if record or in_memory:
+        below = recorder if record else PostingsInMemory(below)
+        if overlay is not None:
+            overlay.base = below
+        else:
+            state.kv = below
     shard = IndexShard(state, params, retention)
     started = time.perf_counter()
     if chunk == 0:
@@ -176,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--chunk", type=int, default=0, help="articles a call, committed together, as the worker (0: one)"
     )
+    parser.add_argument(
+        "--what-if-memory",
+        action="store_true",
+        help="also time the index on with its posting lists in a dict instead of RocksDB keys",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="neardup-floor-") as temp:
         work = Path(temp)
@@ -187,10 +231,14 @@ def main(argv: list[str] | None = None) -> int:
                 source.write_bytes(b"".join(itertools.islice(given, args.articles)))
             args.articles = sum(1 for _ in _lines(source))
         decider: dict[bool, list[float]] = {False: [], True: []}
+        in_memory: list[float] = []
         for round_ in range(args.repeats):
             for containment in (False, True):
                 timed = decide_all(source, work / f"timed-{round_}", containment, False, args.chunk)
                 decider[containment].append(timed[0])
+            if args.what_if_memory:
+                timed = decide_all(source, work / f"memory-{round_}", True, False, args.chunk, True)
+                in_memory.append(timed[0])
         calls = {on: decide_all(source, work / "recorded", on, True, args.chunk)[1] for on in (False, True)}
         stored: dict[bool, list[float]] = {False: [], True: []}
         for round_ in range(args.repeats):
@@ -198,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                 spent = replay(calls[containment], work / f"replay-{containment}-{round_}")
                 stored[containment].append(spent / args.articles)
     report(args.articles, args.repeats, decider, stored, calls)
+    if in_memory:
+        off, held = statistics.median(decider[False]) * 1e6, statistics.median(in_memory) * 1e6
+        print(f"  index on, its posting lists in a dict, not RocksDB: decider {held:.1f} ({off / held:.3f}x)")
     return 0
 
 
