@@ -151,13 +151,6 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
         print("error: --unique-filter needs --unique-out FILE", file=sys.stderr)
         return 2
-    output = Path(args.output)
-    if args.dead_letters is None and output.exists() and not output.is_file():
-        # the dead letters go beside the verdicts by default: not beside a device or a pipe
-        print(
-            f"error: {output} is not a file: give the dead letters one (--dead-letters FILE)", file=sys.stderr
-        )
-        return 2
     sign_processes = default_sign_processes() if args.sign_processes is None else args.sign_processes
     if sign_processes < 0:
         print("error: --sign-processes must be 0 or more", file=sys.stderr)
@@ -173,7 +166,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     try:
         summary = run_file(
             Path(args.input),
-            output,
+            Path(args.output),
             state,
             params,
             dead_letter_path=Path(args.dead_letters) if args.dead_letters else None,
@@ -184,7 +177,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             feed_verdicts=feed_verdicts,
             sign_processes=sign_processes,
         )
-    except (IncompatibleState, ResumeMismatch) as exc:
+    except (IncompatibleState, ResumeMismatch, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except SigningFailed as exc:

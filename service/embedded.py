@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import orjson
 
-from .config import BY_NAME
+from .config import BY_NAME, ConfigError
 from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
 from .errors import Error
@@ -173,12 +173,17 @@ def run_file(
     left unfinished comes back that way and must still reach the feed); deletions and dead
     letters never are.
 
+    An output that is a device or a pipe needs `dead_letter_path` (ConfigError otherwise).
+
     `sign_processes`: signing helpers (0: sign in this process), given `sign_batch` lines at a
     time (default SIGN_BATCH); the outputs are the same either way. An article whose signing
     fails unexpectedly is dead-lettered (internal_error), one that breaks its helper
     (processing_failed), as in the worker; helpers that cannot start raise SigningFailed,
     everything before that batch decided and checkpointed. With
     helpers the file loop runs in an event loop of its own: call it outside any running loop."""
+    if dead_letter_path is None and _written_as_it_comes(output_path):
+        # the dead letters go beside the verdicts by default: not beside a device or a pipe
+        raise ConfigError(f"{output_path} is not a file: give the dead letters one (--dead-letters FILE)")
     shard = IndexShard(state, params, retention)
     summary = RunSummary()
     started = time.perf_counter()
@@ -416,10 +421,15 @@ def _resumed_feed_offset(mark: dict[str, Any], feed_path: Path, feed_verdicts: f
     return int(mark["feed"])
 
 
+def _written_as_it_comes(path: Path) -> bool:
+    """A device or a pipe (`-o /dev/null`): no offset to resume at, no directory beside it."""
+    return path.exists() and not path.is_file()
+
+
 def _open_at(path: Path, offset: int) -> BinaryIO:
     """Open for writing at `offset`, dropping anything a crashed run wrote after it; a device or a
-    pipe (`-o /dev/null`) has no offset to resume at, and is written as it comes."""
-    if path.exists() and not path.is_file():
+    pipe is written as it comes."""
+    if _written_as_it_comes(path):
         return path.open("wb")
     size = path.stat().st_size if path.exists() else 0
     if offset > size:

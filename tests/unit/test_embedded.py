@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from neardup import cli, embedded
+from neardup.config import ConfigError
 from neardup.core.params import DedupParams
 from neardup.core.retention import Retention
 from neardup.embedded import run_file
@@ -250,6 +251,8 @@ def test_verdicts_to_a_device_need_a_file_for_the_dead_letters_and_resume(
     for the dead letters, which are kept in a file of their own or refused in words."""
     source = tmp_path / "in.jsonl"
     source.write_bytes(b"".join(corpus_lines(prose)))
+    with pytest.raises(ConfigError, match="not a file"):
+        run_file(source, Path(os.devnull), MemoryState(), PARAMS)
     argv = ["dedup", str(source), "-o", os.devnull, "--state", str(tmp_path / "state"), "-q"]
     assert cli.main(argv) == 2
     assert "--dead-letters FILE" in capsys.readouterr().err
