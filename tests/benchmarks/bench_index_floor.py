@@ -121,7 +121,7 @@ def decide_all(
     the store calls if `record`. `chunk` 0: one article a call, its writes in the store at once
     (`neardup dedup`, the library); else as the worker's decider: `chunk` articles a call, their
     writes held in the write overlay and committed together (the calls recorded below it).
-    `in_memory`: the posting lists in a dict (PostingsInMemory), not in RocksDB."""
+    `in_memory` (not with `record`): the posting lists in a dict (PostingsInMemory), not in RocksDB."""
     values = keyword_values({"containment_index": containment})
     params, retention = engine_params(values), retention_window(values)
     stage = SignStage(params, values["max_text_bytes"], retention.skew_ms)
@@ -132,15 +132,16 @@ def decide_all(
     ]
     options = RocksOptions(bucket_cap=values["bucket_cap"])
     state = RocksState(work / f"state-{containment}", options, layered=chunk > 0)
+    # the store under the overlay, if any, is what the recorder or the dict stands in front of
     overlay = state.kv if isinstance(state.kv, LayeredKV) else None
-    below: KeyValue = state.kv if overlay is None else overlay.base
-    recorder = Recorder(below)
-    if record or in_memory:
-        below = recorder if record else PostingsInMemory(below)
+    store: KeyValue = state.kv if overlay is None else overlay.base
+    recorder = Recorder(store) if record else None
+    if recorder is not None or in_memory:
+        store = recorder or PostingsInMemory(store)
         if overlay is not None:
-            overlay.base = below
+            overlay.base = store
         else:
-            state.kv = below
+            state.kv = store
     shard = IndexShard(state, params, retention)
     started = time.perf_counter()
     if chunk == 0:
@@ -153,7 +154,7 @@ def decide_all(
             shard.commit(number, at + chunk)
     seconds = (time.perf_counter() - started) / len(signed)
     state.close()
-    return seconds, recorder.calls
+    return seconds, recorder.calls if recorder is not None else []
 
 
 def replay(calls: list[Call], path: Path) -> float:
