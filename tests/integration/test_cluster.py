@@ -18,12 +18,15 @@ import socket
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
@@ -279,22 +282,44 @@ def _exact_groups_agree(articles: list[dict[str, Any]], verdicts: dict[str, list
 
 class _SteadyProducer(threading.Thread):
     """Produces the articles at a steady pace in the background, so that each kill lands while
-    batches are in flight."""
+    batches are in flight: one idempotent producer for the whole stream, as an upstream service
+    would run it, waiting out a broker's loss for as long as Kafka's producers do by default
+    (delivery.timeout.ms, 120 s) rather than aiokafka's 40 s."""
 
     def __init__(self, bootstrap: str, topic: str, articles: list[dict[str, Any]], per_s: float) -> None:
         super().__init__(daemon=True)
         self.args = (bootstrap, topic, articles, per_s)
         self.failed: BaseException | None = None
+        self.trace = ""
+        self.sent = 0
 
     def run(self) -> None:
-        bootstrap, topic, articles, per_s = self.args
-        step = 20
+        began = time.monotonic()
         try:
-            for start in range(0, len(articles), step):
-                produce_articles(bootstrap, topic, articles[start : start + step])
-                time.sleep(step / per_s)
-        except BaseException as exc:  # reported by the test
+            asyncio.run(self._produce())
+        except BaseException as exc:  # reported by the test, with where it was raised
             self.failed = exc
+            elapsed = time.monotonic() - began
+            self.trace = f"after {self.sent} articles, {elapsed:.1f} s in:\n{traceback.format_exc()}"
+
+    async def _produce(self) -> None:
+        bootstrap, topic, articles, per_s = self.args
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            linger_ms=5,
+            acks="all",
+            enable_idempotence=True,
+            request_timeout_ms=120_000,
+        )
+        await producer.start()
+        try:
+            for article in articles:
+                await producer.send(topic, orjson.dumps(article), key=article["id"].encode())
+                self.sent += 1
+                await asyncio.sleep(1 / per_s)
+            await producer.flush()
+        finally:
+            await producer.stop()
 
 
 @pytest.mark.budget(120)  # three kills under a stream on three JVMs and two workers: rebuilds,
@@ -336,7 +361,7 @@ def test_exactly_once_on_three_brokers_through_kills_of_the_owner_a_broker_and_a
         assert deployment.kill(workers[1], signal.SIGKILL), deployment.logs()
         workers[1] = deployment.start_worker(1)
         producer.join(timeout=60)
-        assert producer.failed is None, producer.failed
+        assert producer.failed is None, producer.trace
         committed.read_until(lambda r: len(verdicts_by_id(r)) >= len(articles), timeout=120)
         records = committed.read_all(timeout=30)
         verdicts = verdicts_by_id(records)
