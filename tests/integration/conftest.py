@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -374,6 +374,14 @@ class TopicReader:
         self.records = []
         asyncio.run(self._read(until, timeout))
         return self.records
+
+    def reach(self, until: Any, timeout: float, logs: Callable[[], str] = str) -> list[Any]:
+        """`read_until` that fails the test when the timeout passes first: for a wait that a fault
+        injection or the next step relies on (a stall there would otherwise go unseen, and the
+        fault land elsewhere than the test says). `logs` gives the workers' logs for the message."""
+        records = self.read_until(until, timeout)
+        assert until(records), f"{self.topic}: {len(records)} records, short within {timeout:g} s\n{logs()}"
+        return records
 
     async def _read_all(self, timeout: float) -> list[Any]:
         # "earliest" from the start: a seek alone can lose the race with the reset to the default

@@ -243,7 +243,7 @@ def _a_worker_decides_every_article_with_one_broker_of_three_killed(cluster: Clu
     try:
         deployment.start_worker()
         produce_articles(cluster.bootstrap, deployment.topics["input"], first)
-        reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=60)
+        reader.reach(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=60, logs=deployment.logs)
         # the node that leads the signatures partition: the index shard's input moves to another
         killed = _leader(cluster.bootstrap, deployment.topics["signatures"])
         cluster.run("kill-broker", str(killed))
@@ -333,11 +333,6 @@ class _SteadyProducer(threading.Thread):
             await producer.stop()
 
 
-def _committed_at_least(committed: TopicReader, count: int, deployment: Deployment) -> None:
-    records = committed.read_until(lambda r: len(r) >= count, timeout=90)
-    assert len(records) >= count, (f"{len(records)} committed verdicts, not {count}", deployment.logs())
-
-
 @pytest.mark.budget(120)  # three kills under a stream on three JVMs and two workers: rebuilds,
 # a session timeout per worker kill and a broker's catch-up, on two cores
 def test_exactly_once_on_three_brokers_through_kills_of_the_owner_a_broker_and_a_worker(
@@ -365,14 +360,14 @@ def test_exactly_once_on_three_brokers_through_kills_of_the_owner_a_broker_and_a
         workers = {0: deployment.start_worker(0), 1: deployment.start_worker(1)}
         producer = _SteadyProducer(cluster.bootstrap, deployment.topics["input"], articles, per_s=100)
         producer.start()
-        _committed_at_least(committed, 200, deployment)
+        committed.reach(lambda r: len(r) >= 200, timeout=90, logs=deployment.logs)
         owner = max(workers, key=lambda i: _indexed(deployment, i))
         assert deployment.kill(workers[owner], signal.SIGKILL), deployment.logs()
         workers[owner] = deployment.start_worker(owner)
-        _committed_at_least(committed, 500, deployment)
+        committed.reach(lambda r: len(r) >= 500, timeout=90, logs=deployment.logs)
         killed = _leader(cluster.bootstrap, deployment.topics["signatures"])
         cluster.run("kill-broker", str(killed))
-        _committed_at_least(committed, 700, deployment)  # decided with a node down
+        committed.reach(lambda r: len(r) >= 700, timeout=90, logs=deployment.logs)  # decided with a node down
         cluster.run("start-broker", str(killed))
         assert deployment.kill(workers[1], signal.SIGKILL), deployment.logs()
         workers[1] = deployment.start_worker(1)

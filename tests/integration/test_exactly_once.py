@@ -150,7 +150,7 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
     owner = deployment.start_worker(0)
     committed = TopicReader(deployment.bootstrap, deployment.topics["verdicts"], "read_committed")
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[:10])
-    committed.read_until(lambda r: len(r) >= 10, timeout=60)
+    committed.reach(lambda r: len(r) >= 10, timeout=60, logs=deployment.logs)
     armed.touch()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[10:20])
     _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60)
@@ -164,7 +164,7 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
         for name in fault:
             del deployment.extra_env[name]
         deployment.start_worker(1)
-        committed.read_until(lambda r: len(r) >= 20, timeout=90)
+        committed.reach(lambda r: len(r) >= 20, timeout=90, logs=deployment.logs)
     finally:
         os.kill(owner.pid, signal.SIGCONT)
     assert owner.wait(timeout=60) != 0

@@ -95,7 +95,7 @@ def test_a_tombstone_deletes_a_canonical_which_hands_its_cluster_on(deployment: 
     ]
     produce_articles(deployment.bootstrap, topic, articles)
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
-    reader.read_until(lambda r: len(r) >= 3, timeout=120)
+    reader.reach(lambda r: len(r) >= 3, timeout=120, logs=deployment.logs)
     asyncio.run(produce(deployment.bootstrap, topic, [(b"a", None), (b"nobody", None)]))
     produce_articles(deployment.bootstrap, topic, [{"id": "c", "text": story + " Updated at noon."}])
     records = reader.read_until(lambda r: "c" in latest(r), timeout=120)
@@ -219,7 +219,7 @@ def test_updates_redelivered_after_sigkill_keep_their_versions(deployment: Deplo
     at_kills: list[list[Any]] = []  # the verdict topic as each killed worker left it
     pending: list[int] = []  # corrections without a verdict then
     for target in (700, 1900):
-        reader.read_until(lambda r, t=target: len(r) >= t, timeout=300)
+        reader.reach(lambda r, t=target: len(r) >= t, timeout=300, logs=deployment.logs)
         assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
         at_kills.append(reader.read_all())
         pending.append(count - corrected(at_kills[-1]))

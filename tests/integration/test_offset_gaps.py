@@ -92,7 +92,7 @@ def test_signatures_the_consumer_went_past_are_read_back_in_order(
     worker = deployment.start_worker()
     produce_articles(deployment.bootstrap, deployment.topics["input"], first)
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
-    reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=180)
+    reader.reach(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=180, logs=deployment.logs)
     deployment.kill(worker, signal.SIGTERM)  # a clean stop: everything applied is committed
 
     # The second half signed as the sign stage does, ten articles a message, appended to the topic.

@@ -202,7 +202,7 @@ def test_the_signatures_topic_is_purged_up_to_what_is_decided_and_never_past_it(
     worker = deployment.start_worker()
     reader = TopicReader(deployment.bootstrap, deployment.topics["verdicts"])
     produce_articles(deployment.bootstrap, deployment.topics["input"], first)
-    reader.read_until(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=60)
+    reader.reach(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=60, logs=deployment.logs)
     decided_start, end = _purged_to_committed(deployment, topic, 0)
     # the index stage stopped for real: what is signed now stays undecided
     decider = _decider_pid(worker.pid)

@@ -108,7 +108,7 @@ def restarted_mid_stream(
         # counted by article (a record's key), not by record: a restarted worker's first verdicts
         # may all be repeats
         target = len(articles) - (pending[-1] if pending else len(articles)) + every
-        reader.read_until(lambda r, t=target: len({m.key for m in r}) >= t, timeout=300)
+        reader.reach(lambda r, t=target: len({m.key for m in r}) >= t, timeout=300, logs=deployment.logs)
         assert deployment.kill(worker, sig), f"the worker was running at the stop:\n{deployment.logs()}"
         at_stops.append(reader.read_all())
         pending.append(len(articles) - len(verdicts_by_id(at_stops[-1])))

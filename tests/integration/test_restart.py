@@ -107,7 +107,7 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
         workers = [dep.start_worker(0), dep.start_worker(1)]
         produce_articles(dep.bootstrap, dep.topics["input"], articles[:before])
         reader = TopicReader(dep.bootstrap, dep.topics["verdicts"])
-        reader.read_until(lambda r: len(r) >= 1_000, timeout=300)
+        reader.reach(lambda r: len(r) >= 1_000, timeout=300, logs=dep.logs)
         owner = max((0, 1), key=lambda i: indexed_articles(dep, i))
         assert indexed_articles(dep, owner) > 0 and indexed_articles(dep, 1 - owner) == 0
         assert dep.kill(workers[owner], signal.SIGKILL), f"the owner was running:\n{dep.logs()}"

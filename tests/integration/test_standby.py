@@ -100,7 +100,7 @@ def test_a_standby_takes_the_shard_over_replaying_only_its_lag(
         workers = [dep.start_worker(0), dep.start_worker(1)]
         produce_articles(dep.bootstrap, dep.topics["input"], articles[:before])
         reader = TopicReader(dep.bootstrap, dep.topics["verdicts"])
-        reader.read_until(lambda r: len(verdicts_by_id(r)) >= before, timeout=300)
+        reader.reach(lambda r: len(verdicts_by_id(r)) >= before, timeout=300, logs=dep.logs)
         owner = max((0, 1), key=lambda i: indexed_articles(dep, i))
         standby = 1 - owner
         assert indexed_articles(dep, owner) > 0 and indexed_articles(dep, standby) == 0
@@ -166,11 +166,11 @@ def test_a_standby_behind_the_changelog_replays_exactly_its_lag_on_takeover(
         owner = dep.start_worker(0)
         reader = TopicReader(dep.bootstrap, dep.topics["verdicts"])
         produce_articles(dep.bootstrap, dep.topics["input"], articles[:held])
-        reader.read_until(lambda r: len(verdicts_by_id(r)) >= held, timeout=120)
+        reader.reach(lambda r: len(verdicts_by_id(r)) >= held, timeout=120, logs=dep.logs)
         dep.start_worker(1)
         wait_standing_by(dep, 1)
         produce_articles(dep.bootstrap, dep.topics["input"], articles[held:behind])
-        reader.read_until(lambda r: len(verdicts_by_id(r)) >= behind, timeout=120)
+        reader.reach(lambda r: len(verdicts_by_id(r)) >= behind, timeout=120, logs=dep.logs)
         assert indexed_articles(dep, 0) > 0 and indexed_articles(dep, 1) == 0, "worker 0 kept the shard"
         # read beside the running standby: it writes its copy only when it catches up, which the
         # interval holds off, or once it owns the shard, which the owner holds
