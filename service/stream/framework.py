@@ -12,13 +12,16 @@ used: an upgrade that changes one fails there, with the name, rather than somewh
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.producer.sender import Sender
 from faust.sensors.monitor import Monitor
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
@@ -27,6 +30,8 @@ from mode.utils.times import want_seconds
 
 from ..core.compiled import extension
 from .inline import run_until_wait, wait_for_event
+
+log = logging.getLogger("neardup.stream")
 
 # NEARDUP_KAFKA_HASH_PATH=/path/to/_kafka_hash.so loads that build of _kafka_hash.c instead of the
 # installed one (.ci/asan: one built with AddressSanitizer).
@@ -237,6 +242,9 @@ PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (AIOKafkaProducer, "_partitioner", "default_partitions"),
     (AIOKafkaProducer, "_metadata", "default_partitions"),
     (AIOKafkaProducer, "_partition", "default_partitions"),
+    (AIOKafkaProducer, "_sender", "coordinator_lookups_retried"),
+    (Sender, "_find_coordinator", "coordinator_lookups_retried"),
+    (Sender, "_retry_backoff", "coordinator_lookups_retried"),
 ]
 
 
@@ -281,3 +289,27 @@ async def broker_answers(app: faust.App, timeout: float) -> bool:
         return bool(await asyncio.wait_for(update, timeout))
     except TimeoutError:
         return False
+
+
+def coordinator_lookups_retried(producer: AIOKafkaProducer) -> AIOKafkaProducer:
+    """`producer`, whose coordinator lookups survive a broker's loss. aiokafka asks a lookup again
+    when the node it picked is not ready, but a connection that breaks under the request (the node
+    died while it was asked) ends its sender for good: the transactional producer can then only
+    fail, and the stage would stop the worker over a node that the cluster does without. Such a
+    lookup is asked again, of a node the refreshed metadata still lists."""
+    sender = cast(Any, producer)._sender
+    lookup = sender._find_coordinator
+
+    async def find_coordinator(coordinator_type: int, coordinator_key: str) -> int:
+        while True:
+            try:
+                return cast(int, await lookup(coordinator_type, coordinator_key))
+            except KafkaError as exc:
+                if not isinstance(exc.__cause__, KafkaConnectionError):
+                    raise
+                log.warning("coordinator_lookup_retried key=%s error=%s", coordinator_key, exc.__cause__)
+                await producer.client.force_metadata_update()
+                await asyncio.sleep(sender._retry_backoff)
+
+    sender._find_coordinator = find_coordinator
+    return producer

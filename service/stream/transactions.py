@@ -26,6 +26,7 @@ from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
 from ..config import Settings
 from ..errors import Error
+from .framework import coordinator_lookups_retried
 from .topics import max_request_bytes
 
 log = logging.getLogger("neardup.stream")
@@ -98,17 +99,19 @@ class TransactionalWriter:
         coordinator, fencing every earlier producer of the id and aborting its open transaction."""
         if self.producer is None:
             settings = self.settings
-            producer = AIOKafkaProducer(
-                bootstrap_servers=settings.bootstrap_servers,
-                transactional_id=self.transactional_id,
-                transaction_timeout_ms=round(settings.transaction_timeout * 1000),
-                acks="all",
-                enable_idempotence=True,
-                request_timeout_ms=round(settings.delivery_timeout * 1000),
-                max_request_size=max_request_bytes(settings),
-                max_batch_size=512 * 1024,  # as the worker's other producer (app.py)
-                linger_ms=2,
-                **settings.client_security(),
+            producer = coordinator_lookups_retried(
+                AIOKafkaProducer(
+                    bootstrap_servers=settings.bootstrap_servers,
+                    transactional_id=self.transactional_id,
+                    transaction_timeout_ms=round(settings.transaction_timeout * 1000),
+                    acks="all",
+                    enable_idempotence=True,
+                    request_timeout_ms=round(settings.delivery_timeout * 1000),
+                    max_request_size=max_request_bytes(settings),
+                    max_batch_size=512 * 1024,  # as the worker's other producer (app.py)
+                    linger_ms=2,
+                    **settings.client_security(),
+                )
             )
             try:
                 await producer.start()
