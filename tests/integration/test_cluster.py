@@ -369,6 +369,7 @@ def test_exactly_once_on_three_brokers_through_kills_of_the_owner_a_broker_and_a
         cluster.run("kill-broker", str(killed))
         committed.reach(lambda r: len(r) >= 700, timeout=90, logs=deployment.logs)  # decided with a node down
         cluster.run("start-broker", str(killed))
+        assert all(worker.poll() is None for worker in workers.values()), deployment.logs()  # none stopped
         assert deployment.kill(workers[1], signal.SIGKILL), deployment.logs()
         workers[1] = deployment.start_worker(1)
         producer.join(timeout=60)
