@@ -75,10 +75,17 @@ async def _committed(bootstrap: str, topic: str) -> tuple[list[bytes], int | Non
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
-        offset = await consumer.committed(tp)
         consumer.seek(tp, 0)
         records = await consumer.getmany(tp, timeout_ms=5000)
-        return [cast(bytes, r.value) for r in records.get(tp, [])], offset
+        values = [cast(bytes, r.value) for r in records.get(tp, [])]
+        # a commit's markers reach the topic and the group's offsets each in their own time: once
+        # the record is readable, its offset follows
+        deadline = asyncio.get_running_loop().time() + (10 if values else 0)
+        offset = await consumer.committed(tp)
+        while offset is None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.2)
+            offset = await consumer.committed(tp)
+        return values, offset
     finally:
         await consumer.stop()
 
