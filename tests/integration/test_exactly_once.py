@@ -32,10 +32,11 @@ from .conftest import (
 EXACTLY_ONCE = {"NEARDUP_PROCESSING_GUARANTEE": "exactly_once"}
 
 
-def _wait_for(condition: Any, timeout: float) -> None:
+def _wait_for(condition: Any, timeout: float, logs: Any = str) -> None:
+    """Until `condition()` holds; past `timeout`, the test fails with `logs()` (the workers')."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out\n{logs()}"
         time.sleep(0.2)
 
 
@@ -73,13 +74,14 @@ def test_a_backlog_on_three_partitions_gets_every_verdict_once(deployment: Deplo
 
 
 def test_a_kill_inside_a_transaction_repeats_no_verdict(deployment: Deployment, tmp_path: Path) -> None:
-    """A backlog decided in transactions; the worker is SIGKILLed while a transaction whose
-    verdicts were all sent and acknowledged waits for its commit. After the restart, a
-    read_committed consumer finds every article's verdict exactly once, equal to embedded mode's;
-    a read_uncommitted one finds the aborted transaction's verdicts too."""
+    """A backlog, and more input once a transaction committed, decided in transactions; the
+    worker is SIGKILLed while a transaction whose verdicts were all sent and acknowledged waits
+    for its commit. After the restart, a read_committed consumer finds every article's verdict
+    exactly once, equal to embedded mode's; a read_uncommitted one finds the aborted
+    transaction's verdicts too."""
     articles = load_sample(300)
     deployment.create_topics()
-    produce_articles(deployment.bootstrap, deployment.topics["input"], articles)
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles[:150])
     deployment.extra_env.update(
         {
             **EXACTLY_ONCE,
@@ -91,7 +93,11 @@ def test_a_kill_inside_a_transaction_repeats_no_verdict(deployment: Deployment, 
     worker = deployment.start_worker()
     uncommitted = TopicReader(deployment.bootstrap, deployment.topics["verdicts"], transactional=True)
     committed = TopicReader(deployment.bootstrap, deployment.topics["verdicts"], "read_committed")
-    _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60)
+    # the rest once a transaction committed: however the backlog was batched (all of it can join
+    # one transaction), the rest is decided in a later one, which there is then to hold
+    committed.reach(lambda r: len(r) >= 1, timeout=60, logs=deployment.logs)
+    produce_articles(deployment.bootstrap, deployment.topics["input"], articles[150:])
+    _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60, logs=deployment.logs)
     # the held transaction's verdicts are in the log
     assert len(uncommitted.read_all(timeout=10)) > len(committed.read_all(timeout=10)), deployment.logs()
     deployment.kill(worker, signal.SIGKILL)
@@ -153,12 +159,16 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
     committed.reach(lambda r: len(r) >= 10, timeout=60, logs=deployment.logs)
     armed.touch()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[10:20])
-    _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60)
+    _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60, logs=deployment.logs)
     changelog = f"{deployment.name}-records-changelog"
     written = TopicReader(deployment.bootstrap, changelog, transactional=True)
     kept = TopicReader(deployment.bootstrap, changelog, "read_committed")
     # the held chunk's changelog records are in the log, their transaction open
-    _wait_for(lambda: len(written.read_all(timeout=10)) > len(kept.read_all(timeout=10)), timeout=30)
+    _wait_for(
+        lambda: len(written.read_all(timeout=10)) > len(kept.read_all(timeout=10)),
+        timeout=30,
+        logs=deployment.logs,
+    )
     os.kill(owner.pid, signal.SIGSTOP)
     try:
         for name in fault:
