@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from .conftest import (
 EXACTLY_ONCE = {"NEARDUP_PROCESSING_GUARANTEE": "exactly_once"}
 
 
-def _wait_for(condition: Any, timeout: float, logs: Any = str) -> None:
+def _wait_for(condition: Callable[[], bool], timeout: float, logs: Callable[[], str] = str) -> None:
     """Until `condition()` holds; past `timeout`, the test fails with `logs()` (the workers')."""
     deadline = time.monotonic() + timeout
     while not condition():
