@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -204,10 +205,13 @@ def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
 TESTS = Path(__file__).resolve().parent
 # What one test's call may take, in seconds, as it takes alone on this 2-core machine, unless it
 # carries @pytest.mark.budget(seconds): a fault test proves its mechanism on a small stream within
-# it. A test fails past twice its budget: in a parallel run on a shared machine tests took 1.1-2.6
-# times what they take alone. NEARDUP_TEST_BUDGET_SCALE sets that factor; 0 turns the check off.
+# it. A test past its budget times NEARDUP_TEST_BUDGET_SCALE (2: in a parallel run on a shared
+# machine tests took 1.1-2.6 times what they take alone; 0 turns the report off) is listed at the
+# end of the run. It is not failed: how long a test took on a busy machine says nothing of whether
+# the behaviour it checks is right, and CI's own time limit bounds the whole run.
 TEST_BUDGET_S = 20.0
 BUDGET_SCALE = float(os.environ.get("NEARDUP_TEST_BUDGET_SCALE", "2"))
+OVER_BUDGET = "over_budget"  # the user property a test over its budget carries to the report
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -241,16 +245,29 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A test that passed but took longer than its budget fails, saying by how much."""
+    """A test that passed but took longer than its budget says so in its report (listed at the
+    end of the run by pytest_terminal_summary, from whichever worker ran it)."""
     report = yield
     if call.when == "call" and report.passed and BUDGET_SCALE > 0:
         marker = item.get_closest_marker("budget")
         budget = float(marker.args[0]) if marker else TEST_BUDGET_S
         if call.duration > budget * BUDGET_SCALE:
-            report.outcome = "failed"
-            report.longrepr = (
-                f"{item.nodeid} took {call.duration:.1f} s, over {BUDGET_SCALE:g} times its budget of "
-                f"{budget:g} s (tests/run tells the budgets): make it smaller, or mark it "
-                "@pytest.mark.budget(seconds) with why it needs that long"
+            report.user_properties.append(
+                (OVER_BUDGET, f"{item.nodeid} took {call.duration:.1f} s, budget {budget:g} s")
             )
     return report
+
+
+_over_budget: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On the process that reports (xdist's controller too): the tests over their budget."""
+    _over_budget.extend(value for name, value in report.user_properties if name == OVER_BUDGET)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _over_budget:
+        terminalreporter.section(f"over {BUDGET_SCALE:g} times their time budget (reported, not failed)")
+        for line in _over_budget:
+            terminalreporter.line(line)
