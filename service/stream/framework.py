@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
@@ -238,6 +239,10 @@ PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (aiokafka_driver.Consumer, "_committed_offset", "committed_offset"),
     (aiokafka_driver.Consumer, "_commit", "app_class: under exactly-once the transactions commit"),
     (aiokafka_driver.Consumer, "_add_gap", "allow_commits_past"),
+    (aiokafka_driver.AIOKafkaConsumerThread, "_consumer", "fetch_state: the consumer, if it runs"),
+    (aiokafka_driver.Consumer, "_thread", "fetch_state: the consumer thread"),
+    (aiokafka_driver.Consumer, "_read_offset", "fetch_state: the last offset handed to a stream"),
+    (AIOKafkaConsumer, "_subscription", "fetch_state: the position, without a request"),
     (aiokafka_driver.Producer, "_ensure_producer", "aiokafka_producer"),
     (AIOKafkaProducer, "_partitioner", "default_partitions"),
     (AIOKafkaProducer, "_metadata", "default_partitions"),
@@ -253,6 +258,31 @@ def committed_offset(app: faust.App, tp: TP) -> int | None:
     when nothing, or offset 0, was committed): where Faust seeks to. Asking the broker instead would
     cost a round trip at each first batch."""
     return cast(Any, app.consumer)._committed_offset.get(tp)
+
+
+@dataclass(frozen=True)
+class FetchState:
+    """Where the consumer stands in a partition, as aiokafka and Faust know it without a request."""
+
+    position: int | None  # the next offset the consumer returns (None: being reset)
+    end: int | None  # the high-water mark, or under read_committed the last stable offset
+    handed: int | None  # the last offset Faust handed to the partition's stream
+
+
+def fetch_state(app: faust.App, tp: TP) -> FetchState | None:
+    """The consumer's position and end in `tp` (None before the consumer runs, or when `tp` is
+    not assigned). The end that counts is the one the consumer can read up to: under
+    read_committed, records past the last stable offset are not readable yet. aiokafka moves the
+    position past commit markers and aborted records as it fetches them, so neither counts."""
+    thread = getattr(app.consumer, "_thread", None)
+    consumer = getattr(thread, "_consumer", None)
+    if consumer is None or not consumer._subscription.is_assigned(tp):
+        return None
+    state = consumer._subscription.subscription.assignment.state_value(tp)
+    end = state.lso if consumer._isolation_level == "read_committed" else state.highwater
+    position = state.position if state.has_valid_position else None
+    handed = cast(Any, app.consumer)._read_offset.get(tp)
+    return FetchState(position, end if end is not None and end >= 0 else None, handed)
 
 
 async def allow_commits_past(app: faust.App, tp: TP, first: int, last: int) -> None:

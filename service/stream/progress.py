@@ -144,20 +144,37 @@ class Progress:
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))
 
     def stalled(self, limit: float, busy: Set[str] = frozenset()) -> str | None:
-        """Why the worker is wedged, if it is: a partition with messages waiting that its agent has
-        not taken a batch from for `limit` seconds (but the `busy` topics, whose agents are known to
-        be at work on their batch or waiting for the broker)."""
+        """Why the worker is wedged, if it is: a partition with records waiting (`waiting`) that
+        its agent has not taken a batch from for `limit` seconds (but the `busy` topics, whose
+        agents are known to be at work on their batch or waiting for the broker)."""
         now = time.monotonic()
         for tp in self.app.consumer.assignment():
             if tp.topic in busy:
                 continue
-            highwater = self.app.consumer.highwater(tp)
-            last = self.delivered.get(tp)
             taken = self.taken_at.get(tp.topic, now)
-            if highwater is not None and last is not None and highwater - 1 > last and now - taken > limit:
-                waiting = highwater - 1 - last
-                return f"{tp.topic}:{tp.partition}: {waiting} waiting, none taken for {now - taken:.0f} s"
+            if now - taken <= limit:
+                continue
+            state = framework.fetch_state(self.app, tp)
+            count = 0 if state is None else waiting(state, self.delivered.get(tp))
+            if count:
+                return f"{tp.topic}:{tp.partition}: {count} waiting, none taken for {now - taken:.0f} s"
         return None
+
+
+def waiting(state: framework.FetchState, delivered: int | None) -> int:
+    """Records of a partition that its agent has yet to take: those the consumer has not fetched
+    up to the end it can read (the high-water mark, or the last stable offset under
+    read_committed), and those Faust handed to the stream after the last the agent took. Not the
+    offset of the last record against the high-water mark: a commit marker or an aborted record
+    holds an offset that no agent is ever delivered, and an idle worker under exactly-once would
+    look wedged for good."""
+    unfetched = 0
+    if state.position is not None and state.end is not None:
+        unfetched = max(state.end - state.position, 0)
+    untaken = 0
+    if state.handed is not None and delivered is not None:
+        untaken = max(state.handed - delivered, 0)
+    return unfetched + untaken
 
 
 def unacknowledged(stages: list[Deliveries], limit: float) -> str | None:

@@ -120,18 +120,23 @@ def test_readiness_is_delivery_and_liveness_ignores_it() -> None:
     assert metrics.readiness()["status"] == "stalled"  # what is not alive is not ready either
 
 
-def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_unacknowledged() -> None:
+def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_unacknowledged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from types import SimpleNamespace
 
     from faust.types import TP
 
+    from neardup.stream import framework
     from neardup.stream.progress import Progress, unacknowledged
 
     now = time.monotonic()
     stage = Deliveries("index", lambda message: None)
     tp = TP("articles", 0)
-    highwater = {tp: 100}
-    consumer = SimpleNamespace(assignment=lambda: set(highwater), highwater=highwater.get)
+    # the consumer fetched up to the end; Faust handed the stream everything up to 99
+    states = {tp: framework.FetchState(position=100, end=100, handed=99)}
+    monkeypatch.setattr(framework, "fetch_state", lambda app, tp: states.get(tp))
+    consumer = SimpleNamespace(assignment=lambda: set(states))
     app: Any = SimpleNamespace(consumer=consumer)
     progress = Progress(app, cast(Any, None), cast(Any, None), cast(Any, None))
     progress.delivered[tp] = 99
@@ -148,7 +153,26 @@ def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_un
     stage.settled_at = now
     assert unacknowledged([stage], 30.0) is None
     sigs = TP("sigs", 0)
-    highwater[sigs], progress.delivered[sigs], progress.taken_at["sigs"] = 10, 2, now - 300
-    assert "sigs:0" in (progress.stalled(60.0) or "")
+    states[sigs] = framework.FetchState(position=3, end=10, handed=2)  # 7 not fetched yet
+    progress.delivered[sigs], progress.taken_at["sigs"] = 2, now - 300
+    assert "sigs:0: 7 waiting" in (progress.stalled(60.0) or "")
     # a rebuild in progress, or a stage waiting for the broker, is not a stall
     assert progress.stalled(60.0, {"sigs"}) is None
+
+
+def test_a_commit_marker_or_aborted_records_past_the_last_record_are_not_waiting() -> None:
+    """Under exactly-once the last transaction's commit marker sits at the high-water mark - 1 and
+    is never delivered: an idle worker has nothing waiting. So with aborted records, which the
+    consumer skips as it fetches them (its position moves past them)."""
+    from neardup.stream.framework import FetchState
+    from neardup.stream.progress import waiting
+
+    # records 0-9 taken, a commit marker at 10: the consumer's position is past it
+    assert waiting(FetchState(position=11, end=11, handed=9), delivered=9) == 0
+    # records 11-19 aborted and their abort marker at 20, fetched and skipped
+    assert waiting(FetchState(position=21, end=21, handed=9), delivered=9) == 0
+    # what does wait: records not fetched yet, and records handed to the stream but not taken
+    assert waiting(FetchState(position=11, end=15, handed=9), delivered=9) == 4
+    assert waiting(FetchState(position=21, end=21, handed=19), delivered=9) == 10
+    # nothing known yet (a consumer resetting its position, or no fetch answered): not waiting
+    assert waiting(FetchState(position=None, end=None, handed=None), delivered=None) == 0
