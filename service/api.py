@@ -55,7 +55,7 @@ class Deduplicator:
         self.params = params
         self.max_text_bytes = max_text_bytes
         self._state = state
-        self._stage = SignStage(params, max_text_bytes, retention.skew_ms)
+        self._stage = SignStage.under(params, max_text_bytes, retention)
         self._shard = IndexShard(state, params, retention)
         self._closed = False
 

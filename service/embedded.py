@@ -192,7 +192,7 @@ def run_file(
     summary.resumed_from_line = mark.line
     dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
     bar = Progress(input_path.stat().st_size, progress)
-    stage = SignStage(params, max_text_bytes, retention.skew_ms)
+    stage = SignStage.under(params, max_text_bytes, retention)
     topic = str(input_path)
     with ExitStack() as files:
         source = files.enter_context(input_path.open("rb"))

@@ -24,6 +24,7 @@ DeadLetterReason = Literal[
     "oversized",
     "empty_text",
     "key_mismatch",
+    "unkeyed",  # a Kafka record without a key: its id's versions could take different partitions
     "internal_error",
     "processing_failed",  # the message made a helper process die or hang, alone
 ]
@@ -92,14 +93,19 @@ class Deletion:
     article_id: str
 
 
-def decode_message(raw: bytes | None, key: bytes | None, max_text_bytes: int) -> Article | Deletion:
+def decode_message(
+    raw: bytes | None, key: bytes | None, max_text_bytes: int, *, keyed: bool = False
+) -> Article | Deletion:
     """An input message: an article, or a deletion. InvalidMessage names what is wrong.
 
     A message with a key must be keyed by its id (`key_mismatch` otherwise, once its value passes
     its own checks): an article's versions and its deletion are applied in the order of the
     input's partitions, which keeps them in order only when they share a partition, as messages
-    of one key do. A message keyed otherwise could be applied after its own tombstone. None (no
-    key: embedded mode, the library) is not compared."""
+    of one key do. A message keyed otherwise could be applied after its own tombstone. For the
+    same reason a message that must have a key (`keyed`: a Kafka record) and has none is refused
+    (`unkeyed`, once its value passes its own checks): the producer's partitioner spreads such
+    messages, one id's among them, over the partitions. Embedded mode and the library have no
+    partitions: their messages have no key to compare."""
     if raw is None:
         if not key:
             raise InvalidMessage("invalid_json", "tombstone without a key: no article id to delete")
@@ -111,6 +117,12 @@ def decode_message(raw: bytes | None, key: bytes | None, max_text_bytes: int) ->
             raise InvalidMessage("schema_violation", f"tombstone key is longer than {MAX_ID_LENGTH}")
         return Deletion(article_id)
     decoded = decode_article(raw, max_text_bytes)
+    if key is None and keyed:
+        raise InvalidMessage(
+            "unkeyed",
+            f"the message for {decoded.article_id!r} has no key: produce it keyed by its id, so that "
+            "the article's versions and deletion stay in one partition, in order",
+        )
     if key is not None and key != decoded.article_id.encode("utf-8"):
         raise InvalidMessage(
             "key_mismatch",

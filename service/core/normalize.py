@@ -117,6 +117,63 @@ def canonical_code_points(
     return collapsed.astype(np.uint32, copy=False)
 
 
+# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt, Unicode 14 to 15.1), as inclusive
+# ranges: characters that render as nothing where they are not supported. unicodedata does not
+# carry the property; most of these are Cf, Mn or Cn anyway, the Hangul fillers (Lo) are not.
+DEFAULT_IGNORABLE: tuple[tuple[int, int], ...] = (
+    (0x00AD, 0x00AD),  # soft hyphen
+    (0x034F, 0x034F),  # combining grapheme joiner
+    (0x061C, 0x061C),  # Arabic letter mark
+    (0x115F, 0x1160),  # Hangul choseong and jungseong fillers
+    (0x17B4, 0x17B5),  # Khmer inherent vowels
+    (0x180B, 0x180F),  # Mongolian variation selectors and vowel separator
+    (0x200B, 0x200F),  # zero-width space, joiners, directional marks
+    (0x202A, 0x202E),  # directional embeddings and overrides
+    (0x2060, 0x206F),  # word joiner, invisible operators, directional isolates, reserved
+    (0x3164, 0x3164),  # Hangul filler
+    (0xFE00, 0xFE0F),  # variation selectors
+    (0xFEFF, 0xFEFF),  # zero-width no-break space (byte order mark)
+    (0xFFA0, 0xFFA0),  # half-width Hangul filler
+    (0xFFF0, 0xFFF8),  # reserved
+    (0x1BCA0, 0x1BCA3),  # shorthand format controls
+    (0x1D173, 0x1D17A),  # musical symbol format controls
+    (0xE0000, 0xE0FFF),  # tags, variation selectors supplement, reserved
+)
+# control, format, surrogate, private use, unassigned, separators, combining marks
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Mc", "Me"})
+# A text's first characters almost always show one that is visible; only past them is the rest
+# of the text searched, by its distinct code points.
+_VISIBLE_HEAD = 64
+
+
+def is_default_ignorable(point: int) -> bool:
+    """Whether the code point has Unicode's Default_Ignorable_Code_Point property."""
+    return any(low <= point <= high for low, high in DEFAULT_IGNORABLE)
+
+
+def is_visible(point: int) -> bool:
+    """A code point outside the invisible categories and not default-ignorable: one that shows."""
+    if 0x20 < point < 0x7F:
+        return True
+    return unicodedata.category(chr(point)) not in INVISIBLE_CATEGORIES and not is_default_ignorable(point)
+
+
+def has_visible(points: CodePoints) -> bool:
+    """Whether the canonical text (its code points) has a character that shows: a text of only
+    controls, zero-width or other invisible characters has nothing to compare, and its sketch
+    would match every other such text."""
+    if any(map(is_visible, points[:_VISIBLE_HEAD].tolist())):
+        return True
+    return any(map(is_visible, np.unique(points[_VISIBLE_HEAD:]).tolist()))
+
+
+def has_visible_text(text: str) -> bool:
+    """has_visible for a canonical text as a string."""
+    if any(map(is_visible, map(ord, text[:_VISIBLE_HEAD]))):
+        return True
+    return any(map(is_visible, map(ord, set(text[_VISIBLE_HEAD:]))))
+
+
 @dataclass(frozen=True)
 class DecodedText:
     """Decoded text and how it was obtained, so callers can report guessed encodings."""

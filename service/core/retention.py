@@ -1,10 +1,11 @@
 """Event time and the retention window: which time an article counts under, and what has expired.
 
-An article's time is its `published_at` when that parses and is not ahead of the reference clock
-(the Kafka record timestamp in the worker, the wall clock in embedded mode) by more than an allowed
-skew; otherwise a fallback the caller supplies. Articles older than the newest time seen minus the
-window expire. Only accepted times move the newest time, so one article stamped 2099 cannot expire
-the whole index, and a file of last year's news expires by its own dates.
+An article's time is its `published_at` when that parses, is not before the earliest time allowed
+and is not ahead of the signing process's clock by more than an allowed skew; otherwise it is
+refused. Articles older than the newest time seen minus the window expire. A refused time never
+moves the newest time: the index takes it as the newest accepted time (pipeline/shard.py), so one
+article stamped 2099 cannot expire the whole index, nor one of year 1 expire at once, and a file
+of last year's news expires by its own dates.
 """
 
 from __future__ import annotations
@@ -51,36 +52,59 @@ def parse_rfc3339_ms(text: str) -> int | None:
     return round(stamp.timestamp() * 1000)
 
 
+# The earliest event time accepted by default: the Unix epoch, before which Kafka has no record
+# timestamps. What a feed sends before it is a placeholder (year 1 from a zero date value, 1900 from
+# a spreadsheet or database default), not a publication date.
+DEFAULT_EARLIEST = "1970-01-01T00:00:00Z"
+
+
+def parse_earliest_ms(text: str) -> int:
+    """An RFC 3339 date-time → milliseconds since the epoch; ValueError otherwise."""
+    stamp = parse_rfc3339_ms(text)
+    if stamp is None:
+        raise ValueError(f"not an RFC 3339 date-time: {text!r} (expected e.g. {DEFAULT_EARLIEST})")
+    return stamp
+
+
 @dataclass(frozen=True)
 class EventTime:
     """The time an article counts under, and whether its `published_at` was refused (present, but
-    unparseable or too far ahead of the reference clock)."""
+    unparseable, before the earliest time or too far ahead of the reference clock)."""
 
     time_ms: int
     refused: bool
 
 
-def event_time(published_at: str | None, reference_ms: int, fallback_ms: int, skew_ms: int) -> EventTime:
-    """`published_at` when valid and at most `skew_ms` ahead of `reference_ms`, else `fallback_ms`."""
+def event_time(
+    published_at: str | None, reference_ms: int, fallback_ms: int, skew_ms: int, earliest_ms: int = 0
+) -> EventTime:
+    """`published_at` when valid, not before `earliest_ms` and at most `skew_ms` ahead of
+    `reference_ms`, else `fallback_ms`."""
     if published_at is None:
         return EventTime(fallback_ms, False)
     stamp = parse_rfc3339_ms(published_at)
-    if stamp is None or stamp > reference_ms + skew_ms:
+    if stamp is None or not earliest_ms <= stamp <= reference_ms + skew_ms:
         return EventTime(fallback_ms, True)
     return EventTime(stamp, False)
 
 
 @dataclass(frozen=True)
 class Retention:
-    """The window (0: keep forever) and how far apart expiry passes run: expiry walks the oldest
-    arrivals by time, and running it for every article would cost a scan start each time."""
+    """The window (0: keep forever), which event times are used (`accepts`), and how far apart
+    expiry passes run: expiry walks the oldest arrivals by time, and running it for every article
+    would cost a scan start each time."""
 
     window_ms: int = 0
     skew_ms: int = 10 * 60_000
+    earliest_ms: int = 0  # DEFAULT_EARLIEST: an event time before it is refused
 
     @property
     def enabled(self) -> bool:
         return self.window_ms > 0
+
+    def accepts(self, time_ms: int, now_ms: int) -> bool:
+        """Whether an event time is used: not before the earliest, not too far ahead of `now_ms`."""
+        return self.earliest_ms <= time_ms <= now_ms + self.skew_ms
 
     @property
     def step_ms(self) -> int:

@@ -11,7 +11,7 @@ from ..errors import Error
 from ._hashing import HashArray
 from .anchors import NO_ANCHORS, Anchors, anchors_of
 from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
-from .normalize import canonical_code_points, normalize
+from .normalize import canonical_code_points, has_visible, has_visible_text, normalize
 from .params import DedupParams
 from .shingle import shingle_hashes
 
@@ -61,13 +61,16 @@ def content_hash(canonical: str) -> bytes:
 
 def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> Sketch:
     """Normalize, shingle, sign, and pick the anchors (character shingles, containment index on).
-    Raises EmptyText when the canonical text has nothing to shingle: no character, or under word
-    shingles no word (whitespace the normalization keeps is none); and normalize.TooLong when
-    normalisation takes it beyond `max_points` characters (None: no limit)."""
+    Raises EmptyText when the canonical text has nothing to shingle: no character, under word
+    shingles no word (whitespace the normalization keeps is none), or no character that shows
+    (normalize.has_visible); and normalize.TooLong when normalisation takes it beyond `max_points`
+    characters (None: no limit)."""
     if params.shingle.unit == "char":
         points = canonical_code_points(text, params.normalize, max_points)
         if points.size == 0:
             raise EmptyText("text is empty after normalization")
+        if not has_visible(points):
+            raise EmptyText("text has only invisible characters after normalization")
         digest = mmh3.hash_bytes(points.tobytes())
         units = points.size
         signature, verifier, distinct = params.hasher.sketches_of_units(
@@ -79,6 +82,8 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
         units = len(canonical.split())
         if not units:  # an empty set would match every other one with a Jaccard of 1
             raise EmptyText("text has no word after normalization")
+        if not has_visible_text(canonical):
+            raise EmptyText("text has only invisible characters after normalization")
         digest = content_hash(canonical)
         signature, verifier, distinct = params.hasher.sketches(
             shingle_hashes(canonical, params.shingle), params.verify_perm

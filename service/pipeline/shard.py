@@ -195,7 +195,7 @@ class IndexShard:
             return self._delete(item.article_id)
         if item.refused_time:
             self.counts.refused_times += 1
-        time_ms = self._capped_time(item.time_ms, now_s)
+        time_ms = self._event_time(item, now_s)
         cutoff = self.retention.cutoff(self._newest(time_ms))
         keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
         outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
@@ -209,6 +209,16 @@ class IndexShard:
         expired = self._expire_due()
         status = "redelivered" if outcome.redelivered else "new"
         return Decided(status, outcome.article, self._verdict(outcome.article, item, now_s), expired)
+
+    def _event_time(self, item: Signed, now_s: float) -> int:
+        """A refused time is taken as the newest time the index holds (the stream's time), so that
+        it cannot move it: a time far ahead would expire a whole backfill, one far behind expire
+        the article at once. Only while the index holds none is it the signer's fallback, its
+        arrival. The record keeps the time taken: a replay of the changelog repeats it."""
+        newest = self.state.counts.newest_ms
+        if item.refused_time and newest is not None:
+            return newest
+        return self._capped_time(item.time_ms, now_s)
 
     def _capped_time(self, time_ms: int, now_s: float) -> int:
         """No time the state keeps, and so no expiry cutoff, runs ahead of this clock by more than

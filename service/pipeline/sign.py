@@ -12,7 +12,7 @@ import orjson
 from ..core.lsh import band_keys
 from ..core.normalize import TooLong
 from ..core.params import DedupParams
-from ..core.retention import NO_RETENTION, event_time
+from ..core.retention import NO_RETENTION, Retention, event_time
 from ..core.signing import EmptyText, sketch_of
 from ..messages import Article, Deletion, InvalidMessage, dead_letter_dict, decode_message
 from .wire import Provenance, Signed, SignedDeletion, encode_deletion, encode_signed
@@ -32,20 +32,38 @@ class SignResult:
 
 
 class SignStage:
-    """Stateless and CPU-bound: scales with input partitions and workers."""
+    """Stateless and CPU-bound: scales with input partitions and workers. An event time is used
+    when not before `earliest_ms` nor more than `time_skew_ms` ahead of the clock; `keyed`: every
+    message must have a key (the worker's, read from partitions: messages.decode_message)."""
 
     def __init__(
-        self, params: DedupParams, max_text_bytes: int, time_skew_ms: int = NO_RETENTION.skew_ms
+        self,
+        params: DedupParams,
+        max_text_bytes: int,
+        time_skew_ms: int = NO_RETENTION.skew_ms,
+        *,
+        earliest_ms: int = NO_RETENTION.earliest_ms,
+        keyed: bool = False,
     ) -> None:
         self.params = params
         self.max_text_bytes = max_text_bytes
         self.time_skew_ms = time_skew_ms
+        self.earliest_ms = earliest_ms
+        self.keyed = keyed
+        self.times = Retention(skew_ms=time_skew_ms, earliest_ms=earliest_ms)
+
+    @classmethod
+    def under(
+        cls, params: DedupParams, max_text_bytes: int, retention: Retention, *, keyed: bool = False
+    ) -> SignStage:
+        """The stage using the event times `retention` accepts."""
+        return cls(params, max_text_bytes, retention.skew_ms, earliest_ms=retention.earliest_ms, keyed=keyed)
 
     def handle(self, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
         """Never raises: every failure becomes a dead letter carrying the original bytes. A
         tombstone (a key, no value) becomes a deletion."""
         try:
-            signed = self.sign(decode_message(raw, key, self.max_text_bytes), src)
+            signed = self.sign(decode_message(raw, key, self.max_text_bytes, keyed=self.keyed), src)
             if isinstance(signed, SignedDeletion):
                 return SignResult(signed=encode_deletion(signed))
             return SignResult(signed=encode_signed(signed), refused_time=signed.refused_time)
@@ -58,9 +76,11 @@ class SignStage:
         """The signed record of a decoded article; raises signing.EmptyText for an empty text.
 
         Its event time is judged against this process's clock, never the record's: `published_at`
-        when valid and at most the skew ahead of the clock, else the record's timestamp when that
-        is not ahead either, else the time it is signed (its arrival). One producer's clock can
-        then neither expire the index nor keep an article beyond its peers."""
+        when valid, not before the earliest time and at most the skew ahead of the clock, else the
+        record's timestamp when that passes too, else the time it is signed (its arrival). One
+        producer's clock can then neither expire the index nor keep an article beyond its peers.
+        A time present but not used marks the record `refused_time`: the index stage takes it as
+        its newest accepted time instead, and the fallback only while it has none."""
         if isinstance(article, Deletion):
             return SignedDeletion(article.article_id, src)
         # at most one canonical character per byte the text may have
@@ -69,9 +89,9 @@ class SignStage:
         keys = tuple(band_keys(sketch.signature, bands, rows))
         now = round(time.time() * 1000) if now_ms is None else now_ms
         stamp = src.timestamp_ms
-        stamp_refused = stamp is not None and stamp > now + self.time_skew_ms
+        stamp_refused = stamp is not None and not self.times.accepts(stamp, now)
         arrival = now if stamp is None or stamp_refused else stamp
-        when = event_time(article.published_at, now, arrival, self.time_skew_ms)
+        when = event_time(article.published_at, now, arrival, self.times.skew_ms, self.times.earliest_ms)
         refused = when.refused or stamp_refused
         return Signed(article.article_id, sketch, src, keys, (bands, rows), when.time_ms, refused)
 

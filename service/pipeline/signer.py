@@ -48,7 +48,7 @@ class _Helper:
     async def start(cls, stage: SignStage, nice: int, timeout: CallTimeout) -> _Helper:
         # answered once the helper is ready; the child runs this module, by the name the package
         # was imported under
-        setup = (stage.params, stage.max_text_bytes, nice, stage.time_skew_ms)
+        setup = (stage.params, stage.max_text_bytes, nice, stage.times, stage.keyed)
         return cls(await Child.start(__name__, setup), timeout)
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
@@ -175,15 +175,15 @@ class Signer:
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The helper's loop: the first frame is (params, max_text_bytes, nice, time skew in ms), then
-    batches until EOF."""
+    """The helper's loop: the first frame is (params, max_text_bytes, nice, event time rules: a
+    Retention, whether keys are required), then batches until EOF."""
     first = read_frame(requests)
     if first is None:
         return
     assert isinstance(first, tuple) and isinstance(first[0], DedupParams), (
-        "expected (params, limit, nice, skew)"
+        "expected (params, limit, nice, times, keyed)"
     )
-    stage = SignStage(first[0], int(first[1]), int(first[3]))
+    stage = SignStage.under(first[0], int(first[1]), first[3], keyed=bool(first[4]))
     if first[2]:
         os.nice(int(first[2]))
     write_frame(answers, "ready")

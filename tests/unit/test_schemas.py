@@ -169,9 +169,18 @@ BAD_INPUTS: dict[str, bytes | None] = {
 }
 
 
-@pytest.mark.parametrize("reason", sorted(BAD_INPUTS))
+# what the worker's stage refuses without a key (the others are sent keyed "a")
+UNKEYED = b'{"id": "a", "text": "sent without a key"}'
+
+
+@pytest.mark.parametrize("reason", sorted([*BAD_INPUTS, "unkeyed"]))
 def test_sign_stage_dead_letters_validate(reason: str) -> None:
-    result = SignStage(DedupParams(), max_text_bytes=100).handle(BAD_INPUTS[reason], b"a", SRC)
+    stage = SignStage(DedupParams(), max_text_bytes=100, keyed=True)
+    result = (
+        stage.handle(UNKEYED, None, SRC)
+        if reason == "unkeyed"
+        else stage.handle(BAD_INPUTS[reason], b"a", SRC)
+    )
     assert result.reason == reason and result.dead_letter is not None
     record = orjson.loads(result.dead_letter)
     assert record["reason"] == reason
@@ -218,7 +227,7 @@ def test_processing_failed_dead_letter_validates() -> None:
 
 
 def test_every_reason_is_exercised() -> None:
-    assert {*BAD_INPUTS, "internal_error", PROCESSING_FAILED} == set(DEAD_LETTER_REASONS)
+    assert {*BAD_INPUTS, "unkeyed", "internal_error", PROCESSING_FAILED} == set(DEAD_LETTER_REASONS)
 
 
 # --- the hand-written article check agrees with the schema ---------------------------------------
