@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 
 from .core.normalize import NormalizeOptions
 from .core.params import FIELD_BOUNDS, DedupParams, bound_problem
-from .core.retention import Retention, format_duration_ms, parse_duration_ms
+from .core.retention import (
+    DEFAULT_EARLIEST,
+    Retention,
+    format_duration_ms,
+    parse_duration_ms,
+    parse_earliest_ms,
+)
 from .core.shingle import ShingleOptions
 from .errors import Error
 from .messages import parse_verdict_filter
@@ -237,6 +243,24 @@ def _broker(value: str) -> str | None:
     if value.startswith(("kafka://", "aiokafka://")):
         return None
     return f"must look like kafka://host:port, got {value!r}"
+
+
+# The SASL mechanisms a user and a password are enough for: aiokafka's others need what neardup
+# does not configure, and would fail at the first connection with an error that does not say so.
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_SASL_REFUSED = {
+    "OAUTHBEARER": "needs a token provider, which neardup does not configure",
+    "GSSAPI": "needs Kerberos (a keytab, the gssapi package), which neardup does not configure",
+}
+
+
+def _sasl_mechanism(value: str) -> str | None:
+    if value in SASL_MECHANISMS:
+        return None
+    listed = ", ".join(SASL_MECHANISMS)
+    if value.upper() in _SASL_REFUSED:
+        return f"{value} is not supported: it {_SASL_REFUSED[value.upper()]}; use one of {listed}"
+    return f"must be one of {listed} (in capitals, as Kafka names them), got {value!r}"
 
 
 def _instance_id(value: str) -> str | None:
@@ -607,10 +631,22 @@ SETTINGS: tuple[Setting, ...] = (
         DURATION,
         format_duration_ms(_RETENTION.skew_ms),
         "a `published_at` or record timestamp further ahead of this process's clock than this (or a "
-        "`published_at` that does not parse) is not used: the article is timed by the record "
-        "timestamp, else by its arrival, and `neardup_refused_times_total` counts it",
+        "`published_at` that does not parse) is refused: the article is timed by the newest article "
+        "time the index holds (by its record timestamp, else its arrival, while it holds none), and "
+        "`neardup_refused_times_total` counts it",
         modes=_BY_TIME,
         check=_reason(parse_duration_ms),
+        refused=_NOT_BY_TIME,
+    ),
+    _verdicts(
+        "min_event_time",
+        STR,
+        DEFAULT_EARLIEST,
+        "the earliest `published_at` or record timestamp used (RFC 3339): an earlier one is refused "
+        "as one too far ahead is. The default, the Unix epoch, refuses placeholder dates (year 1, "
+        "1900); an archive of older news sets it lower",
+        modes=_BY_TIME,
+        check=_reason(parse_earliest_ms),
         refused=_NOT_BY_TIME,
     ),
     _setting(
@@ -725,10 +761,19 @@ SETTINGS: tuple[Setting, ...] = (
         "`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL`",
         check=_one_of("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
     ),
-    _setting("sasl_mechanism", STR, "PLAIN", "SASL mechanism"),
+    _setting(
+        "sasl_mechanism",
+        STR,
+        "PLAIN",
+        "SASL mechanism: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` (others are refused at start); "
+        "`PLAIN` sends the password as it is, so without TLS (`SASL_PLAINTEXT`) neardup warns at start",
+        check=_sasl_mechanism,
+    ),
     _setting("sasl_username", STR, "", "SASL user"),
     _setting("sasl_password", STR, "", "SASL password (never printed)", secret=True),
-    _setting("ssl_cafile", STR, "", "CA bundle"),
+    _setting(
+        "ssl_cafile", STR, "", "CA bundle (PEM) that signed the brokers' certificates (empty: the system's)"
+    ),
     _setting("ssl_certfile", STR, "", "client certificate"),
     _setting("ssl_keyfile", STR, "", "client key"),
 )
@@ -769,9 +814,11 @@ def engine_params(values: Mapping[str, Any]) -> DedupParams:
 
 
 def retention_window(values: Mapping[str, Any]) -> Retention:
-    """The retention window from the values of `retention` and `time_skew` (checked already)."""
-    window, skew = (values.get(name, BY_NAME[name].default) for name in ("retention", "time_skew"))
-    return Retention(parse_duration_ms(window), parse_duration_ms(skew))
+    """The retention window and the event time rules from the values of `retention`, `time_skew`
+    and `min_event_time` (checked already)."""
+    names = ("retention", "time_skew", "min_event_time")
+    window, skew, earliest = (values.get(name, BY_NAME[name].default) for name in names)
+    return Retention(parse_duration_ms(window), parse_duration_ms(skew), parse_earliest_ms(earliest))
 
 
 # Other names of engine parameters (DedupParams's compound fields, the long spelling of fn_weight):
@@ -952,6 +999,7 @@ class Settings:
     bucket_cap: int = FROM_TABLE
     retention: str = FROM_TABLE
     time_skew: str = FROM_TABLE
+    min_event_time: str = FROM_TABLE
     gc_freeze_every: int = FROM_TABLE
     fetch_wait_ms: int = FROM_TABLE
     fetch_min_bytes: int = FROM_TABLE
@@ -1047,6 +1095,31 @@ class Settings:
     def state_path(self) -> Path:
         return Path(self.state_dir)
 
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL")
+
+    def security_warnings(self) -> list[str]:
+        """What is accepted but exposes the credentials; logged at start."""
+        if self.security_protocol == "SASL_PLAINTEXT" and self.sasl_mechanism == "PLAIN":
+            return [
+                "NEARDUP_SECURITY_PROTOCOL=SASL_PLAINTEXT with NEARDUP_SASL_MECHANISM=PLAIN sends the "
+                "SASL password in clear to the brokers, readable by anyone on the network between: use "
+                "SASL_SSL (TLS), or at least SCRAM-SHA-512"
+            ]
+        return []
+
+    def connection_summary(self) -> str:
+        """Where and how the clients connect, for a message that says a connection failed: the
+        bootstrap servers, the security protocol and under SASL the mechanism and the user, never
+        the password."""
+        parts = [f"bootstrap servers {self.bootstrap_servers}", f"security protocol {self.security_protocol}"]
+        if self.uses_sasl:
+            parts += [f"SASL mechanism {self.sasl_mechanism}", f"user {self.sasl_username!r}"]
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            parts.append(f"CA file {self.ssl_cafile}" if self.ssl_cafile else "the system's CA certificates")
+        return ", ".join(parts)
+
     def client_security(self) -> dict[str, Any]:
         """aiokafka keyword arguments for TLS/SASL; secrets stay out of repr() and logs."""
         extra: dict[str, Any] = {"security_protocol": self.security_protocol}
@@ -1058,7 +1131,7 @@ class Settings:
                 certfile=self.ssl_certfile or None,
                 keyfile=self.ssl_keyfile or None,
             )
-        if self.security_protocol.startswith("SASL"):
+        if self.uses_sasl:
             extra.update(
                 sasl_mechanism=self.sasl_mechanism,
                 sasl_plain_username=self.sasl_username,

@@ -11,8 +11,9 @@ import logging
 import sys
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 # The settings the stream commands take as flags (service/config.py's table), over NEARDUP_*.
 WORKER_FLAGS = FlagSet.of(Mode.WORKER)
 TOOL_FLAGS = FlagSet.named("broker", "input_topic", "verdicts_topic")
+T = TypeVar("T")
 
 
 def _settings(args: argparse.Namespace, flags: FlagSet | None, **more: Any) -> Settings:
@@ -35,6 +37,25 @@ def _settings(args: argparse.Namespace, flags: FlagSet | None, **more: Any) -> S
         return Settings.from_env(**(flags.given(args) if flags else {}), **more)
     except ConfigError as exc:
         raise SystemExit(f"configuration error: {exc}") from exc
+
+
+def _tool_settings(args: argparse.Namespace, flags: FlagSet | None, **more: Any) -> Settings:
+    """A client command's settings, with what they expose said on stderr."""
+    settings = _settings(args, flags, **more)
+    for warning in settings.security_warnings():
+        print(f"warning: {warning}", file=sys.stderr)
+    return settings
+
+
+def _run_client(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run for a client command: a broker it cannot connect to ends it with the message
+    that says where, how and why (connect.py), and a non-zero exit, not a traceback."""
+    from .connect import BrokerUnreachable
+
+    try:
+        return asyncio.run(main)
+    except BrokerUnreachable as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def add_parsers(sub: Any) -> None:
@@ -73,6 +94,7 @@ def worker_settings(args: argparse.Namespace) -> Settings:
 def cmd_worker(args: argparse.Namespace) -> int:
     from ..testhooks import load_test_hooks
     from .app import create_app, exit_after
+    from .connect import BrokerUnreachable
     from .metrics import Metrics, serve
     from .topics import TopicMismatch, ensure_topics
 
@@ -82,10 +104,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
     )
     log = logging.getLogger("neardup.worker")
+    for warning in settings.security_warnings():
+        log.warning("insecure_connection detail=%r", warning)
     try:
         asyncio.run(asyncio.wait_for(ensure_topics(settings), timeout=60))
     except TopicMismatch as exc:
         log.error("topic_mismatch detail=%r", str(exc))
+        return 2
+    except BrokerUnreachable as exc:
+        log.error("broker_unavailable %s", exc)
         return 2
     except (TimeoutError, OSError, Exception) as exc:  # broker unreachable etc.
         log.error("broker_unavailable broker=%s error=%r", settings.bootstrap_servers, str(exc))
@@ -134,8 +161,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    settings = _settings(args, TOOL_FLAGS)
-    sent = asyncio.run(produce_file(settings, Path(args.file), args.rate))
+    settings = _tool_settings(args, TOOL_FLAGS)
+    sent = _run_client(produce_file(settings, Path(args.file), args.rate))
     print(f"sent {sent} messages to {settings.input_topic}")
     return 0
 
@@ -144,6 +171,8 @@ async def produce_file(settings: Settings, path: Path, rate: float = 0.0) -> int
     """Send each non-empty line as one message, keyed by its id when it has one."""
     from aiokafka import AIOKafkaProducer
 
+    from .connect import start_client
+
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.bootstrap_servers,
         linger_ms=5,
@@ -151,7 +180,7 @@ async def produce_file(settings: Settings, path: Path, rate: float = 0.0) -> int
         enable_idempotence=True,  # keeps file order within a partition across retries
         **settings.client_security(),
     )
-    await producer.start()
+    await start_client(settings, producer)
     sent = 0
     started = time.perf_counter()
     try:
@@ -182,10 +211,10 @@ def _key_of(body: bytes) -> bytes | None:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    settings = _settings(args, TOOL_FLAGS)
+    settings = _tool_settings(args, TOOL_FLAGS)
     seen: list[dict[str, Any]] = []
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(tail(settings, args.json, args.from_beginning, args.max, args.idle_timeout, seen))
+        _run_client(tail(settings, args.json, args.from_beginning, args.max, args.idle_timeout, seen))
     if args.summary:
         print(summarize(seen))
     return 0
@@ -240,6 +269,8 @@ async def tail(
 ) -> int:
     from aiokafka import AIOKafkaConsumer
 
+    from .connect import start_client
+
     consumer = AIOKafkaConsumer(
         settings.verdicts_topic,
         bootstrap_servers=settings.bootstrap_servers,
@@ -248,7 +279,7 @@ async def tail(
         group_id=None,
         **settings.client_security(),
     )
-    await consumer.start()
+    await start_client(settings, consumer)
     seen = 0
     last_seen = time.monotonic()
     try:
@@ -286,12 +317,12 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
     from .topics import ChangelogReader
 
     given = {"broker": args.broker, "app_id": args.app_id}
-    settings = _settings(args, None, **{k: v for k, v in given.items() if v is not None})
+    settings = _tool_settings(args, None, **{k: v for k, v in given.items() if v is not None})
     with (
         tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch,
         CompactedLog(Path(scratch) / "latest") as table,
     ):
-        asyncio.run(_compact_changelog(ChangelogReader(settings), table))
+        _run_client(_compact_changelog(ChangelogReader(settings), table))
         state = RocksState(Path(scratch) / "index")
         try:
             state.bulk_load(

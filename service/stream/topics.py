@@ -19,6 +19,7 @@ from ..errors import Error
 from ..messages import DEAD_LETTER_MAX_BYTES, input_max_bytes, verdict_max_bytes
 from ..pipeline.decider import Entry
 from ..pipeline.wire import packed_max_bytes, signed_max_bytes, wrapped_max_bytes
+from .connect import start_client
 
 log = logging.getLogger("neardup.topics")
 
@@ -148,7 +149,7 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
     a fixed count differs, or a topic the worker writes has fewer replicas, a lower min.insync, a
     retention that can lose pending messages or takes smaller messages than the worker sends it."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
-    await admin.start()
+    await start_client(settings, admin)
     try:
         specs = topic_specs(settings)
         replication = await _replication(admin, settings)
@@ -424,7 +425,7 @@ class ChangelogReader:
         consumer = groupless_consumer(self.settings)
         try:
             async with asyncio.timeout(self.stall_s):
-                await consumer.start()
+                await start_client(self.settings, consumer)
                 tp = TopicPartition(self.topic, 0)
                 return int((await consumer.end_offsets([tp]))[tp])
         finally:
@@ -448,7 +449,7 @@ class ChangelogReader:
         try:
             tp = TopicPartition(self.topic, 0)
             async with asyncio.timeout(self.stall_s):
-                await consumer.start()
+                await start_client(self.settings, consumer)
                 consumer.assign([tp])
                 if start is None:
                     await consumer.seek_to_beginning(tp)

@@ -201,10 +201,14 @@ def _sample(name: str, default: object) -> str:
         return "kafka://elsewhere:1"
     if name == "security_protocol":
         return "SASL_PLAINTEXT"
+    if name == "sasl_mechanism":  # one of those a user and a password are enough for
+        return "SCRAM-SHA-512"
     if name in ("index_process", "index_handoff"):  # 0 or 1
         return "0"
     if name in ("retention", "time_skew"):  # durations
         return {"retention": "30d", "time_skew": "5m"}[name]
+    if name == "min_event_time":
+        return "1900-01-01T00:00:00Z"
     if name in ("num_perm", "verify_perm"):  # the verifier must be a multiple of the signature
         return {"num_perm": "64", "verify_perm": "256"}[name]
     if name == "unique_filter":
