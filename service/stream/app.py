@@ -208,7 +208,7 @@ def _runtime(
     params = settings.params()
     timeout = CallTimeout(settings.helper_timeout, settings.helper_item_timeout_ms / 1000)
     signer = Signer(
-        SignStage(params, settings.max_text_bytes, settings.retention_window().skew_ms),
+        SignStage.under(params, settings.max_text_bytes, settings.retention_window(), keyed=True),
         settings.sign_processes,
         settings.sign_nice,
         timeout,

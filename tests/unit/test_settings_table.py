@@ -65,6 +65,7 @@ OTHER = {
     "bucket_cap": ("16", 16),
     "retention": ("30d", "30d"),
     "time_skew": ("5m", "5m"),
+    "min_event_time": ("1900-01-01T00:00:00Z", "1900-01-01T00:00:00Z"),
 }
 # A value out of bounds (or of the wrong type) for each setting that changes verdicts.
 WRONG = {
@@ -90,6 +91,7 @@ WRONG = {
     "bucket_cap": ("0", 0),
     "retention": ("a month", "a month"),
     "time_skew": ("-5m", "-5m"),
+    "min_event_time": ("1900-01-01", "1900-01-01"),
 }
 
 
@@ -243,7 +245,7 @@ def test_the_same_settings_reach_the_same_engine_in_every_mode(monkeypatch: pyte
         assert params == expected, where
         assert (values["bucket_cap"], values["max_text_bytes"]) == (16, 5000), where
         if "retention" in values:
-            assert retention_window(values) == Retention(30 * 86_400_000, 300_000), where
+            assert retention_window(values) == Retention(30 * 86_400_000, 300_000, -2_208_988_800_000), where
 
 
 def test_the_commands_and_the_library_run_with_the_settings(
@@ -254,7 +256,8 @@ def test_the_commands_and_the_library_run_with_the_settings(
     lines = SAMPLE.read_bytes().splitlines()[:60]
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_bytes(b"".join(line + b"\n" for line in lines))
-    others = {n: OTHER[n] for n in OTHER if n not in ("unique_filter", "retention", "time_skew")}
+    not_evaluated = ("unique_filter", "retention", "time_skew", "min_event_time")
+    others = {n: OTHER[n] for n in OTHER if n not in not_evaluated}
     flags = [part for name, (text, _) in others.items() for part in flag_argv(name, text)]
     assert cli.main(["dedup", str(source), "-o", str(out), "-q", *flags]) == 0
     from_cli = [orjson.loads(line) for line in out.read_bytes().splitlines()]
