@@ -54,11 +54,12 @@ class SecuredBroker:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
     """One broker for the module: its start (a CA, a certificate, a format with the SCRAM user, the
     JVM) takes longer than either test."""
+    port = free_port_pair()  # and its controller's, the next
+    sasl_port = free_port_pair()
+    while sasl_port in (port, port + 1):
+        sasl_port = free_port_pair()
     broker = SecuredBroker(
-        free_port_pair(),
-        free_port_pair(),
-        tmp_path_factory.mktemp("secured") / "kafka",
-        secrets.token_urlsafe(16),
+        port, sasl_port, tmp_path_factory.mktemp("secured") / "kafka", secrets.token_urlsafe(16)
     )
     try:  # a start that fails half-way may have left a JVM running
         broker.run("start", "--sasl-ssl", str(broker.sasl_port), "--sasl-user", USER)
