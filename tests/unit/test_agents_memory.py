@@ -498,7 +498,7 @@ async def test_a_signatures_message_this_worker_sent_is_decided_once_acknowledge
         await index_agent.put(_signed(settings, "a", PROSE[0]), key=SHARD_KEY)
         await recorders["verdicts"].wait_for(1)
         # signed here and sent to offset 1: decided without the consumer delivering it
-        await sign_agent.put(orjson.dumps({"id": "b", "text": PROSE[0] + " By the wire desk."}))
+        await sign_agent.put(orjson.dumps({"id": "b", "text": PROSE[0] + " By the wire desk."}), key=b"b")
         verdicts = await recorders["verdicts"].wait_for(2)
         assert [(key, orjson.loads(value)["verdict"]) for key, value in verdicts] == [
             (b"a", "unique"),

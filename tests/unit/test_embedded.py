@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import time
 from pathlib import Path
 
 import orjson
@@ -14,7 +13,7 @@ import pytest
 from neardup import cli, embedded
 from neardup.config import ConfigError
 from neardup.core.params import DedupParams
-from neardup.core.retention import Retention
+from neardup.core.retention import Retention, parse_rfc3339_ms
 from neardup.embedded import run_file
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
@@ -376,7 +375,7 @@ def test_retention_expires_a_file_of_old_news_by_its_own_dates(
         article("mid", prose[1], published_at="2025-01-20T08:00:00Z"),
         article("inside", prose[1] + FOOTER, published_at="2025-02-01T08:00:00Z"),
         article("outside", prose[0] + FOOTER, published_at="2025-02-10T08:00:00Z"),
-        # refused, each is timed by its arrival: today, past which last year's file has expired
+        # refused, each takes the newest time held (2025-02-10): neither moves the index's time
         article("future", prose[2], published_at="2099-01-01T00:00:00Z"),
         article("garbled", prose[3], published_at="yesterday"),
     ]
@@ -388,15 +387,15 @@ def test_retention_expires_a_file_of_old_news_by_its_own_dates(
     verdicts = {v["article_id"]: v for v in map(orjson.loads, out.read_bytes().splitlines())}
     assert (verdicts["inside"]["verdict"], verdicts["inside"]["match_id"]) == ("duplicate", "mid")
     assert verdicts["outside"]["verdict"] == "unique", "its original is 40 days older: expired"
-    # "old" expired by the file's own dates; the dates refused time their articles by arrival
-    assert "expired=4" in summary and "refused_times=2" in summary
+    # only "old" expired, by the file's own dates; the refused dates moved nothing
+    assert "expired=1" in summary and "refused_times=2" in summary
     assert cli.main(["stats", "--state", str(state), "--json"]) == 0
     stats = orjson.loads(capsys.readouterr().out)
-    assert stats["articles"] == 2 and abs(stats["newest_ms"] / 1000 - time.time()) < 60
+    assert stats["articles"] == 5 and stats["newest_ms"] == parse_rfc3339_ms("2025-02-10T08:00:00Z")
     assert cli.main(["stats", "--state", str(state)]) == 0
     shown = capsys.readouterr().out
-    assert "articles indexed   2" in shown and "expired            4" in shown
-    assert "2099" not in shown and "2025" not in shown
+    assert "articles indexed   5" in shown and "expired            1" in shown
+    assert "2099" not in shown and "2025-02-10" in shown
 
 
 def test_state_is_compact_after_a_run(tmp_path: Path) -> None:
