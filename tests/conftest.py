@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
