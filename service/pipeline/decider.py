@@ -255,7 +255,13 @@ class Decider:
             if self.shard is not None:
                 self.shard.commit(chunk, self.changelog_end)
         elif self._child is not None:
-            self._child.submit(("commit", chunk, self.changelog_end))  # not answered
+            try:
+                self._child.submit(("commit", chunk, self.changelog_end))  # not answered
+            except ChildFailed as exc:
+                # The changelog holds these writes: the child's replacement restores them, at the
+                # next batch (decide_chunks), as it does for a child that dies in a batch.
+                log.error("decider_failed at a commit error=%r; replaced at the next batch", str(exc))
+                self.kill()
 
     async def open(self, *, replacing: bool = False) -> int | None:
         """At every assignment of the shard: restore the derived index (the changelog after its

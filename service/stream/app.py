@@ -245,10 +245,12 @@ def _runtime(
             settings,
             fenced=_stop_when_fenced(failure, "the index shard"),
             counted=lambda outcome: metrics.transactions.labels(outcome).inc(),
+            failed=_stop_when_ended(failure, "index"),
         )
         input_transactions = InputTransactions(
             settings,
             fenced=_stop_when_fenced(failure, "the input partition"),
+            failed=_stop_when_ended(failure, "sign"),
         )
         index_outputs = Outputs(app, metrics, settings.dead_letter_topic, producer_of(shard_transactions))
     index = IndexPipeline(
@@ -261,6 +263,16 @@ def _runtime(
     return Runtime(
         settings, metrics, signer, decider, failure, progress, signed, indexed, hand_off, sign, index
     )
+
+
+def _stop_when_ended(failure: Failure, stage: str) -> Callable[[str], None]:
+    """A writer of `stage` aborted or failed after a commit: nothing after it may commit, and the
+    restart resumes the stage from what was committed."""
+
+    def ended(reason: str) -> None:
+        failure.fail(f"{reason} stage={stage}; stopping the worker, which resumes from the last commit")
+
+    return ended
 
 
 def _stop_when_fenced(failure: Failure, what: str) -> Callable[[Fenced], None]:

@@ -10,6 +10,14 @@ committed records sees each verdict once. Batches commit in group (Transactional
 
 aiokafka's send_offsets_to_transaction carries no group generation (KIP-447), so fencing comes from
 the transactional id, as in Kafka Streams' first exactly-once mode.
+
+An abort is final for its writer (`Ended`): the batches decided or signed after the aborted ones
+were built on top of them (the index's held writes, a partition's order), so no later transaction
+of the writer may commit. The writer refuses every later transaction, and the stage is failed at
+once (`failed`): the worker stops and its restart resumes from what was committed, as Kafka
+Streams treats a producer error it cannot retry. The same when something run after a commit
+raises (`post_commit_failed`): the commit stands, but what the stage holds beside it (the index's
+commit point) may not follow it.
 """
 
 from __future__ import annotations
@@ -38,6 +46,11 @@ FENCED_ERRORS: tuple[type[BaseException], ...] = (ProducerFenced, InvalidProduce
 class Fenced(Error, RuntimeError):
     """Another producer took this shard's transactional id: this worker no longer owns the shard
     and must not write anything more (it stops, and exits non-zero)."""
+
+
+class Ended(Error, RuntimeError):
+    """A transaction of this writer aborted, or what runs after a commit failed: the writer commits
+    nothing more, and the stage resumes from what was committed (the worker's restart)."""
 
 
 def transactional_id(settings: Settings, shard: int = 0) -> str:
@@ -79,6 +92,7 @@ class TransactionalWriter:
         transactional_id: str,
         fenced: Callable[[Fenced], None] | None = None,
         counted: Callable[[str], None] | None = None,
+        failed: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.transactional_id = transactional_id
@@ -91,12 +105,16 @@ class TransactionalWriter:
         self._on_fenced = fenced  # told of a fence once, wherever it shows
         self.fenced: Fenced | None = None
         self._counted = counted  # each transaction's outcome: "committed" or "aborted"
+        self._on_failed = failed  # told why the writer ended (an abort, a failure after a commit)
+        self.ended: Ended | None = None
         # run under the lock after each commit, after the batches' own on_commit
         self.after_commit: Callable[[], None] | None = None
 
     async def start(self) -> AIOKafkaProducer:
         """The producer, started once: its start registers the transactional id with the
         coordinator, fencing every earlier producer of the id and aborting its open transaction."""
+        if self.ended is not None:
+            raise self.ended
         if self.producer is None:
             settings = self.settings
             producer = coordinator_lookups_retried(
@@ -145,6 +163,8 @@ class TransactionalWriter:
     async def _begin(self) -> Transaction:
         if self.fenced is not None:
             raise self.fenced  # the producer is done for: nothing more is sent through it
+        if self.ended is not None:
+            raise self.ended  # later batches were built on what aborted: none may commit
         producer = await self.start()
         try:
             await producer.begin_transaction()
@@ -179,12 +199,20 @@ class TransactionalWriter:
             if not isinstance(exc, Exception):
                 raise
             return
-        for then in transaction.on_commit:
-            then()
-        if self.after_commit is not None:
-            self.after_commit()
         if self._counted is not None:
             self._counted("committed")
+        try:
+            for then in transaction.on_commit:
+                then()
+            if self.after_commit is not None:
+                self.after_commit()
+        except Exception as exc:
+            # Committed in Kafka; what the stage keeps beside it may not have followed
+            log.exception("post_commit_failed transactional_id=%s", self.transactional_id)
+            ended = self._end(f"post_commit_failed transactional_id={self.transactional_id} error={exc!r}")
+            transaction.committed.set_exception(ended)
+            transaction.committed.exception()  # whoever joined reports it; not unretrieved
+            return
         transaction.committed.set_result(None)
 
     async def _commit(self, transaction: Transaction) -> None:
@@ -209,6 +237,11 @@ class TransactionalWriter:
         coordinator then aborts it itself (on the next owner's start, or its timeout)."""
         if self._open is transaction:
             self._open = None
+        if isinstance(exc, Exception) and not isinstance(exc, Fenced | Ended):
+            # A stop (cancelled) ends the writer too, without failing the stage
+            self._end(f"transaction_aborted transactional_id={self.transactional_id} error={exc!r}")
+        elif self.ended is None:
+            self.ended = Ended(f"{self.transactional_id}: stopped with a transaction open ({exc!r})")
         if not isinstance(exc, Fenced):
             try:
                 await transaction.producer.abort_transaction()
@@ -222,6 +255,14 @@ class TransactionalWriter:
             failure = exc if isinstance(exc, Exception) else RuntimeError(f"transaction ended: {exc!r}")
             transaction.committed.set_exception(failure)
             transaction.committed.exception()  # whoever joined reports it; not unretrieved
+
+    def _end(self, reason: str) -> Ended:
+        """The writer commits nothing more, and the stage is failed (once, with the first reason)."""
+        if self.ended is None:
+            self.ended = Ended(reason)
+            if self._on_failed is not None:
+                self._on_failed(reason)
+        return self.ended
 
     def _fence(self, exc: BaseException) -> Fenced:
         if self.fenced is None:
@@ -238,7 +279,7 @@ class TransactionalWriter:
                 with contextlib.suppress(Exception):
                     await self._commit_open()
             elif self._open is not None:
-                await self._end_aborted(self._open, RuntimeError("the worker stops after a failure"))
+                await self._end_aborted(self._open, Ended("the worker stops after a failure"))
             if self.producer is not None:
                 producer, self.producer = self.producer, None
                 await producer.stop()
@@ -253,8 +294,9 @@ class ShardTransactions(TransactionalWriter):
         shard: int = 0,
         fenced: Callable[[Fenced], None] | None = None,
         counted: Callable[[str], None] | None = None,
+        failed: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__(settings, transactional_id(settings, shard), fenced, counted)
+        super().__init__(settings, transactional_id(settings, shard), fenced, counted, failed)
 
 
 class InputTransactions:
@@ -262,16 +304,25 @@ class InputTransactions:
     generation, so a writer is fenced by the next owner of its partition only if the id is the
     partition's): a partition's signatures and dead letters commit with its input offsets."""
 
-    def __init__(self, settings: Settings, fenced: Callable[[Fenced], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        fenced: Callable[[Fenced], None] | None = None,
+        failed: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.fenced = fenced
+        self.failed = failed
         self.writers: dict[tuple[str, int], TransactionalWriter] = {}
 
     def writer(self, topic: str, partition: int) -> TransactionalWriter:
         key = (topic, partition)
         if key not in self.writers:
             self.writers[key] = TransactionalWriter(
-                self.settings, input_transactional_id(self.settings, topic, partition), self.fenced
+                self.settings,
+                input_transactional_id(self.settings, topic, partition),
+                self.fenced,
+                failed=self.failed,
             )
         return self.writers[key]
 

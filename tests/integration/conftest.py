@@ -31,6 +31,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from neardup.config import Settings
 from neardup.stream.topics import ensure_topics
@@ -289,6 +290,48 @@ async def create_topic(
         await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs or {})])
     finally:
         await admin.close()
+
+
+def set_max_message_bytes(bootstrap: str, topic: str, limit: int) -> int:
+    """Set `topic`'s max.message.bytes (its only setting: AlterConfigs replaces them all), once the
+    broker reports it, as an operator would under a running worker; returns the limit before."""
+
+    async def limit_of(admin: AIOKafkaAdminClient) -> int:
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})
+        [response] = await admin.describe_configs([resource])
+        [(_error, _message, _type, _name, entries)] = response.resources
+        return next(int(entry[1]) for entry in entries if entry[0] == "max.message.bytes")
+
+    async def set_limit() -> int:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            before = await limit_of(admin)
+            resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})
+            await admin.alter_configs([resource])
+            for _ in range(50):
+                if await limit_of(admin) == limit:
+                    return before
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"{topic}: max.message.bytes still not {limit}")
+        finally:
+            await admin.close()
+
+    return asyncio.run(set_limit())
+
+
+def decider_pid(worker_pid: int) -> int:
+    """The worker's decider process (the index stage's child)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[1]) == worker_pid and b"neardup.pipeline.decider" in cmdline:
+                return int(entry.name)
+    raise AssertionError(f"no decider child of {worker_pid}")
 
 
 async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes | None]]) -> None:

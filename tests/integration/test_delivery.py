@@ -18,7 +18,6 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from neardup.state.rocks import RocksState
 from tests.faults import AGENT_FAULT, HELPER_FAULT, fault_env
@@ -33,6 +32,7 @@ from .conftest import (
     produce_with_headers,
     read_feed,
     run_embedded,
+    set_max_message_bytes,
     source_header,
     stream_of,
     verdicts_by_id,
@@ -159,26 +159,7 @@ def _assert_stopped_before_committing(
 
 
 def _set_limit(deployment: Deployment, topic: str, limit: int) -> int:
-    """Set `topic`'s max.message.bytes (its only setting: AlterConfigs replaces them all), once the
-    broker reports it; returns the limit before."""
-
-    async def limit_of(admin: AIOKafkaAdminClient) -> int:
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})
-        [response] = await admin.describe_configs([resource])
-        [(_error, _message, _type, _name, entries)] = response.resources
-        return next(int(entry[1]) for entry in entries if entry[0] == "max.message.bytes")
-
-    async def set_limit(admin: AIOKafkaAdminClient) -> int:
-        before = await limit_of(admin)
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})
-        await admin.alter_configs([resource])
-        for _ in range(50):
-            if await limit_of(admin) == limit:
-                return before
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"{topic}: max.message.bytes still not {limit}")
-
-    return int(asyncio.run(_admin(deployment.bootstrap, set_limit)))
+    return set_max_message_bytes(deployment.bootstrap, topic, limit)
 
 
 def test_a_feed_message_the_broker_refuses_stops_the_worker_without_committing_past_it(

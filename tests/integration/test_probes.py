@@ -19,6 +19,7 @@ from .conftest import (
     Deployment,
     OwnBroker,
     TopicReader,
+    decider_pid,
     health,
     produce_articles,
     stream_of,
@@ -176,20 +177,6 @@ async def _committed(bootstrap: str, group: str, topic: str) -> int:
         await admin.close()
 
 
-def _decider_pid(worker_pid: int) -> int:
-    """The worker's decider process (the index stage's child)."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat[1]) == worker_pid and b"neardup.pipeline.decider" in cmdline:
-                return int(entry.name)
-    raise AssertionError(f"no decider child of {worker_pid}")
-
-
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_the_signatures_topic_is_purged_up_to_what_is_decided_and_never_past_it(
     deployment: Deployment, guarantee: str
@@ -205,7 +192,7 @@ def test_the_signatures_topic_is_purged_up_to_what_is_decided_and_never_past_it(
     reader.reach(lambda r: len(verdicts_by_id(r)) >= len(first), timeout=60, logs=deployment.logs)
     decided_start, end = _purged_to_committed(deployment, topic, 0)
     # the index stage stopped for real: what is signed now stays undecided
-    decider = _decider_pid(worker.pid)
+    decider = decider_pid(worker.pid)
     os.kill(decider, signal.SIGSTOP)
     try:
         produce_articles(deployment.bootstrap, deployment.topics["input"], second)
