@@ -28,7 +28,7 @@ from jsonschema import Draft202012Validator
 
 import neardup
 from neardup import cli
-from neardup.core.normalize import normalize
+from neardup.core.normalize import is_default_ignorable, normalize
 from neardup.core.params import DedupParams
 from neardup.core.retention import Retention, parse_duration_ms
 from neardup.embedded import run_file
@@ -546,10 +546,25 @@ def expect_fields(data: Any, params: DedupParams = PARAMS) -> Expect:
     if len(unicodedata.normalize("NFKC", text) if params.normalize.nfkc else text) > MAX_TEXT:
         return Expect("dead", "oversized")
     canonical = normalize(text, params.normalize)
-    # nothing to compare: no character left, or under word shingles no word
+    # nothing to compare: no character left, under word shingles no word, or none that shows
     if not (canonical.split() if params.shingle.unit == "word" else canonical):
         return Expect("dead", "empty_text")
+    if not any(_shows(char) for char in canonical):
+        return Expect("dead", "empty_text")
     return Expect("article", article_id=article_id, canonical=canonical)
+
+
+def _shows(char: str) -> bool:
+    """Neither a control, format, surrogate, private-use, unassigned, separator or mark character,
+    nor a default-ignorable one."""
+    invisible = unicodedata.category(char)[0] in "ZM" or unicodedata.category(char) in (
+        "Cc",
+        "Cf",
+        "Cs",
+        "Co",
+        "Cn",
+    )
+    return not invisible and not is_default_ignorable(ord(char))
 
 
 def expect_input(given: Any, params: DedupParams = PARAMS) -> Expect:
