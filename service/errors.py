@@ -17,6 +17,10 @@ catches that one works as well.
     │   └── ChildTimedOut                ... or did not answer in time, and was killed
     ├── TopicMismatch (RuntimeError)     a topic's partition count or size limit the worker cannot use
     ├── Fenced (RuntimeError)            under exactly-once, another worker took a transactional id
+    ├── Ended (RuntimeError)             under exactly-once, a writer's transaction aborted (or what
+    │                                    follows a commit failed): the writer commits nothing more
+    ├── BrokerUnreachable                a client cannot connect at its start (also aiokafka's
+    │                                    KafkaConnectionError); says where, how and as whom
     └── TooLong (ValueError)             a text normalisation expands past its limit (dead-lettered
                                          as oversized; the library raises InvalidMessage)
 

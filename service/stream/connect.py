@@ -21,6 +21,7 @@ from aiokafka.errors import (
 )
 
 from ..config import Settings
+from ..errors import Error
 
 # How long the second attempt waits for each server: it only says why the first one failed.
 DIAGNOSE_TIMEOUT_S = 5.0
@@ -28,7 +29,7 @@ DIAGNOSE_TIMEOUT_S = 5.0
 DIAGNOSE_HOSTS = 3
 
 
-class BrokerUnreachable(KafkaConnectionError):
+class BrokerUnreachable(Error, KafkaConnectionError):
     """A client could not connect at its start. A KafkaConnectionError still, so that whatever
     handles one handles this the same; only its message says more."""
 
