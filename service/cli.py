@@ -39,7 +39,7 @@ def _read_text(path: str) -> str:
 def cmd_compare(args: argparse.Namespace) -> int:
     raw_a, raw_b = _read_text(args.a), _read_text(args.b)
     if args.local:
-        from .local_report import render_compare_local
+        from .local_similarity.report import render_compare_local
 
         print(render_compare_local(raw_a, raw_b, color=sys.stdout.isatty()))
         return 0

@@ -24,7 +24,8 @@ class EmptyText(Error, ValueError):
 class Sketch:
     """One article's sketch: everything the index stage needs about its text, which is not kept
     (content hash, MinHash signature and verifier, distinct shingle count). "Fingerprint" is the
-    passage measures' word (core/fingerprint.py, fuzzy.py): a text's set of chunk digests."""
+    passage measures' word (local_similarity/fingerprint.py, fuzzy.py): a text's set of chunk
+    digests."""
 
     content_hash: bytes
     signature: HashArray

@@ -38,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from neardup.core.fingerprint import fingerprint_of_words  # noqa: E402
-from neardup.core.fuzzy import FuzzyParams, PrefixReference, fuzzy_fingerprint_of_words  # noqa: E402
-from neardup.core.terms import words  # noqa: E402
-from neardup.core.vsm import term_vector_of_words  # noqa: E402
-from neardup.local_report import REFERENCE_PATH, load_prefix_reference  # noqa: E402
+from neardup.local_similarity.fingerprint import fingerprint_of_words  # noqa: E402
+from neardup.local_similarity.fuzzy import FuzzyParams, PrefixReference, fuzzy_fingerprint_of_words  # noqa: E402
+from neardup.local_similarity.report import REFERENCE_PATH, load_prefix_reference  # noqa: E402
+from neardup.local_similarity.terms import words  # noqa: E402
+from neardup.local_similarity.vsm import term_vector_of_words  # noqa: E402
 
 DEFAULT_COLLECTION = Path.home() / ".cache" / "neardup" / "versioned"
 SIZES = (100, 200, 300, 400, 500, 600, 700, 800)

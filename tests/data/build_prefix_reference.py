@@ -12,9 +12,9 @@ prefix_reference.json are distributed under CC BY-SA 4.0 with attribution to wor
 and its sources.
 
 Index term: a word of the frequency list that is all lowercase ASCII letters and is not a stopword.
-The stopwords are the service's own list (neardup.core.terms.STOPWORDS), so that the reference counts
-exactly the terms the fingerprint counts. Probabilities are token probabilities (word frequency mass),
-renormalized over index terms.
+The stopwords are the service's own list (neardup.local_similarity.terms.STOPWORDS), so that the
+reference counts exactly the terms the fingerprint counts. Probabilities are token probabilities
+(word frequency mass), renormalized over index terms.
 
 Classes:
   * k26: one class per first letter a..z (the classic design).
@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from neardup.core.terms import STOPWORDS  # noqa: E402
+from neardup.local_similarity.terms import STOPWORDS  # noqa: E402
 
 WORDFREQ_VERSION = "3.1.1"
 WORDLIST = "large"

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from neardup.core import fuzzy as fz
-from neardup.core.fingerprint import chunk_hashes, fingerprint_of_words, word_passages
-from neardup.core.local import (
+from neardup.core.normalize import normalize
+from neardup.core.shingle import shingle_set
+from neardup.core.similarity import exact_containment, exact_jaccard
+from neardup.local_similarity import fuzzy as fz
+from neardup.local_similarity.compare import (
     FuzzyParams,
-    Passage,
     PrefixClass,
     PrefixReference,
     chunk_containment,
@@ -35,16 +36,15 @@ from neardup.core.local import (
     matching_passages,
     parse_prefix_reference,
 )
-from neardup.core.normalize import normalize
-from neardup.core.shingle import shingle_set
-from neardup.core.similarity import exact_containment, exact_jaccard
-from neardup.core.terms import STOPWORDS, stem, tokenize, words
-from neardup.core.vsm import term_vector
-from neardup.local_report import (
+from neardup.local_similarity.compare import VerbatimPassage as Passage
+from neardup.local_similarity.fingerprint import chunk_hashes, fingerprint_of_words, word_passages
+from neardup.local_similarity.report import (
     REFERENCE_PATH,
     load_prefix_reference,
     render_compare_local,
 )
+from neardup.local_similarity.terms import STOPWORDS, stem, tokenize, words
+from neardup.local_similarity.vsm import term_vector
 
 # --- texts ------------------------------------------------------------------------------------
 # Figure 1 of the paper, documents A and B, as printed (hard-wrapped, hyphenated line breaks).
@@ -772,7 +772,7 @@ def test_report_colour_uses_ansi_not_markers(reference: PrefixReference) -> None
 
 
 def test_report_chunk_size_and_no_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    import neardup.local_report as report
+    import neardup.local_similarity.report as report
 
     monkeypatch.setattr(report, "default_prefix_reference", lambda k=None: None)
     out = render_compare_local(ROMO, ROMO_PARAPHRASE, chunk_words=3, color=False, width=80)

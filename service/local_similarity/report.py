@@ -16,15 +16,15 @@ from typing import Literal
 
 import orjson
 
-from .core.anchors import anchors_of
-from .core.anchors import containment as anchor_containment
-from .core.anchors import passages as anchor_passages
-from .core.dedup import PASSAGES
-from .core.fuzzy import DEFAULT_FUZZY, FuzzyParams, PrefixReference, parse_prefix_reference
-from .core.local import LocalComparison, Passage, compare_local
-from .core.normalize import canonical_code_points, normalize
+from ..core.anchors import anchors_of
+from ..core.anchors import containment as anchor_containment
+from ..core.anchors import passages as anchor_passages
+from ..core.dedup import PASSAGES
+from ..core.normalize import canonical_code_points, normalize
+from .compare import LocalComparison, VerbatimPassage, compare_local
+from .fuzzy import DEFAULT_FUZZY, FuzzyParams, PrefixReference, parse_prefix_reference
 
-REFERENCE_PATH = Path(__file__).resolve().parent / "data" / "prefix_reference.json"
+REFERENCE_PATH = Path(__file__).resolve().parents[1] / "data" / "prefix_reference.json"
 
 OPEN_MARK, CLOSE_MARK = "[[", "]]"
 _RESET = "\x1b[0m"
@@ -60,7 +60,7 @@ class _Span:
     style: int  # index of the passage colour
 
 
-def _side_spans(passages: Sequence[Passage], side: Literal["a", "b"]) -> list[_Span]:
+def _side_spans(passages: Sequence[VerbatimPassage], side: Literal["a", "b"]) -> list[_Span]:
     """Non-overlapping highlight spans for one side; a repeated phrase keeps its first colour."""
     spans: list[_Span] = []
     ordered = sorted(

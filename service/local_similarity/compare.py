@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .fingerprint import (
     DEFAULT_CHUNK_WORDS,
-    Passage,
+    VerbatimPassage,
     chunk_containment,
     chunk_fingerprint,
     fingerprint_of_words,
@@ -39,9 +39,9 @@ __all__ = [
     "DEFAULT_CHUNK_WORDS",
     "FuzzyParams",
     "LocalComparison",
-    "Passage",
     "PrefixClass",
     "PrefixReference",
+    "VerbatimPassage",
     "chunk_containment",
     "chunk_fingerprint",
     "compare_local",
@@ -69,7 +69,7 @@ class LocalComparison:
     cosine: float  # tf cosine over stems without stopwords
     words_a: int
     words_b: int
-    passages: tuple[Passage, ...]
+    passages: tuple[VerbatimPassage, ...]
 
 
 def compare_local(

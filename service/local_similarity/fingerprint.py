@@ -14,8 +14,8 @@ import mmh3
 import numpy as np
 import numpy.typing as npt
 
-from ._hashing import fmix64
-from .similarity import exact_containment, exact_jaccard
+from ..core._hashing import fmix64
+from ..core.similarity import exact_containment, exact_jaccard
 from .terms import Tokens, tokenize, words
 
 U64 = npt.NDArray[np.uint64]
@@ -34,8 +34,11 @@ MAX_REPEATS = 64
 _M = np.uint64(0x9E37_79B9_7F4A_7C15)
 
 
-class Passage(NamedTuple):
-    """A maximal shared passage: [a_start, a_end) in text A equals [b_start, b_end) in text B.
+class VerbatimPassage(NamedTuple):
+    """A maximal passage both texts hold word for word: [a_start, a_end) in text A equals
+    [b_start, b_end) in text B, spans of the original strings, every word in it matched (after
+    normalization). The engine's `core.anchors.Passage` is another thing: approximate, at the
+    anchors' resolution, in the canonical form, with gaps and shifts allowed.
 
     A named tuple (immutable, unpacks as the 4-tuple of spans) rather than a dataclass, because
     callers mostly want the bare spans.
@@ -196,7 +199,7 @@ def _contained(runs: npt.NDArray[np.int64], block: int = 512) -> npt.NDArray[np.
     return out
 
 
-def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> list[Passage]:
+def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> list[VerbatimPassage]:
     """Shared passages as character spans, from tokenized texts (reuse tokens across calls)."""
     _check_n(n)
     width = min(n, len(ta))
@@ -206,15 +209,17 @@ def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> 
         return []
     ha = chunk_hashes(ta.words, n)
     hb = chunk_hashes(tb.words, n)
-    out: list[Passage] = []
+    out: list[VerbatimPassage] = []
     for a0, a1, b0, b1 in word_passages(ha, hb, width):
         out.append(
-            Passage(int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1]))
+            VerbatimPassage(
+                int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1])
+            )
         )
     return out
 
 
-def matching_passages(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> list[Passage]:
+def matching_passages(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> list[VerbatimPassage]:
     """Maximal passages of at least n words (or a whole shorter text) shared by A and B.
 
     Spans index the original strings: a[p.a_start:p.a_end] and b[p.b_start:p.b_end] hold the same
