@@ -132,3 +132,65 @@ def test_no_function_is_longer_than_a_screen() -> None:
     assert FUNCTION_LINES and max(FUNCTION_LINES.values()) > 20
     long = {name: lines for name, lines in FUNCTION_LINES.items() if lines > 80}
     assert not long, f"split these functions (lines): {long}"
+
+
+LOCAL_SIMILARITY = "neardup.local_similarity"
+# What the report of `compare --local` takes from the engine rather than duplicate it, and why.
+LOCAL_SIMILARITY_USES = {
+    "neardup.core._hashing": "the 64-bit finalizer of its chunk digests",
+    "neardup.core.similarity": "the set measures, so that empty fingerprints agree with the engine's",
+    "neardup.core.anchors": "the anchor passages the report shows beside its own, as a verdict finds them",
+    "neardup.core.dedup": "how many passages a verdict names",
+    "neardup.core.normalize": "the canonical form those anchor passages' offsets index",
+}
+
+
+def named_imports(module: Path, source: str | None = None) -> list[str]:
+    """absolute_imports, and each name a `from … import` takes as a submodule of its module, so
+    that `from .. import local_similarity` counts as importing neardup.local_similarity."""
+    tree = ast.parse(module.read_text(encoding="utf-8") if source is None else source)
+    names = absolute_imports(module, source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = absolute_imports(module, ast.unparse(node))[0]
+            names += [f"{base}.{alias.name}" for alias in node.names]
+    return names
+
+
+# Parsed at collection (see IMPORTS).
+NAMED_IMPORTS = {module: named_imports(module) for module in SERVICE.rglob("*.py")}
+FAKE_ENGINE_IMPORTS = named_imports(SERVICE / "core" / "fake.py", "from .. import local_similarity\n")
+
+
+def in_local_similarity(module: Path) -> bool:
+    return module.relative_to(SERVICE).parts[0] == "local_similarity"
+
+
+def local_similarity_importers(imports: dict[Path, list[str]]) -> set[str]:
+    return {
+        module.relative_to(SERVICE).as_posix()
+        for module, names in imports.items()
+        if not in_local_similarity(module) and any(n.startswith(LOCAL_SIMILARITY) for n in names)
+    }
+
+
+def test_only_the_cli_imports_the_local_similarity_report() -> None:
+    """The engine (core, pipeline, state, stream) and the other entry points never import it, not
+    even through one another: the whole package outside it is checked, so no chain reaches it."""
+    assert local_similarity_importers(NAMED_IMPORTS) == {"cli.py"}
+
+
+def test_the_local_similarity_report_takes_from_the_engine_only_what_it_reuses() -> None:
+    taken = {
+        name
+        for module, names in IMPORTS.items()
+        if in_local_similarity(module)
+        for name in names
+        if name.startswith("neardup.") and not name.startswith(LOCAL_SIMILARITY)
+    }
+    assert taken == set(LOCAL_SIMILARITY_USES)
+
+
+def test_the_local_similarity_checks_can_fail() -> None:
+    assert FAKE_ENGINE_IMPORTS == ["neardup", LOCAL_SIMILARITY]
+    assert local_similarity_importers({SERVICE / "core" / "fake.py": FAKE_ENGINE_IMPORTS}) == {"core/fake.py"}
