@@ -27,6 +27,7 @@ from .core.retention import Retention
 from .core.signing import EmptyText
 from .embedded import DEFAULT_MAX_TEXT_BYTES
 from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
+from .pipeline.publication import publication
 from .pipeline.shard import IndexShard
 from .pipeline.sign import SignStage
 from .pipeline.wire import Provenance, SignedDeletion
@@ -76,10 +77,21 @@ class Deduplicator:
         except TooLong as exc:
             raise InvalidMessage("oversized", f"{exc} (article {parsed.article_id!r})") from exc
         decided = self._shard.decide([signed])[0]
-        if decided.error is not None:
+        verdict = decided.verdict
+        # rendered as the library's answers: the verdict returned, a dead letter raised
+        what = publication(
+            decided.status,
+            None if verdict is None else verdict["verdict"],
+            deletion=False,
+            has_verdict=verdict is not None,
+            feed_kinds=None,
+            replays_republished=True,
+        )
+        if what.dead_letter:
+            assert decided.error is not None
             raise decided.error
-        assert decided.verdict is not None
-        return decided.verdict
+        assert what.verdict and verdict is not None
+        return verdict
 
     def check_many(self, articles: Iterable[ArticleInput]) -> Iterator[Verdict]:
         """`check` each article in turn, lazily: a verdict is made when it is asked for, so that a

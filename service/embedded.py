@@ -36,7 +36,8 @@ from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
 from .errors import Error
 from .messages import decode_message, dumps, parse_verdict_filter
-from .pipeline.shard import IndexShard
+from .pipeline.publication import publication
+from .pipeline.shard import Decided, IndexShard
 from .pipeline.sign import SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
 from .state.index import IndexState
@@ -259,27 +260,43 @@ class _FileRun:
         dead letter; checkpoint."""
         summary = self.summary
         summary.articles += 1
-        verdict = None
         if not isinstance(signed, _Dead):
             decided = self.shard.decide([signed])[0]
             if decided.error is not None:  # as the worker's index stage: a dead letter, not a stopped run
                 signed = _signed(SignStage.failed(decided.error, line.body, None, _source(self.topic, line)))
-            elif decided.status == "deleted":
-                self.out.write(dumps({"article_id": signed.article_id, "deleted": True}) + b"\n")
-                summary.deleted += 1
             else:
-                verdict = decided.verdict
+                self._publish(line, decided)
         if isinstance(signed, _Dead):
             self.dead.write(signed.record + b"\n")
             summary.dead_letters[signed.reason] += 1
-        if verdict is not None:
-            kind = verdict["verdict"]
-            self.out.write(dumps(verdict) + b"\n")
-            summary.verdicts[kind] += 1
-            if self.feed is not None and kind in self.feed_verdicts:
-                self.feed.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
-                summary.fed = (summary.fed or 0) + 1
         self._checkpoint(line)
+
+    def _publish(self, line: _Line, decided: Decided) -> None:
+        """A decision as lines of the run's files (pipeline/publication.py): a verdict, or a
+        deletion line for a removal, in the verdict file; the input line as it came, a deletion's
+        included, in the feed."""
+        verdict = decided.verdict
+        if decided.deletion is not None:
+            kind = None if decided.article is None else decided.article.decision.kind
+        else:
+            kind = None if verdict is None else verdict["verdict"]
+        what = publication(
+            decided.status,
+            kind,
+            deletion=decided.deletion is not None,
+            has_verdict=verdict is not None,
+            feed_kinds=self.feed_verdicts if self.feed is not None else None,
+            replays_republished=True,
+        )
+        if what.removal:
+            self.out.write(dumps({"article_id": decided.deletion, "deleted": True}) + b"\n")
+            self.summary.deleted += decided.status == "deleted"
+        elif what.verdict and verdict is not None:
+            self.out.write(dumps(verdict) + b"\n")
+            self.summary.verdicts[verdict["verdict"]] += 1
+        if what.feed is not None and self.feed is not None:
+            self.feed.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
+            self.summary.fed = (self.summary.fed or 0) + 1
 
     def _checkpoint(self, line: _Line) -> None:
         """The outputs flushed and where they end stored with the state: a rerun resumes there."""

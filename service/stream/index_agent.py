@@ -20,6 +20,7 @@ from ..config import Settings
 from ..messages import dead_letter_dict
 from ..pipeline.collector import CollectorPolicy
 from ..pipeline.decider import Decider, DeciderFailed
+from ..pipeline.publication import DELETES, REPLAYS, Feed, publication
 from ..pipeline.shard import BatchOutcome, EntryOutcome
 from ..pipeline.wire import runs_within
 from .batches import SentBatch
@@ -303,40 +304,42 @@ class IndexPipeline:
         feed: list[tuple[bytes | None, bytes | None]] = []  # (key, input message) for the filtered feed
         feed_headers: list[Any] = []
         expired = 0
+        feed_kinds = self.feed_kinds if self.settings.unique_topic else None
         for entry in outcome.entries:
-            if entry.status == "error":
+            what = publication(
+                entry.status,
+                entry.kind,
+                deletion=entry.deletion,
+                has_verdict=entry.verdict is not None and entry.article_id is not None,
+                feed_kinds=feed_kinds,
+                replays_republished=self.transactions is None,
+            )
+            if what.dead_letter:
                 letters.append(self._index_error(entry))
                 continue
-            if entry.status in ("replayed", "stale"):
+            if entry.status in REPLAYS:
                 counts[(metrics.replays, entry.status)] += 1
-                if self.transactions is not None:
-                    # Under exactly-once the index holds only what was committed: an input it
-                    # has applied was answered in a committed transaction already.
-                    continue
+            if what.answered_before:
+                continue
             expired += entry.expired
-            if entry.deletion and entry.article_id is not None:
-                if entry.status in ("deleted", "unknown_delete"):
+            if entry.article_id is None:
+                continue
+            key = entry.article_id.encode()
+            if what.removal:
+                if entry.status in DELETES:
                     counts[(metrics.deletes, entry.status)] += 1
-                # A tombstone in, a tombstone out, whatever the index held: consumers with a
-                # compacted view drop the id too, and one sent again after a crash is harmless.
-                key = entry.article_id.encode()
                 verdicts.append((key, None))
-                # the feed's too, unless the article removed is one the feed never carried
-                if self.settings.unique_topic and (
-                    entry.status != "deleted" or entry.kind in self.feed_kinds
-                ):
-                    feed.append((key, None))
-                    feed_headers.append(())
-                continue
-            if entry.verdict is None or entry.article_id is None:
-                continue
-            if entry.status != "replayed":
-                counts[(metrics.verdicts, entry.kind)] += 1
-                if entry.latency_ms is not None:
-                    latencies.append(entry.latency_ms / 1000.0)
-            verdicts.append((entry.article_id.encode(), entry.verdict))
-            if entry.original is not None and entry.kind in self.feed_kinds:
-                feed.append((entry.article_id.encode(), entry.original))
+            elif what.verdict:
+                if entry.status != "replayed":
+                    counts[(metrics.verdicts, entry.kind)] += 1
+                    if entry.latency_ms is not None:
+                        latencies.append(entry.latency_ms / 1000.0)
+                verdicts.append((key, entry.verdict))
+            if what.feed is Feed.REMOVAL:
+                feed.append((key, None))
+                feed_headers.append(())
+            elif what.feed is Feed.COPY and entry.original is not None:
+                feed.append((key, entry.original))
                 feed_headers.append(entry.headers)
         # Keyed by article id, so that every verdict of an article lands in the same partition.
         sends = await self.outputs.send(self.settings.verdicts_topic, verdicts)

@@ -337,8 +337,10 @@ def test_a_deleted_line_removes_the_article_and_writes_its_tombstone(
     assert "deleted=1 unknown_deletes=1" in capsys.readouterr().out
     records = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert records[2] == {"article_id": "a", "deleted": True}
-    assert [r["article_id"] for r in records] == ["a", "b", "a", "c", "d"]
-    c, d = records[3], records[4]
+    # an id the index never held gets its deletion line too, as the worker's tombstone
+    assert records[3] == {"article_id": "nobody", "deleted": True}
+    assert [r["article_id"] for r in records] == ["a", "b", "a", "nobody", "c", "d"]
+    c, d = records[4], records[5]
     assert (c["verdict"], c["match_id"], c["canonical_id"]) == ("duplicate", "b", "b")
     # its exact copy is gone: the text matches the surviving near copies, never the deleted one
     assert (d["verdict"], d["exact"], d["canonical_id"]) == ("duplicate", False, "b")
@@ -409,37 +411,54 @@ def test_state_is_compact_after_a_run(tmp_path: Path) -> None:
     assert size / articles < 1600, f"{size / articles:.0f} bytes per article"
 
 
-def feed_corpus(prose: tuple[str, ...]) -> tuple[list[bytes], list[bool]]:
-    """Lines of every kind the feed must tell apart, and which of them are articles (the lines
-    that get a verdict). The last line has no newline: the feed still ends it with one."""
-    lines_and_kinds = [
-        (article("orig", prose[0], title="Romo weds") + b"\n", True),
-        (article("copy", prose[0]) + b"\n", True),  # exact copy
-        (article("near", prose[0] + FOOTER) + b"\n", True),  # near-duplicate
-        (article("head", prose[3][: len(prose[3]) * 6 // 10]) + b"\n", True),
-        (article("whole", prose[3]) + b"\r\n", True),  # contains "head": partial; CRLF kept
-        (orjson.dumps({"id": "orig", "deleted": True}) + b"\n", False),
-        (b'{"id": "cut", "text": "the json ends\n', False),
-        (article("head", prose[4]) + b"\n", True),  # an update: a new version, judged again
-        (article("other", prose[1]), True),
+def feed_corpus(prose: tuple[str, ...]) -> tuple[list[bytes], list[str]]:
+    """Lines of every kind the feed must tell apart, and what each is ("article": gets a verdict,
+    "deletion": gets a deletion line, "bad": a dead letter). The last line has no newline: the feed
+    still ends it with one."""
+    lines_and_roles = [
+        (article("orig", prose[0], title="Romo weds") + b"\n", "article"),
+        (article("copy", prose[0]) + b"\n", "article"),  # exact copy
+        (article("near", prose[0] + FOOTER) + b"\n", "article"),  # near-duplicate
+        (article("head", prose[3][: len(prose[3]) * 6 // 10]) + b"\n", "article"),
+        (article("whole", prose[3]) + b"\r\n", "article"),  # contains "head": partial; CRLF kept
+        (orjson.dumps({"id": "orig", "deleted": True}) + b"\n", "deletion"),
+        (orjson.dumps({"id": "nobody", "deleted": True}) + b"\n", "deletion"),  # an id never held
+        (b'{"id": "cut", "text": "the json ends\n', "bad"),
+        (article("head", prose[4]) + b"\n", "article"),  # an update: a new version, judged again
+        (article("other", prose[1]), "article"),
     ]
-    return [line for line, _ in lines_and_kinds], [is_article for _, is_article in lines_and_kinds]
+    return [line for line, _ in lines_and_roles], [role for _, role in lines_and_roles]
 
 
-def expected_feed(lines: list[bytes], is_article: list[bool], verdicts: list[dict], kinds: set[str]) -> bytes:
-    """The feed a verdict file implies: the article lines whose verdict passes, newline-ended."""
-    article_lines = [line for line, keep in zip(lines, is_article, strict=True) if keep]
-    judged = [v for v in verdicts if "verdict" in v]
-    assert len(judged) == len(article_lines)
-    kept = [line for line, v in zip(article_lines, judged, strict=True) if v["verdict"] in kinds]
-    return b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept)
+def expected_feed(lines: list[bytes], roles: list[str], verdicts: list[dict], kinds: set[str]) -> bytes:
+    """The feed a verdict file implies: the article lines whose verdict passes, and the deletion
+    lines of ids whose last verdict passed or that were never held (the feed may carry them),
+    newline-ended."""
+    answers = iter(verdicts)
+    last_kind: dict[str, str] = {}
+    kept = []
+    for line, role in zip(lines, roles, strict=True):
+        if role == "bad":
+            continue
+        answer = next(answers)
+        if role == "article":
+            last_kind[answer["article_id"]] = answer["verdict"]
+            passes = answer["verdict"] in kinds
+        else:
+            assert answer["deleted"] is True
+            held = last_kind.pop(answer["article_id"], None)
+            passes = held is None or held in kinds
+        if passes:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    assert next(answers, None) is None
+    return b"".join(kept)
 
 
 @pytest.mark.parametrize("kinds", [{"unique"}, {"unique", "partial"}, {"duplicate"}])
 def test_the_feed_holds_the_original_lines_whose_verdict_passes(
     tmp_path: Path, prose: tuple[str, ...], kinds: set[str]
 ) -> None:
-    lines, is_article = feed_corpus(prose)
+    lines, roles = feed_corpus(prose)
     source, out, feed = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "feed.jsonl"
     source.write_bytes(b"".join(lines))
     summary = run_file(source, out, MemoryState(), PARAMS, feed_path=feed, feed_verdicts=frozenset(kinds))
@@ -456,13 +475,17 @@ def test_the_feed_holds_the_original_lines_whose_verdict_passes(
     assert summary.dead_letters["invalid_json"] == 1
 
     written = feed.read_bytes()
-    assert written == expected_feed(lines, is_article, verdicts, kinds)
+    assert written == expected_feed(lines, roles, verdicts, kinds)
+    # the deletion of an id the index never held is fed whatever the filter: the feed may carry it
+    assert lines[6] in written
     assert summary.fed == len(written.splitlines()) and f"fed={summary.fed}" in summary.render()
     fed_ids = [orjson.loads(line)["id"] for line in written.splitlines()]
     assert not any(line.startswith(b'{"id": "cut"') for line in written.splitlines())
-    assert not any(b'"deleted"' in line for line in written.splitlines())
+    # a deletion of an article the feed carried is fed as it came, one it did not carry is not
+    assert (lines[5] in written) == ("unique" in kinds)
     if kinds == {"unique"}:
-        assert fed_ids == ["orig", "head", "head", "other"]  # both versions of "head" are unique
+        # both versions of "head" are unique; "orig" is removed from the feed as it was added
+        assert fed_ids == ["orig", "head", "orig", "nobody", "head", "other"]
         assert lines[0] in written and lines[1] not in written and lines[2] not in written
         assert written.endswith(lines[-1] + b"\n")
     if "partial" in kinds:
@@ -531,17 +554,17 @@ def test_a_resumed_feed_needs_the_same_filter_and_a_fed_start(tmp_path: Path, pr
 
 
 def test_cli_dedup_unique_out(tmp_path: Path, prose: tuple[str, ...], capsys) -> None:
-    lines, is_article = feed_corpus(prose)
+    lines, roles = feed_corpus(prose)
     source, out, feed = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "feed.jsonl"
     source.write_bytes(b"".join(lines))
     argv = ["dedup", str(source), "-o", str(out), "-q", "--unique-out", str(feed)]
     assert cli.main(argv) == 0
     assert f"fed={len(feed.read_bytes().splitlines())}" in capsys.readouterr().out
-    assert feed.read_bytes() == expected_feed(lines, is_article, read_jsonl(out), {"unique"})
+    assert feed.read_bytes() == expected_feed(lines, roles, read_jsonl(out), {"unique"})
 
     assert cli.main([*argv, "--unique-filter", "unique,partial"]) == 0
     with_partials = feed.read_bytes()
-    assert with_partials == expected_feed(lines, is_article, read_jsonl(out), {"unique", "partial"})
+    assert with_partials == expected_feed(lines, roles, read_jsonl(out), {"unique", "partial"})
     assert lines[4] in with_partials and lines[1] not in with_partials
 
 
