@@ -89,7 +89,7 @@ class RunSummary:
         )
 
 
-class Progress:
+class ProgressBar:
     """A one-line progress bar on stderr, redrawn at most 5 times a second; silent when piped."""
 
     def __init__(self, total_bytes: int, enabled: bool) -> None:
@@ -192,7 +192,7 @@ def run_file(
     mark = _resumed_mark(state.get_meta(progress_key), feed_path, feed_verdicts)
     summary.resumed_from_line = mark.line
     dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
-    bar = Progress(input_path.stat().st_size, progress)
+    bar = ProgressBar(input_path.stat().st_size, progress)
     stage = SignStage.under(params, max_text_bytes, retention)
     topic = str(input_path)
     with ExitStack() as files:
@@ -249,7 +249,7 @@ class _FileRun:
     summary: RunSummary
     topic: str
     progress_key: bytes
-    bar: Progress
+    bar: ProgressBar
     out: BinaryIO
     dead: BinaryIO
     feed: BinaryIO | None

@@ -50,7 +50,7 @@
  * merge_buckets(buckets, count) -> list of int
  *     buckets: a sequence of bytes (a stored LSH bucket: 8-byte big-endian arrival numbers in the
  *     order they joined it) or None (no such bucket). The distinct arrival numbers in order of
- *     first appearance, bucket by bucket, at most `count` of them (rocks.py: merge_buckets, the
+ *     first appearance, bucket by bucket, at most `count` of them (state/index.py: merge_buckets, the
  *     reference, merges them with dict.fromkeys, or numpy for a large cluster).
  *
  * varints(data, position, count) -> (values, end)

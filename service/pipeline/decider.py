@@ -57,6 +57,7 @@ from .pipes import (
 from .shard import (
     BatchOutcome,
     Culprit,
+    Entry,
     IndexShard,
     Position,
     RecordAt,
@@ -68,8 +69,7 @@ from .wire import signed_count
 
 log = logging.getLogger("neardup.decider")
 
-Write = tuple[bytes, bytes | None]  # (key, value) for the changelog; None, a tombstone
-Entry = Write  # a changelog message as read back for a replay
+Write = Entry  # (key, value) for the changelog; None, a tombstone
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
 CLOSE_TIMEOUT_S = 30.0
 COMPACTION_AT_CLOSE_S = 15.0  # then the child is killed: its index stays as it was, reusable
@@ -104,10 +104,10 @@ class Changelog(Protocol):
         ...
 
 
-class _WriteCollector(MutableMapping[bytes, bytes]):
+class _ChangelogWrites(MutableMapping[bytes, bytes]):
     """The changelog as the IndexShard writes it: the writes are collected and handed to the
-    agent, which sends a whole chunk's writes to the changelog at once (app.py). The stage reads
-    records back only to rebuild, and then from the changelog compacted on disk."""
+    agent, which sends a whole chunk's writes to the changelog at once (stream/index_agent.py).
+    The stage reads records back only to rebuild, and then from the changelog compacted on disk."""
 
     def __init__(self) -> None:
         self._pending: dict[bytes, bytes | None] = {}
@@ -207,7 +207,7 @@ class Decider:
         self.gc_freeze_every = gc_freeze_every
         self.shard: IndexShard | None = None  # in_process only
         self._size = SizeGauge()
-        self._collector = _WriteCollector()  # in_process only
+        self._writes = _ChangelogWrites()  # in_process only
         self._child: Child | None = None
         # awaited before a replacement child rebuilds: the changelog must hold every chunk answered
         self.before_rebuild: Callable[[], Awaitable[None]] | None = None
@@ -348,9 +348,9 @@ class Decider:
         """_open in this process."""
         if self.shard is None:
             state = RocksState(self.index_path, self.options, layered=True)
-            self.shard = IndexShard(state, self.params, self.retention, self._collector)
+            self.shard = IndexShard(state, self.params, self.retention, self._writes)
         shard = self.shard
-        self._collector.drain()  # a batch that failed half-way: the shard replays
+        self._writes.drain()  # a batch that failed half-way: the shard replays
         point, why = shard.restore_point(end, read_at, retention)
         self.behind = end - (0 if point is None else point.offset)
         if point is not None:
@@ -389,7 +389,7 @@ class Decider:
             for messages in chunks:
                 self.chunks += 1
                 self.shard.begin(self.chunks)
-                answer = decide_messages(self.shard, messages, self._size), self._collector.drain()
+                answer = decide_messages(self.shard, messages, self._size), self._writes.drain()
                 self.answered = self.chunks
                 self._unacknowledged[self.answered] = answer[1]
                 yield answer
@@ -528,7 +528,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         tuple[DedupParams, str, RocksOptions, int, Retention, str], first
     )
     marker = RecordMarker(Path(marker_path))
-    table = _WriteCollector()
+    table = _ChangelogWrites()
     shard = IndexShard(RocksState(path, options, layered=True), params, retention, table)
     size = SizeGauge()
     collector = CollectorPolicy(freeze_every)

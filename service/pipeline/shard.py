@@ -546,7 +546,7 @@ WHOLE_MESSAGE = -1  # a record index that stands for the whole signatures messag
 RecordAt = tuple[int, int]  # (signatures offset, record index in its message, or WHOLE_MESSAGE)
 
 
-class Marker(Protocol):
+class DecisionMarker(Protocol):
     """Where a decision is, for the worker to read after the process doing it died (RecordMarker)."""
 
     def at(self, offset: int, index: int, *, deciding: bool) -> None: ...
@@ -558,7 +558,7 @@ def decide_messages(
     shard: IndexShard,
     messages: Sequence[SignedMessage],
     size: SizeGauge,
-    marker: Marker | None = None,
+    marker: DecisionMarker | None = None,
     skip: Mapping[RecordAt, Culprit] | None = None,
 ) -> BatchOutcome:
     """A batch of signatures messages ((offset, value), in order), each unpacked and its records
@@ -614,7 +614,9 @@ def decide_messages(
     )
 
 
-def _unpacked(offset: int, value: bytes, entries: list[EntryOutcome], marker: Marker | None) -> list[bytes]:
+def _unpacked(
+    offset: int, value: bytes, entries: list[EntryOutcome], marker: DecisionMarker | None
+) -> list[bytes]:
     """A signatures message's records; none when it cannot be unpacked (an error entry then)."""
     if marker is not None:
         marker.at(offset, WHOLE_MESSAGE, deciding=False)
@@ -625,7 +627,7 @@ def _unpacked(offset: int, value: bytes, entries: list[EntryOutcome], marker: Ma
         return []
 
 
-def _marking(marker: Marker, offset: int, indexes: Sequence[int]) -> Callable[[int], None]:
+def _marking(marker: DecisionMarker, offset: int, indexes: Sequence[int]) -> Callable[[int], None]:
     """IndexShard.decide's `before`: the record's place in its message, as it is decided."""
 
     def before(n: int) -> None:

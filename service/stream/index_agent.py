@@ -43,10 +43,10 @@ CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 # Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
 # A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
 HANDOFF_QUEUE = 16
-Settle = Callable[[list[Any], Callable[[], None]], Awaitable[None]]  # a chunk's sends, what they mean
+SettleChunk = Callable[[list[Any], Callable[[], None]], Awaitable[None]]  # a chunk's sends, what they mean
 # Around each chunk's sends (given the chunk): the settle to hand them to (transactions.py under
 # exactly-once)
-Publishing = Callable[[list[tuple[int, bytes]]], contextlib.AbstractAsyncContextManager[Settle]]
+Publishing = Callable[[list[tuple[int, bytes]]], contextlib.AbstractAsyncContextManager[SettleChunk]]
 
 
 async def _nothing() -> None:
@@ -180,7 +180,7 @@ class IndexPipeline:
         await self.decide_and_publish(decider, messages, self._joined)
 
     @contextlib.asynccontextmanager
-    async def _joined(self, chunk: list[tuple[int, bytes]]) -> AsyncIterator[Settle]:
+    async def _joined(self, chunk: list[tuple[int, bytes]]) -> AsyncIterator[SettleChunk]:
         """Exactly once: a chunk's sends in the shard's open transaction, with the signatures
         offset after the chunk's last message; the index commits the chunk's writes, and its
         counters count, once that transaction is committed."""
@@ -250,7 +250,7 @@ class IndexPipeline:
             raise
 
     @contextlib.asynccontextmanager
-    async def _settled(self, chunk: list[tuple[int, bytes]]) -> AsyncIterator[Settle]:
+    async def _settled(self, chunk: list[tuple[int, bytes]]) -> AsyncIterator[SettleChunk]:
         """At least once: a chunk's sends settled by the stage's deliveries."""
         yield self.deliveries.settle
 
@@ -273,7 +273,7 @@ class IndexPipeline:
         return apply
 
     async def decide_handed_off(self, messages: list[tuple[int, bytes]]) -> None:
-        """Signatures messages this worker sent, decided on their acknowledgement (`_HandOff`)."""
+        """Signatures messages this worker sent, decided on their acknowledgement (`HandOff`)."""
         async with self.lock:
             last = self.progress.delivered.get(self.shard)
             if self.needs_open or last is None:

@@ -3,8 +3,8 @@
 Faust hands every input message to its streams through `Service.wait_first(callback(message),
 suspend_flow.wait())`, which starts four tasks and an `asyncio.wait` per message: far more work
 than the callback itself, which nearly always finishes without waiting (tests/benchmarks/RESULTS.md
-compares the two). The worker's consumer (app.py) runs the callback inline first and pays for the
-tasks only when it waits.
+compares the two). The worker's consumer (framework.py's app_class) runs the callback inline
+first and pays for the tasks only when it waits.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def wait_for_event(event: Any, timeout: float) -> bool:
     """Wait at most `timeout` seconds for `event` (an asyncio or mode Event); True when it is set.
 
     One timer and the event's own waiter, none of the three tasks and `asyncio.wait` that mode's
-    `Service.wait_for_stopped` makes per call (the worker's take loop, LeanStream in app.py)."""
+    `Service.wait_for_stopped` makes per call (the worker's take loop, LeanStream in framework.py)."""
     if event.is_set():
         return True
     try:

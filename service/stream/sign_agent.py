@@ -28,7 +28,7 @@ log = logging.getLogger("neardup.stream")
 # How long a batch waits for more events after its first (LeanStream.take_events): the consumer
 # hands over a fetch's messages together, in far less.
 TAKE_WITHIN_S = 0.001
-Settle = tuple[list[Any], Callable[[], Awaitable[None]]]  # a batch's sends, and its acknowledgement
+BatchSends = tuple[list[Any], Callable[[], Awaitable[None]]]  # a batch's sends, and its acknowledgement
 
 
 class SignPipeline:
@@ -63,7 +63,7 @@ class SignPipeline:
             sends, acknowledge = await self.handle(stream, batch)
             await self.deliveries.settle(sends, acknowledge)
 
-    async def handle(self, stream: Any, batch: list[faust.EventT]) -> Settle:
+    async def handle(self, stream: Any, batch: list[faust.EventT]) -> BatchSends:
         """Sign a batch and send what it causes; returns the sends and what acknowledges the batch
         once the broker has all of them."""
         settings, progress = self.settings, self.progress

@@ -17,7 +17,7 @@ from aiokafka.errors import for_code
 from ..config import Settings
 from ..errors import Error
 from ..messages import DEAD_LETTER_MAX_BYTES, input_max_bytes, verdict_max_bytes
-from ..pipeline.decider import Entry
+from ..pipeline.shard import Entry
 from ..pipeline.wire import packed_max_bytes, signed_max_bytes, wrapped_max_bytes
 from .connect import start_client
 
