@@ -11,7 +11,7 @@ import orjson
 
 from neardup.core.normalize import normalize
 from tests.integration.conftest import Deployment, TopicReader, load_sample, produce
-from tests.unit.test_fuzz import schema_errors
+from tests.support.schemas import schema_errors
 
 
 def _story(sample: list[dict[str, Any]], first: int) -> str:

@@ -21,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from neardup.state.rocks import RocksState
 from tests.faults import AGENT_FAULT, HELPER_FAULT, fault_env
+from tests.support.runs import reference_state, untimed
 
 from .conftest import (
     Deployment,
@@ -38,7 +39,6 @@ from .conftest import (
     verdicts_by_id,
     without_latency,
 )
-from .test_recovery import reference_state, untimed
 
 
 async def _admin(bootstrap: str, action: Any) -> Any:

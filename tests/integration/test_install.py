@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.unit.test_readme import library_example
+from tests.support.readme import library_example
 
 from .conftest import free_port, free_port_pair
 

@@ -8,21 +8,16 @@ changelog.)
 
 from __future__ import annotations
 
-import dataclasses
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
-from neardup.core.dedup import IndexedArticle
 from neardup.state.rocks import RocksState
+from tests.support.runs import reference_state, untimed
 
 from .conftest import (
-    REPO,
     Deployment,
     TopicReader,
     produce_articles,
@@ -34,40 +29,6 @@ from .conftest import (
 
 # Long streams that keep a core busy: run one at a time, beside the lighter tests (tests/run)
 pytestmark = [pytest.mark.xdist_group("heavy")]
-
-
-def reference_state(articles: list[dict[str, Any]], tmp: Path) -> tuple[list[dict[str, Any]], list[Any]]:
-    """An uninterrupted run of the articles in embedded mode: its verdicts and its final state."""
-    source = tmp / "ref-in.jsonl"
-    source.write_bytes(b"".join(orjson.dumps(a) + b"\n" for a in articles))
-    state_dir = tmp / "ref-state"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "neardup",
-            "dedup",
-            str(source),
-            "-o",
-            str(tmp / "ref-out.jsonl"),
-            "-q",
-            "--state",
-            str(state_dir),
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    verdicts = [orjson.loads(line) for line in (tmp / "ref-out.jsonl").read_bytes().splitlines()]
-    state = RocksState(state_dir)
-    try:
-        return verdicts, list(state.articles())
-    finally:
-        state.close()
-
-
-def untimed(article: IndexedArticle) -> IndexedArticle:
-    return dataclasses.replace(article, time_ms=0)
 
 
 @pytest.mark.budget(35)  # a worker start and a rebuild after each kill

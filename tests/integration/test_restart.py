@@ -10,19 +10,19 @@ verdicts of an uninterrupted (embedded) run.
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from neardup.pipeline.shard import POSITION_KEY, Position
-from neardup.state.index import META
-from neardup.state.rocks import RocksKV, RocksOptions
+from tests.support.runs import (
+    assert_as_embedded,
+    changelog_records,
+    first_verdict_times,
+    indexed_articles,
+    stored_position,
+)
 
 from .conftest import (
     Deployment,
@@ -39,29 +39,6 @@ pytestmark = [pytest.mark.xdist_group("heavy")]
 
 RESTART_WITHIN_S = 10.0
 FAILOVER_WITHIN_S = 30.0
-
-
-def first_verdict_times(records: list[Any]) -> dict[str, float]:
-    """When each article's first verdict was produced (its record's timestamp), in seconds."""
-    first: dict[str, float] = {}
-    for record in records:
-        article_id = orjson.loads(record.value)["article_id"]
-        first[article_id] = min(first.get(article_id, float("inf")), record.timestamp / 1000)
-    return first
-
-
-def assert_as_embedded(records: list[Any], expected: dict[str, dict[str, Any]], logs: str) -> None:
-    verdicts = verdicts_by_id(records)
-    missing = sorted(set(expected) - set(verdicts))
-    assert not missing, f"{len(missing)} articles without verdict, e.g. {missing[:5]}\n{logs}"
-    differing = [i for i, seen in verdicts.items() if any(without_latency(v) != expected[i] for v in seen)]
-    assert not differing, f"{len(differing)} verdicts differ from the embedded run, e.g. {differing[:5]}"
-
-
-def indexed_articles(deployment: Deployment, index: int) -> float:
-    """The worker's neardup_indexed_articles: above 0 only where the index shard was decided."""
-    found = re.search(r"^neardup_indexed_articles (\S+)$", deployment.metrics(index), re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
 
 
 def test_restarted_worker_resumes_within_10s(deployment: Deployment, tmp_path: Path) -> None:
@@ -129,41 +106,6 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
         assert indexed_articles(dep, 1 - owner) > 0
     finally:
         dep.discard()
-
-
-async def changelog_records(
-    bootstrap: str, topic: str, start: int, isolation_level: str = "read_uncommitted"
-) -> tuple[int, int]:
-    """(records from offset `start` to the changelog's end, the end): what a restore replays
-    (under exactly-once, read committed: the end is then the first offset of a transaction still
-    open, which its producer's successor aborts)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, isolation_level=isolation_level
-    )
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        end = int((await consumer.end_offsets([tp]))[tp])
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        count = 0
-        while await consumer.position(tp) < end:
-            for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
-                count += record.offset < end and record.key is not None
-        return count, end
-    finally:
-        await consumer.stop()
-
-
-def stored_position(state_dir: Path) -> Position:
-    """The changelog position the killed worker's index committed, read beside it."""
-    kv = RocksKV(state_dir / "index", RocksOptions(), read_only=True)
-    try:
-        position = Position.decode(kv.get_many([META + POSITION_KEY])[0])
-    finally:
-        kv.close()
-    assert position is not None, "the index committed a position"
-    return position
 
 
 @pytest.mark.budget(60)  # two worker starts, a stream of 4,000 and an embedded reference run

@@ -16,6 +16,14 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support.runs import (
+    assert_as_embedded,
+    changelog_records,
+    first_verdict_times,
+    indexed_articles,
+    stored_position,
+)
+
 from .conftest import (
     Deployment,
     TopicReader,
@@ -24,13 +32,6 @@ from .conftest import (
     stream_of,
     verdicts_by_id,
     without_latency,
-)
-from .test_restart import (
-    assert_as_embedded,
-    changelog_records,
-    first_verdict_times,
-    indexed_articles,
-    stored_position,
 )
 
 # Timed, so not beside the other heavy tests (tests/run)

@@ -23,16 +23,8 @@ from neardup.pipeline.wire import encode_signed, pack_signed, runs_within, signe
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
 from tests.conftest import PROSE, ListChangelog
 from tests.faults import HELPER_FAULT, inject
-from tests.unit.test_stages import FUTURE, HISTORY, PARAMS, signed
-
-Messages = list[tuple[int, bytes]]
-
-
-def packed(items: list[tuple[str, str]], first_offset: int, per_message: int = 2) -> Messages:
-    """The items as signatures messages of `per_message` records each, from `first_offset` on."""
-    records = [encode_signed(signed(article_id, text)) for article_id, text in items]
-    chunks = [records[i : i + per_message] for i in range(0, len(records), per_message)]
-    return [(first_offset + n, pack_signed(chunk)) for n, chunk in enumerate(chunks)]
+from tests.support.decider import Messages, apply, decide, packed
+from tests.support.signing import FUTURE, HISTORY, PARAMS, signed
 
 
 def comparable(outcome: BatchOutcome) -> list[tuple[Any, ...]]:
@@ -63,21 +55,6 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
             await asyncio.wait_for(process.wait(), 10)
         if decider.shard is not None:
             decider.shard.state.close()
-
-
-async def decide(decider: Decider, messages: Messages) -> BatchOutcome:
-    """What the index agent does: decide, then send the record-table writes to the changelog."""
-    outcome, writes = await decider.decide(messages)
-    apply(decider, writes)
-    return outcome
-
-
-def apply(decider: Decider, writes: list[Write]) -> None:
-    """The writes sent to the changelog and acknowledged."""
-    changelog = decider.changelog
-    assert isinstance(changelog, ListChangelog)
-    changelog.entries += writes
-    decider.acknowledged(len(changelog.entries))
 
 
 async def test_the_child_decides_and_writes_exactly_as_the_worker(make: Any) -> None:

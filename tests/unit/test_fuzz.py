@@ -24,7 +24,6 @@ from typing import Any
 
 import orjson
 import pytest
-from jsonschema import Draft202012Validator
 
 import neardup
 from neardup import cli
@@ -38,6 +37,7 @@ from neardup.state.memory import MemoryState
 from neardup.state.records import decode_record
 from neardup.state.rocks import RocksState
 from tests.conftest import PROSE
+from tests.support.schemas import schema_errors
 
 SEEDS = (7, 1931, 65537)
 EMBEDDED_LINES = 1_200  # per seed and store
@@ -45,11 +45,6 @@ LIBRARY_CALLS = 800  # per seed and store
 MAX_TEXT = 20_000  # small, so that texts near the limit are cheap
 RAW_LIMIT = MAX_TEXT + 64 * 1024  # decode_article's limit on a whole message
 PARAMS = DedupParams()
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
-VALIDATORS = {
-    kind: Draft202012Validator(json.loads((SCHEMAS / f"{kind}.schema.json").read_text()))
-    for kind in ("verdict", "dead-letter")
-}
 WORDS = re.findall(r"\S+", " ".join(PROSE))
 
 # Unicode the normalization and the shingles must take: combining marks, bidirectional text and
@@ -656,11 +651,6 @@ class Model:
         events = ("unique", "duplicate", "partial", "redelivered", "new version", "exact", "deleted")
         missing = [event for event in (*events, "unknown delete") if not self.seen[event]]
         assert not missing, f"no {missing} in {dict(self.seen)}"
-
-
-def schema_errors(kind: str, instance: Any) -> list[str]:
-    """What schemas/<kind>.schema.json finds wrong with `instance`."""
-    return [error.message for error in VALIDATORS[kind].iter_errors(instance)]
 
 
 # -- the state's invariants ---------------------------------------------------------------------

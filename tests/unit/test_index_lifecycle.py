@@ -19,7 +19,7 @@ from neardup.state.memory import MemoryState
 from neardup.state.port import Batch, StateStore
 from neardup.state.rocks import RocksOptions, RocksState
 from tests.conftest import process
-from tests.unit.test_state_contract import MakeState, contents
+from tests.support.state import MakeState, contents
 
 PARAMS = DedupParams()
 DAY_MS = 86_400_000

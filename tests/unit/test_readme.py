@@ -14,6 +14,7 @@ from neardup import settings_doc
 from neardup.cli import build_parser
 from neardup.config import BY_NAME, markdown, shown
 from neardup.settings_doc import BEGIN, END, replaced
+from tests.support.readme import library_example
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -54,16 +55,6 @@ def test_every_command_is_documented() -> None:
     commands = next(a for a in parser._actions if a.dest == "command").choices
     for name in commands:
         assert f"`neardup {name}" in README, name
-
-
-def library_example(readme: str = README) -> tuple[str, str]:
-    """The code of "Use it as a library" and the output printed under it: its first python block
-    and the text block after that."""
-    section = readme.split("## Use it as a library", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, flags=re.S)
-    output = re.search(r"```python\n.*?```.*?```text\n(.*?)```", section, flags=re.S)
-    assert code is not None and output is not None, "the library section lost its code or its output"
-    return code.group(1), output.group(1)
 
 
 def test_the_library_example_prints_what_the_readme_says(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from neardup.state.memory import MemoryKV
 from neardup.state.overlay import LayeredKV
 from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
-from tests.unit.test_stages import SRC, signed
+from tests.support.signing import SRC, signed
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = DedupParams(containment_index=True)  # the posting lists restored too

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,14 +31,9 @@ from neardup.pipeline.wire import (
 from neardup.state.memory import MemoryState
 from neardup.state.rocks import RocksState
 from tests.conftest import PROSE, process
+from tests.support.signing import FUTURE, HISTORY, INPUT_OFFSETS, PARAMS, SRC, article, signed
 
-PARAMS = DedupParams()
-SRC = Provenance("neardup-articles", 2, 4711, 1_717_000_000_000)
 NOW = 1_717_000_000.250  # seconds; 250 ms after SRC's timestamp
-
-
-def article(article_id: Any, text: Any, **extra: Any) -> bytes:
-    return orjson.dumps({"id": article_id, "text": text, **extra})
 
 
 # --- sign -----------------------------------------------------------------------------------------
@@ -188,22 +182,6 @@ def test_provenance_without_timestamp_round_trips() -> None:
 # --- index ----------------------------------------------------------------------------------------
 
 
-_INPUT_OFFSETS = itertools.count()
-
-
-def signed(
-    article_id: str, text: str, input_offset: int | None = None, params: DedupParams = PARAMS
-) -> Signed:
-    """Signed as the sign stage would, by default from the next message of its input partition."""
-    offset = next(_INPUT_OFFSETS) if input_offset is None else input_offset
-    src = Provenance(SRC.topic, SRC.partition, offset, SRC.timestamp_ms)
-    result = SignStage(params, 1_000_000).handle(article(article_id, text), article_id.encode(), src)
-    assert result.signed is not None, result.reason
-    item = decode_signed(result.signed)
-    assert isinstance(item, Signed)
-    return item
-
-
 def story_with_a_copy() -> list[Signed]:
     """a, then b (a copy of a with a byline: a duplicate), then c (unrelated)."""
     return [
@@ -340,29 +318,6 @@ def test_records_of_one_message_are_decided_in_order_and_replayed_together(shard
     assert [r.verdict for r in redone] == [r.verdict for r in first]
 
 
-# Arrivals that exercise every path: unique, near-duplicate, exact copy, partial, a new version of an
-# article (its old content still held by an exact copy), a version that returns to an earlier text.
-HEAD = PROSE[1][: len(PROSE[1]) * 6 // 10]
-HISTORY = [
-    ("a", PROSE[0]),
-    ("b", PROSE[0] + " Reporting by the wire desk."),
-    ("c", PROSE[1]),
-    ("d", PROSE[0]),
-    ("a", PROSE[2]),
-    ("e", HEAD),
-    ("f", PROSE[3]),
-]
-FUTURE = [
-    ("g", PROSE[0]),
-    ("h", PROSE[1] + " Copyright 2024."),
-    ("a", PROSE[0]),
-    ("i", PROSE[2]),
-    ("j", PROSE[0][: len(PROSE[0]) * 6 // 10]),
-    ("f", PROSE[4]),
-    ("k", PROSE[3]),
-]
-
-
 def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -> None:
     """The index stage uses the sign stage's band keys when a record has them for its banding and
     computes them otherwise: the decisions and the state are the same."""
@@ -486,7 +441,7 @@ def test_a_rebuild_keeps_the_deleted_ids_versions(shards: Any) -> None:
     live = shards("live")
     live.handle(signed("a", PROSE[0]), 0)
     live.handle(signed("a", PROSE[1]), 1)  # version 1
-    src = dataclasses.replace(SRC, offset=next(_INPUT_OFFSETS))
+    src = dataclasses.replace(SRC, offset=next(INPUT_OFFSETS))
     assert live.handle(SignedDeletion("a", src), 2)[0] == "deleted"
     assert ARTICLE_PREFIX + b"a" not in live.records and MARKER_PREFIX + b"a" in live.records
     restarted = shards("restarted", dict(live.records))

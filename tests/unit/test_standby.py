@@ -20,8 +20,8 @@ from neardup.stream.delivery import Deliveries
 from neardup.stream.metrics import Metrics
 from neardup.stream.standby import Standby
 from tests.conftest import ListChangelog
-from tests.unit.test_decider import decide, packed
-from tests.unit.test_stages import FUTURE, HISTORY, PARAMS
+from tests.support.decider import decide, packed
+from tests.support.signing import FUTURE, HISTORY, PARAMS
 
 
 class FailingChangelog(ListChangelog):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -24,8 +23,8 @@ from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
 from neardup.state.records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 from neardup.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
+from tests.support.state import MakeState, contents
 
-MakeState = Callable[[], StateStore]
 PARAMS = DedupParams()
 
 
@@ -287,12 +286,6 @@ def test_rocks_refuses_a_second_opener(tmp_path: Path) -> None:
     finally:
         state.close()
     RocksState(tmp_path / "db").close()  # free again after close
-
-
-def contents(state: IndexState) -> dict[bytes, bytes]:
-    """Everything a state holds: its main family, and its records under "r"."""
-    main = dict(state.kv.scan(b""))
-    return {**main, **{b"r" + key: value for key, value in state.kv.scan_records()}}
 
 
 def test_record_round_trip(prose: tuple[str, ...]) -> None:

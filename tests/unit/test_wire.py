@@ -24,7 +24,7 @@ from neardup.pipeline.wire import (
     with_original,
 )
 from tests.conftest import PROSE
-from tests.unit.test_stages import signed
+from tests.support.signing import signed
 
 
 @pytest.mark.parametrize(
