@@ -125,3 +125,23 @@ async def test_a_coordinator_lookup_refused_for_another_reason_still_fails() -> 
     with pytest.raises(KafkaError) as failed:
         await cast(Any, producer)._sender._find_coordinator(CoordinationType.TRANSACTION, "t")
     assert isinstance(failed.value.__cause__, UnknownError) and asked == ["t"]
+
+
+async def test_commits_go_past_the_offsets_allowed() -> None:
+    """allow_commits_past, which the stages call for the offsets a consumer went past without
+    delivering them: Faust's next commit then covers them. Faust's commit offset has no public
+    reader short of a commit to a broker, so its own bookkeeping is read here, beside the other
+    private names this module guards."""
+    app = framework.app_class(7, 4096)(
+        "gaps", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
+    )
+    app.finalize()
+    consumer: Any = app.consumer
+    tp = faust.types.TP("signatures", 0)
+    consumer._committed_offset[tp] = 2
+    consumer._acked[tp] = [4, 5, 8]  # delivered and acknowledged: 4, 5 and 8
+    consumer._acked_index[tp] = {4, 5, 8}
+    assert consumer._new_offset(tp) is None  # 2 and 3 never acknowledged: nothing to commit
+    await framework.allow_commits_past(app, tp, 2, 3)
+    await framework.allow_commits_past(app, tp, 6, 7)
+    assert consumer._new_offset(tp) == 9
