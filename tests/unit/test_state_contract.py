@@ -421,10 +421,11 @@ def test_rocks_candidates_are_probes_that_verify_as_their_records_would(
     state.close()
     state = RocksState(tmp_path / "db")
     try:
-        assert len(state._probes) == 0
+        read = records_read(state)
         again = state.candidates(keys, "c0", 1000)
         assert [as_prospect(p) for p in again] == [as_prospect(p) for p in live]
-        assert len(state._probes) == 4  # c0 too: excluded by id once read
+        assert read == [["c0", "c1", "c2", "c4"]]  # c0 too: excluded by id once read
+        assert state.candidates(keys, "c0", 1000) == again and len(read) == 1  # cached now
         memory = MemoryState()
         memory.open_header(PARAMS.header())
         cluster_with_a_replacement(memory, prose)
@@ -437,21 +438,33 @@ def test_rocks_candidates_are_probes_that_verify_as_their_records_would(
         state.close()
 
 
+def records_read(state: RocksState) -> list[list[str]]:
+    """The ids of the records `state` reads from RocksDB from now on, a list per read."""
+    read: list[list[str]] = []
+    records = state.kv.records
+
+    def reading(keys: list[bytes]) -> list[bytes | None]:
+        found = records(keys)
+        read.append([decode_record(value).article_id for value in found if value is not None])
+        return found
+
+    state.kv.records = reading  # type: ignore[method-assign]
+    return read
+
+
 def test_rocks_probe_cache_is_not_reordered_by_hits(tmp_path: Path, prose: tuple[str, ...]) -> None:
     """The probe cache drops the probe stored or read back longest ago, however recently it was a
     candidate: no reordering on the decider's hot path."""
-    state = RocksState(tmp_path / "db", RocksOptions(probe_cache=3))
+    state = RocksState(tmp_path / "db", RocksOptions(probe_cache=4))
     state.open_header(PARAMS.header())
     try:
-        cluster_with_a_replacement(state, prose)  # arrivals 0-6; c3's first version (3) replaced
-        assert list(state._probes) == [4, 5, 6]
-        [hit] = state._prospects([4])
-        assert hit is not None and hit.article_id == "c4"
-        index(state, "late", prose[1])  # arrival 7
-        assert list(state._probes) == [5, 6, 7]
-        [read_back] = state._prospects([4])  # from RocksDB now, and cached again
-        assert read_back is not None and as_prospect(read_back) == as_prospect(hit)
-        assert list(state._probes) == [6, 7, 4]
+        keys = cluster_with_a_replacement(state, prose)  # c3 replaced: c2, c4, c3, other cached
+        read = records_read(state)
+        state.candidates(keys, "none", 1000)
+        assert read == [["c0", "c1"]]  # c2 and c4 were cached, and are the oldest there
+        state.candidates(keys, "none", 1000)
+        # their hits did not keep them: c0 and c1, read back, took their places
+        assert read == [["c0", "c1"], ["c2", "c4"]]
     finally:
         state.close()
 
