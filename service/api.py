@@ -195,9 +195,7 @@ def _keywords_documented(function: Callable[..., Any]) -> None:
     signature = inspect.signature(function)
     leading = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
     keywords = [
-        inspect.Parameter(
-            s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default, annotation=s.kind.annotation
-        )
+        inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default, annotation=s.annotation)
         for s in settings
     ]
     function.__signature__ = signature.replace(parameters=[*leading, *keywords])  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
-"""The settings table: every setting once, with its type, default, variable, flag, the modes it
-applies to and its meaning. The worker's Settings, the flags of each command, `neardup.open`'s
-keywords and the table of deploy/docs/configuration.md (`python -m neardup.settings_doc`) are
-derived from it."""
+"""Every setting declared once, as a field of Settings: its type and default, and in the field's
+metadata its flags, the modes it applies to, its meaning and its check (its variable is its name's).
+The settings table (SETTINGS), the flags of each command, `neardup.open`'s keywords and the table
+of deploy/docs/configuration.md (`python -m neardup.settings_doc`) are derived from the fields."""
 
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ import argparse
 import difflib
 import enum
 import hashlib
-import inspect
 import os
 import re
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from .core.normalize import NormalizeOptions
 from .core.params import FIELD_BOUNDS, DedupParams, bound_problem
@@ -31,8 +30,7 @@ from .core.retention import (
 from .core.shingle import ShingleOptions
 from .errors import Error
 from .messages import parse_verdict_filter
-from .state.index import DEFAULT_BUCKET_CAP
-from .state.rocks import RocksOptions
+from .state.index import DEFAULT_BUCKET_CAP, DEFAULT_PROBE_CACHE, DEFAULT_RECORD_CACHE
 
 # Kafka's bounds: the broker's default group.min.session.timeout.ms, and Faust's request timeout,
 # which a session timeout may not exceed.
@@ -66,7 +64,6 @@ class Kind:
     """How a value is written in a variable or a flag, and the Python type it has."""
 
     label: str  # in messages and flag metavars
-    annotation: str  # the type of its field in Settings
     from_text: Callable[[str], Any]  # raises ValueError
     from_value: Callable[[Any], Any]  # a keyword's value as the type; raises TypeError or ValueError
 
@@ -130,36 +127,35 @@ def shown(value: Any) -> str:
     return str(value)
 
 
-INT = Kind("int", "int", int, _int_value)
-FLOAT = Kind("float", "float", float, _float_value)
-STR = Kind("text", "str", str, _str_value)
-BOOL = Kind("bool", "bool", _bool_text, _bool_value)
-DURATION = Kind("duration", "str", str, _str_value)
-FRACTION_OR_NONE = Kind(
-    "float or none", "float | None", _optional(float, zero_is_none=True), _or_none(_float_value)
-)
-INT_OR_NONE = Kind("int or none", "int | None", _optional(int), _or_none(_int_value))
+INT = Kind("int", int, _int_value)
+FLOAT = Kind("float", float, _float_value)
+STR = Kind("text", str, _str_value)
+BOOL = Kind("bool", _bool_text, _bool_value)
+DURATION = Kind("duration", str, _str_value)
+FRACTION_OR_NONE = Kind("float or none", _optional(float, zero_is_none=True), _or_none(_float_value))
+INT_OR_NONE = Kind("int or none", _optional(int), _or_none(_int_value))
 
 Check = Callable[[Any], str | None]  # why a value is refused (the words after its name), or None
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting: NEARDUP_<NAME> in the environment, `flags` on the command line of the commands
-    of its modes, `name` as a keyword of neardup.open()."""
+    """One setting, as its field of Settings declares it: NEARDUP_<NAME> in the environment,
+    `flags` on the command line of the commands of its modes, `name` as a keyword of neardup.open()."""
 
     name: str
     kind: Kind
     default: Any
+    annotation: str  # its field's type
     help: str
-    modes: frozenset[Mode] = frozenset({Mode.WORKER})
-    flags: tuple[str, ...] = ()  # none: set by its variable only
-    check: Check | None = None
+    modes: frozenset[Mode]
+    flags: tuple[str, ...]  # none: set by its variable only
+    check: Check | None
     # modes that refuse it, and why: a setting that changes verdicts applies to every mode or says
     # why one cannot take it
-    refused: Mapping[Mode, str] = field(default_factory=dict)
-    changes_verdicts: bool = False
-    secret: bool = False
+    refused: Mapping[Mode, str]
+    changes_verdicts: bool
+    secret: bool
 
     @property
     def env(self) -> str:
@@ -270,35 +266,30 @@ def _instance_id(value: str) -> str | None:
 
 
 def _setting(
-    name: str,
-    kind: Kind,
     default: Any,
     help: str,
     *,
+    kind: Kind | None = None,
     modes: Iterable[Mode] = (Mode.WORKER,),
     flag: bool | tuple[str, ...] = False,
     check: Check | None = None,
     refused: Mapping[Mode, str] | None = None,
     changes_verdicts: bool = False,
     secret: bool = False,
-) -> Setting:
-    """A table entry: `flag=True` for the flag its name spells; an engine parameter's bounds are
-    DedupParams's (FIELD_BOUNDS)."""
-    flags = (f"--{name.replace('_', '-')}",) if flag is True else flag or ()
-    if check is None and name in FIELD_BOUNDS:
-        check = partial(bound_problem, name)
-    return Setting(
-        name,
-        kind,
-        default,
-        help,
-        frozenset(modes),
-        flags,
-        check,
-        dict(refused or {}),
-        changes_verdicts,
-        secret,
-    )
+) -> Any:
+    """A field of Settings, the rest of its table entry in the field's metadata: `flag=True` for
+    the flag its name spells; `kind` when the field's type alone does not say how it is written."""
+    entry = {
+        "kind": kind,
+        "help": help,
+        "modes": frozenset(modes),
+        "flag": flag,
+        "check": check,
+        "refused": dict(refused or {}),
+        "changes_verdicts": changes_verdicts,
+        "secret": secret,
+    }
+    return field(default=default, repr=not secret, metadata=entry)
 
 
 # Defaults that a lower layer needs too are read from it, so that each is written once.
@@ -308,57 +299,38 @@ _BY_TIME = frozenset({Mode.WORKER, Mode.DEDUP, Mode.LIBRARY})
 _NOT_BY_TIME = {Mode.EVALUATE: "it times each article by its place in the file, so none expires"}
 
 
-def _verdicts(name: str, kind: Kind, default: Any, help: str, **more: Any) -> Setting:
+def _verdicts(default: Any, help: str, **more: Any) -> Any:
     """A setting that changes verdicts: a flag in every command that decides, a keyword of open()."""
-    return _setting(
-        name,
-        kind,
-        default,
-        help,
-        modes=more.pop("modes", ALL_MODES),
-        flag=more.pop("flag", True),
-        changes_verdicts=True,
-        **more,
+    modes, flag = more.pop("modes", ALL_MODES), more.pop("flag", True)
+    return _setting(default, help, modes=modes, flag=flag, changes_verdicts=True, **more)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting, as the worker takes it (NEARDUP_* variables, then flags): each field is the
+    one declaration of a setting, its type and default, the rest of its table entry in the field's
+    metadata."""
+
+    broker: str = _setting("kafka://127.0.0.1:9092", "Kafka bootstrap servers", flag=True, check=_broker)
+    app_id: str = _setting("neardup", "Faust app id (consumer group, changelog topic prefix)")
+    input_topic: str = _setting("neardup-articles", "input topic", flag=True)
+    input_partitions: int = _setting(
+        3, "partitions when the worker creates the input topic", flag=True, check=_at_least(1)
     )
-
-
-SETTINGS: tuple[Setting, ...] = (
-    _setting("broker", STR, "kafka://127.0.0.1:9092", "Kafka bootstrap servers", flag=True, check=_broker),
-    _setting("app_id", STR, "neardup", "Faust app id (consumer group, changelog topic prefix)"),
-    _setting("input_topic", STR, "neardup-articles", "input topic", flag=True),
-    _setting(
-        "input_partitions",
-        INT,
-        3,
-        "partitions when the worker creates the input topic",
-        flag=True,
-        check=_at_least(1),
-    ),
-    _setting(
-        "signatures_topic",
-        STR,
-        "neardup-signatures",
-        "internal topic between the stages (1 partition = 1 index shard)",
-    ),
-    _setting("verdicts_topic", STR, "neardup-verdicts", "output topic", flag=True),
-    _setting(
-        "verdicts_partitions",
-        INT,
-        3,
-        "partitions when the worker creates the verdict topic",
-        check=_at_least(1),
-    ),
-    _setting("dead_letter_topic", STR, "neardup-dead-letters", "dead letters"),
-    _setting(
-        "unique_topic",
-        STR,
+    signatures_topic: str = _setting(
+        "neardup-signatures", "internal topic between the stages (1 partition = 1 index shard)"
+    )
+    verdicts_topic: str = _setting("neardup-verdicts", "output topic", flag=True)
+    verdicts_partitions: int = _setting(
+        3, "partitions when the worker creates the verdict topic", check=_at_least(1)
+    )
+    dead_letter_topic: str = _setting("neardup-dead-letters", "dead letters")
+    unique_topic: str = _setting(
         "",
         "the filtered feed: each article whose verdict passes `NEARDUP_UNIQUE_FILTER`, its input "
         "message (bytes and headers) unchanged, keyed by id; empty: off",
-    ),
-    _setting(
-        "unique_filter",
-        STR,
+    )
+    unique_filter: str = _setting(
         "unique,revised",
         "the verdict kinds the filtered feed forwards, comma-separated: `unique`, `revised`, "
         "`partial`, `duplicate` (`neardup dedup`: with `--unique-out`); a revised article is a new "
@@ -366,118 +338,76 @@ SETTINGS: tuple[Setting, ...] = (
         modes=(Mode.WORKER, Mode.DEDUP),
         flag=True,
         check=_reason(parse_verdict_filter),
-    ),
-    _setting(
-        "state_dir",
-        STR,
-        "./var/neardup",
-        "RocksDB state: the LSH index and its records (the decider's)",
-        flag=True,
-    ),
-    _verdicts(
-        "max_text_bytes",
-        INT,
+    )
+    state_dir: str = _setting(
+        "./var/neardup", "RocksDB state: the LSH index and its records (the decider's)", flag=True
+    )
+    max_text_bytes: int = _verdicts(
         1_000_000,
         "larger texts, and texts that normalisation expands past this many characters, are refused "
         "as `oversized` (dead-lettered; `neardup evaluate` skips them); with `NEARDUP_UNIQUE_TOPIC`, "
         "the feed topic must take this + 128 KB ([Message sizes](operations.md#message-sizes))",
         check=_at_least(1),
-    ),
-    _verdicts("threshold", FLOAT, _ENGINE.threshold, "Jaccard for `duplicate`"),
-    _verdicts(
-        "containment_threshold",
-        FRACTION_OR_NONE,
-        _ENGINE.containment_threshold,
-        "containment for `partial` (`none` or 0: no partial verdicts)",
-    ),
-    _verdicts(
-        "revised_threshold",
-        FRACTION_OR_NONE,
+    )
+    threshold: float = _verdicts(_ENGINE.threshold, "Jaccard for `duplicate`")
+    containment_threshold: float | None = _verdicts(
+        _ENGINE.containment_threshold, "containment for `partial` (`none` or 0: no partial verdicts)"
+    )
+    revised_threshold: float | None = _verdicts(
         _ENGINE.revised_threshold,
         "share of anchors (24-character shingles) one article holds of another for `revised`: "
         "it reuses that much of an earlier text without being a copy or a part of it; with "
         "`NEARDUP_CONTAINMENT_INDEX` on (`none` or 0: no revised verdicts)",
-    ),
-    _verdicts(
-        "containment_index",
-        BOOL,
+    )
+    containment_index: bool = _verdicts(
         _ENGINE.containment_index,
         "the containment index: excerpts `partial` and reused text `revised` whatever their "
         "Jaccard, with the shared passages, for about a quarter of the worker's throughput "
         "([Containment](operations.md#containment)); off: `partial` only for copies LSH finds, "
         "no `revised`; a change needs a rebuild",
-    ),
-    _verdicts(
-        "lsh_threshold",
-        FRACTION_OR_NONE,
+    )
+    lsh_threshold: float | None = _verdicts(
         _ENGINE.lsh_threshold,
         "similarity LSH is tuned for (`none`: 0.5 with containment on, threshold-0.2 without)",
-    ),
-    _verdicts("fn_weight", FLOAT, _ENGINE.fn_weight, "false-negative weight when tuning bands/rows (0..1)"),
-    _verdicts(
-        "bands",
-        INT_OR_NONE,
-        _ENGINE.bands,
-        "LSH bands, with `rows` (`none`: tuned for the LSH threshold)",
-    ),
-    _verdicts("rows", INT_OR_NONE, _ENGINE.rows, "rows per LSH band, with `bands`"),
-    _verdicts("num_perm", INT, _ENGINE.num_perm, "MinHash signature slots (LSH bands are cut from them)"),
-    _verdicts(
-        "verify_perm",
-        INT,
+    )
+    fn_weight: float = _verdicts(_ENGINE.fn_weight, "false-negative weight when tuning bands/rows (0..1)")
+    bands: int | None = _verdicts(
+        _ENGINE.bands, "LSH bands, with `rows` (`none`: tuned for the LSH threshold)"
+    )
+    rows: int | None = _verdicts(_ENGINE.rows, "rows per LSH band, with `bands`")
+    num_perm: int = _verdicts(_ENGINE.num_perm, "MinHash signature slots (LSH bands are cut from them)")
+    verify_perm: int = _verdicts(
         _ENGINE.verify_perm,
         "slots of the verification sketch, 8 bits each (a multiple of num_perm; 0: verify on the signature)",
-    ),
-    _verdicts(
-        "shingle_size",
-        INT,
-        _ENGINE.shingle.k,
-        "k: units per shingle",
-        flag=("-k", "--shingle-size"),
-        check=_within(1, 64),
-    ),
-    _verdicts(
-        "word_shingles", BOOL, _ENGINE.shingle.unit == "word", "shingles of words instead of characters"
-    ),
-    _verdicts(
-        "normalize_nfkc",
-        BOOL,
-        _ENGINE.normalize.nfkc,
-        "Unicode NFKC before shingling (folds ligatures, full-width forms)",
-    ),
-    _verdicts("normalize_casefold", BOOL, _ENGINE.normalize.casefold, "case folding before shingling"),
-    _verdicts(
-        "normalize_whitespace",
-        BOOL,
-        _ENGINE.normalize.collapse_whitespace,
-        "whitespace collapsed to single spaces before shingling",
-    ),
-    _verdicts("seed", INT, _ENGINE.seed, "hashing seed (stored state records it)"),
-    _verdicts(
-        "top_candidates", INT, _ENGINE.top_candidates, "verified candidates a verdict lists, best first"
-    ),
-    _verdicts(
-        "max_candidates",
-        INT,
-        _ENGINE.max_candidates,
-        "LSH candidates an article is verified against at most",
-    ),
-    _setting("metrics_host", STR, "127.0.0.1", "bind address of /metrics and /health"),
-    _setting("metrics_port", INT, 9108, "port of /metrics and /health", flag=True),
-    _setting("web_host", STR, "127.0.0.1", "bind address passed to Faust (its own web server stays off)"),
-    _setting("web_port", INT, 6066, "Faust web port (unused while its server is off)"),
-    _setting("sign_batch", INT, 200, "events the sign stage takes at a time", check=_at_least(1)),
-    _setting(
-        "sign_processes",
-        INT,
+    )
+    shingle_size: int = _verdicts(
+        _ENGINE.shingle.k, "k: units per shingle", flag=("-k", "--shingle-size"), check=_within(1, 64)
+    )
+    word_shingles: bool = _verdicts(_ENGINE.shingle.unit == "word", "shingles of words instead of characters")
+    normalize_nfkc: bool = _verdicts(
+        _ENGINE.normalize.nfkc, "Unicode NFKC before shingling (folds ligatures, full-width forms)"
+    )
+    normalize_casefold: bool = _verdicts(_ENGINE.normalize.casefold, "case folding before shingling")
+    normalize_whitespace: bool = _verdicts(
+        _ENGINE.normalize.collapse_whitespace, "whitespace collapsed to single spaces before shingling"
+    )
+    seed: int = _verdicts(_ENGINE.seed, "hashing seed (stored state records it)")
+    top_candidates: int = _verdicts(_ENGINE.top_candidates, "verified candidates a verdict lists, best first")
+    max_candidates: int = _verdicts(
+        _ENGINE.max_candidates, "LSH candidates an article is verified against at most"
+    )
+    metrics_host: str = _setting("127.0.0.1", "bind address of /metrics and /health")
+    metrics_port: int = _setting(9108, "port of /metrics and /health", flag=True)
+    web_host: str = _setting("127.0.0.1", "bind address passed to Faust (its own web server stays off)")
+    web_port: int = _setting(6066, "Faust web port (unused while its server is off)")
+    sign_batch: int = _setting(200, "events the sign stage takes at a time", check=_at_least(1))
+    sign_processes: int = _setting(
         1,
         "helper processes that sign (normalize, shingle, MinHash) beside the event loop; 0: sign in the "
         "worker's own process",
         check=_at_least(0),
-    ),
-    _setting(
-        "sign_nice",
-        INT,
+    )
+    sign_nice: int = _setting(
         0,
         "niceness the signing helpers add to their own (0..19). Deciding is one serial process, "
         "signing can run on any core: where the worker shares a saturated machine with its broker "
@@ -486,53 +416,41 @@ SETTINGS: tuple[Setting, ...] = (
         "0.85x, and in a CPU group of the worker's own it made no difference "
         "(tests/benchmarks/RESULTS.md)",
         check=_within(0, 19),
-    ),
-    _setting(
-        "index_process",
-        INT,
+    )
+    index_process: int = _setting(
         1,
         "1: the index stage (derived index, its caches, decisions) runs in a child process beside the "
         "event loop; 0: in the worker's own process",
         check=_one_of(0, 1),
-    ),
-    _setting(
-        "index_handoff",
-        INT,
+    )
+    index_handoff: int = _setting(
         1,
         "1: while this worker owns the index shard, a signatures message it sent is decided as soon "
         "as the broker acknowledges it, in its place in the shard's order, instead of after the "
         "consumer has fetched it back (one fetch round trip less latency); 0: always through the "
         "consumer",
         check=_one_of(0, 1),
-    ),
-    _setting(
-        "helper_timeout",
-        FLOAT,
+    )
+    helper_timeout: float = _setting(
         20.0,
         "seconds a child process (signing helper, decider) may take to answer a request, plus the next "
         "setting per article (or record loaded) in it; one that takes longer is deemed hung, killed "
         "and replaced, and the request sent again; a second failure on the same batch stops the "
         "worker (exit status 1). A child's start may take 60 s",
         check=_positive,
-    ),
-    _setting(
-        "helper_item_timeout_ms",
-        FLOAT,
+    )
+    helper_item_timeout_ms: float = _setting(
         100.0,
         "added to `NEARDUP_HELPER_TIMEOUT` per article of a request (signing a 1 MB text takes ~0.1 s)",
         check=_at_least(0),
-    ),
-    _setting(
-        "delivery_timeout",
-        FLOAT,
+    )
+    delivery_timeout: float = _setting(
         300.0,
         "seconds the producer retries a batch the broker does not acknowledge; then the worker stops "
         "with a failure and restarts from its last commit",
         check=_positive,
-    ),
-    _setting(
-        "processing_guarantee",
-        STR,
+    )
+    processing_guarantee: str = _setting(
         "at_least_once",
         "at_least_once: after a crash, verdicts of the articles decided since the last commit are "
         "published again (the same verdicts); exactly_once: the index stage's verdicts, feed "
@@ -542,19 +460,15 @@ SETTINGS: tuple[Setting, ...] = (
         "fences any earlier owner, so a consumer reading with isolation.level=read_committed sees "
         "each (id, version) once (deploy/docs/operations.md, Guarantees)",
         check=_one_of("at_least_once", "exactly_once"),
-    ),
-    _setting(
-        "transaction_timeout",
-        FLOAT,
+    )
+    transaction_timeout: float = _setting(
         60.0,
         "exactly_once: seconds a transaction may stay open before the broker aborts it (a worker "
         "paused or cut off longer is fenced by its own timeout); it must not exceed the broker's "
         "transaction.max.timeout.ms (15 minutes by default)",
         check=_positive,
-    ),
-    _setting(
-        "commit_interval",
-        FLOAT,
+    )
+    commit_interval: float = _setting(
         0.05,
         "exactly_once: the least time, in seconds, from one commit of a stage's transaction to the "
         "next (Kafka Streams' commit.interval.ms): batches that come meanwhile join the open "
@@ -562,85 +476,69 @@ SETTINGS: tuple[Setting, ...] = (
         "leaves a marker that the index stage reads past) and add up to this much to a verdict's "
         "latency; 0 commits as soon as a batch joins",
         check=_at_least(0),
-    ),
-    _setting(
-        "stall_timeout",
-        FLOAT,
+    )
+    stall_timeout: float = _setting(
         60.0,
         "seconds without progress (waiting input no agent takes while its stage waits for no "
         "acknowledgement, or a blocked event loop) after which `/health`, the liveness probe, answers "
         "503 `stalled`; a broker outage is readiness' (`NEARDUP_READY_TIMEOUT`), not this",
         check=_positive,
-    ),
-    _setting(
-        "ready_timeout",
-        FLOAT,
+    )
+    ready_timeout: float = _setting(
         30.0,
         "seconds a stage's batches may wait for the broker's acknowledgement before `/ready` answers "
         "503 (a broker outage): the worker is then not ready, but alive (`/health` stays 200), and "
         "delivers again when the broker returns, within `NEARDUP_DELIVERY_TIMEOUT`",
         check=_positive,
-    ),
-    _setting(
-        "failure_exit_timeout",
-        FLOAT,
+    )
+    failure_exit_timeout: float = _setting(
         10.0,
         "seconds a stop for a failure may take before the process exits (status 1) without finishing it "
         "(nothing is lost: what was not committed comes back after the restart, and the index is on "
         "its write-ahead log); it adds to the time a broker outage costs",
         check=_positive,
-    ),
-    _setting(
-        "record_cache",
-        INT,
-        RocksOptions.record_cache,
+    )
+    record_cache: int = _setting(
+        DEFAULT_RECORD_CACHE,
         "decoded article records the index keeps in memory (~2.8 KB each with their objects): the "
         "records read again for exact copies, re-deliveries and replays; 0: none",
         check=_at_least(0),
-    ),
-    _setting(
-        "probe_cache",
-        INT,
-        RocksOptions.probe_cache,
+    )
+    probe_cache: int = _setting(
+        DEFAULT_PROBE_CACHE,
         "candidates' probes the index keeps in memory (~1.2 KB each with the record they are read "
         "from), the latest stored or read back (hits do not reorder it): what verifying a candidate "
         "reads; misses cost a RocksDB read; 0: none",
         check=_at_least(0),
-    ),
-    _verdicts(
-        "bucket_cap",
-        INT,
+    )
+    bucket_cap: int = _verdicts(
         DEFAULT_BUCKET_CAP,
         "latest members an LSH bucket keeps: what one article reads and rewrites per bucket, whatever "
         "the size of a story's cluster",
         check=_at_least(1),
-    ),
-    _verdicts(
-        "retention",
-        DURATION,
+    )
+    retention: str = _verdicts(
         format_duration_ms(_RETENTION.window_ms),
         "retention window (`30d`, `12h`, `90m`; `0`: keep forever): articles older than the newest "
         "article time minus this are expired from the index, and from the worker's changelog by "
         "tombstones",
+        kind=DURATION,
         modes=_BY_TIME,
         check=_reason(parse_duration_ms),
         refused=_NOT_BY_TIME,
-    ),
-    _verdicts(
-        "time_skew",
-        DURATION,
+    )
+    time_skew: str = _verdicts(
         format_duration_ms(_RETENTION.skew_ms),
         "a `published_at` or record timestamp further ahead of this process's clock than this (or a "
         "`published_at` that does not parse) is refused: the article is timed by the newest article "
         "time the index holds (by its record timestamp, else its arrival, while it holds none), and "
         "`neardup_refused_times_total` counts it",
+        kind=DURATION,
         modes=_BY_TIME,
         check=_reason(parse_duration_ms),
         refused=_NOT_BY_TIME,
-    ),
-    _verdicts(
-        "min_event_time",
-        STR,
+    )
+    min_event_time: str = _verdicts(
         DEFAULT_EARLIEST,
         "the earliest `published_at` or record timestamp used (RFC 3339): an earlier one is refused "
         "as one too far ahead is. The default, the Unix epoch, refuses placeholder dates (year 1, "
@@ -648,43 +546,33 @@ SETTINGS: tuple[Setting, ...] = (
         modes=_BY_TIME,
         check=_reason(parse_earliest_ms),
         refused=_NOT_BY_TIME,
-    ),
-    _setting(
-        "gc_freeze_every",
-        INT,
+    )
+    gc_freeze_every: int = _setting(
         5_000,
         "every so many indexed articles, freeze the surviving objects out of Python's full "
         "collections (0: off; see `service/pipeline/collector.py`)",
         check=_at_least(0),
-    ),
-    _setting(
-        "fetch_wait_ms",
-        INT,
+    )
+    fetch_wait_ms: int = _setting(
         20,
         "how long the broker may hold a fetch (Faust hard-codes 1500 ms, which halved throughput here)",
         check=_at_least(1),
-    ),
-    _setting(
-        "fetch_min_bytes",
-        INT,
+    )
+    fetch_min_bytes: int = _setting(
         32_768,
         "bytes the broker gathers for a fetch before it answers, unless the wait ends first: ~10 "
         "articles, so that at low rates the worker fetches in small batches rather than for nearly "
         "every article (tests/benchmarks/RESULTS.md has what it gains and costs; 64 KB with a 2 ms "
         "wait, and before that 1 byte with 5 ms, were earlier defaults)",
         check=_at_least(1),
-    ),
-    _setting(
-        "rocksdb_nice",
-        INT,
+    )
+    rocksdb_nice: int = _setting(
         10,
         "niceness added to RocksDB's flush and compaction threads in the index process (Linux), so "
         "that they yield to the decisions on a busy machine; 0 leaves them as they are",
         check=_within(0, 19),
-    ),
-    _setting(
-        "instance_id",
-        STR,
+    )
+    instance_id: str = _setting(
         "",
         "the worker's static membership id in the consumer group (Kafka's `group.instance.id`; "
         "letters, digits, `.`, `_`, `-`), unique per worker: a worker restarted with the same id gets "
@@ -693,333 +581,71 @@ SETTINGS: tuple[Setting, ...] = (
         'directory\'s absolute path; `off`: no static membership. See "Membership" in '
         "[operations.md](operations.md)",
         check=_instance_id,
-    ),
-    _setting(
-        "session_timeout_ms",
-        INT,
+    )
+    session_timeout_ms: int = _setting(
         10_000,
         f"how long the group waits for a silent worker before its partitions go to the others "
         f"({MIN_SESSION_TIMEOUT_MS}..{MAX_SESSION_TIMEOUT_MS}; Faust's default is 60000): what a "
         "failover waits for",
         check=_within(MIN_SESSION_TIMEOUT_MS, MAX_SESSION_TIMEOUT_MS),
-    ),
-    _setting(
-        "heartbeat_interval_ms",
-        INT,
+    )
+    heartbeat_interval_ms: int = _setting(
         1_000,
         "how often the consumer heartbeats (at most a third of the session timeout)",
         check=_at_least(1),
-    ),
-    _setting(
-        "standby_replicas",
-        INT,
+    )
+    standby_replicas: int = _setting(
         0,
         "warm standbys of the index: with 1 or more, every worker that does not own the index shard "
         "keeps its own index current from the committed changelog, so that a takeover replays "
         "seconds of it, not all of it (with one shard, values above 1 mean the same). See "
         '"Standbys" in [operations.md](operations.md)',
         check=_at_least(0),
-    ),
-    _setting(
-        "standby_interval",
-        FLOAT,
+    )
+    standby_interval: float = _setting(
         1.0,
         "seconds between a standby's catch-ups with the changelog: about what a takeover has left "
         "to replay, at the rate the changelog grows",
         check=_positive,
-    ),
-    _setting(
-        "replication_factor",
-        INT_OR_NONE,
+    )
+    replication_factor: int | None = _setting(
         None,
         "replicas of every topic the worker creates (`none`: the broker's `default.replication.factor`); "
         "a topic it writes that exists with fewer is refused at start",
         check=_none_or_at_least(1),
-    ),
-    _setting(
-        "min_insync_replicas",
-        INT_OR_NONE,
+    )
+    min_insync_replicas: int | None = _setting(
         None,
         "`min.insync.replicas` of every topic the worker creates (`none`: the broker's own); a topic it "
         "writes that exists with fewer is refused at start",
         check=_none_or_at_least(1),
-    ),
-    _setting(
-        "signatures_purge_interval",
-        FLOAT,
+    )
+    signatures_purge_interval: float = _setting(
         30.0,
         "seconds between purges of the signatures topic (delete-records up to the index stage's "
         "committed offset: messages whose verdicts the broker holds); the topic has no time or size "
         "retention, so nothing undecided is lost however long the worker stops",
         check=_positive,
-    ),
-    _setting("log_level", STR, "info", "log level"),
-    _setting(
-        "security_protocol",
-        STR,
+    )
+    log_level: str = _setting("info", "log level")
+    security_protocol: str = _setting(
         "PLAINTEXT",
         "`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL`",
         check=_one_of("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
-    ),
-    _setting(
-        "sasl_mechanism",
-        STR,
+    )
+    sasl_mechanism: str = _setting(
         "PLAIN",
         "SASL mechanism: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` (others are refused at start); "
         "`PLAIN` sends the password as it is, so without TLS (`SASL_PLAINTEXT`) neardup warns at start",
         check=_sasl_mechanism,
-    ),
-    _setting("sasl_username", STR, "", "SASL user"),
-    _setting("sasl_password", STR, "", "SASL password (never printed)", secret=True),
-    _setting(
-        "ssl_cafile", STR, "", "CA bundle (PEM) that signed the brokers' certificates (empty: the system's)"
-    ),
-    _setting("ssl_certfile", STR, "", "client certificate"),
-    _setting("ssl_keyfile", STR, "", "client key"),
-)
-BY_NAME = {setting.name: setting for setting in SETTINGS}
-
-
-def for_mode(mode: Mode) -> tuple[Setting, ...]:
-    """The settings a mode takes, in the table's order."""
-    return tuple(setting for setting in SETTINGS if mode in setting.modes)
-
-
-def engine_params(values: Mapping[str, Any]) -> DedupParams:
-    """The engine's parameters from settings' values (a missing one: its default); what the
-    engine refuses (a banding that does not fit, say) is a ConfigError in its own words."""
-    v = {setting.name: values.get(setting.name, setting.default) for setting in SETTINGS}
-    try:
-        return DedupParams(
-            threshold=v["threshold"],
-            containment_threshold=v["containment_threshold"],
-            revised_threshold=v["revised_threshold"],
-            containment_index=v["containment_index"],
-            lsh_threshold=v["lsh_threshold"],
-            fn_weight=v["fn_weight"],
-            bands=v["bands"],
-            rows=v["rows"],
-            num_perm=v["num_perm"],
-            verify_perm=v["verify_perm"],
-            seed=v["seed"],
-            shingle=ShingleOptions(v["shingle_size"], "word" if v["word_shingles"] else "char"),
-            normalize=NormalizeOptions(
-                v["normalize_nfkc"], v["normalize_casefold"], v["normalize_whitespace"]
-            ),
-            top_candidates=v["top_candidates"],
-            max_candidates=v["max_candidates"],
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-
-
-def retention_window(values: Mapping[str, Any]) -> Retention:
-    """The retention window and the event time rules from the values of `retention`, `time_skew`
-    and `min_event_time` (checked already)."""
-    names = ("retention", "time_skew", "min_event_time")
-    window, skew, earliest = (values.get(name, BY_NAME[name].default) for name in names)
-    return Retention(parse_duration_ms(window), parse_duration_ms(skew), parse_earliest_ms(earliest))
-
-
-# Other names of engine parameters (DedupParams's compound fields, the long spelling of fn_weight):
-# a keyword using one is pointed to the settings' names.
-_FORMER_KEYWORDS = {
-    "false_negative_weight": "fn_weight",
-    "shingle": "shingle_size and word_shingles",
-    "normalize": "normalize_nfkc, normalize_casefold and normalize_whitespace",
-}
-
-
-def keyword_values(keywords: Mapping[str, Any], mode: Mode = Mode.LIBRARY) -> dict[str, Any]:
-    """Every setting of the mode from keywords (checked) and defaults. An unknown keyword, or a
-    setting of other modes, is a TypeError naming it."""
-    taken = {setting.name: setting for setting in for_mode(mode)}
-    values = {name: setting.default for name, setting in taken.items()}
-    for name, value in keywords.items():
-        setting = taken.get(name)
-        if setting is None:
-            raise TypeError(_not_taken(name, mode, taken))
-        values[name] = setting.coerce(value, name)
-    return values
-
-
-def _not_taken(name: str, mode: Mode, taken: Mapping[str, Setting]) -> str:
-    if name in BY_NAME:
-        why = BY_NAME[name].refused.get(mode)
-        return f"{name} does not apply to {mode.label}" + (f": {why}" if why else "")
-    hint = _FORMER_KEYWORDS.get(name) or ", ".join(difflib.get_close_matches(name, taken, n=1))
-    return f"{mode.label} has no setting {name!r}" + (f" (did you mean {hint}?)" if hint else "")
-
-
-@dataclass(frozen=True)
-class FlagSet:
-    """The settings one command takes as flags, NEARDUP_* variables under them when `env`. A
-    setting that changes verdicts but that the command's mode refuses is a hidden flag that
-    refuses in the table's words."""
-
-    settings: tuple[Setting, ...]
-    env: bool = True
-    mode: Mode | None = None
-
-    @classmethod
-    def of(cls, mode: Mode) -> FlagSet:
-        refused = [s for s in SETTINGS if mode in s.refused]
-        return cls((*(s for s in for_mode(mode) if s.flags), *refused), True, mode)
-
-    @classmethod
-    def named(cls, *names: str, env: bool = True) -> FlagSet:
-        return cls(tuple(BY_NAME[name] for name in names), env)
-
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
-        """The flags, as a group of the parser's arguments."""
-        where = " over NEARDUP_* variables" if self.env else ""
-        group = parser.add_argument_group(f"settings (flags{where}; deploy/docs/configuration.md)")
-        for setting in self.settings:
-            options: dict[str, Any] = {"dest": setting.name, "default": argparse.SUPPRESS}
-            if self.mode is not None and self.mode in setting.refused:
-                options["help"] = argparse.SUPPRESS
-            else:
-                default = shown(setting.default) or "empty"
-                where = f"; env {setting.env}" if self.env else ""
-                options["help"] = f"{setting.help} (default: {default}{where})".replace("%", "%%")
-            if setting.kind is BOOL:
-                options["action"] = argparse.BooleanOptionalAction
-            else:
-                options["metavar"] = setting.kind.label.split()[0].upper()
-            group.add_argument(*setting.flags, **options)
-
-    def given(self, args: argparse.Namespace) -> dict[str, Any]:
-        """The values of the flags given, converted and checked (ConfigError naming the flag)."""
-        values = {}
-        for setting in self.settings:
-            if not hasattr(args, setting.name):
-                continue
-            if self.mode is not None and self.mode in setting.refused:
-                raise ConfigError(
-                    f"{setting.flag} does not apply to {self.mode.label}: {setting.refused[self.mode]}"
-                )
-            raw = getattr(args, setting.name)
-            if setting.kind is BOOL:
-                setting.validate(raw, setting.flag)
-                values[setting.name] = raw
-            else:
-                values[setting.name] = setting.parse(raw, setting.flag)
-        return values
-
-    def resolve(self, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """Every setting's value: its flag's, else its variable's (when `env`), else its default."""
-        environ = (os.environ if environ is None else environ) if self.env else {}
-        given = self.given(args)
-        values = {}
-        for setting in self.settings:
-            if self.mode is not None and self.mode in setting.refused:
-                continue
-            if setting.name in given:
-                values[setting.name] = given[setting.name]
-            elif setting.env in environ:
-                values[setting.name] = setting.parse(environ[setting.env], setting.env)
-            else:
-                values[setting.name] = setting.default
-        return values
-
-
-FROM_TABLE: Any = object()  # a Settings field's default: the table's
-_T = TypeVar("_T")
-
-
-def _worker_settings(cls: type[_T]) -> type[_T]:
-    """Give each field the table's default (secrets kept out of repr), once the fields are checked
-    to be the worker's settings, in the table's order, with the table's types."""
-    declared = {name: str(kind) for name, kind in inspect.get_annotations(cls).items()}
-    expected = {setting.name: setting.kind.annotation for setting in for_mode(Mode.WORKER)}
-    if list(declared.items()) != list(expected.items()):
-        raise TypeError(f"{cls.__name__}'s fields differ from the table's worker settings: {expected}")
-    for setting in for_mode(Mode.WORKER):
-        if cls.__dict__[setting.name] is not FROM_TABLE:
-            raise TypeError(f"{cls.__name__}.{setting.name}: its default is the table's (FROM_TABLE)")
-        setattr(cls, setting.name, field(default=setting.default, repr=not setting.secret))
-    return cls
-
-
-@dataclass(frozen=True)
-@_worker_settings
-class Settings:
-    """The worker's settings (the table's, with its defaults): NEARDUP_* variables, then flags."""
-
-    broker: str = FROM_TABLE
-    app_id: str = FROM_TABLE
-    input_topic: str = FROM_TABLE
-    input_partitions: int = FROM_TABLE
-    signatures_topic: str = FROM_TABLE
-    verdicts_topic: str = FROM_TABLE
-    verdicts_partitions: int = FROM_TABLE
-    dead_letter_topic: str = FROM_TABLE
-    unique_topic: str = FROM_TABLE
-    unique_filter: str = FROM_TABLE
-    state_dir: str = FROM_TABLE
-    max_text_bytes: int = FROM_TABLE
-    threshold: float = FROM_TABLE
-    containment_threshold: float | None = FROM_TABLE
-    revised_threshold: float | None = FROM_TABLE
-    containment_index: bool = FROM_TABLE
-    lsh_threshold: float | None = FROM_TABLE
-    fn_weight: float = FROM_TABLE
-    bands: int | None = FROM_TABLE
-    rows: int | None = FROM_TABLE
-    num_perm: int = FROM_TABLE
-    verify_perm: int = FROM_TABLE
-    shingle_size: int = FROM_TABLE
-    word_shingles: bool = FROM_TABLE
-    normalize_nfkc: bool = FROM_TABLE
-    normalize_casefold: bool = FROM_TABLE
-    normalize_whitespace: bool = FROM_TABLE
-    seed: int = FROM_TABLE
-    top_candidates: int = FROM_TABLE
-    max_candidates: int = FROM_TABLE
-    metrics_host: str = FROM_TABLE
-    metrics_port: int = FROM_TABLE
-    web_host: str = FROM_TABLE
-    web_port: int = FROM_TABLE
-    sign_batch: int = FROM_TABLE
-    sign_processes: int = FROM_TABLE
-    sign_nice: int = FROM_TABLE
-    index_process: int = FROM_TABLE
-    index_handoff: int = FROM_TABLE
-    helper_timeout: float = FROM_TABLE
-    helper_item_timeout_ms: float = FROM_TABLE
-    delivery_timeout: float = FROM_TABLE
-    processing_guarantee: str = FROM_TABLE
-    transaction_timeout: float = FROM_TABLE
-    commit_interval: float = FROM_TABLE
-    stall_timeout: float = FROM_TABLE
-    ready_timeout: float = FROM_TABLE
-    failure_exit_timeout: float = FROM_TABLE
-    record_cache: int = FROM_TABLE
-    probe_cache: int = FROM_TABLE
-    bucket_cap: int = FROM_TABLE
-    retention: str = FROM_TABLE
-    time_skew: str = FROM_TABLE
-    min_event_time: str = FROM_TABLE
-    gc_freeze_every: int = FROM_TABLE
-    fetch_wait_ms: int = FROM_TABLE
-    fetch_min_bytes: int = FROM_TABLE
-    rocksdb_nice: int = FROM_TABLE
-    instance_id: str = FROM_TABLE
-    session_timeout_ms: int = FROM_TABLE
-    heartbeat_interval_ms: int = FROM_TABLE
-    standby_replicas: int = FROM_TABLE
-    standby_interval: float = FROM_TABLE
-    replication_factor: int | None = FROM_TABLE
-    min_insync_replicas: int | None = FROM_TABLE
-    signatures_purge_interval: float = FROM_TABLE
-    log_level: str = FROM_TABLE
-    security_protocol: str = FROM_TABLE
-    sasl_mechanism: str = FROM_TABLE
-    sasl_username: str = FROM_TABLE
-    sasl_password: str = FROM_TABLE
-    ssl_cafile: str = FROM_TABLE
-    ssl_certfile: str = FROM_TABLE
-    ssl_keyfile: str = FROM_TABLE
+    )
+    sasl_username: str = _setting("", "SASL user")
+    sasl_password: str = _setting("", "SASL password (never printed)", secret=True)
+    ssl_cafile: str = _setting(
+        "", "CA bundle (PEM) that signed the brokers' certificates (empty: the system's)"
+    )
+    ssl_certfile: str = _setting("", "client certificate")
+    ssl_keyfile: str = _setting("", "client key")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -1138,6 +764,165 @@ class Settings:
                 sasl_plain_password=self.sasl_password,
             )
         return extra
+
+
+# How a field's type is written in a variable or a flag, unless its declaration names a kind.
+_KINDS = {
+    "int": INT,
+    "float": FLOAT,
+    "str": STR,
+    "bool": BOOL,
+    "int | None": INT_OR_NONE,
+    "float | None": FRACTION_OR_NONE,
+}
+
+
+def _entry(declared: Field[Any]) -> Setting:
+    """A field's table entry; an engine parameter's bounds are DedupParams's (FIELD_BOUNDS)."""
+    name, annotation, entry = declared.name, str(declared.type), dict(declared.metadata)
+    flag = entry.pop("flag")
+    flags = (f"--{name.replace('_', '-')}",) if flag is True else flag or ()
+    if entry["check"] is None and name in FIELD_BOUNDS:
+        entry["check"] = partial(bound_problem, name)
+    entry["kind"] = entry["kind"] or _KINDS[annotation]
+    return Setting(name, default=declared.default, annotation=annotation, flags=flags, **entry)
+
+
+SETTINGS: tuple[Setting, ...] = tuple(_entry(declared) for declared in fields(Settings))
+BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def for_mode(mode: Mode) -> tuple[Setting, ...]:
+    """The settings a mode takes, in the table's order."""
+    return tuple(setting for setting in SETTINGS if mode in setting.modes)
+
+
+def engine_params(values: Mapping[str, Any]) -> DedupParams:
+    """The engine's parameters from settings' values (a missing one: its default); what the
+    engine refuses (a banding that does not fit, say) is a ConfigError in its own words."""
+    v = {setting.name: values.get(setting.name, setting.default) for setting in SETTINGS}
+    # a setting named as a field of DedupParams is that field; its compound fields take several
+    same = {param.name: v[param.name] for param in fields(DedupParams) if param.name in v}
+    try:
+        return DedupParams(
+            **same,
+            shingle=ShingleOptions(v["shingle_size"], "word" if v["word_shingles"] else "char"),
+            normalize=NormalizeOptions(
+                v["normalize_nfkc"], v["normalize_casefold"], v["normalize_whitespace"]
+            ),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def retention_window(values: Mapping[str, Any]) -> Retention:
+    """The retention window and the event time rules from the values of `retention`, `time_skew`
+    and `min_event_time` (checked already)."""
+    names = ("retention", "time_skew", "min_event_time")
+    window, skew, earliest = (values.get(name, BY_NAME[name].default) for name in names)
+    return Retention(parse_duration_ms(window), parse_duration_ms(skew), parse_earliest_ms(earliest))
+
+
+# Other names of engine parameters (DedupParams's compound fields, the long spelling of fn_weight):
+# a keyword using one is pointed to the settings' names.
+_FORMER_KEYWORDS = {
+    "false_negative_weight": "fn_weight",
+    "shingle": "shingle_size and word_shingles",
+    "normalize": "normalize_nfkc, normalize_casefold and normalize_whitespace",
+}
+
+
+def keyword_values(keywords: Mapping[str, Any], mode: Mode = Mode.LIBRARY) -> dict[str, Any]:
+    """Every setting of the mode from keywords (checked) and defaults. An unknown keyword, or a
+    setting of other modes, is a TypeError naming it."""
+    taken = {setting.name: setting for setting in for_mode(mode)}
+    values = {name: setting.default for name, setting in taken.items()}
+    for name, value in keywords.items():
+        setting = taken.get(name)
+        if setting is None:
+            raise TypeError(_not_taken(name, mode, taken))
+        values[name] = setting.coerce(value, name)
+    return values
+
+
+def _not_taken(name: str, mode: Mode, taken: Mapping[str, Setting]) -> str:
+    if name in BY_NAME:
+        why = BY_NAME[name].refused.get(mode)
+        return f"{name} does not apply to {mode.label}" + (f": {why}" if why else "")
+    hint = _FORMER_KEYWORDS.get(name) or ", ".join(difflib.get_close_matches(name, taken, n=1))
+    return f"{mode.label} has no setting {name!r}" + (f" (did you mean {hint}?)" if hint else "")
+
+
+@dataclass(frozen=True)
+class FlagSet:
+    """The settings one command takes as flags, NEARDUP_* variables under them when `env`. A
+    setting that changes verdicts but that the command's mode refuses is a hidden flag that
+    refuses in the table's words."""
+
+    settings: tuple[Setting, ...]
+    env: bool = True
+    mode: Mode | None = None
+
+    @classmethod
+    def of(cls, mode: Mode) -> FlagSet:
+        refused = [s for s in SETTINGS if mode in s.refused]
+        return cls((*(s for s in for_mode(mode) if s.flags), *refused), True, mode)
+
+    @classmethod
+    def named(cls, *names: str, env: bool = True) -> FlagSet:
+        return cls(tuple(BY_NAME[name] for name in names), env)
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """The flags, as a group of the parser's arguments."""
+        where = " over NEARDUP_* variables" if self.env else ""
+        group = parser.add_argument_group(f"settings (flags{where}; deploy/docs/configuration.md)")
+        for setting in self.settings:
+            options: dict[str, Any] = {"dest": setting.name, "default": argparse.SUPPRESS}
+            if self.mode is not None and self.mode in setting.refused:
+                options["help"] = argparse.SUPPRESS
+            else:
+                default = shown(setting.default) or "empty"
+                where = f"; env {setting.env}" if self.env else ""
+                options["help"] = f"{setting.help} (default: {default}{where})".replace("%", "%%")
+            if setting.kind is BOOL:
+                options["action"] = argparse.BooleanOptionalAction
+            else:
+                options["metavar"] = setting.kind.label.split()[0].upper()
+            group.add_argument(*setting.flags, **options)
+
+    def given(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The values of the flags given, converted and checked (ConfigError naming the flag)."""
+        values = {}
+        for setting in self.settings:
+            if not hasattr(args, setting.name):
+                continue
+            if self.mode is not None and self.mode in setting.refused:
+                raise ConfigError(
+                    f"{setting.flag} does not apply to {self.mode.label}: {setting.refused[self.mode]}"
+                )
+            raw = getattr(args, setting.name)
+            if setting.kind is BOOL:
+                setting.validate(raw, setting.flag)
+                values[setting.name] = raw
+            else:
+                values[setting.name] = setting.parse(raw, setting.flag)
+        return values
+
+    def resolve(self, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Every setting's value: its flag's, else its variable's (when `env`), else its default."""
+        environ = (os.environ if environ is None else environ) if self.env else {}
+        given = self.given(args)
+        values = {}
+        for setting in self.settings:
+            if self.mode is not None and self.mode in setting.refused:
+                continue
+            if setting.name in given:
+                values[setting.name] = given[setting.name]
+            elif setting.env in environ:
+                values[setting.name] = setting.parse(environ[setting.env], setting.env)
+            else:
+                values[setting.name] = setting.default
+        return values
 
 
 def markdown() -> str:

@@ -59,6 +59,8 @@ _SEQ_DTYPE = np.dtype(">u8")
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
+DEFAULT_RECORD_CACHE = 20_000
+DEFAULT_PROBE_CACHE = 100_000
 DEFAULT_ANCHOR_CAP = 32
 # A posting entry: 5 bytes big-endian, the seq modulo 2**39 and a top bit set for an article of
 # fewer than two distinct anchors. Not a bucket's 8 bytes: posting lists are most of the keys an
@@ -114,8 +116,8 @@ class IndexState:
         *,
         bucket_cap: int = DEFAULT_BUCKET_CAP,
         anchor_cap: int = DEFAULT_ANCHOR_CAP,
-        record_cache: int = 20_000,
-        probe_cache: int = 100_000,
+        record_cache: int = DEFAULT_RECORD_CACHE,
+        probe_cache: int = DEFAULT_PROBE_CACHE,
         posting_cache: int = 50_000,
     ) -> None:
         if bucket_cap < 1:

@@ -27,7 +27,7 @@ from rocksdict import (
 )
 
 from ..errors import Error
-from .index import DEFAULT_BUCKET_CAP, IndexState
+from .index import DEFAULT_BUCKET_CAP, DEFAULT_PROBE_CACHE, DEFAULT_RECORD_CACHE, IndexState
 from .overlay import LayeredKV
 from .port import Batch
 
@@ -69,11 +69,11 @@ class RocksOptions:
     write_ahead_log: bool = True
     # Decoded article records kept in memory, read again for exact copies, re-deliveries and
     # replays; a miss costs a read and a decode. Candidates are read as probes (below).
-    record_cache: int = 20_000
+    record_cache: int = DEFAULT_RECORD_CACHE
     # Candidates' probes kept in memory (their size per entry: NEARDUP_PROBE_CACHE in
     # deploy/docs/configuration.md), the latest stored or read back: a multi-get of tens of them
     # from RocksDB costs more than scoring them.
-    probe_cache: int = 100_000
+    probe_cache: int = DEFAULT_PROBE_CACHE
 
     def block_cache(self) -> Cache:
         return Cache(self.block_cache_mb * 1024 * 1024)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import orjson
 import pytest
 
 import neardup
-from neardup import cli, embedded, evaluation
+from neardup import cli, evaluation
 from neardup.config import (
     ALL_MODES,
     BOOL,
@@ -32,11 +33,10 @@ from neardup.config import (
 )
 from neardup.core.params import DedupParams
 from neardup.core.retention import Retention
-from neardup.state.index import DEFAULT_BUCKET_CAP
-from neardup.state.rocks import RocksOptions
 from neardup.stream.commands import WORKER_FLAGS, worker_settings
 
 SAMPLE = Path(neardup.__file__).parent / "data" / "sample_news.jsonl"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "deploy" / "docs" / "configuration.md"
 VERDICTS = [setting for setting in SETTINGS if setting.changes_verdicts]
 SHARED = [setting for setting in SETTINGS if len(setting.modes) > 1]
 # A value other than the default for each setting more than one mode takes, as a variable or a
@@ -140,27 +140,39 @@ def test_every_setting_of_the_commands_has_a_flag() -> None:
         assert all(setting.flags for setting in for_mode(mode)), mode
 
 
-def test_the_worker_settings_are_the_tables() -> None:
-    fields = dataclasses.fields(Settings)
-    assert [f.name for f in fields] == [s.name for s in for_mode(Mode.WORKER)]
-    assert all(f.default == BY_NAME[f.name].default for f in fields)
-    assert [f.name for f in fields if not f.repr] == ["sasl_password"]
+def settings_in_help(command: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The settings a command's --help lists in its settings group, by their flags, in order."""
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    lines = capsys.readouterr().out.partition("\nsettings (")[2].splitlines()[1:]
+    group = lines[: next((i for i, line in enumerate(lines) if line[:1] not in ("", " ")), len(lines))]
+    by_flag = {flag: setting.name for setting in SETTINGS for flag in setting.flags}
+    return [by_flag[line.split()[0].rstrip(",")] for line in group if line.startswith("  -")]
+
+
+def test_every_setting_is_made_from_its_one_declaration(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each field of Settings declares a setting; the table, each command's flags, the library's
+    keywords and configuration.md's rows are made from the fields, so a setting declared is in
+    each of them, once, and none is in one of them alone."""
+    declared = [f.name for f in dataclasses.fields(Settings)]
+    assert [setting.name for setting in SETTINGS] == declared
+    hidden = [f.name for f in dataclasses.fields(Settings) if not f.repr]
+    assert hidden == [s.name for s in SETTINGS if s.secret] == ["sasl_password"]
+    rows = re.findall(r"^\| `(NEARDUP_\w+)` \|", CONFIGURATION.read_text(encoding="utf-8"), re.MULTILINE)
+    assert rows == [f"NEARDUP_{name.upper()}" for name in declared]
+    library = list(inspect.signature(neardup.open).parameters)
+    assert library == ["state_dir", *(s.name for s in for_mode(Mode.LIBRARY))]
+    listed: set[str] = set()
+    for mode in (Mode.WORKER, Mode.DEDUP, Mode.EVALUATE):
+        flags = settings_in_help(mode.value, capsys)
+        assert flags == [s.name for s in for_mode(mode) if s.flags], mode
+        listed |= set(flags)
+    for command, flag_set in (("tune", cli.TUNE_FLAGS), ("compare", cli.COMPARE_FLAGS)):
+        assert settings_in_help(command, capsys) == [s.name for s in flag_set.settings]
+    assert listed == {s.name for s in SETTINGS if s.flags}, "a flag no command takes"
 
 
 # -- one default -------------------------------------------------------------------------------
-
-
-def test_the_defaults_are_the_lower_layers_own() -> None:
-    """The defaults the engine, the state and embedded mode fall back on are the table's."""
-    assert engine_params({}) == DedupParams()
-    assert Settings().params() == DedupParams()
-    assert retention_window({}) == Retention() == Settings().retention_window()
-    assert BY_NAME["bucket_cap"].default == DEFAULT_BUCKET_CAP == RocksOptions().bucket_cap
-    assert BY_NAME["record_cache"].default == RocksOptions().record_cache
-    assert BY_NAME["probe_cache"].default == RocksOptions().probe_cache
-    assert BY_NAME["max_text_bytes"].default == embedded.DEFAULT_MAX_TEXT_BYTES
-    assert set(BY_NAME["unique_filter"].default.split(",")) == embedded.DEFAULT_FEED_VERDICTS
-    assert inspect.signature(evaluation.evaluate).parameters["bucket_cap"].default == DEFAULT_BUCKET_CAP
 
 
 def test_every_mode_has_the_tables_defaults() -> None:
