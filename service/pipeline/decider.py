@@ -196,6 +196,8 @@ class Decider:
         gc_freeze_every: int = 0,
         retention: Retention = NO_RETENTION,
         timeout: CallTimeout = DEFAULT_TIMEOUT,
+        before_rebuild: Callable[[], Awaitable[None]] | None = None,
+        on_opened: Callable[[int | None, float], None] | None = None,
     ) -> None:
         self.retention = retention
         self.timeout = timeout
@@ -210,7 +212,7 @@ class Decider:
         self._writes = _ChangelogWrites()  # in_process only
         self._child: Child | None = None
         # awaited before a replacement child rebuilds: the changelog must hold every chunk answered
-        self.before_rebuild: Callable[[], Awaitable[None]] | None = None
+        self.before_rebuild = before_rebuild
         self.opening = False
         # The last signatures offset applied, as the index says after `open`.
         self.applied_offset = -1
@@ -227,7 +229,7 @@ class Decider:
         # How far behind the changelog's end the index stood when the last open or catch-up
         # started (changelog end - its stored position; the whole changelog for a rebuild).
         self.behind = 0
-        self.on_opened: Callable[[int | None, float], None] | None = None
+        self.on_opened = on_opened
         # Records a child failed on, left out when their messages are decided again (in order of
         # isolation, the oldest forgotten first), and the marker that names them.
         self.culprits: dict[RecordAt, Culprit] = {}

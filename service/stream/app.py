@@ -24,7 +24,7 @@ from ..pipeline.signer import Signer
 from ..state.rocks import RocksOptions
 from . import framework
 from .delivery import Deliveries
-from .index_agent import SHARD_KEY, HandOff, IndexPipeline
+from .index_agent import SHARD_KEY, CommitPoint, HandOff, IndexPipeline, index_opened
 from .metrics import Metrics
 from .outputs import Outputs
 from .progress import Failure, Progress, unacknowledged
@@ -213,6 +213,15 @@ def _runtime(
         settings.sign_nice,
         timeout,
     )
+    failure = Failure(metrics, settings.failure_exit_timeout, exit_later=exit_later)
+    if stop_worker is not None:
+        failure.stop_worker = stop_worker
+    progress = Progress(app, metrics, LogReader(settings), failure)
+    signed, indexed = Deliveries("sign", failure.fail), Deliveries("index", failure.fail)
+
+    def opened(count: int | None, seconds: float) -> None:
+        index_opened(metrics, decider, count, seconds)
+
     decider = Decider(
         params,
         settings.state_path / "index",
@@ -229,32 +238,26 @@ def _runtime(
         gc_freeze_every=settings.gc_freeze_every,
         retention=settings.retention_window(),
         timeout=timeout,
+        # A replaced decider child restores from the changelog: first, everything decided before it there
+        before_rebuild=indexed.drain,
+        on_opened=opened,
     )
-    failure = Failure(metrics, settings.failure_exit_timeout, exit_later=exit_later)
-    if stop_worker is not None:
-        failure.stop_worker = stop_worker
-    progress = Progress(app, metrics, LogReader(settings), failure)
-    signed, indexed = Deliveries("sign", failure.fail), Deliveries("index", failure.fail)
-    # A replaced decider child restores from the changelog: first, everything decided before it there
-    decider.before_rebuild = indexed.drain
     outputs = Outputs(app, metrics, settings.dead_letter_topic)
     collector = CollectorPolicy(settings.gc_freeze_every)
-    shard_transactions, input_transactions, index_outputs = None, None, outputs
-    if settings.exactly_once:
-        shard_transactions = ShardTransactions(
-            settings,
-            fenced=_stop_when_fenced(failure, "the index shard"),
-            counted=lambda outcome: metrics.transactions.labels(outcome).inc(),
-            failed=_stop_when_ended(failure, "index"),
-        )
-        input_transactions = InputTransactions(
-            settings,
-            fenced=_stop_when_fenced(failure, "the input partition"),
-            failed=_stop_when_ended(failure, "sign"),
-        )
+    commit_point, shard_transactions, input_transactions = _transactions(settings, metrics, failure, decider)
+    index_outputs = outputs
+    if shard_transactions is not None:
         index_outputs = Outputs(app, metrics, settings.dead_letter_topic, producer_of(shard_transactions))
     index = IndexPipeline(
-        settings, decider, collector, index_outputs, progress, failure, indexed, shard_transactions
+        settings,
+        decider,
+        collector,
+        index_outputs,
+        progress,
+        failure,
+        indexed,
+        shard_transactions,
+        commit_point,
     )
     hand_off = HandOff()
     sign = SignPipeline(
@@ -263,6 +266,28 @@ def _runtime(
     return Runtime(
         settings, metrics, signer, decider, failure, progress, signed, indexed, hand_off, sign, index
     )
+
+
+def _transactions(
+    settings: Settings, metrics: Metrics, failure: Failure, decider: Decider
+) -> tuple[CommitPoint | None, ShardTransactions | None, InputTransactions | None]:
+    """Exactly once: the index's commit point and the stages' writers (none at least once)."""
+    if not settings.exactly_once:
+        return None, None, None
+    commit_point = CommitPoint(decider)
+    shard = ShardTransactions(
+        settings,
+        fenced=_stop_when_fenced(failure, "the index shard"),
+        counted=lambda outcome: metrics.transactions.labels(outcome).inc(),
+        failed=_stop_when_ended(failure, "index"),
+        after_commit=commit_point.committed,
+    )
+    inputs = InputTransactions(
+        settings,
+        fenced=_stop_when_fenced(failure, "the input partition"),
+        failed=_stop_when_ended(failure, "sign"),
+    )
+    return commit_point, shard, inputs
 
 
 def _stop_when_ended(failure: Failure, stage: str) -> Callable[[str], None]:

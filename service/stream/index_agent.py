@@ -97,6 +97,41 @@ class HandOff:
                 await decide(messages)
 
 
+class CommitPoint:
+    """Exactly once: where the index's commit point goes as the shard's transactions commit. A
+    chunk's writes are committed to the index with where its changelog records end; the
+    transaction's commit marker then follows its last record, so once it is committed the point
+    moves past the marker too (`committed`, the writer's after_commit)."""
+
+    def __init__(self, decider: Decider) -> None:
+        self.decider = decider
+        self._wrote_changelog = False  # in the transaction being committed
+        self._last_applied = 0  # its last chunk
+
+    def applied(self, end: int | None, chunk: int) -> None:
+        """A chunk of the transaction being committed, whose changelog records end at `end`
+        (None: it wrote none): its writes committed to the index."""
+        self._wrote_changelog = self._wrote_changelog or end is not None
+        self._last_applied = chunk
+        self.decider.acknowledged(end, chunk)
+
+    def committed(self) -> None:
+        if self._wrote_changelog:
+            self._wrote_changelog = False
+            self.decider.acknowledged(self.decider.changelog_end + 1, self._last_applied)
+
+
+def index_opened(metrics: Any, decider: Decider, count: int | None, seconds: float) -> None:
+    """Every open of the index, at an assignment or by a replacement decider child: logged and
+    counted."""
+    metrics.index_opens.labels(decider.opened).inc()
+    metrics.index_replayed.inc(decider.replayed)
+    if count is None:
+        log.info("index_restored records_replayed=%d seconds=%.2f", decider.replayed, seconds)
+    else:
+        log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)
+
+
 class IndexPipeline:
     """The `index` agent and the hand-off: signatures messages, in the shard's order → the decider →
     verdicts (and the filtered feed, and dead letters) published, the index's writes sent to its
@@ -112,6 +147,7 @@ class IndexPipeline:
         failure: Failure,
         deliveries: Deliveries,
         transactions: ShardTransactions | None = None,
+        commit_point: CommitPoint | None = None,
     ) -> None:
         self.settings = settings
         # exactly-once: each batch's writes and the signatures offsets it consumed in one transaction
@@ -135,13 +171,9 @@ class IndexPipeline:
         self.handed_off = -1
         # Whether the group assigned the shard to this worker (a standby catches up only while not)
         self.owner = False
-        decider.on_opened = self._opened
-        # Exactly once: whether the transaction being committed wrote to the changelog, and the
-        # number of its last chunk (`_committed`)
-        self._changelog_in_transaction = False
-        self._last_applied = 0
-        if transactions is not None:
-            transactions.after_commit = self._committed
+        # exactly once: the index's commit point past each transaction's commit marker (the
+        # shard's writer calls its `committed`)
+        self.commit_point = commit_point
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
@@ -194,13 +226,6 @@ class IndexPipeline:
 
             yield settle
         await self.deliveries.settle([transaction.committed], _nothing)
-
-    def _committed(self) -> None:
-        """After each commit of the shard's transaction: its commit marker follows its last record
-        in the changelog (when it wrote any), so the index's commit point is past the marker."""
-        if self._changelog_in_transaction:
-            self._changelog_in_transaction = False
-            self.decider.acknowledged(self.decider.changelog_end + 1, self._last_applied)
 
     async def _in_log_order(
         self, batch: list[faust.EventT], gaps: list[OffsetGap]
@@ -265,9 +290,10 @@ class IndexPipeline:
             if changelog:
                 last = changelog[-1]  # one partition: the last batch holds the last write
                 end = last.sent.result().offset + last.messages
-                self._changelog_in_transaction = True
-            self._last_applied = chunk
-            self.decider.acknowledged(end, chunk)
+            if self.commit_point is not None:
+                self.commit_point.applied(end, chunk)
+            else:
+                self.decider.acknowledged(end, chunk)
             counted()
 
         return apply
@@ -452,12 +478,3 @@ class IndexPipeline:
             # message beyond it is a gap too.
             self.progress.delivered[self.shard] = self.decider.applied_offset
         return self.decider
-
-    def _opened(self, count: int | None, seconds: float) -> None:
-        """Every open of the index, at an assignment or by a replacement decider child."""
-        self.metrics.index_opens.labels(self.decider.opened).inc()
-        self.metrics.index_replayed.inc(self.decider.replayed)
-        if count is None:
-            log.info("index_restored records_replayed=%d seconds=%.2f", self.decider.replayed, seconds)
-        else:
-            log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)

@@ -93,6 +93,7 @@ class TransactionalWriter:
         fenced: Callable[[Fenced], None] | None = None,
         counted: Callable[[str], None] | None = None,
         failed: Callable[[str], None] | None = None,
+        after_commit: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.transactional_id = transactional_id
@@ -108,7 +109,7 @@ class TransactionalWriter:
         self._on_failed = failed  # told why the writer ended (an abort, a failure after a commit)
         self.ended: Ended | None = None
         # run under the lock after each commit, after the batches' own on_commit
-        self.after_commit: Callable[[], None] | None = None
+        self.after_commit = after_commit
 
     async def start(self) -> AIOKafkaProducer:
         """The producer, started once: its start registers the transactional id with the
@@ -295,8 +296,9 @@ class ShardTransactions(TransactionalWriter):
         fenced: Callable[[Fenced], None] | None = None,
         counted: Callable[[str], None] | None = None,
         failed: Callable[[str], None] | None = None,
+        after_commit: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(settings, transactional_id(settings, shard), fenced, counted, failed)
+        super().__init__(settings, transactional_id(settings, shard), fenced, counted, failed, after_commit)
 
 
 class InputTransactions:
