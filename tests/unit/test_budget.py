@@ -11,6 +11,7 @@ pytest_plugins = ["pytester"]
 CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 
+@pytest.mark.slow  # a whole pytest run of its own, over two workers
 def test_a_passing_test_over_its_budget_is_listed_not_failed(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST.read_text())
     pytester.makepyfile(

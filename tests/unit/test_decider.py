@@ -268,6 +268,7 @@ async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight
     assert await decided_chunks(child, chunks[1:]) == await decided_chunks(here, chunks[1:])
 
 
+@pytest.mark.slow  # waits out children that crash or hang
 async def test_a_hung_child_is_killed_and_replaced_within_its_timeout(
     make: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -378,6 +379,7 @@ async def test_writes_the_changelog_never_acknowledged_never_reach_the_index(
     assert [entry.status for entry in outcome.entries] == ["new", "new"]  # not replayed: not held
 
 
+@pytest.mark.slow  # waits out children that crash or hang
 @pytest.mark.parametrize("action", ["crash", "hang"])
 async def test_a_record_that_breaks_the_child_is_isolated_and_the_rest_decided(
     make: Any, monkeypatch: pytest.MonkeyPatch, action: str

@@ -40,6 +40,8 @@ from tests.conftest import PROSE
 from tests.support.schemas import schema_errors
 
 SEEDS = (7, 1931, 65537)
+# The first seed covers each store in tests/run --unit; the others add cases in the full run
+SEEDED = [pytest.param(seed, marks=[pytest.mark.slow] if n else []) for n, seed in enumerate(SEEDS)]
 EMBEDDED_LINES = 1_200  # per seed and store
 LIBRARY_CALLS = 800  # per seed and store
 MAX_TEXT = 20_000  # small, so that texts near the limit are cheap
@@ -792,7 +794,7 @@ class Lines:
         return unknown, feed
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", SEEDED)
 @pytest.mark.parametrize("store", ["memory", "rocks", "helpers"])
 def test_embedded_mode_gives_every_line_one_outcome(
     seed: int, store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -919,7 +921,7 @@ def call_library(dedup: neardup.Deduplicator, model: Model, call: str, given: An
             model.decided(expected, verdict)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", SEEDED)
 @pytest.mark.parametrize("where", sorted(LIBRARY_SETTINGS))
 def test_the_library_raises_only_invalid_message(
     seed: int, where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

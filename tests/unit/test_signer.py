@@ -64,6 +64,7 @@ async def test_pool_results_equal_in_process_results_in_order(pooled: Signer) ->
     assert await pooled.sign([]) == []
 
 
+@pytest.mark.slow  # starts its helper processes twice
 async def test_a_killed_helper_is_replaced(pooled: Signer) -> None:
     batch = items(40)
     expected = comparable(pooled.sign_here(batch))
@@ -198,6 +199,7 @@ def isolated(results: list[SignResult], batch: list[SignItem], at: tuple[int, ..
             assert result == expected
 
 
+@pytest.mark.slow  # waits out helpers that crash, hang or are killed
 async def test_a_message_that_crashes_its_helper_is_isolated_and_the_rest_signed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -214,6 +216,7 @@ async def test_a_message_that_crashes_its_helper_is_isolated_and_the_rest_signed
         await signer.aclose()
 
 
+@pytest.mark.slow  # waits out helpers that crash, hang or are killed
 async def test_a_message_that_hangs_its_helper_is_isolated_within_its_timeouts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
