@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from neardup.stream import framework
+from neardup.stream import batches, framework
 from neardup.stream.batches import send_in_batches
 from neardup.stream.framework import default_partitions
 
 
 class FakeProducer:
-    """aiokafka's producer as send_in_batches uses it: batches hold `capacity` messages; keys go to
-    partition len(key) % 3; submitted batches are recorded in order."""
+    """aiokafka's producer as send_in_batches uses it: batches hold `capacity` messages; submitted
+    batches are recorded in order. Which partition a key goes to is default_partitions' to say
+    (tested below against aiokafka's partitioner)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -25,11 +26,6 @@ class FakeProducer:
 
     async def partitions_for(self, topic: str) -> set[int]:
         return {0, 1, 2}
-
-    def _partition(
-        self, topic: str, partition: Any, key: Any, value: Any, serialized_key: bytes, _: Any
-    ) -> int:
-        return len(serialized_key) % 3
 
     def create_batch(self) -> Any:
         items: list[tuple[bytes | None, bytes]] = []
@@ -49,6 +45,15 @@ class FakeProducer:
         return sent
 
 
+@pytest.fixture
+def by_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys go to partition len(key) % 3."""
+    monkeypatch.setattr(
+        batches, "default_partitions", lambda producer, topic, keys: [len(k) % 3 for k in keys]
+    )
+
+
+@pytest.mark.usefixtures("by_length")
 async def test_messages_keep_their_order_within_each_partition() -> None:
     producer = FakeProducer(capacity=2)
     messages = [(b"k" * (i % 4 + 1), f"v{i}".encode()) for i in range(11)]
@@ -69,6 +74,7 @@ async def test_a_fixed_partition_and_nothing_to_send() -> None:
     assert await send_in_batches(producer, "changelog", []) == []
 
 
+@pytest.mark.usefixtures("by_length")
 async def test_a_message_larger_than_a_batch_is_an_error() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         await send_in_batches(FakeProducer(capacity=0), "verdicts", [(b"k", b"v")])
