@@ -10,6 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+# One build at a time on a machine (podman's store is the machine's): a second one waits, then
+# finds every layer the first made (.ci/run starts one early, the container test asks again).
+exec 9>"${TMPDIR:-/tmp}/neardup-container-build.lock"
+flock 9
+
 # bookworm's python3 is 3.11, the version pyproject.toml and the host venvs use
 SUITE="${NEARDUP_BASE_SUITE:-bookworm}"
 RUNTIME_PACKAGES="python3,python3-venv,ca-certificates"
