@@ -24,12 +24,12 @@ from ..pipeline.signer import Signer
 from ..state.rocks import RocksOptions
 from . import framework
 from .delivery import Deliveries
-from .index_agent import SHARD_KEY, CommitPoint, HandOff, IndexPipeline, index_opened
+from .index_agent import SHARD_KEY, CommitPoint, HandOff, IndexAgent, index_opened
 from .metrics import Metrics
 from .outputs import Outputs
 from .progress import Failure, Progress, unacknowledged
 from .purge import SignaturesPurge
-from .sign_agent import SignPipeline
+from .sign_agent import SignAgent
 from .standby import Standby
 from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
 from .transactions import Fenced, InputTransactions, ShardTransactions, producer_of
@@ -55,8 +55,8 @@ class Runtime:
     signed: Deliveries  # the sign stage's batches, acknowledged once what they caused is
     indexed: Deliveries  # the index stage's
     hand_off: HandOff
-    sign: SignPipeline
-    index: IndexPipeline
+    sign: SignAgent
+    index: IndexAgent
 
     def stages(self) -> list[Deliveries]:
         return [self.signed, self.indexed]
@@ -248,7 +248,7 @@ def _runtime(
     index_outputs = outputs
     if shard_transactions is not None:
         index_outputs = Outputs(app, metrics, settings.dead_letter_topic, producer_of(shard_transactions))
-    index = IndexPipeline(
+    index = IndexAgent(
         settings,
         decider,
         collector,
@@ -260,7 +260,7 @@ def _runtime(
         commit_point,
     )
     hand_off = HandOff()
-    sign = SignPipeline(
+    sign = SignAgent(
         settings, signer, outputs, signatures, progress, failure, signed, hand_off, input_transactions
     )
     return Runtime(
@@ -322,7 +322,7 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     sign, index, hand_off = runtime.sign, runtime.index, runtime.hand_off
     signed, indexed = runtime.signed, runtime.indexed
     # The signing helpers end with the worker, inside its event loop (the decider is closed on
-    # the way: IndexPipeline.close); commands.py still stops any that are left once the loop has ended.
+    # the way: IndexAgent.close); commands.py still stops any that are left once the loop has ended.
     cast(Any, app).at_shutdown.append(signer.aclose)
     cast(Any, app).failed = lambda: failure.failed
     metrics.stall_timeout = runtime.settings.stall_timeout

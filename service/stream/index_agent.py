@@ -132,7 +132,7 @@ def index_opened(metrics: Any, decider: Decider, count: int | None, seconds: flo
         log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)
 
 
-class IndexPipeline:
+class IndexAgent:
     """The `index` agent and the hand-off: signatures messages, in the shard's order → the decider →
     verdicts (and the filtered feed, and dead letters) published, the index's writes sent to its
     changelog, settled once the broker has all of them (`deliveries`)."""

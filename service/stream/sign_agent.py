@@ -31,7 +31,7 @@ TAKE_WITHIN_S = 0.001
 BatchSends = tuple[list[Any], Callable[[], Awaitable[None]]]  # a batch's sends, and its acknowledgement
 
 
-class SignPipeline:
+class SignAgent:
     """A batch is acknowledged once its signatures and dead letters are (`deliveries`); signatures
     this worker sends are handed to the index agent as soon as they are acknowledged (`hand_off`)."""
 

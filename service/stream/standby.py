@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from ..config import Settings
-from .index_agent import IndexPipeline
+from .index_agent import IndexAgent
 
 log = logging.getLogger("neardup.stream")
 
@@ -19,7 +19,7 @@ class Standby:
     open (or a decision) never overlap: when the shard is assigned in the middle of one, the open
     waits for it and then replays only the rest."""
 
-    def __init__(self, settings: Settings, index: IndexPipeline) -> None:
+    def __init__(self, settings: Settings, index: IndexAgent) -> None:
         self.settings = settings
         self.index = index
         self.metrics = index.metrics

@@ -47,7 +47,7 @@ async def deciders(tmp_path: Path) -> AsyncIterator[tuple[Decider, Decider, Fail
 
 
 def standby_of(decider: Decider) -> tuple[Standby, Any]:
-    """The standby over an index stage's parts as IndexPipeline holds them."""
+    """The standby over an index stage's parts as IndexAgent holds them."""
     failures: list[str] = []
     index = SimpleNamespace(
         owner=False,
