@@ -36,7 +36,7 @@ from neardup.local_similarity.compare import (
     matching_passages,
     parse_prefix_reference,
 )
-from neardup.local_similarity.compare import VerbatimPassage as Passage
+from neardup.local_similarity.compare import VerbatimPassage
 from neardup.local_similarity.fingerprint import chunk_hashes, fingerprint_of_words, word_passages
 from neardup.local_similarity.report import (
     REFERENCE_PATH,
@@ -333,7 +333,7 @@ def test_passages_are_maximal_and_merged() -> None:
     a = "alpha beta gamma delta epsilon zeta eta theta iota kappa"
     b = "one two three " + a.upper() + " four five"
     passages = matching_passages(a, b, 3)
-    assert passages == [Passage(0, len(a), len("one two three "), len("one two three ") + len(a))]
+    assert passages == [VerbatimPassage(0, len(a), len("one two three "), len("one two three ") + len(a))]
 
 
 def test_repeated_phrase_gives_one_passage_per_alignment() -> None:
@@ -399,7 +399,7 @@ def test_truncated_copy(n: int) -> None:
     )
     assert local_similarity(truncated, ROMO, n) == pytest.approx((m - n + 1) / (big_n - n + 1), abs=0.005)
     assert chunk_containment(ROMO, truncated, n) == pytest.approx(0.6, abs=0.01)
-    assert matching_passages(truncated, ROMO, n) == [Passage(0, len(truncated), 0, len(truncated))]
+    assert matching_passages(truncated, ROMO, n) == [VerbatimPassage(0, len(truncated), 0, len(truncated))]
 
 
 def test_truncated_copy_fuzzy(reference: PrefixReference) -> None:
@@ -465,7 +465,7 @@ def test_texts_shorter_than_a_chunk() -> None:
     assert local_similarity("Breaking news!", "breaking NEWS", 5) == 1.0
     assert local_similarity("Breaking news", "Breaking news tonight", 5) == 0.0
     assert chunk_containment("Breaking news", ROMO, 5) == 0.0
-    assert matching_passages("Breaking news!", "... breaking NEWS", 5) == [Passage(0, 13, 4, 17)]
+    assert matching_passages("Breaking news!", "... breaking NEWS", 5) == [VerbatimPassage(0, 13, 4, 17)]
     assert matching_passages("Breaking news", ROMO, 5) == []
 
 
@@ -794,7 +794,7 @@ def test_report_handles_empty_and_hostile_text(reference: PrefixReference) -> No
 def test_highly_repetitive_text_aligns_by_occurrence() -> None:
     """Chunks repeated hundreds of times must not pair quadratically, yet copies still align."""
     ruler = "a b " * 5000
-    assert matching_passages(ruler, ruler, 3) == [Passage(0, len(ruler) - 1, 0, len(ruler) - 1)]
+    assert matching_passages(ruler, ruler, 3) == [VerbatimPassage(0, len(ruler) - 1, 0, len(ruler) - 1)]
     shifted = "new intro here " + ruler
     (p,) = matching_passages(shifted, ruler, 3)
     assert shifted[p.a_start : p.a_end] == ruler[p.b_start : p.b_end] == ruler.rstrip()
