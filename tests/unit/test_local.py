@@ -25,6 +25,7 @@ from neardup.local_similarity.compare import (
     FuzzyParams,
     PrefixClass,
     PrefixReference,
+    VerbatimPassage,
     chunk_containment,
     chunk_fingerprint,
     compare_local,
@@ -36,7 +37,6 @@ from neardup.local_similarity.compare import (
     matching_passages,
     parse_prefix_reference,
 )
-from neardup.local_similarity.compare import VerbatimPassage
 from neardup.local_similarity.fingerprint import chunk_hashes, fingerprint_of_words, word_passages
 from neardup.local_similarity.report import (
     REFERENCE_PATH,
