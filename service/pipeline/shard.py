@@ -46,8 +46,8 @@ REMOVED_KEY = b"m:removed"
 # in the derived state only: the changelog offset it reflects (every record before it applied, none
 # after) and a time no record at or after that offset precedes (`Position`)
 POSITION_KEY = b"changelog-position"
-# Kafka's log cleaner and this worker do not share a clock: a restore point is kept only while it is
-# this much younger than the changelog's delete.retention.ms
+# The changelog's compaction and this process do not share a clock: a restore point is kept only
+# while it is this much younger than the time the changelog keeps a tombstone
 CLOCK_MARGIN_MS = 60_000
 SIZE_EVERY_S = 10.0  # how often a batch's outcome carries the index's size on disk
 
@@ -60,7 +60,7 @@ class Position(NamedTuple):
     """Where the derived state stands in the changelog: `offset`, the first record it has not
     applied; `since_ms`, a time before any record at or after `offset` was written (when the chunk
     that led there was decided, or when the changelog's end was read): compaction may drop a
-    tombstone once it is delete.retention.ms old, so a tail older than that is incomplete."""
+    tombstone once the changelog has kept it long enough, so a tail older than that is incomplete."""
 
     offset: int
     since_ms: int
@@ -337,12 +337,15 @@ class IndexShard:
         self.state.reload()
         self._restore(self.state.get_meta(OFFSET_KEY), self.state.get_meta(INPUTS_KEY))
 
-    def restore_point(self, end: int, now_ms: int, retention_ms: int | None) -> tuple[Position | None, str]:
+    def restore_point(
+        self, end: int, now_ms: int, tombstones_kept_ms: int | None
+    ) -> tuple[Position | None, str]:
         """Where a restore starts, or None and why the state must be rebuilt instead: no position
         (a lost, new or half-rebuilt state), a format or header not this version's, a position
-        past the changelog's `end` (another changelog), or one older than `retention_ms`, the
-        changelog's delete.retention.ms (None: nothing is compacted away), less CLOCK_MARGIN_MS:
-        compaction may have dropped tombstones after it that the state never saw."""
+        past the changelog's `end` (another changelog), or one older than `tombstones_kept_ms`,
+        how long the changelog keeps a tombstone before its compaction may drop it (None: nothing
+        is compacted away), less CLOCK_MARGIN_MS: tombstones after it that the state never saw may
+        be gone. (The reason keeps the name operators know it by, Kafka's setting.)"""
         self.discard()
         position = Position.decode(self.state.get_meta(POSITION_KEY))
         if position is None:
@@ -353,7 +356,8 @@ class IndexShard:
             return None, "format_refused"
         if position.offset > end:
             return None, "past_changelog_end"
-        if retention_ms is not None and now_ms - position.since_ms + CLOCK_MARGIN_MS >= retention_ms:
+        kept = tombstones_kept_ms
+        if kept is not None and now_ms - position.since_ms + CLOCK_MARGIN_MS >= kept:
             return None, "older_than_delete_retention"
         return position, "ok"
 
