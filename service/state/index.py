@@ -31,54 +31,44 @@ Every change is one write batch: a crash leaves all of it or none.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
-from ..core import compiled
 from ..core.anchors import NO_ANCHORS, Anchors
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from ..core.signing import Sketch
 from .port import Batch, Counts, IndexStats, KeyValue
 from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
+from .tables import BAND as BAND
+from .tables import POSTING as POSTING
+from .tables import POSTING_ENTRY as POSTING_ENTRY
+from .tables import SEQ as SEQ
+from .tables import Buckets, Postings, seq_key
+from .tables import join_postings as join_postings
+from .tables import merge_buckets as merge_buckets
+from .tables import posting_entries as posting_entries
+from .tables import posting_keys as posting_keys
+from .tables import rank_postings as rank_postings
 
-ARTICLE, BAND, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"b", b"c", b"x", b"k", b"h", b"t", b"m"
-MARKER, MARKER_TIME, POSTING = b"d", b"e", b"n"
-SEQ = struct.Struct(">Q")
+ARTICLE, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"c", b"x", b"k", b"h", b"t", b"m"
+MARKER, MARKER_TIME = b"d", b"e"
 _MARKER = struct.Struct(">QQ")  # version, biased deletion time
 _TIME_BIAS = 1 << 63  # event times may be negative (before 1970): biased so they sort as unsigned
-_SEQ_DTYPE = np.dtype(">u8")
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
 DEFAULT_RECORD_CACHE = 20_000
 DEFAULT_PROBE_CACHE = 100_000
 DEFAULT_ANCHOR_CAP = 32
-# A posting entry: 5 bytes big-endian, the seq modulo 2**39 and a top bit set for an article of
-# fewer than two distinct anchors. Not a bucket's 8 bytes: posting lists are most of the keys an
-# article adds. The seq is whole again as the latest at or before the newest arrival with those
-# low bits: an article held 2**39 arrivals (5.5 * 10**11) behind the newest would take a state of
-# hundreds of terabytes.
-POSTING_ENTRY = 5
-_FEW_ANCHORS = 1 << 39
-_POSTING_SEQS = _FEW_ANCHORS - 1
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
-# Bucket entries up to which merge_buckets merges them with a dict rather than numpy.
-SMALL_MERGE = 256
 T = TypeVar("T")
-
-
-def seq_key(seq: int) -> bytes:
-    return SEQ.pack(seq)
 
 
 def time_key(time_ms: int, seq: int) -> bytes:
@@ -143,14 +133,8 @@ class IndexState:
         self._recent: OrderedDict[int, IndexedArticle] = OrderedDict()
         # the first stored or read back is the first out: hits do not reorder it
         self._probes: OrderedDict[int, Probe] = OrderedDict()
-        self._looked_up: tuple[Sequence[bytes], list[bytes | None]] | None = None
-        # the posting lists the last anchor_candidates() read: indexing the article joins them next
-        self._postings_looked_up: tuple[list[bytes], list[bytes | None]] | None = None
-        # Posting lists as the store holds them (None: absent), as last read or written: a news
-        # text's anchors recur in later texts (quotes, boilerplate, rewrites), and a list held here
-        # spares a read of the store. Emptied when it grows past its size (cheaper than ordering
-        # it), and with what reload() forgets.
-        self._posting_cache: dict[bytes, bytes | None] = {}
+        self.buckets = Buckets(self.kv, self.counts, self.bucket_cap)
+        self.postings = Postings(self.kv, self.counts, self.anchor_cap, self._posting_cache_size)
         self._holder_looked_up: tuple[bytes, bytes | None] = (b"", None)
         # the marker key read beside the last get(): decide() asks for it next
         self._marker_looked_up: tuple[str | None, bytes | None] = (None, None)
@@ -260,17 +244,13 @@ class IndexState:
 
     def band_members(self, key: bytes) -> Sequence[str]:
         """The ids in one bucket, in the order they joined it (tools and tests)."""
-        (stored,) = self.kv.get_many([BAND + key])
-        return [a.article_id for a in self._arrivals(_members(stored)) if a is not None]
+        return [a.article_id for a in self._arrivals(self.buckets.members(key)) if a is not None]
 
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[Prospect]:
         """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
         `limit`, as probes: one multi-get, merged by the compiled loop where built."""
-        found = self.kv.get_many([BAND + key for key in keys])
-        self._looked_up = (keys, found)
-        loops = compiled.loops()
         # one more than the limit: one of them may be the excluded article
-        in_order = (loops.merge_buckets if loops else merge_buckets)(found, limit + 1)
+        in_order = self.buckets.lookup(keys, limit + 1)
         if not in_order:
             return []
         prospects = [p for p in self._prospects(in_order) if p is not None and p.article_id != exclude]
@@ -280,19 +260,11 @@ class IndexState:
         """The articles sharing anchors with `anchors` (two, or all of the fewer either side has),
         the most shared first (then the earliest), but `exclude`, at most `limit`: one multi-get of
         the posting lists, the full ones (boilerplate) left out."""
-        names = _posting_keys(anchors)
-        if not names:
-            return []
-        found = self._cached_postings(names)
-        self._postings_looked_up = (names, found)
-        loops = compiled.loops()
         # one more than the limit: one may be the excluded article
-        args = (found, POSTING_ENTRY, self.anchor_cap * POSTING_ENTRY, min(2, len(names)), limit + 1)
-        ranked = loops.count_postings(*args) if loops else rank_postings(*args)
+        ranked = self.postings.lookup(anchors, self._seq - 1, limit + 1)
         if not ranked:
             return []
-        newest = self._seq - 1
-        seqs = [newest - ((newest - low) & _POSTING_SEQS) for low, _ in ranked]
+        seqs = [seq for seq, _ in ranked]
         prospects = [
             (p, count)
             for p, (_, count) in zip(self._prospects(seqs), ranked, strict=True)
@@ -374,7 +346,6 @@ class IndexState:
         batch = Batch()
         if update.replaced is not None:
             self._remove(batch, update.replaced, keep_id=True)
-            self._looked_up = None  # the buckets may have changed in this batch
         if update.revived:
             self._drop_marker(batch, article.article_id)
         self._add(batch, article)
@@ -400,9 +371,9 @@ class IndexState:
             if holder is not None:
                 batch.put(COPY + content_hash + holder, b"")
             batch.put(CONTENT + content_hash, seq)
-            self._join_buckets(batch, article.seq, article.keys)
+            self.buckets.join(batch, article.seq, article.keys)
         if article.in_postings:
-            self._join_postings(batch, article)
+            self.postings.join(batch, article.seq, article.anchors)
         self._holder_looked_up = (b"", None)
         if article.cluster == article.seq:
             self.counts.clusters += 1
@@ -425,144 +396,23 @@ class IndexState:
         for key, value in (extra or {}).items():
             batch.put(META + key, value)
         batch.put(COUNTS_KEY, self.counts.encode())
+        self._commit(batch)
+
+    def _commit(self, batch: Batch) -> None:
+        """Write the batch, then tell every table what it wrote (where each keeps its cache true)."""
         self.kv.write(batch)
         self._marker_looked_up = (None, None)
-        self._postings_looked_up = None
-        self._cache_postings(batch)
-
-    def _buckets(self, keys: Sequence[bytes], batch: Batch) -> list[bytes | None]:
-        """The stored buckets of `keys`, as this batch leaves them; from the last candidates()
-        lookup where it is of these keys and the batch has not touched them."""
-        last = self._looked_up
-        if last is not None and last[0] is keys and not batch.buckets_written:
-            return last[1]
-        names = [BAND + key for key in keys]
-        stored = self.kv.get_many([name for name in names if name not in batch.main])
-        pending = iter(stored)
-        return [batch.main[name] if name in batch.main else next(pending) for name in names]
-
-    def _join_buckets(
-        self, batch: Batch, seq: int, keys: Sequence[bytes], *, if_absent: bool = False
-    ) -> None:
-        """The article joins its buckets; each keeps its latest `bucket_cap` members. `if_absent`:
-        not where it is a member already (an earlier holder of a content taking over again)."""
-        entry = seq_key(seq)
-        limit = self.bucket_cap * SEQ.size
-        stored_buckets = self._buckets(keys, batch)
-        batch.buckets_written = True
-        for key, stored in zip(keys, stored_buckets, strict=True):
-            if if_absent and seq in _members(stored):
-                continue
-            if stored is None:
-                self.counts.buckets += 1
-                self.counts.resized(0, 1)
-                batch.put(BAND + key, entry)
-            else:
-                joined = (stored + entry)[-limit:]
-                self.counts.resized(len(stored) // SEQ.size, len(joined) // SEQ.size)
-                batch.put(BAND + key, joined)
-        self._looked_up = None
-
-    def _postings(self, names: list[bytes], batch: Batch) -> list[bytes | None]:
-        """The posting lists `names` as this batch leaves them: as the last anchor_candidates()
-        read them where it read these and the batch has written none, else the batch's and the
-        store's (one multi-get)."""
-        last = self._postings_looked_up
-        if last is not None and last[0] is names and not batch.postings_written:
-            return last[1]
-        if not batch.postings_written:
-            return self._cached_postings(names)
-        written = batch.main
-        absent = [name for name in names if name not in written]
-        pending = iter(self._cached_postings(absent) if absent else ())
-        return [written[name] if name in written else next(pending) for name in names]
-
-    def _cached_postings(self, names: list[bytes]) -> list[bytes | None]:
-        """The stored posting lists `names`: the cache's, the others in one multi-get (then cached)."""
-        cache = self._posting_cache
-        found: list[bytes | None] = list(map(cache.get, names, itertools.repeat(_UNCACHED)))
-        if _UNCACHED not in found:
-            return found
-        missing = [name for name, stored in zip(names, found, strict=True) if stored is _UNCACHED]
-        read = self.kv.get_many(missing)
-        if len(cache) + len(read) > self._posting_cache_size:
-            cache.clear()
-        cache.update(zip(missing, read, strict=True))
-        if len(missing) == len(names):  # new text: none cached
-            return read
-        fresh = iter(read)
-        return [next(fresh) if stored is _UNCACHED else stored for stored in found]
-
-    def _cache_postings(self, batch: Batch) -> None:
-        """The posting lists a batch just written wrote, into the cache."""
-        cache, written = self._posting_cache, batch.main
-        for names in batch.postings_written:
-            cache.update({name: written[name] for name in names if name in written})
-        if len(cache) > self._posting_cache_size:
-            cache.clear()
-
-    def _join_postings(self, batch: Batch, article: IndexedArticle) -> None:
-        """The article joins the posting lists of its anchors but the full ones (boilerplate): a
-        full list proposes nobody whoever its latest members are, so it is not rewritten (its
-        members leave it as they go, and the next one fills it again)."""
-        names = _posting_keys(article.anchors)
-        if not names:
-            return
-        low = article.seq & _POSTING_SEQS
-        entry = (low | (_FEW_ANCHORS if len(names) < 2 else 0)).to_bytes(POSTING_ENTRY, "big")
-        stored = self._postings(names, batch)
-        loops = compiled.loops()
-        join = loops.join_postings if loops else join_postings
-        created, filled = join(names, stored, entry, self.anchor_cap * POSTING_ENTRY, batch.main)
-        self.counts.postings += created
-        self.counts.boilerplate += filled
-        batch.postings_written.append(names)
-
-    def _leave_postings(self, batch: Batch, article: IndexedArticle) -> None:
-        names = _posting_keys(article.anchors)
-        limit = self.anchor_cap * POSTING_ENTRY
-        for name, stored in zip(names, self._postings(names, batch), strict=True):
-            if not stored:
-                continue
-            entries = posting_entries(stored)
-            kept = (entries & np.uint64(_POSTING_SEQS)) != article.seq & _POSTING_SEQS
-            if kept.all():
-                continue  # pushed out by later members already
-            if len(stored) >= limit:
-                self.counts.boilerplate -= 1
-            if kept.any():
-                rows = np.frombuffer(stored, dtype=np.uint8).reshape(-1, POSTING_ENTRY)
-                batch.put(name, rows[kept].tobytes())
-            else:
-                self.counts.postings -= 1
-                batch.delete(name)
-            batch.postings_written.append([name])
-
-    def _leave_buckets(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
-        stored_buckets = self._buckets(keys, batch)
-        batch.buckets_written = True
-        for key, stored in zip(keys, stored_buckets, strict=True):
-            if not stored:
-                continue
-            members = _members(stored)
-            if seq not in members:
-                continue
-            kept = b"".join(seq_key(other) for other in members if other != seq)
-            self.counts.resized(len(members), len(members) - 1)
-            if kept:
-                batch.put(BAND + key, kept)
-            else:
-                self.counts.buckets -= 1
-                batch.delete(BAND + key)
+        self.buckets.written(batch)
+        self.postings.written(batch)
 
     def _remove(self, batch: Batch, old: IndexedArticle, *, keep_id: bool = False) -> None:
         """Take one article version out of every structure; `keep_id`: its id gets a new version
         in the same batch."""
         seq = seq_key(old.seq)
         content_hash = old.sketch.content_hash
-        self._leave_buckets(batch, old.seq, old.keys)
+        self.buckets.leave(batch, old.seq, old.keys)
         if old.in_postings:
-            self._leave_postings(batch, old)
+            self.postings.leave(batch, old.seq, old.anchors)
         if self._holder_seq(content_hash, batch) == seq:
             heir = self._first(COPY + content_hash, batch, skip=seq)
             if heir is None:
@@ -571,7 +421,7 @@ class IndexState:
                 heir_seq = heir[-SEQ.size :]
                 batch.put(CONTENT + content_hash, heir_seq)
                 batch.delete(heir)
-                self._join_buckets(batch, SEQ.unpack(heir_seq)[0], old.keys, if_absent=True)  # same keys
+                self.buckets.join(batch, SEQ.unpack(heir_seq)[0], old.keys, if_absent=True)  # same keys
         else:
             batch.delete(COPY + content_hash + seq)
         self._holder_looked_up = (b"", None)
@@ -634,7 +484,6 @@ class IndexState:
         batch.put(marker_time_key(deleted_ms, article_id), b"")
         self.counts.deleted += 1
         self._write(batch, extra)
-        self._looked_up = None
         return old
 
     def expire(self, cutoff_ms: int, limit: int = EXPIRY_PASS) -> list[IndexedArticle]:
@@ -652,7 +501,6 @@ class IndexState:
             self._remove(batch, article)
             self.counts.expired += 1
             self._write(batch)
-        self._looked_up = None
         if len(due) < limit:
             self.counts.expired_before_ms = cutoff_ms
             self._write(Batch())
@@ -690,7 +538,6 @@ class IndexState:
         if current is not None and current.seq == article.seq:
             return False
         batch = Batch()
-        self._looked_up = None
         if current is not None:
             self._remove(batch, current, keep_id=True)
         self._drop_marker(batch, article.article_id)
@@ -709,7 +556,6 @@ class IndexState:
         if current is None:
             return False
         batch = Batch()
-        self._looked_up = None
         self._remove(batch, current)
         self._write(batch)
         return True
@@ -756,7 +602,7 @@ class IndexState:
         the records carry their band keys.)"""
         if next(self.kv.scan_records(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
-        self._looked_up, self._holder_looked_up = None, (b"", None)
+        self._holder_looked_up = (b"", None)
         count = 0
         for run in runs_of(records, chunk):
             batch = Batch()
@@ -792,9 +638,7 @@ class IndexState:
         batch = Batch()
         for article in articles:
             self._add(batch, article)
-        self.kv.write(batch)
-        self._postings_looked_up = None
-        self._cache_postings(batch)
+        self._commit(batch)
         self._holder_looked_up = (b"", None)
 
     def _hand_on_orphans(self) -> None:
@@ -855,87 +699,3 @@ def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:
             run = []
     if run:
         yield run
-
-
-def merge_buckets(found: Sequence[bytes | None], count: int) -> list[int]:
-    """The distinct seqs of stored buckets (None: absent), in order of first appearance, at most
-    `count`: the reference of the compiled _sketch.merge_buckets."""
-    stored = b"".join(data for data in found if data)
-    seqs = np.frombuffer(stored, dtype=_SEQ_DTYPE)
-    if seqs.size <= SMALL_MERGE:
-        return list(dict.fromkeys(seqs.tolist()))[:count]
-    distinct, first = np.unique(seqs, return_index=True)
-    return cast(list[int], distinct[np.argsort(first, kind="stable")][:count].tolist())
-
-
-_last_keys: list[tuple[Anchors, list[bytes]]] = []
-_UNCACHED = b"?"  # a posting list is a whole number of entries: never this
-
-
-def _posting_keys(anchors: Anchors) -> list[bytes]:
-    """The posting list keys of a text's distinct anchors, in the order of their first place;
-    those of the last text asked for are kept (deciding and indexing an article both ask)."""
-    if _last_keys and _last_keys[0][0] is anchors:
-        return _last_keys[0][1]
-    loops = compiled.loops()
-    names = loops.posting_keys(anchors.packed, POSTING) if loops else posting_keys(anchors)
-    _last_keys[:] = [(anchors, names)]
-    return names
-
-
-def posting_keys(anchors: Anchors) -> list[bytes]:
-    """The reference of the compiled _sketch.posting_keys: the packed hashes are the keys' suffixes."""
-    raw = anchors.packed[: 4 * len(anchors)]
-    return list(dict.fromkeys([POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]))
-
-
-def join_postings(
-    names: Sequence[bytes], found: Sequence[bytes | None], entry: bytes, full: int, into: dict[bytes, Any]
-) -> tuple[int, int]:
-    """`entry` appended to the posting lists `found` (None: absent) into `into` by their names,
-    but to those of `full` bytes or more; returns how many lists it starts and how many it
-    fills: the reference of the compiled _sketch.join_postings."""
-    created = filled = 0
-    for name, stored in zip(names, found, strict=True):
-        if stored is None:
-            created += 1
-            into[name] = entry
-        elif len(stored) < full:
-            joined = stored + entry
-            filled += len(joined) >= full
-            into[name] = joined
-    return created, filled
-
-
-def rank_postings(
-    found: Sequence[bytes | None], width: int, full: int, need: int, top: int
-) -> list[tuple[int, int]]:
-    """The entries of the posting lists `found` (None: absent; `full` bytes or more: boilerplate,
-    left out) counted at least `need` times or flagged (an article of fewer than two anchors), as
-    (seq, count), the most counted first, then the earliest, at most `top`: the reference of the
-    compiled _sketch.count_postings."""
-    if width != POSTING_ENTRY:
-        raise ValueError(f"posting entries are {POSTING_ENTRY} bytes, not {width}")
-    held = b"".join([stored for stored in found if stored and len(stored) < full])
-    if not held:
-        return []
-    counts = collections.Counter(posting_entries(held).tolist())
-    ranked = sorted(
-        (-count, entry & _POSTING_SEQS)
-        for entry, count in counts.items()
-        if count >= need or entry & _FEW_ANCHORS
-    )
-    return [(seq, -count) for count, seq in ranked[:top]]
-
-
-def posting_entries(stored: bytes) -> npt.NDArray[np.uint64]:
-    """The entries of posting lists joined back to back (POSTING_ENTRY bytes each), as integers."""
-    rows = np.frombuffer(stored, dtype=np.uint8).reshape(-1, POSTING_ENTRY)
-    wide = np.zeros((rows.shape[0], SEQ.size), dtype=np.uint8)
-    wide[:, SEQ.size - POSTING_ENTRY :] = rows
-    return wide.view(_SEQ_DTYPE).ravel().astype(np.uint64)
-
-
-def _members(stored: bytes | None) -> list[int]:
-    """The seqs a stored bucket holds, in the order they joined it."""
-    return np.frombuffer(stored, dtype=_SEQ_DTYPE).tolist() if stored else []

@@ -17,7 +17,7 @@ from neardup.core.lsh import band_keys
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.shingle import ShingleOptions
 from neardup.core.signing import Sketch, sketch_of
-from neardup.state import index as index_module
+from neardup.state import tables as tables_module
 from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
@@ -485,9 +485,9 @@ def test_rocks_candidates_merge_small_and_large_bucket_lists_alike(
     keys = band_keys(copies[5].sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
     entries = sum(len(state.band_members(key)) for key in keys)
     by_default = [a.article_id for a in state.candidates(keys, "c5", 1000)]
-    monkeypatch.setattr(index_module, "SMALL_MERGE", entries)
+    monkeypatch.setattr(tables_module, "SMALL_MERGE", entries)
     by_dict = [a.article_id for a in state.candidates(keys, "c5", 1000)]
-    monkeypatch.setattr(index_module, "SMALL_MERGE", 0)
+    monkeypatch.setattr(tables_module, "SMALL_MERGE", 0)
     by_numpy = [a.article_id for a in state.candidates(keys, "c5", 1000)]
     assert by_dict == by_numpy == by_default
     assert by_dict == list(dict.fromkeys(i for key in keys for i in state.band_members(key) if i != "c5"))
@@ -517,10 +517,10 @@ def test_compiled_bucket_merge_equals_the_reference(monkeypatch: pytest.MonkeyPa
         total = sum(len(b) // 8 for b in buckets if b)
         for count in (0, 1, 5, total, total + 3):
             got = loops.merge_buckets(buckets, count)
-            monkeypatch.setattr(index_module, "SMALL_MERGE", 10**9)
-            assert got == index_module.merge_buckets(buckets, count), (trial, count)
-            monkeypatch.setattr(index_module, "SMALL_MERGE", 0)
-            assert got == index_module.merge_buckets(buckets, count), (trial, count)
+            monkeypatch.setattr(tables_module, "SMALL_MERGE", 10**9)
+            assert got == tables_module.merge_buckets(buckets, count), (trial, count)
+            monkeypatch.setattr(tables_module, "SMALL_MERGE", 0)
+            assert got == tables_module.merge_buckets(buckets, count), (trial, count)
     with pytest.raises(ValueError, match="8-byte"):
         loops.merge_buckets([b"\x00" * 7], 5)
 
