@@ -31,10 +31,9 @@ Every change is one write batch: a crash leaves all of it or none.
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import orjson
@@ -46,20 +45,25 @@ from ..core.signing import Sketch
 from .port import Batch, Counts, IndexStats, KeyValue
 from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 from .tables import BAND as BAND
+from .tables import CONTENT as CONTENT
+from .tables import COPY as COPY
+from .tables import HEAD as HEAD
+from .tables import MEMBER as MEMBER
 from .tables import POSTING as POSTING
 from .tables import POSTING_ENTRY as POSTING_ENTRY
 from .tables import SEQ as SEQ
-from .tables import Buckets, Postings, seq_key
+from .tables import TIME as TIME
+from .tables import Buckets, Clusters, Contents, Markers, Postings, TimeOrder, seq_key
+from .tables import Marker as Marker
+from .tables import encode_marker as encode_marker
 from .tables import join_postings as join_postings
 from .tables import merge_buckets as merge_buckets
 from .tables import posting_entries as posting_entries
 from .tables import posting_keys as posting_keys
 from .tables import rank_postings as rank_postings
+from .tables import time_key as time_key
 
-ARTICLE, CONTENT, COPY, MEMBER, HEAD, TIME, META = b"a", b"c", b"x", b"k", b"h", b"t", b"m"
-MARKER, MARKER_TIME = b"d", b"e"
-_MARKER = struct.Struct(">QQ")  # version, biased deletion time
-_TIME_BIAS = 1 << 63  # event times may be negative (before 1970): biased so they sort as unsigned
+ARTICLE, META = b"a", b"m"
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
@@ -69,32 +73,6 @@ DEFAULT_ANCHOR_CAP = 32
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 T = TypeVar("T")
-
-
-def time_key(time_ms: int, seq: int) -> bytes:
-    return TIME + SEQ.pack(time_ms + _TIME_BIAS) + SEQ.pack(seq)
-
-
-def marker_time_key(time_ms: int, article_id: str) -> bytes:
-    return MARKER_TIME + SEQ.pack(time_ms + _TIME_BIAS) + article_id.encode()
-
-
-class Marker(NamedTuple):
-    """What a deletion leaves of an id: its last version, and when (event time) it was deleted."""
-
-    version: int
-    time_ms: int
-
-
-def encode_marker(marker: Marker) -> bytes:
-    return _MARKER.pack(marker.version, marker.time_ms + _TIME_BIAS)
-
-
-def decode_marker(data: bytes, article_id: str = "?") -> Marker:
-    if len(data) != _MARKER.size:
-        raise CorruptRecord(f"deletion marker of {article_id!r} has {len(data)} bytes, not {_MARKER.size}")
-    version, biased = _MARKER.unpack(data)
-    return Marker(version, biased - _TIME_BIAS)
 
 
 class IndexState:
@@ -135,9 +113,10 @@ class IndexState:
         self._probes: OrderedDict[int, Probe] = OrderedDict()
         self.buckets = Buckets(self.kv, self.counts, self.bucket_cap)
         self.postings = Postings(self.kv, self.counts, self.anchor_cap, self._posting_cache_size)
-        self._holder_looked_up: tuple[bytes, bytes | None] = (b"", None)
-        # the marker key read beside the last get(): decide() asks for it next
-        self._marker_looked_up: tuple[str | None, bytes | None] = (None, None)
+        self.contents = Contents(self.kv)
+        self.clusters = Clusters(self.kv, self.counts)
+        self.times = TimeOrder(self.kv)
+        self.markers = Markers(self.kv)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -168,8 +147,9 @@ class IndexState:
 
     def get(self, article_id: str) -> IndexedArticle | None:
         key = article_id.encode()
-        seq, marker = self.kv.get_many([ARTICLE + key, MARKER + key])
-        self._marker_looked_up = (article_id, marker)
+        # the marker read beside the id map: deciding the article asks for it next
+        seq, marker = self.kv.get_many([ARTICLE + key, self.markers.key(article_id)])
+        self.markers.seen(article_id, marker)
         if seq is None:
             return None
         found = self._arrivals([SEQ.unpack(seq)[0]])[0]
@@ -178,19 +158,12 @@ class IndexState:
         return found
 
     def deleted_version(self, article_id: str) -> int | None:
-        marker = self._marker(article_id)
+        marker = self.markers.marker(article_id)
         return None if marker is None else marker.version
 
     def deletion_marker(self, article_id: str) -> bytes | None:
         """The id's deletion marker as stored (encode_marker), None when it has none."""
-        looked_id, stored = self._marker_looked_up
-        if looked_id != article_id:
-            (stored,) = self.kv.get_many([MARKER + article_id.encode()])
-        return stored
-
-    def _marker(self, article_id: str) -> Marker | None:
-        stored = self.deletion_marker(article_id)
-        return None if stored is None else decode_marker(stored, article_id)
+        return self.markers.stored(article_id)
 
     def _arrivals(self, seqs: Sequence[int]) -> list[IndexedArticle | None]:
         """The article versions with these seqs, from the cache or one multi-get (None: gone)."""
@@ -221,26 +194,15 @@ class IndexState:
         return article
 
     def holder_of(self, content_hash: bytes) -> IndexedArticle | None:
-        seq = self._holder_seq(content_hash)
+        seq = self.contents.holder(content_hash)
         return None if seq is None else self._arrivals([SEQ.unpack(seq)[0]])[0]
-
-    def _holder_seq(self, content_hash: bytes, batch: Batch | None = None) -> bytes | None:
-        key = CONTENT + content_hash
-        if batch is not None and key in batch.main:
-            return batch.main[key]
-        last_hash, last_seq = self._holder_looked_up
-        if content_hash != last_hash:
-            (last_seq,) = self.kv.get_many([key])
-            self._holder_looked_up = (content_hash, last_seq)
-        return last_seq
 
     def id_for_content(self, content_hash: bytes) -> str | None:
         holder = self.holder_of(content_hash)
         return None if holder is None else holder.article_id
 
     def head_of(self, cluster: int) -> str | None:
-        (head,) = self.kv.get_many([HEAD + seq_key(cluster)])
-        return None if head is None else head[SEQ.size :].decode()
+        return self.clusters.head_of(cluster)
 
     def band_members(self, key: bytes) -> Sequence[str]:
         """The ids in one bucket, in the order they joined it (tools and tests)."""
@@ -313,9 +275,7 @@ class IndexState:
             self.kv.flush()
 
     def oldest_ms(self) -> int | None:
-        for key, _ in self.kv.scan(TIME):
-            return SEQ.unpack_from(key, 1)[0] - _TIME_BIAS
-        return None
+        return self.times.oldest_ms()
 
     def stats(self) -> IndexStats:
         """Counts kept with the index, and its size on disk."""
@@ -347,7 +307,7 @@ class IndexState:
         if update.replaced is not None:
             self._remove(batch, update.replaced, keep_id=True)
         if update.revived:
-            self._drop_marker(batch, article.article_id)
+            self.markers.drop(batch, article.article_id)
         self._add(batch, article)
         stored = record or encode_record(article)
         batch.records[seq_key(article.seq)] = stored
@@ -361,36 +321,16 @@ class IndexState:
         """Into the content map and the buckets (an exact copy: beside its content's holder),
         its cluster, the time index and the id map."""
         seq = seq_key(article.seq)
-        content_hash = article.sketch.content_hash
-        holder = self._holder_seq(content_hash, batch)
-        if article.decision.exact and holder is not None:
-            batch.put(COPY + content_hash + seq, b"")
-        else:
-            # Not an exact copy, yet its content is held: the holder had expired when it was
-            # decided. The newer one stands for the content from now on.
-            if holder is not None:
-                batch.put(COPY + content_hash + holder, b"")
-            batch.put(CONTENT + content_hash, seq)
+        if self.contents.add(batch, article.sketch.content_hash, seq, exact=article.decision.exact):
             self.buckets.join(batch, article.seq, article.keys)
         if article.in_postings:
             self.postings.join(batch, article.seq, article.anchors)
-        self._holder_looked_up = (b"", None)
-        if article.cluster == article.seq:
-            self.counts.clusters += 1
-        else:
-            batch.put(MEMBER + seq_key(article.cluster) + seq, b"")
-        batch.put(time_key(article.time_ms, article.seq), b"")
+        self.clusters.add(batch, article.seq, article.cluster)
+        self.times.add(batch, article.time_ms, article.seq)
         batch.put(ARTICLE + article.article_id.encode(), seq)
         self.counts.articles += 1
         if self.counts.newest_ms is None or article.time_ms > self.counts.newest_ms:
             self.counts.newest_ms = article.time_ms
-
-    def _drop_marker(self, batch: Batch, article_id: str) -> None:
-        """The id is held again: its deletion marker goes, with its place in the marker time index."""
-        marker = self._marker(article_id)
-        if marker is not None:
-            batch.delete(MARKER + article_id.encode())
-            batch.delete(marker_time_key(marker.time_ms, article_id))
 
     def _write(self, batch: Batch, extra: dict[bytes, bytes] | None = None) -> None:
         for key, value in (extra or {}).items():
@@ -401,9 +341,8 @@ class IndexState:
     def _commit(self, batch: Batch) -> None:
         """Write the batch, then tell every table what it wrote (where each keeps its cache true)."""
         self.kv.write(batch)
-        self._marker_looked_up = (None, None)
-        self.buckets.written(batch)
-        self.postings.written(batch)
+        for table in (self.buckets, self.postings, self.contents, self.markers):
+            table.written(batch)
 
     def _remove(self, batch: Batch, old: IndexedArticle, *, keep_id: bool = False) -> None:
         """Take one article version out of every structure; `keep_id`: its id gets a new version
@@ -413,20 +352,11 @@ class IndexState:
         self.buckets.leave(batch, old.seq, old.keys)
         if old.in_postings:
             self.postings.leave(batch, old.seq, old.anchors)
-        if self._holder_seq(content_hash, batch) == seq:
-            heir = self._first(COPY + content_hash, batch, skip=seq)
-            if heir is None:
-                batch.delete(CONTENT + content_hash)
-            else:
-                heir_seq = heir[-SEQ.size :]
-                batch.put(CONTENT + content_hash, heir_seq)
-                batch.delete(heir)
-                self.buckets.join(batch, SEQ.unpack(heir_seq)[0], old.keys, if_absent=True)  # same keys
-        else:
-            batch.delete(COPY + content_hash + seq)
-        self._holder_looked_up = (b"", None)
-        self._hand_on_cluster(batch, old)
-        batch.delete(time_key(old.time_ms, old.seq))
+        heir = self.contents.remove(batch, content_hash, seq)
+        if heir is not None:  # same keys
+            self.buckets.join(batch, SEQ.unpack(heir)[0], old.keys, if_absent=True)
+        self.clusters.leave(batch, old.seq, old.cluster, self._head_entry)
+        self.times.remove(batch, old.time_ms, old.seq)
         if not keep_id:
             batch.delete(ARTICLE + old.article_id.encode())
         batch.records[seq] = None
@@ -434,40 +364,12 @@ class IndexState:
         self._recent.pop(old.seq, None)
         self._probes.pop(old.seq, None)
 
-    def _hand_on_cluster(self, batch: Batch, old: IndexedArticle) -> None:
-        """Out of its cluster; when it was the cluster's head (its first article, or the one the
-        cluster was handed on to), the earliest surviving member becomes the head."""
-        cluster = seq_key(old.cluster)
-        if old.cluster != old.seq:
-            batch.delete(MEMBER + cluster + seq_key(old.seq))
-        head_key = HEAD + cluster
-        head = batch.main[head_key] if head_key in batch.main else self.kv.get_many([head_key])[0]
-        head_seq = old.cluster if head is None else SEQ.unpack_from(head)[0]
-        if head_seq != old.seq:
-            return
-        # the first article has no member key: it is never the successor, being the earliest
-        successor = self._first(MEMBER + cluster, batch, skip=seq_key(old.seq))
-        if successor is None:
-            batch.delete(head_key)
-            self.counts.clusters -= 1
-        else:
-            batch.put(head_key, self._head_entry(successor[-SEQ.size :]))
-
     def _head_entry(self, seq: bytes) -> bytes:
         """What a cluster's head key holds: the head's seq and id (read once here, not per member)."""
         article = self._arrivals([SEQ.unpack(seq)[0]])[0]
         if article is None:
             raise CorruptRecord(f"state record of arrival {SEQ.unpack(seq)[0]} is missing")
         return seq + article.article_id.encode()
-
-    def _first(self, prefix: bytes, batch: Batch, skip: bytes) -> bytes | None:
-        """The first key under `prefix` (its last 8 bytes a seq other than `skip`) that the batch
-        does not delete."""
-        for key, _ in self.kv.scan(prefix):
-            if key[-SEQ.size :] == skip or batch.main.get(key, b"") is None:
-                continue
-            return key
-        return None
 
     def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
         """Delete an article (all of it: its current version), leaving its marker (its last
@@ -480,8 +382,7 @@ class IndexState:
         batch = Batch()
         self._remove(batch, old)
         deleted_ms = max(old.time_ms, self.counts.newest_ms or old.time_ms)
-        batch.put(MARKER + article_id.encode(), encode_marker(Marker(old.version, deleted_ms)))
-        batch.put(marker_time_key(deleted_ms, article_id), b"")
+        self.markers.put(batch, article_id, encode_marker(Marker(old.version, deleted_ms)))
         self.counts.deleted += 1
         self._write(batch, extra)
         return old
@@ -489,12 +390,7 @@ class IndexState:
     def expire(self, cutoff_ms: int, limit: int = EXPIRY_PASS) -> list[IndexedArticle]:
         """Remove the articles whose time is before `cutoff_ms`, the oldest first, at most
         `limit` in one pass; returns them."""
-        due: list[int] = []
-        bound = time_key(cutoff_ms, 0)
-        for key, _ in self.kv.scan(TIME):
-            if key >= bound or len(due) >= limit:
-                break
-            due.append(SEQ.unpack_from(key, 1 + SEQ.size)[0])
+        due = self.times.before(cutoff_ms, limit)
         removed = [article for article in self._arrivals(due) if article is not None]
         for article in removed:
             batch = Batch()
@@ -509,16 +405,8 @@ class IndexState:
     def expire_markers(self, cutoff_ms: int, limit: int = EXPIRY_PASS) -> list[str]:
         """Remove the deletion markers whose time is before `cutoff_ms`, the oldest first, at most
         `limit` in one pass (the next pass goes on); returns their ids."""
-        bound = marker_time_key(cutoff_ms, "")
         batch = Batch()
-        gone: list[str] = []
-        for key, _ in self.kv.scan(MARKER_TIME):
-            if key >= bound or len(gone) >= limit:
-                break
-            article_id = key[1 + SEQ.size :].decode()
-            batch.delete(key)
-            batch.delete(MARKER + article_id.encode())
-            gone.append(article_id)
+        gone = self.markers.expire(batch, cutoff_ms, limit)
         if gone:
             self._write(batch)
         return gone
@@ -540,7 +428,7 @@ class IndexState:
         batch = Batch()
         if current is not None:
             self._remove(batch, current, keep_id=True)
-        self._drop_marker(batch, article.article_id)
+        self.markers.drop(batch, article.article_id)
         self._add(batch, article)
         batch.records[seq_key(article.seq)] = record
         self._seq = max(self._seq, article.seq + 1)
@@ -565,12 +453,9 @@ class IndexState:
         keeps none."""
         key = article_id.encode()
         batch = Batch()
-        self._marker_looked_up = (None, None)
-        self._drop_marker(batch, article_id)
+        self.markers.drop(batch, article_id)
         if stored is not None and self.kv.get_many([ARTICLE + key])[0] is None:
-            marker = decode_marker(stored, article_id)
-            batch.put(MARKER + key, stored)
-            batch.put(marker_time_key(marker.time_ms, article_id), b"")
+            self.markers.put(batch, article_id, stored)
         self._write(batch)
 
     def set_removed(self, expired: int, deleted: int) -> None:
@@ -602,7 +487,6 @@ class IndexState:
         the records carry their band keys.)"""
         if next(self.kv.scan_records(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
-        self._holder_looked_up = (b"", None)
         count = 0
         for run in runs_of(records, chunk):
             batch = Batch()
@@ -627,11 +511,8 @@ class IndexState:
             batch = Batch()
             for (article_id, stored), seq in zip(run, held, strict=True):
                 if seq is None:
-                    marker = decode_marker(stored, article_id)
-                    batch.put(MARKER + article_id.encode(), stored)
-                    batch.put(marker_time_key(marker.time_ms, article_id), b"")
-            self.kv.write(batch)
-        self._marker_looked_up = (None, None)
+                    self.markers.put(batch, article_id, stored)
+            self._commit(batch)
 
     def _index_stored(self, articles: list[IndexedArticle]) -> None:
         """Records in arrival order, after every one indexed so far: into every structure."""
@@ -639,21 +520,14 @@ class IndexState:
         for article in articles:
             self._add(batch, article)
         self._commit(batch)
-        self._holder_looked_up = (b"", None)
 
     def _hand_on_orphans(self) -> None:
         """Clusters whose first article is gone get their earliest surviving member as head."""
         batch = Batch()
-        last_cluster = None
-        for key, _ in self.kv.scan(MEMBER):
-            cluster = key[1 : 1 + SEQ.size]
-            if cluster == last_cluster:
-                continue
-            last_cluster = cluster
+        for cluster, earliest in self.clusters.earliest_members():
             if self.kv.records([cluster])[0] is None:
-                self.counts.clusters += 1
-                batch.put(HEAD + cluster, self._head_entry(key[-SEQ.size :]))
-        self.kv.write(batch)
+                self.clusters.hand_on(batch, cluster, self._head_entry(earliest))
+        self._commit(batch)
 
     def compact(self) -> None:
         """Reclaim the space of removed and overwritten entries (at close of a run)."""

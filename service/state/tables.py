@@ -10,8 +10,8 @@ from __future__ import annotations
 import collections
 import itertools
 import struct
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -19,9 +19,13 @@ import numpy.typing as npt
 from ..core import compiled
 from ..core.anchors import Anchors
 from .port import Batch, Counts, KeyValue
+from .records import CorruptRecord
 
-BAND, POSTING = b"b", b"n"
+BAND, POSTING, CONTENT, COPY, MEMBER, HEAD, TIME = b"b", b"n", b"c", b"x", b"k", b"h", b"t"
+MARKER, MARKER_TIME = b"d", b"e"
 SEQ = struct.Struct(">Q")
+_MARKER = struct.Struct(">QQ")  # version, biased deletion time
+_TIME_BIAS = 1 << 63  # event times may be negative (before 1970): biased so they sort as unsigned
 _SEQ_DTYPE = np.dtype(">u8")
 # A posting entry: 5 bytes big-endian, the seq modulo 2**39 and a top bit set for an article of
 # fewer than two distinct anchors. Not a bucket's 8 bytes: posting lists are most of the keys an
@@ -38,6 +42,239 @@ _UNCACHED = b"?"  # a posting list is a whole number of entries: never this
 
 def seq_key(seq: int) -> bytes:
     return SEQ.pack(seq)
+
+
+def time_key(time_ms: int, seq: int) -> bytes:
+    return TIME + SEQ.pack(time_ms + _TIME_BIAS) + SEQ.pack(seq)
+
+
+def marker_time_key(time_ms: int, article_id: str) -> bytes:
+    return MARKER_TIME + SEQ.pack(time_ms + _TIME_BIAS) + article_id.encode()
+
+
+class Marker(NamedTuple):
+    """What a deletion leaves of an id: its last version, and when (event time) it was deleted."""
+
+    version: int
+    time_ms: int
+
+
+def encode_marker(marker: Marker) -> bytes:
+    return _MARKER.pack(marker.version, marker.time_ms + _TIME_BIAS)
+
+
+def decode_marker(data: bytes, article_id: str = "?") -> Marker:
+    if len(data) != _MARKER.size:
+        raise CorruptRecord(f"deletion marker of {article_id!r} has {len(data)} bytes, not {_MARKER.size}")
+    version, biased = _MARKER.unpack(data)
+    return Marker(version, biased - _TIME_BIAS)
+
+
+def first_key(kv: KeyValue, prefix: bytes, batch: Batch, skip: bytes) -> bytes | None:
+    """The first key under `prefix` (its last 8 bytes a seq other than `skip`) that the batch
+    does not delete."""
+    for key, _ in kv.scan(prefix):
+        if key[-SEQ.size :] == skip or batch.main.get(key, b"") is None:
+            continue
+        return key
+    return None
+
+
+class Contents:
+    """``c<content hash>`` → seq of the article that stands for the content (its holder, in the
+    buckets); ``x<content hash><seq>``: its exact copies, out of the buckets, kept so that the next
+    one takes over when the holder goes.
+
+    Caches the holder its last lookup read: deciding an article asks for its content's holder, and
+    indexing it asks again."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+        self._looked_up: tuple[bytes, bytes | None] = (b"", None)
+
+    def holder(self, content_hash: bytes, batch: Batch | None = None) -> bytes | None:
+        """The holder's seq (8 bytes), as the batch leaves it; None: the content is not held."""
+        key = CONTENT + content_hash
+        if batch is not None and key in batch.main:
+            return batch.main[key]
+        last_hash, last_seq = self._looked_up
+        if content_hash != last_hash:
+            (last_seq,) = self.kv.get_many([key])
+            self._looked_up = (content_hash, last_seq)
+        return last_seq
+
+    def add(self, batch: Batch, content_hash: bytes, seq: bytes, *, exact: bool) -> bool:
+        """The article of `seq` holds the content, or is an exact copy beside its holder; True
+        when it stands for the content (and belongs in the buckets)."""
+        holder = self.holder(content_hash, batch)
+        if exact and holder is not None:
+            batch.put(COPY + content_hash + seq, b"")
+            return False
+        # Not an exact copy, yet its content is held: the holder had expired when it was decided.
+        # The newer one stands for the content from now on.
+        if holder is not None:
+            batch.put(COPY + content_hash + holder, b"")
+        batch.put(CONTENT + content_hash, seq)
+        return True
+
+    def remove(self, batch: Batch, content_hash: bytes, seq: bytes) -> bytes | None:
+        """The article of `seq` goes; returns the seq of the copy that takes over as holder (it
+        joins the buckets in the holder's place), None when none does."""
+        if self.holder(content_hash, batch) != seq:
+            batch.delete(COPY + content_hash + seq)
+            return None
+        heir = first_key(self.kv, COPY + content_hash, batch, skip=seq)
+        if heir is None:
+            batch.delete(CONTENT + content_hash)
+            return None
+        batch.put(CONTENT + content_hash, heir[-SEQ.size :])
+        batch.delete(heir)
+        return heir[-SEQ.size :]
+
+    def written(self, batch: Batch) -> None:
+        self._looked_up = (b"", None)
+
+
+class Clusters:
+    """``k<cluster seq><seq>``: the members of a cluster but its first article (implied by the
+    cluster seq), in arrival order; ``h<cluster seq>`` → seq and id of the cluster's earliest
+    surviving member, once its first is gone. `counts.clusters` counts them."""
+
+    def __init__(self, kv: KeyValue, counts: Counts) -> None:
+        self.kv, self.counts = kv, counts
+
+    def head_of(self, cluster: int) -> str | None:
+        """The id of the member the cluster was handed on to; None while its first is held."""
+        (head,) = self.kv.get_many([HEAD + seq_key(cluster)])
+        return None if head is None else head[SEQ.size :].decode()
+
+    def add(self, batch: Batch, seq: int, cluster: int) -> None:
+        if cluster == seq:
+            self.counts.clusters += 1
+        else:
+            batch.put(MEMBER + seq_key(cluster) + seq_key(seq), b"")
+
+    def leave(self, batch: Batch, seq: int, cluster: int, head_entry: Callable[[bytes], bytes]) -> None:
+        """Out of its cluster; when it was the cluster's head (its first article, or the one the
+        cluster was handed on to), the earliest surviving member becomes the head. `head_entry`:
+        what a head key holds for a member's seq (its seq and id)."""
+        cluster_key = seq_key(cluster)
+        if cluster != seq:
+            batch.delete(MEMBER + cluster_key + seq_key(seq))
+        head_key = HEAD + cluster_key
+        head = batch.main[head_key] if head_key in batch.main else self.kv.get_many([head_key])[0]
+        head_seq = cluster if head is None else SEQ.unpack_from(head)[0]
+        if head_seq != seq:
+            return
+        # the first article has no member key: it is never the successor, being the earliest
+        successor = first_key(self.kv, MEMBER + cluster_key, batch, skip=seq_key(seq))
+        if successor is None:
+            batch.delete(head_key)
+            self.counts.clusters -= 1
+        else:
+            batch.put(head_key, head_entry(successor[-SEQ.size :]))
+
+    def earliest_members(self) -> Iterator[tuple[bytes, bytes]]:
+        """Each cluster with members (its seq, 8 bytes) and its earliest member's seq."""
+        last_cluster = None
+        for key, _ in self.kv.scan(MEMBER):
+            cluster = key[1 : 1 + SEQ.size]
+            if cluster != last_cluster:
+                last_cluster = cluster
+                yield cluster, key[-SEQ.size :]
+
+    def hand_on(self, batch: Batch, cluster: bytes, entry: bytes) -> None:
+        """A cluster whose first article is gone, handed on to the member of `entry`."""
+        self.counts.clusters += 1
+        batch.put(HEAD + cluster, entry)
+
+
+class TimeOrder:
+    """``t<time><seq>``: the arrivals by event time, so that expiry walks them from the oldest."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    def add(self, batch: Batch, time_ms: int, seq: int) -> None:
+        batch.put(time_key(time_ms, seq), b"")
+
+    def remove(self, batch: Batch, time_ms: int, seq: int) -> None:
+        batch.delete(time_key(time_ms, seq))
+
+    def before(self, cutoff_ms: int, limit: int) -> list[int]:
+        """The seqs of the arrivals before `cutoff_ms`, the oldest first, at most `limit`."""
+        due: list[int] = []
+        bound = time_key(cutoff_ms, 0)
+        for key, _ in self.kv.scan(TIME):
+            if key >= bound or len(due) >= limit:
+                break
+            due.append(SEQ.unpack_from(key, 1 + SEQ.size)[0])
+        return due
+
+    def oldest_ms(self) -> int | None:
+        for key, _ in self.kv.scan(TIME):
+            return SEQ.unpack_from(key, 1)[0] - _TIME_BIAS
+        return None
+
+
+class Markers:
+    """``d<id>`` → a deleted id's marker (encode_marker: its last version and the deletion's time),
+    so that a re-added id continues its versions; ``e<time><id>``: the markers by deletion time,
+    so that expiry removes them incrementally.
+
+    Caches the marker last seen of one id: the article lookup reads it beside the id map (one
+    multi-get), and deciding the article asks for it next."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+        self._seen: tuple[str | None, bytes | None] = (None, None)
+
+    @staticmethod
+    def key(article_id: str) -> bytes:
+        return MARKER + article_id.encode()
+
+    def seen(self, article_id: str, stored: bytes | None) -> None:
+        """The id's marker as read with the id map's entry (None: it has none)."""
+        self._seen = (article_id, stored)
+
+    def stored(self, article_id: str) -> bytes | None:
+        """The id's marker as stored, None when it has none."""
+        seen_id, stored = self._seen
+        if seen_id != article_id:
+            (stored,) = self.kv.get_many([self.key(article_id)])
+        return stored
+
+    def marker(self, article_id: str) -> Marker | None:
+        stored = self.stored(article_id)
+        return None if stored is None else decode_marker(stored, article_id)
+
+    def put(self, batch: Batch, article_id: str, stored: bytes) -> None:
+        batch.put(self.key(article_id), stored)
+        batch.put(marker_time_key(decode_marker(stored, article_id).time_ms, article_id), b"")
+
+    def drop(self, batch: Batch, article_id: str) -> None:
+        """The id is held again: its marker goes, with its place in the time index."""
+        marker = self.marker(article_id)
+        if marker is not None:
+            batch.delete(self.key(article_id))
+            batch.delete(marker_time_key(marker.time_ms, article_id))
+
+    def expire(self, batch: Batch, cutoff_ms: int, limit: int) -> list[str]:
+        """The markers whose time is before `cutoff_ms` out, the oldest first, at most `limit`;
+        returns their ids."""
+        bound = marker_time_key(cutoff_ms, "")
+        gone: list[str] = []
+        for key, _ in self.kv.scan(MARKER_TIME):
+            if key >= bound or len(gone) >= limit:
+                break
+            article_id = key[1 + SEQ.size :].decode()
+            batch.delete(key)
+            batch.delete(self.key(article_id))
+            gone.append(article_id)
+        return gone
+
+    def written(self, batch: Batch) -> None:
+        self._seen = (None, None)
 
 
 class Buckets:

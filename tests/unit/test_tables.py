@@ -13,7 +13,27 @@ from neardup.core.anchors import NO_ANCHORS, Anchors
 from neardup.state.memory import MemoryKV
 from neardup.state.port import Batch, Counts, KeyValue
 from neardup.state.rocks import RocksKV, RocksOptions
-from neardup.state.tables import BAND, POSTING, POSTING_ENTRY, Buckets, Postings, seq_key
+from neardup.state.tables import (
+    BAND,
+    CONTENT,
+    COPY,
+    HEAD,
+    MARKER,
+    MARKER_TIME,
+    MEMBER,
+    POSTING,
+    POSTING_ENTRY,
+    Buckets,
+    Clusters,
+    Contents,
+    Marker,
+    Markers,
+    Postings,
+    TimeOrder,
+    decode_marker,
+    encode_marker,
+    seq_key,
+)
 
 
 class Reads:
@@ -41,7 +61,7 @@ def counts() -> Counts:
     return Counts(bucket_sizes=[0])
 
 
-def commit(kv: KeyValue, batch: Batch, *tables: Buckets | Postings) -> None:
+def commit(kv: KeyValue, batch: Batch, *tables: Buckets | Postings | Contents | Markers) -> None:
     kv.write(batch)
     for table in tables:
         table.written(batch)
@@ -170,3 +190,144 @@ def test_the_posting_cache_stays_within_its_size(kv: Reads) -> None:
         commit(kv, batch, postings)
         assert postings.cached() <= 4
     assert postings.lookup(anchors(7, 111), newest=5, top=5) == [(5, 2)]
+
+
+# -- exact contents ----------------------------------------------------------------------------
+
+
+def test_a_content_is_held_by_one_and_handed_to_its_earliest_copy(kv: Reads) -> None:
+    contents = Contents(kv)
+    digest = b"h" * 16
+    batch = Batch()
+    assert contents.add(batch, digest, seq_key(1), exact=False)
+    assert not contents.add(batch, digest, seq_key(3), exact=True)
+    assert not contents.add(batch, digest, seq_key(2), exact=True)
+    commit(kv, batch, contents)
+    assert contents.holder(digest) == seq_key(1)
+    assert {key for key, _ in kv.scan(COPY)} == {COPY + digest + seq_key(2), COPY + digest + seq_key(3)}
+    batch = Batch()
+    assert contents.remove(batch, digest, seq_key(3)) is None  # a copy goes: nothing handed on
+    assert contents.remove(batch, digest, seq_key(1)) == seq_key(2)
+    assert contents.holder(digest, batch) == seq_key(2)
+    commit(kv, batch, contents)
+    assert contents.holder(digest) == seq_key(2) and list(kv.scan(COPY)) == []
+    batch = Batch()
+    assert contents.remove(batch, digest, seq_key(2)) is None
+    commit(kv, batch, contents)
+    assert contents.holder(digest) is None and list(kv.scan(CONTENT)) == []
+
+
+def test_a_content_held_again_after_its_holder_expired_passes_to_the_newer(kv: Reads) -> None:
+    contents = Contents(kv)
+    batch = Batch()
+    contents.add(batch, b"d" * 16, seq_key(1), exact=False)
+    commit(kv, batch, contents)
+    assert contents.holder(b"d" * 16) == seq_key(1)
+    read = kv.keys
+    batch = Batch()
+    assert contents.add(batch, b"d" * 16, seq_key(5), exact=False)  # the holder read is reused
+    assert kv.keys == read
+    commit(kv, batch, contents)
+    assert contents.holder(b"d" * 16) == seq_key(5) and kv.keys == read + 1  # read again after a write
+    assert [key for key, _ in kv.scan(COPY)] == [COPY + b"d" * 16 + seq_key(1)]
+
+
+# -- clusters ------------------------------------------------------------------------------------
+
+
+def entry(seq: bytes) -> bytes:
+    """A head entry as the index writes it: the member's seq and id (here "id<seq>")."""
+    return seq + b"id" + str(int.from_bytes(seq, "big")).encode()
+
+
+def test_a_cluster_is_handed_on_to_its_earliest_surviving_member(kv: Reads) -> None:
+    clusters = Clusters(kv, Counts())
+    batch = Batch()
+    for seq in (4, 6, 9):
+        clusters.add(batch, seq, 4)
+    kv.write(batch)
+    assert clusters.counts.clusters == 1 and clusters.head_of(4) is None
+    assert [key for key, _ in kv.scan(MEMBER)] == [MEMBER + seq_key(4) + seq_key(s) for s in (6, 9)]
+    batch = Batch()
+    clusters.leave(batch, 4, 4, entry)
+    kv.write(batch)
+    assert clusters.head_of(4) == "id6"
+    batch = Batch()
+    clusters.leave(batch, 9, 4, entry)  # not the head: the head stays
+    kv.write(batch)
+    assert clusters.head_of(4) == "id6"
+    batch = Batch()
+    clusters.leave(batch, 6, 4, entry)
+    kv.write(batch)
+    assert clusters.counts.clusters == 0 and list(kv.scan(HEAD)) == [] and list(kv.scan(MEMBER)) == []
+
+
+def test_clusters_without_their_first_are_found_for_a_rebuild(kv: Reads) -> None:
+    clusters = Clusters(kv, Counts())
+    batch = Batch()
+    for seq, cluster in ((2, 1), (3, 1), (8, 5)):
+        clusters.add(batch, seq, cluster)
+    kv.write(batch)
+    assert list(clusters.earliest_members()) == [(seq_key(1), seq_key(2)), (seq_key(5), seq_key(8))]
+    batch = Batch()
+    clusters.hand_on(batch, seq_key(5), entry(seq_key(8)))
+    kv.write(batch)
+    assert clusters.head_of(5) == "id8" and clusters.counts.clusters == 1
+
+
+# -- the time order ----------------------------------------------------------------------------
+
+
+def test_the_time_order_gives_the_oldest_first_and_times_before_1970(kv: Reads) -> None:
+    times = TimeOrder(kv)
+    assert times.oldest_ms() is None
+    batch = Batch()
+    for time_ms, seq in ((5_000, 1), (-2_000, 2), (5_000, 0), (9_000, 3)):
+        times.add(batch, time_ms, seq)
+    kv.write(batch)
+    assert times.oldest_ms() == -2_000
+    assert times.before(5_001, 10) == [2, 0, 1]
+    assert times.before(5_001, 2) == [2, 0]
+    assert times.before(-2_000, 10) == []
+    batch = Batch()
+    times.remove(batch, -2_000, 2)
+    kv.write(batch)
+    assert times.oldest_ms() == 5_000
+
+
+# -- deletion markers ----------------------------------------------------------------------------
+
+
+def test_markers_keep_the_last_version_and_expire_by_deletion_time(kv: Reads) -> None:
+    markers = Markers(kv)
+    batch = Batch()
+    markers.put(batch, "old", encode_marker(Marker(3, -1_000)))
+    markers.put(batch, "new", encode_marker(Marker(1, 7_000)))
+    commit(kv, batch, markers)
+    assert markers.marker("old") == Marker(3, -1_000)
+    assert decode_marker(kv.get_many([MARKER + b"new"])[0] or b"") == Marker(1, 7_000)
+    batch = Batch()
+    assert markers.expire(batch, 7_000, 10) == ["old"]
+    commit(kv, batch, markers)
+    assert markers.stored("old") is None and len(list(kv.scan(MARKER_TIME))) == 1
+    batch = Batch()
+    markers.drop(batch, "new")
+    markers.drop(batch, "never")
+    commit(kv, batch, markers)
+    assert list(kv.scan(MARKER)) == [] and list(kv.scan(MARKER_TIME)) == []
+
+
+def test_a_marker_seen_beside_the_id_map_is_not_read_again_until_a_write(kv: Reads) -> None:
+    markers = Markers(kv)
+    batch = Batch()
+    markers.put(batch, "x", encode_marker(Marker(2, 0)))
+    commit(kv, batch, markers)
+    markers.seen("x", kv.get_many([markers.key("x")])[0])
+    read = kv.keys
+    assert markers.marker("x") == Marker(2, 0) and kv.keys == read
+    assert markers.stored("y") is None and kv.keys == read + 1  # another id: read
+    markers.seen("x", kv.get_many([markers.key("x")])[0])
+    batch = Batch()
+    markers.drop(batch, "x")
+    commit(kv, batch, markers)
+    assert markers.stored("x") is None  # not the value seen before the write
