@@ -3,8 +3,10 @@
 In a child (`python -m neardup.pipeline.child neardup.pipeline.decider`, NEARDUP_INDEX_PROCESS=1)
 the derived index, its record cache and every decision live beside the worker's event loop, which
 keeps only Kafka work: the loop sends a batch of signatures messages and gets back the verdicts
-(JSON) and the writes for the changelog, which it sends there. The child runs the same IndexShard
-in the same order as the worker would (NEARDUP_INDEX_PROCESS=0), so verdicts are identical.
+(JSON) and the writes for the changelog, which it sends there. With NEARDUP_INDEX_PROCESS=0 the
+same requests are answered by the same ShardServer in the worker's process, so verdicts, restores
+and rebuilds are identical; only what a separate process allows (a timeout, a replacement, leaving
+out the record it failed on) is the child's alone.
 
 The records are held once on disk, in the index; the changelog is what rebuilds it. A chunk's
 writes reach the index only once the changelog has the chunk's records (`acknowledged`), with the
@@ -22,6 +24,7 @@ message that breaks the decider costs two replacements, not the worker.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import mmap
@@ -180,10 +183,158 @@ def _scratch(index_path: Path) -> Path:
     return index_path.with_name(index_path.name + "-rebuild")
 
 
+UNANSWERED = frozenset({"commit"})  # requests no answer comes back for
+
+
+class ShardServer:
+    """The index stage's requests (serve's docstring lists them) answered against one IndexShard,
+    wherever the shard lives: the decider child's loop feeds it from its pipe, InProcessChild from
+    the worker's own calls, so both modes restore, rebuild, hold, decide, commit and close through
+    the same code. `marker`, `freeze_every` and `compact_at_close` serve a child only: the worker
+    reads the marker after a child died, collects its own garbage, and could not cut a compaction
+    short in its own process."""
+
+    def __init__(
+        self,
+        params: DedupParams,
+        index_path: Path,
+        options: RocksOptions,
+        retention: Retention,
+        *,
+        marker: RecordMarker | None = None,
+        freeze_every: int = 0,
+        compact_at_close: bool = False,
+    ) -> None:
+        self.index_path = index_path
+        self.table = _ChangelogWrites()
+        self.shard = IndexShard(RocksState(index_path, options, layered=True), params, retention, self.table)
+        self.marker = marker
+        self.compact_at_close = compact_at_close
+        self._size = SizeGauge()
+        self._collector = CollectorPolicy(freeze_every)
+        self._handled = 0  # the records of the last chunk decided, for the collector
+        self._point: Position | None = None  # where the restore under way started
+        self._compacted: CompactedLog | None = None  # the changelog of the rebuild under way
+        self._clean = False  # how the close asked for ends
+
+    def answer(self, request: tuple) -> object:
+        """The answer to one request; None for those in UNANSWERED."""
+        shard = self.shard
+        match request:
+            case ("decide", messages, chunk, culprits):
+                shard.begin(chunk)
+                outcome = decide_messages(shard, messages, self._size, self.marker, culprits)
+                self._handled = outcome.handled
+                return outcome, self.table.drain()
+            case ("commit", chunk, changelog_end):
+                shard.commit(chunk, changelog_end)
+            case ("hold", chunk, writes):
+                shard.hold(chunk, writes)
+            case ("reopen", end, read_at, retention):
+                self._drop_rebuild()  # one the worker gave up, its changelog read failing
+                self.table.drain()  # a batch that failed half-way: the shard replays
+                self._point, why = shard.restore_point(end, read_at, retention)
+                if self._point is None:
+                    log.info("index_rebuild reason=%s", why)
+                return None if self._point is None else self._point.offset
+            case ("tail", entries, after):
+                assert self._point is not None, "reopen first"
+                shard.restore(entries, after, self._point.since_ms)
+            case ("restored", end, read_at):
+                shard.mark_position(end, read_at)
+                return shard.applied_offset
+            case ("rebuild",):
+                # The changelog is compacted on disk as it comes, a chunk at a time: no process
+                # ever holds the whole table in memory.
+                self._compacted = CompactedLog(_scratch(self.index_path))
+                return "rebuilding"
+            case ("load", entries):
+                assert self._compacted is not None, "rebuild first"
+                self._compacted.add(entries)
+            case ("loaded", end, read_at):
+                compacted, self._compacted = self._compacted, None
+                assert compacted is not None, "rebuild first"
+                with compacted:
+                    count = shard.replay(compacted)
+                shard.mark_position(end, read_at)
+                return count, shard.applied_offset
+            case ("close", clean):
+                self._clean = clean
+                return "closed"
+            case _:
+                raise ValueError(f"unknown request {request[0]!r}")
+        return None
+
+    def after(self, op: str) -> None:
+        """What waits until the answer to an `op` request is on its way: the collector after a
+        decision, the compaction and the close after a close."""
+        if op == "decide":
+            self._collector.after(self._handled)
+        elif op == "close":
+            self.close(self._clean)
+
+    def close(self, clean: bool) -> None:
+        self._drop_rebuild()
+        if clean and self.compact_at_close:
+            # The space of expired, deleted and overwritten entries is reclaimed while the
+            # worker shuts down. Safe to cut short: everything is committed, and a RocksDB
+            # killed mid-compaction reopens as it was before it.
+            self.shard.state.compact()
+        self.shard.state.close()
+
+    def _drop_rebuild(self) -> None:
+        if self._compacted is not None:
+            self._compacted.close()
+            self._compacted = None
+
+
+class InProcessChild:
+    """A ShardServer in the worker's process behind a child's interface: the same requests and
+    answers, handed over as they are, never pickled. As from a child, answers come in request
+    order when asked for (`receive`): a chunk queued ahead is decided only once the caller asks for
+    its answer, after it handled the ones before. A commit, never answered, is handled at once: it
+    only concerns chunks already answered. Nothing times out or is replaced in process: a failure
+    raises to the caller; `stop` drops the requests not answered yet, as a stopped child would."""
+
+    def __init__(self, server: ShardServer) -> None:
+        self.server = server
+        self._queued: collections.deque[tuple] = collections.deque()
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    def submit(self, request: object) -> None:
+        request = cast(tuple, request)
+        if request[0] in UNANSWERED:
+            self.server.answer(request)
+        else:
+            self._queued.append(request)
+
+    async def receive(self, timeout: float | None = None) -> object:
+        request = self._queued.popleft()
+        answer = self.server.answer(request)
+        self.server.after(request[0])
+        return answer
+
+    async def call(self, request: object, timeout: float | None = None) -> object:
+        self.submit(request)
+        return await self.receive(timeout)
+
+    async def wait(self, timeout: float) -> int | None:
+        return 0  # closed by the close it answered
+
+    def stop(self) -> None:
+        self._queued.clear()
+
+    async def end(self, timeout: float = 10.0) -> None:
+        self.stop()
+
+
 class Decider:
-    """The index stage of one shard. `in_process`: the stage runs in the calling process;
-    otherwise in a child, started at the first `open`, that must answer each request within
-    `timeout` (or be killed and replaced)."""
+    """The index stage of one shard, a ShardServer reached through its link. `in_process`: the
+    server runs in the calling process (InProcessChild); otherwise in a child, started at the first
+    `open`, that must answer each request within `timeout` (or be killed and replaced)."""
 
     def __init__(
         self,
@@ -207,10 +358,8 @@ class Decider:
         self.changelog = changelog
         self.in_process = in_process
         self.gc_freeze_every = gc_freeze_every
-        self.shard: IndexShard | None = None  # in_process only
-        self._size = SizeGauge()
-        self._writes = _ChangelogWrites()  # in_process only
-        self._child: Child | None = None
+        self.shard: IndexShard | None = None  # in_process only: the server's, while open
+        self._link: Child | InProcessChild | None = None
         # awaited before a replacement child rebuilds: the changelog must hold every chunk answered
         self.before_rebuild = before_rebuild
         self.opening = False
@@ -240,8 +389,13 @@ class Decider:
         self._unacknowledged: dict[int, list[Write]] = {}
 
     @property
+    def _child(self) -> Child | None:
+        return self._link if isinstance(self._link, Child) else None
+
+    @property
     def child_pid(self) -> int | None:
-        return None if self._child is None else self._child.pid
+        child = self._child
+        return None if child is None else child.pid
 
     def acknowledged(self, end: int | None, chunk: int | None = None) -> None:
         """The changelog holds every write of the chunks up to number `chunk` (None: every chunk
@@ -253,17 +407,15 @@ class Decider:
         chunk = self.answered if chunk is None else chunk
         for number in [number for number in self._unacknowledged if number <= chunk]:
             del self._unacknowledged[number]
-        if self.in_process:
-            if self.shard is not None:
-                self.shard.commit(chunk, self.changelog_end)
-        elif self._child is not None:
-            try:
-                self._child.submit(("commit", chunk, self.changelog_end))  # not answered
-            except ChildFailed as exc:
-                # The changelog holds these writes: the child's replacement restores them, at the
-                # next batch (decide_chunks), as it does for a child that dies in a batch.
-                log.error("decider_failed at a commit error=%r; replaced at the next batch", str(exc))
-                self.kill()
+        if self._link is None:
+            return
+        try:
+            self._link.submit(("commit", chunk, self.changelog_end))  # not answered
+        except ChildFailed as exc:
+            # The changelog holds these writes: the child's replacement restores them, at the
+            # next batch (decide_chunks), as it does for a child that dies in a batch.
+            log.error("decider_failed at a commit error=%r; replaced at the next batch", str(exc))
+            self.kill()
 
     async def open(self, *, replacing: bool = False) -> int | None:
         """At every assignment of the shard: restore the derived index (the changelog after its
@@ -306,68 +458,49 @@ class Decider:
 
     async def _hold_unacknowledged(self) -> None:
         for number, writes in sorted(self._unacknowledged.items()):
-            if self.shard is not None:
-                self.shard.hold(number, writes)
-            elif self._child is not None:
-                await self._child.call(("hold", number, writes), self.timeout.seconds(len(writes)))
+            assert self._link is not None, "opened"
+            await self._link.call(("hold", number, writes), self.timeout.seconds(len(writes)))
+
+    async def _start(self) -> Child | InProcessChild:
+        """The link to the server, started at the first open (a failed child's replacement too)."""
+        if self._link is not None:
+            return self._link
+        if self.in_process:
+            server = ShardServer(self.params, self.index_path, self.options, self.retention)
+            self.shard = server.shard
+            self._link = InProcessChild(server)
+            return self._link
+        if self._marker is None:
+            self._marker = RecordMarker(_marker_path(self.index_path))
+        self._marker.clear()
+        setup = (
+            self.params,
+            str(self.index_path),
+            self.options,
+            self.gc_freeze_every,
+            self.retention,
+            str(_marker_path(self.index_path)),
+        )
+        # this module, by the name the package was imported under
+        self._link = await Child.start(__name__, setup)
+        return self._link
 
     async def _open(self, end: int, read_at: int, retention: int | None) -> tuple[int | None, int]:
         self.replayed = 0
-        if self.in_process:
-            return await self._open_here(end, read_at, retention)
-        if self._child is None:
-            if self._marker is None:
-                self._marker = RecordMarker(_marker_path(self.index_path))
-            self._marker.clear()
-            setup = (
-                self.params,
-                str(self.index_path),
-                self.options,
-                self.gc_freeze_every,
-                self.retention,
-                str(_marker_path(self.index_path)),
-            )
-            # this module, by the name the package was imported under
-            self._child = await Child.start(__name__, setup)
-        child, timeout = self._child, self.timeout
-        start = await child.call(("reopen", end, read_at, retention), timeout.seconds())
+        link, timeout = await self._start(), self.timeout
+        start = await link.call(("reopen", end, read_at, retention), timeout.seconds())
         self.behind = end - (0 if start is None else cast(int, start))
         if start is not None:
             async for entries, after in self.changelog.read_after(cast(int, start), end):
-                await child.call(("tail", entries, after), timeout.seconds(len(entries)))
+                await link.call(("tail", entries, after), timeout.seconds(len(entries)))
                 self.replayed += len(entries)
-            return None, cast(int, await child.call(("restored", end, read_at), timeout.seconds()))
-        # The child compacts the changelog on disk as it comes, a chunk at a time: neither process
-        # ever holds the whole table in memory.
-        await child.call(("rebuild",), timeout.seconds())
+            return None, cast(int, await link.call(("restored", end, read_at), timeout.seconds()))
+        await link.call(("rebuild",), timeout.seconds())
         loaded = 0
         async for entries in self.changelog.read(end):
-            await child.call(("load", entries), timeout.seconds(len(entries)))
+            await link.call(("load", entries), timeout.seconds(len(entries)))
             loaded += len(entries)
-        return cast(tuple[int, int], await child.call(("loaded", end, read_at), timeout.seconds(loaded)))
-
-    async def _open_here(self, end: int, read_at: int, retention: int | None) -> tuple[int | None, int]:
-        """_open in this process."""
-        if self.shard is None:
-            state = RocksState(self.index_path, self.options, layered=True)
-            self.shard = IndexShard(state, self.params, self.retention, self._writes)
-        shard = self.shard
-        self._writes.drain()  # a batch that failed half-way: the shard replays
-        point, why = shard.restore_point(end, read_at, retention)
-        self.behind = end - (0 if point is None else point.offset)
-        if point is not None:
-            async for entries, after in self.changelog.read_after(point.offset, end):
-                shard.restore(entries, after, point.since_ms)
-                self.replayed += len(entries)
-            shard.mark_position(end, read_at)
-            return None, shard.applied_offset
-        log.info("index_rebuild reason=%s", why)
-        with CompactedLog(_scratch(self.index_path)) as table:
-            async for entries in self.changelog.read(end):
-                table.add(entries)
-            count = shard.replay(table)
-        shard.mark_position(end, read_at)
-        return count, shard.applied_offset
+        return cast(tuple[int, int], await link.call(("loaded", end, read_at), timeout.seconds(loaded)))
 
     async def decide(self, messages: list[SignedMessage]) -> tuple[BatchOutcome, list[Write]]:
         """Decide one chunk of messages (see decide_chunks)."""
@@ -386,37 +519,22 @@ class Decider:
         at a time it would sit idle while the loop publishes). Close the iterator (contextlib.aclosing)
         when leaving early: a child with a request in flight is stopped, as its answer would be
         read as the next one's."""
-        if self.in_process:
-            assert self.shard is not None, "open() first"
-            for messages in chunks:
-                self.chunks += 1
-                self.shard.begin(self.chunks)
-                answer = decide_messages(self.shard, messages, self._size), self._writes.drain()
-                self.answered = self.chunks
-                self._unacknowledged[self.answered] = answer[1]
-                yield answer
-            return
         answered, failures, isolated = 0, 0, 0
         suspects: set[RecordAt] = set()  # records a child failed on once in this batch
         while True:
             queued = answered
             numbers: list[int] = []  # of the chunks submitted and not answered
             try:
-                if self._child is None:
-                    if self.before_rebuild is not None:
-                        await self.before_rebuild()
-                    await self.open(replacing=True)  # restored, its unacknowledged chunks held
-                child = self._child
-                assert child is not None
+                link = await self._replaced()
                 while answered < len(chunks):
                     while queued < min(answered + QUEUED_CHUNKS, len(chunks)):
                         self.chunks += 1
                         culprits = self._culprits_in(chunks[queued])
-                        child.submit(("decide", chunks[queued], self.chunks, culprits))
+                        link.submit(("decide", chunks[queued], self.chunks, culprits))
                         numbers.append(self.chunks)
                         queued += 1
                     articles = sum(signed_count(value) for _, value in chunks[answered])
-                    answer = cast(Answer, await child.receive(self.timeout.seconds(articles)))
+                    answer = cast(Answer, await link.receive(self.timeout.seconds(articles)))
                     answered += 1
                     self.answered = numbers.pop(0)
                     self._unacknowledged[self.answered] = answer[1]
@@ -437,6 +555,17 @@ class Decider:
         count = sum(len(chunk) for chunk in chunks[answered:])
         raise DeciderFailed(f"the decider failed twice on a batch of {count} messages")
 
+    async def _replaced(self) -> Child | InProcessChild:
+        """The link to decide through: a child that failed is replaced first, restored with the
+        chunks it answered that are not acknowledged yet held again."""
+        if self._link is None:
+            assert not self.in_process, "open() first"
+            if self.before_rebuild is not None:
+                await self.before_rebuild()
+            await self.open(replacing=True)
+        assert self._link is not None
+        return self._link
+
     def _culprits_in(self, chunk: list[SignedMessage]) -> dict[RecordAt, Culprit]:
         if not self.culprits:
             return {}
@@ -449,9 +578,9 @@ class Decider:
         time, a suspect ("suspect": tried again, since a child killed from outside was on some
         record too); None when it was between records (the batch fails on the second such
         failure)."""
-        child, self._child = self._child, None
-        if child is not None:
-            await child.end()  # no marker moves after this
+        link, self._link = self._link, None
+        if link is not None:
+            await link.end()  # no marker moves after this
         found = None if self._marker is None else self._marker.read()
         if found is None or found[0] in self.culprits:
             return None
@@ -471,58 +600,39 @@ class Decider:
 
     async def close(self, *, clean: bool) -> None:
         """Close the derived index (what is not committed is lost, as in a crash); `clean`: every
-        chunk answered is committed, and the index is compacted on the way out."""
-        if self.in_process:
-            if self.shard is not None:
-                self.shard.close()
-                self.shard = None
+        chunk answered is committed, and a child compacts the index on the way out."""
+        link, self._link, self.shard = self._link, None, None
+        if link is None:
             return
-        if self._child is None:
-            return
-        child, self._child = self._child, None
         try:
-            await child.call(("close", clean), CLOSE_TIMEOUT_S)
-            if await child.wait(COMPACTION_AT_CLOSE_S) is None:
-                log.warning("decider_compaction_cut_short pid=%d", child.pid)
+            await link.call(("close", clean), CLOSE_TIMEOUT_S)
+            if await link.wait(COMPACTION_AT_CLOSE_S) is None:
+                log.warning("decider_compaction_cut_short pid=%d", link.pid)
         except ChildFailed as exc:
             log.error("decider_close_failed error=%r", str(exc))
         finally:
-            await child.end()  # exited by itself after "close", unless it timed out or failed
+            await link.end()  # exited by itself after "close", unless it timed out or failed
 
     def kill(self) -> None:
-        """Stop the child now, without marking its index reusable (what a crash would leave)."""
-        if self._child is not None:
-            self._child.stop()
-            self._child = None
-
-
-def _streamed_entries(requests: BinaryIO, answers: BinaryIO, compacted: CompactedLog) -> tuple[int, int]:
-    """The changelog's messages as the worker streams them for a rebuild, into `compacted`:
-    ("load", entries) frames, each acknowledged once consumed, up to ("loaded", end, read time),
-    whose end and read time are returned."""
-    while True:
-        request = read_frame(requests)
-        if request is None:
-            raise EOFError("the worker went away during a rebuild")
-        op, *args = cast(tuple, request)
-        if op == "loaded":
-            return cast(tuple[int, int], tuple(args))
-        if op != "load":
-            raise ValueError(f"unexpected request {op!r} during a rebuild")
-        compacted.add(args[0])
-        write_frame(answers, None)
+        """Stop the child now, without marking its index reusable (what a crash would leave). In
+        process the index stays open, as after any failure there: only the requests not answered
+        yet are dropped."""
+        if self._link is not None:
+            self._link.stop()
+            if not self.in_process:
+                self._link = None
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The child's loop. First frame: (params, index path, RocksOptions, freeze interval,
-    retention, marker path); then ("reopen", changelog end, read time, delete retention) → the
-    offset to restore from, with ("tail", entries, offset after them) → None for each chunk of the
-    changelog after it and ("restored", end, read time) → applied offset; or None: rebuild, with
-    ("rebuild",) → "rebuilding", ("load", entries) → None for each chunk of the changelog, and
-    ("loaded", end, read time) → (count, applied offset); ("hold", chunk number, writes) → None;
-    ("decide", messages, chunk number, culprits to leave out) → (outcome, writes); ("commit",
-    chunk number, changelog end), not answered; ("close", clean) → "closed", which ends it (as EOF
-    does)."""
+    """The child's loop, a ShardServer's over the pipes. First frame: (params, index path,
+    RocksOptions, freeze interval, retention, marker path); then ("reopen", changelog end, read
+    time, delete retention) → the offset to restore from, with ("tail", entries, offset after them)
+    → None for each chunk of the changelog after it and ("restored", end, read time) → applied
+    offset; or None: rebuild, with ("rebuild",) → "rebuilding", ("load", entries) → None for each
+    chunk of the changelog, and ("loaded", end, read time) → (count, applied offset); ("hold",
+    chunk number, writes) → None; ("decide", messages, chunk number, culprits to leave out) →
+    (outcome, writes); ("commit", chunk number, changelog end), not answered; ("close", clean) →
+    "closed", which ends it (as EOF does)."""
     first = read_frame(requests)
     if first is None:
         return
@@ -530,53 +640,22 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         tuple[DedupParams, str, RocksOptions, int, Retention, str], first
     )
     marker = RecordMarker(Path(marker_path))
-    table = _ChangelogWrites()
-    shard = IndexShard(RocksState(path, options, layered=True), params, retention, table)
-    size = SizeGauge()
-    collector = CollectorPolicy(freeze_every)
-    point: Position | None = None
+    server = ShardServer(
+        params,
+        Path(path),
+        options,
+        retention,
+        marker=marker,
+        freeze_every=freeze_every,
+        compact_at_close=True,
+    )
     write_frame(answers, "ready")
     while (request := read_frame(requests)) is not None:
-        op, *args = cast(tuple, request)
-        if op == "decide":
-            shard.begin(args[1])
-            outcome = decide_messages(shard, args[0], size, marker, args[2])
-            write_frame(answers, (outcome, table.drain()))
-            collector.after(outcome.handled)
-        elif op == "commit":
-            shard.commit(args[0], args[1])
-        elif op == "hold":
-            shard.hold(args[0], args[1])
-            write_frame(answers, None)
-        elif op == "reopen":
-            table.drain()
-            point, why = shard.restore_point(*args)
-            if point is None:
-                log.info("index_rebuild reason=%s", why)
-            write_frame(answers, None if point is None else point.offset)
-        elif op == "tail":
-            assert point is not None, "reopen first"
-            shard.restore(args[0], args[1], point.since_ms)
-            write_frame(answers, None)
-        elif op == "restored":
-            shard.mark_position(*args)
-            write_frame(answers, shard.applied_offset)
-        elif op == "rebuild":
-            write_frame(answers, "rebuilding")
-            with CompactedLog(_scratch(Path(path))) as compacted:
-                end, read_at = _streamed_entries(requests, answers, compacted)
-                count = shard.replay(compacted)
-            shard.mark_position(end, read_at)
-            write_frame(answers, (count, shard.applied_offset))
-        elif op == "close":
-            write_frame(answers, "closed")
-            if args[0]:
-                # The space of expired, deleted and overwritten entries is reclaimed while the
-                # worker shuts down. Safe to cut short: everything is committed, and a RocksDB
-                # killed mid-compaction reopens as it was before it.
-                shard.state.compact()
-            shard.state.close()
+        op = cast(tuple, request)[0]
+        answer = server.answer(cast(tuple, request))
+        if op not in UNANSWERED:
+            write_frame(answers, answer)
+        server.after(op)
+        if op == "close":
             return
-        else:
-            raise ValueError(f"unknown request {op!r}")
-    shard.state.close()  # the worker went away
+    server.close(False)  # the worker went away

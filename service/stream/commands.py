@@ -22,7 +22,6 @@ from ..messages import VERDICT_KINDS
 from ..state.port import IndexStats
 
 if TYPE_CHECKING:
-    from ..state.rocks import CompactedLog
     from .topics import ChangelogReader
 
 
@@ -307,34 +306,32 @@ async def tail(
 
 
 def changelog_stats(args: argparse.Namespace) -> IndexStats:
-    """`neardup stats --broker`: the worker's records as its changelog holds them, indexed into
-    a scratch state (what a rebuild would give), with the removals the worker counted; bytes are
+    """`neardup stats --broker`: the worker's records as its changelog holds them, rebuilt into a
+    scratch index by the decider's own rebuild, with the removals the worker counted; bytes are
     those of the live records in the log."""
     import tempfile
 
-    from ..pipeline.shard import removed_counts, table_articles, table_markers
-    from ..state.rocks import CompactedLog, RocksState
     from .topics import ChangelogReader
 
     given = {"broker": args.broker, "app_id": args.app_id}
     settings = _tool_settings(args, None, **{k: v for k, v in given.items() if v is not None})
-    with (
-        tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch,
-        CompactedLog(Path(scratch) / "latest") as table,
-    ):
-        _run_client(_compact_changelog(ChangelogReader(settings), table))
-        state = RocksState(Path(scratch) / "index")
-        try:
-            state.bulk_load(
-                table_articles(table), removed=removed_counts(table), markers=table_markers(table)
-            )
-            stats = state.stats()
-        finally:
-            state.close()
-        live = sum(len(record) for _, record in table_articles(table))
+    with tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch:
+        return _run_client(_rebuilt_stats(settings, ChangelogReader(settings), Path(scratch) / "index"))
+
+
+async def _rebuilt_stats(settings: Settings, changelog: ChangelogReader, path: Path) -> IndexStats:
+    from ..pipeline.decider import Decider
+    from ..state.rocks import RocksOptions
+
+    # the store's defaults, not the worker's settings: the figures describe the records alone
+    decider = Decider(settings.params(), path, RocksOptions(), changelog, in_process=True)
+    await decider.open()  # a new directory: rebuilt from the changelog's start
+    try:
+        assert decider.shard is not None
+        state = decider.shard.state
+        stats = state.stats()
+        # the index holds each live article record once, as the compacted changelog does
+        live = sum(len(record) for _, record in state.kv.scan_records())
+    finally:
+        await decider.close(clean=False)
     return dataclasses.replace(stats, bytes_on_disk=live)
-
-
-async def _compact_changelog(reader: ChangelogReader, table: CompactedLog) -> None:
-    async for entries in reader.read(await reader.end()):
-        table.add(entries)
