@@ -49,7 +49,7 @@ class ListChangelog:
             after = min(first + self.chunk, end)
             yield self.entries[first:after], after
 
-    async def delete_retention_ms(self) -> int | None:
+    async def tombstones_kept_ms(self) -> int | None:
         return None  # a list drops nothing
 
     def table(self) -> dict[bytes, bytes]:

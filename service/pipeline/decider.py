@@ -13,8 +13,8 @@ writes reach the index only once the changelog has the chunk's records (`acknowl
 changelog offset they reflect, on a write-ahead log: whatever stops the worker, the index is at a
 committed point. At every open the index is restored: the changelog after that point is applied to
 it. It is rebuilt from the changelog's start only when it has no point (a lost or new state
-directory), its format is refused, or its point is older than the changelog's delete.retention.ms.
-A child that dies is replaced and restores the same way, once the changelog has every chunk it
+directory), its format is refused, or its point is older than the time the changelog keeps a
+tombstone. A child that dies is replaced and restores the same way, once the changelog has every chunk it
 answered (under exactly-once, the chunks of the open transaction are held again as they were);
 the batch is then decided again, which re-delivery already makes safe (records applied after the
 last checkpoint come back with their stored verdicts). When the child was on the same record as it
@@ -102,7 +102,7 @@ class Changelog(Protocol):
         after its last message (`end` for the last chunk)."""
         ...
 
-    async def delete_retention_ms(self) -> int | None:
+    async def tombstones_kept_ms(self) -> int | None:
         """How long compaction keeps a tombstone (None: nothing is compacted away)."""
         ...
 
@@ -431,7 +431,7 @@ class Decider:
             # no record at or after `end` was written before this moment
             read_at = round(time.time() * 1000)
             end = await self.changelog.end()
-            retention = await self.changelog.delete_retention_ms()
+            retention = await self.changelog.tombstones_kept_ms()
             count, self.applied_offset = await self._open(end, read_at, retention)
             await self._hold_unacknowledged()
             self.changelog_end = end
@@ -451,7 +451,7 @@ class Decider:
         self._unacknowledged.clear()
         read_at = round(time.time() * 1000)
         end = await self.changelog.end()
-        retention = await self.changelog.delete_retention_ms()
+        retention = await self.changelog.tombstones_kept_ms()
         count, self.applied_offset = await self._open(end, read_at, retention)
         self.changelog_end = end
         return count
@@ -626,13 +626,13 @@ class Decider:
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """The child's loop, a ShardServer's over the pipes. First frame: (params, index path,
     RocksOptions, freeze interval, retention, marker path); then ("reopen", changelog end, read
-    time, delete retention) → the offset to restore from, with ("tail", entries, offset after them)
-    → None for each chunk of the changelog after it and ("restored", end, read time) → applied
-    offset; or None: rebuild, with ("rebuild",) → "rebuilding", ("load", entries) → None for each
-    chunk of the changelog, and ("loaded", end, read time) → (count, applied offset); ("hold",
-    chunk number, writes) → None; ("decide", messages, chunk number, culprits to leave out) →
-    (outcome, writes); ("commit", chunk number, changelog end), not answered; ("close", clean) →
-    "closed", which ends it (as EOF does)."""
+    time, how long tombstones are kept) → the offset to restore from, with ("tail", entries,
+    offset after them) → None for each chunk of the changelog after it and ("restored", end, read
+    time) → applied offset; or None: rebuild, with ("rebuild",) → "rebuilding", ("load",
+    entries) → None for each chunk of the changelog, and ("loaded", end, read time) → (count,
+    applied offset); ("hold", chunk number, writes) → None; ("decide", messages, chunk number,
+    culprits to leave out) → (outcome, writes); ("commit", chunk number, changelog end), not
+    answered; ("close", clean) → "closed", which ends it (as EOF does)."""
     first = read_frame(requests)
     if first is None:
         return

@@ -154,7 +154,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # whatever supervises the worker must see as a failure
     finally:
         runtime.signer.close()
-        runtime.decider.kill()  # closed cleanly on shutdown already (app.py: IndexPipeline.close)
+        runtime.decider.kill()  # closed cleanly on shutdown already (index_agent.py: IndexAgent.close)
         server.shutdown()
     return 1 if runtime.failure.failed else 0
 

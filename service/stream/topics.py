@@ -466,7 +466,7 @@ class ChangelogReader:
         finally:
             await consumer.stop()
 
-    async def delete_retention_ms(self) -> int | None:
+    async def tombstones_kept_ms(self) -> int | None:
         """The changelog's delete.retention.ms: how long compaction keeps a tombstone."""
         admin = AIOKafkaAdminClient(
             bootstrap_servers=self.settings.bootstrap_servers, **self.settings.client_security()
