@@ -292,6 +292,21 @@ async def create_topic(
         await admin.close()
 
 
+def content_stats(deployment: Deployment, *where: str) -> dict[str, Any]:
+    """`neardup stats --json` of a state directory, or of the changelog (`--broker`: what a rebuild
+    gives), without what depends on the storage rather than the content."""
+    out = subprocess.run(
+        [sys.executable, "-m", "neardup", "stats", *where, "--json"],
+        cwd=REPO,
+        env=deployment.env(0),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    stats = orjson.loads(out.stdout)
+    return {k: v for k, v in stats.items() if k not in ("bytes_on_disk", "bucket_cap")}
+
+
 def set_max_message_bytes(bootstrap: str, topic: str, limit: int) -> int:
     """Set `topic`'s max.message.bytes (its only setting: AlterConfigs replaces them all), once the
     broker reports it, as an operator would under a running worker; returns the limit before."""

@@ -6,11 +6,8 @@ the stage rather than wedge it. The worker's decider process killed around a com
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,9 +21,9 @@ from neardup.stream.transactions import Ended, TransactionalWriter
 from tests.faults import AGENT_FAULT, fault_env
 
 from .conftest import (
-    REPO,
     Deployment,
     TopicReader,
+    content_stats,
     create_topic,
     decider_pid,
     produce_articles,
@@ -44,10 +41,15 @@ SMALL = 1500  # max.message.bytes lowered under the stream: every article's mess
 # --- the writer alone, on the real broker --------------------------------------------------------
 
 
-def _writer_settings(bootstrap: str, name: str) -> Settings:
-    return Settings.from_env(
+async def _started_writer(bootstrap: str, name: str) -> tuple[TransactionalWriter, list[str]]:
+    """A transactional writer of its own, started, and the reasons it gives when it ends."""
+    settings = Settings.from_env(
         {"NEARDUP_BROKER": f"kafka://{bootstrap}", "NEARDUP_APP_ID": name, **EXACTLY_ONCE}
     )
+    reasons: list[str] = []
+    writer = TransactionalWriter(settings, f"{name}-writer", failed=reasons.append)
+    await writer.start()
+    return writer, reasons
 
 
 async def _abort_then_more(bootstrap: str, name: str) -> tuple[list[str], BaseException | None]:
@@ -56,9 +58,7 @@ async def _abort_then_more(bootstrap: str, name: str) -> tuple[list[str], BaseEx
     small, other = f"{name}-small", f"{name}-other"
     await create_topic(bootstrap, small, configs={"max.message.bytes": str(SMALL)})
     await create_topic(bootstrap, other)
-    reasons: list[str] = []
-    writer = TransactionalWriter(_writer_settings(bootstrap, name), f"{name}-writer", failed=reasons.append)
-    await writer.start()
+    writer, reasons = await _started_writer(bootstrap, name)
     try:
         async with writer.joined({}) as transaction:
             transaction.sends.append(await transaction.producer.send(small, b"x" * (4 * SMALL)))
@@ -86,10 +86,8 @@ def test_an_abort_is_final_for_its_writer(kafka: str) -> None:
 async def _failing_after_commit(bootstrap: str, name: str) -> tuple[list[str], list[str]]:
     topic = f"{name}-out"
     await create_topic(bootstrap, topic)
-    reasons: list[str] = []
     outcomes: list[str] = []
-    writer = TransactionalWriter(_writer_settings(bootstrap, name), f"{name}-writer", failed=reasons.append)
-    await writer.start()
+    writer, reasons = await _started_writer(bootstrap, name)
 
     def breaks() -> None:
         raise OSError("the index's disk is full")
@@ -150,19 +148,6 @@ async def _produce_paced(bootstrap: str, topic: str, messages: list[tuple[bytes,
         await producer.stop()
 
 
-def _stats(deployment: Deployment, *where: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "neardup", "stats", *where, "--json"],
-        cwd=REPO,
-        env=deployment.env(0),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    stats = json.loads(out.stdout)
-    return {k: v for k, v in stats.items() if k not in ("bytes_on_disk", "bucket_cap")}
-
-
 def _supervised_until_decided(deployment: Deployment, worker: Any, ids: set[str], timeout: float) -> Any:
     """Restart the worker whenever it stops, as a supervisor would, until every id has a committed
     verdict; returns the worker running at the end."""
@@ -215,7 +200,7 @@ def test_an_aborted_transaction_loses_nothing_and_nothing_commits_past_it(
         assert [r.key for r in letters] == [b"bad"], letters
     assert "transaction_aborted" in stopped_by and f"stage={stage}" in stopped_by, stopped_by
     assert deployment.kill(worker, signal.SIGTERM) and worker.returncode == 0, deployment.logs()
-    assert _stats(deployment, "--broker", f"kafka://{deployment.bootstrap}") == _stats(
+    assert content_stats(deployment, "--broker", f"kafka://{deployment.bootstrap}") == content_stats(
         deployment, "--state", str(deployment.state_dir(0))
     )
 

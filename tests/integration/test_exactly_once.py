@@ -4,15 +4,11 @@ middle of a transaction whose verdicts were already sent."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -20,9 +16,9 @@ import pytest
 from tests.faults import AGENT_FAULT, ARMED, fault_env
 
 from .conftest import (
-    REPO,
     Deployment,
     TopicReader,
+    content_stats,
     load_sample,
     produce_articles,
     run_embedded,
@@ -119,21 +115,6 @@ def test_a_kill_inside_a_transaction_repeats_no_verdict(deployment: Deployment, 
     assert sum(everything.values()) > len(articles)
 
 
-def _stats(deployment: Deployment, *where: str) -> dict[str, Any]:
-    """`neardup stats --json` of a state directory, or of the changelog (`--broker`: what a rebuild
-    gives), without what depends on the storage rather than the content."""
-    out = subprocess.run(
-        [sys.executable, "-m", "neardup", "stats", *where, "--json"],
-        cwd=REPO,
-        env=deployment.env(0),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    stats = json.loads(out.stdout)
-    return {k: v for k, v in stats.items() if k not in ("bytes_on_disk", "bucket_cap")}
-
-
 @pytest.mark.budget(60)  # the group waits a session timeout for the paused owner before the takeover
 def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deployment, tmp_path: Path) -> None:
     """The owner of the index shard is paused (SIGSTOP) in the middle of a transaction, its
@@ -191,6 +172,6 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
     assert len(written.read_all(timeout=10)) > len(kept.read_all(timeout=10))
     live = deployment.workers[-1]
     assert deployment.kill(live, signal.SIGTERM) and live.returncode == 0
-    assert _stats(deployment, "--broker", f"kafka://{deployment.bootstrap}") == _stats(
+    assert content_stats(deployment, "--broker", f"kafka://{deployment.bootstrap}") == content_stats(
         deployment, "--state", str(deployment.state_dir(1))
     )
