@@ -115,7 +115,7 @@ class TransactionalWriter:
         """The producer, started once: its start registers the transactional id with the
         coordinator, fencing every earlier producer of the id and aborting its open transaction."""
         if self.ended is not None:
-            raise self.ended
+            raise self.ended  # later batches were built on what aborted: none may commit
         if self.producer is None:
             settings = self.settings
             producer = coordinator_lookups_retried(
@@ -164,8 +164,6 @@ class TransactionalWriter:
     async def _begin(self) -> Transaction:
         if self.fenced is not None:
             raise self.fenced  # the producer is done for: nothing more is sent through it
-        if self.ended is not None:
-            raise self.ended  # later batches were built on what aborted: none may commit
         producer = await self.start()
         try:
             await producer.begin_transaction()
@@ -239,9 +237,9 @@ class TransactionalWriter:
         if self._open is transaction:
             self._open = None
         if isinstance(exc, Exception) and not isinstance(exc, Fenced | Ended):
-            # A stop (cancelled) ends the writer too, without failing the stage
             self._end(f"transaction_aborted transactional_id={self.transactional_id} error={exc!r}")
         elif self.ended is None:
+            # a stop (cancelled, fenced, or after a failure) ends the writer too, failing nothing
             self.ended = Ended(f"{self.transactional_id}: stopped with a transaction open ({exc!r})")
         if not isinstance(exc, Fenced):
             try:
