@@ -269,7 +269,13 @@ class Deployment:
             self.kill(proc, signal.SIGKILL)
 
     def logs(self) -> str:
+        """The tail of each worker's log, for a failure's message."""
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(self.root.glob("*.log")))
+
+    def log_text(self) -> str:
+        """Every worker's whole log, for what a test looks for in it: a stop's tracebacks can push
+        the line it looks for out of the tail `logs` keeps."""
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.root.glob("*.log")))
 
 
 @pytest.fixture

@@ -185,7 +185,7 @@ def test_an_aborted_transaction_loses_nothing_and_nothing_commits_past_it(
     limit = set_max_message_bytes(deployment.bootstrap, refusing, SMALL)
     asyncio.run(_produce_paced(deployment.bootstrap, deployment.topics["input"], messages))
     assert worker.wait(timeout=90) != 0, deployment.logs()
-    stopped_by = deployment.logs()
+    stopped_by = deployment.log_text()
     set_max_message_bytes(deployment.bootstrap, refusing, limit)
     ids = {a["id"] for a in articles}
     worker = _supervised_until_decided(deployment, worker, ids, timeout=120)
@@ -198,7 +198,7 @@ def test_an_aborted_transaction_loses_nothing_and_nothing_commits_past_it(
     if stage == "sign":
         letters = TopicReader(deployment.bootstrap, refusing, "read_committed").read_all(timeout=30)
         assert [r.key for r in letters] == [b"bad"], letters
-    assert "transaction_aborted" in stopped_by and f"stage={stage}" in stopped_by, stopped_by
+    assert "transaction_aborted" in stopped_by and f"stage={stage}" in stopped_by, stopped_by[-4000:]
     assert deployment.kill(worker, signal.SIGTERM) and worker.returncode == 0, deployment.logs()
     assert content_stats(deployment, "--broker", f"kafka://{deployment.bootstrap}") == content_stats(
         deployment, "--state", str(deployment.state_dir(0))
@@ -227,7 +227,7 @@ def test_the_decider_killed_in_an_open_transaction_wedges_nothing(
     committed.reach(lambda r: len(r) >= 1, timeout=60, logs=deployment.logs)
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[20:40])
     deadline = time.monotonic() + 60
-    while "injected_delay" not in deployment.logs():
+    while "injected_delay" not in deployment.log_text():
         assert time.monotonic() < deadline, deployment.logs()
         time.sleep(0.1)
     # whatever else came is decided (in milliseconds) and waits to join the next transaction:
@@ -242,4 +242,4 @@ def test_the_decider_killed_in_an_open_transaction_wedges_nothing(
     assert [key for key, n in counts.items() if n > 1] == []
     got = {v["article_id"]: without_latency(v) for v in map(orjson.loads, (r.value for r in records))}
     assert got == {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
-    assert "decider_failed at a commit" in deployment.logs()
+    assert "decider_failed at a commit" in deployment.log_text()

@@ -55,7 +55,7 @@ def _verdicts_as_embedded(
 def _alive_and_never_stalled(deployment: Deployment, worker: Any, statuses: list[Any]) -> None:
     assert worker.poll() is None, deployment.logs()
     assert all(s is None or s[0] == 200 for s in statuses), [s for s in statuses if s and s[0] != 200]
-    assert "stall" not in deployment.logs()
+    assert "stall" not in deployment.log_text()
 
 
 @pytest.mark.budget(40)  # each message that hangs a helper costs one timeout per halving of its batch

@@ -151,8 +151,8 @@ def _assert_stopped_before_committing(
     code, answers = _exit_watching_health(deployment, worker, 90)
     assert code == 1, deployment.logs()
     assert time.monotonic() - started < 60
-    logs = deployment.logs()
-    assert logs.count("delivery_failed stage=index") == 1, logs
+    logs = deployment.log_text()
+    assert logs.count("delivery_failed stage=index") == 1, deployment.logs()
     _assert_failed_on_health(answers, "delivery_failed stage=index")
     assert _committed(deployment.bootstrap, deployment.name, deployment.topics["signatures"]) in (None, 0)
     assert _committed(deployment.bootstrap, deployment.name, deployment.topics["input"]) == produced
@@ -242,7 +242,7 @@ def test_an_exception_in_an_agent_or_a_helper_stops_the_worker_and_a_restart_mis
     started = time.monotonic()
     assert _wait_exit(deployment, worker, 90) == 1, deployment.logs()
     assert time.monotonic() - started < 45
-    assert logged in deployment.logs()
+    assert logged in deployment.log_text(), deployment.logs()
     deployment.extra_env.clear()
     deployment.start_worker()
     _assert_verdicts_as_embedded(deployment, articles, tmp_path, once=False)

@@ -94,7 +94,7 @@ def test_a_kill_inside_a_transaction_repeats_no_verdict(deployment: Deployment, 
     # one transaction), the rest is decided in a later one, which there is then to hold
     committed.reach(lambda r: len(r) >= 1, timeout=60, logs=deployment.logs)
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[150:])
-    _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60, logs=deployment.logs)
+    _wait_for(lambda: "injected_delay" in deployment.log_text(), timeout=60, logs=deployment.logs)
     # the held transaction's verdicts are in the log
     assert len(uncommitted.read_all(timeout=10)) > len(committed.read_all(timeout=10)), deployment.logs()
     deployment.kill(worker, signal.SIGKILL)
@@ -141,7 +141,7 @@ def test_a_paused_owner_is_fenced_and_nothing_it_tries_lands(deployment: Deploym
     committed.reach(lambda r: len(r) >= 10, timeout=60, logs=deployment.logs)
     armed.touch()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[10:20])
-    _wait_for(lambda: "injected_delay" in deployment.logs(), timeout=60, logs=deployment.logs)
+    _wait_for(lambda: "injected_delay" in deployment.log_text(), timeout=60, logs=deployment.logs)
     changelog = f"{deployment.name}-records-changelog"
     written = TopicReader(deployment.bootstrap, changelog, transactional=True)
     kept = TopicReader(deployment.bootstrap, changelog, "read_committed")

@@ -143,7 +143,7 @@ def test_worker_produce_tail_and_stats_over_sasl_ssl_with_scram(
         assert orjson.loads(stats.stdout)["articles"] == ARTICLES
         for output in (produced, tailed, stats):
             assert secured.password not in output.stdout + output.stderr
-        assert secured.password not in deployment.logs()
+        assert secured.password not in deployment.log_text()
     finally:
         deployment.discard()
 
@@ -164,8 +164,8 @@ def test_a_wrong_password_names_the_servers_protocol_mechanism_and_user(
         assert worker.wait(timeout=CLI_TIMEOUT_S) == 2
     finally:
         deployment.discard()
-    logs = deployment.logs()
-    assert f"broker_unavailable {expected}" in logs, logs
+    logs = deployment.log_text()
+    assert f"broker_unavailable {expected}" in logs, deployment.logs()
 
     source = tmp_path / "articles.jsonl"
     source.write_bytes(orjson.dumps(load_sample(1)[0]) + b"\n")
