@@ -72,7 +72,7 @@ def load_corpus(limit: int, fallback: bool = False) -> tuple[list[str], str]:
                     texts.append(text)
         if len(texts) >= 50:
             return texts[:limit], f"{SAMPLE.relative_to(ROOT)} ({len(texts[:limit])} texts of 1-5 KB)"
-    from tests.conftest import PROSE  # the seed-derived paragraphs embedded for the unit tests
+    from tests.support.prose import PROSE  # the seed-derived paragraphs embedded for the unit tests
 
     texts = []
     for i in range(min(limit, 200)):

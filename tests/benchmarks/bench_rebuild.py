@@ -34,7 +34,7 @@ from neardup.pipeline.decider import Decider  # noqa: E402
 from neardup.pipeline.shard import ARTICLE_PREFIX, IndexShard, SizeGauge, decide_messages  # noqa: E402
 from neardup.pipeline.wire import encode_signed, pack_signed  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
-from tests.conftest import ListChangelog  # noqa: E402
+from tests.support.changelog import ListChangelog  # noqa: E402
 
 
 def memory_kb(pid: int, field: str) -> int:

@@ -18,21 +18,17 @@ from aiokafka import AIOKafkaProducer
 
 from neardup.config import Settings
 from neardup.stream.transactions import Ended, TransactionalWriter
-from tests.faults import AGENT_FAULT, fault_env
-
-from .conftest import (
+from tests.support.broker import TopicReader, create_topic, produce_articles, set_max_message_bytes
+from tests.support.deployment import (
     Deployment,
-    TopicReader,
     content_stats,
-    create_topic,
     decider_pid,
-    produce_articles,
     run_embedded,
-    set_max_message_bytes,
     stream_of,
     verdicts_by_version,
     without_latency,
 )
+from tests.support.faults import AGENT_FAULT, fault_env
 
 EXACTLY_ONCE = {"NEARDUP_PROCESSING_GUARANTEE": "exactly_once"}
 SMALL = 1500  # max.message.bytes lowered under the stream: every article's message is larger

@@ -15,19 +15,16 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from neardup.messages import DEAD_LETTER_MAX_BYTES
-from tests.faults import HELPER_FAULT, POISON, fault_env
-
-from .conftest import (
+from tests.support.broker import TopicReader, create_topic, produce_articles
+from tests.support.deployment import (
     Deployment,
-    TopicReader,
-    create_topic,
     health,
     load_sample,
-    produce_articles,
     run_embedded,
     verdicts_by_id,
     without_latency,
 )
+from tests.support.faults import HELPER_FAULT, POISON, fault_env
 
 
 def _verdicts_as_embedded(

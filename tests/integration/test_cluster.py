@@ -36,17 +36,8 @@ from neardup.config import Settings
 from neardup.core.params import DedupParams
 from neardup.core.signing import sketch_of
 from neardup.stream.topics import TopicMismatch, ensure_topics
-
-from .conftest import (
-    KAFKA_SH,
-    Deployment,
-    TopicReader,
-    create_topic,
-    produce_articles,
-    stream_of,
-    verdicts_by_id,
-    verdicts_by_version,
-)
+from tests.support.broker import KAFKA_SH, TopicReader, create_topic, produce_articles
+from tests.support.deployment import Deployment, stream_of, verdicts_by_id, verdicts_by_version
 
 pytestmark = [pytest.mark.xdist_group("cluster")]
 NODES = 3

@@ -21,17 +21,8 @@ import pytest
 import yaml
 
 from neardup.config import Settings
-
-from .conftest import (
-    REPO,
-    Deployment,
-    TopicReader,
-    healthy,
-    load_sample,
-    produce_articles,
-    run_embedded,
-    without_latency,
-)
+from tests.support.broker import TopicReader, produce_articles
+from tests.support.deployment import REPO, Deployment, healthy, load_sample, run_embedded, without_latency
 
 pytestmark = [
     # on one worker of a parallel run, so that the module's image is built once

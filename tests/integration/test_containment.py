@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 
 from neardup.core.normalize import normalize
-from tests.integration.conftest import Deployment, TopicReader, load_sample, produce
+from tests.support.broker import TopicReader, produce
+from tests.support.deployment import Deployment, load_sample
 from tests.support.schemas import schema_errors
 
 

@@ -15,8 +15,7 @@ from aiokafka.client import ConnectionGroup
 from aiokafka.errors import KafkaError
 
 from neardup.stream.framework import coordinator_lookups_retried
-
-from .conftest import create_topic
+from tests.support.broker import create_topic
 
 FIND_COORDINATOR = 10  # the request's API key
 

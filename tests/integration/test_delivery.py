@@ -20,25 +20,26 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from neardup.state.rocks import RocksState
-from tests.faults import AGENT_FAULT, HELPER_FAULT, fault_env
-from tests.support.runs import reference_state, untimed
-
-from .conftest import (
-    Deployment,
+from tests.support.broker import (
     OwnBroker,
     TopicReader,
-    health,
-    load_sample,
     produce_articles,
     produce_with_headers,
     read_feed,
-    run_embedded,
     set_max_message_bytes,
     source_header,
+)
+from tests.support.deployment import (
+    Deployment,
+    health,
+    load_sample,
+    run_embedded,
     stream_of,
     verdicts_by_id,
     without_latency,
 )
+from tests.support.faults import AGENT_FAULT, HELPER_FAULT, fault_env
+from tests.support.runs import reference_state, untimed
 
 
 async def _admin(bootstrap: str, action: Any) -> Any:

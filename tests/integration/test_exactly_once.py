@@ -13,18 +13,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.faults import AGENT_FAULT, ARMED, fault_env
-
-from .conftest import (
+from tests.support.broker import TopicReader, produce_articles
+from tests.support.deployment import (
     Deployment,
-    TopicReader,
     content_stats,
     load_sample,
-    produce_articles,
     run_embedded,
     verdicts_by_version,
     without_latency,
 )
+from tests.support.faults import AGENT_FAULT, ARMED, fault_env
 
 EXACTLY_ONCE = {"NEARDUP_PROCESSING_GUARANTEE": "exactly_once"}
 

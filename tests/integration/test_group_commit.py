@@ -14,8 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from neardup.config import Settings
 from neardup.stream.transactions import Ended, Fenced, TransactionalWriter
-
-from .conftest import TopicReader, create_topic
+from tests.support.broker import TopicReader, create_topic
 
 BATCHES = 40
 

@@ -13,7 +13,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from .conftest import Deployment, TopicReader, health, produce_articles, stream_of, verdicts_by_id
+from tests.support.broker import TopicReader, produce_articles
+from tests.support.deployment import Deployment, health, stream_of, verdicts_by_id
 
 STALL_TIMEOUT_S = 3.0
 

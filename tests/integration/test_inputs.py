@@ -9,9 +9,9 @@ import base64
 
 import orjson
 
-from tests.conftest import PROSE
-
-from .conftest import Deployment, TopicReader, produce, verdicts_by_id
+from tests.support.broker import TopicReader, produce
+from tests.support.deployment import Deployment, verdicts_by_id
+from tests.support.prose import PROSE
 
 
 def test_unkeyed_and_invisible_input_is_dead_lettered_and_a_refused_time_keeps_the_backfill(

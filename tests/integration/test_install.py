@@ -18,9 +18,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support.broker import free_port, free_port_pair
 from tests.support.readme import library_example
-
-from .conftest import free_port, free_port_pair
 
 pytestmark = [pytest.mark.timeout(1800)]
 

@@ -19,19 +19,9 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.faults import AGENT_FAULT, fault_env
-
-from .conftest import (
-    REPO,
-    Deployment,
-    TopicReader,
-    load_sample,
-    produce,
-    produce_articles,
-    repeated_after,
-    run_embedded,
-    without_latency,
-)
+from tests.support.broker import TopicReader, produce, produce_articles, repeated_after
+from tests.support.deployment import REPO, Deployment, load_sample, run_embedded, without_latency
+from tests.support.faults import AGENT_FAULT, fault_env
 
 
 def verdict_log(records: list[Any]) -> list[tuple[str, dict[str, Any] | None]]:

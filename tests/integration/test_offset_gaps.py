@@ -32,17 +32,8 @@ from neardup.stream.topics import (
     changelog_topic,
     ensure_topics,
 )
-
-from .conftest import (
-    Deployment,
-    TopicReader,
-    create_topic,
-    load_sample,
-    produce_articles,
-    run_embedded,
-    verdicts_by_id,
-    without_latency,
-)
+from tests.support.broker import TopicReader, create_topic, produce_articles
+from tests.support.deployment import Deployment, load_sample, run_embedded, verdicts_by_id, without_latency
 
 SKIPPED = 3  # signatures messages the consumer goes past
 

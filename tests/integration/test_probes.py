@@ -15,13 +15,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from .conftest import (
+from tests.support.broker import OwnBroker, TopicReader, produce_articles
+from tests.support.deployment import (
     Deployment,
-    OwnBroker,
-    TopicReader,
     decider_pid,
     health,
-    produce_articles,
     stream_of,
     verdicts_by_id,
     verdicts_by_version,

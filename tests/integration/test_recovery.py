@@ -15,17 +15,9 @@ from typing import Any
 import pytest
 
 from neardup.state.rocks import RocksState
+from tests.support.broker import TopicReader, produce_articles, repeated_after
+from tests.support.deployment import Deployment, stream_of, verdicts_by_id, without_latency
 from tests.support.runs import reference_state, untimed
-
-from .conftest import (
-    Deployment,
-    TopicReader,
-    produce_articles,
-    repeated_after,
-    stream_of,
-    verdicts_by_id,
-    without_latency,
-)
 
 # Long streams that keep a core busy: run one at a time, beside the lighter tests (tests/run)
 pytestmark = [pytest.mark.xdist_group("heavy")]

@@ -16,22 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.broker import TopicReader, produce_articles
+from tests.support.deployment import Deployment, run_embedded, stream_of, verdicts_by_id, without_latency
 from tests.support.runs import (
     assert_as_embedded,
     changelog_records,
     first_verdict_times,
     indexed_articles,
     stored_position,
-)
-
-from .conftest import (
-    Deployment,
-    TopicReader,
-    produce_articles,
-    run_embedded,
-    stream_of,
-    verdicts_by_id,
-    without_latency,
 )
 
 # Timed, so not beside the other heavy tests (tests/run)

@@ -17,7 +17,8 @@ import orjson
 import pytest
 import yaml
 
-from .conftest import KAFKA_SH, REPO, Deployment, free_port_pair, load_sample, run_embedded
+from tests.support.broker import KAFKA_SH, free_port_pair
+from tests.support.deployment import REPO, Deployment, load_sample, run_embedded
 
 CONFIGMAP = REPO / "deploy" / "k8s" / "configmap.yaml"
 USER = "neardup-test"

@@ -13,21 +13,16 @@ import pytest
 
 from neardup.core.params import DedupParams
 from neardup.core.signing import sketch_of
-
-from .conftest import (
-    Deployment,
+from tests.support.broker import (
     TopicReader,
     create_topic,
-    load_sample,
     produce,
     produce_articles,
     produce_with_headers,
     read_feed,
-    run_embedded,
     source_header,
-    verdicts_by_id,
-    without_latency,
 )
+from tests.support.deployment import Deployment, load_sample, run_embedded, verdicts_by_id, without_latency
 
 
 @pytest.mark.parametrize(
@@ -185,7 +180,7 @@ def test_partition_mismatch_is_reported_not_crash_looped(deployment: Deployment)
     import subprocess
     import sys
 
-    from .conftest import REPO
+    from tests.support.deployment import REPO
 
     result = subprocess.run(
         [sys.executable, "-m", "neardup", "worker"],
@@ -214,8 +209,7 @@ def test_a_feed_topic_that_takes_less_than_an_input_message_is_refused_at_start(
 
     from neardup.config import Settings
     from neardup.stream.topics import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, feed_max_bytes
-
-    from .conftest import REPO
+    from tests.support.deployment import REPO
 
     feed_topic = f"{deployment.name}-unique"
     deployment.extra_env["NEARDUP_UNIQUE_TOPIC"] = feed_topic

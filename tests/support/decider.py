@@ -5,7 +5,7 @@ from __future__ import annotations
 from neardup.pipeline.decider import Decider, Write
 from neardup.pipeline.shard import BatchOutcome
 from neardup.pipeline.wire import encode_signed, pack_signed
-from tests.conftest import ListChangelog
+from tests.support.changelog import ListChangelog
 from tests.support.signing import signed
 
 Messages = list[tuple[int, bytes]]

@@ -17,7 +17,7 @@ from neardup.core.dedup import IndexedArticle
 from neardup.pipeline.shard import POSITION_KEY, Position
 from neardup.state.index import META
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
-from tests.integration.conftest import REPO, Deployment, verdicts_by_id, without_latency
+from tests.support.deployment import REPO, Deployment, verdicts_by_id, without_latency
 
 
 def reference_state(articles: list[dict[str, Any]], tmp: Path) -> tuple[list[dict[str, Any]], list[Any]]:

@@ -10,7 +10,7 @@ import orjson
 from neardup.core.params import DedupParams
 from neardup.pipeline.sign import SignStage
 from neardup.pipeline.wire import Provenance, Signed, decode_signed
-from tests.conftest import PROSE
+from tests.support.prose import PROSE
 
 PARAMS = DedupParams()
 SRC = Provenance("neardup-articles", 2, 4711, 1_717_000_000_000)

@@ -33,7 +33,8 @@ from neardup.stream.app import SHARD_KEY, Runtime, create_app
 from neardup.stream.framework import LeanMonitor, LeanStream, app_class
 from neardup.stream.metrics import Metrics
 from neardup.stream.topics import StoredMessage, changelog_topic
-from tests.conftest import PROSE, ListChangelog
+from tests.support.changelog import ListChangelog
+from tests.support.prose import PROSE
 
 HIGHWATER = 10
 

@@ -42,7 +42,7 @@ from neardup.state.index import (
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.records import decode_record, encode_record
 from neardup.state.rocks import RocksState
-from tests.conftest import process
+from tests.support.shard import process
 
 PARAMS = DedupParams(containment_index=True)
 

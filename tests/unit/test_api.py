@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 
 import neardup
 from neardup import cli
-from tests.conftest import PROSE
+from tests.support.prose import PROSE
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "service" / "data" / "sample_news.jsonl"

@@ -8,11 +8,15 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
+ROOT = Path(__file__).resolve().parents[2]
+CONFTEST = ROOT / "tests" / "conftest.py"
 
 
 @pytest.mark.slow  # a whole pytest run of its own, over two workers
-def test_a_passing_test_over_its_budget_is_listed_not_failed(pytester: pytest.Pytester) -> None:
+def test_a_passing_test_over_its_budget_is_listed_not_failed(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the conftest's helpers come from tests/support/
     pytester.makeconftest(CONFTEST.read_text())
     pytester.makepyfile(
         """

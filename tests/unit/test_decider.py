@@ -21,9 +21,10 @@ from neardup.pipeline.pipes import CallTimeout
 from neardup.pipeline.shard import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexShard
 from neardup.pipeline.wire import encode_signed, pack_signed, runs_within, signed_count
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
-from tests.conftest import PROSE, ListChangelog
-from tests.faults import HELPER_FAULT, inject
+from tests.support.changelog import ListChangelog
 from tests.support.decider import Messages, apply, decide, packed
+from tests.support.faults import HELPER_FAULT, inject
+from tests.support.prose import PROSE
 from tests.support.signing import FUTURE, HISTORY, PARAMS, signed
 
 

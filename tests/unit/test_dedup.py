@@ -18,7 +18,7 @@ from neardup.core.params import DedupParams
 from neardup.core.signing import EmptyText, Sketch, sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
-from tests.conftest import process
+from tests.support.shard import process
 
 BYLINE = "By Staff Writer, Associated Press\n\n"
 FOOTER = "\n\nCopyright 2011 The Associated Press. All rights reserved."

@@ -15,7 +15,7 @@ from neardup.core.params import DedupParams
 from neardup.core.signing import Sketch
 from neardup.embedded import default_sign_processes, run_file
 from neardup.state.memory import MemoryState
-from tests.faults import HELPER_FAULT, inject
+from tests.support.faults import HELPER_FAULT, inject
 
 SAMPLE = Path(embedded.__file__).parent / "data" / "sample_news.jsonl"
 MAX_TEXT_BYTES = 50_000

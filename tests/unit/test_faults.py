@@ -1,4 +1,4 @@
-"""The test hooks' seam (service/testhooks.py) and the faults loaded through it (tests/faults.py):
+"""The test hooks' seam (service/testhooks.py) and the faults loaded through it (tests/support/faults.py):
 nothing happens unless NEARDUP_TEST_HOOKS names a file, and then its `install(role)` runs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from neardup.pipeline import decider, signer
 from neardup.testhooks import HOOKS_VARIABLE, load_test_hooks
-from tests.faults import AGENT_FAULT, HELPER_FAULT, install, parse_agent_fault, parse_helper_fault
+from tests.support.faults import AGENT_FAULT, HELPER_FAULT, install, parse_agent_fault, parse_helper_fault
 
 
 def test_no_hooks_file_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,7 +36,7 @@ from neardup.state.index import ARTICLE, BAND, CONTENT, COPY, HEAD, MEMBER, SEQ,
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_record
 from neardup.state.rocks import RocksState
-from tests.conftest import PROSE
+from tests.support.prose import PROSE
 from tests.support.schemas import schema_errors
 
 SEEDS = (7, 1931, 65537)

@@ -1,5 +1,6 @@
-"""No test module imports another test module: what tests share lives in tests/support/ (or, for
-fixtures, a conftest.py)."""
+"""No test module imports another test module, and nothing imports a conftest.py: what tests share
+lives in tests/support/, and fixtures come from a conftest by pytest's injection, never by import
+(a conftest imported by name is a second copy of it, beside the one pytest loaded)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,18 @@ def test_no_test_module_imports_another() -> None:
     assert not offenders, sorted(offenders)
 
 
+def test_no_module_imports_a_conftest() -> None:
+    """Plain helpers (constants, classes, functions) live in tests/support/; a conftest only holds
+    fixtures and hooks, which pytest finds itself."""
+    offenders = {
+        f"{path.relative_to(ROOT)} imports {target.relative_to(ROOT)}"
+        for path in TESTS.rglob("*.py")
+        for target in imported(path.read_text(), path)
+        if target.name == "conftest.py"
+    }
+    assert not offenders, sorted(offenders)
+
+
 def test_the_check_sees_every_form_of_import() -> None:
     """Absolute, relative, and a module named in a from-import: each is found."""
     here = TESTS / "integration" / "test_example_only.py"
@@ -51,6 +64,11 @@ def test_the_check_sees_every_form_of_import() -> None:
         "from . import test_restart": TESTS / "integration" / "test_restart.py",
         "from ..unit.test_readme import x": TESTS / "unit" / "test_readme.py",
         "from tests.support.signing import signed": TESTS / "support" / "signing.py",
+        "from tests.conftest import PROSE": TESTS / "conftest.py",
+        "from .conftest import Deployment": TESTS / "integration" / "conftest.py",
+        "from ..conftest import process": TESTS / "conftest.py",
+        "from tests import conftest": TESTS / "conftest.py",
+        "import tests.integration.conftest": TESTS / "integration" / "conftest.py",
     }
     for source, target in forms.items():
         assert target in imported(source, here), source

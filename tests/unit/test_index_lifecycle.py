@@ -18,7 +18,7 @@ from neardup.state.index import HEADER_KEY, IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.port import Batch, StateStore
 from neardup.state.rocks import RocksOptions, RocksState
-from tests.conftest import process
+from tests.support.shard import process
 from tests.support.state import MakeState, contents
 
 PARAMS = DedupParams()

@@ -30,7 +30,7 @@ from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_record
 from neardup.stream.metrics import Metrics
-from tests.conftest import PROSE
+from tests.support.prose import PROSE
 
 PARAMS = DedupParams()
 WINDOW = Retention(parse_duration_ms("30d"))

@@ -57,7 +57,7 @@ from neardup.stream.topics import (
     topic_specs,
     verdicts_max_bytes,
 )
-from tests.conftest import PROSE
+from tests.support.prose import PROSE
 
 # The largest params the settings allow: signature and verifier slots, and one band per slot.
 LARGEST = DedupParams(num_perm=4096, verify_perm=4096, bands=4096, rows=1)

@@ -832,7 +832,7 @@ def _verdict(original: str, copy: str) -> tuple[str, float, float]:
     from neardup.core.params import DedupParams
     from neardup.pipeline.shard import IndexShard
     from neardup.state.memory import MemoryState
-    from tests.conftest import process
+    from tests.support.shard import process
 
     engine = IndexShard(MemoryState(), DedupParams())
     process(engine, "original", original)

@@ -33,7 +33,8 @@ from neardup.messages import (
 )
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
-from tests.conftest import PROSE, process
+from tests.support.prose import PROSE
+from tests.support.shard import process
 
 LIMIT = 1_000_000
 

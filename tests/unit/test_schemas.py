@@ -25,7 +25,8 @@ from neardup.pipeline.shard import IndexShard
 from neardup.pipeline.sign import PROCESSING_FAILED, SignStage
 from neardup.pipeline.wire import Provenance
 from neardup.state.memory import MemoryState
-from tests.conftest import PROSE, process
+from tests.support.prose import PROSE
+from tests.support.shard import process
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 EXAMPLES = SCHEMAS / "examples"

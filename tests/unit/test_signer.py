@@ -20,8 +20,8 @@ from neardup.pipeline.pipes import PIPE_BYTES, CallTimeout, widen_pipe
 from neardup.pipeline.sign import SignResult, SignStage
 from neardup.pipeline.signer import Signer, SignerFailed, SignItem
 from neardup.pipeline.wire import Provenance, Signed, decode_signed
-from tests.conftest import PROSE
-from tests.faults import HELPER_FAULT, POISON, inject
+from tests.support.faults import HELPER_FAULT, POISON, inject
+from tests.support.prose import PROSE
 
 PARAMS = DedupParams()
 STAGE = SignStage(PARAMS, max_text_bytes=10_000)

@@ -30,7 +30,8 @@ from neardup.pipeline.wire import (
 )
 from neardup.state.memory import MemoryState
 from neardup.state.rocks import RocksState
-from tests.conftest import PROSE, process
+from tests.support.prose import PROSE
+from tests.support.shard import process
 from tests.support.signing import FUTURE, HISTORY, INPUT_OFFSETS, PARAMS, SRC, article, signed
 
 NOW = 1_717_000_000.250  # seconds; 250 ms after SRC's timestamp

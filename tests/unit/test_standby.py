@@ -19,7 +19,7 @@ from neardup.state.rocks import RocksOptions
 from neardup.stream.delivery import Deliveries
 from neardup.stream.metrics import Metrics
 from neardup.stream.standby import Standby
-from tests.conftest import ListChangelog
+from tests.support.changelog import ListChangelog
 from tests.support.decider import decide, packed
 from tests.support.signing import FUTURE, HISTORY, PARAMS
 

@@ -23,7 +23,7 @@ from neardup.pipeline.wire import (
     unpack_signed,
     with_original,
 )
-from tests.conftest import PROSE
+from tests.support.prose import PROSE
 from tests.support.signing import signed
 
 
