@@ -1,0 +1,188 @@
+"""A batch decided at once against the same articles decided one at a time (the reference,
+tests/support/one_at_a_time.py): the same statuses, verdicts and stored records, in memory and in
+RocksDB under the worker's write overlay, with the containment index on and off; and the store calls
+a batch makes, which is what deciding by the batch is for."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from neardup.core.params import DedupParams
+from neardup.core.retention import Retention
+from neardup.pipeline.shard import IndexShard, Item
+from neardup.pipeline.sign import SignStage
+from neardup.pipeline.wire import Provenance, decode_signed
+from neardup.state.memory import MemoryState
+from neardup.state.port import Batch, KeyValue
+from neardup.state.rocks import RocksState
+from tests.support.one_at_a_time import decide_one_at_a_time
+from tests.support.signing import FUTURE, HISTORY
+
+SAMPLE = Path(__file__).resolve().parents[2] / "service" / "data" / "sample_news.jsonl"
+ON, OFF = DedupParams(containment_index=True), DedupParams(containment_index=False)
+NOW_S = 1_800_000_000.0
+
+
+def paragraphs() -> list[str]:
+    texts = [orjson.loads(line)["text"] for line in SAMPLE.read_bytes().splitlines() if line.strip()]
+    return [p for text in texts for p in text.split("\n\n") if len(p) >= 80]
+
+
+def stream(seed: int, count: int) -> Iterator[tuple[str, str | None]]:
+    """(id, text or None for a deletion): new texts, near copies, exact copies, excerpts, new
+    versions of an id, deletions (of held and unknown ids) and ids added again, a copy often
+    right after its source, where a batch decides both."""
+    rng, pool = random.Random(seed), paragraphs()
+    held: list[tuple[str, str]] = []
+    for n in range(count):
+        roll = rng.random()
+        if not held or roll < 0.35:
+            text = "\n\n".join(rng.sample(pool, rng.randint(1, 4)))
+            held.append((f"n{n}", text))
+            yield held[-1]
+            continue
+        source_id, source = held[-1] if rng.random() < 0.5 else rng.choice(held)
+        if roll < 0.55:
+            words = source.split()
+            for _ in range(rng.randint(1, 3)):
+                words[rng.randrange(len(words))] = rng.choice(words)
+            held.append((f"c{n}", " ".join(words)))
+        elif roll < 0.65:
+            held.append((f"x{n}", source))
+        elif roll < 0.75:
+            start = rng.randrange(max(len(source) // 3, 1))
+            held.append((f"p{n}", source[start : start + max(len(source) // 2, 300)]))
+        elif roll < 0.85:
+            held.append((source_id, source + " " + rng.choice(pool)))
+        elif roll < 0.93:
+            yield (source_id if rng.random() < 0.8 else f"gone{n}"), None
+            continue
+        else:
+            held.append((source_id, rng.choice(pool)))  # an id deleted or not, added again
+        yield held[-1]
+
+
+def signed_items(arrivals: list[tuple[str, str | None]], params: DedupParams) -> list[Item]:
+    stage = SignStage(params, 1_000_000)
+    items: list[Item] = []
+    for n, (article_id, text) in enumerate(arrivals):
+        src = Provenance("articles", 0, n, 1_700_000_000_000 + n * 1000)
+        raw = None if text is None else orjson.dumps({"id": article_id, "text": text})
+        result = stage.handle(raw, article_id.encode(), src)
+        assert result.signed is not None, result.reason
+        items.append(decode_signed(result.signed))
+    return items
+
+
+def outcome(shard: IndexShard, results: list[Any]) -> tuple[list[Any], list[tuple[bytes, bytes]]]:
+    """What a run decided and what its state holds: statuses, verdicts (no latency), records."""
+    decided = [(r.status, r.verdict and {**r.verdict, "latency_ms": None}, r.deletion) for r in results]
+    return decided, sorted(shard.state.kv.scan_records())
+
+
+def in_batches(shard: IndexShard, items: list[Item], size: int, layered: bool) -> list[Any]:
+    """As the worker's decider: batches numbered by their first item, held then committed."""
+    results = []
+    for chunk, at in enumerate(range(0, len(items), size)):
+        if layered:
+            shard.begin(chunk)
+        results += shard.decide(items[at : at + size], offset=at, now=NOW_S)
+        if layered:
+            shard.commit(chunk, at + size)
+    return results
+
+
+@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
+@pytest.mark.parametrize("seed", [3, 11])
+def test_batches_decide_as_one_article_at_a_time(params: DedupParams, seed: int) -> None:
+    items = signed_items(HISTORY + FUTURE + list(stream(seed, 240)), params)
+    retention = Retention(window_ms=60_000)  # the stream spans 8 minutes: expiry runs
+    reference = IndexShard(MemoryState(), params, retention)
+    expected = outcome(reference, decide_one_at_a_time(reference, items, NOW_S))
+    for size in (7, 50):
+        shard = IndexShard(MemoryState(), params, retention)
+        assert outcome(shard, in_batches(shard, items, size, layered=False)) == expected, size
+    kinds = {verdict["verdict"] for _, verdict, _ in expected[0] if verdict}
+    assert {"unique", "duplicate"} <= kinds and (params is OFF or "partial" in kinds), kinds
+
+
+@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
+def test_batches_in_rocksdb_under_the_overlay_decide_as_one_at_a_time(
+    params: DedupParams, tmp_path: Path
+) -> None:
+    items = signed_items(list(stream(5, 200)), params)
+    reference = IndexShard(MemoryState(), params)
+    expected = outcome(reference, decide_one_at_a_time(reference, items, NOW_S))
+    state = RocksState(tmp_path / "state", layered=True)
+    shard = IndexShard(state, params, changelog={})
+    shard.restore_point(0, int(NOW_S * 1000), None)  # as a worker opens its derived state
+    try:
+        decided = outcome(shard, in_batches(shard, items, 20, layered=True))
+    finally:
+        state.close()
+    assert decided[0] == expected[0]
+    assert decided[1] == expected[1]
+
+
+class Counting:
+    """A KeyValue that counts the multi-gets reaching it."""
+
+    def __init__(self, base: KeyValue) -> None:
+        self.base, self.gets, self.record_gets = base, 0, 0
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        self.gets += 1
+        return self.base.get_many(keys)
+
+    def records(self, keys: list[bytes]) -> list[bytes | None]:
+        self.record_gets += 1
+        return self.base.records(keys)
+
+    def write(self, batch: Batch) -> None:
+        self.base.write(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+
+@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
+def test_a_batch_reads_the_store_once_per_family_and_phase(params: DedupParams) -> None:
+    """Distinct articles, which nearly all of a feed is: their ids, markers, contents, buckets and
+    posting lists in one multi-get, the records those name in one more, and the heads of their
+    clusters (which a verdict names) in a last one, whatever the batch's size."""
+    pool = paragraphs()
+    texts = [(f"d{n}", f"{pool[n]}\n\n{pool[-n - 1]}") for n in range(60)]
+    items = signed_items(texts, params)
+    state = MemoryState()
+    shard = IndexShard(state, params)
+    shard.decide(items[:20], now=NOW_S)  # candidates for the next batch to read
+    counting = Counting(state.kv)
+    state.kv = counting  # type: ignore[assignment]
+    state.reload()  # its tables over the counting store, nothing cached
+    counting.gets = 0
+    results = shard.decide(items[20:], now=NOW_S)
+    assert [r.status for r in results] == ["new"] * 40
+    assert counting.gets <= 2, counting.gets
+    assert counting.record_gets <= 1, counting.record_gets
+
+
+def test_a_copy_right_after_its_source_in_one_batch_is_its_duplicate() -> None:
+    text = paragraphs()[0]
+    items = signed_items([("src", text), ("copy", text + " Reporting by the wire desk."), ("src", None)], OFF)
+    results = IndexShard(MemoryState(), OFF).decide(items, now=NOW_S)
+    assert [r.status for r in results] == ["new", "new", "deleted"]
+    assert results[1].verdict is not None and results[1].verdict["match_id"] == "src"
+
+
+def test_what_is_read_ahead_is_forgotten_after_the_batch() -> None:
+    state = MemoryState()
+    IndexShard(state, OFF).decide(signed_items([("a", paragraphs()[0])], OFF), now=NOW_S)
+    entry = b"a" + b"a"  # the id map's key of "a"
+    assert state.reads.get_many([entry]) != [None]  # held in the store
+    assert state.reads.kept(entry) is None  # not kept past its batch
