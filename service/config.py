@@ -364,7 +364,8 @@ class Settings:
         "the containment index: excerpts `partial` and reused text `revised` whatever their "
         "Jaccard, with the shared passages, for about a quarter of the worker's throughput "
         "([Containment](operations.md#containment)); off: `partial` only for copies LSH finds, "
-        "no `revised`; a change needs a rebuild",
+        "no `revised`, and state written without the index (the earlier default) opens as it "
+        "is; a change needs a rebuild ([Upgrades](operations.md#upgrades))",
     )
     lsh_threshold: float | None = _verdicts(
         _ENGINE.lsh_threshold,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +34,10 @@ class DedupParams:
     # anchor containment from which an article reusing an earlier one's text is `revised`
     revised_threshold: float | None = 0.3
     # the containment index (anchors and their posting lists): excerpts and revisions found at any
-    # Jaccard, for a share of the throughput (tests/benchmarks/CONTAINMENT.md); off, `partial` comes
-    # from LSH candidates alone and there is no `revised`
-    containment_index: bool = False
+    # Jaccard, for a share of the throughput (tests/benchmarks/CONTAINMENT.md). On by default: a
+    # reader misses most excerpts and rewrites without it. Off, `partial` comes from LSH candidates
+    # alone and there is no `revised`; state written without anchors keeps opening that way
+    containment_index: bool = True
     lsh_threshold: float | None = None
     fn_weight: float = 0.5
     bands: int | None = None
@@ -70,14 +72,10 @@ class DedupParams:
         else:
             lsh = _cached_optimal(candidate_threshold, self.num_perm, self.fn_weight)
         object.__setattr__(self, "lsh", lsh)
-        thresholds = {
-            "threshold": self.threshold,
-            "containment_threshold": self.containment_threshold,
-            "revised_threshold": self.revised_threshold,
-        }
+        limits = {n: getattr(self, n) for n in ("threshold", "containment_threshold", "revised_threshold")}
         # verify_bits: how the Jaccard estimate was made, for an auditor who recomputes it. Not in the
         # header: state written with wider slots is narrowed when read, so it stays usable.
-        audit = {**self.header(), "verify_bits": VERIFIER_BITS, **thresholds}
+        audit = {**self.header(), "verify_bits": VERIFIER_BITS, **limits}
         object.__setattr__(self, "_audit", audit)
 
     @property
@@ -137,18 +135,19 @@ def bound_problem(name: str, value: Any) -> str | None:
     return None if accepts(value) else f"{reason}, got {value}"
 
 
-_OPTIMAL_CACHE: dict[tuple[float, int, float], LshParams] = {}
-
-
-def _cached_optimal(threshold: float, num_perm: int, fn_weight: float) -> LshParams:
-    key = (threshold, num_perm, fn_weight)
-    if key not in _OPTIMAL_CACHE:
-        _OPTIMAL_CACHE[key] = optimal_params(threshold, num_perm, fn_weight)
-    return _OPTIMAL_CACHE[key]
+# the search over bands and rows, once per (threshold, num_perm, fn_weight): params are made often
+_cached_optimal = functools.cache(optimal_params)
 
 
 # header fields named otherwise than the setting that gives them, for the refusal to name it
 _SETTING_OF = {"anchors": "containment_index", "k": "shingle_size", "unit": "word_shingles"}
+# State an earlier version wrote by default has no anchors, and its records cannot give them (they
+# come from the texts): the refusal says both ways out, since the index is now on by default.
+_NO_ANCHORS_HINT = (
+    "; it was written without the containment index (the default before it was on): set "
+    "NEARDUP_CONTAINMENT_INDEX=false (--no-containment-index, containment_index=False) to keep "
+    "using it as it is, or run over the input again with a new state directory to index anchors"
+)
 
 
 def check_header(stored: dict[str, Any], expected: dict[str, Any], where: str) -> None:
@@ -160,7 +159,8 @@ def check_header(stored: dict[str, Any], expected: dict[str, Any], where: str) -
         if stored.get(key) != value
     ]
     if diffs:
+        anchorless = stored.get("anchors") == "none" and expected.get("anchors", "none") != "none"
         raise IncompatibleState(
             f"state at {where} was written with incompatible parameters ({'; '.join(diffs)}); "
-            "use the same parameters or a new state directory"
+            "use the same parameters or a new state directory" + (_NO_ANCHORS_HINT if anchorless else "")
         )

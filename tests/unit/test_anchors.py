@@ -226,10 +226,11 @@ def test_an_excerpt_is_partial_in_either_order_with_its_passages(
 def test_without_the_containment_index_an_excerpt_is_unique_and_its_state_is_another(
     prose: tuple[str, ...], tmp_path: Path
 ) -> None:
-    """The index is off by default: no anchors are picked, no posting list is kept, an excerpt out
-    of LSH's reach stays unique, and a state built either way refuses to open the other way."""
+    """With the index off (the setting that keeps state of the earlier default): no anchors are
+    picked, no posting list is kept, an excerpt out of LSH's reach stays unique, and a state built
+    either way refuses to open the other way."""
     source, excerpt = prose[1], normalize(prose[1])[400 : 400 + len(prose[1]) // 5]
-    off = DedupParams()
+    off = DedupParams(containment_index=False)
     assert not off.containment_index and len(sketch_of(source, off).anchors) == 0
     assert off.header()["anchors"] == "none" and PARAMS.header()["anchors"].startswith("winnow-")
     shard = IndexShard(RocksState(tmp_path / "off"), off)

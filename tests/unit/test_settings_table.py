@@ -47,7 +47,7 @@ OTHER = {
     "threshold": ("0.7", 0.7),
     "containment_threshold": ("0.85", 0.85),
     "revised_threshold": ("0.4", 0.4),
-    "containment_index": ("true", True),
+    "containment_index": ("false", False),
     "lsh_threshold": ("0.4", 0.4),
     "fn_weight": ("0.3", 0.3),
     "bands": ("8", 8),
