@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
+from aiokafka.protocol.metadata import MetadataResponse_v0
 
 from neardup.stream import batches, framework
 from neardup.stream.batches import send_in_batches
@@ -108,38 +111,62 @@ def test_compiled_hash_checks_its_inputs() -> None:
         hashing.murmur2("text")
 
 
-class PartitionedProducer:
-    """What default_partitions reads of aiokafka's producer: its partitioner, its metadata, _partition."""
+class CountingPartitioner(DefaultPartitioner):
+    """aiokafka's default partitioner, counting how often it is asked."""
 
-    def __init__(self, partitions: int, partitioner: Any) -> None:
-        self._partitioner = partitioner
-        self.all = set(range(partitions))
-        self._metadata = SimpleNamespace(
-            partitions_for_topic=lambda topic: self.all, available_partitions_for_topic=lambda topic: self.all
-        )
-        self.asked = 0
+    asked = 0
 
-    def _partition(
-        self, topic: str, partition: Any, key: Any, value: Any, serialized_key: Any, _: Any
-    ) -> int:
+    def __call__(self, key: bytes, all_partitions: list[int], available: list[int]) -> int:
         self.asked += 1
-        return self._partitioner(serialized_key, list(self.all), list(self.all))
+        return int(super().__call__(key, all_partitions, available))
+
+
+MakeProducer = Callable[[int, Any], AIOKafkaProducer]
+
+
+@pytest.fixture
+async def producer_of() -> AsyncIterator[MakeProducer]:
+    """Makes aiokafka producers, never started, whose client knows the topic "verdicts" with the
+    partitions asked: the metadata a broker's answer gives it. Each is closed at teardown."""
+    made: list[AIOKafkaProducer] = []
+
+    def make(partitions: int, partitioner: Any) -> AIOKafkaProducer:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", partitioner=partitioner)
+        made.append(producer)
+        topic = [(0, partition, 0, [0], [0]) for partition in range(partitions)]
+        answer = MetadataResponse_v0(brokers=[(0, "127.0.0.1", 9)], topics=[(0, "verdicts", topic)])
+        producer.client.cluster.update_metadata(answer)
+        return producer
+
+    yield make
+    for producer in made:
+        await producer.stop()
 
 
 @pytest.mark.parametrize("count", [1, 3, 7, 12])
-def test_verdict_partitions_are_the_ones_aiokafkas_default_partitioner_picks(count: int) -> None:
+async def test_verdict_partitions_are_the_ones_aiokafkas_default_partitioner_picks(
+    count: int, producer_of: MakeProducer
+) -> None:
     keys = [f"article-{i}".encode() for i in range(300)] + [b"", "dépêche".encode()]
-    producer = PartitionedProducer(count, DefaultPartitioner())
+    partitioner = CountingPartitioner()
+    producer = producer_of(count, partitioner)
     expected = [DefaultPartitioner()(key, list(range(count)), list(range(count))) for key in keys]
     assert default_partitions(producer, "verdicts", keys) == expected
-    assert producer.asked == (0 if framework._kafka_hash is not None else len(keys))
+    assert partitioner.asked == (0 if framework._kafka_hash is not None else len(keys))
     assert len(set(expected)) == count  # the keys spread over every partition
 
 
-def test_other_partitioners_and_keyless_messages_are_asked_as_send_would_ask() -> None:
-    producer = PartitionedProducer(3, lambda key, all_partitions, available: 2)
-    assert default_partitions(producer, "verdicts", [b"a", b"b"]) == [2, 2]
-    assert producer.asked == 2
-    keyless = PartitionedProducer(3, DefaultPartitioner())
-    assert set(default_partitions(keyless, "verdicts", [None, b"a"])) <= {0, 1, 2}
-    assert keyless.asked == 2
+async def test_other_partitioners_and_keyless_messages_are_asked_as_send_would_ask(
+    producer_of: MakeProducer,
+) -> None:
+    asked: list[bytes | None] = []
+
+    def second(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        asked.append(key)
+        return 2
+
+    assert default_partitions(producer_of(3, second), "verdicts", [b"a", b"b"]) == [2, 2]
+    assert asked == [b"a", b"b"]
+    partitioner = CountingPartitioner()
+    assert set(default_partitions(producer_of(3, partitioner), "verdicts", [None, b"a"])) <= {0, 1, 2}
+    assert partitioner.asked == 2
