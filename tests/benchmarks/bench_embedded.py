@@ -8,7 +8,7 @@ builds wrote the same verdicts.
 
 Usage:
   python tests/benchmarks/bench_embedded.py --baseline ../previous/.venv/bin/python [--articles 20000]
-      [--this-flag=--containment-index]  (flags of this build's `neardup dedup` alone)
+      [--this-flag=--no-containment-index]  (flags of this build's `neardup dedup` alone)
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "--this-flag",
         action="append",
         default=[],
-        help="a flag for this build's runs alone (repeatable), e.g. --this-flag=--containment-index",
+        help="a flag for this build's runs alone (repeatable), e.g. --this-flag=--no-containment-index",
     )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="neardup-embedded-") as directory:
