@@ -25,13 +25,13 @@ from .core.normalize import TooLong
 from .core.params import DedupParams
 from .core.retention import Retention
 from .core.signing import EmptyText
-from .embedded import DEFAULT_MAX_TEXT_BYTES
+from .embedded import DECIDE_BATCH, DEFAULT_MAX_TEXT_BYTES
 from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
 from .pipeline.publication import publication
-from .pipeline.shard import IndexShard
+from .pipeline.shard import Decided, IndexShard
 from .pipeline.sign import SignStage
-from .pipeline.wire import Provenance, SignedDeletion
-from .state.index import IndexState
+from .pipeline.wire import Provenance, Signed, SignedDeletion
+from .state.index import IndexState, runs_of
 from .state.memory import MemoryState
 from .state.rocks import RocksOptions, RocksState
 
@@ -69,6 +69,30 @@ class Deduplicator:
         new version. Raises InvalidMessage (`.reason` as in the dead letters: schema_violation,
         oversized, empty_text, invalid_json, invalid_utf8) for input the worker would not accept."""
         self._check_open()
+        signed = self._signed(article)
+        return self._verdict(self._shard.decide([signed])[0])
+
+    def check_many(self, articles: Iterable[ArticleInput]) -> Iterator[Verdict]:
+        """`check` each article in turn, DECIDE_BATCH of them in one call of the engine (what
+        `neardup dedup` does), lazily: a long input is never held in memory. Stops with
+        InvalidMessage at the first bad article, the ones before it decided; an article the
+        engine fails on raises at its place, the rest of its batch decided and indexed."""
+        self._check_open()
+        for run in runs_of(articles, DECIDE_BATCH):
+            signed: list[Signed] = []
+            invalid: InvalidMessage | None = None
+            for article in run:
+                try:
+                    signed.append(self._signed(article))
+                except InvalidMessage as exc:
+                    invalid = exc
+                    break
+            for decided in self._shard.decide(signed):
+                yield self._verdict(decided)
+            if invalid is not None:
+                raise invalid
+
+    def _signed(self, article: ArticleInput) -> Signed:
         parsed = self._article(article)
         try:
             signed = self._stage.sign(parsed, _CALLER)
@@ -76,7 +100,11 @@ class Deduplicator:
             raise InvalidMessage("empty_text", f"{exc} (article {parsed.article_id!r})") from exc
         except TooLong as exc:
             raise InvalidMessage("oversized", f"{exc} (article {parsed.article_id!r})") from exc
-        decided = self._shard.decide([signed])[0]
+        assert isinstance(signed, Signed)
+        return signed
+
+    @staticmethod
+    def _verdict(decided: Decided) -> Verdict:
         verdict = decided.verdict
         # rendered as the library's answers: the verdict returned, a dead letter raised
         what = publication(
@@ -92,12 +120,6 @@ class Deduplicator:
             raise decided.error
         assert what.verdict and verdict is not None
         return verdict
-
-    def check_many(self, articles: Iterable[ArticleInput]) -> Iterator[Verdict]:
-        """`check` each article in turn, lazily: a verdict is made when it is asked for, so that a
-        long input is never held in memory. Stops with InvalidMessage at the first bad article."""
-        for article in articles:
-            yield self.check(article)
 
     def delete(self, article_id: str) -> bool:
         """Remove an article from the index (a retraction): later articles are no longer matched

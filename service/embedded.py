@@ -1,9 +1,10 @@
 """The embedded mode: a JSON-lines file through the same engine and state as the service, no broker.
 
-Resumable: after each article the state records the input and output byte offsets reached. A rerun
-with the same --state truncates the outputs to those offsets and continues from the input offset; an
-article applied but not yet checkpointed comes back as a re-delivery and gets its stored verdict, so
-the output file holds exactly one verdict per article, in input order.
+Resumable: the lines are decided in batches (DECIDE_BATCH, one call of the shard each), and after
+each batch the state records the input and output byte offsets reached. A rerun with the same
+--state truncates the outputs to those offsets and continues from the input offset; an article
+applied but not yet checkpointed (a crash inside a batch) comes back as a re-delivery and gets its
+stored verdict, so the output file holds exactly one verdict per article, in input order.
 
 The filtered feed (--unique-out) is a third output resumed the same way, for the same reason: its
 offset is checkpointed with the others, so a rerun truncates it to what the checkpointed lines
@@ -51,7 +52,9 @@ DEFAULT_MAX_TEXT_BYTES: int = BY_NAME["max_text_bytes"].default
 # does not keep the deciding process waiting long.
 SIGN_BATCH = 256
 SIGN_BATCH_BYTES = 8 * 1024 * 1024
-YIELD_EVERY = 8  # articles decided between two turns of the event loop
+# Lines decided in one call of the shard, and checkpointed together; between two, the event loop
+# turns, so that the helpers' pipes move while a signed batch is decided.
+DECIDE_BATCH = 32
 # What a search indexer behind neardup wants by default: each story once.
 DEFAULT_FEED_VERDICTS = parse_verdict_filter(BY_NAME["unique_filter"].default)
 
@@ -161,6 +164,7 @@ def run_file(
     feed_verdicts: frozenset[str] = DEFAULT_FEED_VERDICTS,
     sign_processes: int = 0,
     sign_batch: int | None = None,
+    decide_batch: int = DECIDE_BATCH,
 ) -> RunSummary:
     """Process a JSON-lines file of articles into a JSON-lines file of verdicts. A line
     `{"id": ..., "deleted": true}` deletes an article: the verdict file gets
@@ -177,7 +181,8 @@ def run_file(
     An output that is a device or a pipe needs `dead_letter_path` (ConfigError otherwise).
 
     `sign_processes`: signing helpers (0: sign in this process), given `sign_batch` lines at a
-    time (default SIGN_BATCH); the outputs are the same either way. An article whose signing
+    time (default SIGN_BATCH); the outputs are the same either way. `decide_batch`: lines decided
+    in one call of the shard and checkpointed together. An article whose signing
     fails unexpectedly is dead-lettered (internal_error), one that breaks its helper
     (processing_failed), as in the worker; helpers that cannot start raise SigningFailed,
     everything before that batch decided and checkpointed. With
@@ -207,10 +212,11 @@ def run_file(
         source.seek(mark.input)
         lines = _lines(source, mark.input, mark.line)
         if sign_processes == 0:
-            for line in lines:
-                run.decide(line, _sign_here(stage, line, _source(topic, line)))
+            for batch in _batches(lines, decide_batch, SIGN_BATCH_BYTES):
+                run.decide(batch, [_sign_here(stage, line, _source(topic, line)) for line in batch])
         else:
-            _decide_signed_by_helpers(lines, stage, sign_processes, sign_batch or SIGN_BATCH, run)
+            sizes = (sign_batch or SIGN_BATCH, decide_batch)
+            _decide_signed_by_helpers(lines, stage, sign_processes, sizes, run)
         in_offset = source.tell()
     bar.update(in_offset, summary.articles, final=True)
     state.compact()
@@ -255,21 +261,26 @@ class _FileRun:
     feed: BinaryIO | None
     feed_verdicts: frozenset[str]
 
-    def decide(self, line: _Line, signed: _Signed) -> None:
-        """Decide one signed line; write its verdict (and its feed copy), its deletion or its
-        dead letter; checkpoint."""
+    def decide(self, lines: list[_Line], signed: list[_Signed]) -> None:
+        """Decide a batch of signed lines in one call of the shard; write each line's verdict (and
+        its feed copy), deletion or dead letter, in input order; checkpoint after the last."""
         summary = self.summary
-        summary.articles += 1
-        if not isinstance(signed, _Dead):
-            decided = self.shard.decide([signed])[0]
-            if decided.error is not None:  # as the worker's index stage: a dead letter, not a stopped run
-                signed = _signed(SignStage.failed(decided.error, line.body, None, _source(self.topic, line)))
-            else:
-                self._publish(line, decided)
-        if isinstance(signed, _Dead):
-            self.dead.write(signed.record + b"\n")
-            summary.dead_letters[signed.reason] += 1
-        self._checkpoint(line)
+        summary.articles += len(lines)
+        items = [item for item in signed if not isinstance(item, _Dead)]
+        decided = iter(self.shard.decide(items))
+        for line, item in zip(lines, signed, strict=True):
+            if not isinstance(item, _Dead):
+                result = next(decided)
+                if result.error is None:
+                    self._publish(line, result)
+                    continue
+                # as the worker's index stage: a dead letter, not a stopped run
+                item = _signed(SignStage.failed(result.error, line.body, None, _source(self.topic, line)))
+                assert isinstance(item, _Dead)
+            self.dead.write(item.record + b"\n")
+            summary.dead_letters[item.reason] += 1
+        if lines:
+            self._checkpoint(lines[-1])
 
     def _publish(self, line: _Line, decided: Decided) -> None:
         """A decision as lines of the run's files (pipeline/publication.py): a verdict, or a
@@ -316,17 +327,18 @@ class _FileRun:
 
 
 def _decide_signed_by_helpers(
-    lines: Iterator[_Line], stage: SignStage, processes: int, batch: int, run: _FileRun
+    lines: Iterator[_Line], stage: SignStage, processes: int, sizes: tuple[int, int], run: _FileRun
 ) -> None:
-    """Decide the lines while `processes` signing helpers sign the next `batch` of them; helpers
-    failing twice on a batch raise SigningFailed, naming the last line checkpointed."""
+    """Decide the lines, `sizes[1]` at a time, while `processes` signing helpers sign the next
+    `sizes[0]` of them; helpers failing twice on a batch raise SigningFailed, naming the last line
+    checkpointed."""
     # imported here: the helpers run that module as __main__, and they import this one
     from .pipeline.signer import Signer, SignerFailed
 
-    batches = _batches(lines, batch, SIGN_BATCH_BYTES)
+    batches = _batches(lines, sizes[0], SIGN_BATCH_BYTES)
     signer = Signer(stage, processes)
     try:
-        asyncio.run(_decide_while_signing(batches, signer, run.topic, run.decide))
+        asyncio.run(_decide_while_signing(batches, signer, run.topic, run.decide, sizes[1]))
     except SignerFailed as exc:
         reached = run.shard.state.get_meta(run.progress_key)
         done = orjson.loads(reached)["line"] if reached is not None else 0
@@ -385,9 +397,10 @@ async def _decide_while_signing(
     batches: Iterator[list[_Line]],
     signer: Signer,
     topic: str,
-    decide: Callable[[_Line, _Signed], None],
+    decide: Callable[[list[_Line], list[_Signed]], None],
+    decide_batch: int,
 ) -> None:
-    """Decide each batch while the helpers sign the next one."""
+    """Decide each batch, `decide_batch` lines a call, while the helpers sign the next one."""
 
     def start(batch: list[_Line] | None) -> asyncio.Future[list[SignResult]] | None:
         if batch is None:
@@ -403,10 +416,10 @@ async def _decide_while_signing(
             results = await signing
             following = next(batches, None)
             signing = start(following)
-            for count, (line, result) in enumerate(zip(batch, results, strict=True), 1):
-                decide(line, _signed(result))
-                if count % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
+            for at in range(0, len(batch), decide_batch):
+                part = slice(at, at + decide_batch)
+                decide(batch[part], [_signed(result) for result in results[part]])
+                await asyncio.sleep(0)
             batch = following
     finally:
         if signing is not None:

@@ -80,10 +80,13 @@ def die_at_checkpoint(state: RocksState, crash_at: int) -> None:
     state.set_meta = dying_set_meta  # type: ignore[method-assign]
 
 
-def run(tmp: Path, lines: list[bytes], state: StateStore, name: str = "in.jsonl") -> embedded.RunSummary:
+def run(
+    tmp: Path, lines: list[bytes], state: StateStore, name: str = "in.jsonl", batch: int = 1
+) -> embedded.RunSummary:
+    """`batch`: lines decided and checkpointed together (one: a checkpoint per line)."""
     source = tmp / name
     source.write_bytes(b"".join(lines))
-    return run_file(source, tmp / "out.jsonl", state, PARAMS)
+    return run_file(source, tmp / "out.jsonl", state, PARAMS, decide_batch=batch)
 
 
 @pytest.fixture
@@ -189,18 +192,23 @@ class Crash(Exception):
     pass
 
 
-@pytest.mark.parametrize("crash_at", [1, 4, 9, 15])
+# (checkpoint, lines a batch): a crash after one line, or inside a batch of several
+CRASHES = [(1, 1), (4, 1), (9, 1), (15, 1), (2, 3), (4, 4)]
+
+
+@pytest.mark.parametrize(("crash_at", "batch"), CRASHES)
 def test_crash_between_write_and_checkpoint(
-    tmp_path: Path, prose: tuple[str, ...], reference, crash_at: int
+    tmp_path: Path, prose: tuple[str, ...], reference, crash_at: int, batch: int
 ) -> None:
-    """The process dies after the state update and the output write of line `crash_at`, before its
-    progress checkpoint; half a line of the next verdict also reached the disk."""
+    """The process dies after the state updates and the output writes of the batch that ends
+    with checkpoint `crash_at`, before that checkpoint; half a line of the next verdict also
+    reached the disk."""
     lines = corpus_lines(prose)
     state = RocksState(tmp_path / "state")
     die_at_checkpoint(state, crash_at)
     try:
         with pytest.raises(Crash):
-            run(tmp_path, lines, state)
+            run(tmp_path, lines, state, batch=batch)
     finally:
         state.close()
     with (tmp_path / "out.jsonl").open("ab") as out:
@@ -499,17 +507,20 @@ def test_without_a_feed_nothing_is_fed(tmp_path: Path, prose: tuple[str, ...]) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl", "out.jsonl.dead.jsonl"]
 
 
-def run_fed(tmp: Path, lines: list[bytes], state: StateStore, kinds: frozenset[str]) -> embedded.RunSummary:
+def run_fed(
+    tmp: Path, lines: list[bytes], state: StateStore, kinds: frozenset[str], batch: int = 1
+) -> embedded.RunSummary:
     source = tmp / "in.jsonl"
     source.write_bytes(b"".join(lines))
+    feed = tmp / "feed.jsonl"
     return run_file(
-        source, tmp / "out.jsonl", state, PARAMS, feed_path=tmp / "feed.jsonl", feed_verdicts=kinds
+        source, tmp / "out.jsonl", state, PARAMS, feed_path=feed, feed_verdicts=kinds, decide_batch=batch
     )
 
 
-@pytest.mark.parametrize("crash_at", [1, 4, 9, 15])
+@pytest.mark.parametrize(("crash_at", "batch"), CRASHES)
 def test_a_crash_before_the_checkpoint_feeds_no_line_twice(
-    tmp_path: Path, prose: tuple[str, ...], reference, crash_at: int
+    tmp_path: Path, prose: tuple[str, ...], reference, crash_at: int, batch: int
 ) -> None:
     """As test_crash_between_write_and_checkpoint, with a feed that also got half a line."""
     lines = corpus_lines(prose)
@@ -521,7 +532,7 @@ def test_a_crash_before_the_checkpoint_feeds_no_line_twice(
     die_at_checkpoint(state, crash_at)
     try:
         with pytest.raises(Crash):
-            run_fed(tmp_path, lines, state, kinds)
+            run_fed(tmp_path, lines, state, kinds, batch=batch)
     finally:
         state.close()
     with (tmp_path / "feed.jsonl").open("ab") as feed:
