@@ -19,8 +19,7 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from ..core.dedup import ANCHOR_CANDIDATES, IndexedArticle, decide
-from ..core.lsh import band_keys
+from ..core.dedup import IndexedArticle, decide
 from ..core.params import DedupParams, IncompatibleState
 from ..core.retention import NO_RETENTION, Retention
 from ..messages import verdict_dict
@@ -174,49 +173,18 @@ class IndexShard:
         decider child marks the record it is on: RecordMarker)."""
         now_s = time.time() if now is None else now
         results = []
-        keys = [self._band_keys(item) for item in items]
-        try:
-            self._read_ahead(items, keys)
-            for n, item in enumerate(items):
-                if before is not None:
-                    before(n)
-                try:
-                    results.append(self._decide_one(item, offset, now_s, keys[n]))
-                except Exception as exc:  # one bad record must not stop the shard
-                    results.append(Decided("error", error=exc))
-        finally:
-            self.state.settle()
+        for n, item in enumerate(items):
+            if before is not None:
+                before(n)
+            try:
+                results.append(self._decide_one(item, offset, now_s))
+            except Exception as exc:  # one bad record must not stop the shard
+                results.append(Decided("error", error=exc))
         if offset is not None:
             self.applied_offset = max(self.applied_offset, offset)
         return results
 
-    def _band_keys(self, item: Item) -> tuple[bytes, ...]:
-        """An article's band keys for this banding: as signed, or computed here."""
-        if isinstance(item, SignedDeletion):
-            return ()
-        lsh = self.params.lsh
-        return item.band_keys_for(lsh.bands, lsh.rows) or tuple(
-            band_keys(item.sketch.signature, lsh.bands, lsh.rows)
-        )
-
-    def _read_ahead(self, items: Sequence[Item], keys: Sequence[tuple[bytes, ...]]) -> None:
-        """What deciding the batch reads, fetched before its first article (IndexState.read_ahead).
-        It only brings reads forward: where it fails (a stored value that cannot be read), the
-        articles' own decisions read again, and report it for the article it concerns."""
-        anchored = bool(self.params.containment_threshold or self.params.revised_threshold)
-        articles = [
-            (item.sketch.content_hash, keys[n], item.sketch.anchors if anchored else None)
-            for n, item in enumerate(items)
-            if isinstance(item, Signed)
-        ]
-        try:
-            self.state.read_ahead(
-                [item.article_id for item in items], articles, self.params.max_candidates, ANCHOR_CANDIDATES
-            )
-        except Exception:
-            self.state.settle()
-
-    def _decide_one(self, item: Item, offset: int | None, now_s: float, keys: tuple[bytes, ...]) -> Decided:
+    def _decide_one(self, item: Item, offset: int | None, now_s: float) -> Decided:
         if offset is not None:
             src = item.provenance
             partition = f"{src.topic}:{src.partition}"
@@ -229,6 +197,7 @@ class IndexShard:
             self.counts.refused_times += 1
         time_ms = self._event_time(item, now_s)
         cutoff = self.retention.cutoff(self._newest(time_ms))
+        keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
         outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
             record = encode_record(outcome.article)

@@ -43,7 +43,6 @@ from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from ..core.signing import Sketch
 from .port import Batch, Counts, IndexStats, KeyValue
-from .readahead import ReadAhead
 from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 from .tables import BAND as BAND
 from .tables import CONTENT as CONTENT
@@ -74,8 +73,6 @@ DEFAULT_ANCHOR_CAP = 32
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 T = TypeVar("T")
-# what read_ahead fetches for one article: its content hash, band keys and anchors (None: unused)
-Ahead = tuple[bytes, Sequence[bytes], Anchors | None]
 
 
 class IndexState:
@@ -104,9 +101,7 @@ class IndexState:
         self._load()
 
     def _load(self) -> None:
-        # the tables read through it too: a batch's keys come from one multi-get (read_ahead)
-        self.reads = ReadAhead(self.kv)
-        seq, counts = self.reads.get_many([SEQ_KEY, COUNTS_KEY])
+        seq, counts = self.kv.get_many([SEQ_KEY, COUNTS_KEY])
         self._seq = int(seq) if seq is not None else 0
         self.counts = Counts.decode(counts)
         if self.counts.bucket_sizes is None:
@@ -116,25 +111,25 @@ class IndexState:
         self._recent: OrderedDict[int, IndexedArticle] = OrderedDict()
         # the first stored or read back is the first out: hits do not reorder it
         self._probes: OrderedDict[int, Probe] = OrderedDict()
-        self.buckets = Buckets(self.reads, self.counts, self.bucket_cap)
-        self.postings = Postings(self.reads, self.counts, self.anchor_cap, self._posting_cache_size)
-        self.contents = Contents(self.reads)
-        self.clusters = Clusters(self.reads, self.counts)
-        self.times = TimeOrder(self.reads)
-        self.markers = Markers(self.reads)
+        self.buckets = Buckets(self.kv, self.counts, self.bucket_cap)
+        self.postings = Postings(self.kv, self.counts, self.anchor_cap, self._posting_cache_size)
+        self.contents = Contents(self.kv)
+        self.clusters = Clusters(self.kv, self.counts)
+        self.times = TimeOrder(self.kv)
+        self.markers = Markers(self.kv)
 
     # -- reading -------------------------------------------------------------------------------
 
     def open_header(self, expected: dict[str, Any]) -> None:
         """Write the header on empty state; otherwise refuse a state of another format or other
         parameters, saying how to rebuild it."""
-        (stored,) = self.reads.get_many([HEADER_KEY])
+        (stored,) = self.kv.get_many([HEADER_KEY])
         if stored is None:
             if next(self.kv.scan_records(), None) is not None:
                 raise IncompatibleState(
                     f"{self.where} holds articles but no header: it was not written by neardup"
                 )
-            self.reads.write(Batch(main={HEADER_KEY: orjson.dumps(expected)}))
+            self.kv.write(Batch(main={HEADER_KEY: orjson.dumps(expected)}))
             return
         header = orjson.loads(stored)
         if header.get("format") != expected.get("format"):
@@ -153,7 +148,7 @@ class IndexState:
     def get(self, article_id: str) -> IndexedArticle | None:
         key = article_id.encode()
         # the marker read beside the id map: deciding the article asks for it next
-        seq, marker = self.reads.get_many([ARTICLE + key, self.markers.key(article_id)])
+        seq, marker = self.kv.get_many([ARTICLE + key, self.markers.key(article_id)])
         self.markers.seen(article_id, marker)
         if seq is None:
             return None
@@ -182,7 +177,7 @@ class IndexState:
                 self._recent.move_to_end(seq)
             found.append(article)
         if missing:
-            stored = self.reads.records([seq_key(seq) for seq in missing])
+            stored = self.kv.records([seq_key(seq) for seq in missing])
             loaded = {
                 seq: self._remember(decode_record(data, str(seq)))
                 for seq, data in zip(missing, stored, strict=True)
@@ -246,7 +241,7 @@ class IndexState:
         missing = [seq for seq, probe in zip(seqs, found, strict=True) if probe is None]
         if not missing:
             return found
-        stored = self.reads.records([seq_key(seq) for seq in missing])
+        stored = self.kv.records([seq_key(seq) for seq in missing])
         loaded = {
             seq: self._keep_probe(decode_probe(data, str(seq)))
             for seq, data in zip(missing, stored, strict=True)
@@ -263,47 +258,6 @@ class IndexState:
     def next_seq(self) -> int:
         return self._seq
 
-    def read_ahead(
-        self, ids: Sequence[str], articles: Sequence[Ahead], candidates: int, anchored: int
-    ) -> None:
-        """Fetch what deciding a batch reads before its first article is decided, one multi-get per
-        family and phase: the ids' entries and markers (`ids`: every id of the batch), the
-        articles' contents, buckets and posting lists (`articles`: content hash, band keys, anchors
-        or None where the containment index is off); then the records those name that no cache
-        holds (at most `candidates` by the buckets and `anchored` by the anchors, per article, as
-        the decision asks); then the heads of their clusters. Reads are only brought forward: what
-        the batch writes is read back as written (ReadAhead), so the decisions are those of one
-        article at a time."""
-        keys = [ARTICLE + article_id.encode() for article_id in ids]
-        keys += [self.markers.key(article_id) for article_id in ids]
-        for content_hash, band_keys, anchors in articles:
-            keys.append(CONTENT + content_hash)
-            keys += [BAND + key for key in band_keys]
-            if anchors is not None:
-                keys += self.postings.names(anchors)
-        self.reads.fetch(keys)
-        seqs = [self.reads.kept(ARTICLE + article_id.encode()) for article_id in ids]
-        seqs += [self.reads.kept(CONTENT + content_hash) for content_hash, _, _ in articles]
-        # read whole (the record cache) or as probes (the probe cache): each missing from its own
-        held = (SEQ.unpack(seq)[0] for seq in seqs if seq is not None)
-        whole = [seq for seq in held if seq not in self._recent]
-        probed: list[int] = []
-        for _, band_keys, anchors in articles:
-            probed += self.buckets.lookup(band_keys, candidates + 1)
-            if anchors is not None:
-                probed += [seq for seq, _ in self.postings.lookup(anchors, self._seq - 1, anchored + 1)]
-        probes = self._probes
-        self.reads.fetch(records=[seq_key(seq) for seq in whole + [s for s in probed if s not in probes]])
-        # then the heads of the clusters they are in, which a verdict names (decoded here as the
-        # decisions would, and cached for them)
-        found = [*self._arrivals(whole), *self._prospects(list(dict.fromkeys(probed)))]
-        clusters = {article.cluster for article in found if article is not None}
-        self.reads.fetch([HEAD + seq_key(cluster) for cluster in clusters])
-
-    def settle(self) -> None:
-        """The batch is decided: what was read ahead for it is forgotten."""
-        self.reads.settle()
-
     def articles(self) -> Iterator[IndexedArticle]:
         """All indexed articles in arrival order, read lazily."""
         return (decode_record(record, str(SEQ.unpack(key)[0])) for key, record in self.kv.scan_records())
@@ -312,11 +266,11 @@ class IndexState:
         return self.counts.articles
 
     def get_meta(self, key: bytes) -> bytes | None:
-        return self.reads.get_many([META + key])[0]
+        return self.kv.get_many([META + key])[0]
 
     def set_meta(self, values: dict[bytes, bytes], *, durable: bool = False) -> None:
         """`durable`: on disk when this returns, even without a write-ahead log."""
-        self.reads.write(Batch(main={META + key: value for key, value in values.items()}))
+        self.kv.write(Batch(main={META + key: value for key, value in values.items()}))
         if durable:
             self.kv.flush()
 
@@ -360,8 +314,6 @@ class IndexState:
         self._seq = max(self._seq, article.seq + 1)
         batch.put(SEQ_KEY, str(self._seq).encode())
         self._write(batch, extra)
-        if article.cluster == article.seq:  # a new cluster: no head while its first is held
-            self.reads.absent(HEAD + seq_key(article.seq))
         self._remember(_as_stored(article))
         self._keep_probe(decode_probe(stored))
 
@@ -388,7 +340,7 @@ class IndexState:
 
     def _commit(self, batch: Batch) -> None:
         """Write the batch, then tell every table what it wrote (where each keeps its cache true)."""
-        self.reads.write(batch)
+        self.kv.write(batch)
         for table in (self.buckets, self.postings, self.contents, self.markers):
             table.written(batch)
 
@@ -502,7 +454,7 @@ class IndexState:
         key = article_id.encode()
         batch = Batch()
         self.markers.drop(batch, article_id)
-        if stored is not None and self.reads.get_many([ARTICLE + key])[0] is None:
+        if stored is not None and self.kv.get_many([ARTICLE + key])[0] is None:
             self.markers.put(batch, article_id, stored)
         self._write(batch)
 
@@ -542,20 +494,20 @@ class IndexState:
                 probe = decode_probe(record)
                 batch.records[seq_key(probe.seq)] = record
                 self._seq = max(self._seq, probe.seq + 1)
-            self.reads.write(batch)
+            self.kv.write(batch)
             count += len(run)
         for stored in runs_of(self.kv.scan_records(), chunk):
             self._index_stored([decode_record(record) for _, record in stored])
         self._hand_on_orphans()
         self._load_markers(markers, chunk)
         self.counts.expired, self.counts.deleted = removed
-        self.reads.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
+        self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
         return count
 
     def _load_markers(self, markers: Iterable[tuple[str, bytes]], chunk: int) -> None:
         """Deletion markers into the state, with their time index; not for ids held again."""
         for run in runs_of(markers, chunk):
-            held = self.reads.get_many([ARTICLE + article_id.encode() for article_id, _ in run])
+            held = self.kv.get_many([ARTICLE + article_id.encode() for article_id, _ in run])
             batch = Batch()
             for (article_id, stored), seq in zip(run, held, strict=True):
                 if seq is None:
@@ -573,7 +525,7 @@ class IndexState:
         """Clusters whose first article is gone get their earliest surviving member as head."""
         batch = Batch()
         for cluster, earliest in self.clusters.earliest_members():
-            if self.reads.records([cluster])[0] is None:
+            if self.kv.records([cluster])[0] is None:
                 self.clusters.hand_on(batch, cluster, self._head_entry(earliest))
         self._commit(batch)
 

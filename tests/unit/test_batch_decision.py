@@ -1,7 +1,7 @@
-"""A batch decided at once against the same articles decided one at a time (the reference,
+"""A batch decided in one call against the same articles decided one a call (the reference,
 tests/support/one_at_a_time.py): the same statuses, verdicts and stored records, in memory and in
-RocksDB under the worker's write overlay, with the containment index on and off; and the store calls
-a batch makes, which is what deciding by the batch is for."""
+RocksDB under the worker's write overlay, with the containment index on and off. The worker's
+decider, embedded mode and the library decide in batches."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from neardup.pipeline.shard import IndexShard, Item
 from neardup.pipeline.sign import SignStage
 from neardup.pipeline.wire import Provenance, decode_signed
 from neardup.state.memory import MemoryState
-from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import RocksState
 from tests.support.one_at_a_time import decide_one_at_a_time
 from tests.support.signing import FUTURE, HISTORY
@@ -130,59 +129,9 @@ def test_batches_in_rocksdb_under_the_overlay_decide_as_one_at_a_time(
     assert decided[1] == expected[1]
 
 
-class Counting:
-    """A KeyValue that counts the multi-gets reaching it."""
-
-    def __init__(self, base: KeyValue) -> None:
-        self.base, self.gets, self.record_gets = base, 0, 0
-
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        self.gets += 1
-        return self.base.get_many(keys)
-
-    def records(self, keys: list[bytes]) -> list[bytes | None]:
-        self.record_gets += 1
-        return self.base.records(keys)
-
-    def write(self, batch: Batch) -> None:
-        self.base.write(batch)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.base, name)
-
-
-@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
-def test_a_batch_reads_the_store_once_per_family_and_phase(params: DedupParams) -> None:
-    """Distinct articles, which nearly all of a feed is: their ids, markers, contents, buckets and
-    posting lists in one multi-get, the records those name in one more, and the heads of their
-    clusters (which a verdict names) in a last one, whatever the batch's size."""
-    pool = paragraphs()
-    texts = [(f"d{n}", f"{pool[n]}\n\n{pool[-n - 1]}") for n in range(60)]
-    items = signed_items(texts, params)
-    state = MemoryState()
-    shard = IndexShard(state, params)
-    shard.decide(items[:20], now=NOW_S)  # candidates for the next batch to read
-    counting = Counting(state.kv)
-    state.kv = counting  # type: ignore[assignment]
-    state.reload()  # its tables over the counting store, nothing cached
-    counting.gets = 0
-    results = shard.decide(items[20:], now=NOW_S)
-    assert [r.status for r in results] == ["new"] * 40
-    assert counting.gets <= 2, counting.gets
-    assert counting.record_gets <= 1, counting.record_gets
-
-
 def test_a_copy_right_after_its_source_in_one_batch_is_its_duplicate() -> None:
     text = paragraphs()[0]
     items = signed_items([("src", text), ("copy", text + " Reporting by the wire desk."), ("src", None)], OFF)
     results = IndexShard(MemoryState(), OFF).decide(items, now=NOW_S)
     assert [r.status for r in results] == ["new", "new", "deleted"]
     assert results[1].verdict is not None and results[1].verdict["match_id"] == "src"
-
-
-def test_what_is_read_ahead_is_forgotten_after_the_batch() -> None:
-    state = MemoryState()
-    IndexShard(state, OFF).decide(signed_items([("a", paragraphs()[0])], OFF), now=NOW_S)
-    entry = b"a" + b"a"  # the id map's key of "a"
-    assert state.reads.get_many([entry]) != [None]  # held in the store
-    assert state.reads.kept(entry) is None  # not kept past its batch
