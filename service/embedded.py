@@ -1,10 +1,11 @@
 """The embedded mode: a JSON-lines file through the same engine and state as the service, no broker.
 
-Resumable: the lines are decided in batches (DECIDE_BATCH, one call of the shard each), and after
-each batch the state records the input and output byte offsets reached. A rerun with the same
---state truncates the outputs to those offsets and continues from the input offset; an article
-applied but not yet checkpointed (a crash inside a batch) comes back as a re-delivery and gets its
-stored verdict, so the output file holds exactly one verdict per article, in input order.
+Resumable: the lines are decided in batches (DECIDE_BATCH, one call of the shard each); a batch's
+writes are held in a write overlay and reach the store in one write batch with its checkpoint, the
+input and output byte offsets reached, so that a crash leaves the state at the end of a batch,
+agreeing with its checkpoint. A rerun with the same --state truncates the outputs to those offsets
+and continues from the input offset, so the output file holds exactly one verdict per article, in
+input order.
 
 The filtered feed (--unique-out) is a third output resumed the same way, for the same reason: its
 offset is checkpointed with the others, so a rerun truncates it to what the checkpointed lines
@@ -25,10 +26,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, cast
 
 import orjson
 
@@ -42,6 +43,7 @@ from .pipeline.shard import Decided, IndexShard
 from .pipeline.sign import SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
 from .state.index import IndexState
+from .state.overlay import LayeredKV
 
 if TYPE_CHECKING:
     from .pipeline.signer import Signer, SignItem
@@ -201,6 +203,7 @@ def run_file(
     stage = SignStage.under(params, max_text_bytes, retention)
     topic = str(input_path)
     with ExitStack() as files:
+        layers = files.enter_context(_held_by_batch(state))
         source = files.enter_context(input_path.open("rb"))
         out = files.enter_context(_open_at(output_path, mark.output))
         dead = files.enter_context(_open_at(dead_path, mark.dead))
@@ -208,7 +211,7 @@ def run_file(
         if feed_path is not None:
             feed = files.enter_context(_open_at(feed_path, mark.feed))
             summary.fed = 0
-        run = _FileRun(shard, summary, topic, progress_key, bar, out, dead, feed, feed_verdicts)
+        run = _FileRun(shard, layers, summary, topic, progress_key, bar, out, dead, feed, feed_verdicts)
         source.seek(mark.input)
         lines = _lines(source, mark.input, mark.line)
         if sign_processes == 0:
@@ -225,6 +228,24 @@ def run_file(
     summary.refused_times = shard.counts.refused_times
     summary.unknown_deletes = shard.counts.unknown_deletes
     return summary
+
+
+@contextmanager
+def _held_by_batch(state: IndexState) -> Iterator[LayeredKV]:
+    """The state's writes held in a write overlay, each batch's written to the store in one write
+    batch with its checkpoint (a crash leaves both or neither); writes not committed when the run
+    ends (it failed) are dropped, and the state is read again from the store."""
+    own = not isinstance(state.kv, LayeredKV)
+    layers = LayeredKV(state.kv) if own else cast(LayeredKV, state.kv)
+    state.kv = layers
+    state.reload()
+    try:
+        yield layers
+    finally:
+        layers.discard()
+        if own:
+            state.kv = layers.base
+        state.reload()
 
 
 class _Mark(NamedTuple):
@@ -252,6 +273,7 @@ class _FileRun:
     """A run's outputs: each line decided is written to them, then checkpointed in the state."""
 
     shard: IndexShard
+    layers: LayeredKV  # under the state: a batch's writes are held, then written with its checkpoint
     summary: RunSummary
     topic: str
     progress_key: bytes
@@ -260,12 +282,15 @@ class _FileRun:
     dead: BinaryIO
     feed: BinaryIO | None
     feed_verdicts: frozenset[str]
+    batches: int = 0
 
     def decide(self, lines: list[_Line], signed: list[_Signed]) -> None:
         """Decide a batch of signed lines in one call of the shard; write each line's verdict (and
         its feed copy), deletion or dead letter, in input order; checkpoint after the last."""
         summary = self.summary
         summary.articles += len(lines)
+        self.batches += 1
+        self.layers.hold(self.batches)
         items = [item for item in signed if not isinstance(item, _Dead)]
         decided = iter(self.shard.decide(items))
         for line, item in zip(lines, signed, strict=True):
@@ -323,6 +348,7 @@ class _FileRun:
             self.feed.flush()
             mark |= {"feed": self.feed.tell(), "feed_verdicts": sorted(self.feed_verdicts)}
         self.shard.state.set_meta({self.progress_key: orjson.dumps(mark)})
+        self.layers.commit_through(self.batches)  # the batch's writes and its checkpoint at once
         self.bar.update(line.end, self.summary.articles)
 
 
