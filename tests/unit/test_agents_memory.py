@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -353,7 +354,7 @@ async def test_index_agent_publishes_verdicts_keyed_by_article(
     assert replayed[3] == sent[0]
     assert registry.get_sample_value("neardup_index_replays_total", {"status": "replayed"}) == 2.0
     assert registry.get_sample_value("neardup_verdicts_total", {"kind": "unique"}) == 1.0
-    assert not index_agent._crash_reason
+    assert index_agent.crash_reason is None
 
 
 async def test_index_agent_dead_letters_a_corrupt_record(
@@ -373,7 +374,7 @@ async def test_index_agent_dead_letters_a_corrupt_record(
     await _all_settled(runtime)
     await _settled(lambda: registry.get_sample_value("neardup_indexed_articles") == 1.0)
     assert registry.get_sample_value("neardup_dead_letters_total", {"reason": "internal_error"}) == 1.0
-    assert not index_agent._crash_reason
+    assert index_agent.crash_reason is None
 
 
 async def test_index_agent_handles_a_packed_message_and_dead_letters_a_corrupt_entry(
@@ -450,17 +451,39 @@ async def test_the_sign_agent_stops_the_worker_when_signing_cannot_go_on(
     assert acked == []
 
 
-async def test_an_agent_that_raises_stops_the_worker_once_without_waiting_for_its_batch(
-    wired: tuple[faust.App, Runtime, dict[str, Recorder]],
+async def test_an_agent_that_raises_stops_the_worker_once(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Faust's default would replace the agent and go on past the batch; the worker stops instead,
-    and its stop does not wait for the batch that will never be acknowledged."""
+    once, whichever agents raise. Each agent's test context is given the error handler the app
+    gave the agent (Agent.info), which Faust calls for an agent of the running app."""
     app, runtime, _ = wired
     stops: list[bool] = []
     runtime.failure.stop_worker = lambda: stops.append(True)
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("broker gone")
+
+    monkeypatch.setattr(runtime.signer, "sign", broken)
+    monkeypatch.setattr(runtime.decider, "decide_chunks", broken)
+    handled: list[str] = []
+    handle = cast(Any, app).agent_failed
+
+    def agent_failed(agent: Any, exc: BaseException) -> None:
+        handled.append(agent.name)
+        handle(agent, exc)
+
+    cast(Any, app).agent_failed = agent_failed
     assert not cast(Any, app).failed()
-    for name in ("sign", "index"):
-        await cast(Any, app)._on_agent_error(app.agents[name], RuntimeError("broker gone"))
+    signed = _signed(runtime.settings, "a", PROSE[0])
+    inputs = [("sign", _article("a", 0), b"a"), ("index", signed, SHARD_KEY)]
+    for count, (name, value, key) in enumerate(inputs, start=1):
+        made = app.agents[name]
+        async with _settling(runtime), made.test_context(on_error=made.info()["on_error"]) as agent:
+            await agent.put(value, key=key, wait=False)
+            await _settled(functools.partial(lambda count: len(handled) == count, count))
+    await runtime.decider.close(clean=False)
+    assert handled == ["sign", "index"]
     assert stops == [True] and runtime.failure.failed and cast(Any, app).failed()
 
 
