@@ -31,7 +31,6 @@ Every change is one write batch: a crash leaves all of it or none.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
@@ -43,7 +42,8 @@ from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from ..core.signing import Sketch
 from .port import Batch, Counts, IndexStats, KeyValue
-from .records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
+from .records import CorruptRecord, decode_probe, decode_record, encode_record
+from .tables import ARTICLE as ARTICLE
 from .tables import BAND as BAND
 from .tables import CONTENT as CONTENT
 from .tables import COPY as COPY
@@ -53,7 +53,7 @@ from .tables import POSTING as POSTING
 from .tables import POSTING_ENTRY as POSTING_ENTRY
 from .tables import SEQ as SEQ
 from .tables import TIME as TIME
-from .tables import Buckets, Clusters, Contents, Markers, Postings, TimeOrder, seq_key
+from .tables import ArticleVersions, Buckets, Clusters, Contents, Markers, Postings, TimeOrder, seq_key
 from .tables import Marker as Marker
 from .tables import encode_marker as encode_marker
 from .tables import join_postings as join_postings
@@ -63,7 +63,7 @@ from .tables import posting_keys as posting_keys
 from .tables import rank_postings as rank_postings
 from .tables import time_key as time_key
 
-ARTICLE, META = b"a", b"m"
+META = b"m"
 _NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
@@ -95,8 +95,8 @@ class IndexState:
         if anchor_cap < 2:
             raise ValueError(f"anchor_cap must be at least 2, got {anchor_cap}")
         self.anchor_cap = anchor_cap
-        self._record_cache_size = record_cache
-        self._probe_cache_size = probe_cache
+        self._record_cache = record_cache
+        self._probe_cache = probe_cache
         self._posting_cache_size = posting_cache
         self._load()
 
@@ -108,9 +108,7 @@ class IndexState:
             self.counts.bucket_sizes = [0]
             for _, members in self.kv.scan(BAND):
                 self.counts.resized(0, len(members) // SEQ.size)
-        self._recent: OrderedDict[int, IndexedArticle] = OrderedDict()
-        # the first stored or read back is the first out: hits do not reorder it
-        self._probes: OrderedDict[int, Probe] = OrderedDict()
+        self.versions = ArticleVersions(self.kv, self._record_cache, self._probe_cache)
         self.buckets = Buckets(self.kv, self.counts, self.bucket_cap)
         self.postings = Postings(self.kv, self.counts, self.anchor_cap, self._posting_cache_size)
         self.contents = Contents(self.kv)
@@ -146,13 +144,12 @@ class IndexState:
         return "memory"
 
     def get(self, article_id: str) -> IndexedArticle | None:
-        key = article_id.encode()
         # the marker read beside the id map: deciding the article asks for it next
-        seq, marker = self.kv.get_many([ARTICLE + key, self.markers.key(article_id)])
+        seq, marker = self.kv.get_many([ArticleVersions.key(article_id), self.markers.key(article_id)])
         self.markers.seen(article_id, marker)
         if seq is None:
             return None
-        found = self._arrivals([SEQ.unpack(seq)[0]])[0]
+        found = self.versions.arrivals([SEQ.unpack(seq)[0]])[0]
         if found is None:
             raise CorruptRecord(f"state record of {article_id!r} is missing")
         return found
@@ -165,37 +162,9 @@ class IndexState:
         """The id's deletion marker as stored (encode_marker), None when it has none."""
         return self.markers.stored(article_id)
 
-    def _arrivals(self, seqs: Sequence[int]) -> list[IndexedArticle | None]:
-        """The article versions with these seqs, from the cache or one multi-get (None: gone)."""
-        found: list[IndexedArticle | None] = []
-        missing: list[int] = []
-        for seq in seqs:
-            article = self._recent.get(seq)
-            if article is None:
-                missing.append(seq)
-            else:
-                self._recent.move_to_end(seq)
-            found.append(article)
-        if missing:
-            stored = self.kv.records([seq_key(seq) for seq in missing])
-            loaded = {
-                seq: self._remember(decode_record(data, str(seq)))
-                for seq, data in zip(missing, stored, strict=True)
-                if data is not None
-            }
-            found = [article or loaded.get(seq) for seq, article in zip(seqs, found, strict=True)]
-        return found
-
-    def _remember(self, article: IndexedArticle) -> IndexedArticle:
-        self._recent[article.seq] = article
-        self._recent.move_to_end(article.seq)
-        if len(self._recent) > self._record_cache_size:
-            self._recent.popitem(last=False)
-        return article
-
     def holder_of(self, content_hash: bytes) -> IndexedArticle | None:
         seq = self.contents.holder(content_hash)
-        return None if seq is None else self._arrivals([SEQ.unpack(seq)[0]])[0]
+        return None if seq is None else self.versions.arrivals([SEQ.unpack(seq)[0]])[0]
 
     def id_for_content(self, content_hash: bytes) -> str | None:
         holder = self.holder_of(content_hash)
@@ -206,7 +175,7 @@ class IndexState:
 
     def band_members(self, key: bytes) -> Sequence[str]:
         """The ids in one bucket, in the order they joined it (tools and tests)."""
-        return [a.article_id for a in self._arrivals(self.buckets.members(key)) if a is not None]
+        return [a.article_id for a in self.versions.arrivals(self.buckets.members(key)) if a is not None]
 
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[Prospect]:
         """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most
@@ -215,7 +184,9 @@ class IndexState:
         in_order = self.buckets.lookup(keys, limit + 1)
         if not in_order:
             return []
-        prospects = [p for p in self._prospects(in_order) if p is not None and p.article_id != exclude]
+        prospects = [
+            p for p in self.versions.prospects(in_order) if p is not None and p.article_id != exclude
+        ]
         return cast(list[Prospect], prospects[:limit])
 
     def anchor_candidates(self, anchors: Anchors, exclude: str, limit: int) -> list[tuple[Prospect, int]]:
@@ -229,38 +200,17 @@ class IndexState:
         seqs = [seq for seq, _ in ranked]
         prospects = [
             (p, count)
-            for p, (_, count) in zip(self._prospects(seqs), ranked, strict=True)
+            for p, (_, count) in zip(self.versions.prospects(seqs), ranked, strict=True)
             if p is not None and p.article_id != exclude
         ]
         return cast(list[tuple[Prospect, int]], prospects[:limit])
-
-    def _prospects(self, seqs: Sequence[int]) -> list[Probe | None]:
-        """The probes of these seqs, from the cache or one multi-get of their records."""
-        cache = self._probes
-        found: list[Probe | None] = [cache.get(seq) for seq in seqs]
-        missing = [seq for seq, probe in zip(seqs, found, strict=True) if probe is None]
-        if not missing:
-            return found
-        stored = self.kv.records([seq_key(seq) for seq in missing])
-        loaded = {
-            seq: self._keep_probe(decode_probe(data, str(seq)))
-            for seq, data in zip(missing, stored, strict=True)
-            if data is not None
-        }
-        return [probe or loaded.get(seq) for seq, probe in zip(seqs, found, strict=True)]
-
-    def _keep_probe(self, probe: Probe) -> Probe:
-        self._probes[probe.seq] = probe
-        if len(self._probes) > self._probe_cache_size:
-            self._probes.popitem(last=False)
-        return probe
 
     def next_seq(self) -> int:
         return self._seq
 
     def articles(self) -> Iterator[IndexedArticle]:
         """All indexed articles in arrival order, read lazily."""
-        return (decode_record(record, str(SEQ.unpack(key)[0])) for key, record in self.kv.scan_records())
+        return self.versions.scan()
 
     def count(self) -> int:
         return self.counts.articles
@@ -308,18 +258,17 @@ class IndexState:
             self._remove(batch, update.replaced, keep_id=True)
         if update.revived:
             self.markers.drop(batch, article.article_id)
-        self._add(batch, article)
         stored = record or encode_record(article)
-        batch.records[seq_key(article.seq)] = stored
+        self._add(batch, article, stored)
         self._seq = max(self._seq, article.seq + 1)
         batch.put(SEQ_KEY, str(self._seq).encode())
         self._write(batch, extra)
-        self._remember(_as_stored(article))
-        self._keep_probe(decode_probe(stored))
+        self.versions.remember(_as_stored(article))
+        self.versions.keep_probe(decode_probe(stored))
 
-    def _add(self, batch: Batch, article: IndexedArticle) -> None:
+    def _add(self, batch: Batch, article: IndexedArticle, record: bytes | None) -> None:
         """Into the content map and the buckets (an exact copy: beside its content's holder),
-        its cluster, the time index and the id map."""
+        its cluster, the time index and the id map; `record`: its record, when not stored yet."""
         seq = seq_key(article.seq)
         if self.contents.add(batch, article.sketch.content_hash, seq, exact=article.decision.exact):
             self.buckets.join(batch, article.seq, article.keys)
@@ -327,7 +276,7 @@ class IndexState:
             self.postings.join(batch, article.seq, article.anchors)
         self.clusters.add(batch, article.seq, article.cluster)
         self.times.add(batch, article.time_ms, article.seq)
-        batch.put(ARTICLE + article.article_id.encode(), seq)
+        self.versions.put(batch, article, record)
         self.counts.articles += 1
         if self.counts.newest_ms is None or article.time_ms > self.counts.newest_ms:
             self.counts.newest_ms = article.time_ms
@@ -341,7 +290,7 @@ class IndexState:
     def _commit(self, batch: Batch) -> None:
         """Write the batch, then tell every table what it wrote (where each keeps its cache true)."""
         self.kv.write(batch)
-        for table in (self.buckets, self.postings, self.contents, self.markers):
+        for table in (self.versions, self.buckets, self.postings, self.contents, self.markers):
             table.written(batch)
 
     def _remove(self, batch: Batch, old: IndexedArticle, *, keep_id: bool = False) -> None:
@@ -357,16 +306,12 @@ class IndexState:
             self.buckets.join(batch, SEQ.unpack(heir)[0], old.keys, if_absent=True)
         self.clusters.leave(batch, old.seq, old.cluster, self._head_entry)
         self.times.remove(batch, old.time_ms, old.seq)
-        if not keep_id:
-            batch.delete(ARTICLE + old.article_id.encode())
-        batch.records[seq] = None
+        self.versions.remove(batch, old, keep_id=keep_id)
         self.counts.articles -= 1
-        self._recent.pop(old.seq, None)
-        self._probes.pop(old.seq, None)
 
     def _head_entry(self, seq: bytes) -> bytes:
         """What a cluster's head key holds: the head's seq and id (read once here, not per member)."""
-        article = self._arrivals([SEQ.unpack(seq)[0]])[0]
+        article = self.versions.arrivals([SEQ.unpack(seq)[0]])[0]
         if article is None:
             raise CorruptRecord(f"state record of arrival {SEQ.unpack(seq)[0]} is missing")
         return seq + article.article_id.encode()
@@ -391,7 +336,7 @@ class IndexState:
         """Remove the articles whose time is before `cutoff_ms`, the oldest first, at most
         `limit` in one pass; returns them."""
         due = self.times.before(cutoff_ms, limit)
-        removed = [article for article in self._arrivals(due) if article is not None]
+        removed = [article for article in self.versions.arrivals(due) if article is not None]
         for article in removed:
             batch = Batch()
             self._remove(batch, article)
@@ -429,12 +374,11 @@ class IndexState:
         if current is not None:
             self._remove(batch, current, keep_id=True)
         self.markers.drop(batch, article.article_id)
-        self._add(batch, article)
-        batch.records[seq_key(article.seq)] = record
+        self._add(batch, article, record)
         self._seq = max(self._seq, article.seq + 1)
         batch.put(SEQ_KEY, str(self._seq).encode())
         self._write(batch)
-        self._remember(article)
+        self.versions.remember(article)
         return True
 
     def drop_article(self, article_id: str) -> bool:
@@ -451,10 +395,9 @@ class IndexState:
     def put_marker(self, article_id: str, stored: bytes | None) -> None:
         """Set the id's deletion marker (encode_marker) to `stored`, None removing it; a held id
         keeps none."""
-        key = article_id.encode()
         batch = Batch()
         self.markers.drop(batch, article_id)
-        if stored is not None and self.kv.get_many([ARTICLE + key])[0] is None:
+        if stored is not None and not self.versions.held([article_id])[0]:
             self.markers.put(batch, article_id, stored)
         self._write(batch)
 
@@ -507,10 +450,10 @@ class IndexState:
     def _load_markers(self, markers: Iterable[tuple[str, bytes]], chunk: int) -> None:
         """Deletion markers into the state, with their time index; not for ids held again."""
         for run in runs_of(markers, chunk):
-            held = self.kv.get_many([ARTICLE + article_id.encode() for article_id, _ in run])
+            held = self.versions.held([article_id for article_id, _ in run])
             batch = Batch()
-            for (article_id, stored), seq in zip(run, held, strict=True):
-                if seq is None:
+            for (article_id, stored), is_held in zip(run, held, strict=True):
+                if not is_held:
                     self.markers.put(batch, article_id, stored)
             self._commit(batch)
 
@@ -518,7 +461,7 @@ class IndexState:
         """Records in arrival order, after every one indexed so far: into every structure."""
         batch = Batch()
         for article in articles:
-            self._add(batch, article)
+            self._add(batch, article, None)  # its record is stored already
         self._commit(batch)
 
     def _hand_on_orphans(self) -> None:
@@ -533,8 +476,7 @@ class IndexState:
         """Reclaim the space of removed and overwritten entries (at close of a run)."""
 
     def close(self) -> None:
-        self._probes.clear()
-        self._recent.clear()
+        self.versions = ArticleVersions(self.kv, self._record_cache, self._probe_cache)  # caches freed
         self.kv.close()
 
 

@@ -18,10 +18,11 @@ import numpy.typing as npt
 
 from ..core import compiled
 from ..core.anchors import Anchors
+from ..core.dedup import IndexedArticle
 from .port import Batch, Counts, KeyValue
-from .records import CorruptRecord
+from .records import CorruptRecord, Probe, decode_probe, decode_record
 
-BAND, POSTING, CONTENT, COPY, MEMBER, HEAD, TIME = b"b", b"n", b"c", b"x", b"k", b"h", b"t"
+ARTICLE, BAND, POSTING, CONTENT, COPY, MEMBER, HEAD, TIME = b"a", b"b", b"n", b"c", b"x", b"k", b"h", b"t"
 MARKER, MARKER_TIME = b"d", b"e"
 SEQ = struct.Struct(">Q")
 _MARKER = struct.Struct(">QQ")  # version, biased deletion time
@@ -78,6 +79,103 @@ def first_key(kv: KeyValue, prefix: bytes, batch: Batch, skip: bytes) -> bytes |
             continue
         return key
     return None
+
+
+class ArticleVersions:
+    """``a<id>`` → the seq of the id's current version; the records family: seq → the record of
+    an article version (records.py).
+
+    Caches decoded records, the latest read or stored first out last (`record_cache` of them):
+    exact copies, re-deliveries and replays read them again; and candidates' probes, the first
+    stored or read first out (`probe_cache`): a multi-get of tens of records costs more than
+    scoring them. A record the store no longer holds leaves both (`written`)."""
+
+    def __init__(self, kv: KeyValue, record_cache: int, probe_cache: int) -> None:
+        self.kv, self.record_cache, self.probe_cache = kv, record_cache, probe_cache
+        self._recent: collections.OrderedDict[int, IndexedArticle] = collections.OrderedDict()
+        self._probes: collections.OrderedDict[int, Probe] = collections.OrderedDict()
+
+    @staticmethod
+    def key(article_id: str) -> bytes:
+        return ARTICLE + article_id.encode()
+
+    def held(self, article_ids: Sequence[str]) -> list[bool]:
+        """Whether each id has a version held, in one multi-get."""
+        return [seq is not None for seq in self.kv.get_many([self.key(i) for i in article_ids])]
+
+    def arrivals(self, seqs: Sequence[int]) -> list[IndexedArticle | None]:
+        """The article versions with these seqs, from the cache or one multi-get (None: gone)."""
+        recent = self._recent
+        found: list[IndexedArticle | None] = []
+        missing: list[int] = []
+        for seq in seqs:
+            article = recent.get(seq)
+            if article is None:
+                missing.append(seq)
+            else:
+                recent.move_to_end(seq)
+            found.append(article)
+        if missing:
+            stored = self.kv.records([seq_key(seq) for seq in missing])
+            loaded = {
+                seq: self.remember(decode_record(data, str(seq)))
+                for seq, data in zip(missing, stored, strict=True)
+                if data is not None
+            }
+            found = [article or loaded.get(seq) for seq, article in zip(seqs, found, strict=True)]
+        return found
+
+    def prospects(self, seqs: Sequence[int]) -> list[Probe | None]:
+        """The probes of these seqs, from the cache or one multi-get of their records."""
+        found: list[Probe | None] = [self._probes.get(seq) for seq in seqs]
+        missing = [seq for seq, probe in zip(seqs, found, strict=True) if probe is None]
+        if not missing:
+            return found
+        stored = self.kv.records([seq_key(seq) for seq in missing])
+        loaded = {
+            seq: self.keep_probe(decode_probe(data, str(seq)))
+            for seq, data in zip(missing, stored, strict=True)
+            if data is not None
+        }
+        return [probe or loaded.get(seq) for seq, probe in zip(seqs, found, strict=True)]
+
+    def remember(self, article: IndexedArticle) -> IndexedArticle:
+        """An article version as its record gives it back, into the record cache."""
+        self._recent[article.seq] = article
+        self._recent.move_to_end(article.seq)
+        if len(self._recent) > self.record_cache:
+            self._recent.popitem(last=False)
+        return article
+
+    def keep_probe(self, probe: Probe) -> Probe:
+        self._probes[probe.seq] = probe
+        if len(self._probes) > self.probe_cache:
+            self._probes.popitem(last=False)
+        return probe
+
+    def put(self, batch: Batch, article: IndexedArticle, record: bytes | None) -> None:
+        """The id's current version is `article`; `record`: its record, when not stored yet."""
+        seq = seq_key(article.seq)
+        batch.put(self.key(article.article_id), seq)
+        if record is not None:
+            batch.records[seq] = record
+
+    def remove(self, batch: Batch, article: IndexedArticle, *, keep_id: bool) -> None:
+        """The version's record goes, and its id unless it gets a new version in the batch."""
+        if not keep_id:
+            batch.delete(self.key(article.article_id))
+        batch.records[seq_key(article.seq)] = None
+
+    def scan(self) -> Iterator[IndexedArticle]:
+        """Every article version held, in arrival order, read lazily."""
+        return (decode_record(record, str(SEQ.unpack(key)[0])) for key, record in self.kv.scan_records())
+
+    def written(self, batch: Batch) -> None:
+        for key, record in batch.records.items():
+            if record is None:
+                seq = SEQ.unpack(key)[0]
+                self._recent.pop(seq, None)
+                self._probes.pop(seq, None)
 
 
 class Contents:

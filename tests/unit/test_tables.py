@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from neardup.core.anchors import NO_ANCHORS, Anchors
+from neardup.core.dedup import Decision, IndexedArticle
 from neardup.state.memory import MemoryKV
 from neardup.state.port import Batch, Counts, KeyValue
+from neardup.state.records import encode_record
 from neardup.state.rocks import RocksKV, RocksOptions
 from neardup.state.tables import (
     BAND,
@@ -23,6 +25,7 @@ from neardup.state.tables import (
     MEMBER,
     POSTING,
     POSTING_ENTRY,
+    ArticleVersions,
     Buckets,
     Clusters,
     Contents,
@@ -34,6 +37,8 @@ from neardup.state.tables import (
     encode_marker,
     seq_key,
 )
+from tests.support.prose import PROSE
+from tests.support.signing import signed
 
 
 class Reads:
@@ -61,7 +66,9 @@ def counts() -> Counts:
     return Counts(bucket_sizes=[0])
 
 
-def commit(kv: KeyValue, batch: Batch, *tables: Buckets | Postings | Contents | Markers) -> None:
+def commit(
+    kv: KeyValue, batch: Batch, *tables: ArticleVersions | Buckets | Postings | Contents | Markers
+) -> None:
     kv.write(batch)
     for table in tables:
         table.written(batch)
@@ -331,3 +338,78 @@ def test_a_marker_seen_beside_the_id_map_is_not_read_again_until_a_write(kv: Rea
     markers.drop(batch, "x")
     commit(kv, batch, markers)
     assert markers.stored("x") is None  # not the value seen before the write
+
+
+# -- article versions: the id map and the records ----------------------------------------------
+
+
+def version(article_id: str, seq: int, text: str) -> IndexedArticle:
+    sketch = signed(article_id, text).sketch
+    decision = Decision("unique", None, None, None, None, article_id, False, ())
+    return IndexedArticle(article_id, 0, seq, sketch, decision, keys=(b"k" * 10,) * 2)
+
+
+def test_article_versions_are_read_whole_or_as_probes_by_seq(kv: Reads) -> None:
+    versions = ArticleVersions(kv, record_cache=10, probe_cache=10)
+    first, second = version("a", 0, PROSE[0]), version("b", 1, PROSE[1])
+    batch = Batch()
+    for article in (first, second):
+        versions.put(batch, article, encode_record(article))
+    commit(kv, batch, versions)
+    assert versions.held(["a", "b", "c"]) == [True, True, False]
+    found = ArticleVersions(kv, record_cache=10, probe_cache=10).arrivals([1, 5, 0])  # a cold cache
+    assert [a and (a.article_id, a.seq, a.sketch.content_hash) for a in found] == [
+        ("b", 1, second.sketch.content_hash),
+        None,
+        ("a", 0, first.sketch.content_hash),
+    ]
+    probes = versions.prospects([0, 1])
+    assert [(p.article_id, p.shingle_count) for p in probes if p] == [
+        ("a", first.sketch.shingle_count),
+        ("b", second.sketch.shingle_count),
+    ]
+    assert [a.article_id for a in versions.scan()] == ["a", "b"]
+
+
+def test_a_version_removed_leaves_both_caches_and_keeps_its_id_when_replaced(kv: Reads) -> None:
+    versions = ArticleVersions(kv, record_cache=10, probe_cache=10)
+    old, new = version("a", 0, PROSE[0]), version("a", 1, PROSE[2])
+    batch = Batch()
+    versions.put(batch, old, encode_record(old))
+    commit(kv, batch, versions)
+    assert versions.arrivals([0])[0] is not None and versions.prospects([0])[0] is not None  # cached
+    batch = Batch()
+    versions.remove(batch, old, keep_id=True)
+    versions.put(batch, new, encode_record(new))
+    commit(kv, batch, versions)
+    assert versions.arrivals([0]) == [None] and versions.prospects([0]) == [None]
+    assert versions.held(["a"]) == [True]
+    batch = Batch()
+    versions.remove(batch, new, keep_id=False)
+    commit(kv, batch, versions)
+    assert versions.held(["a"]) == [False] and list(versions.scan()) == []
+
+
+def test_article_version_caches_stay_within_their_sizes(kv: Reads) -> None:
+    versions = ArticleVersions(kv, record_cache=2, probe_cache=2)
+    articles = [version(f"v{n}", n, PROSE[n % len(PROSE)]) for n in range(5)]
+    batch = Batch()
+    for article in articles:
+        versions.put(batch, article, encode_record(article))
+    commit(kv, batch, versions)
+    read = kv.records
+    calls = []
+
+    def counted(keys: list[bytes]) -> list[bytes | None]:
+        calls.append(len(keys))
+        return read(keys)
+
+    kv.records = counted  # type: ignore[method-assign]
+    versions.arrivals([0, 1, 2, 3, 4])
+    versions.prospects([0, 1, 2, 3, 4])
+    assert calls == [5, 5]
+    versions.arrivals([3, 4])
+    versions.prospects([3, 4])
+    assert calls == [5, 5]  # the latest two of each held
+    versions.arrivals([0])
+    assert calls == [5, 5, 1]  # an earlier one read again
