@@ -481,7 +481,7 @@ async def test_an_agent_that_raises_stops_the_worker_once(
         made = app.agents[name]
         async with _settling(runtime), made.test_context(on_error=made.info()["on_error"]) as agent:
             await agent.put(value, key=key, wait=False)
-            await _settled(functools.partial(lambda count: len(handled) == count, count))
+            await _settled(functools.partial(lambda count: len(handled) == count, count), timeout=30)
     await runtime.decider.close(clean=False)
     assert handled == ["sign", "index"]
     assert stops == [True] and runtime.failure.failed and cast(Any, app).failed()
