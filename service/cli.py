@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import orjson
@@ -29,6 +29,24 @@ TUNE_FLAGS = FlagSet.named("threshold", "num_perm", "fn_weight", "bands", "rows"
 COMPARE_FLAGS = FlagSet.named("shingle_size", "num_perm", "seed", env=False)
 
 
+Command = Callable[[argparse.Namespace], int]
+
+
+def _refusing(command: Command) -> Command:
+    """`command`, with a setting or a state it refuses said in one line and exit status 2, not a
+    traceback."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (ConfigError, IncompatibleState) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
 def _read_text(path: str) -> str:
     decoded = decode_bytes(Path(path).read_bytes())
     if decoded.guessed:
@@ -43,11 +61,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         print(render_compare_local(raw_a, raw_b, color=sys.stdout.isatty()))
         return 0
-    try:
-        params = engine_params(COMPARE_FLAGS.resolve(args))
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    params = engine_params(COMPARE_FLAGS.resolve(args))
     options = params.shingle
     k = options.k
     raw_sets = shingle_strings(raw_a, k), shingle_strings(raw_b, k)
@@ -72,15 +86,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    try:
-        values = TUNE_FLAGS.resolve(args)
-        if values["threshold"] >= 1.0:  # the LSH threshold it tunes for must leave room above it
-            raise ConfigError(f"--threshold must be below 1 to tune for, got {values['threshold']}")
-        tuned = {"containment_threshold": None, "lsh_threshold": values["threshold"]}
-        params = engine_params({**values, **tuned})
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    values = TUNE_FLAGS.resolve(args)
+    if values["threshold"] >= 1.0:  # the LSH threshold it tunes for must leave room above it
+        raise ConfigError(f"--threshold must be below 1 to tune for, got {values['threshold']}")
+    tuned = {"containment_threshold": None, "lsh_threshold": values["threshold"]}
+    params = engine_params({**values, **tuned})
     lsh = params.lsh
     print(
         f"threshold={params.threshold} num_perm={params.num_perm} fn_weight={params.fn_weight} -> "
@@ -139,26 +149,19 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     from .state.port import StateStore
     from .state.rocks import RocksOptions, RocksState, StateError
 
-    try:
-        values = dedup_settings(args)
-        params = engine_params(values)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    values = DEDUP_FLAGS.resolve(args)
+    params = engine_params(values)
     retention = retention_window(values)
     feed_verdicts = parse_verdict_filter(values["unique_filter"])
     if hasattr(args, "unique_filter") and args.unique_out is None:
         # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
-        print("error: --unique-filter needs --unique-out FILE", file=sys.stderr)
-        return 2
+        raise ConfigError("--unique-filter needs --unique-out FILE")
     sign_processes = default_sign_processes() if args.sign_processes is None else args.sign_processes
     if sign_processes < 0:
-        print("error: --sign-processes must be 0 or more", file=sys.stderr)
-        return 2
+        raise ConfigError("--sign-processes must be 0 or more")
     state: StateStore
+    bucket_cap, options = values["bucket_cap"], RocksOptions(bucket_cap=values["bucket_cap"])
     try:
-        bucket_cap = values["bucket_cap"]
-        options = RocksOptions(bucket_cap=bucket_cap)
         state = RocksState(args.state, options) if args.state else MemoryState(bucket_cap)
     except StateError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -177,7 +180,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             feed_verdicts=feed_verdicts,
             sign_processes=sign_processes,
         )
-    except (IncompatibleState, ResumeMismatch, ConfigError) as exc:
+    except ResumeMismatch as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except SigningFailed as exc:
@@ -188,11 +191,6 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         state.close()
     print(summary.render())
     return 0
-
-
-def dedup_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """`neardup dedup`'s settings: its flags, NEARDUP_* variables under them, the defaults."""
-    return DEDUP_FLAGS.resolve(args)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -255,12 +253,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluation import evaluate, render
     from .messages import Article, InvalidMessage, decode_article
 
-    try:
-        values = EVALUATE_FLAGS.resolve(args)
-        params = engine_params(values)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    values = EVALUATE_FLAGS.resolve(args)
+    params = engine_params(values)
     articles = []
     for line in Path(args.input).read_bytes().splitlines():
         if line.strip():
@@ -292,12 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="passage-level analysis: chunk and fuzzy fingerprints, cosine, shared passages",
     )
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=_refusing(cmd_compare))
 
     p = sub.add_parser("tune", help="choose LSH bands/rows for a threshold; draw the S-curve")
     TUNE_FLAGS.add_to(p)
     p.add_argument("--plot", metavar="FILE.png", default=None)
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=_refusing(cmd_tune))
 
     p = sub.add_parser("dedup", help="embedded mode: a JSON-lines file of articles, no broker")
     p.add_argument("input", help="articles, one JSON object per line ({'id','text',...})")
@@ -320,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also copy the input lines whose verdict passes --unique-filter here, unchanged, in order",
     )
     DEDUP_FLAGS.add_to(p)
-    p.set_defaults(func=cmd_dedup)
+    p.set_defaults(func=_refusing(cmd_dedup))
 
     p = sub.add_parser("stats", help="what a state holds: articles, clusters, times, buckets, bytes")
     where = p.add_mutually_exclusive_group(required=True)
@@ -338,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=5, help="articles to show top-3 matches for")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N articles")
     EVALUATE_FLAGS.add_to(p)
-    p.set_defaults(func=cmd_evaluate)
+    p.set_defaults(func=_refusing(cmd_evaluate))
 
     try:
         from .stream import commands

@@ -18,16 +18,18 @@ from faust.types import TP
 from ..config import Settings
 from ..pipeline.collector import CollectorPolicy
 from ..pipeline.decider import Decider
+from ..pipeline.delivery import Deliveries
+from ..pipeline.health import Failure, unready
+from ..pipeline.order import HandOff
 from ..pipeline.pipes import CallTimeout, ChildFailed
 from ..pipeline.sign import SignStage
 from ..pipeline.signer import Signer
 from ..state.rocks import RocksOptions
 from . import framework
-from .delivery import Deliveries
-from .index_agent import SHARD_KEY, CommitPoint, HandOff, IndexAgent, index_opened
+from .index_agent import CommitPoint, IndexAgent, index_opened
 from .metrics import Metrics
-from .outputs import Outputs
-from .progress import Failure, Progress, unacknowledged
+from .outputs import SHARD_KEY, IndexPublisher, Outputs
+from .progress import Progress
 from .purge import SignaturesPurge
 from .sign_agent import SignAgent
 from .standby import Standby
@@ -81,18 +83,9 @@ class Runtime:
         return self.progress.stalled(self.settings.stall_timeout, busy)
 
     def unready(self) -> str | None:
-        """Why the worker does not deliver now, if it does not: sends unacknowledged, no broker
-        answering, or the index opening (rebuilt from the changelog) before the shard's next batch."""
-        limit = self.settings.ready_timeout
-        waited = unacknowledged(self.stages(), limit)
-        if waited is not None:
-            return waited
+        """Why the worker does not deliver now, if it does not (health.unready)."""
         unseen = time.monotonic() - self.metrics.broker_seen
-        if unseen > limit:
-            return f"no broker answered for {unseen:.0f} s"
-        if self.decider.opening:
-            return "opening the index"
-        return None
+        return unready(self.stages(), unseen, self.decider.opening, self.settings.ready_timeout)
 
 
 def exit_after(seconds: float) -> None:
@@ -176,7 +169,7 @@ def _faust_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         # A batch the producer could not deliver this long (retrying what is retriable) fails,
-        # and the worker with it (delivery.py): a supervisor restarts it from its last commit.
+        # and the worker with it (pipeline/delivery.py): a supervisor restarts it from its last commit.
         producer_request_timeout=settings.delivery_timeout,
         producer_max_request_size=max_request_bytes(settings),
         producer_linger_ms=2,
@@ -253,6 +246,7 @@ def _runtime(
         decider,
         collector,
         index_outputs,
+        IndexPublisher(settings, index_outputs),
         progress,
         failure,
         indexed,
@@ -307,23 +301,15 @@ def _stop_when_fenced(failure: Failure, what: str) -> Callable[[Fenced], None]:
     return fenced
 
 
-def _stopping(transactions: InputTransactions, failure: Failure) -> Callable[[], Awaitable[None]]:
-    """At shutdown: the sign stage's open transactions committed, or aborted after a failure."""
-
-    async def stop() -> None:
-        await transactions.stop(commit=not failure.failed)
-
-    return stop
-
-
 def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: faust.TopicT) -> None:
     """The agents on their topics, the shard's assignment hooks, and the app's tasks."""
     signer, failure, metrics = runtime.signer, runtime.failure, runtime.metrics
     sign, index, hand_off = runtime.sign, runtime.index, runtime.hand_off
     signed, indexed = runtime.signed, runtime.indexed
+    shutdown: list[Callable[[], Awaitable[None]]] = cast(Any, app).at_shutdown
     # The signing helpers end with the worker, inside its event loop (the decider is closed on
     # the way: IndexAgent.close); commands.py still stops any that are left once the loop has ended.
-    cast(Any, app).at_shutdown.append(signer.aclose)
+    shutdown.append(signer.aclose)
     cast(Any, app).failed = lambda: failure.failed
     metrics.stall_timeout = runtime.settings.stall_timeout
 
@@ -338,8 +324,9 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     app.on_partitions_assigned.connect(index.on_assigned)  # type: ignore[arg-type]  # mode wants `signal=`
     app.on_partitions_revoked.connect(index.on_revoked)  # type: ignore[arg-type]
     app.on_partitions_revoked.connect(sign.on_revoked)  # type: ignore[arg-type]
-    if sign.transactions is not None:
-        cast(Any, app).at_shutdown.append(_stopping(sign.transactions, failure))
+    if (inputs := sign.transactions) is not None:
+        # the sign stage's open transactions committed, or aborted after a failure
+        shutdown.append(lambda: inputs.stop(commit=not failure.failed))
     app.on_before_shutdown.connect(index.close)  # type: ignore[arg-type]
 
     @app.task
@@ -355,13 +342,8 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     async def hand_offs() -> None:
         await hand_off.run(index.decide_handed_off)
 
-    @app.task
-    async def settle_signed() -> None:
-        await signed.run()
-
-    @app.task
-    async def settle_indexed() -> None:
-        await indexed.run()
+    app.task(signed.run)
+    app.task(indexed.run)
 
     @app.timer(interval=WATCH_INTERVAL_S)
     async def watch() -> None:
@@ -384,7 +366,7 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     if standby.enabled:
         app.task(standby.run)
     purge = SignaturesPurge(runtime.settings, metrics)
-    cast(Any, app).at_shutdown.append(purge.close)
+    shutdown.append(purge.close)
 
     @app.timer(interval=runtime.settings.signatures_purge_interval)
     async def purge_signatures() -> None:

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
@@ -30,6 +29,7 @@ from mode.services import WaitResults
 from mode.utils.times import want_seconds
 
 from ..core.compiled import extension
+from ..pipeline.health import FetchState
 from .inline import run_until_wait, wait_for_event
 
 log = logging.getLogger("neardup.stream")
@@ -53,7 +53,7 @@ class LeanStream(faust.Stream):
     def take_events(self, max_: int, within: Any) -> AsyncGenerator[list[faust.EventT], None]:
         """Batches of at most `max_` events, each yielded once the buffer is full or `within`
         seconds after its first event. The caller acknowledges a batch (`acknowledge`) once what it
-        caused is delivered (delivery.py); never one whose handling raised or was cancelled: Faust
+        caused is delivered (pipeline/delivery.py); never one whose handling raised or was cancelled: Faust
         commits acknowledged offsets only, and such a batch must be delivered again.
 
         Faust's take_events wakes every `within` whether or not anything came (through mode's
@@ -258,15 +258,6 @@ def committed_offset(app: faust.App, tp: TP) -> int | None:
     when nothing, or offset 0, was committed): where Faust seeks to. Asking the broker instead would
     cost a round trip at each first batch."""
     return cast(Any, app.consumer)._committed_offset.get(tp)
-
-
-@dataclass(frozen=True)
-class FetchState:
-    """Where the consumer stands in a partition, as aiokafka and Faust know it without a request."""
-
-    position: int | None  # the next offset the consumer returns (None: being reset)
-    end: int | None  # the high-water mark, or under read_committed the last stable offset
-    handed: int | None  # the last offset Faust handed to the partition's stream
 
 
 def fetch_state(app: faust.App, tp: TP) -> FetchState | None:

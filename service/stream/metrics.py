@@ -8,6 +8,7 @@ the worker).
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -53,134 +54,117 @@ class Metrics:
 
     def _declare_flow(self, r: CollectorRegistry) -> None:
         """Articles in, verdicts and dead letters out, and how long it took."""
-        self.articles_in = Counter("neardup_articles_in", "Articles consumed by the sign stage", registry=r)
-        self.verdicts = Counter("neardup_verdicts", "Verdicts published", ["kind"], registry=r)
-        self.dead_letters = Counter("neardup_dead_letters", "Messages dead-lettered", ["reason"], registry=r)
-        self.replays = Counter(
-            "neardup_index_replays", "Re-delivered signatures by outcome", ["status"], registry=r
-        )
-        self.latency = Histogram(
+        counter = functools.partial(Counter, registry=r)
+        histogram = functools.partial(Histogram, registry=r)
+        self.articles_in = counter("neardup_articles_in", "Articles consumed by the sign stage")
+        self.verdicts = counter("neardup_verdicts", "Verdicts published", ["kind"])
+        self.dead_letters = counter("neardup_dead_letters", "Messages dead-lettered", ["reason"])
+        self.replays = counter("neardup_index_replays", "Re-delivered signatures by outcome", ["status"])
+        self.latency = histogram(
             "neardup_latency_seconds",
             "Produce-to-verdict latency",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=r,
         )
 
     def _declare_index(self, r: CollectorRegistry) -> None:
         """What the index holds, and what left it."""
-        self.indexed = Gauge("neardup_indexed_articles", "Articles in the index", registry=r)
-        self.clusters = Gauge("neardup_index_clusters", "Clusters of articles in the index", registry=r)
-        self.buckets = Gauge("neardup_index_buckets", "LSH band buckets in the index", registry=r)
-        self.largest_bucket = Gauge(
-            "neardup_index_largest_bucket", "Members of the largest LSH bucket (at most the cap)", registry=r
+        counter = functools.partial(Counter, registry=r)
+        gauge = functools.partial(Gauge, registry=r)
+        self.indexed = gauge("neardup_indexed_articles", "Articles in the index")
+        self.clusters = gauge("neardup_index_clusters", "Clusters of articles in the index")
+        self.buckets = gauge("neardup_index_buckets", "LSH band buckets in the index")
+        self.largest_bucket = gauge(
+            "neardup_index_largest_bucket", "Members of the largest LSH bucket (at most the cap)"
         )
-        self.anchor_postings = Gauge(
-            "neardup_index_anchor_postings", "Anchor posting lists in the index (containment)", registry=r
+        self.anchor_postings = gauge(
+            "neardup_index_anchor_postings", "Anchor posting lists in the index (containment)"
         )
-        self.boilerplate_anchors = Gauge(
+        self.boilerplate_anchors = gauge(
             "neardup_index_boilerplate_anchors",
             "Anchor posting lists at their cap: phrases of many articles, proposing no candidate",
-            registry=r,
         )
-        self.index_bytes = Gauge(
-            "neardup_index_bytes", "Bytes of the index on disk (measured every 10 s)", registry=r
+        self.index_bytes = gauge("neardup_index_bytes", "Bytes of the index on disk (measured every 10 s)")
+        self.oldest = gauge(
+            "neardup_index_oldest_seconds", "Event time of the oldest article held (Unix seconds)"
         )
-        self.oldest = Gauge(
-            "neardup_index_oldest_seconds", "Event time of the oldest article held (Unix seconds)", registry=r
+        self.newest = gauge(
+            "neardup_index_newest_seconds", "Newest event time seen (Unix seconds): retention counts from it"
         )
-        self.newest = Gauge(
-            "neardup_index_newest_seconds",
-            "Newest event time seen (Unix seconds): retention counts from it",
-            registry=r,
-        )
-        self.expired = Counter("neardup_expired", "Articles removed by the retention window", registry=r)
-        self.transactions = Counter(
+        self.expired = counter("neardup_expired", "Articles removed by the retention window")
+        self.transactions = counter(
             "neardup_index_transactions",
             "The index stage's transactions (exactly_once) by outcome: committed, aborted",
             ["outcome"],
-            registry=r,
         )
-        self.deletes = Counter(
-            "neardup_deletes",
-            "Deletions (input tombstones) by outcome: deleted, or unknown id",
-            ["status"],
-            registry=r,
+        self.deletes = counter(
+            "neardup_deletes", "Deletions (input tombstones) by outcome: deleted, or unknown id", ["status"]
         )
 
     def _declare_worker(self, r: CollectorRegistry) -> None:
         """How the worker reads its input and keeps up: refused times, offset gaps, hand-offs,
         index openings, the filtered feed, consumer lag and the garbage collector's pauses."""
-        self.refused_times = Counter(
+        counter = functools.partial(Counter, registry=r)
+        gauge = functools.partial(Gauge, registry=r)
+        histogram = functools.partial(Histogram, registry=r)
+        self.refused_times = counter(
             "neardup_refused_times",
             "Articles whose published_at or record timestamp was not used (unparseable, or ahead)",
-            registry=r,
         )
-        self.offset_gaps = Counter(
+        self.offset_gaps = counter(
             "neardup_offset_gaps",
             "Gaps in the offsets delivered: a message came after a gap in its partition",
             ["topic"],
-            registry=r,
         )
-        self.offset_gap_messages = Counter(
+        self.offset_gap_messages = counter(
             "neardup_offset_gap_messages",
             "Messages found in the gaps (read back and handled in their place): the consumer skipped them",
             ["topic"],
-            registry=r,
         )
-        self.handed_off = Counter(
+        self.handed_off = counter(
             "neardup_index_handed_off",
             "Signatures messages decided as soon as their send was acknowledged, not after a fetch",
-            registry=r,
         )
-        self.index_opens = Counter(
+        self.index_opens = counter(
             "neardup_index_opens",
             "Index openings at the shard's assignment (or a decider's replacement): restored from "
             "its committed changelog offset, or rebuilt from the whole changelog",
             ["how"],
-            registry=r,
         )
-        self.index_replayed = Counter(
+        self.index_replayed = counter(
             "neardup_index_replayed_records",
             "Changelog records applied to the index by restores (those after its committed offset)",
-            registry=r,
         )
-        self.standby = Gauge(
+        self.standby = gauge(
             "neardup_index_standby",
             "1 while this worker keeps a warm standby copy of the index (NEARDUP_STANDBY_REPLICAS) "
             "and does not own the shard, else 0",
-            registry=r,
         )
-        self.standby_lag = Gauge(
+        self.standby_lag = gauge(
             "neardup_index_standby_lag_records",
             "Changelog offsets the standby copy was behind at its last catch-up (changelog end - "
             "its stored position): about what a takeover would replay",
-            registry=r,
         )
-        self.standby_applied = Counter(
+        self.standby_applied = counter(
             "neardup_index_standby_applied_records",
             "Changelog records the standby copy applied as it caught up from its stored position "
             "(its first build, from the whole changelog, is not counted)",
-            registry=r,
         )
-        self.fed = Counter(
+        self.fed = counter(
             "neardup_feed_messages",
             "Input messages forwarded to the filtered feed (NEARDUP_UNIQUE_TOPIC) and acknowledged",
-            registry=r,
         )
-        self.signatures_purged = Gauge(
+        self.signatures_purged = gauge(
             "neardup_signatures_log_start",
             "Log start offset of the signatures topic after the last purge (messages below it were decided)",
-            registry=r,
         )
-        self.lag = Gauge(
-            "neardup_consumer_lag", "Messages behind the high-water mark", ["topic", "partition"], registry=r
+        self.lag = gauge(
+            "neardup_consumer_lag", "Messages behind the high-water mark", ["topic", "partition"]
         )
-        self.gc_pauses = Histogram(
+        self.gc_pauses = histogram(
             "neardup_gc_pause_seconds",
             "Python garbage-collector pauses, which stop every stage of the worker",
             ["generation"],
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
-            registry=r,
         )
 
     def watch_gc(self) -> Callable[[str, dict[str, Any]], None]:

@@ -5,16 +5,24 @@ broker has them."""
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
+import orjson
 
+from ..config import Settings
+from ..messages import dead_letter_dict
+from ..pipeline.publication import DELETES, REPLAYS, Feed, publication
+from ..pipeline.shard import BatchOutcome, EntryOutcome
 from . import framework
 from .batches import SentBatch, send_in_batches
 from .metrics import Metrics
 
+log = logging.getLogger("neardup.stream")
 Letter = tuple[str, bytes, bytes | None]  # (reason, dead-letter record, key)
+SHARD_KEY = b"0"  # the key of every signatures message: the index shard is one partition
 
 
 class Outputs:
@@ -62,3 +70,115 @@ class Outputs:
     def count_dead_letters(self, letters: list[Letter]) -> None:
         for reason, count in collections.Counter(reason for reason, _, _ in letters).items():
             self.metrics.dead_letters.labels(reason).inc(count)
+
+
+class IndexPublisher:
+    """What the index stage's decisions publish (pipeline/publication.py says what), rendered as
+    Kafka records: verdicts and removals keyed by article id, the filtered feed, dead letters; and
+    their metrics, counted once the broker has them."""
+
+    def __init__(self, settings: Settings, outputs: Outputs) -> None:
+        self.settings = settings
+        self.outputs = outputs
+        self.metrics = outputs.metrics
+        self.feed_kinds = settings.feed_kinds() if settings.unique_topic else None  # None: no feed
+
+    async def publish(self, outcome: BatchOutcome) -> tuple[list[Any], Callable[[], None]]:
+        """Send a chunk's verdicts, feed messages and dead letters; returns the sends and what
+        counts them once they are acknowledged."""
+        metrics = self.metrics
+        verdicts: list[tuple[bytes | None, bytes | None]] = []
+        letters: list[Letter] = []
+        # counted per chunk, not per verdict: a labelled counter's increment costs the event loop
+        counts: collections.Counter[tuple[Any, str | None]] = collections.Counter()
+        latencies: list[float] = []
+        feed: list[tuple[bytes | None, bytes | None]] = []  # (key, input message) for the filtered feed
+        feed_headers: list[Any] = []
+        expired = 0
+        for entry in outcome.entries:
+            what = publication(
+                entry.status,
+                entry.kind,
+                deletion=entry.deletion,
+                has_verdict=entry.verdict is not None and entry.article_id is not None,
+                feed_kinds=self.feed_kinds,
+                replays_republished=not self.settings.exactly_once,
+            )
+            if what.dead_letter:
+                letters.append(self._index_error(entry))
+                continue
+            if entry.status in REPLAYS:
+                counts[(metrics.replays, entry.status)] += 1
+            if what.answered_before:
+                continue
+            expired += entry.expired
+            if entry.article_id is None:
+                continue
+            key = entry.article_id.encode()
+            if what.removal:
+                if entry.status in DELETES:
+                    counts[(metrics.deletes, entry.status)] += 1
+                verdicts.append((key, None))
+            elif what.verdict:
+                if entry.status != "replayed":
+                    counts[(metrics.verdicts, entry.kind)] += 1
+                    if entry.latency_ms is not None:
+                        latencies.append(entry.latency_ms / 1000.0)
+                verdicts.append((key, entry.verdict))
+            if what.feed is Feed.REMOVAL:
+                feed.append((key, None))
+                feed_headers.append(())
+            elif what.feed is Feed.COPY and entry.original is not None:
+                feed.append((key, entry.original))
+                feed_headers.append(entry.headers)
+        # Keyed by article id, so that every verdict of an article lands in the same partition.
+        sends = await self.outputs.send(self.settings.verdicts_topic, verdicts)
+        sends += await self.outputs.dead_letters(letters)
+        if feed:
+            sends += await self.outputs.send(self.settings.unique_topic, feed, headers=feed_headers)
+
+        def counted() -> None:
+            for (counter, label), count in counts.items():
+                counter.labels(label).inc(count)
+            for latency in latencies:
+                metrics.latency.observe(latency)
+            if expired:
+                metrics.expired.inc(expired)
+            self.outputs.count_dead_letters(letters)
+            if feed:
+                metrics.fed.inc(len(feed))
+            metrics.indexed.set(outcome.indexed)
+            metrics.clusters.set(outcome.clusters)
+            metrics.buckets.set(outcome.buckets)
+            metrics.largest_bucket.set(outcome.largest_bucket)
+            metrics.anchor_postings.set(outcome.anchor_postings)
+            metrics.boilerplate_anchors.set(outcome.boilerplate_anchors)
+            if outcome.bytes_on_disk is not None:
+                metrics.index_bytes.set(outcome.bytes_on_disk)
+            if outcome.oldest_ms is not None:
+                metrics.oldest.set(outcome.oldest_ms / 1000.0)
+            if outcome.newest_ms is not None:
+                metrics.newest.set(outcome.newest_ms / 1000.0)
+
+        return sends, counted
+
+    def _index_error(self, entry: EntryOutcome) -> Letter:
+        """A record the index stage could not handle, as a dead letter: under the input message it
+        came from when that is known (an isolated record's), else under the signatures message
+        (they all come from the shard's one partition, under its key)."""
+        topic, offset, key = self.settings.signatures_topic, entry.offset, SHARD_KEY
+        partition: int | None = 0
+        if entry.source is not None and entry.article_id is not None:
+            topic, partition, offset = entry.source.topic, entry.source.partition, entry.source.offset
+            key = entry.article_id.encode()
+        log.error(
+            "index_error reason=%s topic=%s partition=%s offset=%d error=%s",
+            entry.reason,
+            topic,
+            partition,
+            offset,
+            entry.error,
+        )
+        assert entry.payload is not None and entry.error is not None
+        record = dead_letter_dict(entry.reason, entry.error, entry.payload, topic, partition, offset, key)
+        return entry.reason, orjson.dumps(record), key

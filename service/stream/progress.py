@@ -1,54 +1,24 @@
 """What the agents share about the stream's progress: the offsets delivered in each partition (to
-notice and fill the ones the consumer skipped), when each stage last took a batch, lag, stalls, and
-how the worker stops when it cannot go on."""
+notice and fill the ones the consumer skipped), when each stage last took a batch, lag and stalls,
+read from the consumer (what counts as waiting and how the worker stops: pipeline/health.py)."""
 
 from __future__ import annotations
 
 import logging
-import signal
 import time
-from collections.abc import Callable, Set
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
 import faust
 
+from ..pipeline.health import Failure, waiting
+from ..pipeline.order import OffsetGap, offset_gaps
 from . import framework
-from .delivery import Deliveries
-from .gaps import OffsetGap, offset_gaps
 from .metrics import Metrics
 from .topics import LogReader, StoredMessage
 
 log = logging.getLogger("neardup.stream")
-
-
-def _raise_sigterm() -> None:
-    signal.raise_signal(signal.SIGTERM)
-
-
-@dataclass
-class Failure:
-    """Stopping the worker for a failure it cannot go on from (the decider or a signing helper
-    failed twice on a batch, an agent raised, a broker refused a send): stop it the way a
-    supervisor would, so that it restarts and the unacknowledged batch is re-delivered, rather
-    than keep consuming with a crashed agent and a gap that blocks every later commit."""
-
-    metrics: Metrics
-    exit_timeout: float  # a stop that takes longer ends the process (exit_later)
-    stop_worker: Callable[[], None] = _raise_sigterm
-    # what bounds that stop: the worker's command passes app.exit_after (the in-memory tests do not)
-    exit_later: Callable[[float], None] = lambda seconds: None
-    failed: bool = False  # stopped for such a failure: the worker exits non-zero
-
-    def fail(self, message: str, *, exc_info: bool = False) -> None:
-        """Stop the worker (logged once): /health turns 503 at once, and a stop that takes longer
-        than the settings allow ends the process (non-zero)."""
-        if not self.failed:
-            log.critical(message, exc_info=exc_info)
-            self.failed = True
-            self.metrics.failure = message
-            self.exit_later(self.exit_timeout)
-            self.stop_worker()
 
 
 @dataclass
@@ -159,31 +129,3 @@ class Progress:
             if count:
                 return f"{tp.topic}:{tp.partition}: {count} waiting, none taken for {now - taken:.0f} s"
         return None
-
-
-def waiting(state: framework.FetchState, delivered: int | None) -> int:
-    """Records of a partition that its agent has yet to take: those the consumer has not fetched
-    up to the end it can read (the high-water mark, or the last stable offset under
-    read_committed), and those Faust handed to the stream after the last the agent took. Not the
-    offset of the last record against the high-water mark: a commit marker or an aborted record
-    holds an offset that no agent is ever delivered, and an idle worker under exactly-once would
-    look wedged for good."""
-    unfetched = 0
-    if state.position is not None and state.end is not None:
-        unfetched = max(state.end - state.position, 0)
-    untaken = 0
-    if state.handed is not None and delivered is not None:
-        untaken = max(state.handed - delivered, 0)
-    return unfetched + untaken
-
-
-def unacknowledged(stages: list[Deliveries], limit: float) -> str | None:
-    """A stage whose batches have waited for the broker's acknowledgement longer than `limit`
-    seconds: the broker is away or overloaded. Not a wedged process (the producer's delivery timeout
-    bounds the wait), so it makes the worker not ready, not dead."""
-    now = time.monotonic()
-    for stage in stages:
-        if stage.unsettled and now - stage.settled_at > limit:
-            waited = now - stage.settled_at
-            return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
-    return None

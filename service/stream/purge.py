@@ -17,7 +17,7 @@ log = logging.getLogger("neardup.purge")
 class SignaturesPurge:
     """Deletes the shard's signatures messages below the index stage's committed offset: those
     decided, their verdicts, feed records and changelog records acknowledged by the broker
-    (delivery.py acknowledges nothing before that), so neither a restart nor a rebuild reads them
+    (pipeline/delivery.py acknowledges nothing before that), so neither a restart nor a rebuild reads them
     again. The admin client is started at the first purge and kept (one connection, every interval)."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:

@@ -13,14 +13,14 @@ import faust
 from aiokafka import TopicPartition
 
 from ..config import Settings
+from ..pipeline.delivery import Deliveries
+from ..pipeline.health import Failure
+from ..pipeline.order import HandOff, in_log_order
 from ..pipeline.signer import Signer, SignerFailed, SignItem
 from ..pipeline.wire import Provenance, pack_in_chunks, with_original
 from .batches import send_in_batches
-from .delivery import Deliveries
-from .gaps import in_log_order
-from .index_agent import SHARD_KEY, HandOff
-from .outputs import Letter, Outputs
-from .progress import Failure, Progress
+from .outputs import SHARD_KEY, Letter, Outputs
+from .progress import Progress
 from .topics import StoredMessage
 from .transactions import InputTransactions
 
@@ -155,7 +155,7 @@ class SignAgent:
         """Exactly once: an input partition's signatures messages and dead letters in the open
         transaction of its own writer, committed with the partition's next offset (`end`); returns
         once they are committed. Nothing is handed off: past a commit marker the hand-off never
-        decides (gaps.following_run), so the consumer brings them."""
+        decides (order.following_run), so the consumer brings them."""
         assert self.transactions is not None
         writer = self.transactions.writer(tp.topic, tp.partition)
         async with writer.joined({TopicPartition(tp.topic, tp.partition): end}) as transaction:

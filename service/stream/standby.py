@@ -38,11 +38,11 @@ class Standby:
         acknowledged yet (a former owner: the changelog lacks them, the next step has them).
         Returns whether it caught up."""
         index, metrics = self.index, self.metrics
-        if index.owner:
+        if index.lifecycle.owner:
             metrics.standby.set(0)
             return False
         async with index.lock:
-            if index.owner or index.deliveries.unsettled:
+            if index.lifecycle.owner or index.deliveries.unsettled:
                 return False
             decider = index.decider
             try:
@@ -57,7 +57,7 @@ class Standby:
                 decider.kill()
                 return False
         # the shard may have come to this worker during the catch-up (on_assigned set 0 then)
-        metrics.standby.set(0 if index.owner else 1)
+        metrics.standby.set(0 if index.lifecycle.owner else 1)
         metrics.standby_lag.set(decider.behind)
         if count is not None:
             log.info("standby_rebuilt articles=%d", count)

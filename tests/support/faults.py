@@ -164,7 +164,7 @@ def _hold_commit(at: int, delay_s: float) -> None:
 
 def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:
     from neardup.stream.index_agent import IndexAgent
-    from neardup.stream.outputs import Outputs
+    from neardup.stream.outputs import IndexPublisher, Outputs
     from neardup.stream.sign_agent import SignAgent
 
     calls = [0]
@@ -186,10 +186,10 @@ def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:
         _hold_commit(at, delay_s)
         return
     if agent == "verdicts":
-        real_publish = IndexAgent.publish
+        real_publish = IndexPublisher.publish
 
         @functools.wraps(real_publish)
-        async def held(self: IndexAgent, *args: Any) -> Any:
+        async def held(self: IndexPublisher, *args: Any) -> Any:
             calls[0] += 1
             if calls[0] == at or (at == -1 and calls[0] > 0 and Path(os.environ[ARMED]).exists()):
                 calls[0] = -(10**9)  # once
@@ -197,7 +197,7 @@ def _fail_agent(action: str, agent: str, at: int, delay_s: float) -> None:
                 await asyncio.sleep(delay_s)
             return await real_publish(self, *args)
 
-        IndexAgent.publish = held  # type: ignore[method-assign]
+        IndexPublisher.publish = held  # type: ignore[method-assign]
         return
     real_send = Outputs.send_batches
 

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from neardup.stream.delivery import Deliveries
+from neardup.pipeline.delivery import Deliveries
 from neardup.stream.metrics import Metrics
 
 
@@ -127,14 +127,15 @@ def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_un
 
     from faust.types import TP
 
+    from neardup.pipeline.health import FetchState, unacknowledged
     from neardup.stream import framework
-    from neardup.stream.progress import Progress, unacknowledged
+    from neardup.stream.progress import Progress
 
     now = time.monotonic()
     stage = Deliveries("index", lambda message: None)
     tp = TP("articles", 0)
     # the consumer fetched up to the end; Faust handed the stream everything up to 99
-    states = {tp: framework.FetchState(position=100, end=100, handed=99)}
+    states = {tp: FetchState(position=100, end=100, handed=99)}
     monkeypatch.setattr(framework, "fetch_state", lambda app, tp: states.get(tp))
     consumer = SimpleNamespace(assignment=lambda: set(states))
     app: Any = SimpleNamespace(consumer=consumer)
@@ -153,7 +154,7 @@ def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_un
     stage.settled_at = now
     assert unacknowledged([stage], 30.0) is None
     sigs = TP("sigs", 0)
-    states[sigs] = framework.FetchState(position=3, end=10, handed=2)  # 7 not fetched yet
+    states[sigs] = FetchState(position=3, end=10, handed=2)  # 7 not fetched yet
     progress.delivered[sigs], progress.taken_at["sigs"] = 2, now - 300
     assert "sigs:0: 7 waiting" in (progress.stalled(60.0) or "")
     # a rebuild in progress, or a stage waiting for the broker, is not a stall
@@ -164,8 +165,7 @@ def test_a_commit_marker_or_aborted_records_past_the_last_record_are_not_waiting
     """Under exactly-once the last transaction's commit marker sits at the high-water mark - 1 and
     is never delivered: an idle worker has nothing waiting. So with aborted records, which the
     consumer skips as it fetches them (its position moves past them)."""
-    from neardup.stream.framework import FetchState
-    from neardup.stream.progress import waiting
+    from neardup.pipeline.health import FetchState, waiting
 
     # records 0-9 taken, a commit marker at 10: the consumer's position is past it
     assert waiting(FetchState(position=11, end=11, handed=9), delivered=9) == 0

@@ -624,10 +624,10 @@ def test_retention_comes_from_the_environment_unless_the_flag_says_otherwise(
 ) -> None:
     monkeypatch.setenv("NEARDUP_RETENTION", "12h")
     monkeypatch.setenv("NEARDUP_BUCKET_CAP", "16")
-    values = cli.dedup_settings(cli.build_parser().parse_args(["dedup", "in.jsonl", "-o", "out.jsonl"]))
+    values = cli.DEDUP_FLAGS.resolve(cli.build_parser().parse_args(["dedup", "in.jsonl", "-o", "out.jsonl"]))
     assert (values["retention"], values["time_skew"], values["bucket_cap"]) == ("12h", "10m", 16)
     args = cli.build_parser().parse_args(["dedup", "in.jsonl", "-o", "out.jsonl", "--retention", "30d"])
-    assert cli.dedup_settings(args)["retention"] == "30d"
+    assert cli.DEDUP_FLAGS.resolve(args)["retention"] == "30d"
     worker = cli.build_parser().parse_args(["worker", "--retention", "2d", "--time-skew", "1m"])
     assert worker_settings(worker).retention_window() == Retention(2 * 86_400_000, 60_000)
     assert worker_settings(cli.build_parser().parse_args(["worker"])).retention == "12h"

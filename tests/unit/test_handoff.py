@@ -1,5 +1,6 @@
-"""The index hand-off's queue (index_agent.py `HandOff`): signatures messages decided in the order they were
-sent, as soon as their sends are acknowledged; the agents' side is in test_agents_memory.py."""
+"""The index hand-off's queue (pipeline/order.py `HandOff`): signatures messages decided in the
+order they were sent, as soon as their sends are acknowledged; the agents' side is in
+test_agents_memory.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from neardup.stream.index_agent import HANDOFF_QUEUE, HandOff
+from neardup.pipeline.order import HANDOFF_QUEUE, HandOff
 
 
 def _acknowledged(offset: int) -> asyncio.Future[Any]:

@@ -15,8 +15,8 @@ import pytest
 
 from neardup.config import Settings
 from neardup.pipeline.decider import Decider
+from neardup.pipeline.delivery import Deliveries
 from neardup.state.rocks import RocksOptions
-from neardup.stream.delivery import Deliveries
 from neardup.stream.metrics import Metrics
 from neardup.stream.standby import Standby
 from tests.support.changelog import ListChangelog
@@ -50,7 +50,7 @@ def standby_of(decider: Decider) -> tuple[Standby, Any]:
     """The standby over an index stage's parts as IndexAgent holds them."""
     failures: list[str] = []
     index = SimpleNamespace(
-        owner=False,
+        lifecycle=SimpleNamespace(owner=False),
         lock=asyncio.Lock(),
         deliveries=Deliveries("index", failures.append),
         decider=decider,
@@ -91,10 +91,10 @@ async def test_a_standby_stands_aside_while_it_owns_the_shard_or_its_decisions_a
     owner, copy, _ = deciders
     standby, index = standby_of(copy)
     await decide(owner, packed(HISTORY, 0))
-    index.owner = True
+    index.lifecycle.owner = True
     assert not await standby.step()
     assert copy.shard is None and sample(index.metrics, "neardup_index_standby") == 0
-    index.owner = False
+    index.lifecycle.owner = False
     acknowledged = asyncio.get_running_loop().create_future()
     await index.deliveries.settle([acknowledged], lambda: None)  # a former owner's send in flight
     assert not await standby.step() and copy.shard is None
@@ -128,7 +128,7 @@ async def test_a_shard_that_comes_during_a_catch_up_is_not_reported_as_a_standby
 
     async def assigned_meanwhile() -> int | None:
         count = await catch_up()
-        index.owner = True  # the rebalance gives this worker the shard while it catches up
+        index.lifecycle.owner = True  # the rebalance gives this worker the shard while it catches up
         return count
 
     copy.catch_up = assigned_meanwhile

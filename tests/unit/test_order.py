@@ -1,11 +1,11 @@
-"""neardup.stream.gaps: offsets the consumer went past, and the messages read back for them put
+"""neardup.pipeline.order: offsets the consumer went past, and the messages read back for them put
 in their place."""
 
 from __future__ import annotations
 
 import pytest
 
-from neardup.stream.gaps import OffsetGap, following_run, in_log_order, offset_gaps
+from neardup.pipeline.order import OffsetGap, following_run, in_log_order, offset_gaps
 
 
 def test_offset_gaps_are_forward_jumps_per_partition() -> None:

@@ -1,5 +1,7 @@
-"""Offset gaps: how the worker notices offsets the consumer went past without delivering them,
-and puts the messages read back for them in their place in the log.
+"""The log's order, whatever delivers the messages: offset gaps (offsets the consumer went past
+without delivering them), the messages read back for them put in their place, and the hand-off
+that decides this worker's own signatures messages as their sends are acknowledged, in the shard's
+order.
 
 Separate from the stages, which get their messages already in log order, and from the wire format:
 both agents use these on (partition, offset) pairs, whatever the topic and the payload.
@@ -7,10 +9,14 @@ both agents use these on (partition, offset) pairs, whatever the topic and the p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
+# Signatures messages waiting for their acknowledgement to be handed off (each up to a sign batch).
+# A hand-off that falls this far behind is no quicker than the consumer, which delivers them anyway.
+HANDOFF_QUEUE = 16
 
 
 class OffsetGap(NamedTuple):
@@ -67,3 +73,47 @@ def following_run(after: int, messages: Sequence[tuple[int, T]]) -> list[tuple[i
             break
         run.append(message)
     return run
+
+
+class HandOff:
+    """Signatures messages this worker sent, decided as soon as the broker acknowledges them.
+
+    Through the consumer, a signatures message reaches the index agent one fetch round trip after
+    its send: about as long again as the input's own fetch. The acknowledgement gives its offset, so while
+    this worker owns the shard it can be decided at once, in the shard's order: only when it follows
+    the last message decided (`following_run`); otherwise (another worker's messages first,
+    the shard elsewhere, a failed send) the consumer brings it, as it brings every message anyway.
+
+    The queue holds `maxsize` messages: when it is full, the message is not handed off (nor are
+    those after it, which no longer follow the last one decided) and the consumer brings it. The
+    hand-off only saves latency; making the sign stage wait for it instead would tie the input's
+    pace to the decisions', which the consumer's path keeps apart."""
+
+    def __init__(self, maxsize: int = HANDOFF_QUEUE) -> None:
+        self._sent: asyncio.Queue[tuple[Any, bytes]] = asyncio.Queue(maxsize)
+        self.dropped = 0  # messages left to the consumer because the queue was full
+
+    def submit(self, sent: Any, pack: bytes) -> None:
+        """`sent`: what Topic.send returned, awaitable for the message's metadata."""
+        if asyncio.isfuture(sent):
+            try:
+                self._sent.put_nowait((sent, pack))
+            except asyncio.QueueFull:
+                self.dropped += 1
+
+    async def run(self, decide: Callable[[list[tuple[int, bytes]]], Awaitable[None]]) -> None:
+        """In send order; whatever is acknowledged meanwhile is decided together (one pipelined
+        request to the decider, as a batch from the consumer would be)."""
+        while True:
+            waiting = [await self._sent.get()]
+            while not self._sent.empty():
+                waiting.append(self._sent.get_nowait())
+            messages: list[tuple[int, bytes]] = []
+            for sent, pack in waiting:
+                try:
+                    metadata = await sent
+                except Exception:  # the send failed: the sign agent's own await reports it
+                    break
+                messages.append((metadata.offset, pack))
+            if messages:
+                await decide(messages)

@@ -1,0 +1,103 @@
+"""The worker's health and failure policy, whatever the transport: when it stops for a failure,
+when a stage waits too long on the broker's acknowledgements (not ready), and how many records of
+a partition its agent has yet to take (what a stall is measured on). The adapter feeds these with
+what its consumer and clients know (stream/progress.py, stream/app.py)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .delivery import Deliveries
+
+log = logging.getLogger("neardup.stream")
+
+
+class ShowsFailure(Protocol):
+    """Where /health reads the failure the worker stops for (the worker's metrics)."""
+
+    failure: str | None
+
+
+def _raise_sigterm() -> None:
+    signal.raise_signal(signal.SIGTERM)
+
+
+@dataclass
+class Failure:
+    """Stopping the worker for a failure it cannot go on from (the decider or a signing helper
+    failed twice on a batch, an agent raised, a broker refused a send): stop it the way a
+    supervisor would, so that it restarts and the unacknowledged batch is re-delivered, rather
+    than keep consuming with a crashed agent and a gap that blocks every later commit."""
+
+    metrics: ShowsFailure
+    exit_timeout: float  # a stop that takes longer ends the process (exit_later)
+    stop_worker: Callable[[], None] = _raise_sigterm
+    # what bounds that stop: the worker's command passes app.exit_after (the in-memory tests do not)
+    exit_later: Callable[[float], None] = lambda seconds: None
+    failed: bool = False  # stopped for such a failure: the worker exits non-zero
+
+    def fail(self, message: str, *, exc_info: bool = False) -> None:
+        """Stop the worker (logged once): /health turns 503 at once, and a stop that takes longer
+        than the settings allow ends the process (non-zero)."""
+        if not self.failed:
+            log.critical(message, exc_info=exc_info)
+            self.failed = True
+            self.metrics.failure = message
+            self.exit_later(self.exit_timeout)
+            self.stop_worker()
+
+
+@dataclass(frozen=True)
+class FetchState:
+    """Where the consumer stands in a partition, as the consumer knows it without a request."""
+
+    position: int | None  # the next offset the consumer returns (None: being reset)
+    end: int | None  # the high-water mark, or under read_committed the last stable offset
+    handed: int | None  # the last offset handed to the partition's stream
+
+
+def waiting(state: FetchState, delivered: int | None) -> int:
+    """Records of a partition that its agent has yet to take: those the consumer has not fetched
+    up to the end it can read (the high-water mark, or the last stable offset under
+    read_committed), and those handed to the stream after the last the agent took. Not the
+    offset of the last record against the high-water mark: a commit marker or an aborted record
+    holds an offset that no agent is ever delivered, and an idle worker under exactly-once would
+    look wedged for good."""
+    unfetched = 0
+    if state.position is not None and state.end is not None:
+        unfetched = max(state.end - state.position, 0)
+    untaken = 0
+    if state.handed is not None and delivered is not None:
+        untaken = max(state.handed - delivered, 0)
+    return unfetched + untaken
+
+
+def unacknowledged(stages: Sequence[Deliveries], limit: float) -> str | None:
+    """A stage whose batches have waited for the broker's acknowledgement longer than `limit`
+    seconds: the broker is away or overloaded. Not a wedged process (the producer's delivery timeout
+    bounds the wait), so it makes the worker not ready, not dead."""
+    now = time.monotonic()
+    for stage in stages:
+        if stage.unsettled and now - stage.settled_at > limit:
+            waited = now - stage.settled_at
+            return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
+    return None
+
+
+def unready(stages: Sequence[Deliveries], unseen: float, opening: bool, limit: float) -> str | None:
+    """Why the worker does not deliver now, if it does not: sends unacknowledged for `limit`
+    seconds, no broker answering for as long (`unseen`: since one last did), or the index opening
+    (rebuilt from the changelog) before the shard's next batch."""
+    waited = unacknowledged(stages, limit)
+    if waited is not None:
+        return waited
+    if unseen > limit:
+        return f"no broker answered for {unseen:.0f} s"
+    if opening:
+        return "opening the index"
+    return None
