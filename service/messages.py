@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
@@ -334,6 +335,56 @@ def dead_letter_dict(
 
 def _base64_size(size: int) -> int:
     return (size + 2) // 3 * 4
+
+
+def id_key(body: bytes) -> bytes | None:
+    """The key an input line is produced under: its id, when it is an object that has one."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    key = data.get("id") if isinstance(data, dict) else None
+    return key.encode() if isinstance(key, str) else None
+
+
+def verdicts_summary(verdicts: list[dict[str, Any]]) -> str:
+    """`neardup tail --summary`: counts by kind, the largest clusters, and the median latency of
+    the verdicts seen."""
+    kinds = Counter(v["verdict"] for v in verdicts)
+    clusters = Counter(v["canonical_id"] for v in verdicts if v["verdict"] != "unique")
+    latencies = sorted(v["latency_ms"] for v in verdicts if v.get("latency_ms") is not None)
+    lines = [
+        f"verdicts: {len(verdicts)} ("
+        + ", ".join(f"{kind}={kinds.get(kind, 0)}" for kind in VERDICT_KINDS)
+        + f"; exact re-posts={sum(1 for v in verdicts if v.get('exact'))})",
+    ]
+    if latencies:
+        lines.append(
+            f"produce-to-verdict latency: median {latencies[len(latencies) // 2]:.1f} ms, "
+            f"max {latencies[-1]:.1f} ms"
+        )
+    if clusters:
+        top = ", ".join(f"{cid} (+{n})" for cid, n in clusters.most_common(5))
+        lines.append(f"largest clusters: {top}")
+    return "\n".join(lines)
+
+
+def verdict_line(verdict: dict[str, Any]) -> str:
+    """A verdict as `neardup tail` shows it: one readable line."""
+    kind = verdict["verdict"]
+    head = f"{verdict['article_id']:<28} {kind:<9}"
+    if kind == "unique":
+        return head
+    exact = " exact" if verdict.get("exact") else ""
+    spans = verdict.get("passages", {}).get("spans", [])
+    shared = "".join(
+        f" [{s['start']}:{s['end']}]~[{s['match_start']}:{s['match_end']}]" for s in spans
+    )  # canonical-text offsets here ~ there
+    return (
+        f"{head} of {verdict['match_id']} (J={verdict['jaccard']:.2f}, "
+        f"in={verdict['containment']:.2f}, covers={verdict['contains']:.2f}{exact}) "
+        f"cluster {verdict['canonical_id']}{' passages' + shared if shared else ''}"
+    )
 
 
 def dumps(record: dict[str, Any]) -> bytes:

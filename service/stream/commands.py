@@ -6,24 +6,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import sys
 import time
-from collections import Counter
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from ..config import ConfigError, FlagSet, Mode, Settings
-from ..messages import VERDICT_KINDS
+from ..messages import id_key, verdict_line, verdicts_summary
 from ..state.port import IndexStats
-
-if TYPE_CHECKING:
-    from .topics import ChangelogReader
-
 
 # The settings the stream commands take as flags (service/config.py's table), over NEARDUP_*.
 WORKER_FLAGS = FlagSet.of(Mode.WORKER)
@@ -150,7 +144,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except SystemExit:
         if not runtime.failure.failed:
             raise
-        # Faust exits 0 after the stop the worker asked for itself (progress.py: Failure), which
+        # Faust exits 0 after the stop the worker asked for itself (pipeline/health.py: Failure), which
         # whatever supervises the worker must see as a failure
     finally:
         runtime.signer.close()
@@ -188,7 +182,7 @@ async def produce_file(settings: Settings, path: Path, rate: float = 0.0) -> int
                 body = line.rstrip(b"\r\n")
                 if not body.strip():
                     continue
-                await producer.send(settings.input_topic, body, key=_key_of(body))
+                await producer.send(settings.input_topic, body, key=id_key(body))
                 sent += 1
                 if rate > 0:
                     delay = started + sent / rate - time.perf_counter()
@@ -200,62 +194,14 @@ async def produce_file(settings: Settings, path: Path, rate: float = 0.0) -> int
     return sent
 
 
-def _key_of(body: bytes) -> bytes | None:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    key = data.get("id") if isinstance(data, dict) else None
-    return key.encode() if isinstance(key, str) else None
-
-
 def cmd_tail(args: argparse.Namespace) -> int:
     settings = _tool_settings(args, TOOL_FLAGS)
     seen: list[dict[str, Any]] = []
     with contextlib.suppress(KeyboardInterrupt):
         _run_client(tail(settings, args.json, args.from_beginning, args.max, args.idle_timeout, seen))
     if args.summary:
-        print(summarize(seen))
+        print(verdicts_summary(seen))
     return 0
-
-
-def summarize(verdicts: list[dict[str, Any]]) -> str:
-    """Counts by kind, the largest clusters, and the median latency of what was seen."""
-    kinds = Counter(v["verdict"] for v in verdicts)
-    clusters = Counter(v["canonical_id"] for v in verdicts if v["verdict"] != "unique")
-    latencies = sorted(v["latency_ms"] for v in verdicts if v.get("latency_ms") is not None)
-    lines = [
-        f"verdicts: {len(verdicts)} ("
-        + ", ".join(f"{kind}={kinds.get(kind, 0)}" for kind in VERDICT_KINDS)
-        + f"; exact re-posts={sum(1 for v in verdicts if v.get('exact'))})",
-    ]
-    if latencies:
-        lines.append(
-            f"produce-to-verdict latency: median {latencies[len(latencies) // 2]:.1f} ms, "
-            f"max {latencies[-1]:.1f} ms"
-        )
-    if clusters:
-        top = ", ".join(f"{cid} (+{n})" for cid, n in clusters.most_common(5))
-        lines.append(f"largest clusters: {top}")
-    return "\n".join(lines)
-
-
-def describe(verdict: dict[str, Any]) -> str:
-    """One readable line per verdict."""
-    kind = verdict["verdict"]
-    head = f"{verdict['article_id']:<28} {kind:<9}"
-    if kind == "unique":
-        return head
-    exact = " exact" if verdict.get("exact") else ""
-    spans = verdict.get("passages", {}).get("spans", [])
-    shared = "".join(
-        f" [{s['start']}:{s['end']}]~[{s['match_start']}:{s['match_end']}]" for s in spans
-    )  # canonical-text offsets here ~ there
-    return (
-        f"{head} of {verdict['match_id']} (J={verdict['jaccard']:.2f}, "
-        f"in={verdict['containment']:.2f}, covers={verdict['contains']:.2f}{exact}) "
-        f"cluster {verdict['canonical_id']}{' passages' + shared if shared else ''}"
-    )
 
 
 async def tail(
@@ -298,7 +244,7 @@ async def tail(
                     if as_json:
                         sys.stdout.write(record.value.decode() + "\n")
                     else:
-                        sys.stdout.write(describe(verdict) + "\n")
+                        sys.stdout.write(verdict_line(verdict) + "\n")
             sys.stdout.flush()
     finally:
         await consumer.stop()
@@ -311,27 +257,11 @@ def changelog_stats(args: argparse.Namespace) -> IndexStats:
     those of the live records in the log."""
     import tempfile
 
+    from ..pipeline.stats import rebuilt_stats
     from .topics import ChangelogReader
 
     given = {"broker": args.broker, "app_id": args.app_id}
     settings = _tool_settings(args, None, **{k: v for k, v in given.items() if v is not None})
     with tempfile.TemporaryDirectory(prefix="neardup-stats-") as scratch:
-        return _run_client(_rebuilt_stats(settings, ChangelogReader(settings), Path(scratch) / "index"))
-
-
-async def _rebuilt_stats(settings: Settings, changelog: ChangelogReader, path: Path) -> IndexStats:
-    from ..pipeline.decider import Decider
-    from ..state.rocks import RocksOptions
-
-    # the store's defaults, not the worker's settings: the figures describe the records alone
-    decider = Decider(settings.params(), path, RocksOptions(), changelog, in_process=True)
-    await decider.open()  # a new directory: rebuilt from the changelog's start
-    try:
-        assert decider.shard is not None
-        state = decider.shard.state
-        stats = state.stats()
-        # the index holds each live article record once, as the compacted changelog does
-        live = sum(len(record) for _, record in state.kv.scan_records())
-    finally:
-        await decider.close(clean=False)
-    return dataclasses.replace(stats, bytes_on_disk=live)
+        stats = rebuilt_stats(settings.params(), ChangelogReader(settings), Path(scratch) / "index")
+        return _run_client(stats)
