@@ -36,7 +36,7 @@ class Failure:
 
     metrics: ShowsFailure
     exit_timeout: float  # a stop that takes longer ends the process (exit_later)
-    stop_worker: Callable[[], None] = _raise_sigterm
+    stop_worker: Callable[[], None] | None = None  # None: SIGTERM to this process
     # what bounds that stop: the worker's command passes app.exit_after (the in-memory tests do not)
     exit_later: Callable[[float], None] = lambda seconds: None
     failed: bool = False  # stopped for such a failure: the worker exits non-zero
@@ -49,7 +49,7 @@ class Failure:
             self.failed = True
             self.metrics.failure = message
             self.exit_later(self.exit_timeout)
-            self.stop_worker()
+            (self.stop_worker or _raise_sigterm)()
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,6 @@ class SignStage:
     ) -> None:
         self.params = params
         self.max_text_bytes = max_text_bytes
-        self.time_skew_ms = time_skew_ms
-        self.earliest_ms = earliest_ms
         self.keyed = keyed
         self.times = Retention(skew_ms=time_skew_ms, earliest_ms=earliest_ms)
 

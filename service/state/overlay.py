@@ -29,13 +29,8 @@ class _Family:
     ordered: list[bytes] = field(default_factory=list)
     fresh: list[bytes] = field(default_factory=list)  # new keys, not in `ordered` yet
 
-    def put(self, key: bytes, value: bytes | None) -> None:
-        if key not in self.values:
-            self.fresh.append(key)
-        self.values[key] = value
-
     def put_all(self, written: dict[bytes, bytes | None]) -> None:
-        """put() of every entry, in C loops rather than a call per key (an article writes tens)."""
+        """Hold every entry, in C loops rather than a call per key (an article writes tens)."""
         values = self.values
         self.fresh.extend([key for key in written if key not in values])
         values.update(written)
@@ -116,12 +111,16 @@ class LayeredKV:
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         if not self._layers:
             return self.base.get_many(keys)
-        return self._read(keys, [layer.main for layer in reversed(self._layers)], self.base.get_many)
+        return self._read(keys, self._newest_first("main"), self.base.get_many)
 
     def records(self, keys: list[bytes]) -> list[bytes | None]:
         if not self._layers:
             return self.base.records(keys)
-        return self._read(keys, [layer.records for layer in reversed(self._layers)], self.base.records)
+        return self._read(keys, self._newest_first("records"), self.base.records)
+
+    def _newest_first(self, family: str) -> list[_Family]:
+        """One family ("main" or "records") of every held layer, the newest first."""
+        return [getattr(layer, family) for layer in reversed(self._layers)]
 
     @staticmethod
     def _read(
@@ -157,9 +156,7 @@ class LayeredKV:
         if not self._layers:
             yield from below
             return
-        layers = [
-            layer.main if family == "main" else layer.records for layer in reversed(self._layers)
-        ]  # newest first
+        layers = self._newest_first(family)
         # each held key once, in order, whichever layers hold it
         held = (
             key for key, _ in itertools.groupby(heapq.merge(*(f.keys_from(prefix, prefix) for f in layers)))

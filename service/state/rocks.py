@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from rocksdict import (
     AccessType,
@@ -171,9 +171,7 @@ class RocksKV:
             self._records = self._db.get_column_family(_RECORDS)
             self._records_handle = self._db.get_column_family_handle(_RECORDS)
             if not self._options.write_ahead_log:
-                write = WriteOptions()
-                write.disable_wal = True  # type: ignore[assignment,method-assign]  # a property; the stubs say method
-                self._db.set_write_options(write)
+                _without_write_ahead_log(self._db)
         except Exception as exc:  # rocksdict raises plain Exception for lock and IO errors
             raise StateError(f"cannot open state at {self.path}: {exc}") from exc
         if self._options.background_nice:
@@ -201,16 +199,8 @@ class RocksKV:
 
     def write(self, batch: Batch) -> None:
         writes = WriteBatch(raw_mode=True)
-        for key, value in batch.main.items():
-            if value is None:
-                writes.delete(key)
-            else:
-                writes.put(key, value)
-        for key, value in batch.records.items():
-            if value is None:
-                writes.delete(key, self._records_handle)
-            else:
-                writes.put(key, value, self._records_handle)
+        _put_or_delete(writes, batch.main.items())
+        _put_or_delete(writes, batch.records.items(), self._records_handle)
         self._db.write(writes)
 
     def flush(self) -> None:
@@ -239,6 +229,25 @@ class RocksKV:
     def size_bytes(self) -> int:
         """Bytes under the state directory."""
         return sum(entry.stat().st_size for entry in self.path.rglob("*") if entry.is_file())
+
+
+def _put_or_delete(
+    batch: WriteBatch, entries: Iterable[tuple[bytes, bytes | None]], family: Any = None
+) -> None:
+    """Each entry into `batch` (in `family`, else the default one): a value None deletes its key."""
+    for key, value in entries:
+        if value is None:
+            batch.delete(key, family)
+        else:
+            batch.put(key, value, family)
+
+
+def _without_write_ahead_log(db: Rdict) -> None:
+    """Writes to `db` skip the write-ahead log: what they hold is found again elsewhere after a
+    crash (the changelog), so they need not survive one."""
+    write = WriteOptions()
+    write.disable_wal = True  # type: ignore[assignment,method-assign]  # a property; the stubs say method
+    db.set_write_options(write)
 
 
 def _successor(prefix: bytes) -> bytes:
@@ -292,17 +301,11 @@ class CompactedLog:
         self._options = options
         Rdict.destroy(str(path), options)  # left over by a rebuild that was interrupted
         self._db = Rdict(str(path), options)
-        write = WriteOptions()  # scratch, read again from the topic after a crash: no write-ahead log
-        write.disable_wal = True  # type: ignore[assignment,method-assign]  # a property; the stubs say method
-        self._db.set_write_options(write)
+        _without_write_ahead_log(self._db)  # scratch, read again from the topic after a crash
 
     def add(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         batch = WriteBatch(raw_mode=True)
-        for key, value in entries:
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
+        _put_or_delete(batch, entries)
         self._db.write(batch)
 
     def get(self, key: bytes) -> bytes | None:

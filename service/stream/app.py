@@ -206,9 +206,7 @@ def _runtime(
         settings.sign_nice,
         timeout,
     )
-    failure = Failure(metrics, settings.failure_exit_timeout, exit_later=exit_later)
-    if stop_worker is not None:
-        failure.stop_worker = stop_worker
+    failure = Failure(metrics, settings.failure_exit_timeout, stop_worker, exit_later)
     progress = Progress(app, metrics, LogReader(settings), failure)
     signed, indexed = Deliveries("sign", failure.fail), Deliveries("index", failure.fail)
 
@@ -311,7 +309,6 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     # the way: IndexAgent.close); commands.py still stops any that are left once the loop has ended.
     shutdown.append(signer.aclose)
     cast(Any, app).failed = lambda: failure.failed
-    metrics.stall_timeout = runtime.settings.stall_timeout
 
     def agent_failed(agent: Any, exc: BaseException) -> None:
         # Faust would go on with a new agent, past the batch that raised; that batch is not

@@ -112,7 +112,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 2
     asyncio.set_event_loop(asyncio.new_event_loop())
     (settings.state_path / "faust").mkdir(parents=True, exist_ok=True)
-    metrics = Metrics()
+    metrics = Metrics(settings.stall_timeout)
     metrics.watch_gc()
     server = serve(metrics, settings.metrics_host, settings.metrics_port)
     log.info(

@@ -26,7 +26,7 @@ from ..messages import DEAD_LETTER_REASONS, VERDICT_KINDS
 class Metrics:
     """The service's metrics, in their own registry so tests can create several."""
 
-    def __init__(self) -> None:
+    def __init__(self, stall_timeout: float = 60.0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self._declare_flow(r)
@@ -50,7 +50,7 @@ class Metrics:
         self.unready: str | None = None  # why the last watch found the worker not ready
         self.loop_beat: float | None = None  # monotonic time of the event loop's last watch
         self.broker_seen = time.monotonic()  # when a broker last answered the worker's check
-        self.stall_timeout = 60.0
+        self.stall_timeout = stall_timeout  # the worker's NEARDUP_STALL_TIMEOUT, for /health
 
     def _declare_flow(self, r: CollectorRegistry) -> None:
         """Articles in, verdicts and dead letters out, and how long it took."""
