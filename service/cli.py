@@ -219,10 +219,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         from .stream.commands import changelog_stats
 
         stats = changelog_stats(args)
-    if args.json:
-        print(orjson.dumps(stats.as_dict()).decode())
-    else:
-        print(render_stats(stats))
+    print(orjson.dumps(stats.as_dict()).decode() if args.json else render_stats(stats))
     return 0
 
 

@@ -139,24 +139,33 @@ def create_app(
     """The app and what its agents share. `exit_later`: what bounds a stop for a failure (the
     worker's command passes exit_after); `stop_worker`: how such a stop starts (default: SIGTERM
     to this process, as a supervisor would send)."""
-    app = _faust_app(settings)
+    failure = Failure(metrics, settings.failure_exit_timeout, stop_worker, exit_later)
+    app = _faust_app(settings, failure)
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
     _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
     _raw_topic(app, changelog_topic(settings), 1, compacting=True)  # the index's changelog, likewise
-    runtime = _runtime(app, settings, metrics, signatures, exit_later, stop_worker)
+    runtime = _runtime(app, settings, metrics, failure, signatures)
     _wire(app, runtime, articles, signatures)
     return app, runtime
 
 
-def _faust_app(settings: Settings) -> faust.App:
-    """The Faust app, configured for the worker."""
+def _faust_app(settings: Settings, failure: Failure) -> faust.App:
+    """The Faust app, configured for the worker, and stopping it for `failure`."""
+
+    def agent_failed(agent: Any, exc: BaseException) -> None:
+        # Faust would go on with a new agent, past the batch that raised; that batch is not
+        # acknowledged (LeanStream), so not committed: a restart brings it back.
+        failure.fail(f"agent_failed agent={agent.name} error={exc!r}; stopping the worker")
+
     app_class = framework.app_class(
         settings.fetch_wait_ms,
         settings.fetch_min_bytes,
         settings.isolation_level,
         # under exactly-once, the stages' transactions commit the offsets, Faust's consumer never
         commits=not settings.exactly_once,
+        failed=lambda: failure.failed,
+        agent_failed=agent_failed,
     )
     return app_class(
         settings.app_id,
@@ -193,9 +202,8 @@ def _runtime(
     app: faust.App,
     settings: Settings,
     metrics: Metrics,
+    failure: Failure,
     signatures: faust.TopicT,
-    exit_later: Callable[[float], None],
-    stop_worker: Callable[[], None] | None,
 ) -> Runtime:
     """Everything the agents share, each part given what it needs."""
     params = settings.params()
@@ -206,7 +214,6 @@ def _runtime(
         settings.sign_nice,
         timeout,
     )
-    failure = Failure(metrics, settings.failure_exit_timeout, stop_worker, exit_later)
     progress = Progress(app, metrics, LogReader(settings), failure)
     signed, indexed = Deliveries("sign", failure.fail), Deliveries("index", failure.fail)
 
@@ -303,19 +310,10 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     """The agents on their topics, the shard's assignment hooks, and the app's tasks."""
     signer, failure, metrics = runtime.signer, runtime.failure, runtime.metrics
     sign, index, hand_off = runtime.sign, runtime.index, runtime.hand_off
-    signed, indexed = runtime.signed, runtime.indexed
     shutdown: list[Callable[[], Awaitable[None]]] = cast(Any, app).at_shutdown
     # The signing helpers end with the worker, inside its event loop (the decider is closed on
     # the way: IndexAgent.close); commands.py still stops any that are left once the loop has ended.
     shutdown.append(signer.aclose)
-    cast(Any, app).failed = lambda: failure.failed
-
-    def agent_failed(agent: Any, exc: BaseException) -> None:
-        # Faust would go on with a new agent, past the batch that raised; that batch is not
-        # acknowledged (LeanStream), so not committed: a restart brings it back.
-        failure.fail(f"agent_failed agent={agent.name} error={exc!r}; stopping the worker")
-
-    cast(Any, app).agent_failed = agent_failed
     app.agent(articles, name="sign")(sign.run)
     app.agent(signatures, name="index")(index.run)
     app.on_partitions_assigned.connect(index.on_assigned)  # type: ignore[arg-type]  # mode wants `signal=`
@@ -339,8 +337,8 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     async def hand_offs() -> None:
         await hand_off.run(index.decide_handed_off)
 
-    app.task(signed.run)
-    app.task(indexed.run)
+    for stage in runtime.stages():
+        app.task(stage.run)  # each stage's settling
 
     @app.timer(interval=WATCH_INTERVAL_S)
     async def watch() -> None:

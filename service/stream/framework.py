@@ -172,6 +172,8 @@ def app_class(
     isolation_level: str = "read_uncommitted",
     *,
     commits: bool = True,
+    failed: Callable[[], bool] = lambda: False,
+    agent_failed: Callable[[Any, BaseException], None] = lambda agent, exc: None,
 ) -> type[faust.App]:
     """faust.App whose consumer waits at most `fetch_wait_ms` for a fetch, instead of the 1500 ms
     Faust hard-codes. The worker reads its input and its own signatures over one connection, and
@@ -180,7 +182,9 @@ def app_class(
     The broker answers a fetch once it has `fetch_min_bytes` for it, or after that wait.
     `isolation_level`: read_committed under exactly-once (Faust sets it for its own transactions
     only, not used here: the stages drive their own, transactions.py), where `commits` is False:
-    the transactions commit the offsets, and a commit of Faust's would race them."""
+    the transactions commit the offsets, and a commit of Faust's would race them.
+    `failed`: whether the worker stops itself for a failure; `agent_failed`: what an agent that
+    raises does (both the worker's Failure, given by create_app)."""
 
     class Transport(aiokafka_driver.Transport):
         Consumer = _consumer_class(fetch_wait_ms, fetch_min_bytes, isolation_level, commits)
@@ -192,10 +196,8 @@ def app_class(
             super().__init__(*args, **kwargs)
             # run after the agents have stopped, while the event loop still runs
             self.at_shutdown: list[Callable[[], Awaitable[None]]] = []
-            # whether the worker stops itself for a failure, and what an agent that raises does
-            # (Runtime.fail; set by create_app)
-            self.failed: Callable[[], bool] = lambda: False
-            self.agent_failed: Callable[[Any, BaseException], None] = lambda agent, exc: None
+            self.failed = failed
+            self.agent_failed = agent_failed
 
         async def _on_agent_error(self, agent: Any, exc: BaseException) -> None:
             self.agent_failed(agent, exc)
