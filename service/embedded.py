@@ -237,6 +237,8 @@ def _held_by_batch(state: IndexState) -> Iterator[LayeredKV]:
     ends (it failed) are dropped, and the state is read again from the store."""
     own = not isinstance(state.kv, LayeredKV)
     layers = LayeredKV(state.kv) if own else cast(LayeredKV, state.kv)
+    if layers.held:  # they would be written with the first batch, or dropped with a failed run
+        raise ValueError("the state holds writes not committed: commit or discard them first")
     state.kv = layers
     state.reload()
     try:

@@ -631,3 +631,26 @@ def test_retention_comes_from_the_environment_unless_the_flag_says_otherwise(
     worker = cli.build_parser().parse_args(["worker", "--retention", "2d", "--time-skew", "1m"])
     assert worker_settings(worker).retention_window() == Retention(2 * 86_400_000, 60_000)
     assert worker_settings(cli.build_parser().parse_args(["worker"])).retention == "12h"
+
+
+def test_a_run_writes_each_batch_with_its_checkpoint_and_leaves_the_state_as_it_found_it(
+    tmp_path: Path, prose: tuple[str, ...]
+) -> None:
+    """The run's writes go through a write overlay of its own, each batch committed with its
+    checkpoint; after it the state writes at once again, and one holding writes of its own is
+    refused rather than have them written with the run's first batch."""
+    lines = corpus_lines(prose)
+    state = RocksState(tmp_path / "state")
+    store = state.kv
+    try:
+        run(tmp_path, lines, state, batch=4)
+        assert state.kv is store and state.count() > 0
+    finally:
+        state.close()
+    held = RocksState(tmp_path / "held", layered=True)
+    try:
+        held.kv.hold(1)  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="not committed"):
+            run(tmp_path, lines, held)
+    finally:
+        held.close()
