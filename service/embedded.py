@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import orjson
 
@@ -235,18 +235,16 @@ def _held_by_batch(state: IndexState) -> Iterator[LayeredKV]:
     """The state's writes held in a write overlay, each batch's written to the store in one write
     batch with its checkpoint (a crash leaves both or neither); writes not committed when the run
     ends (it failed) are dropped, and the state is read again from the store."""
-    own = not isinstance(state.kv, LayeredKV)
-    layers = LayeredKV(state.kv) if own else cast(LayeredKV, state.kv)
-    if layers.held:  # they would be written with the first batch, or dropped with a failed run
+    if isinstance(state.kv, LayeredKV) and state.kv.held:
+        # they would be written with the run's first batch, or dropped with a failed run
         raise ValueError("the state holds writes not committed: commit or discard them first")
+    layers = LayeredKV(state.kv)
     state.kv = layers
     state.reload()
     try:
         yield layers
-    finally:
-        layers.discard()
-        if own:
-            state.kv = layers.base
+    finally:  # writes not committed (a failed run) go with the overlay
+        state.kv = layers.base
         state.reload()
 
 
