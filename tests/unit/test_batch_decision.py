@@ -112,6 +112,18 @@ def test_batches_decide_as_one_article_at_a_time(params: DedupParams, seed: int)
 
 
 @pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
+def test_the_sample_news_decided_in_batches_as_one_at_a_time(params: DedupParams) -> None:
+    """The sample news as it comes (its reposts, rewrites and excerpts among 489 articles)."""
+    news = [orjson.loads(line) for line in SAMPLE.read_bytes().splitlines() if line.strip()]
+    items = signed_items([(article["id"], article["text"]) for article in news], params)
+    reference = IndexShard(MemoryState(), params)
+    expected = outcome(reference, decide_one_at_a_time(reference, items, NOW_S))
+    shard = IndexShard(MemoryState(), params)
+    assert outcome(shard, in_batches(shard, items, 32, layered=False)) == expected
+    assert sum(verdict["verdict"] != "unique" for _, verdict, _ in expected[0] if verdict) >= 10
+
+
+@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
 def test_batches_in_rocksdb_under_the_overlay_decide_as_one_at_a_time(
     params: DedupParams, tmp_path: Path
 ) -> None:
