@@ -9,6 +9,7 @@ counts `neardup stats` reports are checked against a scan of the state's keys.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import re
@@ -830,6 +831,33 @@ def test_embedded_mode_gives_every_line_one_outcome(
         check_state(state, stats, model)
     finally:
         state.close()
+
+
+@pytest.mark.parametrize("containment", [True, False], ids=["containment-on", "containment-off"])
+def test_the_fuzz_corpus_decided_in_batches_as_one_line_at_a_time(containment: bool, tmp_path: Path) -> None:
+    """Embedded mode's batches (DECIDE_BATCH lines a call of the shard) against one line a call, the
+    reference: the same verdicts, dead letters and feed, with retention expiring as it goes."""
+    lines = Lines.write(tmp_path / "in.jsonl", Fuzzer(SEEDS[0], timed=True), EMBEDDED_LINES)
+    params = dataclasses.replace(PARAMS, containment_index=containment)
+    outputs = []
+    for batch in (1, 32):
+        out, feed = tmp_path / f"verdicts-{batch}.jsonl", tmp_path / f"unique-{batch}.jsonl"
+        retention = Retention(parse_duration_ms("7d"))
+        run_file(
+            lines.path,
+            out,
+            MemoryState(),
+            params,
+            max_text_bytes=MAX_TEXT,
+            retention=retention,
+            feed_path=feed,
+            decide_batch=batch,
+        )
+        letters = read_jsonl(out.with_name(out.name + ".dead.jsonl"))
+        dead = [{**letter, "failed_at": None} for letter in letters]
+        outputs.append((out.read_bytes(), feed.read_bytes(), dead))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0].count(b'"verdict"') > 100
 
 
 def without_size(stats: dict[str, Any]) -> dict[str, Any]:
