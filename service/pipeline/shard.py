@@ -28,7 +28,7 @@ from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord, encode_record
 from .sign import PROCESSING_FAILED
-from .wire import Headers, Provenance, Signed, SignedDeletion, decode_signed, unpack_signed
+from .wire import Provenance, Signed, SignedDeletion, decode_signed, feed_inputs, unpack_signed
 
 # The changelog's keys: one record per article, one marker per deleted id (its last version and the
 # deletion's time, state.index.encode_marker: a re-added id continues its versions, also after a
@@ -454,7 +454,9 @@ def _now_ms() -> int:
 
 class EntryOutcome(NamedTuple):
     """One signed record as the index agent needs it: a verdict (JSON) to publish, or an error and
-    the bytes to dead-letter. A tuple: it crosses the pipe from the decider process (decider.py)."""
+    the bytes to dead-letter. A tuple: it crosses the pipe from the decider process (decider.py).
+    What the filtered feed forwards stays in the signatures message, found by `offset` and `record`
+    (wire.feed_inputs), rather than cross the pipe back."""
 
     offset: int  # of the signatures message
     article_id: str | None
@@ -465,14 +467,13 @@ class EntryOutcome(NamedTuple):
     error: str | None = None
     payload: bytes | None = None
     expired: int = 0
-    original: bytes | None = None  # the input message, for the filtered feed (with_original)
-    headers: Headers = ()
+    record: int = -1  # its index in the signatures message (unpack_signed), when it has a verdict
     deletion: bool = False  # answers a deletion: a tombstone goes out under `article_id`
     reason: str = "internal_error"  # an error's dead-letter reason
     source: Provenance | None = None  # an error's input message, when known
 
     @classmethod
-    def of(cls, offset: int, result: Decided, signed: Signed | None = None) -> EntryOutcome:
+    def of(cls, offset: int, result: Decided, record: int) -> EntryOutcome:
         verdict = result.verdict
         if result.deletion is not None:
             # the kind of the article removed, if one was: whether the filtered feed carried it
@@ -483,7 +484,6 @@ class EntryOutcome(NamedTuple):
         if verdict is None:
             article_id = None if result.article is None else result.article.article_id
             return cls(offset, article_id, result.status, expired=result.expired)
-        original, headers = (signed.original, signed.headers) if isinstance(signed, Signed) else (None, ())
         return cls(
             offset,
             verdict["article_id"],
@@ -492,8 +492,7 @@ class EntryOutcome(NamedTuple):
             verdict["verdict"],
             verdict["latency_ms"],
             expired=result.expired,
-            original=original,
-            headers=headers,
+            record=record,
         )
 
     @classmethod
@@ -510,8 +509,7 @@ class EntryOutcome(NamedTuple):
         if culprit.deciding:
             item = decode_signed(payload)
             source, article_id = item.provenance, item.article_id
-            if isinstance(item, Signed) and item.original is not None:
-                original = item.original
+            original = feed_inputs(payload).get(0, (payload, ()))[0]  # a feed record's, else itself
         return cls(
             offset,
             article_id,
@@ -593,11 +591,11 @@ def decide_messages(
             except Exception as exc:
                 entries.append(EntryOutcome.failed(offset, record, exc))
         before = None if marker is None else _marking(marker, offset, indexes)
-        for record, item, result in zip(kept, items, shard.decide(items, offset, before=before), strict=True):
+        for record, i, result in zip(kept, indexes, shard.decide(items, offset, before=before), strict=True):
             if result.error is not None:
                 entries.append(EntryOutcome.failed(offset, record, result.error))
             else:
-                entries.append(EntryOutcome.of(offset, result, item if isinstance(item, Signed) else None))
+                entries.append(EntryOutcome.of(offset, result, i))
         if marker is not None:
             marker.clear()
     shard.checkpoint()

@@ -9,7 +9,6 @@ the agents in app.py (packing a sign batch) and the decider process (counting re
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -60,9 +59,6 @@ class Signed:
     banding: tuple[int, int] = (0, 0)  # the (bands, rows) that gave band_keys
     time_ms: int = 0
     refused_time: bool = False  # its published_at was present but not used
-    # the input message as it came (value, headers), when the filtered feed is on
-    original: bytes | None = None
-    headers: Headers = ()
 
     def band_keys_for(self, bands: int, rows: int) -> tuple[bytes, ...] | None:
         """The band keys when they were computed for this banding, else None (compute them)."""
@@ -183,20 +179,13 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
     """Inverse of encode_signed and encode_deletion."""
     magic = data[:2]
     if magic == _FEED:
-        (size,) = _LEN.unpack_from(data, 2)
-        if len(data) < 6 + size + _LEN.size:
-            raise ValueError(f"feed record announces {size} bytes of input message and is shorter")
-        original = data[6 : 6 + size]
-        (head_size,) = _LEN.unpack_from(data, 6 + size)
-        head_at = 6 + size + _LEN.size
-        headers = tuple(
-            (name, base64.b64decode(value))
-            for name, value in orjson.loads(data[head_at : head_at + head_size])
-        )
-        inner = decode_signed(data[head_at + head_size :])
-        if not isinstance(inner, Signed) or len(original) != size:
+        # The input message and its headers are left where they are (feed_inputs reads them),
+        # but taken apart all the same: a corrupt feed record is refused here, as a dead letter,
+        # not where the feed is published.
+        inner = decode_signed(_unwrapped(data)[2])
+        if not isinstance(inner, Signed):
             raise ValueError("a feed record must wrap a whole signed record")
-        return dataclasses.replace(inner, original=original, headers=headers)
+        return inner
     if magic == _DELETE:
         meta = orjson.loads(data[2:])
         return SignedDeletion(meta["id"], Provenance(*meta["src"]))
@@ -224,6 +213,27 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
         meta["t"],
         meta["r"],
     )
+
+
+def _unwrapped(data: bytes) -> tuple[bytes, Headers, bytes]:
+    """A feed record (with_original) taken apart: the input message, its headers and the signed
+    record inside, which is left undecoded."""
+    (size,) = _LEN.unpack_from(data, 2)
+    if len(data) < 6 + size + _LEN.size:
+        raise ValueError(f"feed record announces {size} bytes of input message and is shorter")
+    (head_size,) = _LEN.unpack_from(data, 6 + size)
+    head_at = 6 + size + _LEN.size
+    head = orjson.loads(data[head_at : head_at + head_size])
+    headers = tuple((name, base64.b64decode(value)) for name, value in head)
+    return data[6 : 6 + size], headers, data[head_at + head_size :]
+
+
+def feed_inputs(data: bytes) -> dict[int, tuple[bytes, Headers]]:
+    """The input message and its headers that each feed record of a signatures message wraps, by
+    the record's index in the message (unpack_signed). The index stage forwards them to the filtered
+    feed from the signatures messages it holds anyway, so that no decision carries them back from
+    the decider; the signed records inside are not decoded."""
+    return {i: _unwrapped(record)[:2] for i, record in enumerate(unpack_signed(data)) if record[:2] == _FEED}
 
 
 def pack_signed(records: Sequence[bytes]) -> bytes:

@@ -202,9 +202,9 @@ class IndexAgent:
                 decided = iter(chunks)  # one answer per chunk, in their order
                 async for outcome, writes in answers:
                     chunk = decider.answered
-                    async with publishing(next(decided)) as settle:
+                    async with publishing(in_chunk := next(decided)) as settle:
                         changelog = await self.outputs.send_batches(self.changelog, writes, partition=0)
-                        sends, counted = await self.publisher.publish(outcome)
+                        sends, counted = await self.publisher.publish(outcome, in_chunk)
                         self.collector.after(outcome.handled)
                         sends += [batch.sent for batch in changelog]
                         await settle(sends, self._applied(changelog, counted, chunk))

@@ -5,6 +5,7 @@ broker has them."""
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +16,8 @@ import orjson
 from ..config import Settings
 from ..messages import dead_letter_dict
 from ..pipeline.publication import DELETES, REPLAYS, Feed, publication
-from ..pipeline.shard import BatchOutcome, EntryOutcome
+from ..pipeline.shard import BatchOutcome, EntryOutcome, SignedMessage
+from ..pipeline.wire import feed_inputs
 from . import framework
 from .batches import SentBatch, send_in_batches
 from .metrics import Metrics
@@ -23,6 +25,7 @@ from .metrics import Metrics
 log = logging.getLogger("neardup.stream")
 Letter = tuple[str, bytes, bytes | None]  # (reason, dead-letter record, key)
 SHARD_KEY = b"0"  # the key of every signatures message: the index shard is one partition
+Published = tuple[list[Any], Callable[[], None]]  # a chunk's sends, and what counts them once acknowledged
 
 
 class Outputs:
@@ -83,9 +86,9 @@ class IndexPublisher:
         self.metrics = outputs.metrics
         self.feed_kinds = settings.feed_kinds() if settings.unique_topic else None  # None: no feed
 
-    async def publish(self, outcome: BatchOutcome) -> tuple[list[Any], Callable[[], None]]:
-        """Send a chunk's verdicts, feed messages and dead letters; returns the sends and what
-        counts them once they are acknowledged."""
+    async def publish(self, outcome: BatchOutcome, messages: Sequence[SignedMessage]) -> Published:
+        """Send a chunk's verdicts, feed messages (read from its signatures `messages`, (offset, value))
+        and dead letters; returns the sends and what counts them once they are acknowledged."""
         metrics = self.metrics
         verdicts: list[tuple[bytes | None, bytes | None]] = []
         letters: list[Letter] = []
@@ -95,6 +98,8 @@ class IndexPublisher:
         feed: list[tuple[bytes | None, bytes | None]] = []  # (key, input message) for the filtered feed
         feed_headers: list[Any] = []
         expired = 0
+        values = dict(messages) if self.feed_kinds is not None else {}
+        inputs = functools.cache(lambda offset: feed_inputs(values[offset]))  # at its first copy, if any
         for entry in outcome.entries:
             what = publication(
                 entry.status,
@@ -128,9 +133,9 @@ class IndexPublisher:
             if what.feed is Feed.REMOVAL:
                 feed.append((key, None))
                 feed_headers.append(())
-            elif what.feed is Feed.COPY and entry.original is not None:
-                feed.append((key, entry.original))
-                feed_headers.append(entry.headers)
+            elif what.feed is Feed.COPY and (found := inputs(entry.offset).get(entry.record)):
+                feed.append((key, found[0]))
+                feed_headers.append(found[1])
         # Keyed by article id, so that every verdict of an article lands in the same partition.
         sends = await self.outputs.send(self.settings.verdicts_topic, verdicts)
         sends += await self.outputs.dead_letters(letters)

@@ -18,6 +18,7 @@ from neardup.pipeline.wire import (
     decode_signed,
     encode_deletion,
     encode_signed,
+    feed_inputs,
     pack_in_chunks,
     pack_signed,
     unpack_signed,
@@ -84,7 +85,7 @@ def test_unpack_rejects_malformed_messages(data: bytes, message: str) -> None:
         unpack_signed(data)
 
 
-def test_a_record_wrapped_with_its_input_message_decodes_with_it() -> None:
+def test_a_record_wrapped_with_its_input_message_decodes_as_the_record() -> None:
     params = DedupParams()
     sketch = sketch_of(PROSE[0], params)
     signed = Signed("a", sketch, Provenance("in", 2, 7, 1_000), time_ms=1_000)
@@ -93,11 +94,36 @@ def test_a_record_wrapped_with_its_input_message_decodes_with_it() -> None:
     headers = (("source", b"wire"), ("empty", b""))
     wrapped = with_original(record, original, headers)
     assert unpack_signed(pack_signed([wrapped])) == [wrapped]
-    decoded = decode_signed(wrapped)
-    assert isinstance(decoded, Signed)
-    assert decoded.original == original and decoded.headers == headers
-    assert dataclasses.replace(decoded, original=None, headers=()) == decode_signed(record)
+    assert decode_signed(wrapped) == decode_signed(record)  # what it wraps is for the feed only
+    assert feed_inputs(wrapped) == {0: (original, headers)}
     deletion = encode_deletion(SignedDeletion("a", Provenance("in", 2, 8, None)))
     assert with_original(deletion, b"", ()) == deletion  # nothing to forward
     with pytest.raises(ValueError, match="input message"):
         decode_signed(wrapped[:20])
+
+
+def test_feed_inputs_are_found_by_their_records_index_in_the_message() -> None:
+    """Two versions of one id in one message each keep their own input message; a record signed
+    without one (before the feed was configured) and a deletion have none."""
+    first, second = (
+        with_original(encode_signed(signed("a", text)), text.encode(), [("v", text[:3].encode())])
+        for text in PROSE[:2]
+    )
+    plain = encode_signed(signed("b", PROSE[2]))
+    deletion = encode_deletion(SignedDeletion("c", Provenance("in", 2, 8, None)))
+    message = pack_signed([first, plain, deletion, second])
+    assert feed_inputs(message) == {
+        0: (PROSE[0].encode(), (("v", PROSE[0][:3].encode()),)),
+        3: (PROSE[1].encode(), (("v", PROSE[1][:3].encode()),)),
+    }
+    assert feed_inputs(pack_signed([plain, deletion])) == {}
+    # headers given as a mapping, as a Kafka client may hand them, come back as (name, value) pairs
+    assert feed_inputs(with_original(plain, b"x", {"k": b"v"})) == {0: (b"x", (("k", b"v"),))}
+
+
+def test_a_feed_record_with_corrupt_headers_is_refused_when_decoded() -> None:
+    """Refused at its decision (a dead letter), not where the feed would publish it."""
+    wrapped = with_original(encode_signed(signed("a", PROSE[0])), b"{}", [("k", b"v")])
+    corrupt = wrapped.replace(b"]]", b"]}")  # the same length: only the headers' JSON is broken
+    with pytest.raises(orjson.JSONDecodeError):
+        decode_signed(corrupt)
