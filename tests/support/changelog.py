@@ -1,9 +1,34 @@
-"""A changelog in a list, for what rebuilds or restores a decider without a broker: the unit tests
-and the benchmarks."""
+"""A changelog in a list, for what rebuilds or restores a decider without a broker (the unit tests
+and the benchmarks), and one that keeps what a shard writes, in order."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+
+Entries = list[tuple[bytes, bytes | None]]  # changelog messages in order: key, value (None: a tombstone)
+
+
+def compacted(entries: Entries) -> dict[bytes, bytes]:
+    """The records a changelog holds: the last value per key, tombstones removing theirs."""
+    latest = dict(entries)
+    return {key: value for key, value in latest.items() if value is not None}
+
+
+class RecordedChangelog(dict[bytes, bytes]):
+    """The changelog as the shard writes it (IndexShard's `changelog`), every write kept in order
+    in `entries`."""
+
+    def __init__(self, entries: Entries) -> None:
+        super().__init__()
+        self.entries = entries
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.entries.append((key, value))
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: bytes) -> None:
+        self.entries.append((key, None))
+        self.pop(key, None)
 
 
 class ListChangelog:
@@ -34,5 +59,4 @@ class ListChangelog:
 
     def table(self) -> dict[bytes, bytes]:
         """The records it holds: the last value per key, tombstones removing theirs."""
-        latest = dict(self.entries)
-        return {key: value for key, value in latest.items() if value is not None}
+        return compacted(self.entries)

@@ -21,12 +21,12 @@ from neardup.pipeline.shard import POSITION_KEY, IndexShard, Position
 from neardup.pipeline.wire import Signed
 from neardup.state.index import HEADER_KEY
 from neardup.state.rocks import RocksState
+from tests.support.changelog import Entries, RecordedChangelog, compacted
 from tests.support.signing import signed
 
 SAMPLE = Path(neardup.__file__).parent / "data" / "sample_news.jsonl"
 EARLIER_DEFAULT = DedupParams(containment_index=False)
 NOW_S = 1_750_000_000.0
-Entries = list[tuple[bytes, bytes | None]]
 
 
 def stories() -> list[str]:
@@ -41,27 +41,6 @@ def excerpt(story: str) -> str:
     return story[200 : 200 + len(story) // 5]
 
 
-class _Changelog(dict[bytes, bytes]):
-    """The changelog as the shard writes it, every write kept in order."""
-
-    def __init__(self, entries: Entries) -> None:
-        super().__init__()
-        self.entries = entries
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.entries.append((key, value))
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: bytes) -> None:
-        self.entries.append((key, None))
-        self.pop(key, None)
-
-
-def compacted(entries: Entries) -> dict[bytes, bytes]:
-    latest = dict(entries)
-    return {key: value for key, value in latest.items() if value is not None}
-
-
 def decide(shard: IndexShard, items: list[Signed], chunk: int | None = None) -> list[Any]:
     """The decisions of `items`; with `chunk`, decided and committed as the worker does."""
     if chunk is not None:
@@ -69,7 +48,7 @@ def decide(shard: IndexShard, items: list[Signed], chunk: int | None = None) -> 
     results = shard.decide(items, chunk, now=NOW_S)
     if chunk is not None:
         shard.checkpoint()
-        assert isinstance(shard.changelog, _Changelog)
+        assert isinstance(shard.changelog, RecordedChangelog)
         shard.commit(chunk, len(shard.changelog.entries))
     assert all(r.article is not None for r in results), [r.error for r in results]
     return [r.article.decision for r in results]
@@ -78,7 +57,7 @@ def decide(shard: IndexShard, items: list[Signed], chunk: int | None = None) -> 
 def worker_state_of_the_earlier_default(path: Path, texts: list[str]) -> Entries:
     """A worker's index and changelog as the earlier default wrote them: the index off."""
     entries: Entries = []
-    shard = IndexShard(RocksState(path, layered=True), EARLIER_DEFAULT, changelog=_Changelog(entries))
+    shard = IndexShard(RocksState(path, layered=True), EARLIER_DEFAULT, changelog=RecordedChangelog(entries))
     shard.replay({})
     shard.mark_position(0, 0)
     items = [signed(f"old{n}", text, params=EARLIER_DEFAULT) for n, text in enumerate(texts)]

@@ -30,6 +30,7 @@ from neardup.state.memory import MemoryKV
 from neardup.state.overlay import LayeredKV
 from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
+from tests.support.changelog import RecordedChangelog, compacted
 from tests.support.signing import SRC, signed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,7 +235,7 @@ class Live:
 
     def __init__(self, path: Path, retention: Retention) -> None:
         self.entries: list[tuple[bytes, bytes | None]] = []
-        self.table = _Recorder(self.entries)
+        self.table = RecordedChangelog(self.entries)
         state = RocksState(path, RocksOptions(bucket_cap=1024), layered=True)
         self.shard = IndexShard(state, PARAMS, retention, self.table)
         self.shard.replay({})
@@ -250,31 +251,10 @@ class Live:
             self.shard.commit(self.chunk, len(self.entries))
 
 
-class _Recorder(dict[bytes, bytes]):
-    """The changelog as the shard writes it, every write kept in order."""
-
-    def __init__(self, entries: list[tuple[bytes, bytes | None]]) -> None:
-        super().__init__()
-        self.entries = entries
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.entries.append((key, value))
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: bytes) -> None:
-        self.entries.append((key, None))
-        self.pop(key, None)
-
-
 def scans(state: RocksState) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
     """Everything the state holds but its metadata (positions, counters differ by how it was made)."""
     main = {key: value for key, value in state.kv.scan(b"") if not key.startswith(META)}
     return main, dict(state.kv.scan_records())
-
-
-def compacted(entries: list[tuple[bytes, bytes | None]]) -> dict[bytes, bytes]:
-    latest = dict(entries)
-    return {key: value for key, value in latest.items() if value is not None}
 
 
 @pytest.mark.parametrize("stop_at", [40, 170])
