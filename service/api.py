@@ -77,8 +77,8 @@ class Deduplicator:
         `neardup dedup` does), lazily: a long input is never held in memory. Stops with
         InvalidMessage at the first bad article, the ones before it decided; an article the
         engine fails on raises at its place, the rest of its batch decided and indexed."""
-        self._check_open()
         for run in runs_of(articles, DECIDE_BATCH):
+            self._check_open()  # closed between two batches: no further one is decided
             signed: list[Signed] = []
             invalid: InvalidMessage | None = None
             for article in run:

@@ -268,3 +268,14 @@ def test_a_closed_deduplicator_refuses_work(tmp_path: Path) -> None:
         dedup.check({"id": "a", "text": PROSE[0]})
     with neardup.open(tmp_path / "state") as reopened:  # the lock was released
         assert reopened.stats()["articles"] == 0
+
+
+def test_check_many_decides_no_further_batch_once_closed() -> None:
+    articles = [{"id": f"a{n}", "text": f"{PROSE[n % len(PROSE)]} Edition {n}."} for n in range(40)]
+    dedup = neardup.open()
+    verdicts = dedup.check_many(articles)
+    first = [next(verdicts) for _ in range(32)]  # the first batch
+    assert [v["article_id"] for v in first] == [f"a{n}" for n in range(32)]
+    dedup.close()
+    with pytest.raises(ValueError, match="closed"):
+        next(verdicts)
