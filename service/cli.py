@@ -141,7 +141,6 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     from .embedded import (
         ResumeMismatch,
         SigningFailed,
-        default_sign_processes,
         run_file,
     )
     from .messages import parse_verdict_filter
@@ -156,7 +155,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     if hasattr(args, "unique_filter") and args.unique_out is None:
         # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
         raise ConfigError("--unique-filter needs --unique-out FILE")
-    sign_processes = default_sign_processes() if args.sign_processes is None else args.sign_processes
+    sign_processes = args.sign_processes
     if sign_processes < 0:
         raise ConfigError("--sign-processes must be 0 or more")
     state: StateStore
@@ -300,9 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--sign-processes",
         metavar="N",
         type=int,
-        default=None,
-        help="helper processes that sign while this one decides (default: CPUs - 1, at least 1; "
-        "0: sign in this process)",
+        default=0,
+        help="helper processes that sign while this one decides (default: 0, sign in this process: "
+        "deciding is the slower stage, and a helper's round trip costs more CPU than it saves time)",
     )
     p.add_argument(
         "--unique-out",

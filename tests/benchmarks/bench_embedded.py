@@ -31,12 +31,14 @@ from tests.benchmarks.bench_state_size import write_input  # noqa: E402
 
 
 def run(
-    python: str, source: Path, work: Path, name: str, sign_processes: int, flags: list[str]
+    python: str, source: Path, work: Path, name: str, sign_processes: int | None, flags: list[str]
 ) -> tuple[float, bytes]:
     """Articles/s of one run (wall time of the whole command), and the verdicts it wrote."""
     out, state = work / f"{name}.jsonl", work / f"{name}-state"
     argv = [python, "-m", "neardup", "dedup", str(source), "-o", str(out), "--state", str(state), "-q"]
-    argv += ["--sign-processes", str(sign_processes), *flags]
+    if sign_processes is not None:  # else each build's default
+        argv += ["--sign-processes", str(sign_processes)]
+    argv += flags
     started = time.perf_counter()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - started
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", required=True, help="the other build's python (its venv's bin/python)")
     parser.add_argument("--articles", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sign-processes", type=int, default=1)
+    parser.add_argument("--sign-processes", type=int, default=None, help="default: each build's own")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--this-flag",
