@@ -1,7 +1,8 @@
 """The worker's health and failure policy, whatever the transport: when it stops for a failure,
-when a stage waits too long on the broker's acknowledgements (not ready), and how many records of
-a partition its agent has yet to take (what a stall is measured on). The adapter feeds these with
-what its consumer and clients know (stream/progress.py, stream/app.py)."""
+why it is not ready (a stage waits too long on the broker's acknowledgements, no broker answers,
+the index opens), which topics' stalls count, and how many records of a partition its agent has
+yet to take (what a stall is measured on). The adapter feeds these with what its consumer and
+clients know (stream/progress.py, stream/app.py)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,23 @@ def unacknowledged(stages: Sequence[Deliveries], limit: float) -> str | None:
     return None
 
 
+def broker_away(unseen: float, limit: float) -> bool:
+    """No broker answered for `limit` seconds (`unseen`: since one last did): an outage, which the
+    delivery timeout bounds, and which makes the worker not ready. No stall counts meanwhile:
+    nothing is available to take, whatever the last high-water mark said, so the stall clocks
+    start again when a broker answers."""
+    return unseen > limit
+
+
+def busy(topics: tuple[str, str], stages: Sequence[Deliveries], opening: bool, isolating: bool) -> set[str]:
+    """Of the input and the shard's topics (`topics`, consumed by the sign and index `stages`),
+    those whose stall does not count: their agent is at work on its batch (the input's while the
+    signer isolates a message that broke a helper, the shard's while the index is opened or
+    rebuilt), or their stage waits for the broker's acknowledgements."""
+    working = zip(topics, (isolating, opening), stages, strict=True)
+    return {topic for topic, at_work, stage in working if at_work or stage.unsettled}
+
+
 def unready(stages: Sequence[Deliveries], unseen: float, opening: bool, limit: float) -> str | None:
     """Why the worker does not deliver now, if it does not: sends unacknowledged for `limit`
     seconds, no broker answering for as long (`unseen`: since one last did), or the index opening
@@ -96,7 +114,7 @@ def unready(stages: Sequence[Deliveries], unseen: float, opening: bool, limit: f
     waited = unacknowledged(stages, limit)
     if waited is not None:
         return waited
-    if unseen > limit:
+    if broker_away(unseen, limit):
         return f"no broker answered for {unseen:.0f} s"
     if opening:
         return "opening the index"

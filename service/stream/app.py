@@ -19,7 +19,7 @@ from ..config import Settings
 from ..pipeline.collector import CollectorPolicy
 from ..pipeline.decider import Decider
 from ..pipeline.delivery import Deliveries
-from ..pipeline.health import Failure, unready
+from ..pipeline.health import Failure, broker_away, busy, unready
 from ..pipeline.order import HandOff
 from ..pipeline.pipes import CallTimeout, ChildFailed
 from ..pipeline.sign import SignStage
@@ -64,23 +64,15 @@ class Runtime:
         return [self.signed, self.indexed]
 
     def stalled(self) -> str | None:
-        """Why the worker is wedged, if it is (Progress.stalled). A topic whose agent is busy with
-        its batch does not count: the shard's while the index is rebuilt before its next batch,
-        the input's while the signer isolates a message that broke a helper; nor does one whose
-        stage waits for the broker's acknowledgements, nor any while no broker answers (`unready`:
-        an outage, which the delivery timeout bounds)."""
-        if time.monotonic() - self.metrics.broker_seen > self.settings.ready_timeout:
-            # No broker answers: nothing is available to take, whatever the last high-water mark
-            # said; the stall clock starts again when one does.
+        """Why the worker is wedged, if it is (Progress.stalled), but for the topics whose agents
+        are busy (health.busy), and never while no broker answers (health.broker_away)."""
+        if broker_away(time.monotonic() - self.metrics.broker_seen, self.settings.ready_timeout):
             for topic in list(self.progress.taken_at):
                 self.progress.took(topic)
             return None
-        busy = {self.settings.signatures_topic} if self.decider.opening else set()
-        if self.signer.isolating:
-            busy.add(self.settings.input_topic)
-        inputs = {self.settings.input_topic: self.signed, self.settings.signatures_topic: self.indexed}
-        busy |= {topic for topic, stage in inputs.items() if stage.unsettled}
-        return self.progress.stalled(self.settings.stall_timeout, busy)
+        topics = (self.settings.input_topic, self.settings.signatures_topic)
+        exempt = busy(topics, (self.signed, self.indexed), self.decider.opening, self.signer.isolating)
+        return self.progress.stalled(self.settings.stall_timeout, exempt)
 
     def unready(self) -> str | None:
         """Why the worker does not deliver now, if it does not (health.unready)."""
@@ -217,9 +209,6 @@ def _runtime(
     progress = Progress(app, metrics, LogReader(settings), failure)
     signed, indexed = Deliveries("sign", failure.fail), Deliveries("index", failure.fail)
 
-    def opened(count: int | None, seconds: float) -> None:
-        index_opened(metrics, decider, count, seconds)
-
     decider = Decider(
         params,
         settings.state_path / "index",
@@ -238,7 +227,7 @@ def _runtime(
         timeout=timeout,
         # A replaced decider child restores from the changelog: first, everything decided before it there
         before_rebuild=indexed.drain,
-        on_opened=opened,
+        on_opened=lambda count, seconds: index_opened(metrics, decider, count, seconds),
     )
     outputs = Outputs(app, metrics, settings.dead_letter_topic)
     collector = CollectorPolicy(settings.gc_freeze_every)
