@@ -18,9 +18,16 @@ The rules:
 
 from __future__ import annotations
 
+import collections
 import enum
-from dataclasses import dataclass
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
+from .shard import EntryOutcome
+from .wire import Headers, feed_inputs
+
+Sent = tuple[bytes, bytes | None]  # (article id, value), a value None the id's removal
 REPLAYS = frozenset({"replayed", "stale"})  # an input the index had already applied
 DELETES = frozenset({"deleted", "unknown_delete"})
 
@@ -70,3 +77,71 @@ def publication(
         return NOTHING
     fed = feed_kinds is not None and kind in feed_kinds
     return Publication(verdict=True, feed=Feed.COPY if fed else None)
+
+
+@dataclass
+class BatchPublication:
+    """What a batch of decisions publishes, in their order, for a mode to render: its records per
+    output and what it counts (per label), so that the rule's application is tested without one."""
+
+    verdicts: list[Sent] = field(default_factory=list)  # verdicts and removals
+    feed: list[Sent] = field(default_factory=list)  # input messages as they came, and removals
+    feed_headers: list[Headers] = field(default_factory=list)  # each feed message's
+    errors: list[EntryOutcome] = field(default_factory=list)  # each to its dead letter
+    # ("replays", status), ("deletes", status), ("verdicts", kind): a replayed verdict is not counted
+    # again, as it was (with its latency) when it was first decided
+    counts: collections.Counter[tuple[str, str | None]] = field(default_factory=collections.Counter)
+    latencies_s: list[float] = field(default_factory=list)  # of the verdicts decided
+    expired: int = 0  # articles the retention window removed meanwhile
+
+
+def batch_publication(
+    entries: Iterable[EntryOutcome],
+    messages: Sequence[tuple[int, bytes]],
+    *,
+    feed_kinds: frozenset[str] | None,
+    replays_republished: bool,
+) -> BatchPublication:
+    """What `entries` publish (`publication`), the feed's copies read from the signatures
+    `messages` they were decided from ((offset, value): the decisions do not carry them back),
+    each message read at its first copy only."""
+    out = BatchPublication()
+    values = dict(messages) if feed_kinds is not None else {}
+    inputs = functools.cache(lambda offset: feed_inputs(values[offset]))
+    for entry in entries:
+        what = publication(
+            entry.status,
+            entry.kind,
+            deletion=entry.deletion,
+            has_verdict=entry.verdict is not None and entry.article_id is not None,
+            feed_kinds=feed_kinds,
+            replays_republished=replays_republished,
+        )
+        if what.dead_letter:
+            out.errors.append(entry)
+            continue
+        if entry.status in REPLAYS:
+            out.counts["replays", entry.status] += 1
+        if what.answered_before:
+            continue
+        out.expired += entry.expired
+        if entry.article_id is None:
+            continue
+        key = entry.article_id.encode()
+        if what.removal:
+            if entry.status in DELETES:
+                out.counts["deletes", entry.status] += 1
+            out.verdicts.append((key, None))
+        elif what.verdict:
+            if entry.status != "replayed":
+                out.counts["verdicts", entry.kind] += 1
+                if entry.latency_ms is not None:
+                    out.latencies_s.append(entry.latency_ms / 1000.0)
+            out.verdicts.append((key, entry.verdict))
+        if what.feed is Feed.REMOVAL:
+            out.feed.append((key, None))
+            out.feed_headers.append(())
+        elif what.feed is Feed.COPY and (found := inputs(entry.offset).get(entry.record)):
+            out.feed.append((key, found[0]))
+            out.feed_headers.append(found[1])
+    return out

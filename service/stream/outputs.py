@@ -5,7 +5,6 @@ broker has them."""
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,11 +14,10 @@ import orjson
 
 from ..config import Settings
 from ..messages import dead_letter_dict
-from ..pipeline.publication import DELETES, REPLAYS, Feed, publication
+from ..pipeline.publication import batch_publication
 from ..pipeline.shard import BatchOutcome, EntryOutcome, SignedMessage
-from ..pipeline.wire import feed_inputs
 from . import framework
-from .batches import SentBatch, send_in_batches
+from .batches import KeyedValue, SentBatch, send_in_batches
 from .metrics import Metrics
 
 log = logging.getLogger("neardup.stream")
@@ -54,14 +52,12 @@ class Outputs:
         return framework.aiokafka_producer(self.app)
 
     async def send_batches(
-        self, topic: str, messages: Sequence[tuple[bytes | None, bytes | None]], **options: Any
+        self, topic: str, messages: Sequence[KeyedValue], **options: Any
     ) -> list[SentBatch]:
         """The batches sent, each with a future resolving once the broker acknowledges it."""
         return await send_in_batches(self.producer(), topic, messages, **options)
 
-    async def send(
-        self, topic: str, messages: list[tuple[bytes | None, bytes | None]], **options: Any
-    ) -> list[Any]:
+    async def send(self, topic: str, messages: Sequence[KeyedValue], **options: Any) -> list[Any]:
         """The sends' futures, each resolving once the broker acknowledges its batch."""
         return [batch.sent for batch in await self.send_batches(topic, messages, **options)]
 
@@ -90,68 +86,30 @@ class IndexPublisher:
         """Send a chunk's verdicts, feed messages (read from its signatures `messages`, (offset, value))
         and dead letters; returns the sends and what counts them once they are acknowledged."""
         metrics = self.metrics
-        verdicts: list[tuple[bytes | None, bytes | None]] = []
-        letters: list[Letter] = []
-        # counted per chunk, not per verdict: a labelled counter's increment costs the event loop
-        counts: collections.Counter[tuple[Any, str | None]] = collections.Counter()
-        latencies: list[float] = []
-        feed: list[tuple[bytes | None, bytes | None]] = []  # (key, input message) for the filtered feed
-        feed_headers: list[Any] = []
-        expired = 0
-        values = dict(messages) if self.feed_kinds is not None else {}
-        inputs = functools.cache(lambda offset: feed_inputs(values[offset]))  # at its first copy, if any
-        for entry in outcome.entries:
-            what = publication(
-                entry.status,
-                entry.kind,
-                deletion=entry.deletion,
-                has_verdict=entry.verdict is not None and entry.article_id is not None,
-                feed_kinds=self.feed_kinds,
-                replays_republished=not self.settings.exactly_once,
-            )
-            if what.dead_letter:
-                letters.append(self._index_error(entry))
-                continue
-            if entry.status in REPLAYS:
-                counts[(metrics.replays, entry.status)] += 1
-            if what.answered_before:
-                continue
-            expired += entry.expired
-            if entry.article_id is None:
-                continue
-            key = entry.article_id.encode()
-            if what.removal:
-                if entry.status in DELETES:
-                    counts[(metrics.deletes, entry.status)] += 1
-                verdicts.append((key, None))
-            elif what.verdict:
-                if entry.status != "replayed":
-                    counts[(metrics.verdicts, entry.kind)] += 1
-                    if entry.latency_ms is not None:
-                        latencies.append(entry.latency_ms / 1000.0)
-                verdicts.append((key, entry.verdict))
-            if what.feed is Feed.REMOVAL:
-                feed.append((key, None))
-                feed_headers.append(())
-            elif what.feed is Feed.COPY and (found := inputs(entry.offset).get(entry.record)):
-                feed.append((key, found[0]))
-                feed_headers.append(found[1])
+        out = batch_publication(
+            outcome.entries,
+            messages,
+            feed_kinds=self.feed_kinds,
+            replays_republished=not self.settings.exactly_once,
+        )
+        letters = [self._index_error(entry) for entry in out.errors]
         # Keyed by article id, so that every verdict of an article lands in the same partition.
-        sends = await self.outputs.send(self.settings.verdicts_topic, verdicts)
+        sends = await self.outputs.send(self.settings.verdicts_topic, out.verdicts)
         sends += await self.outputs.dead_letters(letters)
-        if feed:
-            sends += await self.outputs.send(self.settings.unique_topic, feed, headers=feed_headers)
+        if out.feed:
+            sends += await self.outputs.send(self.settings.unique_topic, out.feed, headers=out.feed_headers)
 
         def counted() -> None:
-            for (counter, label), count in counts.items():
-                counter.labels(label).inc(count)
-            for latency in latencies:
+            # counted per chunk, not per verdict: a labelled counter's increment costs the event loop
+            for (counter, label), count in out.counts.items():  # each named as its metric
+                getattr(metrics, counter).labels(label).inc(count)
+            for latency in out.latencies_s:
                 metrics.latency.observe(latency)
-            if expired:
-                metrics.expired.inc(expired)
+            if out.expired:
+                metrics.expired.inc(out.expired)
             self.outputs.count_dead_letters(letters)
-            if feed:
-                metrics.fed.inc(len(feed))
+            if out.feed:
+                metrics.fed.inc(len(out.feed))
             metrics.indexed.set(outcome.indexed)
             metrics.clusters.set(outcome.clusters)
             metrics.buckets.set(outcome.buckets)
