@@ -20,7 +20,7 @@ from ..pipeline.decider import Decider, DeciderFailed
 from ..pipeline.delivery import Deliveries
 from ..pipeline.health import Failure
 from ..pipeline.lifecycle import ShardLifecycle
-from ..pipeline.order import OffsetGap, in_log_order
+from ..pipeline.order import OffsetGap
 from ..pipeline.wire import runs_within
 from .batches import SentBatch
 from .outputs import IndexPublisher, Outputs
@@ -139,11 +139,14 @@ class IndexAgent:
             decider = await self._open_decider()
             # decided already, as soon as this worker's send of them was acknowledged
             batch = [e for e in fetched if not self.lifecycle.handed_off_already(e.message.offset)]
-            # under exactly-once each sign transaction leaves a commit marker: a gap that holds nothing
+            # under exactly-once each sign transaction leaves a commit marker: a gap that holds nothing;
+            # a signatures message read back without a value carries no records
             level = logging.INFO if self.transactions is not None else logging.ERROR
-            gaps = self.progress.check_gaps(batch, level) if batch else []
-            if batch:
-                await self.decide(decider, await self._in_log_order(batch, gaps))
+            gaps, messages = await self.progress.in_log_order(
+                batch, level, lambda event: cast(bytes, event.value), lambda _, found: found.value
+            )
+            if messages:
+                await self.decide(decider, [(offset, value) for _, offset, value in messages])
         return gaps
 
     async def decide(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
@@ -167,21 +170,6 @@ class IndexAgent:
 
             yield settle
         await self.deliveries.settle([transaction.committed], _nothing)
-
-    async def _in_log_order(
-        self, batch: list[faust.EventT], gaps: list[OffsetGap]
-    ) -> list[tuple[int, bytes]]:
-        """The batch's messages (offset, value), with those of `gaps` read back in their place."""
-        messages = [(event.message.offset, cast(bytes, event.value)) for event in batch]
-        if not gaps:
-            return messages
-        delivered = [(self.shard, offset, value) for offset, value in messages]
-        fills = [
-            (self.shard, found.offset, found.value)
-            for _, found in await self.progress.read_gaps(gaps)
-            if found.value is not None
-        ]
-        return [(offset, value) for _, offset, value in in_log_order(delivered, gaps, fills)]
 
     async def decide_and_publish(
         self,

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 
 from ..pipeline.health import Failure, waiting
-from ..pipeline.order import OffsetGap, offset_gaps
+from ..pipeline.order import OffsetGap, in_log_order, offset_gaps
 from . import framework
 from .metrics import Metrics
 from .topics import LogReader, StoredMessage
 
 log = logging.getLogger("neardup.stream")
+T = TypeVar("T")
 
 
 @dataclass
@@ -38,22 +39,6 @@ class Progress:
     def took(self, topic: str) -> None:
         self.taken_at[topic] = time.monotonic()
 
-    def check_gaps(self, batch: list[faust.EventT], level: int = logging.ERROR) -> list[OffsetGap]:
-        """Log and count the messages the consumer went past without delivering them."""
-        delivered = ((event.message.tp, event.message.offset) for event in batch)
-        gaps = offset_gaps(self.delivered, delivered)
-        for gap in gaps:
-            self.metrics.offset_gaps.labels(gap.partition.topic).inc()
-            log.log(
-                level,
-                "offset_gap topic=%s partition=%d expected=%d got=%d",
-                gap.partition.topic,
-                gap.partition.partition,
-                gap.expected,
-                gap.got,
-            )
-        return gaps
-
     def expect_committed(self, batch: list[faust.EventT]) -> None:
         """The first message of an input partition after an assignment must be the one at the
         group's committed offset, where Faust seeks to: one beyond it (an event fetched before the
@@ -67,15 +52,31 @@ class Progress:
                 if committed is not None:
                     self.delivered[tp] = committed - 1
 
-    async def read_gaps(self, gaps: list[OffsetGap]) -> list[tuple[Any, StoredMessage]]:
-        """The messages of `gaps` read back from Kafka, with their partitions. A gap that cannot
-        be read back (the broker does not answer) stops the worker, so that it restarts from its
-        last commit rather than go on without those messages.
+    async def in_log_order(
+        self,
+        batch: list[faust.EventT],
+        level: int,
+        delivered: Callable[[faust.EventT], T],
+        read_back: Callable[[Any, StoredMessage], T | None],
+    ) -> tuple[list[OffsetGap], list[tuple[Any, int, T]]]:
+        """The batch as (partition, offset, `delivered(event)`), in log order: the messages the
+        consumer went past without delivering them (faust-streaming has open reports of events
+        skipped around restarts) read back from Kafka, as `read_back(partition, message)` (None: left out),
+        each gap's before the message that revealed it. Also the gaps, which the batch's
+        acknowledgement lets the commits go past. A gap is logged at `level`: on a topic written
+        in transactions each commit marker makes one, which holds nothing.
 
-        Each gap is read on its own: under exactly-once a commit marker leaves a gap after nearly
-        every sign transaction, between messages already delivered, and one read from a batch's
-        first gap to its last would fetch all of those again."""
-        fills: list[tuple[Any, StoredMessage]] = []
+        A gap that cannot be read back (the broker does not answer) stops the worker, so that it
+        restarts from its last commit rather than go on without those messages. Each gap is read
+        on its own: under exactly-once a commit marker leaves a gap after nearly every sign
+        transaction, between messages already delivered, and one read from a batch's first gap to
+        its last would fetch all of those again."""
+        entries = [(event.message.tp, event.message.offset, delivered(event)) for event in batch]
+        gaps = offset_gaps(self.delivered, ((tp, offset) for tp, offset, _ in entries))
+        for gap in gaps:
+            self.metrics.offset_gaps.labels(gap.partition.topic).inc()
+            log.log(level, "offset_gap topic=%s partition=%d expected=%d got=%d", *_where(gap))
+        fills: list[tuple[Any, int, T]] = []
         for gap in gaps:
             tp = gap.partition
             try:
@@ -85,17 +86,19 @@ class Progress:
                 raise
             # messages in a gap were skipped by the consumer; none: a transaction marker, or removed
             self.metrics.offset_gap_messages.labels(tp.topic).inc(len(found))
+            level_read = logging.WARNING if found else logging.INFO
             log.log(
-                logging.WARNING if found else logging.INFO,
+                level_read,
                 "offset_gap_filled topic=%s partition=%d expected=%d got=%d read=%d",
-                tp.topic,
-                tp.partition,
-                gap.expected,
-                gap.got,
+                *_where(gap),
                 len(found),
             )
-            fills += [(tp, message) for message in found]
-        return fills
+            fills += [
+                (tp, message.offset, item)
+                for message in found
+                if (item := read_back(tp, message)) is not None
+            ]
+        return gaps, in_log_order(entries, gaps, fills) if gaps else entries
 
     async def allow_commits_past(self, gaps: list[OffsetGap]) -> None:
         """Faust never delivered the offsets of `gaps`, so never acknowledges them: let its commits
@@ -129,3 +132,7 @@ class Progress:
             if count:
                 return f"{tp.topic}:{tp.partition}: {count} waiting, none taken for {now - taken:.0f} s"
         return None
+
+
+def _where(gap: OffsetGap) -> tuple[str, int, int, int]:
+    return gap.partition.topic, gap.partition.partition, gap.expected, gap.got

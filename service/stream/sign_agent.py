@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from ..config import Settings
 from ..pipeline.delivery import Deliveries
 from ..pipeline.health import Failure
-from ..pipeline.order import HandOff, in_log_order
+from ..pipeline.order import HandOff
 from ..pipeline.signer import Signer, SignerFailed, SignItem
 from ..pipeline.wire import Provenance, pack_in_chunks, with_original
 from .batches import send_in_batches
@@ -69,21 +69,11 @@ class SignAgent:
         settings, progress = self.settings, self.progress
         progress.took(settings.input_topic)
         progress.expect_committed(batch)
-        # transaction markers take an offset each: on the input a gap is often just that
-        gaps = progress.check_gaps(batch, logging.INFO)
-        entries = [_entry(event) for event in batch]
-        # the input's headers, forwarded with it by the filtered feed
-        headers: dict[tuple[Any, int], Any] = {}
-        if settings.unique_topic:
-            headers = {(e.message.tp, e.message.offset): e.message.headers or () for e in batch}
-        if gaps:
-            # The index must see the articles of each input partition in their order: one
-            # signed after a later one would be decided without it.
-            read_back = await progress.read_gaps(gaps)
-            fills = [(tp, found.offset, _sign_item(tp, found)) for tp, found in read_back]
-            entries = in_log_order(entries, gaps, fills)
-            headers.update(((tp, found.offset), found.headers) for tp, found in read_back)
-        items = [item for _, _, item in entries]
+        # The index must see the articles of each input partition in their order: one signed after
+        # a later one would be decided without it. Transaction markers take an offset each: on the
+        # input a gap is often just that. Each with its headers, forwarded by the filtered feed.
+        gaps, entries = await progress.in_log_order(batch, logging.INFO, _entry, _read_back)
+        items = [item for _, _, (item, _) in entries]
         try:
             results = await self.signer.sign(items)
         except SignerFailed as exc:
@@ -95,7 +85,7 @@ class SignAgent:
         signed: dict[Any, list[bytes]] = collections.defaultdict(list)  # by input partition
         letters: dict[Any, list[Letter]] = collections.defaultdict(list)
         refused_times = 0
-        for (tp, offset, (raw, key, src)), result in zip(entries, results, strict=True):
+        for (tp, _, ((raw, key, src), headers)), result in zip(entries, results, strict=True):
             if result.signed is None:
                 assert result.dead_letter is not None and result.reason is not None
                 log.info(
@@ -107,7 +97,7 @@ class SignAgent:
                 )
                 letters[tp].append((result.reason, result.dead_letter, key))
             elif settings.unique_topic:  # the filtered feed forwards the input message as it came
-                signed[tp].append(with_original(result.signed, raw or b"", headers.get((tp, offset), ())))
+                signed[tp].append(with_original(result.signed, raw or b"", headers))
             else:
                 signed[tp].append(result.signed)
             refused_times += result.refused_time
@@ -174,14 +164,18 @@ class SignAgent:
             await self.transactions.revoked(inputs)
 
 
-def _entry(event: faust.EventT) -> tuple[Any, int, SignItem]:
-    """An input event as the sign stage takes it, with its partition and offset."""
+def _entry(event: faust.EventT) -> tuple[SignItem, Any]:
+    """An input event as the sign stage takes it, and its headers."""
     msg = event.message
     stamp = int(msg.timestamp * 1000) if msg.timestamp else None
-    src = Provenance(msg.topic, msg.partition, msg.offset, stamp)
-    return msg.tp, msg.offset, (event.value, event.key, src)
+    return (
+        event.value,
+        event.key,
+        Provenance(msg.topic, msg.partition, msg.offset, stamp),
+    ), msg.headers or ()
 
 
-def _sign_item(tp: Any, found: StoredMessage) -> SignItem:
-    """An input message read back for a gap, as the sign stage takes it."""
-    return found.value, found.key, Provenance(tp.topic, tp.partition, found.offset, found.timestamp_ms)
+def _read_back(tp: Any, found: StoredMessage) -> tuple[SignItem, Any]:
+    """An input message read back for a gap, as the sign stage takes it, and its headers."""
+    src = Provenance(tp.topic, tp.partition, found.offset, found.timestamp_ms)
+    return (found.value, found.key, src), found.headers
