@@ -5,7 +5,7 @@ the engine and verdicts of the stream worker (see neardup.api and the README's "
 library"). The worker and the embedded mode are the `neardup` command (neardup.cli). Every exception
 neardup raises of its own is a `neardup.Error` (the tree: neardup.errors)."""
 
-from .api import ArticleInput, Deduplicator, Verdict, open
+from .api import ArticleInput, DecisionFailed, Deduplicator, Verdict, open
 from .config import ConfigError
 from .core.params import DedupParams, IncompatibleState
 from .core.shingle import ShingleOptions
@@ -19,6 +19,7 @@ __all__ = [
     "ArticleInput",
     "ConfigError",
     "CorruptRecord",
+    "DecisionFailed",
     "DedupParams",
     "Deduplicator",
     "Error",

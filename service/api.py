@@ -20,15 +20,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
+import orjson
+
 from .config import Mode, engine_params, for_mode, keyword_values, retention_window
 from .core.normalize import TooLong
 from .core.params import DedupParams
 from .core.retention import Retention
 from .core.signing import EmptyText
 from .embedded import DECIDE_BATCH, DEFAULT_MAX_TEXT_BYTES
+from .errors import Error
 from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
 from .pipeline.publication import publication
-from .pipeline.shard import Decided, IndexShard
+from .pipeline.shard import EntryOutcome, IndexShard
 from .pipeline.sign import SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion
 from .state.index import IndexState, runs_of
@@ -36,6 +39,13 @@ from .state.memory import MemoryState
 from .state.rocks import RocksOptions, RocksState
 
 Verdict = dict[str, Any]
+
+
+class DecisionFailed(Error, RuntimeError):
+    """The index failed on one article (a corrupt record, a full disk): it is not indexed, the
+    articles around it are; the worker dead-letters such an article as `internal_error`."""
+
+
 ArticleInput = Article | Mapping[str, Any] | bytes | str
 _CALLER = Provenance("neardup.api", None, 0, None)  # where a call's article came from, for dead letters
 
@@ -104,22 +114,21 @@ class Deduplicator:
         return signed
 
     @staticmethod
-    def _verdict(decided: Decided) -> Verdict:
+    def _verdict(decided: EntryOutcome) -> Verdict:
         verdict = decided.verdict
         # rendered as the library's answers: the verdict returned, a dead letter raised
         what = publication(
             decided.status,
-            None if verdict is None else verdict["verdict"],
+            decided.kind,
             deletion=False,
             has_verdict=verdict is not None,
             feed_kinds=None,
             replays_republished=True,
         )
         if what.dead_letter:
-            assert decided.error is not None
-            raise decided.error
+            raise DecisionFailed(f"the index failed on this article: {decided.error}")
         assert what.verdict and verdict is not None
-        return verdict
+        return orjson.loads(verdict)  # type: ignore[no-any-return]
 
     def delete(self, article_id: str) -> bool:
         """Remove an article from the index (a retraction): later articles are no longer matched
@@ -131,7 +140,7 @@ class Deduplicator:
         assert isinstance(deletion, Deletion)
         decided = self._shard.decide([SignedDeletion(deletion.article_id, _CALLER)])[0]
         if decided.error is not None:
-            raise decided.error
+            raise DecisionFailed(f"the index failed on this deletion: {decided.error}")
         return decided.status == "deleted"
 
     def stats(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from .core.retention import NO_RETENTION, Retention
 from .errors import Error
 from .messages import decode_message, dumps, parse_verdict_filter
 from .pipeline.publication import publication
-from .pipeline.shard import Decided, IndexShard
+from .pipeline.shard import EntryOutcome, IndexShard
 from .pipeline.sign import SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
 from .state.index import IndexState
@@ -289,36 +289,33 @@ class _FileRun:
                     self._publish(line, result)
                     continue
                 # as the worker's index stage: a dead letter, not a stopped run
-                item = _signed(SignStage.failed(result.error, line.body, None, _source(self.topic, line)))
+                src = _source(self.topic, line)
+                item = _signed(SignStage.dead(result.reason, result.error, line.body, None, src))
                 assert isinstance(item, _Dead)
             self.dead.write(item.record + b"\n")
             summary.dead_letters[item.reason] += 1
         if lines:
             self._checkpoint(lines[-1])
 
-    def _publish(self, line: _Line, decided: Decided) -> None:
+    def _publish(self, line: _Line, decided: EntryOutcome) -> None:
         """A decision as lines of the run's files (pipeline/publication.py): a verdict, or a
         deletion line for a removal, in the verdict file; the input line as it came, a deletion's
         included, in the feed."""
         verdict = decided.verdict
-        if decided.deletion is not None:
-            kind = None if decided.article is None else decided.article.decision.kind
-        else:
-            kind = None if verdict is None else verdict["verdict"]
         what = publication(
             decided.status,
-            kind,
-            deletion=decided.deletion is not None,
+            decided.kind,
+            deletion=decided.deletion,
             has_verdict=verdict is not None,
             feed_kinds=self.feed_verdicts if self.feed is not None else None,
             replays_republished=True,
         )
         if what.removal:
-            self.out.write(dumps({"article_id": decided.deletion, "deleted": True}) + b"\n")
+            self.out.write(dumps({"article_id": decided.article_id, "deleted": True}) + b"\n")
             self.summary.deleted += decided.status == "deleted"
-        elif what.verdict and verdict is not None:
-            self.out.write(dumps(verdict) + b"\n")
-            self.summary.verdicts[verdict["verdict"]] += 1
+        elif what.verdict and verdict is not None and decided.kind is not None:
+            self.out.write(verdict + b"\n")
+            self.summary.verdicts[decided.kind] += 1
         if what.feed is not None and self.feed is not None:
             self.feed.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
             self.summary.fed = (self.summary.fed or 0) + 1

@@ -8,6 +8,7 @@ catches that one works as well.
     ├── IncompatibleState                a state of another format or other signing parameters
     ├── StateError                       a state directory that cannot be used (locked, unreadable)
     ├── CorruptRecord (ValueError)       a stored record that cannot be decoded
+    ├── DecisionFailed (RuntimeError)    the library's index failed on one article (the log has why)
     ├── ConfigError (ValueError)         a setting the worker cannot run with
     ├── ResumeMismatch (RuntimeError)    a resumed `neardup dedup` whose state and output disagree
     ├── SigningFailed (RuntimeError)     `neardup dedup`'s signing helpers cannot start
@@ -24,9 +25,9 @@ catches that one works as well.
     └── TooLong (ValueError)             a text normalisation expands past its limit (dead-lettered
                                          as oversized; the library raises InvalidMessage)
 
-The library (`neardup.open`, Deduplicator) raises InvalidMessage, IncompatibleState, StateError and
-CorruptRecord; the package exports those, ConfigError and Error. A ValueError or TypeError not on
-this list is a programming error (a bad argument), not a refused input.
+The library (`neardup.open`, Deduplicator) raises InvalidMessage, IncompatibleState, StateError,
+CorruptRecord and DecisionFailed; the package exports those, ConfigError and Error. A ValueError or
+TypeError not on this list is a programming error (a bad argument), not a refused input.
 """
 
 from __future__ import annotations

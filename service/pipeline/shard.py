@@ -12,17 +12,18 @@ reflect, so that a restart replays only the changelog after that offset (`restor
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import orjson
 
 from ..core.dedup import IndexedArticle, decide
 from ..core.params import DedupParams, IncompatibleState
 from ..core.retention import NO_RETENTION, Retention
-from ..messages import verdict_dict
+from ..messages import dumps, verdict_dict
 from ..state.index import META, IndexState
 from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
@@ -50,6 +51,8 @@ POSITION_KEY = b"changelog-position"
 # while it is this much younger than the time the changelog keeps a tombstone
 CLOCK_MARGIN_MS = 60_000
 SIZE_EVERY_S = 10.0  # how often a batch's outcome carries the index's size on disk
+
+log = logging.getLogger("neardup.shard")
 
 Item = Signed | SignedDeletion
 SignedMessage = tuple[int, bytes]  # (offset, value) of one signatures message
@@ -109,19 +112,54 @@ def removed_counts(records: Compacted) -> tuple[int, int]:
     return int(counted["expired"]), int(counted["deleted"])
 
 
-@dataclass(frozen=True)
-class Decided:
-    """One item through the shard. `status`: "new", "redelivered" (the same id and content again:
-    its stored verdict), "replayed" (an input already applied, recognised by where it came from),
-    "stale" (an input since replaced), "deleted", "unknown_delete", or "error" (`error` says why).
-    `deletion`: the id a deletion named, whatever became of it (a tombstone always answers one)."""
+class EntryOutcome(NamedTuple):
+    """One item through the shard, from its decision to what is published of it, in every mode
+    (the worker, embedded mode, the library): a verdict (its JSON) to publish, a deletion, or an
+    error and, in the worker, the bytes to dead-letter. A tuple of plain values: it crosses the pipe
+    from the decider process (decider.py). `status`: "new", "redelivered" (the same id and content
+    again: its stored verdict), "replayed" (an input already applied, recognised by where it came
+    from), "stale" (an input since replaced), "deleted", "unknown_delete", or "error". What the
+    filtered feed forwards stays in the signatures message, found by `offset` and `record`
+    (wire.feed_inputs), rather than cross the pipe back."""
 
+    offset: int  # of the signatures message (-1: not from one)
+    article_id: str | None
     status: str
-    article: IndexedArticle | None = None
-    verdict: dict[str, Any] | None = None
-    expired: int = 0  # articles an expiry pass removed after this one
-    error: Exception | None = None
-    deletion: str | None = None
+    verdict: bytes | None = None
+    kind: str | None = None  # the verdict's kind; a deletion's: the removed article's, if any
+    latency_ms: float | None = None
+    error: str | None = None  # why it could not be decided: "<exception type>: <message>"
+    payload: bytes | None = None
+    expired: int = 0
+    record: int = -1  # its index in the signatures message (unpack_signed), when it has a verdict
+    deletion: bool = False  # answers a deletion: a tombstone goes out under `article_id`
+    reason: str = "internal_error"  # an error's dead-letter reason
+    source: Provenance | None = None  # an error's input message, when known
+
+    @classmethod
+    def failed(cls, offset: int, payload: bytes | None, exc: Exception) -> EntryOutcome:
+        return cls(offset, None, "error", error=f"{type(exc).__name__}: {exc}", payload=payload)
+
+    @classmethod
+    def isolated(cls, offset: int, payload: bytes, culprit: Culprit) -> EntryOutcome:
+        """A record the decider process failed on (`culprit`), left out of the retry: dead-lettered
+        as `processing_failed`, under its input message when it can be decoded safely (it failed
+        in its decision, not in its decoding), with the input message itself when the record
+        carries it (the filtered feed's), else the signed record."""
+        source, article_id, original = None, None, payload
+        if culprit.deciding:
+            item = decode_signed(payload)
+            source, article_id = item.provenance, item.article_id
+            original = feed_inputs(payload).get(0, (payload, ()))[0]  # a feed record's, else itself
+        return cls(
+            offset,
+            article_id,
+            "error",
+            error=culprit.detail,
+            payload=original,
+            reason=PROCESSING_FAILED,
+            source=source,
+        )
 
 
 @dataclass
@@ -164,7 +202,7 @@ class IndexShard:
         offset: int | None = None,
         now: float | None = None,
         before: Callable[[int], None] | None = None,
-    ) -> list[Decided]:
+    ) -> list[EntryOutcome]:
         """Decide `items` in order, each applied before the next is decided; never raises for one
         item (its result has status "error"). `offset`: the signatures message they came in (the
         worker), by which a re-delivered input is recognised and answered with its stored verdict,
@@ -177,22 +215,23 @@ class IndexShard:
             if before is not None:
                 before(n)
             try:
-                results.append(self._decide_one(item, offset, now_s))
+                results.append(self._decide_one(item, -1 if offset is None else offset, now_s))
             except Exception as exc:  # one bad record must not stop the shard
-                results.append(Decided("error", error=exc))
+                log.error("decide_failed article=%r", item.article_id, exc_info=True)
+                results.append(EntryOutcome.failed(-1 if offset is None else offset, None, exc))
         if offset is not None:
             self.applied_offset = max(self.applied_offset, offset)
         return results
 
-    def _decide_one(self, item: Item, offset: int | None, now_s: float) -> Decided:
-        if offset is not None:
+    def _decide_one(self, item: Item, offset: int, now_s: float) -> EntryOutcome:
+        if offset >= 0:
             src = item.provenance
             partition = f"{src.topic}:{src.partition}"
             if offset <= self.applied_offset or src.offset <= self.inputs.get(partition, -1):
-                return self._replay_one(item, now_s)
+                return self._replay_one(item, offset, now_s)
             self.inputs[partition] = src.offset
         if isinstance(item, SignedDeletion):
-            return self._delete(item.article_id)
+            return self._delete(item.article_id, offset)
         if item.refused_time:
             self.counts.refused_times += 1
         time_ms = self._event_time(item, now_s)
@@ -208,7 +247,7 @@ class IndexShard:
                     del self.changelog[MARKER_PREFIX + item.article_id.encode()]
         expired = self._expire_due()
         status = "redelivered" if outcome.redelivered else "new"
-        return Decided(status, outcome.article, self._verdict(outcome.article, item, now_s), expired)
+        return self._verdict(status, outcome.article, item, offset, now_s, expired)
 
     def _event_time(self, item: Signed, now_s: float) -> int:
         """A refused time is taken as the newest time the index holds (the stream's time), so that
@@ -244,36 +283,43 @@ class IndexShard:
         self.counts.expired += len(removed)
         return len(removed)
 
-    def _replay_one(self, item: Item, now_s: float) -> Decided:
+    def _replay_one(self, item: Item, offset: int, now_s: float) -> EntryOutcome:
         """The stored verdict when the stored version is this one; nothing otherwise (a version
         since replaced, or a deletion already applied)."""
         if isinstance(item, SignedDeletion):
-            return Decided("stale", deletion=item.article_id)
+            return EntryOutcome(offset, item.article_id, "stale", deletion=True)
         existing = self.state.get(item.article_id)
         if existing is not None and existing.sketch.content_hash == item.sketch.content_hash:
-            return Decided("replayed", existing, self._verdict(existing, item, now_s))
-        return Decided("stale", existing)
+            return self._verdict("replayed", existing, item, offset, now_s)
+        return EntryOutcome(offset, None if existing is None else existing.article_id, "stale")
 
-    def _delete(self, article_id: str) -> Decided:
+    def _delete(self, article_id: str, offset: int) -> EntryOutcome:
         removed = self.state.delete(article_id)
         if removed is None:
             self.counts.unknown_deletes += 1
-            return Decided("unknown_delete", deletion=article_id)
+            return EntryOutcome(offset, article_id, "unknown_delete", deletion=True)
         self._forget(article_id)
         marker = self.state.deletion_marker(article_id)
         if self.changelog is not None and marker is not None:
             self.changelog[MARKER_PREFIX + article_id.encode()] = marker
-        return Decided("deleted", removed, deletion=article_id)
+        # the removed article's kind: whether the filtered feed carried it
+        return EntryOutcome(offset, article_id, "deleted", kind=removed.decision.kind, deletion=True)
 
     def _forget(self, article_id: str) -> None:
         """The article's record leaves the changelog (a tombstone), so a replay does not bring it back."""
         if self.changelog is not None:
             del self.changelog[ARTICLE_PREFIX + article_id.encode()]
 
-    def _verdict(self, article: IndexedArticle, item: Signed, now_s: float) -> dict[str, Any]:
+    def _verdict(
+        self, status: str, article: IndexedArticle, item: Signed, offset: int, now_s: float, expired: int = 0
+    ) -> EntryOutcome:
+        """The article's verdict, as published."""
         sent = item.provenance.timestamp_ms
         latency = None if sent is None else round(max(now_s * 1000.0 - sent, 0.0), 3)
-        return verdict_dict(article, self.params, latency)
+        verdict = verdict_dict(article, self.params, latency)
+        return EntryOutcome(
+            offset, article.article_id, status, dumps(verdict), verdict["verdict"], latency, expired=expired
+        )
 
     def checkpoint(self) -> None:
         """Write the applied offsets and removal counts to the changelog, when they moved: once per
@@ -452,75 +498,6 @@ def _now_ms() -> int:
 # -- the worker's batches: signatures messages in, outcomes out (they cross the decider's pipe) --
 
 
-class EntryOutcome(NamedTuple):
-    """One signed record as the index agent needs it: a verdict (JSON) to publish, or an error and
-    the bytes to dead-letter. A tuple: it crosses the pipe from the decider process (decider.py).
-    What the filtered feed forwards stays in the signatures message, found by `offset` and `record`
-    (wire.feed_inputs), rather than cross the pipe back."""
-
-    offset: int  # of the signatures message
-    article_id: str | None
-    status: str  # Decided.status
-    verdict: bytes | None = None
-    kind: str | None = None  # the verdict's kind
-    latency_ms: float | None = None
-    error: str | None = None
-    payload: bytes | None = None
-    expired: int = 0
-    record: int = -1  # its index in the signatures message (unpack_signed), when it has a verdict
-    deletion: bool = False  # answers a deletion: a tombstone goes out under `article_id`
-    reason: str = "internal_error"  # an error's dead-letter reason
-    source: Provenance | None = None  # an error's input message, when known
-
-    @classmethod
-    def of(cls, offset: int, result: Decided, record: int) -> EntryOutcome:
-        verdict = result.verdict
-        if result.deletion is not None:
-            # the kind of the article removed, if one was: whether the filtered feed carried it
-            kind = None if result.article is None else result.article.decision.kind
-            return cls(
-                offset, result.deletion, result.status, kind=kind, expired=result.expired, deletion=True
-            )
-        if verdict is None:
-            article_id = None if result.article is None else result.article.article_id
-            return cls(offset, article_id, result.status, expired=result.expired)
-        return cls(
-            offset,
-            verdict["article_id"],
-            result.status,
-            orjson.dumps(verdict),
-            verdict["verdict"],
-            verdict["latency_ms"],
-            expired=result.expired,
-            record=record,
-        )
-
-    @classmethod
-    def failed(cls, offset: int, payload: bytes, exc: Exception) -> EntryOutcome:
-        return cls(offset, None, "error", error=f"{type(exc).__name__}: {exc}", payload=payload)
-
-    @classmethod
-    def isolated(cls, offset: int, payload: bytes, culprit: Culprit) -> EntryOutcome:
-        """A record the decider process failed on (`culprit`), left out of the retry: dead-lettered
-        as `processing_failed`, under its input message when it can be decoded safely (it failed
-        in its decision, not in its decoding), with the input message itself when the record
-        carries it (the filtered feed's), else the signed record."""
-        source, article_id, original = None, None, payload
-        if culprit.deciding:
-            item = decode_signed(payload)
-            source, article_id = item.provenance, item.article_id
-            original = feed_inputs(payload).get(0, (payload, ()))[0]  # a feed record's, else itself
-        return cls(
-            offset,
-            article_id,
-            "error",
-            error=culprit.detail,
-            payload=original,
-            reason=PROCESSING_FAILED,
-            source=source,
-        )
-
-
 class BatchOutcome(NamedTuple):
     entries: list[EntryOutcome]
     indexed: int  # articles in the index after the batch
@@ -593,9 +570,9 @@ def decide_messages(
         before = None if marker is None else _marking(marker, offset, indexes)
         for record, i, result in zip(kept, indexes, shard.decide(items, offset, before=before), strict=True):
             if result.error is not None:
-                entries.append(EntryOutcome.failed(offset, record, result.error))
+                entries.append(result._replace(payload=record))
             else:
-                entries.append(EntryOutcome.of(offset, result, i))
+                entries.append(result if result.verdict is None else result._replace(record=i))
         if marker is not None:
             marker.clear()
     shard.checkpoint()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from neardup.core.dedup import IndexedArticle
 from neardup.messages import Article
 from neardup.pipeline.shard import IndexShard
@@ -17,15 +19,17 @@ def process(
     *,
     now_ms: int | None = None,
 ) -> IndexedArticle:
-    """Sign one article and decide it on `shard`, as the library does; raises what either raises
-    (signing.EmptyText for an empty text)."""
+    """Sign one article and decide it on `shard`, as the library does, and return it as indexed;
+    raises what signing raises (signing.EmptyText for an empty text)."""
     stage = SignStage(shard.params, 1 << 30, shard.retention.skew_ms)
     signed = stage.sign(Article(article_id, text, published_at=published_at), CALLER, now_ms)
     decided = shard.decide([signed], now=None if now_ms is None else now_ms / 1000)[0]
-    if decided.error is not None:
-        raise decided.error
-    assert decided.article is not None
-    return decided.article
+    assert decided.error is None, decided.error
+    indexed = shard.state.get(article_id)
+    assert indexed is not None
+    # as decided, with its whole sketch: the stored record keeps no signature (its band keys and
+    # verifier serve instead) and a duplicate's keeps no anchors
+    return dataclasses.replace(indexed, sketch=signed.sketch) if decided.status == "new" else indexed
 
 
 CALLER = Provenance("test", None, 0, None)

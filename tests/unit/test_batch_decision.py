@@ -81,7 +81,9 @@ def signed_items(arrivals: list[tuple[str, str | None]], params: DedupParams) ->
 
 def outcome(shard: IndexShard, results: list[Any]) -> tuple[list[Any], list[tuple[bytes, bytes]]]:
     """What a run decided and what its state holds: statuses, verdicts (no latency), records."""
-    decided = [(r.status, r.verdict and {**r.verdict, "latency_ms": None}, r.deletion) for r in results]
+    decided = [
+        (r.status, r.verdict and {**orjson.loads(r.verdict), "latency_ms": None}, r.deletion) for r in results
+    ]
     return decided, sorted(shard.state.kv.scan_records())
 
 
@@ -146,4 +148,4 @@ def test_a_copy_right_after_its_source_in_one_batch_is_its_duplicate() -> None:
     items = signed_items([("src", text), ("copy", text + " Reporting by the wire desk."), ("src", None)], OFF)
     results = IndexShard(MemoryState(), OFF).decide(items, now=NOW_S)
     assert [r.status for r in results] == ["new", "new", "deleted"]
-    assert results[1].verdict is not None and results[1].verdict["match_id"] == "src"
+    assert results[1].verdict is not None and orjson.loads(results[1].verdict)["match_id"] == "src"

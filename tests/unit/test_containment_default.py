@@ -50,8 +50,9 @@ def decide(shard: IndexShard, items: list[Signed], chunk: int | None = None) -> 
         shard.checkpoint()
         assert isinstance(shard.changelog, RecordedChangelog)
         shard.commit(chunk, len(shard.changelog.entries))
-    assert all(r.article is not None for r in results), [r.error for r in results]
-    return [r.article.decision for r in results]
+    assert all(r.verdict is not None for r in results), [r.error for r in results]
+    held = [shard.state.get(item.article_id) for item in items]
+    return [article.decision for article in held if article is not None]
 
 
 def worker_state_of_the_earlier_default(path: Path, texts: list[str]) -> Entries:

@@ -101,7 +101,8 @@ def test_the_root_and_the_exported_ones() -> None:
     assert neardup.Error is Error and issubclass(Error, Exception)
     exported = [getattr(neardup, name) for name in neardup.__all__]
     errors = {cls.__name__ for cls in exported if isinstance(cls, type) and issubclass(cls, BaseException)}
-    user_facing = {"ConfigError", "CorruptRecord", "IncompatibleState", "InvalidMessage", "StateError"}
+    user_facing = {"ConfigError", "CorruptRecord", "DecisionFailed", "IncompatibleState", "InvalidMessage"}
+    user_facing.add("StateError")
     assert errors == {"Error", *user_facing}
 
 

@@ -88,7 +88,7 @@ def decide(params: DedupParams, texts: list[str]) -> tuple[list[dict[str, Any]],
     decided = shard.decide(signed, offset=0)
     shard.checkpoint()
     assert all(d.verdict is not None for d in decided), decided
-    return [d.verdict for d in decided if d.verdict is not None], records
+    return [orjson.loads(d.verdict) for d in decided if d.verdict is not None], records
 
 
 NEAR_COPIES = [f"{PROSE[0]} Note {n}." for n in range(12)]
