@@ -1,6 +1,6 @@
 """What both agents send besides their own topic, through aiokafka's producer in batches built
-here (batches.py): verdicts, the filtered feed, the changelog, and dead letters, counted once the
-broker has them."""
+here (batches.py): verdicts, the filtered feed, the index's changelog, and dead letters, counted once
+the broker has them."""
 
 from __future__ import annotations
 
@@ -69,6 +69,36 @@ class Outputs:
     def count_dead_letters(self, letters: list[Letter]) -> None:
         for reason, count in collections.Counter(reason for reason, _, _ in letters).items():
             self.metrics.dead_letters.labels(reason).inc(count)
+
+
+class ChangelogSends:
+    """The index's writes, sent to its changelog (one partition) as each chunk is decided. The index
+    holds a chunk's writes aside until they are durable: once the chunk's sends are acknowledged (or
+    committed), it commits them with where the changelog then ends (`acknowledged`:
+    Decider.acknowledged, or under exactly-once the commit point's), never reflecting what the
+    changelog lacks."""
+
+    def __init__(self, outputs: Outputs, topic: str, acknowledged: Callable[[int | None, int], None]) -> None:
+        self.outputs = outputs
+        self.topic = topic
+        self.acknowledged = acknowledged
+
+    async def send(self, writes: Sequence[KeyedValue]) -> list[SentBatch]:
+        return await self.outputs.send_batches(self.topic, writes, partition=0)
+
+    def applied(self, changelog: list[SentBatch], chunk: int, then: Callable[[], None]) -> Callable[[], None]:
+        """What the acknowledgement of chunk number `chunk`, which sent `changelog`, means: its writes
+        committed to the index; then `then` (its counters)."""
+
+        def apply() -> None:
+            end = None
+            if changelog:
+                last = changelog[-1]  # one partition: the last batch holds the last write
+                end = last.sent.result().offset + last.messages
+            self.acknowledged(end, chunk)
+            then()
+
+        return apply
 
 
 class IndexPublisher:

@@ -93,11 +93,7 @@ class Progress:
                 *_where(gap),
                 len(found),
             )
-            fills += [
-                (tp, message.offset, item)
-                for message in found
-                if (item := read_back(tp, message)) is not None
-            ]
+            fills += [(tp, m.offset, item) for m in found if (item := read_back(tp, m)) is not None]
         return gaps, in_log_order(entries, gaps, fills) if gaps else entries
 
     async def allow_commits_past(self, gaps: list[OffsetGap]) -> None:

@@ -18,6 +18,10 @@ once (`failed`): the worker stops and its restart resumes from what was committe
 Streams treats a producer error it cannot retry. The same when something run after a commit
 raises (`post_commit_failed`): the commit stands, but what the stage holds beside it (the index's
 commit point) may not follow it.
+
+The index stage settles each decided chunk as its guarantee says (AtLeastOnce, or ExactlyOnce in
+the shard's transactions), and under exactly-once the index's commit point follows the commits
+(CommitPoint).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +38,8 @@ from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
 from ..config import Settings
 from ..errors import Error
+from ..pipeline.decider import Decider
+from ..pipeline.delivery import Deliveries
 from .framework import coordinator_lookups_retried
 from .topics import max_request_bytes
 
@@ -41,6 +47,7 @@ log = logging.getLogger("neardup.stream")
 # What fencing looks like from the fenced side: another producer took the id (ProducerFenced), or
 # the broker has a newer epoch for it than the one this producer holds.
 FENCED_ERRORS: tuple[type[BaseException], ...] = (ProducerFenced, InvalidProducerEpoch)
+SettleChunk = Callable[[list[Any], Callable[[], None]], Awaitable[None]]  # a chunk's sends, what they mean
 
 
 class Fenced(Error, RuntimeError):
@@ -53,7 +60,7 @@ class Ended(Error, RuntimeError):
     nothing more, and the stage resumes from what was committed (the worker's restart)."""
 
 
-def transactional_id(settings: Settings, shard: int = 0) -> str:
+def shard_transactional_id(settings: Settings, shard: int = 0) -> str:
     return f"{settings.app_id}-index-{shard}"
 
 
@@ -89,14 +96,14 @@ class TransactionalWriter:
     def __init__(
         self,
         settings: Settings,
-        transactional_id: str,
+        transactional_id: str | None = None,  # None: the index shard's
         fenced: Callable[[Fenced], None] | None = None,
         counted: Callable[[str], None] | None = None,
         failed: Callable[[str], None] | None = None,
         after_commit: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.transactional_id = transactional_id
+        self.transactional_id = transactional_id or shard_transactional_id(settings)
         self.producer: AIOKafkaProducer | None = None
         # sends into the open transaction and its commit, one at a time, in the order they came
         self.lock = asyncio.Lock()
@@ -285,18 +292,8 @@ class TransactionalWriter:
 
 
 class ShardTransactions(TransactionalWriter):
-    """The index shard's writer: its verdicts, feed, dead letters and changelog."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        shard: int = 0,
-        fenced: Callable[[Fenced], None] | None = None,
-        counted: Callable[[str], None] | None = None,
-        failed: Callable[[str], None] | None = None,
-        after_commit: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(settings, transactional_id(settings, shard), fenced, counted, failed, after_commit)
+    """The index shard's writer (the transactional id's default): its verdicts, feed, dead letters
+    and changelog."""
 
 
 class InputTransactions:
@@ -346,3 +343,87 @@ def producer_of(transactions: TransactionalWriter) -> Callable[[], Any]:
         return transactions.producer
 
     return producer
+
+
+class CommitPoint:
+    """Exactly once: where the index's commit point goes as the shard's transactions commit. A
+    chunk's writes are committed to the index with where its changelog records end; the
+    transaction's commit marker then follows its last record, so once it is committed the point
+    moves past the marker too (`committed`, the writer's after_commit)."""
+
+    def __init__(self, decider: Decider) -> None:
+        self.decider = decider
+        self._wrote_changelog = False  # in the transaction being committed
+        self._last_applied = 0  # its last chunk
+
+    def applied(self, end: int | None, chunk: int) -> None:
+        """A chunk of the transaction being committed, whose changelog records end at `end`
+        (None: it wrote none): its writes committed to the index."""
+        self._wrote_changelog = self._wrote_changelog or end is not None
+        self._last_applied = chunk
+        self.decider.acknowledged(end, chunk)
+
+    def committed(self) -> None:
+        if self._wrote_changelog:
+            self._wrote_changelog = False
+            self.decider.acknowledged(self.decider.changelog_end + 1, self._last_applied)
+
+
+class AtLeastOnce:
+    """How the index stage's chunks are settled at least once: each chunk's sends by the stage's
+    deliveries, as the broker acknowledges them. On a topic written without transactions, a gap in
+    the shard's offsets is messages the consumer went past."""
+
+    gap_level = logging.ERROR
+
+    def __init__(self, deliveries: Deliveries) -> None:
+        self.deliveries = deliveries
+
+    @contextlib.asynccontextmanager
+    async def chunk(self, messages: list[tuple[int, bytes]]) -> AsyncIterator[SettleChunk]:
+        """Around a chunk's sends: the settle to hand them to."""
+        yield self.deliveries.settle
+
+    async def restart(self) -> None:
+        """At each assignment of the shard, before the index opens: nothing to fence."""
+
+    async def stop(self, commit: bool) -> None:
+        """At shutdown: nothing is held open."""
+
+
+class ExactlyOnce(AtLeastOnce):
+    """Exactly once: each chunk's sends in the shard's open transaction (`transactions`), with the
+    signatures offset after the chunk's last message; the index commits the chunk's writes, and
+    its counters count, once that transaction is committed. Each sign transaction leaves a commit
+    marker in the shard: a gap that holds nothing."""
+
+    gap_level = logging.INFO
+
+    def __init__(self, transactions: ShardTransactions, deliveries: Deliveries, shard: Any) -> None:
+        super().__init__(deliveries)
+        self.transactions = transactions
+        self.shard = TopicPartition(shard.topic, shard.partition)
+
+    @contextlib.asynccontextmanager
+    async def chunk(self, messages: list[tuple[int, bytes]]) -> AsyncIterator[SettleChunk]:
+        async with self.transactions.joined({self.shard: messages[-1][0] + 1}) as transaction:
+
+            async def settle(sends: list[Any], applied: Callable[[], None]) -> None:
+                transaction.sends.extend(sends)
+                transaction.on_commit.append(applied)
+
+            yield settle
+        # the batch's acknowledgement waits, in the stage's order, for the commit
+        await self.deliveries.settle([transaction.committed], _committed)
+
+    async def restart(self) -> None:
+        """A new producer epoch at each assignment: it fences whoever held the shard before."""
+        await self.transactions.stop()
+        await self.transactions.start()
+
+    async def stop(self, commit: bool) -> None:
+        await self.transactions.stop(commit=commit)
+
+
+async def _committed() -> None:
+    """A chunk settled: its transaction's commit did what it means."""
