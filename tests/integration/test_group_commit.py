@@ -52,7 +52,7 @@ async def _batch(
     await transaction.committed
 
 
-async def _committed_offset(bootstrap: str, topic: str, group: str) -> int | None:
+async def _group_offset(bootstrap: str, topic: str, group: str) -> int | None:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -87,7 +87,7 @@ def test_batches_arriving_during_a_commit_share_the_next_transaction(kafka: str)
             await asyncio.gather(*later)
         finally:
             await writer.stop()
-        return topic, outcomes, await _committed_offset(kafka, topic, f"{topic}-group")
+        return topic, outcomes, await _group_offset(kafka, topic, f"{topic}-group")
 
     topic, outcomes, offset = asyncio.run(run())
     assert outcomes == ["committed", "committed"]  # the first batch alone, then all the others

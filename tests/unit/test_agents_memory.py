@@ -31,7 +31,7 @@ from neardup.pipeline.signer import SignerFailed
 from neardup.pipeline.wire import Provenance, decode_signed, pack_signed, unpack_signed
 from neardup.stream import batches, framework
 from neardup.stream.app import SHARD_KEY, Runtime, create_app
-from neardup.stream.framework import LeanMonitor, LeanStream, app_class
+from neardup.stream.framework import LeanMonitor, LeanStream
 from neardup.stream.metrics import Metrics
 from neardup.stream.topics import StoredMessage, changelog_topic
 from tests.support.changelog import ListChangelog
@@ -485,20 +485,6 @@ async def test_an_agent_that_raises_stops_the_worker_once(
     await runtime.decider.close(clean=False)
     assert handled == ["sign", "index"]
     assert stops == [True] and runtime.failure.failed and cast(Any, app).failed()
-
-
-async def test_the_worker_consumer_fetches_with_the_configured_wait_and_minimum() -> None:
-    """Faust builds its consumer with a 1500 ms fetch wait and a 1-byte minimum; the app's consumer
-    thread must hand aiokafka the configured ones instead."""
-    app = app_class(7, 4096)(
-        "fetch-settings", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
-    )
-    app.finalize()
-    consumer = app.consumer._thread._create_worker_consumer(app.transport)
-    try:
-        assert (consumer._fetch_max_wait_ms, consumer._fetch_min_bytes) == (7, 4096)
-    finally:
-        await consumer.stop()
 
 
 async def test_a_signatures_message_this_worker_sent_is_decided_once_acknowledged(

@@ -1,19 +1,20 @@
 """Guards for service/stream/framework.py: every private name of Faust, mode and aiokafka it uses
 still exists on the installed (pinned) versions, and the methods it overrides or calls keep the
-parameters it passes. An upgrade that changes one fails here, naming it."""
+parameters it passes. An upgrade that changes one fails here, naming it. What those uses do is
+checked through their public effects, with the real broker where the effect is Kafka's:
+tests/integration/test_framework_commits.py (allow_commits_past),
+tests/integration/test_framework_fetch.py (the fetch wait and minimum) and
+tests/integration/test_coordinator_lookup.py (coordinator_lookups_retried)."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import faust
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.client import CoordinationType
-from aiokafka.errors import GroupAuthorizationFailedError, KafkaConnectionError, KafkaError, UnknownError
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from neardup.stream import framework
@@ -74,74 +75,3 @@ def test_wait_first_still_takes_coroutines_and_a_timeout() -> None:
     parameters = inspect.signature(aiokafka_driver.Consumer.wait_first).parameters
     assert [p.kind for p in parameters.values()][1] == inspect.Parameter.VAR_POSITIONAL
     assert "timeout" in parameters
-
-
-def _producer_whose_lookups_fail(errors: list[BaseException]) -> tuple[AIOKafkaProducer, list[str]]:
-    """A producer (never started) whose client raises `errors` in turn at each coordinator lookup,
-    then names node 7: the broker's side of a lookup, as aiokafka's sender sees it."""
-    producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", transactional_id="t", retry_backoff_ms=1)
-    asked: list[str] = []
-
-    async def coordinator_lookup(coordinator_type: int, key: str) -> int:
-        asked.append(key)
-        if errors:
-            raise errors.pop(0)
-        return 7
-
-    async def ready(node_id: int, **_: Any) -> bool:
-        return True
-
-    def force_metadata_update() -> asyncio.Future[bool]:
-        done = asyncio.get_running_loop().create_future()
-        done.set_result(True)
-        return done
-
-    client: Any = producer.client
-    client.coordinator_lookup, client.ready = coordinator_lookup, ready
-    client.force_metadata_update = force_metadata_update
-    return producer, asked
-
-
-async def test_a_coordinator_lookup_whose_connection_breaks_is_asked_again() -> None:
-    # aiokafka alone: its sender gives up (if an upgrade makes it ask again, the wrapper can go)
-    producer, asked = _producer_whose_lookups_fail([KafkaConnectionError("reset by peer")])
-    with pytest.raises(KafkaError) as gave_up:
-        await cast(Any, producer)._sender._find_coordinator(CoordinationType.GROUP, "group")
-    assert isinstance(gave_up.value.__cause__, KafkaConnectionError)
-
-    producer, asked = _producer_whose_lookups_fail([KafkaConnectionError("reset"), KafkaConnectionError("x")])
-    framework.coordinator_lookups_retried(producer)
-    assert await cast(Any, producer)._sender._find_coordinator(CoordinationType.GROUP, "group") == 7
-    assert asked == ["group"] * 3
-
-
-async def test_a_coordinator_lookup_refused_for_another_reason_still_fails() -> None:
-    producer, asked = _producer_whose_lookups_fail([GroupAuthorizationFailedError()])
-    framework.coordinator_lookups_retried(producer)
-    with pytest.raises(GroupAuthorizationFailedError):
-        await cast(Any, producer)._sender._find_coordinator(CoordinationType.GROUP, "group")
-    producer, asked = _producer_whose_lookups_fail([UnknownError()])
-    framework.coordinator_lookups_retried(producer)
-    with pytest.raises(KafkaError) as failed:
-        await cast(Any, producer)._sender._find_coordinator(CoordinationType.TRANSACTION, "t")
-    assert isinstance(failed.value.__cause__, UnknownError) and asked == ["t"]
-
-
-async def test_commits_go_past_the_offsets_allowed() -> None:
-    """allow_commits_past, which the stages call for the offsets a consumer went past without
-    delivering them: Faust's next commit then covers them. Faust's commit offset has no public
-    reader short of a commit to a broker, so its own bookkeeping is read here, beside the other
-    private names this module guards."""
-    app = framework.app_class(7, 4096)(
-        "gaps", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False
-    )
-    app.finalize()
-    consumer: Any = app.consumer
-    tp = faust.types.TP("signatures", 0)
-    consumer._committed_offset[tp] = 2
-    consumer._acked[tp] = [4, 5, 8]  # delivered and acknowledged: 4, 5 and 8
-    consumer._acked_index[tp] = {4, 5, 8}
-    assert consumer._new_offset(tp) is None  # 2 and 3 never acknowledged: nothing to commit
-    await framework.allow_commits_past(app, tp, 2, 3)
-    await framework.allow_commits_past(app, tp, 6, 7)
-    assert consumer._new_offset(tp) == 9
