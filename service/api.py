@@ -31,7 +31,7 @@ from .embedded import DECIDE_BATCH, DEFAULT_MAX_TEXT_BYTES
 from .errors import Error
 from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
 from .pipeline.publication import publication
-from .pipeline.shard import EntryOutcome, IndexShard
+from .pipeline.shard import Decided, IndexShard
 from .pipeline.sign import SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion
 from .state.index import IndexState, runs_of
@@ -114,7 +114,7 @@ class Deduplicator:
         return signed
 
     @staticmethod
-    def _verdict(decided: EntryOutcome) -> Verdict:
+    def _verdict(decided: Decided) -> Verdict:
         verdict = decided.verdict
         # rendered as the library's answers: the verdict returned, a dead letter raised
         what = publication(

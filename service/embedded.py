@@ -38,7 +38,7 @@ from .core.retention import NO_RETENTION, Retention
 from .errors import Error
 from .messages import decode_message, dumps, parse_verdict_filter
 from .pipeline.publication import publication
-from .pipeline.shard import EntryOutcome, IndexShard
+from .pipeline.shard import Decided, IndexShard
 from .pipeline.sign import SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
 from .state.index import IndexState
@@ -297,7 +297,7 @@ class _FileRun:
         if lines:
             self._checkpoint(lines[-1])
 
-    def _publish(self, line: _Line, decided: EntryOutcome) -> None:
+    def _publish(self, line: _Line, decided: Decided) -> None:
         """A decision as lines of the run's files (pipeline/publication.py): a verdict, or a
         deletion line for a removal, in the verdict file; the input line as it came, a deletion's
         included, in the feed."""

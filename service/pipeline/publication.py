@@ -23,9 +23,11 @@ import enum
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from .shard import EntryOutcome
-from .wire import Headers, feed_inputs
+from .shard import WHOLE_MESSAGE, Decided
+from .sign import PROCESSING_FAILED
+from .wire import Headers, Provenance, decode_signed, feed_inputs, unpack_signed
 
 Sent = tuple[bytes, bytes | None]  # (article id, value), a value None the id's removal
 REPLAYS = frozenset({"replayed", "stale"})  # an input the index had already applied
@@ -79,6 +81,26 @@ def publication(
     return Publication(verdict=True, feed=Feed.COPY if fed else None)
 
 
+class Undecided(NamedTuple):
+    """What a record the index stage could not handle is dead-lettered with: its bytes, and the input
+    message it came from when that is known (else None: it goes under its signatures message)."""
+
+    payload: bytes
+    source: Provenance | None
+
+
+def undecided(entry: Decided, message: bytes) -> Undecided:
+    """`entry`'s dead letter from the signatures `message` it came in: the signed record (the whole
+    message when it could not be unpacked); for a record the decider process failed on in its
+    decision (isolated, and decodable: it has an id), its input message, the message itself when
+    the record carries it (the filtered feed's)."""
+    signed = message if entry.record == WHOLE_MESSAGE else unpack_signed(message)[entry.record]
+    if entry.reason != PROCESSING_FAILED or entry.article_id is None:
+        return Undecided(signed, None)
+    original = feed_inputs(signed).get(0, (signed, ()))[0]
+    return Undecided(original, decode_signed(signed).provenance)
+
+
 @dataclass
 class BatchPublication:
     """What a batch of decisions publishes, in their order, for a mode to render: its records per
@@ -87,7 +109,7 @@ class BatchPublication:
     verdicts: list[Sent] = field(default_factory=list)  # verdicts and removals
     feed: list[Sent] = field(default_factory=list)  # input messages as they came, and removals
     feed_headers: list[Headers] = field(default_factory=list)  # each feed message's
-    errors: list[EntryOutcome] = field(default_factory=list)  # each to its dead letter
+    errors: list[tuple[Decided, Undecided]] = field(default_factory=list)  # each a dead letter
     # ("replays", status), ("deletes", status), ("verdicts", kind): a replayed verdict is not counted
     # again, as it was (with its latency) when it was first decided
     counts: collections.Counter[tuple[str, str | None]] = field(default_factory=collections.Counter)
@@ -96,7 +118,7 @@ class BatchPublication:
 
 
 def batch_publication(
-    entries: Iterable[EntryOutcome],
+    entries: Iterable[Decided],
     messages: Sequence[tuple[int, bytes]],
     *,
     feed_kinds: frozenset[str] | None,
@@ -104,9 +126,9 @@ def batch_publication(
 ) -> BatchPublication:
     """What `entries` publish (`publication`), the feed's copies read from the signatures
     `messages` they were decided from ((offset, value): the decisions do not carry them back),
-    each message read at its first copy only."""
+    each message read at its first copy only; a dead letter's bytes from there too."""
     out = BatchPublication()
-    values = dict(messages) if feed_kinds is not None else {}
+    values = dict(messages)
     inputs = functools.cache(lambda offset: feed_inputs(values[offset]))
     for entry in entries:
         what = publication(
@@ -118,7 +140,7 @@ def batch_publication(
             replays_republished=replays_republished,
         )
         if what.dead_letter:
-            out.errors.append(entry)
+            out.errors.append((entry, undecided(entry, values[entry.offset])))
             continue
         if entry.status in REPLAYS:
             out.counts["replays", entry.status] += 1

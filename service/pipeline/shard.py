@@ -29,7 +29,7 @@ from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord, encode_record
 from .sign import PROCESSING_FAILED
-from .wire import Provenance, Signed, SignedDeletion, decode_signed, feed_inputs, unpack_signed
+from .wire import Signed, SignedDeletion, decode_signed, unpack_signed
 
 # The changelog's keys: one record per article, one marker per deleted id (its last version and the
 # deletion's time, state.index.encode_marker: a re-added id continues its versions, also after a
@@ -112,15 +112,15 @@ def removed_counts(records: Compacted) -> tuple[int, int]:
     return int(counted["expired"]), int(counted["deleted"])
 
 
-class EntryOutcome(NamedTuple):
+class Decided(NamedTuple):
     """One item through the shard, from its decision to what is published of it, in every mode
     (the worker, embedded mode, the library): a verdict (its JSON) to publish, a deletion, or an
-    error and, in the worker, the bytes to dead-letter. A tuple of plain values: it crosses the pipe
-    from the decider process (decider.py). `status`: "new", "redelivered" (the same id and content
-    again: its stored verdict), "replayed" (an input already applied, recognised by where it came
-    from), "stale" (an input since replaced), "deleted", "unknown_delete", or "error". What the
-    filtered feed forwards stays in the signatures message, found by `offset` and `record`
-    (wire.feed_inputs), rather than cross the pipe back."""
+    error. A tuple of plain values: it crosses the pipe from the decider process (decider.py).
+    `status`: "new", "redelivered" (the same id and content again: its stored verdict), "replayed"
+    (an input already applied, recognised by where it came from), "stale" (an input since
+    replaced), "deleted", "unknown_delete", or "error". In the worker, what the filtered feed
+    forwards and what a dead letter carries stay in the signatures message, found by `offset` and
+    `record` (publication.py), rather than cross the pipe back."""
 
     offset: int  # of the signatures message (-1: not from one)
     article_id: str | None
@@ -129,37 +129,23 @@ class EntryOutcome(NamedTuple):
     kind: str | None = None  # the verdict's kind; a deletion's: the removed article's, if any
     latency_ms: float | None = None
     error: str | None = None  # why it could not be decided: "<exception type>: <message>"
-    payload: bytes | None = None
     expired: int = 0
-    record: int = -1  # its index in the signatures message (unpack_signed), when it has a verdict
+    # its index in the signatures message (unpack_signed), with a verdict or an error;
+    # WHOLE_MESSAGE: an error of the message itself (it could not be unpacked)
+    record: int = -1
     deletion: bool = False  # answers a deletion: a tombstone goes out under `article_id`
     reason: str = "internal_error"  # an error's dead-letter reason
-    source: Provenance | None = None  # an error's input message, when known
 
     @classmethod
-    def failed(cls, offset: int, payload: bytes | None, exc: Exception) -> EntryOutcome:
-        return cls(offset, None, "error", error=f"{type(exc).__name__}: {exc}", payload=payload)
+    def failed(cls, offset: int, exc: Exception, record: int = -1) -> Decided:
+        return cls(offset, None, "error", error=f"{type(exc).__name__}: {exc}", record=record)
 
     @classmethod
-    def isolated(cls, offset: int, payload: bytes, culprit: Culprit) -> EntryOutcome:
+    def isolated(cls, offset: int, record: int, culprit: Culprit, article_id: str | None) -> Decided:
         """A record the decider process failed on (`culprit`), left out of the retry: dead-lettered
-        as `processing_failed`, under its input message when it can be decoded safely (it failed
-        in its decision, not in its decoding), with the input message itself when the record
-        carries it (the filtered feed's), else the signed record."""
-        source, article_id, original = None, None, payload
-        if culprit.deciding:
-            item = decode_signed(payload)
-            source, article_id = item.provenance, item.article_id
-            original = feed_inputs(payload).get(0, (payload, ()))[0]  # a feed record's, else itself
-        return cls(
-            offset,
-            article_id,
-            "error",
-            error=culprit.detail,
-            payload=original,
-            reason=PROCESSING_FAILED,
-            source=source,
-        )
+        as `processing_failed`. `article_id`: set only when the record decodes safely (it failed in
+        its decision, not in its decoding), which lets its dead letter name its input message."""
+        return cls(offset, article_id, "error", error=culprit.detail, record=record, reason=PROCESSING_FAILED)
 
 
 @dataclass
@@ -202,7 +188,7 @@ class IndexShard:
         offset: int | None = None,
         now: float | None = None,
         before: Callable[[int], None] | None = None,
-    ) -> list[EntryOutcome]:
+    ) -> list[Decided]:
         """Decide `items` in order, each applied before the next is decided; never raises for one
         item (its result has status "error"). `offset`: the signatures message they came in (the
         worker), by which a re-delivered input is recognised and answered with its stored verdict,
@@ -218,12 +204,12 @@ class IndexShard:
                 results.append(self._decide_one(item, -1 if offset is None else offset, now_s))
             except Exception as exc:  # one bad record must not stop the shard
                 log.error("decide_failed article=%r", item.article_id, exc_info=True)
-                results.append(EntryOutcome.failed(-1 if offset is None else offset, None, exc))
+                results.append(Decided.failed(-1 if offset is None else offset, exc))
         if offset is not None:
             self.applied_offset = max(self.applied_offset, offset)
         return results
 
-    def _decide_one(self, item: Item, offset: int, now_s: float) -> EntryOutcome:
+    def _decide_one(self, item: Item, offset: int, now_s: float) -> Decided:
         if offset >= 0:
             src = item.provenance
             partition = f"{src.topic}:{src.partition}"
@@ -283,27 +269,27 @@ class IndexShard:
         self.counts.expired += len(removed)
         return len(removed)
 
-    def _replay_one(self, item: Item, offset: int, now_s: float) -> EntryOutcome:
+    def _replay_one(self, item: Item, offset: int, now_s: float) -> Decided:
         """The stored verdict when the stored version is this one; nothing otherwise (a version
         since replaced, or a deletion already applied)."""
         if isinstance(item, SignedDeletion):
-            return EntryOutcome(offset, item.article_id, "stale", deletion=True)
+            return Decided(offset, item.article_id, "stale", deletion=True)
         existing = self.state.get(item.article_id)
         if existing is not None and existing.sketch.content_hash == item.sketch.content_hash:
             return self._verdict("replayed", existing, item, offset, now_s)
-        return EntryOutcome(offset, None if existing is None else existing.article_id, "stale")
+        return Decided(offset, None if existing is None else existing.article_id, "stale")
 
-    def _delete(self, article_id: str, offset: int) -> EntryOutcome:
+    def _delete(self, article_id: str, offset: int) -> Decided:
         removed = self.state.delete(article_id)
         if removed is None:
             self.counts.unknown_deletes += 1
-            return EntryOutcome(offset, article_id, "unknown_delete", deletion=True)
+            return Decided(offset, article_id, "unknown_delete", deletion=True)
         self._forget(article_id)
         marker = self.state.deletion_marker(article_id)
         if self.changelog is not None and marker is not None:
             self.changelog[MARKER_PREFIX + article_id.encode()] = marker
         # the removed article's kind: whether the filtered feed carried it
-        return EntryOutcome(offset, article_id, "deleted", kind=removed.decision.kind, deletion=True)
+        return Decided(offset, article_id, "deleted", kind=removed.decision.kind, deletion=True)
 
     def _forget(self, article_id: str) -> None:
         """The article's record leaves the changelog (a tombstone), so a replay does not bring it back."""
@@ -312,12 +298,12 @@ class IndexShard:
 
     def _verdict(
         self, status: str, article: IndexedArticle, item: Signed, offset: int, now_s: float, expired: int = 0
-    ) -> EntryOutcome:
+    ) -> Decided:
         """The article's verdict, as published."""
         sent = item.provenance.timestamp_ms
         latency = None if sent is None else round(max(now_s * 1000.0 - sent, 0.0), 3)
         verdict = verdict_dict(article, self.params, latency)
-        return EntryOutcome(
+        return Decided(
             offset, article.article_id, status, dumps(verdict), verdict["verdict"], latency, expired=expired
         )
 
@@ -499,7 +485,7 @@ def _now_ms() -> int:
 
 
 class BatchOutcome(NamedTuple):
-    entries: list[EntryOutcome]
+    entries: list[Decided]
     indexed: int  # articles in the index after the batch
     handled: int  # signed records handled (what the collector policy counts)
     clusters: int = 0
@@ -542,37 +528,35 @@ def decide_messages(
 ) -> BatchOutcome:
     """A batch of signatures messages ((offset, value), in order), each unpacked and its records
     decided in order, then checkpointed. Never raises for bad input: a message or record that
-    cannot be handled comes back as an error with its bytes, for the dead-letter topic. `marker`
+    cannot be handled comes back as an error at its place, for the dead-letter topic. `marker`
     learns which record is being decoded or decided; the records in `skip` are answered as
-    isolated (EntryOutcome.isolated) without being decoded or decided again."""
-    entries: list[EntryOutcome] = []
+    isolated (Decided.isolated) without being decoded or decided again."""
+    entries: list[Decided] = []
     handled = 0
     skip = skip or {}
     for offset, value in messages:
         if (culprit := skip.get((offset, WHOLE_MESSAGE))) is not None:
-            entries.append(EntryOutcome.isolated(offset, value, culprit))
+            entries.append(Decided.isolated(offset, WHOLE_MESSAGE, culprit, None))
             continue
         records = _unpacked(offset, value, entries, marker)
         handled += len(records)
-        items, kept, indexes = [], [], []
+        items, indexes = [], []
         for index, record in enumerate(records):
             if (culprit := skip.get((offset, index))) is not None:
-                entries.append(EntryOutcome.isolated(offset, record, culprit))
+                # a record that failed in its decision decodes safely: its dead letter names its input
+                article_id = decode_signed(record).article_id if culprit.deciding else None
+                entries.append(Decided.isolated(offset, index, culprit, article_id))
                 continue
             if marker is not None:
                 marker.at(offset, index, deciding=False)
             try:
                 items.append(decode_signed(record))
-                kept.append(record)
                 indexes.append(index)
             except Exception as exc:
-                entries.append(EntryOutcome.failed(offset, record, exc))
+                entries.append(Decided.failed(offset, exc, index))
         before = None if marker is None else _marking(marker, offset, indexes)
-        for record, i, result in zip(kept, indexes, shard.decide(items, offset, before=before), strict=True):
-            if result.error is not None:
-                entries.append(result._replace(payload=record))
-            else:
-                entries.append(result if result.verdict is None else result._replace(record=i))
+        decided = shard.decide(items, offset, before=before)
+        entries.extend(result._replace(record=i) for i, result in zip(indexes, decided, strict=True))
         if marker is not None:
             marker.clear()
     shard.checkpoint()
@@ -594,7 +578,7 @@ def decide_messages(
 
 
 def _unpacked(
-    offset: int, value: bytes, entries: list[EntryOutcome], marker: DecisionMarker | None
+    offset: int, value: bytes, entries: list[Decided], marker: DecisionMarker | None
 ) -> list[bytes]:
     """A signatures message's records; none when it cannot be unpacked (an error entry then)."""
     if marker is not None:
@@ -602,7 +586,7 @@ def _unpacked(
     try:
         return unpack_signed(value)
     except Exception as exc:  # a corrupt internal message must not stop the shard
-        entries.append(EntryOutcome.failed(offset, value, exc))
+        entries.append(Decided.failed(offset, exc, WHOLE_MESSAGE))
         return []
 
 

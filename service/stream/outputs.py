@@ -14,8 +14,8 @@ import orjson
 
 from ..config import Settings
 from ..messages import dead_letter_dict
-from ..pipeline.publication import batch_publication
-from ..pipeline.shard import BatchOutcome, EntryOutcome, SignedMessage
+from ..pipeline.publication import Undecided, batch_publication
+from ..pipeline.shard import BatchOutcome, Decided, SignedMessage
 from . import framework
 from .batches import KeyedValue, SentBatch, send_in_batches
 from .metrics import Metrics
@@ -122,7 +122,7 @@ class IndexPublisher:
             feed_kinds=self.feed_kinds,
             replays_republished=not self.settings.exactly_once,
         )
-        letters = [self._index_error(entry) for entry in out.errors]
+        letters = [self._index_error(entry, letter) for entry, letter in out.errors]
         # Keyed by article id, so that every verdict of an article lands in the same partition.
         sends = await self.outputs.send(self.settings.verdicts_topic, out.verdicts)
         sends += await self.outputs.dead_letters(letters)
@@ -155,14 +155,14 @@ class IndexPublisher:
 
         return sends, counted
 
-    def _index_error(self, entry: EntryOutcome) -> Letter:
+    def _index_error(self, entry: Decided, letter: Undecided) -> Letter:
         """A record the index stage could not handle, as a dead letter: under the input message it
         came from when that is known (an isolated record's), else under the signatures message
         (they all come from the shard's one partition, under its key)."""
         topic, offset, key = self.settings.signatures_topic, entry.offset, SHARD_KEY
         partition: int | None = 0
-        if entry.source is not None and entry.article_id is not None:
-            topic, partition, offset = entry.source.topic, entry.source.partition, entry.source.offset
+        if letter.source is not None and entry.article_id is not None:
+            topic, partition, offset = letter.source.topic, letter.source.partition, letter.source.offset
             key = entry.article_id.encode()
         log.error(
             "index_error reason=%s topic=%s partition=%s offset=%d error=%s",
@@ -172,6 +172,6 @@ class IndexPublisher:
             offset,
             entry.error,
         )
-        assert entry.payload is not None and entry.error is not None
-        record = dead_letter_dict(entry.reason, entry.error, entry.payload, topic, partition, offset, key)
+        assert entry.error is not None
+        record = dead_letter_dict(entry.reason, entry.error, letter.payload, topic, partition, offset, key)
         return entry.reason, orjson.dumps(record), key

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from neardup.pipeline.shard import EntryOutcome, IndexShard, Item
+from neardup.pipeline.shard import Decided, IndexShard, Item
 
 
-def decide_one_at_a_time(shard: IndexShard, items: Sequence[Item], now_s: float) -> list[EntryOutcome]:
+def decide_one_at_a_time(shard: IndexShard, items: Sequence[Item], now_s: float) -> list[Decided]:
     """`items` decided one a call, each as the signatures message of its own position."""
     return [shard.decide([item], offset=n, now=now_s)[0] for n, item in enumerate(items)]

@@ -18,7 +18,8 @@ import pytest
 
 from neardup.pipeline.decider import Decider, DeciderFailed, Write
 from neardup.pipeline.pipes import CallTimeout
-from neardup.pipeline.shard import ARTICLE_PREFIX, OFFSET_KEY, BatchOutcome, IndexShard
+from neardup.pipeline.publication import undecided
+from neardup.pipeline.shard import ARTICLE_PREFIX, OFFSET_KEY, WHOLE_MESSAGE, BatchOutcome, IndexShard
 from neardup.pipeline.wire import encode_signed, pack_signed, runs_within, signed_count
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
 from tests.support.changelog import ListChangelog
@@ -75,7 +76,7 @@ async def test_the_child_decides_and_writes_exactly_as_the_worker(make: Any) -> 
         errors += [entry for entry in got.entries if entry.status == "error"]
     assert child_records.entries == here_records.entries
     assert child_records.table()[OFFSET_KEY] == str(messages[-1][0]).encode()
-    assert [(entry.offset, entry.payload) for entry in errors] == [(4, b"not a signatures message")]
+    assert [(entry.offset, entry.record) for entry in errors] == [(4, WHOLE_MESSAGE)]
     assert errors[0].error is not None and errors[0].error.startswith("ValueError: not a signatures")
     kinds = [entry.kind for entry in got.entries]
     assert "duplicate" in kinds and "unique" in kinds  # the comparison covered both kinds
@@ -415,7 +416,8 @@ async def test_a_record_that_breaks_the_child_is_isolated_and_the_rest_decided(
     ]
     how = "hung" if action == "hang" else "died"
     assert all(e.error is not None and f"{how} deciding" in e.error for e in isolated)
-    assert all(e.source is not None and e.source.topic == "neardup-articles" for e in isolated)
+    letters = [undecided(e, dict(batch)[e.offset]) for e in isolated]
+    assert all(letter.source is not None and letter.source.topic == "neardup-articles" for letter in letters)
     clean = [
         record
         for record, (article_id, _) in zip(records, poisoned, strict=True)

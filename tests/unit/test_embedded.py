@@ -605,7 +605,7 @@ def test_an_unexpected_error_while_deciding_is_a_dead_letter_and_the_run_goes_on
 
     real = shard.IndexShard._decide_one
 
-    def failing(self: shard.IndexShard, item: shard.Item, *args: object) -> shard.EntryOutcome:
+    def failing(self: shard.IndexShard, item: shard.Item, *args: object) -> shard.Decided:
         if item.article_id == "b":
             raise RuntimeError("injected while deciding")
         return real(self, item, *args)  # type: ignore[arg-type]

@@ -10,7 +10,16 @@ from typing import Any, cast
 import orjson
 
 from neardup.config import Settings
-from neardup.pipeline.shard import BatchOutcome, Culprit, EntryOutcome, IndexShard, SizeGauge, decide_messages
+from neardup.pipeline.publication import undecided
+from neardup.pipeline.shard import (
+    WHOLE_MESSAGE,
+    BatchOutcome,
+    Culprit,
+    Decided,
+    IndexShard,
+    SizeGauge,
+    decide_messages,
+)
 from neardup.pipeline.wire import (
     Provenance,
     SignedDeletion,
@@ -94,14 +103,14 @@ async def test_each_copy_carries_its_own_input_message_and_headers() -> None:
 
 
 async def test_without_a_feed_the_signatures_messages_are_not_read() -> None:
-    entry = EntryOutcome(10, "a", "new", b"{}", "unique", 1.0, record=0)
+    entry = Decided(10, "a", "new", b"{}", "unique", 1.0, record=0)
     outcome = BatchOutcome([entry], indexed=1, handled=1)
     outputs = await published(Settings(), [(10, b"not a signatures message")], outcome)
     assert list(outputs.sent) == ["neardup-verdicts"]
 
 
 async def test_a_message_without_a_copy_to_make_is_not_read() -> None:
-    duplicate = EntryOutcome(10, "a", "new", b"{}", "duplicate", 1.0, record=0)
+    duplicate = Decided(10, "a", "new", b"{}", "duplicate", 1.0, record=0)
     outcome = BatchOutcome([duplicate], indexed=1, handled=1)
     outputs = await published(Settings(unique_topic=FEED), [(10, b"not a signatures message")], outcome)
     assert FEED not in outputs.sent
@@ -109,7 +118,13 @@ async def test_a_message_without_a_copy_to_make_is_not_read() -> None:
 
 def test_a_feed_record_isolated_in_its_decision_dead_letters_its_input_message() -> None:
     record = fed("a", PROSE[0])
-    entry = EntryOutcome.isolated(10, record, Culprit(deciding=True, detail="killed deciding"))
-    assert (entry.article_id, entry.payload) == ("a", input_of("a", PROSE[0])[0])
-    # failed in its decoding: the record as it came
-    assert EntryOutcome.isolated(10, record, Culprit(deciding=False, detail="killed")).payload == record
+    message = pack_signed([record])
+    entry = Decided.isolated(10, 0, Culprit(deciding=True, detail="killed deciding"), "a")
+    letter = undecided(entry, message)
+    assert letter.payload == input_of("a", PROSE[0])[0] and letter.source is not None
+    # failed in its decoding (no id): the record as it came, under the signatures message
+    unread = Decided.isolated(10, 0, Culprit(deciding=False, detail="killed"), None)
+    assert undecided(unread, message) == (record, None)
+    # a message that could not be unpacked: all of it
+    whole = Decided.failed(10, ValueError("not one"), WHOLE_MESSAGE)
+    assert undecided(whole, b"not a signatures message") == (b"not a signatures message", None)

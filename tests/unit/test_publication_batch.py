@@ -3,28 +3,28 @@ without a broker: the records per output, in the decisions' order, and what they
 
 from __future__ import annotations
 
-from neardup.pipeline.publication import BatchPublication, batch_publication
-from neardup.pipeline.shard import EntryOutcome
+from neardup.pipeline.publication import BatchPublication, Undecided, batch_publication
+from neardup.pipeline.shard import WHOLE_MESSAGE, Decided
 from neardup.pipeline.wire import encode_signed, pack_signed, with_original
 from tests.support.signing import signed
 
 FEED = frozenset({"unique"})
-NOT_A_MESSAGE = [(10, b"not a signatures message")]  # read only for a copy to the feed
+NOT_A_MESSAGE = [(10, b"not a signatures message")]  # read only for a copy to the feed or an error
 
 
-def batch(*entries: EntryOutcome, feed: bool = False, again: bool = True) -> BatchPublication:
+def batch(*entries: Decided, feed: bool = False, again: bool = True) -> BatchPublication:
     return batch_publication(
         entries, NOT_A_MESSAGE, feed_kinds=FEED if feed else None, replays_republished=again
     )
 
 
-def verdict(article_id: str, status: str = "new", kind: str = "unique", expired: int = 0) -> EntryOutcome:
-    return EntryOutcome(10, article_id, status, b"{}", kind, 250.0, expired=expired, record=0)
+def verdict(article_id: str, status: str = "new", kind: str = "unique", expired: int = 0) -> Decided:
+    return Decided(10, article_id, status, b"{}", kind, 250.0, expired=expired, record=0)
 
 
 def test_verdicts_and_removals_keyed_by_article_in_their_order() -> None:
-    deletion = EntryOutcome(11, "a", "deleted", kind="duplicate", deletion=True)
-    unknown = EntryOutcome(12, "z", "unknown_delete", deletion=True)
+    deletion = Decided(11, "a", "deleted", kind="duplicate", deletion=True)
+    unknown = Decided(12, "z", "unknown_delete", deletion=True)
     out = batch(verdict("a", kind="duplicate", expired=2), verdict("b"), deletion, unknown)
     assert out.verdicts == [(b"a", b"{}"), (b"b", b"{}"), (b"a", None), (b"z", None)]
     assert out.counts == {
@@ -39,9 +39,9 @@ def test_verdicts_and_removals_keyed_by_article_in_their_order() -> None:
 
 
 def test_an_error_goes_to_its_dead_letter_and_nowhere_else() -> None:
-    error = EntryOutcome.failed(10, b"payload", ValueError("bad"))
+    error = Decided.failed(10, ValueError("bad"), WHOLE_MESSAGE)  # the message could not be unpacked
     out = batch(error, feed=True)
-    assert out == BatchPublication(errors=[error])
+    assert out == BatchPublication(errors=[(error, Undecided(NOT_A_MESSAGE[0][1], None))])
 
 
 def test_a_replay_is_published_again_uncounted_at_least_once_and_not_at_all_exactly_once() -> None:
@@ -60,7 +60,7 @@ def test_the_feed_copies_the_input_message_from_the_signatures_message() -> None
     record = with_original(encode_signed(signed("a", "text")), b'{"id": "a"}', [("id", b"a")])
     messages = [(10, pack_signed([record]))]
     duplicate = verdict("b", kind="duplicate")._replace(offset=11)  # not fed: its message is never read
-    removal = EntryOutcome(12, "c", "unknown_delete", deletion=True)
+    removal = Decided(12, "c", "unknown_delete", deletion=True)
     out = batch_publication(
         [verdict("a"), duplicate, removal], messages, feed_kinds=FEED, replays_republished=True
     )
@@ -69,5 +69,5 @@ def test_the_feed_copies_the_input_message_from_the_signatures_message() -> None
 
 
 def test_a_decision_without_an_article_publishes_nothing_but_its_expiries() -> None:
-    out = batch(EntryOutcome(10, None, "new", expired=3))
+    out = batch(Decided(10, None, "new", expired=3))
     assert out == BatchPublication(expired=3)
