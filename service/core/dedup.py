@@ -120,12 +120,6 @@ class IndexedArticle:
         stands for it (a hot story's copies would fill every posting list of its anchors)."""
         return self.decision.kind != "duplicate"
 
-    @property
-    def in_buckets(self) -> bool:
-        """An exact copy stays out of the buckets: the article that first had its content is
-        there under the same band keys, and stands for every copy."""
-        return not self.decision.exact
-
     __hash__ = None  # type: ignore[assignment]
 
 
