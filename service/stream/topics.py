@@ -76,6 +76,8 @@ class Replication:
 
 # What a read-back asks per partition and fetch (LogReader): a marker batch is ~80 bytes.
 READ_BACK_FETCH_BYTES = 16 * 1024
+# How long a read-back waits for the broker before it gives up (LogReader.read raises TimeoutError)
+READ_BACK_TIMEOUT_S = 60.0
 # The topic settings that make the signatures topic keep its messages until they are purged
 INTERNAL_RETENTION = {"retention.ms": "-1", "retention.bytes": "-1"}
 # CreateTopics' error for a topic that exists already (another worker created it meanwhile)
@@ -206,10 +208,8 @@ async def _broker_defaults(admin: AIOKafkaAdminClient) -> dict[str, str]:
         raise TopicMismatch("the cluster lists no broker: cannot read its default replication")
     wanted = {"default.replication.factor": None, "min.insync.replicas": None}
     resource = ConfigResource(ConfigResourceType.BROKER, str(brokers[0]["node_id"]), wanted)
-    found: dict[str, str] = {}
-    for response in await admin.describe_configs([resource]):
-        for _error, _message, _type, _name, entries in response.resources:
-            found.update({entry[0]: entry[1] for entry in entries if entry[0] in wanted})
+    described = await _describe_configs(admin, [resource])
+    found = {key: value for configs in described.values() for key, value in configs.items() if key in wanted}
     if set(found) != set(wanted):
         raise TopicMismatch(f"broker {brokers[0]['node_id']} did not describe {sorted(wanted)}: got {found}")
     return found
@@ -242,9 +242,8 @@ async def _check_replicas(
         partitions = topic.get("partitions") or []
         have = min((len(p["replicas"]) for p in partitions), default=replication.factor)
         if have < replication.factor:
-            name = topic["topic"]
             raise TopicMismatch(
-                f"topic {name!r} has {have} replicas, the service asks for {replication.factor} "
+                f"topic {topic['topic']!r} has {have} replicas, the service asks for {replication.factor} "
                 "(NEARDUP_REPLICATION_FACTOR, by default the broker's default.replication.factor); "
                 f"add replicas with kafka-reassign-partitions.sh --bootstrap-server {bootstrap} "
                 f"--execute --reassignment-json-file FILE, FILE listing each of its partitions with "
@@ -261,14 +260,22 @@ async def _check_configs(
     min.insync.replicas is below what is asked, and an internal topic with a retention."""
     names = ("max.message.bytes", "min.insync.replicas", *INTERNAL_RETENTION)
     wanted = [ConfigResource(ConfigResourceType.TOPIC, s.name, dict.fromkeys(names)) for s in specs]
+    configs = await _describe_configs(admin, wanted)
+    for spec in specs:
+        for problem in _config_problems(spec, configs.get(spec.name, {}), replication):
+            raise TopicMismatch(problem)
+
+
+async def _describe_configs(
+    admin: AIOKafkaAdminClient, resources: list[ConfigResource]
+) -> dict[str, dict[str, str]]:
+    """Each resource's configs by name: DescribeConfigs' answer, walked here once for the broker's
+    defaults, the topics' checks and the changelog's tombstone retention."""
     configs: dict[str, dict[str, str]] = {}
-    for response in await admin.describe_configs(wanted):
+    for response in await admin.describe_configs(resources):
         for _error, _message, _type, name, entries in response.resources:
             configs[name] = {entry[0]: entry[1] for entry in entries}
-    for spec in specs:
-        have = configs.get(spec.name, {})
-        for problem in _config_problems(spec, have, replication):
-            raise TopicMismatch(problem)
+    return configs
 
 
 def _config_problems(spec: TopicSpec, have: dict[str, str], replication: Replication) -> list[str]:
@@ -310,12 +317,11 @@ def _configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
-    metadata = await admin.describe_topics(names)
-    counts: dict[str, int] = {}
-    for topic in metadata:
-        if topic.get("error_code", 0) == 0 and topic.get("partitions"):
-            counts[topic["topic"]] = len(topic["partitions"])
-    return counts
+    return {
+        topic["topic"]: len(topic["partitions"])
+        for topic in await admin.describe_topics(names)
+        if topic.get("error_code", 0) == 0 and topic.get("partitions")
+    }
 
 
 def groupless_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
@@ -364,25 +370,22 @@ class LogReader:
         self._consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
 
-    async def read(
-        self, topic: str, partition: int, start: int, stop: int, timeout_s: float = 60.0
-    ) -> list[StoredMessage]:
+    async def read(self, topic: str, partition: int, start: int, stop: int) -> list[StoredMessage]:
         """The messages from offset `start` up to `stop` (excluded). Offsets with no message (a
         transaction marker; removed by retention or compaction) are simply absent. Raises
-        TimeoutError when the broker does not answer in `timeout_s`."""
-        async with self._lock, asyncio.timeout(timeout_s):
+        TimeoutError when the broker does not answer in READ_BACK_TIMEOUT_S."""
+        async with self._lock, asyncio.timeout(READ_BACK_TIMEOUT_S):
             consumer = await self._started()
             tp = TopicPartition(topic, partition)
             consumer.assign([tp])
             consumer.seek(tp, start)  # before the log's start: reset to it (auto_offset_reset)
-            found: list[StoredMessage] = []
-            async for record in _records_before(consumer, tp, stop):
-                if record.offset >= start:
-                    headers = tuple(record.headers or ())
-                    found.append(
-                        StoredMessage(record.offset, record.key, record.value, record.timestamp, headers)
-                    )
-            return found
+            return [
+                StoredMessage(
+                    record.offset, record.key, record.value, record.timestamp, tuple(record.headers or ())
+                )
+                async for record in _records_before(consumer, tp, stop)
+                if record.offset >= start
+            ]
 
     async def _started(self) -> AIOKafkaConsumer:
         if self._consumer is None:
@@ -433,16 +436,12 @@ class ChangelogReader:
 
     async def read(self, end: int) -> AsyncIterator[list[Entry]]:
         """Its messages from the start up to `end` (excluded), in order, `chunk` at a time."""
-        async for entries, _ in self._read(None, end):
+        async for entries, _ in self.read_after(None, end):
             yield entries
 
-    async def read_after(self, start: int, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
-        """Its messages from `start` up to `end` (excluded), `chunk` at a time, each chunk with
-        the offset after its last message (`end` for the last)."""
-        async for entries, after in self._read(start, end):
-            yield entries, after
-
-    async def _read(self, start: int | None, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
+    async def read_after(self, start: int | None, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
+        """Its messages from `start` (None: the log's start) up to `end` (excluded), `chunk` at a
+        time, each chunk with the offset after its last message (`end` for the last)."""
         if start is not None and start >= end:
             return
         consumer = groupless_consumer(self.settings)
@@ -475,11 +474,8 @@ class ChangelogReader:
             async with asyncio.timeout(self.stall_s):
                 await admin.start()
                 wanted = ConfigResource(ConfigResourceType.TOPIC, self.topic, {"delete.retention.ms": None})
-                for response in await admin.describe_configs([wanted]):
-                    for _error, _message, _type, _name, entries in response.resources:
-                        for entry in entries:
-                            if entry[0] == "delete.retention.ms" and entry[1] is not None:
-                                return int(entry[1])
+                described = await _describe_configs(admin, [wanted])
         finally:
             await admin.close()
-        return None
+        kept = described.get(self.topic, {}).get("delete.retention.ms")
+        return None if kept is None else int(kept)
