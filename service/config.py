@@ -68,28 +68,18 @@ class Kind:
     from_value: Callable[[Any], Any]  # a keyword's value as the type; raises TypeError or ValueError
 
 
-def _int_value(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(value)
-    return value
+def _typed(
+    expected: type | tuple[type, ...], convert: Callable[[Any], Any] | None = None
+) -> Callable[[Any], Any]:
+    """A keyword's value if it is an `expected` one (as `convert` makes it): a bool is a number
+    to Python, but no setting's number."""
 
+    def from_value(value: Any) -> Any:
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+            raise TypeError(value)
+        return value if convert is None else convert(value)
 
-def _float_value(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(value)
-    return float(value)
-
-
-def _str_value(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(value)
-    return value
-
-
-def _bool_value(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(value)
-    return value
+    return from_value
 
 
 def _bool_text(raw: str) -> bool:
@@ -101,21 +91,19 @@ def _bool_text(raw: str) -> bool:
     raise ValueError(raw)
 
 
-def _optional(parse: Callable[[str], Any], zero_is_none: bool = False) -> Callable[[str], Any]:
-    """`none` (or nothing) is None; with `zero_is_none`, so is 0: the "off" the thresholds take in
-    variables and flags, as a threshold of 0 would mean nothing else."""
+def _or_none(kind: Kind, zero_is_none: bool = False) -> Kind:
+    """`kind` or None: `none` (or nothing) in text; with `zero_is_none`, 0 too: the "off" the
+    thresholds take in variables and flags, as a threshold of 0 would mean nothing else."""
 
     def from_text(raw: str) -> Any:
         if raw.strip().lower() in ("", "none"):
             return None
-        value = parse(raw)
+        value = kind.from_text(raw)
         return None if zero_is_none and value == 0 else value
 
-    return from_text
-
-
-def _or_none(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else convert(value)
+    return Kind(
+        f"{kind.label} or none", from_text, lambda value: None if value is None else kind.from_value(value)
+    )
 
 
 def shown(value: Any) -> str:
@@ -127,13 +115,13 @@ def shown(value: Any) -> str:
     return str(value)
 
 
-INT = Kind("int", int, _int_value)
-FLOAT = Kind("float", float, _float_value)
-STR = Kind("text", str, _str_value)
-BOOL = Kind("bool", _bool_text, _bool_value)
-DURATION = Kind("duration", str, _str_value)
-FRACTION_OR_NONE = Kind("float or none", _optional(float, zero_is_none=True), _or_none(_float_value))
-INT_OR_NONE = Kind("int or none", _optional(int), _or_none(_int_value))
+INT = Kind("int", int, _typed(int))
+FLOAT = Kind("float", float, _typed((int, float), float))
+STR = Kind("text", str, _typed(str))
+BOOL = Kind("bool", _bool_text, _typed(bool))
+DURATION = Kind("duration", str, STR.from_value)
+FRACTION_OR_NONE = _or_none(FLOAT, zero_is_none=True)
+INT_OR_NONE = _or_none(INT)
 
 Check = Callable[[Any], str | None]  # why a value is refused (the words after its name), or None
 
@@ -168,37 +156,37 @@ class Setting:
 
     def parse(self, raw: str, where: str) -> Any:
         """A value as a variable or a flag writes it, converted and checked; `where` names it."""
-        try:
-            value = self.kind.from_text(raw)
-        except ValueError:
-            raise ConfigError(f"{where}={raw!r} is not a valid {self.kind.label}") from None
-        self.validate(value, where)
-        return value
+        return self._converted(self.kind.from_text, raw, where)
 
     def coerce(self, value: Any, where: str) -> Any:
         """A value given as a Python object (a keyword), as its kind, checked."""
+        return self._converted(self.kind.from_value, value, where)
+
+    def _converted(self, convert: Callable[[Any], Any], given: Any, where: str) -> Any:
         try:
-            value = self.kind.from_value(value)
+            value = convert(given)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where}={value!r} is not a valid {self.kind.label}") from None
+            raise ConfigError(f"{where}={given!r} is not a valid {self.kind.label}") from None
         self.validate(value, where)
         return value
 
     def validate(self, value: Any, where: str) -> None:
+        """`NEARDUP_X must be ≥ 1, got 0`, `--x: not a duration: …`: a setting's name as its mode
+        spells it, then the same words in every mode."""
         problem = None if self.check is None else self.check(value)
         if problem is not None:
-            raise ConfigError(refusal(where, problem))
+            between = " " if problem.startswith(("must ", "may ")) else ": "
+            raise ConfigError(f"{where}{between}{problem}")
+
+    def not_applying(self, mode: Mode, where: str) -> str:
+        """Why `where` (its name as the mode spells it) is refused by a mode it does not apply to."""
+        why = self.refused.get(mode)
+        return f"{where} does not apply to {mode.label}" + (f": {why}" if why else "")
 
     def doc(self) -> str:
         """Its help, and which modes refuse it and why."""
         refusals = "".join(f" ({mode.label} refuses it: {why})" for mode, why in self.refused.items())
         return self.help + refusals
-
-
-def refusal(where: str, problem: str) -> str:
-    """`NEARDUP_X must be ≥ 1, got 0`, `--x: not a duration: …`: a setting's name as its mode
-    spells it, then the same words in every mode."""
-    return f"{where} {problem}" if problem.startswith(("must ", "may ")) else f"{where}: {problem}"
 
 
 def _at_least(low: float) -> Check:
@@ -295,14 +283,21 @@ def _setting(
 # Defaults that a lower layer needs too are read from it, so that each is written once.
 _ENGINE = DedupParams()
 _RETENTION = Retention()
-_BY_TIME = frozenset({Mode.WORKER, Mode.DEDUP, Mode.LIBRARY})
-_NOT_BY_TIME = {Mode.EVALUATE: "it times each article by its place in the file, so none expires"}
 
 
-def _verdicts(default: Any, help: str, **more: Any) -> Any:
+def _verdicts(default: Any, help: str, flag: bool | tuple[str, ...] = True, **more: Any) -> Any:
     """A setting that changes verdicts: a flag in every command that decides, a keyword of open()."""
-    modes, flag = more.pop("modes", ALL_MODES), more.pop("flag", True)
-    return _setting(default, help, modes=modes, flag=flag, changes_verdicts=True, **more)
+    return _setting(
+        default, help, modes=more.pop("modes", ALL_MODES), flag=flag, changes_verdicts=True, **more
+    )
+
+
+def _by_time(default: str, help: str, parse: Callable[[str], Any], kind: Kind | None = None) -> Any:
+    """A rule of event time, which evaluate refuses as it takes no time from the articles."""
+    refused = {Mode.EVALUATE: "it times each article by its place in the file, so none expires"}
+    return _verdicts(
+        default, help, kind=kind, modes=ALL_MODES - {Mode.EVALUATE}, check=_reason(parse), refused=refused
+    )
 
 
 @dataclass(frozen=True)
@@ -518,35 +513,29 @@ class Settings:
         "the size of a story's cluster",
         check=_at_least(1),
     )
-    retention: str = _verdicts(
+    retention: str = _by_time(
         format_duration_ms(_RETENTION.window_ms),
         "retention window (`30d`, `12h`, `90m`; `0`: keep forever): articles older than the newest "
         "article time minus this are expired from the index, and from the worker's changelog by "
         "tombstones",
-        kind=DURATION,
-        modes=_BY_TIME,
-        check=_reason(parse_duration_ms),
-        refused=_NOT_BY_TIME,
+        parse_duration_ms,
+        DURATION,
     )
-    time_skew: str = _verdicts(
+    time_skew: str = _by_time(
         format_duration_ms(_RETENTION.skew_ms),
         "a `published_at` or record timestamp further ahead of this process's clock than this (or a "
         "`published_at` that does not parse) is refused: the article is timed by the newest article "
         "time the index holds (by its record timestamp, else its arrival, while it holds none), and "
         "`neardup_refused_times_total` counts it",
-        kind=DURATION,
-        modes=_BY_TIME,
-        check=_reason(parse_duration_ms),
-        refused=_NOT_BY_TIME,
+        parse_duration_ms,
+        DURATION,
     )
-    min_event_time: str = _verdicts(
+    min_event_time: str = _by_time(
         DEFAULT_EARLIEST,
         "the earliest `published_at` or record timestamp used (RFC 3339): an earlier one is refused "
         "as one too far ahead is. The default, the Unix epoch, refuses placeholder dates (year 1, "
         "1900); an archive of older news sets it lower",
-        modes=_BY_TIME,
-        check=_reason(parse_earliest_ms),
-        refused=_NOT_BY_TIME,
+        parse_earliest_ms,
     )
     gc_freeze_every: int = _setting(
         5_000,
@@ -833,25 +822,23 @@ _FORMER_KEYWORDS = {
 }
 
 
-def keyword_values(keywords: Mapping[str, Any], mode: Mode = Mode.LIBRARY) -> dict[str, Any]:
-    """Every setting of the mode from keywords (checked) and defaults. An unknown keyword, or a
-    setting of other modes, is a TypeError naming it."""
-    taken = {setting.name: setting for setting in for_mode(mode)}
+def keyword_values(keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """Every setting of neardup.open() from keywords (checked) and defaults. An unknown keyword,
+    or a setting of other modes, is a TypeError naming it."""
+    taken = {setting.name: setting for setting in for_mode(Mode.LIBRARY)}
     values = {name: setting.default for name, setting in taken.items()}
     for name, value in keywords.items():
-        setting = taken.get(name)
-        if setting is None:
-            raise TypeError(_not_taken(name, mode, taken))
-        values[name] = setting.coerce(value, name)
+        if name not in taken:
+            raise TypeError(_not_taken(name, taken))
+        values[name] = taken[name].coerce(value, name)
     return values
 
 
-def _not_taken(name: str, mode: Mode, taken: Mapping[str, Setting]) -> str:
+def _not_taken(name: str, taken: Mapping[str, Setting]) -> str:
     if name in BY_NAME:
-        why = BY_NAME[name].refused.get(mode)
-        return f"{name} does not apply to {mode.label}" + (f": {why}" if why else "")
+        return BY_NAME[name].not_applying(Mode.LIBRARY, name)
     hint = _FORMER_KEYWORDS.get(name) or ", ".join(difflib.get_close_matches(name, taken, n=1))
-    return f"{mode.label} has no setting {name!r}" + (f" (did you mean {hint}?)" if hint else "")
+    return f"{Mode.LIBRARY.label} has no setting {name!r}" + (f" (did you mean {hint}?)" if hint else "")
 
 
 @dataclass(frozen=True)
@@ -862,12 +849,13 @@ class FlagSet:
 
     settings: tuple[Setting, ...]
     env: bool = True
-    mode: Mode | None = None
+    refusals: Mapping[str, str] = field(default_factory=dict)  # a hidden flag's name: its refusal
 
     @classmethod
     def of(cls, mode: Mode) -> FlagSet:
         refused = [s for s in SETTINGS if mode in s.refused]
-        return cls((*(s for s in for_mode(mode) if s.flags), *refused), True, mode)
+        refusals = {s.name: s.not_applying(mode, s.flag) for s in refused}
+        return cls((*(s for s in for_mode(mode) if s.flags), *refused), True, refusals)
 
     @classmethod
     def named(cls, *names: str, env: bool = True) -> FlagSet:
@@ -879,7 +867,7 @@ class FlagSet:
         group = parser.add_argument_group(f"settings (flags{where}; deploy/docs/configuration.md)")
         for setting in self.settings:
             options: dict[str, Any] = {"dest": setting.name, "default": argparse.SUPPRESS}
-            if self.mode is not None and self.mode in setting.refused:
+            if setting.name in self.refusals:
                 options["help"] = argparse.SUPPRESS
             else:
                 default = shown(setting.default) or "empty"
@@ -897,16 +885,11 @@ class FlagSet:
         for setting in self.settings:
             if not hasattr(args, setting.name):
                 continue
-            if self.mode is not None and self.mode in setting.refused:
-                raise ConfigError(
-                    f"{setting.flag} does not apply to {self.mode.label}: {setting.refused[self.mode]}"
-                )
-            raw = getattr(args, setting.name)
-            if setting.kind is BOOL:
-                setting.validate(raw, setting.flag)
-                values[setting.name] = raw
-            else:
-                values[setting.name] = setting.parse(raw, setting.flag)
+            if setting.name in self.refusals:
+                raise ConfigError(self.refusals[setting.name])
+            # a flag's text, but a bool as BooleanOptionalAction made it
+            convert = setting.coerce if setting.kind is BOOL else setting.parse
+            values[setting.name] = convert(getattr(args, setting.name), setting.flag)
         return values
 
     def resolve(self, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -915,7 +898,7 @@ class FlagSet:
         given = self.given(args)
         values = {}
         for setting in self.settings:
-            if self.mode is not None and self.mode in setting.refused:
+            if setting.name in self.refusals:
                 continue
             if setting.name in given:
                 values[setting.name] = given[setting.name]
@@ -934,9 +917,8 @@ def markdown() -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for setting in SETTINGS:
-        flags = ", ".join(f"`{flag}`" for flag in setting.flags)
-        if setting.kind is BOOL:
-            flags = ", ".join(f"`--[no-]{flag[2:]}`" for flag in setting.flags)
+        negation = "[no-]" if setting.kind is BOOL else ""
+        flags = ", ".join(f"`{flag[:2]}{negation}{flag[2:]}`" for flag in setting.flags)
         keyword = f"`{setting.name}`" if Mode.LIBRARY in setting.modes else ""
         written = shown(setting.default)
         default = f"`{written}`" if written else ""
