@@ -107,7 +107,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except BrokerUnreachable as exc:
         log.error("broker_unavailable %s", exc)
         return 2
-    except (TimeoutError, OSError, Exception) as exc:  # broker unreachable etc.
+    except Exception as exc:  # broker unreachable etc.
         log.error("broker_unavailable broker=%s error=%r", settings.bootstrap_servers, str(exc))
         return 2
     asyncio.set_event_loop(asyncio.new_event_loop())
@@ -210,8 +210,10 @@ async def tail(
     from_beginning: bool,
     limit: int,
     idle_timeout: float,
-    collected: list[dict[str, Any]] | None = None,
-) -> int:
+    seen: list[dict[str, Any]],
+) -> None:
+    """Print the verdicts as they come, each appended to `seen` (what --summary counts), until
+    `limit` of them (0: no limit) or `idle_timeout` seconds with none (0: no timeout)."""
     from aiokafka import AIOKafkaConsumer
 
     from .connect import start_client
@@ -225,10 +227,9 @@ async def tail(
         **settings.client_security(),
     )
     await start_client(settings, consumer)
-    seen = 0
     last_seen = time.monotonic()
     try:
-        while not limit or seen < limit:
+        while not limit or len(seen) < limit:
             batch = await consumer.getmany(timeout_ms=500)
             if not batch:
                 if idle_timeout and time.monotonic() - last_seen > idle_timeout:
@@ -237,18 +238,13 @@ async def tail(
             for records in batch.values():
                 for record in records:
                     last_seen = time.monotonic()
-                    seen += 1
                     verdict = orjson.loads(record.value)
-                    if collected is not None:
-                        collected.append(verdict)
-                    if as_json:
-                        sys.stdout.write(record.value.decode() + "\n")
-                    else:
-                        sys.stdout.write(verdict_line(verdict) + "\n")
+                    seen.append(verdict)
+                    line = record.value.decode() if as_json else verdict_line(verdict)
+                    sys.stdout.write(line + "\n")
             sys.stdout.flush()
     finally:
         await consumer.stop()
-    return seen
 
 
 def changelog_stats(args: argparse.Namespace) -> IndexStats:
