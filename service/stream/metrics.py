@@ -32,16 +32,16 @@ class Metrics:
         self._declare_flow(r)
         self._declare_index(r)
         self._declare_worker(r)
-        for reason in DEAD_LETTER_REASONS:
-            self.dead_letters.labels(reason)
-        for kind in VERDICT_KINDS:
-            self.verdicts.labels(kind)
-        for status in ("deleted", "unknown_delete"):
-            self.deletes.labels(status)
-        for how in ("restored", "rebuilt"):
-            self.index_opens.labels(how)
-        for outcome in ("committed", "aborted"):
-            self.transactions.labels(outcome)
+        # each labelled series is exported from the start, at zero until its first event
+        for family, values in (
+            (self.dead_letters, DEAD_LETTER_REASONS),
+            (self.verdicts, VERDICT_KINDS),
+            (self.deletes, ("deleted", "unknown_delete")),
+            (self.index_opens, ("restored", "rebuilt")),
+            (self.transactions, ("committed", "aborted")),
+        ):
+            for value in values:
+                family.labels(value)
         self.started = time.time()
         self.ready = threading.Event()
         # Written by the event loop, read by the HTTP thread (single attribute stores)
@@ -202,9 +202,7 @@ class Metrics:
         broker's acknowledgement, no broker answers, or the index opens; whatever liveness says
         when that is not ok."""
         live = self.health()
-        if live["status"] != "ok":
-            return live
-        if self.unready is not None:
+        if live["status"] == "ok" and self.unready is not None:
             return self._answer("not_ready", self.unready)
         return live
 
