@@ -323,7 +323,8 @@ def dead_letter_dict(
     if original is None:
         return record
     room = max_bytes - DEAD_LETTER_HEADROOM - len(key or b"")
-    if len(orjson.dumps(record)) + _base64_size(len(original)) > room:
+    encoded_size = (len(original) + 2) // 3 * 4  # base64: 4 characters per 3 bytes, the last padded
+    if len(orjson.dumps(record)) + encoded_size > room:
         record["value_truncated"] = True
         record["value_size"] = len(original)
         record["value_sha256"] = hashlib.sha256(original).hexdigest()
@@ -331,10 +332,6 @@ def dead_letter_dict(
         original = original[:keep]
     record["value_b64"] = base64.b64encode(original).decode()
     return record
-
-
-def _base64_size(size: int) -> int:
-    return (size + 2) // 3 * 4
 
 
 def id_key(body: bytes) -> bytes | None:
