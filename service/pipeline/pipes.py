@@ -63,7 +63,7 @@ class Child:
         self.lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, module: str, setup: object, timeout: float = START_TIMEOUT_S) -> Child:
+    async def start(cls, module: str, setup: object) -> Child:
         """Start a child serving `module` (child.py) and send it `setup`; returns once the child
         answered it."""
         process = await asyncio.create_subprocess_exec(
@@ -77,7 +77,7 @@ class Child:
         )
         child = cls(process)
         try:
-            await child.call(setup, timeout)
+            await child.call(setup, START_TIMEOUT_S)
         except ChildFailed:
             child.stop()
             raise
@@ -173,13 +173,13 @@ def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
     serve(sys.stdin.buffer, answers)
 
 
-def widen_pipe(fd: int, size: int = PIPE_BYTES) -> int:
-    """Make the pipe at `fd` (either end) hold `size` bytes; returns its size in bytes, 0 where it
+def widen_pipe(fd: int) -> int:
+    """Make the pipe at `fd` (either end) hold PIPE_BYTES; returns its size in bytes, 0 where it
     cannot be changed (not Linux, not a pipe, or above what this user may ask): the default stays."""
     setter = getattr(fcntl, "F_SETPIPE_SZ", None)
     if setter is None:
         return 0
     try:
-        return fcntl.fcntl(fd, setter, size)
+        return fcntl.fcntl(fd, setter, PIPE_BYTES)
     except OSError:
         return 0

@@ -37,30 +37,6 @@ class SignerFailed(Error, RuntimeError):
     """Signing helpers cannot start: the worker cannot go on."""
 
 
-class _Helper:
-    """One signing child; used by one batch at a time."""
-
-    def __init__(self, child: Child, timeout: CallTimeout) -> None:
-        self.child = child
-        self.timeout = timeout
-
-    @classmethod
-    async def start(cls, stage: SignStage, nice: int, timeout: CallTimeout) -> _Helper:
-        # answered once the helper is ready; the child runs this module, by the name the package
-        # was imported under
-        setup = (stage.params, stage.max_text_bytes, nice, stage.times, stage.keyed)
-        return cls(await Child.start(__name__, setup), timeout)
-
-    async def sign(self, items: list[SignItem]) -> list[SignResult]:
-        wire: list[_Wire] = [
-            (raw, key, src.topic, src.partition, src.offset, src.timestamp_ms) for raw, key, src in items
-        ]
-        answer = await self.child.call(wire, self.timeout.seconds(len(items)))
-        if not isinstance(answer, list) or len(answer) != len(items):
-            raise ChildFailed(f"helper {self.child.pid} answered {type(answer).__name__}")
-        return [SignResult(*result) for result in answer]
-
-
 class Signer:
     """Signs batches in `processes` helpers (0: in the calling process), results in input order.
     A helper that fails (dies, or does not answer within `timeout`) is replaced, and the message
@@ -79,7 +55,7 @@ class Signer:
         self.processes = processes
         self.nice = nice
         self.timeout = timeout
-        self._helpers: list[_Helper] = []
+        self._helpers: list[Child] = []
         self.isolating = False  # signing the halves of a batch that broke a helper (not a stall)
         self.isolated = 0  # messages dead-lettered for breaking a helper
         # The worker warms up at start while the first batch may already be signing: the lock keeps
@@ -90,8 +66,12 @@ class Signer:
         """Start the helpers now (each imports numpy and the core), not on the first article, so that
         the first articles do not wait for the imports."""
         async with self._starting:
+            stage = self.stage
+            # answered once the helper is ready; the child runs this module, by the name the package
+            # was imported under
+            setup = (stage.params, stage.max_text_bytes, self.nice, stage.times, stage.keyed)
             while len(self._helpers) < self.processes:
-                self._helpers.append(await _Helper.start(self.stage, self.nice, self.timeout))
+                self._helpers.append(await Child.start(__name__, setup))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         """Each item's result, in order. A batch that breaks a helper (it dies or hangs) is signed
@@ -99,26 +79,31 @@ class Signer:
         dead-lettered (processing_failed) once it has failed alone too: the stream goes on."""
         if self.processes == 0 or not items:
             return self.sign_here(items)
-        try:
-            await self._started()
-            return await self._sign_in_helpers(items)
-        except ChildFailed as exc:
-            log.error("sign_helper_failed articles=%d error=%r", len(items), str(exc))
-            self.close()
+        signed = await self._attempt(items)
+        if not isinstance(signed, ChildFailed):
+            return signed
         self.isolating = True
         try:
             return await self._isolate(items)
         finally:
             self.isolating = False
 
-    async def _started(self) -> None:
-        """The helpers, started when they are not: helpers that cannot even start are no message's
-        doing, and no message is dead-lettered for it (SignerFailed)."""
+    async def _attempt(self, items: list[SignItem]) -> list[SignResult] | ChildFailed:
+        """`items` signed in the helpers, or how a helper failed on them: the helpers are then
+        stopped, for fresh ones to sign what is tried next. Helpers are started when they are not:
+        helpers that cannot even start are no message's doing, and no message is dead-lettered for
+        it (SignerFailed)."""
         try:
             await self.warm_up()
         except ChildFailed as exc:
             self.close()
             raise SignerFailed(f"signing helpers cannot start: {exc}") from exc
+        try:
+            return await self._sign_in_helpers(items)
+        except ChildFailed as exc:
+            log.error("sign_helper_failed articles=%d error=%r", len(items), str(exc))
+            self.close()
+            return exc
 
     async def _isolate(self, items: list[SignItem]) -> list[SignResult]:
         """`items`, of a batch that broke a helper: each half signed in fresh helpers, a half that
@@ -126,19 +111,16 @@ class Signer:
         parts = [items[: len(items) // 2], items[len(items) // 2 :]] if len(items) > 1 else [items]
         results: list[SignResult] = []
         for part in parts:
-            await self._started()
-            try:
-                results += await self._sign_in_helpers(part)
-            except ChildFailed as exc:
-                log.error("sign_helper_failed articles=%d error=%r", len(part), str(exc))
-                self.close()
-                if len(part) > 1:
-                    results += await self._isolate(part)
-                else:
-                    raw, key, src = part[0]
-                    detail = f"the signing helper failed on this message alone, twice: {exc}"
-                    results.append(SignStage.dead(PROCESSING_FAILED, detail, raw, key, src))
-                    self.isolated += 1
+            signed = await self._attempt(part)
+            if not isinstance(signed, ChildFailed):
+                results += signed
+            elif len(part) > 1:
+                results += await self._isolate(part)
+            else:
+                raw, key, src = part[0]
+                detail = f"the signing helper failed on this message alone, twice: {signed}"
+                results.append(SignStage.dead(PROCESSING_FAILED, detail, raw, key, src))
+                self.isolated += 1
         return results
 
     def sign_here(self, items: list[SignItem]) -> list[SignResult]:
@@ -150,7 +132,7 @@ class Signer:
         chunks = [items[start : start + size] for start in range(0, len(items), size)]
         # every part answered or failed (each within its timeout) before the batch is retried
         done = await asyncio.gather(
-            *(helper.sign(chunk) for helper, chunk in zip(self._helpers[: len(chunks)], chunks, strict=True)),
+            *(self._sign_in(self._helpers[n], chunk) for n, chunk in enumerate(chunks)),
             return_exceptions=True,
         )
         for part in done:
@@ -158,20 +140,29 @@ class Signer:
                 raise part
         return [result for chunk in cast(list[list[SignResult]], done) for result in chunk]
 
+    async def _sign_in(self, helper: Child, items: list[SignItem]) -> list[SignResult]:
+        wire: list[_Wire] = [
+            (raw, key, src.topic, src.partition, src.offset, src.timestamp_ms) for raw, key, src in items
+        ]
+        answer = await helper.call(wire, self.timeout.seconds(len(items)))
+        if not isinstance(answer, list) or len(answer) != len(items):
+            raise ChildFailed(f"helper {helper.pid} answered {type(answer).__name__}")
+        return [SignResult(*result) for result in answer]
+
     @property
     def helper_pids(self) -> list[int]:
-        return [helper.child.pid for helper in self._helpers]
+        return [helper.pid for helper in self._helpers]
 
     def close(self) -> None:
         for helper in self._helpers:
-            helper.child.stop()
+            helper.stop()
         self._helpers = []
 
     async def aclose(self) -> None:
         """At shutdown, once no agent signs any more: the helpers stopped and waited for."""
         helpers, self._helpers = self._helpers, []
         for helper in helpers:
-            await helper.child.end()
+            await helper.end()
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:

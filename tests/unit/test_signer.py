@@ -80,7 +80,7 @@ async def test_a_killed_helper_is_replaced(pooled: Signer) -> None:
 
 async def test_helpers_exit_when_the_worker_goes(pooled: Signer) -> None:
     await pooled.warm_up()
-    processes = [helper.child.process for helper in pooled._helpers]
+    processes = [helper.process for helper in pooled._helpers]
     for process in processes:
         assert process.stdin is not None
         process.stdin.close()  # what the helper sees when the worker dies
@@ -111,7 +111,7 @@ async def test_aclose_ends_the_helpers_inside_the_loop(pooled: Signer) -> None:
     """At shutdown the helpers have exited before the event loop closes: nothing is left for the
     garbage collector to close afterwards."""
     await pooled.warm_up()
-    processes = [helper.child.process for helper in pooled._helpers]
+    processes = [helper.process for helper in pooled._helpers]
     await pooled.aclose()
     assert pooled.helper_pids == []
     assert all(process.returncode is not None for process in processes)
@@ -125,7 +125,7 @@ async def test_helper_pipes_hold_a_whole_sign_batch(pooled: Signer) -> None:
         pytest.skip("pipe sizes are Linux's")
     await pooled.warm_up()
     for helper in pooled._helpers:
-        process = helper.child.process
+        process = helper.process
         assert process.stdin is not None and process.stdout is not None
         to_helper = process.stdin.transport.get_extra_info("pipe").fileno()
         from_helper = process.stdout._transport.get_extra_info("pipe").fileno()  # type: ignore[attr-defined]
