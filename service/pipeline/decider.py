@@ -110,36 +110,31 @@ class Changelog(Protocol):
 class _ChangelogWrites(MutableMapping[bytes, bytes]):
     """The changelog as the IndexShard writes it: the writes are collected and handed to the
     agent, which sends a whole chunk's writes to the changelog at once (stream/index_agent.py).
-    The stage reads records back only to rebuild, and then from the changelog compacted on disk."""
+    The stage reads records back only to rebuild, and then from the changelog compacted on disk:
+    the shard only writes here, so nothing can be read back (an empty mapping)."""
 
     def __init__(self) -> None:
-        self._pending: dict[bytes, bytes | None] = {}
         self.writes: list[Write] = []
 
     def drain(self) -> list[Write]:
-        writes, self.writes, self._pending = self.writes, [], {}
+        writes, self.writes = self.writes, []
         return writes
 
     def __getitem__(self, key: bytes) -> bytes:
-        value = self._pending[key]
-        if value is None:
-            raise KeyError(key)
-        return value
+        raise KeyError(key)
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.writes.append((key, value))
-        self._pending[key] = value
 
     def __delitem__(self, key: bytes) -> None:
         """A tombstone in the changelog (deletes, expiry)."""
         self.writes.append((key, None))
-        self._pending[key] = None
 
     def __iter__(self) -> Iterator[bytes]:
-        return (key for key, value in self._pending.items() if value is not None)
+        return iter(())
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return 0
 
 
 class RecordMarker:
@@ -172,15 +167,6 @@ class RecordMarker:
 
     def close(self) -> None:
         self._map.close()
-
-
-def _marker_path(index_path: Path) -> Path:
-    return index_path.with_name(index_path.name + "-marker")
-
-
-def _scratch(index_path: Path) -> Path:
-    """Where a rebuild compacts the changelog before indexing it."""
-    return index_path.with_name(index_path.name + "-rebuild")
 
 
 UNANSWERED = frozenset({"commit"})  # requests no answer comes back for
@@ -245,8 +231,8 @@ class ShardServer:
                 return shard.applied_offset
             case ("rebuild",):
                 # The changelog is compacted on disk as it comes, a chunk at a time: no process
-                # ever holds the whole table in memory.
-                self._compacted = CompactedLog(_scratch(self.index_path))
+                # ever holds the whole table in memory; beside the index, in its scratch directory.
+                self._compacted = CompactedLog(self.index_path.with_name(self.index_path.name + "-rebuild"))
                 return "rebuilding"
             case ("load", entries):
                 assert self._compacted is not None, "rebuild first"
@@ -350,11 +336,10 @@ class Decider:
         before_rebuild: Callable[[], Awaitable[None]] | None = None,
         on_opened: Callable[[int | None, float], None] | None = None,
     ) -> None:
-        self.retention = retention
         self.timeout = timeout
-        self.params = params
+        # what the ShardServer is made of, in process or in the child
+        self._server_args = (params, index_path, options, retention)
         self.index_path = index_path
-        self.options = options
         self.changelog = changelog
         self.in_process = in_process
         self.gc_freeze_every = gc_freeze_every
@@ -394,8 +379,7 @@ class Decider:
 
     @property
     def child_pid(self) -> int | None:
-        child = self._child
-        return None if child is None else child.pid
+        return None if self._child is None else self._child.pid
 
     def acknowledged(self, end: int | None, chunk: int | None = None) -> None:
         """The changelog holds every write of the chunks up to number `chunk` (None: every chunk
@@ -428,13 +412,7 @@ class Decider:
             self._unacknowledged.clear()
         try:
             started = time.monotonic()
-            # no record at or after `end` was written before this moment
-            read_at = round(time.time() * 1000)
-            end = await self.changelog.end()
-            retention = await self.changelog.tombstones_kept_ms()
-            count, self.applied_offset = await self._open(end, read_at, retention)
-            await self._hold_unacknowledged()
-            self.changelog_end = end
+            count = await self._restore()
             self.opened = "rebuilt" if count is not None else "restored"
             if self.on_opened is not None:
                 self.on_opened(count, time.monotonic() - started)
@@ -449,58 +427,57 @@ class Decider:
         stall (`opening` stays unset, so readiness does not flap). Returns what `open` does;
         `behind` says how far the index was from the changelog's end."""
         self._unacknowledged.clear()
+        return await self._restore()
+
+    async def _restore(self) -> int | None:
+        """The index restored (None) or rebuilt (the articles rebuilt) from the changelog as it
+        ends now, then the chunks answered and not acknowledged yet held again (none but for a
+        replacement child)."""
+        # no record at or after `end` was written before this moment
         read_at = round(time.time() * 1000)
         end = await self.changelog.end()
         retention = await self.changelog.tombstones_kept_ms()
-        count, self.applied_offset = await self._open(end, read_at, retention)
-        self.changelog_end = end
-        return count
-
-    async def _hold_unacknowledged(self) -> None:
+        self.replayed = 0
+        link, timeout = await self._start(), self.timeout
+        start = await link.call(("reopen", end, read_at, retention), timeout.seconds())
+        self.behind = end - (0 if start is None else cast(int, start))
+        count: int | None = None
+        if start is not None:
+            async for entries, after in self.changelog.read_after(cast(int, start), end):
+                await link.call(("tail", entries, after), timeout.seconds(len(entries)))
+                self.replayed += len(entries)
+            self.applied_offset = cast(int, await link.call(("restored", end, read_at), timeout.seconds()))
+        else:
+            await link.call(("rebuild",), timeout.seconds())
+            loaded = 0
+            async for entries in self.changelog.read(end):
+                await link.call(("load", entries), timeout.seconds(len(entries)))
+                loaded += len(entries)
+            answer = await link.call(("loaded", end, read_at), timeout.seconds(loaded))
+            count, self.applied_offset = cast(tuple[int, int], answer)
         for number, writes in sorted(self._unacknowledged.items()):
             assert self._link is not None, "opened"
-            await self._link.call(("hold", number, writes), self.timeout.seconds(len(writes)))
+            await self._link.call(("hold", number, writes), timeout.seconds(len(writes)))
+        self.changelog_end = end
+        return count
 
     async def _start(self) -> Child | InProcessChild:
         """The link to the server, started at the first open (a failed child's replacement too)."""
         if self._link is not None:
             return self._link
         if self.in_process:
-            server = ShardServer(self.params, self.index_path, self.options, self.retention)
+            server = ShardServer(*self._server_args)
             self.shard = server.shard
             self._link = InProcessChild(server)
             return self._link
+        marker_path = self.index_path.with_name(self.index_path.name + "-marker")
         if self._marker is None:
-            self._marker = RecordMarker(_marker_path(self.index_path))
+            self._marker = RecordMarker(marker_path)
         self._marker.clear()
-        setup = (
-            self.params,
-            str(self.index_path),
-            self.options,
-            self.gc_freeze_every,
-            self.retention,
-            str(_marker_path(self.index_path)),
-        )
+        setup = (*self._server_args, self.gc_freeze_every, marker_path)
         # this module, by the name the package was imported under
         self._link = await Child.start(__name__, setup)
         return self._link
-
-    async def _open(self, end: int, read_at: int, retention: int | None) -> tuple[int | None, int]:
-        self.replayed = 0
-        link, timeout = await self._start(), self.timeout
-        start = await link.call(("reopen", end, read_at, retention), timeout.seconds())
-        self.behind = end - (0 if start is None else cast(int, start))
-        if start is not None:
-            async for entries, after in self.changelog.read_after(cast(int, start), end):
-                await link.call(("tail", entries, after), timeout.seconds(len(entries)))
-                self.replayed += len(entries)
-            return None, cast(int, await link.call(("restored", end, read_at), timeout.seconds()))
-        await link.call(("rebuild",), timeout.seconds())
-        loaded = 0
-        async for entries in self.changelog.read(end):
-            await link.call(("load", entries), timeout.seconds(len(entries)))
-            loaded += len(entries)
-        return cast(tuple[int, int], await link.call(("loaded", end, read_at), timeout.seconds(loaded)))
 
     async def decide(self, messages: list[SignedMessage]) -> tuple[BatchOutcome, list[Write]]:
         """Decide one chunk of messages (see decide_chunks)."""
@@ -567,8 +544,6 @@ class Decider:
         return self._link
 
     def _culprits_in(self, chunk: list[SignedMessage]) -> dict[RecordAt, Culprit]:
-        if not self.culprits:
-            return {}
         offsets = {offset for offset, _ in chunk}
         return {at: culprit for at, culprit in self.culprits.items() if at[0] in offsets}
 
@@ -625,7 +600,7 @@ class Decider:
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """The child's loop, a ShardServer's over the pipes. First frame: (params, index path,
-    RocksOptions, freeze interval, retention, marker path); then ("reopen", changelog end, read
+    RocksOptions, retention, freeze interval, marker path); then ("reopen", changelog end, read
     time, how long tombstones are kept) → the offset to restore from, with ("tail", entries,
     offset after them) → None for each chunk of the changelog after it and ("restored", end, read
     time) → applied offset; or None: rebuild, with ("rebuild",) → "rebuilding", ("load",
@@ -636,18 +611,12 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     first = read_frame(requests)
     if first is None:
         return
-    params, path, options, freeze_every, retention, marker_path = cast(
-        tuple[DedupParams, str, RocksOptions, int, Retention, str], first
+    params, path, options, retention, freeze_every, marker_path = cast(
+        tuple[DedupParams, Path, RocksOptions, Retention, int, Path], first
     )
-    marker = RecordMarker(Path(marker_path))
+    marker = RecordMarker(marker_path)
     server = ShardServer(
-        params,
-        Path(path),
-        options,
-        retention,
-        marker=marker,
-        freeze_every=freeze_every,
-        compact_at_close=True,
+        params, path, options, retention, marker=marker, freeze_every=freeze_every, compact_at_close=True
     )
     write_frame(answers, "ready")
     while (request := read_frame(requests)) is not None:
