@@ -32,6 +32,12 @@ COMPARE_FLAGS = FlagSet.named("shingle_size", "num_perm", "seed", env=False)
 Command = Callable[[argparse.Namespace], int]
 
 
+def _error(message: object, status: int = 2) -> int:
+    """What a command refuses or failed at, said in one line; its exit status."""
+    print(f"error: {message}", file=sys.stderr)
+    return status
+
+
 def _refusing(command: Command) -> Command:
     """`command`, with a setting or a state it refuses said in one line and exit status 2, not a
     traceback."""
@@ -41,8 +47,7 @@ def _refusing(command: Command) -> Command:
         try:
             return command(args)
         except (ConfigError, IncompatibleState) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return _error(exc)
 
     return run
 
@@ -138,11 +143,7 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    from .embedded import (
-        ResumeMismatch,
-        SigningFailed,
-        run_file,
-    )
+    from .embedded import ResumeMismatch, SigningFailed, run_file
     from .messages import parse_verdict_filter
     from .state.memory import MemoryState
     from .state.port import StateStore
@@ -150,21 +151,17 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
     values = DEDUP_FLAGS.resolve(args)
     params = engine_params(values)
-    retention = retention_window(values)
-    feed_verdicts = parse_verdict_filter(values["unique_filter"])
     if hasattr(args, "unique_filter") and args.unique_out is None:
         # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
         raise ConfigError("--unique-filter needs --unique-out FILE")
-    sign_processes = args.sign_processes
-    if sign_processes < 0:
+    if args.sign_processes < 0:
         raise ConfigError("--sign-processes must be 0 or more")
     state: StateStore
     bucket_cap, options = values["bucket_cap"], RocksOptions(bucket_cap=values["bucket_cap"])
     try:
         state = RocksState(args.state, options) if args.state else MemoryState(bucket_cap)
     except StateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
     try:
         summary = run_file(
             Path(args.input),
@@ -174,18 +171,16 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             dead_letter_path=Path(args.dead_letters) if args.dead_letters else None,
             max_text_bytes=values["max_text_bytes"],
             progress=sys.stderr.isatty() and not args.quiet,
-            retention=retention,
+            retention=retention_window(values),
             feed_path=Path(args.unique_out) if args.unique_out else None,
-            feed_verdicts=feed_verdicts,
-            sign_processes=sign_processes,
+            feed_verdicts=parse_verdict_filter(values["unique_filter"]),
+            sign_processes=args.sign_processes,
         )
     except ResumeMismatch as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
     except SigningFailed as exc:
         where = "" if args.state else " (without --state a rerun starts over)"
-        print(f"error: {exc}{where}", file=sys.stderr)
-        return 1
+        return _error(f"{exc}{where}", 1)
     finally:
         state.close()
     print(summary.render())
@@ -203,13 +198,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if (path / "index" / "CURRENT").exists():  # a worker's state directory
             path = path / "index"
         if not (path / "CURRENT").exists():
-            print(f"error: no state at {args.state}", file=sys.stderr)
-            return 2
+            return _error(f"no state at {args.state}")
         try:
             state = RocksState(path, read_only=True)
         except StateError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return _error(exc)
         try:
             stats = state.stats()
         finally:
@@ -224,9 +217,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def render_stats(stats: IndexStats) -> str:
     def when(ms: int | None) -> str:
-        if ms is None:
-            return "-"
-        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+        return "-" if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
 
     return "\n".join(
         [
@@ -332,10 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     try:
         from .stream import commands
-    except ImportError:
-        commands = None  # type: ignore[assignment]
-    if commands is not None:
-        commands.add_parsers(sub)
+    except ImportError:  # without the stream commands, the embedded ones still work
+        return parser
+    commands.add_parsers(sub)
     return parser
 
 
