@@ -642,10 +642,7 @@ class Settings:
         """Defaults ← NEARDUP_* variables ← overrides (the flags given, as values); all checked, a
         refusal naming the variable."""
         env = os.environ if env is None else env
-        values = {}
-        for setting in for_mode(Mode.WORKER):
-            if setting.env in env:
-                values[setting.name] = setting.parse(env[setting.env], setting.env)
+        values = {s.name: s.parse(env[s.env], s.env) for s in for_mode(Mode.WORKER) if s.env in env}
         for name, value in overrides.items():
             if name not in BY_NAME or Mode.WORKER not in BY_NAME[name].modes:
                 raise TypeError(f"no worker setting {name!r}")
