@@ -165,9 +165,6 @@ class RecordMarker:
         offset, index, deciding = self._LAYOUT.unpack_from(self._map, 0)
         return None if offset < 0 else ((offset, index), bool(deciding))
 
-    def close(self) -> None:
-        self._map.close()
-
 
 UNANSWERED = frozenset({"commit"})  # requests no answer comes back for
 
@@ -198,10 +195,8 @@ class ShardServer:
         self.compact_at_close = compact_at_close
         self._size = SizeGauge()
         self._collector = CollectorPolicy(freeze_every)
-        self._handled = 0  # the records of the last chunk decided, for the collector
         self._point: Position | None = None  # where the restore under way started
         self._compacted: CompactedLog | None = None  # the changelog of the rebuild under way
-        self._clean = False  # how the close asked for ends
 
     def answer(self, request: tuple) -> object:
         """The answer to one request; None for those in UNANSWERED."""
@@ -209,9 +204,7 @@ class ShardServer:
         match request:
             case ("decide", messages, chunk, culprits):
                 shard.begin(chunk)
-                outcome = decide_messages(shard, messages, self._size, self.marker, culprits)
-                self._handled = outcome.handled
-                return outcome, self.table.drain()
+                return decide_messages(shard, messages, self._size, self.marker, culprits), self.table.drain()
             case ("commit", chunk, changelog_end):
                 shard.commit(chunk, changelog_end)
             case ("hold", chunk, writes):
@@ -220,44 +213,42 @@ class ShardServer:
                 self._drop_rebuild()  # one the worker gave up, its changelog read failing
                 self.table.drain()  # a batch that failed half-way: the shard replays
                 self._point, why = shard.restore_point(end, read_at, retention)
-                if self._point is None:
-                    log.info("index_rebuild reason=%s", why)
-                return None if self._point is None else self._point.offset
+                if self._point is not None:
+                    return self._point.offset
+                log.info("index_rebuild reason=%s", why)
+                # A rebuild: the changelog is compacted on disk as it comes, a chunk at a time: no
+                # process ever holds the whole table in memory; beside the index, in its scratch
+                # directory.
+                self._compacted = CompactedLog(self.index_path.with_name(self.index_path.name + "-rebuild"))
             case ("tail", entries, after):
                 assert self._point is not None, "reopen first"
                 shard.restore(entries, after, self._point.since_ms)
             case ("restored", end, read_at):
                 shard.mark_position(end, read_at)
                 return shard.applied_offset
-            case ("rebuild",):
-                # The changelog is compacted on disk as it comes, a chunk at a time: no process
-                # ever holds the whole table in memory; beside the index, in its scratch directory.
-                self._compacted = CompactedLog(self.index_path.with_name(self.index_path.name + "-rebuild"))
-                return "rebuilding"
             case ("load", entries):
-                assert self._compacted is not None, "rebuild first"
+                assert self._compacted is not None, "reopen first, to a rebuild"
                 self._compacted.add(entries)
             case ("loaded", end, read_at):
                 compacted, self._compacted = self._compacted, None
-                assert compacted is not None, "rebuild first"
+                assert compacted is not None, "reopen first, to a rebuild"
                 with compacted:
                     count = shard.replay(compacted)
                 shard.mark_position(end, read_at)
                 return count, shard.applied_offset
-            case ("close", clean):
-                self._clean = clean
-                return "closed"
+            case ("close", _):
+                return "closed"  # closed once the answer is on its way (after)
             case _:
                 raise ValueError(f"unknown request {request[0]!r}")
         return None
 
-    def after(self, op: str) -> None:
-        """What waits until the answer to an `op` request is on its way: the collector after a
+    def after(self, request: tuple, answer: object) -> None:
+        """What waits until the `answer` to `request` is on its way: the collector after a
         decision, the compaction and the close after a close."""
-        if op == "decide":
-            self._collector.after(self._handled)
-        elif op == "close":
-            self.close(self._clean)
+        if request[0] == "decide":
+            self._collector.after(cast(Answer, answer)[0].handled)
+        elif request[0] == "close":
+            self.close(request[1])
 
     def close(self, clean: bool) -> None:
         self._drop_rebuild()
@@ -300,7 +291,7 @@ class InProcessChild:
     async def receive(self, timeout: float | None = None) -> object:
         request = self._queued.popleft()
         answer = self.server.answer(request)
-        self.server.after(request[0])
+        self.server.after(request, answer)
         return answer
 
     async def call(self, request: object, timeout: float | None = None) -> object:
@@ -448,7 +439,6 @@ class Decider:
                 self.replayed += len(entries)
             self.applied_offset = cast(int, await link.call(("restored", end, read_at), timeout.seconds()))
         else:
-            await link.call(("rebuild",), timeout.seconds())
             loaded = 0
             async for entries in self.changelog.read(end):
                 await link.call(("load", entries), timeout.seconds(len(entries)))
@@ -603,7 +593,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     RocksOptions, retention, freeze interval, marker path); then ("reopen", changelog end, read
     time, how long tombstones are kept) → the offset to restore from, with ("tail", entries,
     offset after them) → None for each chunk of the changelog after it and ("restored", end, read
-    time) → applied offset; or None: rebuild, with ("rebuild",) → "rebuilding", ("load",
+    time) → applied offset; or None: rebuild, with ("load",
     entries) → None for each chunk of the changelog, and ("loaded", end, read time) → (count,
     applied offset); ("hold", chunk number, writes) → None; ("decide", messages, chunk number,
     culprits to leave out) → (outcome, writes); ("commit", chunk number, changelog end), not
@@ -619,12 +609,12 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         params, path, options, retention, marker=marker, freeze_every=freeze_every, compact_at_close=True
     )
     write_frame(answers, "ready")
-    while (request := read_frame(requests)) is not None:
-        op = cast(tuple, request)[0]
-        answer = server.answer(cast(tuple, request))
-        if op not in UNANSWERED:
+    while (message := read_frame(requests)) is not None:
+        request = cast(tuple, message)
+        answer = server.answer(request)
+        if request[0] not in UNANSWERED:
             write_frame(answers, answer)
-        server.after(op)
-        if op == "close":
+        server.after(request, answer)
+        if request[0] == "close":
             return
     server.close(False)  # the worker went away
