@@ -593,11 +593,11 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     RocksOptions, retention, freeze interval, marker path); then ("reopen", changelog end, read
     time, how long tombstones are kept) → the offset to restore from, with ("tail", entries,
     offset after them) → None for each chunk of the changelog after it and ("restored", end, read
-    time) → applied offset; or None: rebuild, with ("load",
-    entries) → None for each chunk of the changelog, and ("loaded", end, read time) → (count,
-    applied offset); ("hold", chunk number, writes) → None; ("decide", messages, chunk number,
-    culprits to leave out) → (outcome, writes); ("commit", chunk number, changelog end), not
-    answered; ("close", clean) → "closed", which ends it (as EOF does)."""
+    time) → applied offset; or None: a rebuild, with ("load", entries) → None for each chunk of
+    the changelog, and ("loaded", end, read time) → (count, applied offset); ("hold", chunk
+    number, writes) → None; ("decide", messages, chunk number, culprits to leave out) →
+    (outcome, writes); ("commit", chunk number, changelog end), not answered; ("close", clean) →
+    "closed", which ends it (as EOF does)."""
     first = read_frame(requests)
     if first is None:
         return
