@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterator
 
 from .index import COPY, DEFAULT_BUCKET_CAP, MEMBER, TIME, IndexState
@@ -35,11 +36,7 @@ class MemoryKV:
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         if prefix[:1] in self.SCANNED:
             start = bisect.bisect_left(self._sorted, prefix)
-            keys = []
-            for key in self._sorted[start:]:
-                if not key.startswith(prefix):
-                    break
-                keys.append(key)
+            keys = list(itertools.takewhile(lambda key: key.startswith(prefix), self._sorted[start:]))
         else:
             keys = sorted(key for key in self._main if key.startswith(prefix))
         for key in keys:
@@ -77,6 +74,4 @@ class MemoryKV:
         self.__init__()  # type: ignore[misc]
 
     def size_bytes(self) -> int:
-        return sum(len(k) + len(v) for k, v in self._main.items()) + sum(
-            len(k) + len(v) for k, v in self._records.items()
-        )
+        return sum(len(k) + len(v) for family in (self._main, self._records) for k, v in family.items())

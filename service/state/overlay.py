@@ -35,14 +35,14 @@ class _Family:
         self.fresh.extend([key for key in written if key not in values])
         values.update(written)
 
-    def keys_from(self, start: bytes, prefix: bytes) -> Iterator[bytes]:
-        """Its keys at or after `start` that start with `prefix`, in order."""
+    def keys_from(self, prefix: bytes) -> Iterator[bytes]:
+        """Its keys that start with `prefix`, in order."""
         if self.fresh:
             # a new list: a scan in progress goes on over the one it started with
             self.ordered = sorted(self.ordered + self.fresh)  # one sorted run and the new keys
             self.fresh = []
         ordered = self.ordered
-        for index in range(bisect.bisect_left(ordered, start), len(ordered)):
+        for index in range(bisect.bisect_left(ordered, prefix), len(ordered)):
             if not ordered[index].startswith(prefix):
                 return
             yield ordered[index]
@@ -158,9 +158,7 @@ class LayeredKV:
             return
         layers = self._newest_first(family)
         # each held key once, in order, whichever layers hold it
-        held = (
-            key for key, _ in itertools.groupby(heapq.merge(*(f.keys_from(prefix, prefix) for f in layers)))
-        )
+        held = (key for key, _ in itertools.groupby(heapq.merge(*(f.keys_from(prefix) for f in layers))))
         next_held = next(held, None)
         for key, value in below:
             while next_held is not None and next_held <= key:

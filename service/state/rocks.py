@@ -191,11 +191,7 @@ class RocksKV:
             yield cast(bytes, key), cast(bytes, value)
 
     def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
-        scan = ReadOptions()
-        # a scan reads every record once: keep the cache for the lookups (the stubs omit the argument)
-        scan.fill_cache(False)  # type: ignore[call-arg]
-        for key, value in self._records.items(read_opt=scan):
-            yield cast(bytes, key), cast(bytes, value)
+        return _read_through(self._records)
 
     def write(self, batch: Batch) -> None:
         writes = WriteBatch(raw_mode=True)
@@ -240,6 +236,15 @@ def _put_or_delete(
             batch.delete(key, family)
         else:
             batch.put(key, value, family)
+
+
+def _read_through(db: Rdict) -> Iterator[tuple[bytes, bytes]]:
+    """Every entry of `db` (a database or a column family), in key order."""
+    scan = ReadOptions()
+    # a scan reads every entry once: keep the cache for the lookups (the stubs omit the argument)
+    scan.fill_cache(False)  # type: ignore[call-arg]
+    for key, value in db.items(read_opt=scan):
+        yield cast(bytes, key), cast(bytes, value)
 
 
 def _without_write_ahead_log(db: Rdict) -> None:
@@ -312,10 +317,7 @@ class CompactedLog:
         return cast(bytes | None, self._db.get(key))
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
-        scan = ReadOptions()
-        scan.fill_cache(False)  # type: ignore[call-arg]
-        for key, value in self._db.items(read_opt=scan):
-            yield cast(bytes, key), cast(bytes, value)
+        return _read_through(self._db)
 
     def close(self) -> None:
         self._db.close()

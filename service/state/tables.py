@@ -11,7 +11,7 @@ import collections
 import itertools
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +39,7 @@ POSTING_SEQS = FEW_ANCHORS - 1
 # Bucket entries up to which merge_buckets merges them with a dict rather than numpy.
 SMALL_MERGE = 256
 _UNCACHED = b"?"  # a posting list is a whole number of entries: never this
+T = TypeVar("T")
 
 
 def seq_key(seq: int) -> bytes:
@@ -69,6 +70,20 @@ def decode_marker(data: bytes, article_id: str = "?") -> Marker:
         raise CorruptRecord(f"deletion marker of {article_id!r} has {len(data)} bytes, not {_MARKER.size}")
     version, biased = _MARKER.unpack(data)
     return Marker(version, biased - _TIME_BIAS)
+
+
+def as_left(
+    written: dict[bytes, bytes | None], names: list[bytes], read: Callable[[list[bytes]], list[bytes | None]]
+) -> list[bytes | None]:
+    """The values of `names` as a batch's writes `written` leave them: the others `read` in one call."""
+    pending = iter(read([name for name in names if name not in written]))
+    return [written[name] if name in written else next(pending) for name in names]
+
+
+def keys_before(kv: KeyValue, prefix: bytes, bound: bytes, limit: int) -> list[bytes]:
+    """The first keys under `prefix`, in order, before `bound`, at most `limit`."""
+    before = itertools.takewhile(lambda entry: entry[0] < bound, kv.scan(prefix))
+    return [key for key, _ in itertools.islice(before, limit)]
 
 
 def first_key(kv: KeyValue, prefix: bytes, batch: Batch, skip: bytes) -> bytes | None:
@@ -116,12 +131,7 @@ class ArticleVersions:
                 recent.move_to_end(seq)
             found.append(article)
         if missing:
-            stored = self.kv.records([seq_key(seq) for seq in missing])
-            loaded = {
-                seq: self.remember(decode_record(data, str(seq)))
-                for seq, data in zip(missing, stored, strict=True)
-                if data is not None
-            }
+            loaded = self._decoded(missing, lambda data, key: self.remember(decode_record(data, key)))
             found = [article or loaded.get(seq) for seq, article in zip(seqs, found, strict=True)]
         return found
 
@@ -131,13 +141,15 @@ class ArticleVersions:
         missing = [seq for seq, probe in zip(seqs, found, strict=True) if probe is None]
         if not missing:
             return found
-        stored = self.kv.records([seq_key(seq) for seq in missing])
-        loaded = {
-            seq: self.keep_probe(decode_probe(data, str(seq)))
-            for seq, data in zip(missing, stored, strict=True)
-            if data is not None
-        }
+        loaded = self._decoded(missing, lambda data, key: self.keep_probe(decode_probe(data, key)))
         return [probe or loaded.get(seq) for seq, probe in zip(seqs, found, strict=True)]
+
+    def _decoded(self, seqs: list[int], decode: Callable[[bytes, str], T]) -> dict[int, T]:
+        """The records of `seqs` the store holds, decoded, by seq: one multi-get."""
+        stored = self.kv.records([seq_key(seq) for seq in seqs])
+        return {
+            seq: decode(data, str(seq)) for seq, data in zip(seqs, stored, strict=True) if data is not None
+        }
 
     def remember(self, article: IndexedArticle) -> IndexedArticle:
         """An article version as its record gives it back, into the record cache."""
@@ -301,13 +313,8 @@ class TimeOrder:
 
     def before(self, cutoff_ms: int, limit: int) -> list[int]:
         """The seqs of the arrivals before `cutoff_ms`, the oldest first, at most `limit`."""
-        due: list[int] = []
-        bound = time_key(cutoff_ms, 0)
-        for key, _ in self.kv.scan(TIME):
-            if key >= bound or len(due) >= limit:
-                break
-            due.append(SEQ.unpack_from(key, 1 + SEQ.size)[0])
-        return due
+        due = keys_before(self.kv, TIME, time_key(cutoff_ms, 0), limit)
+        return [SEQ.unpack_from(key, 1 + SEQ.size)[0] for key in due]
 
     def oldest_ms(self) -> int | None:
         for key, _ in self.kv.scan(TIME):
@@ -360,11 +367,8 @@ class Markers:
     def expire(self, batch: Batch, cutoff_ms: int, limit: int) -> list[str]:
         """The markers whose time is before `cutoff_ms` out, the oldest first, at most `limit`;
         returns their ids."""
-        bound = marker_time_key(cutoff_ms, "")
         gone: list[str] = []
-        for key, _ in self.kv.scan(MARKER_TIME):
-            if key >= bound or len(gone) >= limit:
-                break
+        for key in keys_before(self.kv, MARKER_TIME, marker_time_key(cutoff_ms, ""), limit):
             article_id = key[1 + SEQ.size :].decode()
             batch.delete(key)
             batch.delete(self.key(article_id))
@@ -403,10 +407,7 @@ class Buckets:
         last = self._looked_up
         if last is not None and not batch.buckets_written and last[0] == keys:
             return last[1]
-        names = [BAND + key for key in keys]
-        stored = self.kv.get_many([name for name in names if name not in batch.main])
-        pending = iter(stored)
-        return [batch.main[name] if name in batch.main else next(pending) for name in names]
+        return as_left(batch.main, [BAND + key for key in keys], self.kv.get_many)
 
     def join(self, batch: Batch, seq: int, keys: Sequence[bytes], *, if_absent: bool = False) -> None:
         """The article joins its buckets; each keeps its latest `cap` members. `if_absent`: not
@@ -500,10 +501,7 @@ class Postings:
             if last is not None and last[0] == anchors.packed:
                 return last[1]
             return self._read_cached(names)
-        written = batch.main
-        absent = [name for name in names if name not in written]
-        pending = iter(self._read_cached(absent) if absent else ())
-        return [written[name] if name in written else next(pending) for name in names]
+        return as_left(batch.main, names, self._read_cached)
 
     def _read_cached(self, names: list[bytes]) -> list[bytes | None]:
         """The stored posting lists `names`: the cache's, the others in one multi-get (then cached)."""
