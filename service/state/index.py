@@ -34,7 +34,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-import numpy as np
 import orjson
 
 from ..core.anchors import NO_ANCHORS, Anchors
@@ -42,7 +41,7 @@ from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from ..core.signing import Sketch
 from .port import Batch, Counts, IndexStats, KeyValue
-from .records import CorruptRecord, decode_probe, decode_record, encode_record
+from .records import NO_SIGNATURE, CorruptRecord, decode_probe, decode_record, encode_record
 from .tables import ARTICLE as ARTICLE
 from .tables import BAND as BAND
 from .tables import CONTENT as CONTENT
@@ -57,14 +56,12 @@ from .tables import ArticleVersions, Buckets, Clusters, Contents, Markers, Posti
 from .tables import Marker as Marker
 from .tables import encode_marker as encode_marker
 from .tables import join_postings as join_postings
-from .tables import merge_buckets as merge_buckets
 from .tables import posting_entries as posting_entries
 from .tables import posting_keys as posting_keys
 from .tables import rank_postings as rank_postings
 from .tables import time_key as time_key
 
 META = b"m"
-_NO_SIGNATURE = np.empty(0, dtype=np.uint64)
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
 DEFAULT_BUCKET_CAP = 64
 DEFAULT_RECORD_CACHE = 20_000
@@ -440,7 +437,11 @@ class IndexState:
             self.kv.write(batch)
             count += len(run)
         for stored in runs_of(self.kv.scan_records(), chunk):
-            self._index_stored([decode_record(record) for _, record in stored])
+            # in arrival order, after every one indexed so far: into every structure
+            batch = Batch()
+            for article in [decode_record(record) for _, record in stored]:
+                self._add(batch, article, None)  # its record is stored already
+            self._commit(batch)
         self._hand_on_orphans()
         self._load_markers(markers, chunk)
         self.counts.expired, self.counts.deleted = removed
@@ -456,13 +457,6 @@ class IndexState:
                 if not is_held:
                     self.markers.put(batch, article_id, stored)
             self._commit(batch)
-
-    def _index_stored(self, articles: list[IndexedArticle]) -> None:
-        """Records in arrival order, after every one indexed so far: into every structure."""
-        batch = Batch()
-        for article in articles:
-            self._add(batch, article, None)  # its record is stored already
-        self._commit(batch)
 
     def _hand_on_orphans(self) -> None:
         """Clusters whose first article is gone get their earliest surviving member as head."""
@@ -488,7 +482,7 @@ def _as_stored(article: IndexedArticle) -> IndexedArticle:
     anchors = sketch.anchors if article.in_postings else NO_ANCHORS
     if (not sketch.verifier.size or not sketch.signature.size) and anchors is sketch.anchors:
         return article
-    signature = _NO_SIGNATURE if sketch.verifier.size else sketch.signature
+    signature = NO_SIGNATURE if sketch.verifier.size else sketch.signature
     stripped = Sketch(
         sketch.content_hash, signature, sketch.shingle_count, sketch.short, sketch.verifier, anchors
     )

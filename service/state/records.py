@@ -32,7 +32,7 @@ MAGIC = b"N7"
 _HEAD_FIELDS = 13
 _SHORT = 1  # flag: the text was shorter than k
 _OWN_CLUSTER = 2  # flag: the cluster id is the article's own (not stored twice)
-_NO_SIGNATURE = np.empty(0, dtype=np.uint64)
+NO_SIGNATURE = np.empty(0, dtype=np.uint64)  # of a record with a verifier: none kept
 # A band key is the band's index then its digest: the index is the key's position, so only the
 # digests are stored.
 _BAND_INDEX = struct.Struct(">H")
@@ -308,12 +308,9 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
             raise ValueError("record is truncated")
         anchors = Anchors.unpack_from(data, anchor_count, position)
         position += len(anchors.packed)
-        signature = (
-            np.frombuffer(data, dtype="<u8", offset=position).astype(np.uint64) if not verifier else None
-        )
         sketch = Sketch(
             content_hash,
-            _NO_SIGNATURE if signature is None else signature,
+            NO_SIGNATURE if verifier else np.frombuffer(data, dtype="<u8", offset=position).astype(np.uint64),
             count,
             bool(flags & _SHORT),
             np.frombuffer(verifier, dtype=np.uint8).copy(),
