@@ -50,11 +50,6 @@ class VerbatimPassage(NamedTuple):
     b_end: int
 
 
-def _check_n(n: int) -> None:
-    if n < MIN_CHUNK_WORDS:
-        raise ValueError(f"chunk size n must be >= {MIN_CHUNK_WORDS} words, got {n}")
-
-
 def word_hashes(seq: Sequence[str]) -> U64:
     """One 64-bit MurmurHash3 per word; each distinct word is hashed once."""
     table = {w: mmh3.hash64(w, WORD_SEED, signed=False)[0] for w in set(seq)}
@@ -62,9 +57,8 @@ def word_hashes(seq: Sequence[str]) -> U64:
 
 
 def combine(wh: U64, n: int) -> U64:
-    """Digest of every window of n consecutive word hashes (one window if fewer than n)."""
-    if wh.size == 0:
-        return np.empty(0, dtype=np.uint64)
+    """Digest of every window of n consecutive word hashes (one window if fewer than n, none if
+    there are no words: the slice below is then empty)."""
     width = min(n, wh.size)
     m = wh.size - width + 1
     with np.errstate(over="ignore"):
@@ -81,7 +75,8 @@ def chunk_hashes(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
     A text shorter than n words (but not empty) gives one chunk of all its words, so the chunks
     always cover the document, as the paper requires of fingerprints for similarity analysis.
     """
-    _check_n(n)
+    if n < MIN_CHUNK_WORDS:
+        raise ValueError(f"chunk size n must be >= {MIN_CHUNK_WORDS} words, got {n}")
     return combine(word_hashes(seq), n)
 
 
@@ -201,22 +196,17 @@ def _contained(runs: npt.NDArray[np.int64], block: int = 512) -> npt.NDArray[np.
 
 def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> list[VerbatimPassage]:
     """Shared passages as character spans, from tokenized texts (reuse tokens across calls)."""
-    _check_n(n)
+    ha = chunk_hashes(ta.words, n)  # checks n first, whatever the texts
+    hb = chunk_hashes(tb.words, n)
     width = min(n, len(ta))
     if width == 0 or width != min(n, len(tb)):
         # Digests of chunks of different widths never coincide: a text shorter than n words only
         # matches an equally short, identical text, exactly as its fingerprint does.
         return []
-    ha = chunk_hashes(ta.words, n)
-    hb = chunk_hashes(tb.words, n)
-    out: list[VerbatimPassage] = []
-    for a0, a1, b0, b1 in word_passages(ha, hb, width):
-        out.append(
-            VerbatimPassage(
-                int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1])
-            )
-        )
-    return out
+    return [
+        VerbatimPassage(int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1]))
+        for a0, a1, b0, b1 in word_passages(ha, hb, width)
+    ]
 
 
 def matching_passages(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> list[VerbatimPassage]:

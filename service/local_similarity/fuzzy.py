@@ -14,18 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import mmh3
 import numpy as np
 import numpy.typing as npt
 
-from .fingerprint import (
-    U64,
-    WORD_SEED,
-    combine,
-    set_containment,
-    set_jaccard,
-    word_hashes,
-)
+from .fingerprint import U64, combine, set_containment, set_jaccard, word_hashes
 from .terms import STOPWORDS, vocabulary, words
 
 Chunking = Literal["content", "fixed"]
@@ -49,9 +41,10 @@ class PrefixReference:
 
     classes: tuple[PrefixClass, ...]
     source: str = ""
+    # Expected relative frequency of each class (sums to 1).
+    expected: npt.NDArray[np.float64] = field(init=False, repr=False, compare=False)
     _lookup: dict[str, int] = field(init=False, repr=False, compare=False)
     _lengths: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _expected: npt.NDArray[np.float64] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.classes:
@@ -76,17 +69,12 @@ class PrefixReference:
         object.__setattr__(self, "_lengths", tuple(sorted({len(p) for p in lookup}, reverse=True)))
         # Renormalized over the classes: chunk frequencies are shares of the terms that fall in some
         # class, so the reference must be a distribution over the same classes.
-        object.__setattr__(self, "_expected", expected / expected.sum())
+        object.__setattr__(self, "expected", expected / expected.sum())
 
     @property
     def k(self) -> int:
         """Number of prefix classes."""
         return len(self.classes)
-
-    @property
-    def expected(self) -> npt.NDArray[np.float64]:
-        """Expected relative frequency of each class (sums to 1)."""
-        return self._expected
 
     def class_of(self, term: str) -> int:
         """Index of the class of a term by its longest listed prefix, or -1 if none applies."""
@@ -101,20 +89,18 @@ _PROB_KEYS = ("p", "prob", "probability", "share", "freq", "frequency", "weight"
 _PREFIX_KEYS = ("prefixes", "prefix", "letters", "members")
 
 
-def _prob_of(entry: Mapping[str, Any]) -> float:
-    for key in _PROB_KEYS:
+def _first_of(entry: Mapping[str, Any], keys: tuple[str, ...], what: str) -> Any:
+    """The value under the first of `keys` the entry has: layouts name their fields differently."""
+    for key in keys:
         if key in entry:
-            return float(entry[key])
-    raise ValueError(f"prefix reference: class without probability ({sorted(entry)})")
+            return entry[key]
+    raise ValueError(f"prefix reference: class without {what} ({sorted(entry)})")
 
 
 def _prefixes_of(entry: Mapping[str, Any]) -> tuple[str, ...]:
-    for key in _PREFIX_KEYS:
-        if key in entry:
-            value = entry[key]
-            items = [value] if isinstance(value, str) else list(value)
-            return tuple(str(x).casefold() for x in items)
-    raise ValueError(f"prefix reference: class without prefixes ({sorted(entry)})")
+    value = _first_of(entry, _PREFIX_KEYS, "prefixes")
+    items = [value] if isinstance(value, str) else list(value)
+    return tuple(str(x).casefold() for x in items)
 
 
 def _classes_from(obj: Any) -> tuple[PrefixClass, ...]:
@@ -126,28 +112,23 @@ def _classes_from(obj: Any) -> tuple[PrefixClass, ...]:
             PrefixClass(tuple(s.casefold() for s in str(key).replace(",", "|").split("|")), float(val))
             for key, val in obj.items()
         )
-    return tuple(PrefixClass(_prefixes_of(e), _prob_of(e)) for e in obj)
+    return tuple(PrefixClass(_prefixes_of(e), float(_first_of(e, _PROB_KEYS, "probability"))) for e in obj)
 
 
 def _candidates(obj: Mapping[str, Any]) -> dict[int, Any]:
     """All class sets found at the top level or one level down, keyed by their k."""
-    found: dict[int, Any] = {}
-
-    def visit(node: Any) -> None:
-        if isinstance(node, Mapping) and "classes" in node:
-            k = int(node.get("k", len(node["classes"])))
-            found.setdefault(k, node)
-
-    visit(obj)
+    nodes: list[Any] = [obj]
     if isinstance(obj, Mapping):
         for value in obj.values():
-            visit(value)
+            nodes.append(value)
             if isinstance(value, Mapping):
-                for inner in value.values():
-                    visit(inner)
+                nodes += value.values()
             elif isinstance(value, list):
-                for inner in value:
-                    visit(inner)
+                nodes += value
+    found: dict[int, Any] = {}
+    for node in nodes:
+        if isinstance(node, Mapping) and "classes" in node:
+            found.setdefault(int(node.get("k", len(node["classes"]))), node)
     return found
 
 
@@ -263,9 +244,9 @@ def class_ids(seq: Sequence[str], reference: PrefixReference) -> npt.NDArray[np.
 def _deviations(
     ids: npt.NDArray[np.int64], bounds: Sequence[tuple[int, int]], reference: PrefixReference
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """Relative deviation Δpf of every chunk (rows) per class, and which chunks have index terms
+    (no chunks, for no words, give empty arrays of the same shapes)."""
     k = reference.k
-    if not bounds:
-        return np.zeros((0, k)), np.zeros(0, dtype=bool)
     lengths = np.array([e - s for s, e in bounds], dtype=np.int64)
     chunk_of = np.repeat(np.arange(len(bounds)), lengths)
     keep = ids >= 0
@@ -277,13 +258,6 @@ def _deviations(
     return pf / reference.expected - 1.0, has_terms
 
 
-def deviations(
-    seq: Sequence[str], bounds: Sequence[tuple[int, int]], reference: PrefixReference
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
-    """Relative deviation Δpf of every chunk (rows) per class, and which chunks have index terms."""
-    return _deviations(class_ids(seq, reference), bounds, reference)
-
-
 def fuzzy_hashes_of_words(
     seq: Sequence[str], reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
 ) -> U64:
@@ -291,11 +265,9 @@ def fuzzy_hashes_of_words(
     r, k = params.r, reference.k
     if r**k >= 2**64:
         raise ValueError(f"r^k = {r}^{k} does not fit in 64 bits")
+    # Each distinct word hashed and classified once, then spread over the positions (see vocabulary).
     distinct, idx = vocabulary(seq)
-    wh = None
-    if params.chunking == "content" and len(seq) > params.chunk_words:
-        table = np.array([mmh3.hash64(w, WORD_SEED, signed=False)[0] for w in distinct], dtype=np.uint64)
-        wh = table[idx]
+    wh = word_hashes(distinct)[idx] if params.chunking == "content" else None
     bounds = _bounds(len(seq), wh, params.chunk_words)
     dev, has_terms = _deviations(_class_table(distinct, reference)[idx], bounds, reference)
     delta = np.searchsorted(np.asarray(params.thresholds, dtype=np.float64), dev, side="right")

@@ -124,11 +124,10 @@ def _ends_double_consonant(stem: str) -> bool:
 
 def _ends_cvc(stem: str) -> bool:
     """Consonant-vowel-consonant ending, last not w/x/y (so "hop" + e -> "hope")."""
-    if len(stem) < 3:
-        return False
     n = len(stem)
     return (
-        _is_consonant(stem, n - 3)
+        n >= 3
+        and _is_consonant(stem, n - 3)
         and not _is_consonant(stem, n - 2)
         and _is_consonant(stem, n - 1)
         and stem[-1] not in "wxy"
@@ -140,14 +139,12 @@ def stem(word: str) -> str:
     if len(word) <= 2 or not word.isalpha():
         return word
     w = word
-    # step 1a: plurals
-    if w.endswith(("sses", "ies")):
+    # step 1a: plurals. "-ches", "-shes", "-xes" and "-zzes" are not in Porter's step 1a, which
+    # leaves "searche" for its step 5 to finish; one rule for plurals after sibilants gives "search"
+    # directly.
+    if w.endswith(("sses", "ies", "ches", "shes", "xes", "zzes")):
         w = w[:-2]
-    elif w.endswith(("ches", "shes", "xes", "zzes")):
-        # not in Porter's step 1a, which leaves "searche" for its step 5 to finish; one rule for
-        # plurals after sibilants gives "search" directly
-        w = w[:-2]
-    elif w.endswith("s") and not w.endswith("ss") and not w.endswith("us"):
+    elif w.endswith("s") and not w.endswith(("ss", "us")):
         w = w[:-1]
     # step 1b: -eed, -ed, -ing
     if w.endswith("eed"):
@@ -171,14 +168,7 @@ def stem(word: str) -> str:
 
 
 def stems(seq: Sequence[str]) -> list[str]:
-    """Stems of the index terms of a word sequence (stopwords removed), memoized per call."""
-    cache: dict[str, str] = {}
-    out: list[str] = []
-    for w in seq:
-        if w in STOPWORDS:
-            continue
-        s = cache.get(w)
-        if s is None:
-            s = cache[w] = stem(w)
-        out.append(s)
-    return out
+    """Stems of the index terms of a word sequence (stopwords removed), each distinct word stemmed
+    once."""
+    table = {w: stem(w) for w in set(seq) - STOPWORDS}
+    return [table[w] for w in seq if w in table]

@@ -38,8 +38,6 @@ def cosine_vectors(va: TermVector, vb: TermVector) -> float:
         return 1.0 if not va and not vb else 0.0
     small, large = (va, vb) if len(va) <= len(vb) else (vb, va)
     dot = sum(v * large.get(t, 0) for t, v in small.items())
-    if dot == 0:
-        return 0.0
     # clamp rounding so identical texts give exactly 1.0
     return min(1.0, dot / (norm(va) * norm(vb)))
 
