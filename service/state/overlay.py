@@ -159,18 +159,18 @@ class LayeredKV:
         layers = self._newest_first(family)
         # each held key once, in order, whichever layers hold it
         held = (key for key, _ in itertools.groupby(heapq.merge(*(f.keys_from(prefix) for f in layers))))
-        next_held = next(held, None)
+        # the held entries but the deletions, in order
+        live = ((key, entry) for key in held if (entry := self._newest(layers, key)) is not None)
+        next_live = next(live, None)
         for key, value in below:
-            while next_held is not None and next_held <= key:
-                if (entry := self._newest(layers, next_held)) is not None:
-                    yield next_held, entry
-                next_held = next(held, None)
+            while next_live is not None and next_live[0] <= key:
+                yield next_live
+                next_live = next(live, None)
             if not any(key in f.values for f in layers):
                 yield key, value
-        while next_held is not None:
-            if (entry := self._newest(layers, next_held)) is not None:
-                yield next_held, entry
-            next_held = next(held, None)
+        if next_live is not None:
+            yield next_live
+            yield from live
 
     @staticmethod
     def _newest(layers: list[_Family], key: bytes) -> bytes | None:
