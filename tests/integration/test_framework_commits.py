@@ -57,7 +57,8 @@ async def _committed_after_gaps(bootstrap: str, datadir: Path, allowed: bool) ->
                 await framework.allow_commits_past(app, TP(topic, 0), first, last)
         await app.consumer.commit()
     finally:
-        await app.stop()
+        # bounded: without a broker, Faust's stop can wait for it for minutes
+        await asyncio.wait_for(app.stop(), 30)
     return await _group_offset(bootstrap, topic, f"{topic}-app")
 
 

@@ -58,14 +58,16 @@ async def _latencies(bootstrap: str, datadir: Path) -> list[float]:
         await asyncio.sleep(1)  # the consumer fetching, the topic idle
         sent: dict[int, float] = {}
         for number in range(MESSAGES):
-            await producer.send_and_wait(topic, str(number).encode(), partition=0)
+            # bounded: a broker gone under the test fails it rather than leave it retrying for minutes
+            await asyncio.wait_for(producer.send_and_wait(topic, str(number).encode(), partition=0), 10)
             sent[number] = time.monotonic()
             await asyncio.sleep(SPACING_S)
         deadline = time.monotonic() + 30
         while len(arrived) < MESSAGES and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
     finally:
-        await app.stop()
+        # bounded: without a broker, Faust's stop can wait for it for minutes
+        await asyncio.wait_for(app.stop(), 30)
         await producer.stop()
     assert sorted(arrived) == list(range(MESSAGES)), arrived
     return [arrived[number] - sent[number] for number in range(MESSAGES)]
