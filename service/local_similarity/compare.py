@@ -22,7 +22,6 @@ from .fingerprint import (
     set_jaccard,
 )
 from .fuzzy import (
-    DEFAULT_FUZZY,
     FuzzyParams,
     PrefixClass,
     PrefixReference,
@@ -63,8 +62,7 @@ class LocalComparison:
     local: float  # Jaccard of n-word chunk fingerprints
     containment_ab: float  # share of A's chunks found in B
     containment_ba: float  # share of B's chunks found in A
-    fuzzy: float | None  # Jaccard of fuzzy-fingerprints; None without a reference
-    fuzzy_params: FuzzyParams
+    fuzzy: float | None  # Jaccard of fuzzy-fingerprints (DEFAULT_FUZZY); None without a reference
     fuzzy_k: int | None
     cosine: float  # tf cosine over stems without stopwords
     words_a: int
@@ -77,7 +75,6 @@ def compare_local(
     b: str,
     n: int = DEFAULT_CHUNK_WORDS,
     reference: PrefixReference | None = None,
-    fuzzy_params: FuzzyParams = DEFAULT_FUZZY,
 ) -> LocalComparison:
     """Every measure for one pair, tokenizing each text once."""
     ta, tb = tokenize(a), tokenize(b)
@@ -85,8 +82,7 @@ def compare_local(
     fuzzy: float | None = None
     if reference is not None:
         fuzzy = set_jaccard(
-            fuzzy_fingerprint_of_words(ta.words, reference, fuzzy_params),
-            fuzzy_fingerprint_of_words(tb.words, reference, fuzzy_params),
+            fuzzy_fingerprint_of_words(ta.words, reference), fuzzy_fingerprint_of_words(tb.words, reference)
         )
     return LocalComparison(
         n=n,
@@ -94,7 +90,6 @@ def compare_local(
         containment_ab=set_containment(fa, fb),
         containment_ba=set_containment(fb, fa),
         fuzzy=fuzzy,
-        fuzzy_params=fuzzy_params,
         fuzzy_k=None if reference is None else reference.k,
         cosine=cosine_vectors(term_vector_of_words(ta.words), term_vector_of_words(tb.words)),
         words_a=len(ta),

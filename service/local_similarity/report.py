@@ -22,7 +22,7 @@ from ..core.anchors import passages as anchor_passages
 from ..core.dedup import PASSAGES
 from ..core.normalize import canonical_code_points, normalize
 from .compare import LocalComparison, VerbatimPassage, compare_local
-from .fuzzy import DEFAULT_FUZZY, FuzzyParams, PrefixReference, parse_prefix_reference
+from .fuzzy import DEFAULT_FUZZY, PrefixReference, parse_prefix_reference
 
 REFERENCE_PATH = Path(__file__).resolve().parents[1] / "data" / "prefix_reference.json"
 
@@ -44,11 +44,11 @@ def load_prefix_reference(path: Path | str | None = None, k: int | None = None) 
     return parse_prefix_reference(orjson.loads(source.read_bytes()), k)
 
 
-@functools.lru_cache(maxsize=4)
-def default_prefix_reference(k: int | None = None) -> PrefixReference | None:
+@functools.cache
+def default_prefix_reference() -> PrefixReference | None:
     """The shipped reference, or None when it is missing or unreadable (fuzzy measure omitted)."""
     try:
-        return load_prefix_reference(None, k)
+        return load_prefix_reference()
     except (OSError, ValueError):
         return None
 
@@ -64,10 +64,7 @@ def _side_spans(passages: Sequence[VerbatimPassage], side: Literal["a", "b"]) ->
     """Non-overlapping highlight spans for one side; a repeated phrase keeps its first colour."""
     spans: list[_Span] = []
     ordered = sorted(
-        (
-            ((p.a_start, p.a_end) if side == "a" else (p.b_start, p.b_end), idx)
-            for idx, p in enumerate(passages)
-        ),
+        ((p.a_start, p.a_end) if side == "a" else (p.b_start, p.b_end), idx) for idx, p in enumerate(passages)
     )
     for (start, end), idx in ordered:
         if spans and start < spans[-1].end:
@@ -80,46 +77,32 @@ def _side_spans(passages: Sequence[VerbatimPassage], side: Literal["a", "b"]) ->
 Segment = tuple[str, int | None]  # visible text and its style (None = plain)
 
 
-def _style_runs(text: str, spans: Sequence[_Span]) -> list[Segment]:
-    """The text cut at span boundaries into (piece, style) runs."""
-    runs: list[Segment] = []
-    pos = 0
+Line = list[Segment]
+
+
+def _pieces(text: str, spans: Sequence[_Span], lo: int, hi: int) -> Line:
+    """text[lo:hi] cut at span boundaries into (piece, style) runs."""
+    out: Line = []
+    pos = lo
     for span in spans:
+        if span.end <= pos or span.start >= hi:
+            continue
         if span.start > pos:
-            runs.append((text[pos : span.start], None))
-        runs.append((text[span.start : span.end], span.style))
-        pos = span.end
-    if pos < len(text):
-        runs.append((text[pos:], None))
-    return runs
+            out.append((text[pos : span.start], None))
+        end = min(span.end, hi)
+        out.append((text[max(span.start, pos) : end], span.style))
+        pos = end
+    if pos < hi:
+        out.append((text[pos:hi], None))
+    return out
 
 
 def _marked_text(text: str, spans: Sequence[_Span]) -> str:
     """Plain-text highlighting: each span enclosed in [[...]]."""
     return "".join(
         piece if style is None else f"{OPEN_MARK}{piece}{CLOSE_MARK}"
-        for piece, style in _style_runs(text, spans)
+        for piece, style in _pieces(text, spans, 0, len(text))
     )
-
-
-def _style_at(spans: Sequence[_Span], lo: int, hi: int) -> list[tuple[int, int, int | None]]:
-    """Cut [lo, hi) into runs of one style."""
-    out: list[tuple[int, int, int | None]] = []
-    pos = lo
-    for span in spans:
-        if span.end <= pos or span.start >= hi:
-            continue
-        if span.start > pos:
-            out.append((pos, span.start, None))
-        end = min(span.end, hi)
-        out.append((max(span.start, pos), end, span.style))
-        pos = end
-    if pos < hi:
-        out.append((pos, hi, None))
-    return out
-
-
-Line = list[Segment]
 
 
 def _wrap(text: str, spans: Sequence[_Span], width: int) -> list[Line]:
@@ -139,33 +122,23 @@ def _wrap(text: str, spans: Sequence[_Span], width: int) -> list[Line]:
         if lines:
             lines.append([])
         line: Line = []
-        used = 0
-        prev_end: int | None = None
+        used = prev_end = 0  # prev_end: where the line's last word ends, read once the line has one
         for start, end in tokens:
-            while end - start > width:  # a word longer than the column is cut
-                if used:
-                    lines.append(line)
-                    line, used, prev_end = [], 0, None
+            if used and used + 1 + (end - start) > width:
+                lines.append(line)
+                line, used = [], 0
+            while end - start > width:  # a word longer than the column is cut, on lines of its own
                 lines.append(_pieces(text, spans, start, start + width))
                 start += width
-            length = end - start
-            if used and used + 1 + length > width:
-                lines.append(line)
-                line, used, prev_end = [], 0, None
-            if used and prev_end is not None:
-                gap_style = _gap_style(spans, prev_end, start)
-                line.append((" ", gap_style))
+            if used:
+                line.append((" ", _gap_style(spans, prev_end, start)))
                 used += 1
             line.extend(_pieces(text, spans, start, end))
-            used += length
+            used += end - start
             prev_end = end
         if line:
             lines.append(line)
     return lines
-
-
-def _pieces(text: str, spans: Sequence[_Span], lo: int, hi: int) -> Line:
-    return [(text[s:e], style) for s, e, style in _style_at(spans, lo, hi)]
 
 
 def _gap_style(spans: Sequence[_Span], left: int, right: int) -> int | None:
@@ -180,9 +153,8 @@ def _visible(line: Line) -> int:
     return sum(len(piece) for piece, _ in line)
 
 
-def _paint(line: Line, color: bool) -> str:
-    if not color:
-        return "".join(piece for piece, _ in line)
+def _paint(line: Line) -> str:
+    """A line with each run of one passage coloured (plain lines have no styled run)."""
     out = []
     for style, group in itertools.groupby(line, key=lambda seg: seg[1]):
         text = "".join(piece for piece, _ in group)
@@ -190,13 +162,12 @@ def _paint(line: Line, color: bool) -> str:
     return "".join(out)
 
 
-def _columns(left: list[Line], right: list[Line], col: int, color: bool) -> list[str]:
-    sep = " │ " if color else " | "
+def _columns(left: list[Line], right: list[Line], col: int, bar: str) -> list[str]:
     rows = []
     empty: Line = []
     for la, lb in itertools.zip_longest(left, right, fillvalue=empty):
         pad = " " * (col - _visible(la))
-        rows.append(f"{_paint(la, color)}{pad}{sep}{_paint(lb, color)}".rstrip())
+        rows.append(f"{_paint(la)}{pad} {bar} {_paint(lb)}".rstrip())
     return rows
 
 
@@ -209,11 +180,13 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _bold(text: str, color: bool) -> str:
+    return f"{_BOLD}{text}{_RESET}" if color else text
+
+
 def _summary(cmp: LocalComparison, color: bool) -> list[str]:
-    bold = (lambda s: f"{_BOLD}{s}{_RESET}") if color else (lambda s: s)
-    params = cmp.fuzzy_params
     fuzzy_label = (
-        f"fuzzy-fingerprint (~{params.chunk_words} words, k={cmp.fuzzy_k}, r={params.r})"
+        f"fuzzy-fingerprint (~{DEFAULT_FUZZY.chunk_words} words, k={cmp.fuzzy_k}, r={DEFAULT_FUZZY.r})"
         if cmp.fuzzy_k is not None
         else "fuzzy-fingerprint (no prefix reference)"
     )
@@ -224,8 +197,8 @@ def _summary(cmp: LocalComparison, color: bool) -> list[str]:
         ("global, cosine (tf, stems, no stopwords)", _fmt(cmp.cosine)),
     ]
     label_w = max(len(label) for label, _ in rows)
-    out = [bold(f"A: {cmp.words_a} words    B: {cmp.words_b} words")]
-    out += [f"{label:<{label_w}}  {bold(value)}" for label, value in rows]
+    out = [_bold(f"A: {cmp.words_a} words    B: {cmp.words_b} words", color)]
+    out += [f"{label:<{label_w}}  {_bold(value, color)}" for label, value in rows]
     return out
 
 
@@ -268,7 +241,6 @@ def render_compare_local(
     color: bool,
     width: int | None = None,
     reference: PrefixReference | None = None,
-    fuzzy_params: FuzzyParams = DEFAULT_FUZZY,
 ) -> str:
     """Measures and shared passages of A and B as text for a terminal (`color`) or a pipe.
 
@@ -278,7 +250,7 @@ def render_compare_local(
     """
     if reference is None:
         reference = default_prefix_reference()
-    cmp = compare_local(text_a, text_b, chunk_words, reference, fuzzy_params)
+    cmp = compare_local(text_a, text_b, chunk_words, reference)
     total = max(MIN_WIDTH, width if width is not None else shutil.get_terminal_size((100, 24)).columns)
     col = (total - 3) // 2
     spans_a = _side_spans(cmp.passages, "a")
@@ -295,11 +267,8 @@ def render_compare_local(
     else:
         left = _wrap(_marked_text(shown_a, spans_a), [], col)
         right = _wrap(_marked_text(shown_b, spans_b), [], col)
-    if color:
-        out.append(f"{_BOLD}A{_RESET}{' ' * (col - 1)} │ {_BOLD}B{_RESET}")
-        out.append(f"{'─' * col}─┼─{'─' * col}")
-    else:
-        out.append(f"{'A':<{col}} | B")
-        out.append(f"{'-' * col}-+-{'-' * col}")
-    out += _columns(left, right, col, color)
+    bar, cross, rule = ("│", "┼", "─") if color else ("|", "+", "-")
+    out.append(f"{_bold('A', color)}{' ' * (col - 1)} {bar} {_bold('B', color)}")
+    out.append(f"{rule * (col + 1)}{cross}{rule * (col + 1)}")
+    out += _columns(left, right, col, bar)
     return "\n".join(out)
