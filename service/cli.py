@@ -143,7 +143,7 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    from .embedded import ResumeMismatch, SigningFailed, run_file
+    from .embedded import ResumeMismatch, SigningFailed, default_sign_processes, run_file
     from .messages import parse_verdict_filter
     from .state.memory import MemoryState
     from .state.port import StateStore
@@ -154,7 +154,8 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     if hasattr(args, "unique_filter") and args.unique_out is None:
         # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
         raise ConfigError("--unique-filter needs --unique-out FILE")
-    if args.sign_processes < 0:
+    sign_processes = default_sign_processes() if args.sign_processes is None else args.sign_processes
+    if sign_processes < 0:
         raise ConfigError("--sign-processes must be 0 or more")
     state: StateStore
     bucket_cap, options = values["bucket_cap"], RocksOptions(bucket_cap=values["bucket_cap"])
@@ -174,7 +175,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
             retention=retention_window(values),
             feed_path=Path(args.unique_out) if args.unique_out else None,
             feed_verdicts=parse_verdict_filter(values["unique_filter"]),
-            sign_processes=args.sign_processes,
+            sign_processes=sign_processes,
         )
     except ResumeMismatch as exc:
         return _error(exc)
@@ -290,9 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--sign-processes",
         metavar="N",
         type=int,
-        default=0,
-        help="helper processes that sign while this one decides (default: 0, sign in this process: "
-        "deciding is the slower stage, and a helper's round trip costs more CPU than it saves time)",
+        default=None,
+        help="helper processes that sign while this one decides (default: CPUs - 1, at least 1; "
+        "0: sign in this process, less CPU in all)",
     )
     p.add_argument(
         "--unique-out",

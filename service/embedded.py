@@ -21,6 +21,7 @@ articles, or the pipes would not move while a batch is decided.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections import Counter
@@ -117,6 +118,16 @@ class ProgressBar:
 
 
 _PROGRESS_KEY = b"embedded-progress:"
+
+
+def default_sign_processes() -> int:
+    """Signing helpers for `neardup dedup`: one per CPU this process may run on, less the one
+    that decides; at least one."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus - 1)
 
 
 class SigningFailed(Error, RuntimeError):

@@ -13,7 +13,7 @@ import pytest
 from neardup import cli, embedded
 from neardup.core.params import DedupParams
 from neardup.core.signing import Sketch
-from neardup.embedded import run_file
+from neardup.embedded import default_sign_processes, run_file
 from neardup.state.memory import MemoryState
 from tests.support.faults import HELPER_FAULT, inject
 
@@ -170,3 +170,10 @@ def test_helpers_that_cannot_start_stop_the_run_and_a_rerun_resumes(
     assert cli.main(argv) == 0
     assert "resumed at line 71" in capsys.readouterr().out
     assert out.read_bytes() == (reference / "out.jsonl").read_bytes()
+
+
+def test_the_default_leaves_one_cpu_to_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert default_sign_processes() == 3
+    monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: {0})
+    assert default_sign_processes() == 1
