@@ -32,7 +32,7 @@ from neardup.state.memory import MemoryState
 from neardup.stream.metrics import Metrics
 from neardup.stream.outputs import IndexPublisher, Outputs
 from tests.support.prose import PROSE
-from tests.support.signing import PARAMS, signed
+from tests.support.signing import INPUT_OFFSETS, PARAMS, SRC, signed
 
 FEED = "feed"
 Messages = list[tuple[int, bytes]]
@@ -81,7 +81,13 @@ async def test_each_copy_carries_its_own_input_message_and_headers() -> None:
         (10, pack_signed([fed("a", PROSE[0]), fed("b", PROSE[1])])),
         (11, pack_signed([fed("c", PROSE[0]), fed("c", PROSE[2])])),
         (12, pack_signed([encode_signed(signed("d", PROSE[3]))])),
-        (13, encode_deletion(SignedDeletion("b", Provenance("neardup-articles", 2, 99, None)))),
+        # the input's next message: an offset at or before the records' would be a replay
+        (
+            13,
+            encode_deletion(
+                SignedDeletion("b", Provenance(SRC.topic, SRC.partition, next(INPUT_OFFSETS), None))
+            ),
+        ),
     ]
     outcome = decide_messages(IndexShard(MemoryState(), PARAMS), messages, SizeGauge())
     kinds = [(e.offset, e.article_id, e.kind) for e in outcome.entries]
