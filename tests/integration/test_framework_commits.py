@@ -10,11 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.types import TP
 
 from neardup.stream import framework
-from tests.support.broker import create_topic, produce
+from tests.support.broker import create_topic, group_offset, produce, raw_app
 
 MESSAGES = 9  # offsets 0-8
 NEVER_ACKNOWLEDGED = [(2, 3), (6, 7)]  # as a consumer that skipped them would leave them
@@ -28,17 +27,8 @@ async def _committed_after_gaps(bootstrap: str, datadir: Path, allowed: bool) ->
     await produce(bootstrap, topic, [(b"k", str(n).encode()) for n in range(MESSAGES)])
     # failed: a stop does not wait for the messages never acknowledged (they never will be)
     app_class = framework.app_class(7, 1, failed=lambda: True)
-    app: Any = app_class(
-        f"{topic}-app",
-        broker=f"kafka://{bootstrap}",
-        store="memory://",
-        datadir=str(datadir),
-        web_enabled=False,
-        topic_partitions=1,
-        consumer_auto_offset_reset="earliest",
-        broker_commit_interval=3600,  # committed below, once, when the test asks
-    )
-    source = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    # committed below, once, when the test asks
+    app, source = raw_app(app_class, topic, bootstrap, datadir, broker_commit_interval=3600)
     skipped = {offset for first, last in NEVER_ACKNOWLEDGED for offset in range(first, last + 1)}
     taken = asyncio.Event()
 
@@ -59,16 +49,7 @@ async def _committed_after_gaps(bootstrap: str, datadir: Path, allowed: bool) ->
     finally:
         # bounded: without a broker, Faust's stop can wait for it for minutes
         await asyncio.wait_for(app.stop(), 30)
-    return await _group_offset(bootstrap, topic, f"{topic}-app")
-
-
-async def _group_offset(bootstrap: str, topic: str, group: str) -> int | None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        return await consumer.committed(TopicPartition(topic, 0))
-    finally:
-        await consumer.stop()
+    return await group_offset(bootstrap, topic, f"{topic}-app")
 
 
 def test_commits_go_past_the_offsets_allowed(kafka: str, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from neardup.stream import framework
-from tests.support.broker import create_topic
+from tests.support.broker import create_topic, raw_app
 
 WAIT_MS = 300
 MESSAGES = 12
@@ -26,16 +26,7 @@ async def _latencies(bootstrap: str, datadir: Path) -> list[float]:
     app whose fetches wait WAIT_MS for a minimum no fetch reaches."""
     topic = f"fetch-{uuid.uuid4().hex[:8]}"
     await create_topic(bootstrap, topic)
-    app: Any = framework.app_class(WAIT_MS, 10_000_000)(
-        f"{topic}-app",
-        broker=f"kafka://{bootstrap}",
-        store="memory://",
-        datadir=str(datadir),
-        web_enabled=False,
-        topic_partitions=1,
-        consumer_auto_offset_reset="earliest",
-    )
-    source = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    app, source = raw_app(framework.app_class(WAIT_MS, 10_000_000), topic, bootstrap, datadir)
     arrived: dict[int, float] = {}
     assigned = asyncio.Event()
 

@@ -10,11 +10,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from neardup.config import Settings
 from neardup.stream.transactions import Ended, Fenced, TransactionalWriter
-from tests.support.broker import TopicReader, create_topic
+from tests.support.broker import TopicReader, create_topic, group_offset
 
 BATCHES = 40
 
@@ -52,15 +52,6 @@ async def _batch(
     await transaction.committed
 
 
-async def _group_offset(bootstrap: str, topic: str, group: str) -> int | None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        return await consumer.committed(TopicPartition(topic, 0))
-    finally:
-        await consumer.stop()
-
-
 def _committed_values(bootstrap: str, topic: str, count: int) -> list[int]:
     """The first `count` values a read_committed consumer finds. Read until they are there, not up
     to the end offsets at once: the broker writes a transaction's commit markers after answering
@@ -87,7 +78,7 @@ def test_batches_arriving_during_a_commit_share_the_next_transaction(kafka: str)
             await asyncio.gather(*later)
         finally:
             await writer.stop()
-        return topic, outcomes, await _group_offset(kafka, topic, f"{topic}-group")
+        return topic, outcomes, await group_offset(kafka, topic, f"{topic}-group")
 
     topic, outcomes, offset = asyncio.run(run())
     assert outcomes == ["committed", "committed"]  # the first batch alone, then all the others

@@ -80,6 +80,34 @@ async def create_topic(
         await admin.close()
 
 
+async def group_offset(bootstrap: str, topic: str, group: str) -> int | None:
+    """The offset `group` has committed on partition 0 of `topic`, read through the public consumer
+    API (None: none committed)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.committed(TopicPartition(topic, 0))
+    finally:
+        await consumer.stop()
+
+
+def raw_app(app_class: Any, topic: str, bootstrap: str, datadir: Path, **settings: Any) -> tuple[Any, Any]:
+    """A Faust app of the worker's class on one partition, in memory, without its web server, read
+    from the earliest offset, and its source topic of raw bytes (`settings`: further app settings)."""
+    app = app_class(
+        f"{topic}-app",
+        broker=f"kafka://{bootstrap}",
+        store="memory://",
+        datadir=str(datadir),
+        web_enabled=False,
+        topic_partitions=1,
+        consumer_auto_offset_reset="earliest",
+        **settings,
+    )
+    source = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    return app, source
+
+
 def set_max_message_bytes(bootstrap: str, topic: str, limit: int) -> int:
     """Set `topic`'s max.message.bytes (its only setting: AlterConfigs replaces them all), once the
     broker reports it, as an operator would under a running worker; returns the limit before."""
