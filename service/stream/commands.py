@@ -129,16 +129,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     faust_level = _FAUST_LEVELS.get(settings.log_level.lower(), settings.log_level.lower())
     # Faust's CLI would turn its web server (which can show tables) back on, bound to 0.0.0.0;
     # --without-web keeps it off, our own server serves /metrics and /health on loopback.
-    sys.argv = [
-        "neardup",
-        "worker",
-        "--without-web",
-        "--web-bind",
-        settings.web_host,
-        "--loglevel",
-        faust_level,
-        *getattr(args, "extra", []),
-    ]
+    web = ["--without-web", "--web-bind", settings.web_host]
+    sys.argv = ["neardup", "worker", *web, "--loglevel", faust_level, *getattr(args, "extra", [])]
     try:
         app.main()
     except SystemExit:
@@ -198,22 +190,16 @@ def cmd_tail(args: argparse.Namespace) -> int:
     settings = _tool_settings(args, TOOL_FLAGS)
     seen: list[dict[str, Any]] = []
     with contextlib.suppress(KeyboardInterrupt):
-        _run_client(tail(settings, args.json, args.from_beginning, args.max, args.idle_timeout, seen))
+        _run_client(tail(settings, args, seen))
     if args.summary:
         print(verdicts_summary(seen))
     return 0
 
 
-async def tail(
-    settings: Settings,
-    as_json: bool,
-    from_beginning: bool,
-    limit: int,
-    idle_timeout: float,
-    seen: list[dict[str, Any]],
-) -> None:
-    """Print the verdicts as they come, each appended to `seen` (what --summary counts), until
-    `limit` of them (0: no limit) or `idle_timeout` seconds with none (0: no timeout)."""
+async def tail(settings: Settings, args: argparse.Namespace, seen: list[dict[str, Any]]) -> None:
+    """Print the verdicts as they come (as JSON lines with --json), each appended to `seen` (what
+    --summary counts), until --max of them (0: no limit) or --idle-timeout seconds with none (0: no
+    timeout)."""
     from aiokafka import AIOKafkaConsumer
 
     from .connect import start_client
@@ -221,7 +207,7 @@ async def tail(
     consumer = AIOKafkaConsumer(
         settings.verdicts_topic,
         bootstrap_servers=settings.bootstrap_servers,
-        auto_offset_reset="earliest" if from_beginning else "latest",
+        auto_offset_reset="earliest" if args.from_beginning else "latest",
         enable_auto_commit=False,
         group_id=None,
         **settings.client_security(),
@@ -229,18 +215,16 @@ async def tail(
     await start_client(settings, consumer)
     last_seen = time.monotonic()
     try:
-        while not limit or len(seen) < limit:
+        while not args.max or len(seen) < args.max:
             batch = await consumer.getmany(timeout_ms=500)
-            if not batch:
-                if idle_timeout and time.monotonic() - last_seen > idle_timeout:
-                    break
-                continue
+            if not batch and args.idle_timeout and time.monotonic() - last_seen > args.idle_timeout:
+                break
             for records in batch.values():
                 for record in records:
                     last_seen = time.monotonic()
                     verdict = orjson.loads(record.value)
                     seen.append(verdict)
-                    line = record.value.decode() if as_json else verdict_line(verdict)
+                    line = record.value.decode() if args.json else verdict_line(verdict)
                     sys.stdout.write(line + "\n")
             sys.stdout.flush()
     finally:

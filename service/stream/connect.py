@@ -31,14 +31,11 @@ DIAGNOSE_HOSTS = 3
 
 class BrokerUnreachable(Error, KafkaConnectionError):
     """A client could not connect at its start. A KafkaConnectionError still, so that whatever
-    handles one handles this the same; only its message says more."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    handles one handles this the same; only its message says more (alone: not after the class's
+    name, as aiokafka's errors put it)."""
 
     def __str__(self) -> str:
-        return self.message
+        return str(self.args[0])
 
 
 class Startable(Protocol):
@@ -50,8 +47,6 @@ async def start_client(settings: Settings, client: Startable) -> None:
     producer, consumer or admin client that failed its start holds its half-made connections)."""
     try:
         await client.start()
-    except BrokerUnreachable:
-        raise
     except KafkaConnectionError as exc:
         close = getattr(client, "stop", None) or getattr(client, "close", None)
         if close is not None:
@@ -72,12 +67,9 @@ async def refusals(settings: Settings) -> list[tuple[tuple[str, int], str]]:
     """Each bootstrap server's reason for refusing a connection made with the settings' security;
     servers that accept one now are left out."""
     security = settings.client_security()
-    found = []
-    for host, port, _family in collect_hosts(settings.bootstrap_servers, randomize=False)[:DIAGNOSE_HOSTS]:
-        cause = await _refusal(host, port, security)
-        if cause is not None:
-            found.append(((host, port), cause))
-    return found
+    hosts = collect_hosts(settings.bootstrap_servers, randomize=False)[:DIAGNOSE_HOSTS]
+    causes = [((host, port), await _refusal(host, port, security)) for host, port, _family in hosts]
+    return [(server, cause) for server, cause in causes if cause is not None]
 
 
 async def _refusal(host: str, port: int, security: dict[str, Any]) -> str | None:

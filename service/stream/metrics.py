@@ -28,10 +28,9 @@ class Metrics:
 
     def __init__(self, stall_timeout: float = 60.0) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self._declare_flow(r)
-        self._declare_index(r)
-        self._declare_worker(r)
+        self._declare_flow(self.registry)
+        self._declare_index(self.registry)
+        self._declare_worker(self.registry)
         # each labelled series is exported from the start, at zero until its first event
         for family, values in (
             (self.dead_letters, DEAD_LETTER_REASONS),

@@ -86,13 +86,8 @@ class Progress:
                 raise
             # messages in a gap were skipped by the consumer; none: a transaction marker, or removed
             self.metrics.offset_gap_messages.labels(tp.topic).inc(len(found))
-            level_read = logging.WARNING if found else logging.INFO
-            log.log(
-                level_read,
-                "offset_gap_filled topic=%s partition=%d expected=%d got=%d read=%d",
-                *_where(gap),
-                len(found),
-            )
+            filled = "offset_gap_filled topic=%s partition=%d expected=%d got=%d read=%d"
+            log.log(logging.WARNING if found else logging.INFO, filled, *_where(gap), len(found))
             fills += [(tp, m.offset, item) for m in found if (item := read_back(tp, m)) is not None]
         return gaps, in_log_order(entries, gaps, fills) if gaps else entries
 
@@ -104,9 +99,7 @@ class Progress:
 
     def record_lag(self, batch: list[faust.EventT]) -> None:
         """Consumer lag per partition, from the last event of each partition in the batch."""
-        last: dict[Any, int] = {}
-        for event in batch:
-            last[event.message.tp] = event.message.offset
+        last = {event.message.tp: event.message.offset for event in batch}
         for tp, offset in last.items():
             highwater = self.app.consumer.highwater(tp)
             if highwater is not None:
@@ -118,10 +111,8 @@ class Progress:
         agents are known to be at work on their batch or waiting for the broker)."""
         now = time.monotonic()
         for tp in self.app.consumer.assignment():
-            if tp.topic in busy:
-                continue
             taken = self.taken_at.get(tp.topic, now)
-            if now - taken <= limit:
+            if tp.topic in busy or now - taken <= limit:
                 continue
             state = framework.fetch_state(self.app, tp)
             count = 0 if state is None else waiting(state, self.delivered.get(tp))

@@ -10,6 +10,7 @@ from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
 from ..config import Settings
 from .metrics import Metrics
+from .topics import admin_client
 
 log = logging.getLogger("neardup.purge")
 
@@ -45,9 +46,7 @@ class SignaturesPurge:
 
     async def _started(self) -> AIOKafkaAdminClient:
         if self._admin is None:
-            admin = AIOKafkaAdminClient(
-                bootstrap_servers=self.settings.bootstrap_servers, **self.settings.client_security()
-            )
+            admin = admin_client(self.settings)
             await admin.start()
             self._admin = admin
         return self._admin

@@ -150,7 +150,7 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
     """Create missing topics with the replication asked for; raise TopicMismatch naming the topic if
     a fixed count differs, or a topic the worker writes has fewer replicas, a lower min.insync, a
     retention that can lose pending messages or takes smaller messages than the worker sends it."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
+    admin = admin_client(settings)
     await start_client(settings, admin)
     try:
         specs = topic_specs(settings)
@@ -324,6 +324,10 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     }
 
 
+def admin_client(settings: Settings) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
+
+
 def groupless_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
     """A consumer of no group, for reading a partition directly from where it is told to."""
     return AIOKafkaConsumer(
@@ -467,9 +471,7 @@ class ChangelogReader:
 
     async def tombstones_kept_ms(self) -> int | None:
         """The changelog's delete.retention.ms: how long compaction keeps a tombstone."""
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.settings.bootstrap_servers, **self.settings.client_security()
-        )
+        admin = admin_client(self.settings)
         try:
             async with asyncio.timeout(self.stall_s):
                 await admin.start()
