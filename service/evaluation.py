@@ -29,14 +29,10 @@ class Confusion:
     tn: int = 0
 
     def add(self, predicted: bool, actual: bool) -> None:
-        if predicted and actual:
-            self.tp += 1
-        elif predicted:
-            self.fp += 1
-        elif actual:
-            self.fn += 1
-        else:
-            self.tn += 1
+        self.tp += predicted and actual
+        self.fp += predicted and not actual
+        self.fn += actual and not predicted
+        self.tn += not predicted and not actual
 
     @property
     def precision(self) -> float:
@@ -109,13 +105,11 @@ def evaluate(
         src = Provenance("evaluate", None, i, None)
         shard.decide([Signed(article.article_id, sketch, src, keys, banding, time_ms=i)])
 
-    result = Evaluation(articles=len(articles), pairs=len(articles) * (len(articles) - 1) // 2)
-    result.represented = represented
+    pairs = len(articles) * (len(articles) - 1) // 2
+    result = Evaluation(articles=len(articles), pairs=pairs, represented=represented)
     rng = random.Random(sample_seed)
     sampled = set(rng.sample(range(1, len(articles)), min(sample_size, max(len(articles) - 1, 0))))
-    for i, exact_row in enumerate(exact_jaccard_rows(sets)):
-        if i == 0:
-            continue
+    for i, exact_row in enumerate(exact_jaccard_rows(sets)):  # row 0 is empty, and never sampled
         for j, exact in enumerate(exact_row.tolist()):
             proposed = estimates[i].get(j)
             predicted = proposed is not None and proposed >= params.threshold
@@ -130,12 +124,8 @@ def evaluate(
                 result.abs_errors.append(abs(proposed - exact))
         if i in sampled:
             top = np.argsort(exact_row)[::-1][:3]
-            result.samples.append(
-                (
-                    articles[i].article_id,
-                    [(articles[j].article_id, exact_row[j], estimates[i].get(int(j))) for j in top],
-                )
-            )
+            nearest = [(articles[j].article_id, exact_row[j], estimates[i].get(int(j))) for j in top]
+            result.samples.append((articles[i].article_id, nearest))
     return result
 
 
