@@ -56,11 +56,9 @@ def parse_verdict_filter(text: str) -> frozenset[str]:
         raise ValueError(f"the verdict filter {text!r} names no verdict kind: list some of {expected}")
     if "" in kinds:
         raise ValueError(f"the verdict filter {text!r} has an empty entry: list some of {expected}")
-    unknown = [kind for kind in kinds if kind not in VERDICT_KINDS]
-    if unknown:
-        raise ValueError(
-            f"unknown verdict kind {unknown[0]!r} in the filter {text!r}: the kinds are {expected}"
-        )
+    unknown = next((kind for kind in kinds if kind not in VERDICT_KINDS), None)
+    if unknown is not None:
+        raise ValueError(f"unknown verdict kind {unknown!r} in the filter {text!r}: the kinds are {expected}")
     return frozenset(kinds)
 
 
@@ -118,19 +116,19 @@ def decode_message(
             raise InvalidMessage("schema_violation", f"tombstone key is longer than {MAX_ID_LENGTH}")
         return Deletion(article_id)
     decoded = decode_article(raw, max_text_bytes)
+    article_id = decoded.article_id
     if key is None and keyed:
-        raise InvalidMessage(
-            "unkeyed",
-            f"the message for {decoded.article_id!r} has no key: produce it keyed by its id, so that "
-            "the article's versions and deletion stay in one partition, in order",
-        )
-    if key is not None and key != decoded.article_id.encode("utf-8"):
+        raise InvalidMessage("unkeyed", f"the message for {article_id!r} has no key: produce it {_BY_ID}")
+    if key is not None and key != article_id.encode("utf-8"):
         raise InvalidMessage(
             "key_mismatch",
-            f"the key {_shown_key(key)} is not the id {decoded.article_id!r}: produce the message keyed "
-            "by its id, so that the article's versions and deletion stay in one partition, in order",
+            f"the key {_shown_key(key)} is not the id {article_id!r}: produce the message {_BY_ID}",
         )
     return decoded
+
+
+# How a message must be keyed, and why: the end of an unkeyed or mismatched message's detail.
+_BY_ID = "keyed by its id, so that the article's versions and deletion stay in one partition, in order"
 
 
 def _shown_key(key: bytes) -> str:
@@ -183,26 +181,23 @@ def article_from_dict(data: Any, max_text_bytes: int) -> Article | Deletion:
     if deleted is True:
         return Deletion(article_id)
     if deleted is not None and deleted is not False:
-        raise InvalidMessage(
-            "schema_violation", f"field 'deleted' must be true or false (article {article_id!r})"
-        )
+        raise _refused("schema_violation", "field 'deleted' must be true or false", article_id)
     text = data.get("text")
     if not isinstance(text, str):
-        raise InvalidMessage("schema_violation", f"field 'text' must be a string (article {article_id!r})")
+        raise _refused("schema_violation", "field 'text' must be a string", article_id)
     size = len(_utf8(text, "text", article_id))
     if size > max_text_bytes:
-        raise InvalidMessage(
-            "oversized", f"field 'text' is {size} bytes, limit {max_text_bytes} (article {article_id!r})"
-        )
-    extras: dict[str, str | None] = {}
-    for name in OPTIONAL_STRING_FIELDS:
-        value = data.get(name)
+        raise _refused("oversized", f"field 'text' is {size} bytes, limit {max_text_bytes}", article_id)
+    extras = {name: data.get(name) for name in OPTIONAL_STRING_FIELDS}
+    for name, value in extras.items():
         if value is not None and not isinstance(value, str):
-            raise InvalidMessage(
-                "schema_violation", f"field {name!r} must be a string or null (article {article_id!r})"
-            )
-        extras[name] = value
+            raise _refused("schema_violation", f"field {name!r} must be a string or null", article_id)
     return Article(article_id, text, **extras)
+
+
+def _refused(reason: DeadLetterReason, detail: str, article_id: str) -> InvalidMessage:
+    """An article's field refused: the detail names the article."""
+    return InvalidMessage(reason, f"{detail} (article {article_id!r})")
 
 
 def _utf8(value: str, name: str, article_id: str) -> bytes:
@@ -276,19 +271,10 @@ def verdict_max_bytes(params: DedupParams) -> int:
     # A control character is escaped as \u00XX: 6 bytes, more than any other character takes.
     worst_id = "\x00" * MAX_ID_LENGTH
     score = _LONGEST_FLOAT
-    candidate = Candidate(worst_id, score, score, score)
-    longest_kind = max(VERDICT_KINDS, key=len)
-    decision = Decision(
-        cast(VerdictKind, longest_kind),
-        worst_id,
-        score,
-        score,
-        score,
-        worst_id,
-        False,
-        (candidate,) * params.top_candidates,
-        (Passage(_LONGEST_INT, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT),) * PASSAGES,
-    )
+    kind = cast(VerdictKind, max(VERDICT_KINDS, key=len))
+    candidates = (Candidate(worst_id, score, score, score),) * params.top_candidates
+    passages = (Passage(_LONGEST_INT, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT),) * PASSAGES
+    decision = Decision(kind, worst_id, score, score, score, worst_id, False, candidates, passages)
     # verdict_dict reads only the id, version and decision of the article
     article = IndexedArticle(worst_id, _LONGEST_INT, 0, cast(Sketch, None), decision)
     return len(orjson.dumps(verdict_dict(article, params, score)))
@@ -350,11 +336,9 @@ def verdicts_summary(verdicts: list[dict[str, Any]]) -> str:
     kinds = Counter(v["verdict"] for v in verdicts)
     clusters = Counter(v["canonical_id"] for v in verdicts if v["verdict"] != "unique")
     latencies = sorted(v["latency_ms"] for v in verdicts if v.get("latency_ms") is not None)
-    lines = [
-        f"verdicts: {len(verdicts)} ("
-        + ", ".join(f"{kind}={kinds.get(kind, 0)}" for kind in VERDICT_KINDS)
-        + f"; exact re-posts={sum(1 for v in verdicts if v.get('exact'))})",
-    ]
+    counts = ", ".join(f"{kind}={kinds.get(kind, 0)}" for kind in VERDICT_KINDS)
+    exact = sum(1 for v in verdicts if v.get("exact"))
+    lines = [f"verdicts: {len(verdicts)} ({counts}; exact re-posts={exact})"]
     if latencies:
         lines.append(
             f"produce-to-verdict latency: median {latencies[len(latencies) // 2]:.1f} ms, "
@@ -374,9 +358,8 @@ def verdict_line(verdict: dict[str, Any]) -> str:
         return head
     exact = " exact" if verdict.get("exact") else ""
     spans = verdict.get("passages", {}).get("spans", [])
-    shared = "".join(
-        f" [{s['start']}:{s['end']}]~[{s['match_start']}:{s['match_end']}]" for s in spans
-    )  # canonical-text offsets here ~ there
+    # canonical-text offsets here ~ there
+    shared = "".join(f" [{s['start']}:{s['end']}]~[{s['match_start']}:{s['match_end']}]" for s in spans)
     return (
         f"{head} of {verdict['match_id']} (J={verdict['jaccard']:.2f}, "
         f"in={verdict['containment']:.2f}, covers={verdict['contains']:.2f}{exact}) "
