@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from types import TracebackType
 from typing import Any
 
 import orjson
@@ -78,9 +77,7 @@ class Deduplicator:
         An id checked again with the same text gets its stored verdict back; with another text, a
         new version. Raises InvalidMessage (`.reason` as in the dead letters: schema_violation,
         oversized, empty_text, invalid_json, invalid_utf8) for input the worker would not accept."""
-        self._check_open()
-        signed = self._signed(article)
-        return self._verdict(self._shard.decide([signed])[0])
+        return next(self.check_many([article]))
 
     def check_many(self, articles: Iterable[ArticleInput]) -> Iterator[Verdict]:
         """`check` each article in turn, DECIDE_BATCH of them in one call of the engine (what
@@ -136,9 +133,8 @@ class Deduplicator:
         would not accept (not a string of 1 to 512 characters: schema_violation; a lone surrogate:
         invalid_utf8)."""
         self._check_open()
-        deletion = article_from_dict({"id": article_id, "deleted": True}, self.max_text_bytes)
-        assert isinstance(deletion, Deletion)
-        decided = self._shard.decide([SignedDeletion(deletion.article_id, _CALLER)])[0]
+        article_from_dict({"id": article_id, "deleted": True}, self.max_text_bytes)  # the id checked
+        decided = self._shard.decide([SignedDeletion(article_id, _CALLER)])[0]
         if decided.error is not None:
             raise DecisionFailed(f"the index failed on this deletion: {decided.error}")
         return decided.status == "deleted"
@@ -158,12 +154,7 @@ class Deduplicator:
     def __enter__(self) -> Deduplicator:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _check_open(self) -> None:
