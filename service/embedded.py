@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +46,7 @@ from .state.index import IndexState
 from .state.overlay import LayeredKV
 
 if TYPE_CHECKING:
-    from .pipeline.signer import Signer, SignItem
+    from .pipeline.signer import SignItem
 
 DEFAULT_MAX_TEXT_BYTES: int = BY_NAME["max_text_bytes"].default
 # Lines per batch sent to the signing helpers, and their most bytes: large enough that the pipes'
@@ -111,9 +111,8 @@ class ProgressBar:
         share = min(done_bytes / self.total, 1.0)
         bar = "#" * int(share * 30)
         rate = articles / max(now - self.started, 1e-9)
-        sys.stderr.write(f"\r[{bar:<30}] {share:6.1%} {articles:,} articles {rate:,.0f}/s")
-        if final:
-            sys.stderr.write("\n")
+        line = f"\r[{bar:<30}] {share:6.1%} {articles:,} articles {rate:,.0f}/s"
+        sys.stderr.write(line + "\n" if final else line)
         sys.stderr.flush()
 
 
@@ -144,12 +143,7 @@ class _Line:
     body: bytes  # without its line end
 
 
-class _Dead(NamedTuple):
-    record: bytes  # the dead letter, JSON
-    reason: str
-
-
-_Signed = Signed | SignedDeletion | _Dead
+_Signed = Signed | SignedDeletion | SignResult  # a SignResult: the line's dead letter
 
 
 def run_file(
@@ -193,11 +187,10 @@ def run_file(
         # the dead letters go beside the verdicts by default: not beside a device or a pipe
         raise ConfigError(f"{output_path} is not a file: give the dead letters one (--dead-letters FILE)")
     shard = IndexShard(state, params, retention)
-    summary = RunSummary()
     started = time.perf_counter()
     progress_key = _PROGRESS_KEY + str(input_path.resolve()).encode()
     mark = _resumed_mark(state.get_meta(progress_key), feed_path, feed_verdicts)
-    summary.resumed_from_line = mark.line
+    summary = RunSummary(resumed_from_line=mark.line, fed=None if feed_path is None else 0)
     dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
     bar = ProgressBar(input_path.stat().st_size, progress)
     stage = SignStage.under(params, max_text_bytes, retention)
@@ -207,10 +200,7 @@ def run_file(
         source = files.enter_context(input_path.open("rb"))
         out = files.enter_context(_open_at(output_path, mark.output))
         dead = files.enter_context(_open_at(dead_path, mark.dead))
-        feed = None
-        if feed_path is not None:
-            feed = files.enter_context(_open_at(feed_path, mark.feed))
-            summary.fed = 0
+        feed = None if feed_path is None else files.enter_context(_open_at(feed_path, mark.feed))
         run = _FileRun(shard, layers, summary, topic, progress_key, bar, out, dead, feed, feed_verdicts)
         source.seek(mark.input)
         lines = _lines(source, mark.input, mark.line)
@@ -218,10 +208,9 @@ def run_file(
             for batch in _batches(lines, decide_batch, SIGN_BATCH_BYTES):
                 run.decide(batch, [_sign_here(stage, line, _source(topic, line)) for line in batch])
         else:
-            sizes = (sign_batch or SIGN_BATCH, decide_batch)
-            _decide_signed_by_helpers(lines, stage, sign_processes, sizes, run)
-        in_offset = source.tell()
-    bar.update(in_offset, summary.articles, final=True)
+            batches = _batches(lines, sign_batch or SIGN_BATCH, SIGN_BATCH_BYTES)
+            asyncio.run(_decide_while_signing(batches, stage, sign_processes, decide_batch, run))
+        bar.update(source.tell(), summary.articles, final=True)
     state.compact()
     summary.seconds = time.perf_counter() - started
     summary.expired = shard.counts.expired
@@ -287,24 +276,23 @@ class _FileRun:
     def decide(self, lines: list[_Line], signed: list[_Signed]) -> None:
         """Decide a batch of signed lines in one call of the shard; write each line's verdict (and
         its feed copy), deletion or dead letter, in input order; checkpoint after the last."""
-        summary = self.summary
-        summary.articles += len(lines)
+        self.summary.articles += len(lines)
         self.batches += 1
         self.layers.hold(self.batches)
-        items = [item for item in signed if not isinstance(item, _Dead)]
+        items = [item for item in signed if not isinstance(item, SignResult)]
         decided = iter(self.shard.decide(items))
         for line, item in zip(lines, signed, strict=True):
-            if not isinstance(item, _Dead):
+            if not isinstance(item, SignResult):
                 result = next(decided)
                 if result.error is None:
                     self._publish(line, result)
                     continue
                 # as the worker's index stage: a dead letter, not a stopped run
                 src = _source(self.topic, line)
-                item = _signed(SignStage.dead(result.reason, result.error, line.body, None, src))
-                assert isinstance(item, _Dead)
-            self.dead.write(item.record + b"\n")
-            summary.dead_letters[item.reason] += 1
+                item = SignStage.dead(result.reason, result.error, line.body, None, src)
+            assert item.dead_letter is not None and item.reason is not None
+            self.dead.write(item.dead_letter + b"\n")
+            self.summary.dead_letters[item.reason] += 1
         if lines:
             self._checkpoint(lines[-1])
 
@@ -349,28 +337,6 @@ class _FileRun:
         self.bar.update(line.end, self.summary.articles)
 
 
-def _decide_signed_by_helpers(
-    lines: Iterator[_Line], stage: SignStage, processes: int, sizes: tuple[int, int], run: _FileRun
-) -> None:
-    """Decide the lines, `sizes[1]` at a time, while `processes` signing helpers sign the next
-    `sizes[0]` of them; helpers failing twice on a batch raise SigningFailed, naming the last line
-    checkpointed."""
-    # imported here: the helpers run that module as __main__, and they import this one
-    from .pipeline.signer import Signer, SignerFailed
-
-    batches = _batches(lines, sizes[0], SIGN_BATCH_BYTES)
-    signer = Signer(stage, processes)
-    try:
-        asyncio.run(_decide_while_signing(batches, signer, run.topic, run.decide, sizes[1]))
-    except SignerFailed as exc:
-        reached = run.shard.state.get_meta(run.progress_key)
-        done = orjson.loads(reached)["line"] if reached is not None else 0
-        raise SigningFailed(
-            f"{exc}; the state is checkpointed after line {done} of {run.topic}, where a "
-            "rerun with the same state resumes"
-        ) from exc
-
-
 def _lines(source: BinaryIO, offset: int, line_no: int) -> Iterator[_Line]:
     """The non-blank lines from `offset` (line `line_no` + 1 on)."""
     for raw in source:
@@ -405,30 +371,29 @@ def _sign_here(stage: SignStage, line: _Line, src: Provenance) -> _Signed:
     try:
         return stage.sign(decode_message(line.body, None, stage.max_text_bytes), src)
     except Exception as exc:  # as in the worker's sign stage: a dead letter, not a stopped run
-        return _signed(SignStage.failed(exc, line.body, None, src))
+        return SignStage.failed(exc, line.body, None, src)
 
 
 def _signed(result: SignResult) -> _Signed:
-    """A helper's answer for one line."""
-    if result.signed is None:
-        assert result.dead_letter is not None and result.reason is not None
-        return _Dead(result.dead_letter, result.reason)
-    return decode_signed(result.signed)
+    """A helper's answer for one line: its signed record, or the result itself when dead-lettered."""
+    return result if result.signed is None else decode_signed(result.signed)
 
 
 async def _decide_while_signing(
-    batches: Iterator[list[_Line]],
-    signer: Signer,
-    topic: str,
-    decide: Callable[[list[_Line], list[_Signed]], None],
-    decide_batch: int,
+    batches: Iterator[list[_Line]], stage: SignStage, processes: int, decide_batch: int, run: _FileRun
 ) -> None:
-    """Decide each batch, `decide_batch` lines a call, while the helpers sign the next one."""
+    """Decide each batch, `decide_batch` lines a call, while `processes` signing helpers sign the
+    next one; helpers failing twice on a batch raise SigningFailed, naming the last line
+    checkpointed."""
+    # imported here: the helpers run that module as __main__, and they import this one
+    from .pipeline.signer import Signer, SignerFailed
+
+    signer = Signer(stage, processes)
 
     def start(batch: list[_Line] | None) -> asyncio.Future[list[SignResult]] | None:
         if batch is None:
             return None
-        items: list[SignItem] = [(line.body, None, _source(topic, line)) for line in batch]
+        items: list[SignItem] = [(line.body, None, _source(run.topic, line)) for line in batch]
         return asyncio.ensure_future(signer.sign(items))
 
     signing = None
@@ -441,9 +406,15 @@ async def _decide_while_signing(
             signing = start(following)
             for at in range(0, len(batch), decide_batch):
                 part = slice(at, at + decide_batch)
-                decide(batch[part], [_signed(result) for result in results[part]])
+                run.decide(batch[part], [_signed(result) for result in results[part]])
                 await asyncio.sleep(0)
             batch = following
+    except SignerFailed as exc:
+        done = _resumed_mark(run.shard.state.get_meta(run.progress_key), None, run.feed_verdicts).line
+        raise SigningFailed(
+            f"{exc}; the state is checkpointed after line {done} of {run.topic}, where a "
+            "rerun with the same state resumes"
+        ) from exc
     finally:
         if signing is not None:
             signing.cancel()
