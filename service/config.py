@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from functools import partial
 from pathlib import Path
@@ -120,8 +120,6 @@ FLOAT = Kind("float", float, _typed((int, float), float))
 STR = Kind("text", str, _typed(str))
 BOOL = Kind("bool", _bool_text, _typed(bool))
 DURATION = Kind("duration", str, STR.from_value)
-FRACTION_OR_NONE = _or_none(FLOAT, zero_is_none=True)
-INT_OR_NONE = _or_none(INT)
 
 Check = Callable[[Any], str | None]  # why a value is refused (the words after its name), or None
 
@@ -136,14 +134,14 @@ class Setting:
     default: Any
     annotation: str  # its field's type
     help: str
-    modes: frozenset[Mode]
-    flags: tuple[str, ...]  # none: set by its variable only
-    check: Check | None
+    modes: frozenset[Mode] = frozenset({Mode.WORKER})
+    flags: tuple[str, ...] = ()  # none: set by its variable only
+    check: Check | None = None
     # modes that refuse it, and why: a setting that changes verdicts applies to every mode or says
     # why one cannot take it
-    refused: Mapping[Mode, str]
-    changes_verdicts: bool
-    secret: bool
+    refused: Mapping[Mode, str] = field(default_factory=dict)
+    changes_verdicts: bool = False
+    secret: bool = False
 
     @property
     def env(self) -> str:
@@ -253,31 +251,24 @@ def _instance_id(value: str) -> str | None:
     return f"may hold letters, digits, '.', '_' and '-' (at most 249), got {value!r}"
 
 
-def _setting(
-    default: Any,
-    help: str,
-    *,
-    kind: Kind | None = None,
-    modes: Iterable[Mode] = (Mode.WORKER,),
-    flag: bool | tuple[str, ...] = False,
-    check: Check | None = None,
-    refused: Mapping[Mode, str] | None = None,
-    changes_verdicts: bool = False,
-    secret: bool = False,
-) -> Any:
-    """A field of Settings, the rest of its table entry in the field's metadata: `flag=True` for
-    the flag its name spells; `kind` when the field's type alone does not say how it is written."""
-    entry = {
-        "kind": kind,
-        "help": help,
-        "modes": frozenset(modes),
-        "flag": flag,
-        "check": check,
-        "refused": dict(refused or {}),
-        "changes_verdicts": changes_verdicts,
-        "secret": secret,
-    }
-    return field(default=default, repr=not secret, metadata=entry)
+@dataclass(frozen=True)
+class _Declared:
+    """A setting's default and the rest of its table entry (Setting's fields, `flag=True` for the flag
+    its name spells), which `means` makes a field of Settings with its help."""
+
+    default: Any
+    entry: Mapping[str, Any]
+
+    def means(self, help: str) -> Any:
+        """The field; `help` is prose, its line breaks and indentation read as single spaces."""
+        metadata = {**self.entry, "help": " ".join(help.split())}
+        return field(default=self.default, repr=not self.entry.get("secret"), metadata=metadata)
+
+
+def _setting(default: Any, **entry: Any) -> _Declared:
+    """A worker's setting unless `modes` says otherwise; `kind` when the field's type alone does not
+    say how it is written."""
+    return _Declared(default, entry)
 
 
 # Defaults that a lower layer needs too are read from it, so that each is written once.
@@ -285,19 +276,16 @@ _ENGINE = DedupParams()
 _RETENTION = Retention()
 
 
-def _verdicts(default: Any, help: str, flag: bool | tuple[str, ...] = True, **more: Any) -> Any:
+def _verdicts(default: Any, **entry: Any) -> _Declared:
     """A setting that changes verdicts: a flag in every command that decides, a keyword of open()."""
-    return _setting(
-        default, help, modes=more.pop("modes", ALL_MODES), flag=flag, changes_verdicts=True, **more
-    )
+    return _Declared(default, {"modes": ALL_MODES, "flag": True, **entry, "changes_verdicts": True})
 
 
-def _by_time(default: str, help: str, parse: Callable[[str], Any], kind: Kind | None = None) -> Any:
+def _by_time(default: str, parse: Callable[[str], Any], kind: Kind | None = None) -> _Declared:
     """A rule of event time, which evaluate refuses as it takes no time from the articles."""
     refused = {Mode.EVALUATE: "it times each article by its place in the file, so none expires"}
-    return _verdicts(
-        default, help, kind=kind, modes=ALL_MODES - {Mode.EVALUATE}, check=_reason(parse), refused=refused
-    )
+    modes = ALL_MODES - {Mode.EVALUATE}
+    return _verdicts(default, kind=kind, modes=modes, check=_reason(parse), refused=refused)
 
 
 @dataclass(frozen=True)
@@ -306,336 +294,217 @@ class Settings:
     one declaration of a setting, its type and default, the rest of its table entry in the field's
     metadata."""
 
-    broker: str = _setting("kafka://127.0.0.1:9092", "Kafka bootstrap servers", flag=True, check=_broker)
-    app_id: str = _setting("neardup", "Faust app id (consumer group, changelog topic prefix)")
-    input_topic: str = _setting("neardup-articles", "input topic", flag=True)
-    input_partitions: int = _setting(
-        3, "partitions when the worker creates the input topic", flag=True, check=_at_least(1)
-    )
-    signatures_topic: str = _setting(
-        "neardup-signatures", "internal topic between the stages (1 partition = 1 index shard)"
-    )
-    verdicts_topic: str = _setting("neardup-verdicts", "output topic", flag=True)
-    verdicts_partitions: int = _setting(
-        3, "partitions when the worker creates the verdict topic", check=_at_least(1)
-    )
-    dead_letter_topic: str = _setting("neardup-dead-letters", "dead letters")
-    unique_topic: str = _setting(
-        "",
-        "the filtered feed: each article whose verdict passes `NEARDUP_UNIQUE_FILTER`, its input "
-        "message (bytes and headers) unchanged, keyed by id; empty: off",
-    )
+    broker: str = _setting("kafka://127.0.0.1:9092", flag=True, check=_broker).means("""
+        Kafka bootstrap servers""")
+    app_id: str = _setting("neardup").means("Faust app id (consumer group, changelog topic prefix)")
+    input_topic: str = _setting("neardup-articles", flag=True).means("input topic")
+    input_partitions: int = _setting(3, flag=True, check=_at_least(1)).means("""
+        partitions when the worker creates the input topic""")
+    signatures_topic: str = _setting("neardup-signatures").means("""
+        internal topic between the stages (1 partition = 1 index shard)""")
+    verdicts_topic: str = _setting("neardup-verdicts", flag=True).means("output topic")
+    verdicts_partitions: int = _setting(3, check=_at_least(1)).means("""
+        partitions when the worker creates the verdict topic""")
+    dead_letter_topic: str = _setting("neardup-dead-letters").means("dead letters")
+    unique_topic: str = _setting("").means("""
+        the filtered feed: each article whose verdict passes `NEARDUP_UNIQUE_FILTER`, its input message (bytes
+        and headers) unchanged, keyed by id; empty: off""")
     unique_filter: str = _setting(
         "unique,revised",
-        "the verdict kinds the filtered feed forwards, comma-separated: `unique`, `revised`, "
-        "`partial`, `duplicate` (`neardup dedup`: with `--unique-out`); a revised article is a new "
-        "text for an index, `unique` alone holds it back",
-        modes=(Mode.WORKER, Mode.DEDUP),
+        modes=frozenset({Mode.WORKER, Mode.DEDUP}),
         flag=True,
         check=_reason(parse_verdict_filter),
-    )
-    state_dir: str = _setting(
-        "./var/neardup", "RocksDB state: the LSH index and its records (the decider's)", flag=True
-    )
-    max_text_bytes: int = _verdicts(
-        1_000_000,
-        "larger texts, and texts that normalisation expands past this many characters, are refused "
-        "as `oversized` (dead-lettered; `neardup evaluate` skips them); with `NEARDUP_UNIQUE_TOPIC`, "
-        "the feed topic must take this + 128 KB ([Message sizes](operations.md#message-sizes))",
-        check=_at_least(1),
-    )
-    threshold: float = _verdicts(_ENGINE.threshold, "Jaccard for `duplicate`")
-    containment_threshold: float | None = _verdicts(
-        _ENGINE.containment_threshold, "containment for `partial` (`none` or 0: no partial verdicts)"
-    )
-    revised_threshold: float | None = _verdicts(
-        _ENGINE.revised_threshold,
-        "share of anchors (24-character shingles) one article holds of another for `revised`: "
-        "it reuses that much of an earlier text without being a copy or a part of it; with "
-        "`NEARDUP_CONTAINMENT_INDEX` on (`none` or 0: no revised verdicts)",
-    )
-    containment_index: bool = _verdicts(
-        _ENGINE.containment_index,
-        "the containment index: excerpts `partial` and reused text `revised` whatever their "
-        "Jaccard, with the shared passages, for about a quarter of the worker's throughput "
-        "([Containment](operations.md#containment)); off: `partial` only for copies LSH finds, "
-        "no `revised`, and state written without the index (the earlier default) opens as it "
-        "is; a change needs a rebuild ([Upgrades](operations.md#upgrades))",
-    )
-    lsh_threshold: float | None = _verdicts(
-        _ENGINE.lsh_threshold,
-        "similarity LSH is tuned for (`none`: 0.5 with containment on, threshold-0.2 without)",
-    )
-    fn_weight: float = _verdicts(_ENGINE.fn_weight, "false-negative weight when tuning bands/rows (0..1)")
-    bands: int | None = _verdicts(
-        _ENGINE.bands, "LSH bands, with `rows` (`none`: tuned for the LSH threshold)"
-    )
-    rows: int | None = _verdicts(_ENGINE.rows, "rows per LSH band, with `bands`")
-    num_perm: int = _verdicts(_ENGINE.num_perm, "MinHash signature slots (LSH bands are cut from them)")
-    verify_perm: int = _verdicts(
-        _ENGINE.verify_perm,
-        "slots of the verification sketch, 8 bits each (a multiple of num_perm; 0: verify on the signature)",
-    )
+    ).means("""
+        the verdict kinds the filtered feed forwards, comma-separated: `unique`, `revised`, `partial`,
+        `duplicate` (`neardup dedup`: with `--unique-out`); a revised article is a new text for an index,
+        `unique` alone holds it back""")
+    state_dir: str = _setting("./var/neardup", flag=True).means("""
+        RocksDB state: the LSH index and its records (the decider's)""")
+    max_text_bytes: int = _verdicts(1_000_000, check=_at_least(1)).means("""
+        larger texts, and texts that normalisation expands past this many characters, are refused as
+        `oversized` (dead-lettered; `neardup evaluate` skips them); with `NEARDUP_UNIQUE_TOPIC`, the feed
+        topic must take this + 128 KB ([Message sizes](operations.md#message-sizes))""")
+    threshold: float = _verdicts(_ENGINE.threshold).means("Jaccard for `duplicate`")
+    containment_threshold: float | None = _verdicts(_ENGINE.containment_threshold).means("""
+        containment for `partial` (`none` or 0: no partial verdicts)""")
+    revised_threshold: float | None = _verdicts(_ENGINE.revised_threshold).means("""
+        share of anchors (24-character shingles) one article holds of another for `revised`: it reuses that
+        much of an earlier text without being a copy or a part of it; with `NEARDUP_CONTAINMENT_INDEX` on
+        (`none` or 0: no revised verdicts)""")
+    containment_index: bool = _verdicts(_ENGINE.containment_index).means("""
+        the containment index: excerpts `partial` and reused text `revised` whatever their Jaccard, with the
+        shared passages, for about a quarter of the worker's throughput
+        ([Containment](operations.md#containment)); off: `partial` only for copies LSH finds, no `revised`,
+        and state written without the index (the earlier default) opens as it is; a change needs a rebuild
+        ([Upgrades](operations.md#upgrades))""")
+    lsh_threshold: float | None = _verdicts(_ENGINE.lsh_threshold).means("""
+        similarity LSH is tuned for (`none`: 0.5 with containment on, threshold-0.2 without)""")
+    fn_weight: float = _verdicts(_ENGINE.fn_weight).means("""
+        false-negative weight when tuning bands/rows (0..1)""")
+    bands: int | None = _verdicts(_ENGINE.bands).means("""
+        LSH bands, with `rows` (`none`: tuned for the LSH threshold)""")
+    rows: int | None = _verdicts(_ENGINE.rows).means("rows per LSH band, with `bands`")
+    num_perm: int = _verdicts(_ENGINE.num_perm).means("MinHash signature slots (LSH bands are cut from them)")
+    verify_perm: int = _verdicts(_ENGINE.verify_perm).means("""
+        slots of the verification sketch, 8 bits each (a multiple of num_perm; 0: verify on the signature)""")
     shingle_size: int = _verdicts(
-        _ENGINE.shingle.k, "k: units per shingle", flag=("-k", "--shingle-size"), check=_within(1, 64)
-    )
-    word_shingles: bool = _verdicts(_ENGINE.shingle.unit == "word", "shingles of words instead of characters")
-    normalize_nfkc: bool = _verdicts(
-        _ENGINE.normalize.nfkc, "Unicode NFKC before shingling (folds ligatures, full-width forms)"
-    )
-    normalize_casefold: bool = _verdicts(_ENGINE.normalize.casefold, "case folding before shingling")
-    normalize_whitespace: bool = _verdicts(
-        _ENGINE.normalize.collapse_whitespace, "whitespace collapsed to single spaces before shingling"
-    )
-    seed: int = _verdicts(_ENGINE.seed, "hashing seed (stored state records it)")
-    top_candidates: int = _verdicts(_ENGINE.top_candidates, "verified candidates a verdict lists, best first")
-    max_candidates: int = _verdicts(
-        _ENGINE.max_candidates, "LSH candidates an article is verified against at most"
-    )
-    metrics_host: str = _setting("127.0.0.1", "bind address of /metrics and /health")
-    metrics_port: int = _setting(9108, "port of /metrics and /health", flag=True)
-    web_host: str = _setting("127.0.0.1", "bind address passed to Faust (its own web server stays off)")
-    web_port: int = _setting(6066, "Faust web port (unused while its server is off)")
-    sign_batch: int = _setting(200, "events the sign stage takes at a time", check=_at_least(1))
-    sign_processes: int = _setting(
-        1,
-        "helper processes that sign (normalize, shingle, MinHash) beside the event loop; 0: sign in the "
-        "worker's own process",
-        check=_at_least(0),
-    )
-    sign_nice: int = _setting(
-        0,
-        "niceness the signing helpers add to their own (0..19). Deciding is one serial process, "
-        "signing can run on any core: where the worker shares a saturated machine with its broker "
-        "(one host, as in the benchmark), 10 lets the decider have the CPU first, 1.09x articles/s; "
-        "but the helpers then yield to every other process too: beside another busy process it cost "
-        "0.85x, and in a CPU group of the worker's own it made no difference "
-        "(tests/benchmarks/RESULTS.md)",
-        check=_within(0, 19),
-    )
-    index_process: int = _setting(
-        1,
-        "1: the index stage (derived index, its caches, decisions) runs in a child process beside the "
-        "event loop; 0: in the worker's own process",
-        check=_one_of(0, 1),
-    )
-    index_handoff: int = _setting(
-        1,
-        "1: while this worker owns the index shard, a signatures message it sent is decided as soon "
-        "as the broker acknowledges it, in its place in the shard's order, instead of after the "
-        "consumer has fetched it back (one fetch round trip less latency); 0: always through the "
-        "consumer",
-        check=_one_of(0, 1),
-    )
-    helper_timeout: float = _setting(
-        20.0,
-        "seconds a child process (signing helper, decider) may take to answer a request, plus the next "
-        "setting per article (or record loaded) in it; one that takes longer is deemed hung, killed "
-        "and replaced, and the request sent again; a second failure on the same batch stops the "
-        "worker (exit status 1). A child's start may take 60 s",
-        check=_positive,
-    )
-    helper_item_timeout_ms: float = _setting(
-        100.0,
-        "added to `NEARDUP_HELPER_TIMEOUT` per article of a request (signing a 1 MB text takes ~0.1 s)",
-        check=_at_least(0),
-    )
-    delivery_timeout: float = _setting(
-        300.0,
-        "seconds the producer retries a batch the broker does not acknowledge; then the worker stops "
-        "with a failure and restarts from its last commit",
-        check=_positive,
-    )
+        _ENGINE.shingle.k, flag=("-k", "--shingle-size"), check=_within(1, 64)
+    ).means("""
+        k: units per shingle""")
+    word_shingles: bool = _verdicts(_ENGINE.shingle.unit == "word").means("""
+        shingles of words instead of characters""")
+    normalize_nfkc: bool = _verdicts(_ENGINE.normalize.nfkc).means("""
+        Unicode NFKC before shingling (folds ligatures, full-width forms)""")
+    normalize_casefold: bool = _verdicts(_ENGINE.normalize.casefold).means("case folding before shingling")
+    normalize_whitespace: bool = _verdicts(_ENGINE.normalize.collapse_whitespace).means("""
+        whitespace collapsed to single spaces before shingling""")
+    seed: int = _verdicts(_ENGINE.seed).means("hashing seed (stored state records it)")
+    top_candidates: int = _verdicts(_ENGINE.top_candidates).means("""
+        verified candidates a verdict lists, best first""")
+    max_candidates: int = _verdicts(_ENGINE.max_candidates).means("""
+        LSH candidates an article is verified against at most""")
+    metrics_host: str = _setting("127.0.0.1").means("bind address of /metrics and /health")
+    metrics_port: int = _setting(9108, flag=True).means("port of /metrics and /health")
+    web_host: str = _setting("127.0.0.1").means("bind address passed to Faust (its own web server stays off)")
+    web_port: int = _setting(6066).means("Faust web port (unused while its server is off)")
+    sign_batch: int = _setting(200, check=_at_least(1)).means("events the sign stage takes at a time")
+    sign_processes: int = _setting(1, check=_at_least(0)).means("""
+        helper processes that sign (normalize, shingle, MinHash) beside the event loop; 0: sign in the
+        worker's own process""")
+    sign_nice: int = _setting(0, check=_within(0, 19)).means("""
+        niceness the signing helpers add to their own (0..19). Deciding is one serial process, signing can run
+        on any core: where the worker shares a saturated machine with its broker (one host, as in the
+        benchmark), 10 lets the decider have the CPU first, 1.09x articles/s; but the helpers then yield to
+        every other process too: beside another busy process it cost 0.85x, and in a CPU group of the worker's
+        own it made no difference (tests/benchmarks/RESULTS.md)""")
+    index_process: int = _setting(1, check=_one_of(0, 1)).means("""
+        1: the index stage (derived index, its caches, decisions) runs in a child process beside the event
+        loop; 0: in the worker's own process""")
+    index_handoff: int = _setting(1, check=_one_of(0, 1)).means("""
+        1: while this worker owns the index shard, a signatures message it sent is decided as soon as the
+        broker acknowledges it, in its place in the shard's order, instead of after the consumer has fetched
+        it back (one fetch round trip less latency); 0: always through the consumer""")
+    helper_timeout: float = _setting(20.0, check=_positive).means("""
+        seconds a child process (signing helper, decider) may take to answer a request, plus the next setting
+        per article (or record loaded) in it; one that takes longer is deemed hung, killed and replaced, and
+        the request sent again; a second failure on the same batch stops the worker (exit status 1). A child's
+        start may take 60 s""")
+    helper_item_timeout_ms: float = _setting(100.0, check=_at_least(0)).means("""
+        added to `NEARDUP_HELPER_TIMEOUT` per article of a request (signing a 1 MB text takes ~0.1 s)""")
+    delivery_timeout: float = _setting(300.0, check=_positive).means("""
+        seconds the producer retries a batch the broker does not acknowledge; then the worker stops with a
+        failure and restarts from its last commit""")
     processing_guarantee: str = _setting(
-        "at_least_once",
-        "at_least_once: after a crash, verdicts of the articles decided since the last commit are "
-        "published again (the same verdicts); exactly_once: the index stage's verdicts, feed "
-        "messages, dead letters and changelog records and the signatures offsets it consumed commit "
-        "together in Kafka transactions (batches committed in group), under a transactional id "
-        "per index shard that "
-        "fences any earlier owner, so a consumer reading with isolation.level=read_committed sees "
-        "each (id, version) once (deploy/docs/operations.md, Guarantees)",
-        check=_one_of("at_least_once", "exactly_once"),
-    )
-    transaction_timeout: float = _setting(
-        60.0,
-        "exactly_once: seconds a transaction may stay open before the broker aborts it (a worker "
-        "paused or cut off longer is fenced by its own timeout); it must not exceed the broker's "
-        "transaction.max.timeout.ms (15 minutes by default)",
-        check=_positive,
-    )
-    commit_interval: float = _setting(
-        0.05,
-        "exactly_once: the least time, in seconds, from one commit of a stage's transaction to the "
-        "next (Kafka Streams' commit.interval.ms): batches that come meanwhile join the open "
-        "transaction. Fewer, larger transactions cost the broker and the worker less (each commit "
-        "leaves a marker that the index stage reads past) and add up to this much to a verdict's "
-        "latency; 0 commits as soon as a batch joins",
-        check=_at_least(0),
-    )
-    stall_timeout: float = _setting(
-        60.0,
-        "seconds without progress (waiting input no agent takes while its stage waits for no "
-        "acknowledgement, or a blocked event loop) after which `/health`, the liveness probe, answers "
-        "503 `stalled`; a broker outage is readiness' (`NEARDUP_READY_TIMEOUT`), not this",
-        check=_positive,
-    )
-    ready_timeout: float = _setting(
-        30.0,
-        "seconds a stage's batches may wait for the broker's acknowledgement before `/ready` answers "
-        "503 (a broker outage): the worker is then not ready, but alive (`/health` stays 200), and "
-        "delivers again when the broker returns, within `NEARDUP_DELIVERY_TIMEOUT`",
-        check=_positive,
-    )
-    failure_exit_timeout: float = _setting(
-        10.0,
-        "seconds a stop for a failure may take before the process exits (status 1) without finishing it "
-        "(nothing is lost: what was not committed comes back after the restart, and the index is on "
-        "its write-ahead log); it adds to the time a broker outage costs",
-        check=_positive,
-    )
-    record_cache: int = _setting(
-        DEFAULT_RECORD_CACHE,
-        "decoded article records the index keeps in memory (~2.8 KB each with their objects): the "
-        "records read again for exact copies, re-deliveries and replays; 0: none",
-        check=_at_least(0),
-    )
-    probe_cache: int = _setting(
-        DEFAULT_PROBE_CACHE,
-        "candidates' probes the index keeps in memory (~1.2 KB each with the record they are read "
-        "from), the latest stored or read back (hits do not reorder it): what verifying a candidate "
-        "reads; misses cost a RocksDB read; 0: none",
-        check=_at_least(0),
-    )
-    bucket_cap: int = _verdicts(
-        DEFAULT_BUCKET_CAP,
-        "latest members an LSH bucket keeps: what one article reads and rewrites per bucket, whatever "
-        "the size of a story's cluster",
-        check=_at_least(1),
-    )
-    retention: str = _by_time(
-        format_duration_ms(_RETENTION.window_ms),
-        "retention window (`30d`, `12h`, `90m`; `0`: keep forever): articles older than the newest "
-        "article time minus this are expired from the index, and from the worker's changelog by "
-        "tombstones",
-        parse_duration_ms,
-        DURATION,
-    )
-    time_skew: str = _by_time(
-        format_duration_ms(_RETENTION.skew_ms),
-        "a `published_at` or record timestamp further ahead of this process's clock than this (or a "
-        "`published_at` that does not parse) is refused: the article is timed by the newest article "
-        "time the index holds (by its record timestamp, else its arrival, while it holds none), and "
-        "`neardup_refused_times_total` counts it",
-        parse_duration_ms,
-        DURATION,
-    )
-    min_event_time: str = _by_time(
-        DEFAULT_EARLIEST,
-        "the earliest `published_at` or record timestamp used (RFC 3339): an earlier one is refused "
-        "as one too far ahead is. The default, the Unix epoch, refuses placeholder dates (year 1, "
-        "1900); an archive of older news sets it lower",
-        parse_earliest_ms,
-    )
-    gc_freeze_every: int = _setting(
-        5_000,
-        "every so many indexed articles, freeze the surviving objects out of Python's full "
-        "collections (0: off; see `service/pipeline/collector.py`)",
-        check=_at_least(0),
-    )
-    fetch_wait_ms: int = _setting(
-        20,
-        "how long the broker may hold a fetch (Faust hard-codes 1500 ms, which halved throughput here)",
-        check=_at_least(1),
-    )
-    fetch_min_bytes: int = _setting(
-        32_768,
-        "bytes the broker gathers for a fetch before it answers, unless the wait ends first: ~10 "
-        "articles, so that at low rates the worker fetches in small batches rather than for nearly "
-        "every article (tests/benchmarks/RESULTS.md has what it gains and costs; 64 KB with a 2 ms "
-        "wait, and before that 1 byte with 5 ms, were earlier defaults)",
-        check=_at_least(1),
-    )
-    rocksdb_nice: int = _setting(
-        10,
-        "niceness added to RocksDB's flush and compaction threads in the index process (Linux), so "
-        "that they yield to the decisions on a busy machine; 0 leaves them as they are",
-        check=_within(0, 19),
-    )
-    instance_id: str = _setting(
-        "",
-        "the worker's static membership id in the consumer group (Kafka's `group.instance.id`; "
-        "letters, digits, `.`, `_`, `-`), unique per worker: a worker restarted with the same id gets "
-        "its partitions back at once instead of after the dead one's session timeout. Empty: the host "
-        "name (in Kubernetes the pod's name, stable in a StatefulSet) and a hash of the state "
-        'directory\'s absolute path; `off`: no static membership. See "Membership" in '
-        "[operations.md](operations.md)",
-        check=_instance_id,
-    )
+        "at_least_once", check=_one_of("at_least_once", "exactly_once")
+    ).means("""
+        at_least_once: after a crash, verdicts of the articles decided since the last commit are published
+        again (the same verdicts); exactly_once: the index stage's verdicts, feed messages, dead letters and
+        changelog records and the signatures offsets it consumed commit together in Kafka transactions
+        (batches committed in group), under a transactional id per index shard that fences any earlier owner,
+        so a consumer reading with isolation.level=read_committed sees each (id, version) once
+        (deploy/docs/operations.md, Guarantees)""")
+    transaction_timeout: float = _setting(60.0, check=_positive).means("""
+        exactly_once: seconds a transaction may stay open before the broker aborts it (a worker paused or cut
+        off longer is fenced by its own timeout); it must not exceed the broker's transaction.max.timeout.ms
+        (15 minutes by default)""")
+    commit_interval: float = _setting(0.05, check=_at_least(0)).means("""
+        exactly_once: the least time, in seconds, from one commit of a stage's transaction to the next (Kafka
+        Streams' commit.interval.ms): batches that come meanwhile join the open transaction. Fewer, larger
+        transactions cost the broker and the worker less (each commit leaves a marker that the index stage
+        reads past) and add up to this much to a verdict's latency; 0 commits as soon as a batch joins""")
+    stall_timeout: float = _setting(60.0, check=_positive).means("""
+        seconds without progress (waiting input no agent takes while its stage waits for no acknowledgement,
+        or a blocked event loop) after which `/health`, the liveness probe, answers 503 `stalled`; a broker
+        outage is readiness' (`NEARDUP_READY_TIMEOUT`), not this""")
+    ready_timeout: float = _setting(30.0, check=_positive).means("""
+        seconds a stage's batches may wait for the broker's acknowledgement before `/ready` answers 503 (a
+        broker outage): the worker is then not ready, but alive (`/health` stays 200), and delivers again when
+        the broker returns, within `NEARDUP_DELIVERY_TIMEOUT`""")
+    failure_exit_timeout: float = _setting(10.0, check=_positive).means("""
+        seconds a stop for a failure may take before the process exits (status 1) without finishing it
+        (nothing is lost: what was not committed comes back after the restart, and the index is on its
+        write-ahead log); it adds to the time a broker outage costs""")
+    record_cache: int = _setting(DEFAULT_RECORD_CACHE, check=_at_least(0)).means("""
+        decoded article records the index keeps in memory (~2.8 KB each with their objects): the records read
+        again for exact copies, re-deliveries and replays; 0: none""")
+    probe_cache: int = _setting(DEFAULT_PROBE_CACHE, check=_at_least(0)).means("""
+        candidates' probes the index keeps in memory (~1.2 KB each with the record they are read from), the
+        latest stored or read back (hits do not reorder it): what verifying a candidate reads; misses cost a
+        RocksDB read; 0: none""")
+    bucket_cap: int = _verdicts(DEFAULT_BUCKET_CAP, check=_at_least(1)).means("""
+        latest members an LSH bucket keeps: what one article reads and rewrites per bucket, whatever the size
+        of a story's cluster""")
+    retention: str = _by_time(format_duration_ms(_RETENTION.window_ms), parse_duration_ms, DURATION).means("""
+        retention window (`30d`, `12h`, `90m`; `0`: keep forever): articles older than the newest article time
+        minus this are expired from the index, and from the worker's changelog by tombstones""")
+    time_skew: str = _by_time(format_duration_ms(_RETENTION.skew_ms), parse_duration_ms, DURATION).means("""
+        a `published_at` or record timestamp further ahead of this process's clock than this (or a
+        `published_at` that does not parse) is refused: the article is timed by the newest article time the
+        index holds (by its record timestamp, else its arrival, while it holds none), and
+        `neardup_refused_times_total` counts it""")
+    min_event_time: str = _by_time(DEFAULT_EARLIEST, parse_earliest_ms).means("""
+        the earliest `published_at` or record timestamp used (RFC 3339): an earlier one is refused as one too
+        far ahead is. The default, the Unix epoch, refuses placeholder dates (year 1, 1900); an archive of
+        older news sets it lower""")
+    gc_freeze_every: int = _setting(5_000, check=_at_least(0)).means("""
+        every so many indexed articles, freeze the surviving objects out of Python's full collections (0: off;
+        see `service/pipeline/collector.py`)""")
+    fetch_wait_ms: int = _setting(20, check=_at_least(1)).means("""
+        how long the broker may hold a fetch (Faust hard-codes 1500 ms, which halved throughput here)""")
+    fetch_min_bytes: int = _setting(32_768, check=_at_least(1)).means("""
+        bytes the broker gathers for a fetch before it answers, unless the wait ends first: ~10 articles, so
+        that at low rates the worker fetches in small batches rather than for nearly every article
+        (tests/benchmarks/RESULTS.md has what it gains and costs; 64 KB with a 2 ms wait, and before that 1
+        byte with 5 ms, were earlier defaults)""")
+    rocksdb_nice: int = _setting(10, check=_within(0, 19)).means("""
+        niceness added to RocksDB's flush and compaction threads in the index process (Linux), so that they
+        yield to the decisions on a busy machine; 0 leaves them as they are""")
+    instance_id: str = _setting("", check=_instance_id).means("""
+        the worker's static membership id in the consumer group (Kafka's `group.instance.id`; letters, digits,
+        `.`, `_`, `-`), unique per worker: a worker restarted with the same id gets its partitions back at
+        once instead of after the dead one's session timeout. Empty: the host name (in Kubernetes the pod's
+        name, stable in a StatefulSet) and a hash of the state directory's absolute path; `off`: no static
+        membership. See "Membership" in [operations.md](operations.md)""")
     session_timeout_ms: int = _setting(
-        10_000,
-        f"how long the group waits for a silent worker before its partitions go to the others "
-        f"({MIN_SESSION_TIMEOUT_MS}..{MAX_SESSION_TIMEOUT_MS}; Faust's default is 60000): what a "
-        "failover waits for",
-        check=_within(MIN_SESSION_TIMEOUT_MS, MAX_SESSION_TIMEOUT_MS),
-    )
-    heartbeat_interval_ms: int = _setting(
-        1_000,
-        "how often the consumer heartbeats (at most a third of the session timeout)",
-        check=_at_least(1),
-    )
-    standby_replicas: int = _setting(
-        0,
-        "warm standbys of the index: with 1 or more, every worker that does not own the index shard "
-        "keeps its own index current from the committed changelog, so that a takeover replays "
-        "seconds of it, not all of it (with one shard, values above 1 mean the same). See "
-        '"Standbys" in [operations.md](operations.md)',
-        check=_at_least(0),
-    )
-    standby_interval: float = _setting(
-        1.0,
-        "seconds between a standby's catch-ups with the changelog: about what a takeover has left "
-        "to replay, at the rate the changelog grows",
-        check=_positive,
-    )
-    replication_factor: int | None = _setting(
-        None,
-        "replicas of every topic the worker creates (`none`: the broker's `default.replication.factor`); "
-        "a topic it writes that exists with fewer is refused at start",
-        check=_none_or_at_least(1),
-    )
-    min_insync_replicas: int | None = _setting(
-        None,
-        "`min.insync.replicas` of every topic the worker creates (`none`: the broker's own); a topic it "
-        "writes that exists with fewer is refused at start",
-        check=_none_or_at_least(1),
-    )
-    signatures_purge_interval: float = _setting(
-        30.0,
-        "seconds between purges of the signatures topic (delete-records up to the index stage's "
-        "committed offset: messages whose verdicts the broker holds); the topic has no time or size "
-        "retention, so nothing undecided is lost however long the worker stops",
-        check=_positive,
-    )
-    log_level: str = _setting("info", "log level")
+        10_000, check=_within(MIN_SESSION_TIMEOUT_MS, MAX_SESSION_TIMEOUT_MS)
+    ).means(f"""
+        how long the group waits for a silent worker before its partitions go to the others
+        ({MIN_SESSION_TIMEOUT_MS}..{MAX_SESSION_TIMEOUT_MS}; Faust's default is 60000): what a failover
+        waits for""")
+    heartbeat_interval_ms: int = _setting(1_000, check=_at_least(1)).means("""
+        how often the consumer heartbeats (at most a third of the session timeout)""")
+    standby_replicas: int = _setting(0, check=_at_least(0)).means("""
+        warm standbys of the index: with 1 or more, every worker that does not own the index shard keeps its
+        own index current from the committed changelog, so that a takeover replays seconds of it, not all of
+        it (with one shard, values above 1 mean the same). See "Standbys" in
+        [operations.md](operations.md)""")
+    standby_interval: float = _setting(1.0, check=_positive).means("""
+        seconds between a standby's catch-ups with the changelog: about what a takeover has left to replay, at
+        the rate the changelog grows""")
+    replication_factor: int | None = _setting(None, check=_none_or_at_least(1)).means("""
+        replicas of every topic the worker creates (`none`: the broker's `default.replication.factor`); a
+        topic it writes that exists with fewer is refused at start""")
+    min_insync_replicas: int | None = _setting(None, check=_none_or_at_least(1)).means("""
+        `min.insync.replicas` of every topic the worker creates (`none`: the broker's own); a topic it writes
+        that exists with fewer is refused at start""")
+    signatures_purge_interval: float = _setting(30.0, check=_positive).means("""
+        seconds between purges of the signatures topic (delete-records up to the index stage's committed
+        offset: messages whose verdicts the broker holds); the topic has no time or size retention, so nothing
+        undecided is lost however long the worker stops""")
+    log_level: str = _setting("info").means("log level")
     security_protocol: str = _setting(
-        "PLAINTEXT",
-        "`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL`",
-        check=_one_of("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
-    )
-    sasl_mechanism: str = _setting(
-        "PLAIN",
-        "SASL mechanism: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` (others are refused at start); "
-        "`PLAIN` sends the password as it is, so without TLS (`SASL_PLAINTEXT`) neardup warns at start",
-        check=_sasl_mechanism,
-    )
-    sasl_username: str = _setting("", "SASL user")
-    sasl_password: str = _setting("", "SASL password (never printed)", secret=True)
-    ssl_cafile: str = _setting(
-        "", "CA bundle (PEM) that signed the brokers' certificates (empty: the system's)"
-    )
-    ssl_certfile: str = _setting("", "client certificate")
-    ssl_keyfile: str = _setting("", "client key")
+        "PLAINTEXT", check=_one_of("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+    ).means("""
+        `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL`""")
+    sasl_mechanism: str = _setting("PLAIN", check=_sasl_mechanism).means("""
+        SASL mechanism: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` (others are refused at start); `PLAIN` sends
+        the password as it is, so without TLS (`SASL_PLAINTEXT`) neardup warns at start""")
+    sasl_username: str = _setting("").means("SASL user")
+    sasl_password: str = _setting("", secret=True).means("SASL password (never printed)")
+    ssl_cafile: str = _setting("").means("""
+        CA bundle (PEM) that signed the brokers' certificates (empty: the system's)""")
+    ssl_certfile: str = _setting("").means("client certificate")
+    ssl_keyfile: str = _setting("").means("client key")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -759,20 +628,20 @@ _KINDS = {
     "float": FLOAT,
     "str": STR,
     "bool": BOOL,
-    "int | None": INT_OR_NONE,
-    "float | None": FRACTION_OR_NONE,
+    "int | None": _or_none(INT),
+    "float | None": _or_none(FLOAT, zero_is_none=True),
 }
 
 
 def _entry(declared: Field[Any]) -> Setting:
     """A field's table entry; an engine parameter's bounds are DedupParams's (FIELD_BOUNDS)."""
     name, annotation, entry = declared.name, str(declared.type), dict(declared.metadata)
-    flag = entry.pop("flag")
+    flag = entry.pop("flag", False)
     flags = (f"--{name.replace('_', '-')}",) if flag is True else flag or ()
-    if entry["check"] is None and name in FIELD_BOUNDS:
+    if "check" not in entry and name in FIELD_BOUNDS:
         entry["check"] = partial(bound_problem, name)
-    entry["kind"] = entry["kind"] or _KINDS[annotation]
-    return Setting(name, default=declared.default, annotation=annotation, flags=flags, **entry)
+    kind = entry.pop("kind", None) or _KINDS[annotation]
+    return Setting(name, kind, declared.default, annotation, flags=flags, **entry)
 
 
 SETTINGS: tuple[Setting, ...] = tuple(_entry(declared) for declared in fields(Settings))
@@ -879,9 +748,7 @@ class FlagSet:
     def given(self, args: argparse.Namespace) -> dict[str, Any]:
         """The values of the flags given, converted and checked (ConfigError naming the flag)."""
         values = {}
-        for setting in self.settings:
-            if not hasattr(args, setting.name):
-                continue
+        for setting in (s for s in self.settings if hasattr(args, s.name)):
             if setting.name in self.refusals:
                 raise ConfigError(self.refusals[setting.name])
             # a flag's text, but a bool as BooleanOptionalAction made it
@@ -894,9 +761,7 @@ class FlagSet:
         environ = (os.environ if environ is None else environ) if self.env else {}
         given = self.given(args)
         values = {}
-        for setting in self.settings:
-            if setting.name in self.refusals:
-                continue
+        for setting in (s for s in self.settings if s.name not in self.refusals):
             if setting.name in given:
                 values[setting.name] = given[setting.name]
             elif setting.env in environ:
