@@ -67,8 +67,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(render_compare_local(raw_a, raw_b, color=sys.stdout.isatty()))
         return 0
     params = engine_params(COMPARE_FLAGS.resolve(args))
-    options = params.shingle
-    k = options.k
+    options, k = params.shingle, params.shingle.k
     raw_sets = shingle_strings(raw_a, k), shingle_strings(raw_b, k)
     raw_union = len(raw_sets[0] | raw_sets[1])
     raw_j = len(raw_sets[0] & raw_sets[1]) / raw_union if raw_union else 1.0
@@ -220,21 +219,20 @@ def render_stats(stats: IndexStats) -> str:
     def when(ms: int | None) -> str:
         return "-" if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
 
-    return "\n".join(
-        [
-            f"articles indexed   {stats.articles:,}",
-            f"clusters           {stats.clusters:,}",
-            f"oldest article     {when(stats.oldest_ms)}",
-            f"newest article     {when(stats.newest_ms)}",
-            f"buckets            {stats.buckets:,} "
-            f"(largest {stats.largest_bucket:,} members, capped at {stats.bucket_cap})",
-            f"anchor postings    {stats.anchor_postings:,} "
-            f"({stats.boilerplate_anchors:,} boilerplate: full at {stats.anchor_cap})",
-            f"bytes on disk      {stats.bytes_on_disk:,}",
-            f"expired            {stats.expired:,}",
-            f"deleted            {stats.deleted:,}",
-        ]
-    )
+    lines = [
+        f"articles indexed   {stats.articles:,}",
+        f"clusters           {stats.clusters:,}",
+        f"oldest article     {when(stats.oldest_ms)}",
+        f"newest article     {when(stats.newest_ms)}",
+        f"buckets            {stats.buckets:,} "
+        f"(largest {stats.largest_bucket:,} members, capped at {stats.bucket_cap})",
+        f"anchor postings    {stats.anchor_postings:,} "
+        f"({stats.boilerplate_anchors:,} boilerplate: full at {stats.anchor_cap})",
+        f"bytes on disk      {stats.bytes_on_disk:,}",
+        f"expired            {stats.expired:,}",
+        f"deleted            {stats.deleted:,}",
+    ]
+    return "\n".join(lines)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -278,27 +276,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="choose LSH bands/rows for a threshold; draw the S-curve")
     TUNE_FLAGS.add_to(p)
-    p.add_argument("--plot", metavar="FILE.png", default=None)
+    p.add_argument("--plot", metavar="FILE.png")
     p.set_defaults(func=_refusing(cmd_tune))
 
     p = sub.add_parser("dedup", help="embedded mode: a JSON-lines file of articles, no broker")
     p.add_argument("input", help="articles, one JSON object per line ({'id','text',...})")
     p.add_argument("-o", "--output", required=True, help="verdicts, JSON lines, in input order")
-    p.add_argument("--state", default=None, help="RocksDB state directory (resumable); memory if unset")
-    p.add_argument("--dead-letters", default=None, help="default: OUTPUT.dead.jsonl")
+    p.add_argument("--state", help="RocksDB state directory (resumable); memory if unset")
+    p.add_argument("--dead-letters", help="default: OUTPUT.dead.jsonl")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--sign-processes",
         metavar="N",
         type=int,
-        default=None,
         help="helper processes that sign while this one decides (default: CPUs - 1, at least 1; "
         "0: sign in this process, less CPU in all)",
     )
     p.add_argument(
         "--unique-out",
         metavar="FILE",
-        default=None,
         help="also copy the input lines whose verdict passes --unique-filter here, unchanged, in order",
     )
     DEDUP_FLAGS.add_to(p)
@@ -310,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--state", help="a state directory (embedded --state, or a worker's NEARDUP_STATE_DIR)"
     )
     where.add_argument("--broker", help="a broker: the worker's changelog (see NEARDUP_APP_ID)")
-    p.add_argument("--app-id", default=None, help="with --broker: the worker's NEARDUP_APP_ID")
+    p.add_argument("--app-id", help="with --broker: the worker's NEARDUP_APP_ID")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_stats)
 
