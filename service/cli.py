@@ -19,7 +19,7 @@ from .core.normalize import decode_bytes, normalize
 from .core.params import IncompatibleState
 from .core.shingle import shingle_hashes, shingle_set, shingle_strings
 from .core.similarity import block_similarity, exact_containment, exact_jaccard
-from .state.port import IndexStats
+from .state.port import IndexStats, StateStore
 
 # The settings each command takes as flags (service/config.py's table): the commands that decide
 # read NEARDUP_* variables under their flags, as the worker does; tune and compare, calculators, do not.
@@ -145,7 +145,6 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     from .embedded import ResumeMismatch, SigningFailed, default_sign_processes, run_file
     from .messages import parse_verdict_filter
     from .state.memory import MemoryState
-    from .state.port import StateStore
     from .state.rocks import RocksOptions, RocksState, StateError
 
     values = DEDUP_FLAGS.resolve(args)

@@ -181,11 +181,6 @@ class Setting:
         why = self.refused.get(mode)
         return f"{where} does not apply to {mode.label}" + (f": {why}" if why else "")
 
-    def doc(self) -> str:
-        """Its help, and which modes refuse it and why."""
-        refusals = "".join(f" ({mode.label} refuses it: {why})" for mode, why in self.refused.items())
-        return self.help + refusals
-
 
 def _at_least(low: float) -> Check:
     return lambda value: None if value >= low else f"must be ≥ {low}, got {value}"
@@ -785,5 +780,7 @@ def markdown() -> str:
         written = shown(setting.default)
         default = f"`{written}`" if written else ""
         modes = ", ".join(short[mode] for mode in Mode if mode in setting.modes)
-        rows.append(f"| `{setting.env}` | {flags} | {keyword} | {default} | {modes} | {setting.doc()} |")
+        refusals = "".join(f" ({mode.label} refuses it: {why})" for mode, why in setting.refused.items())
+        meaning = setting.help + refusals
+        rows.append(f"| `{setting.env}` | {flags} | {keyword} | {default} | {modes} | {meaning} |")
     return "\n".join(rows) + "\n"
