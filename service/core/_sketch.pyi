@@ -1,6 +1,8 @@
-"""Types of the compiled loops (_sketch.c); the numpy code in minhash.py is their reference. Any
-contiguous buffer of the right length is taken where an array is named, at any alignment; wrong
-lengths and values raise ValueError (see the comment at the top of _sketch.c)."""
+"""Types of the compiled loops (_sketch.c), which the package requires; their numpy references are
+tests/support/reference_sketch.py and reference_anchors.py (and, for the state's loops, the numpy
+code in normalize.py and state/). Any contiguous buffer of the right length is taken where an array
+is named, at any alignment; wrong lengths and values raise ValueError (see the comment at the top
+of _sketch.c)."""
 
 from collections.abc import Sequence
 from typing import Any

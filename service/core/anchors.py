@@ -4,11 +4,11 @@ Jaccard misses an excerpt inside a long article (few shingles of the whole are i
 Winnowing (Schleimer et al., 2003) keeps, of every window of `window` consecutive k-shingles, the
 one of least hash: a text holds every anchor of any window it shares with another, so an excerpt's
 anchors are all anchors of its source, and any shared run of window + k - 1 characters yields at
-least one. Positions make the shared passages visible, not only their share. Sampling by hash value
-("hash ≡ 0 mod p") is kept beside it for the comparison the benchmarks make
-(tests/benchmarks/bench_containment.py).
+least one. Positions make the shared passages visible, not only their share.
 
-This is the numpy reference; _sketch.anchors computes the same anchors in one compiled pass.
+Winnowing and the passages run compiled (_sketch.anchors, _sketch.passages);
+tests/support/reference_anchors.py is their numpy reference, with sampling by hash value ("hash ≡ 0
+mod p"), which tests/benchmarks/bench_anchors.py compares with winnowing.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from . import compiled
-from ._hashing import U64, HashArray, fmix64, mix_scalar
-from .shingle import _polynomial
+from ._hashing import mix_scalar
+from .compiled import _sketch
 
 ANCHOR_K = 24  # characters a shingle of an anchor spans
 # shingles a winnowing window spans: a gap between anchors never exceeds it (at most 255, so that
@@ -90,85 +89,22 @@ class Anchors:
 
     @functools.cached_property
     def distinct_count(self) -> int:
-        """How many distinct hashes, without unpacking them where the compiled loops are built."""
-        loops = compiled.loops()
-        if loops is not None:
-            return len(loops.posting_keys(self.packed, b""))
-        return len(set(self.hashes.tolist()))
+        """How many distinct hashes, without unpacking them."""
+        return len(_sketch.posting_keys(self.packed, b""))
 
 
 NO_ANCHORS = Anchors()
 
 
-def shingle_values(points: npt.NDArray[np.uint32], k: int = ANCHOR_K) -> HashArray:
-    """The mixed hash of every k-character shingle, in text order (the polynomial hash of
-    shingle.py, then fmix64 under the anchors' own seed: winnowing needs hashes that look random)."""
-    values = _polynomial(points.astype(U64), k)
-    values ^= U64(_ANCHOR_SEED)
-    return fmix64(values)
-
-
-def winnow(values: HashArray, window: int = ANCHOR_WINDOW) -> npt.NDArray[np.intp]:
-    """The positions winnowing keeps, ascending: of each window of `window` consecutive values the
-    least, the rightmost among equals (a run of equal values then yields one anchor per window, not
-    one per position). Fewer values than a window: the least of them all."""
-    if values.size == 0:
-        return np.empty(0, dtype=np.intp)
-    if values.size <= window:
-        reversed_at = int(np.argmin(values[::-1]))
-        return np.array([values.size - 1 - reversed_at], dtype=np.intp)
-    windows = np.lib.stride_tricks.sliding_window_view(values, window)
-    rightmost = window - 1 - np.argmin(windows[:, ::-1], axis=1)
-    return np.unique(rightmost + np.arange(windows.shape[0]))
-
-
-def sample_mod(values: HashArray, rate: int) -> npt.NDArray[np.intp]:
-    """The positions whose value falls in the lowest 1/rate of the range: "hash ≡ 0 mod p"
-    sampling (FracMinHash) with p = rate, for comparison with winnowing."""
-    bound = U64((1 << 64) // rate)
-    return np.flatnonzero(values < bound)
-
-
-def _as_anchors(values: HashArray, positions: npt.NDArray[np.intp]) -> Anchors:
-    # the low 32 bits: winnowing keeps small values, so their high bits are mostly zero
-    hashes = (values[positions] & U64(0xFFFFFFFF)).astype(np.uint32)
-    return Anchors.of(hashes, positions)
-
-
-def anchors_of(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW) -> Anchors:
-    """The winnowed anchors of a canonical text's code points, its first MAX_ANCHORS (none for a
-    text shorter than k): the compiled pass where built, this numpy reference otherwise."""
+def anchors_of(
+    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW, most: int = MAX_ANCHORS
+) -> Anchors:
+    """The winnowed anchors of a canonical text's code points, its first `most` (none for a text
+    shorter than k), in one compiled pass (_sketch.anchors: packed as it goes)."""
     if points.size < k:
         return NO_ANCHORS
-    if compiled.loops():
-        return anchors_compiled(points, k, window, MAX_ANCHORS)
-    found = anchors_reference(points, k, window)
-    if len(found) > MAX_ANCHORS:
-        return Anchors.of(found.hashes[:MAX_ANCHORS], found.positions[:MAX_ANCHORS])
-    return found
-
-
-def anchors_reference(
-    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW
-) -> Anchors:
-    """anchors_of in numpy, the reference the compiled pass is tested against."""
-    if points.size < k:
-        return NO_ANCHORS
-    values = shingle_values(points, k)
-    return _as_anchors(values, winnow(values, window))
-
-
-def anchors_compiled(
-    points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW, most: int | None = None
-) -> Anchors:
-    """anchors_of in the compiled pass (_sketch.anchors: packed as it goes), the first `most`
-    (None: all); the module must be built."""
-    loops = compiled.loops()
-    if loops is None:
-        raise RuntimeError("the compiled loops are not built or are turned off")
     passed = np.ascontiguousarray(points, dtype=np.uint32)
-    limit = passed.size if most is None else most
-    return Anchors(loops.anchors(passed, k, window, _ANCHOR_SEED, limit))
+    return Anchors(_sketch.anchors(passed, k, window, _ANCHOR_SEED, most))
 
 
 # Anchors a passage may miss between two of its own (a substituted word breaks the shingles over
@@ -176,6 +112,7 @@ def anchors_compiled(
 # against each other within it (words added or removed), in characters.
 _PASSAGE_GAP = 2 * ANCHOR_WINDOW + ANCHOR_K
 _PASSAGE_SHIFT = 48
+_REPEATS = 4  # places of `other` a hash of `mine` is matched at, at most
 
 
 @dataclass(frozen=True)
@@ -208,64 +145,11 @@ def containment(mine: Anchors, other: Anchors) -> tuple[int, float, float]:
 
 
 def passages(mine: Anchors, other: Anchors, limit: int = 3, k: int = ANCHOR_K) -> list[Passage]:
-    """The passages both texts hold (passages_reference): in one compiled pass over the packed
-    anchors where built, the reference otherwise."""
-    loops = compiled.loops()
-    if loops is None:
-        return passages_reference(mine, other, limit, k)
-    found = loops.passages(mine.packed, other.packed, k, _PASSAGE_GAP, _PASSAGE_SHIFT, _REPEATS, limit)
+    """The passages both texts hold, longest first (then the earliest in `mine`), at most `limit`,
+    in one compiled pass over the packed anchors (_sketch.passages): anchors of equal hash chained
+    in the order of `mine` while both texts advance together, with gaps of at most _PASSAGE_GAP and
+    shifts of at most _PASSAGE_SHIFT characters. Linear in the anchors: a hash repeated in `other`
+    is matched at its first _REPEATS places only, and a run is looked up by its diagonal (where the
+    texts' offsets differ by the same amount)."""
+    found = _sketch.passages(mine.packed, other.packed, k, _PASSAGE_GAP, _PASSAGE_SHIFT, _REPEATS, limit)
     return [Passage(*spans) for spans in found]
-
-
-def passages_reference(mine: Anchors, other: Anchors, limit: int = 3, k: int = ANCHOR_K) -> list[Passage]:
-    """The passages both texts hold, longest first (then the earliest in `mine`), at most `limit`:
-    anchors of equal hash chained in the order of `mine` while both texts advance together, with
-    gaps of at most _PASSAGE_GAP and shifts of at most _PASSAGE_SHIFT characters. Linear in the
-    anchors: a hash repeated in `other` is matched at its first _REPEATS places only, and a run is
-    looked up by its diagonal (where the texts' offsets differ by the same amount)."""
-    if not len(mine) or not len(other):
-        return []
-    order = np.argsort(other.hashes, kind="stable")
-    sorted_hashes = other.hashes[order]
-    lo = np.searchsorted(sorted_hashes, mine.hashes, side="left")
-    hi = np.minimum(np.searchsorted(sorted_hashes, mine.hashes, side="right"), lo + _REPEATS)
-    runs: list[list[int]] = []  # start, last, other start, other last, anchors
-    latest: dict[int, int] = {}  # diagonal band → the latest run in it
-    for i in np.flatnonzero(hi > lo).tolist():
-        at = int(mine.positions[i])
-        for j in order[lo[i] : hi[i]].tolist():
-            other_at = int(other.positions[j])
-            band = (other_at - at) // _PASSAGE_SHIFT
-            run = _extendable(runs, latest, band, at, other_at)
-            if run is None:
-                runs.append([at, at, other_at, other_at, 1])
-                run = len(runs) - 1
-            else:
-                runs[run][1], runs[run][3], runs[run][4] = at, other_at, runs[run][4] + 1
-            latest[band] = run
-    found = [Passage(r[0], r[1] + k, r[2], r[3] + k, r[4]) for r in runs]
-    found.sort(key=lambda p: (-p.length, p.start))
-    return found[:limit]
-
-
-_REPEATS = 4
-
-
-def _extendable(
-    runs: list[list[int]], latest: dict[int, int], band: int, at: int, other_at: int
-) -> int | None:
-    """The run (its index) that an anchor at (at, other_at) continues, if any: the latest run of
-    its diagonal band or of a neighbouring one."""
-    for near in (band, band - 1, band + 1):
-        index = latest.get(near)
-        if index is None:
-            continue
-        run = runs[index]
-        advance, other_advance = at - run[1], other_at - run[3]
-        if (
-            0 < advance <= _PASSAGE_GAP
-            and other_advance > 0
-            and abs(advance - other_advance) <= _PASSAGE_SHIFT
-        ):
-            return index
-    return None

@@ -1,7 +1,7 @@
-"""The compiled loops of _sketch.c, when built: signing and scoring call them where they exist and
-compute the same values with numpy otherwise (the numpy code stays the reference the tests compare
-them with). NEARDUP_COMPILED=0 in the environment turns them off, for A/B measurements and to rule
-them out when debugging.
+"""The compiled modules. _sketch (service/core/_sketch.c) is required: signing and scoring run in
+its loops, which the package calls directly; the numpy code they replace is kept as their
+reference under tests/support/ (reference_sketch.py, reference_anchors.py), where the tests
+compare them result for result. Kafka's key hash (stream/framework.py) stays optional.
 
 NEARDUP_SKETCH_PATH=/path/to/_sketch.so loads that build of _sketch.c instead of the installed one
 (.ci/asan: one built with AddressSanitizer; or another version, for A/B timings). It must load: an
@@ -14,12 +14,13 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 
 def extension(name: str, variable: str) -> ModuleType | None:
     """The compiled module `name`: the build that the environment `variable` names a file of
     (NEARDUP_SKETCH_PATH here, NEARDUP_KAFKA_HASH_PATH in stream/framework.py), which must load;
-    else the one built at install (pyproject.toml: ext-modules, optional), None if there is none."""
+    else the one built at install (pyproject.toml: ext-modules), None if there is none."""
     path = os.environ.get(variable)
     if path:
         return _load_build(name, path)
@@ -42,19 +43,25 @@ def _load_build(name: str, path: str) -> ModuleType:
     return module
 
 
-_sketch = extension(f"{__package__}._sketch", "NEARDUP_SKETCH_PATH")
+if TYPE_CHECKING:  # the stub, _sketch.pyi, types the calls
+    from . import _sketch
+else:
+    _sketch = extension(f"{__package__}._sketch", "NEARDUP_SKETCH_PATH")
+    if _sketch is None:  # pragma: no cover - a source checkout without a C compiler
+        raise ImportError("neardup.core._sketch is not built: reinstall with a C compiler (pip install -e .)")
 
-BUILT = _sketch is not None
-_enabled = BUILT and os.environ.get("NEARDUP_COMPILED") != "0"
+BUILT = True  # _sketch is required: this module does not import without it
+_enabled = True
 
 
 def loops() -> ModuleType | None:
-    """The compiled module, or None: compute it with numpy."""
+    """_sketch for the code that keeps a numpy path beside it (normalize.py, state/records.py,
+    state/tables.py); None while enable(False) holds, for the tests of that path."""
     return _sketch if _enabled else None
 
 
 def enable(on: bool) -> bool:
-    """Use the compiled loops (when built) or not; returns the previous setting."""
+    """Whether loops() gives the compiled module; returns the previous setting."""
     global _enabled
-    previous, _enabled = _enabled, on and BUILT
+    previous, _enabled = _enabled, on
     return previous

@@ -13,16 +13,14 @@ from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from . import compiled
 from .anchors import Anchors, Passage, passages
+from .compiled import _sketch
 from .lsh import band_keys
 from .minhash import (
     CHANCE_AGREEMENT,
     EMPTY_VERIFIER_SLOT,
     VerifierArray,
     estimate_containment,
-    estimate_containment_many,
-    estimate_jaccard_verified_many,
     verified_scores,
 )
 from .params import DedupParams
@@ -310,9 +308,12 @@ def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
 
 
 def score_many(sketch: Sketch, others: Sequence[tuple[str, Sketch]]) -> list[Candidate]:
-    """`score` against many candidates, their verifiers compared in one pass when all have sketch's
-    length; otherwise pair by pair. The figures are identical either way."""
-    jaccard, inside, contains = _score_arrays(sketch, [other for _, other in others])
+    """`score` against many candidates, their verifiers compared in one compiled pass when all have
+    sketch's length; otherwise pair by pair. The figures are identical either way."""
+    sketches = [other for _, other in others]
+    jaccard, inside, contains = verified_scores(
+        sketch.verifier, sketch.shingle_count, sketches
+    ) or _scored_apart(sketch, sketches)
     return [
         Candidate(other_id, j, a, b)
         for (other_id, _), j, a, b in zip(
@@ -321,38 +322,15 @@ def score_many(sketch: Sketch, others: Sequence[tuple[str, Sketch]]) -> list[Can
     ]
 
 
-def _score_arrays(sketch: Sketch, others: Sequence[Sketch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """score_many's figures as arrays (jaccard, containment, contains), one entry per candidate."""
-    return verified_scores(sketch.verifier, sketch.shingle_count, others) or _scored_apart(sketch, others)
-
-
 def _scored_apart(sketch: Sketch, others: Sequence[Sketch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """_score_arrays where the compiled pass cannot serve (not built, or verifier lengths differ):
-    the verifiers stacked in numpy, or pair by pair."""
-    stacked = _stacked_verifiers(sketch, others)
-    if stacked is None:
-        scored = [score(sketch, other, "") for other in others]
-        return tuple(  # type: ignore[return-value]
-            np.array([getattr(c, name) for c in scored], dtype=np.float64)
-            for name in ("jaccard", "containment", "contains")
-        )
-    jaccard = estimate_jaccard_verified_many(sketch.verifier, stacked)
-    sizes = np.fromiter((other.shingle_count for other in others), dtype=np.int64, count=len(others))
-    inside, contains = estimate_containment_many(jaccard, sketch.shingle_count, sizes)
-    return jaccard, inside, contains
-
-
-def _stacked_verifiers(sketch: Sketch, others: Sequence[Sketch]) -> np.ndarray | None:
-    """The candidates' verifiers as one matrix, or None when there is nothing to gain (fewer than
-    two) or they cannot be compared in one pass (a length differs from sketch's)."""
-    size = sketch.verifier.size
-    if len(others) < 2 or not size:
-        return None
-    try:
-        stacked = np.array([other.verifier for other in others])
-    except ValueError:  # lengths differ among the candidates
-        return None
-    return stacked if stacked.ndim == 2 and stacked.shape[1] == size else None
+    """(jaccard, containment, contains) against each of `others` where their verifiers cannot be
+    compared in one pass (a length differs from sketch's: state written with other settings): pair
+    by pair, from the finest sketches both carry (score)."""
+    scored = [score(sketch, other, "") for other in others]
+    return tuple(  # type: ignore[return-value]
+        np.array([getattr(c, name) for c in scored], dtype=np.float64)
+        for name in ("jaccard", "containment", "contains")
+    )
 
 
 class Ranked(NamedTuple):
@@ -365,45 +343,35 @@ class Ranked(NamedTuple):
 
 
 def rank(sketch: Sketch, others: Sequence[Prospect], params: DedupParams) -> Ranked:
-    """The decision over the candidates: the compiled pass (_sketch.rank) where built and the
-    verifiers compare, else the numpy reference (_ranked); the same figures either way."""
-    loops = compiled.loops()
-    if loops is not None:
-        containment = params.containment_threshold
-        try:
-            top, match = loops.rank(
-                sketch.verifier,
-                others,
-                sketch.shingle_count,
-                EMPTY_VERIFIER_SLOT,
-                CHANCE_AGREEMENT,
-                params.top_candidates,
-                params.threshold,
-                -1.0 if containment is None else containment,
-            )
-        except ValueError:  # a verifier's length differs: scored from the sketches
-            return _ranked(sketch, others, params, _scored_apart(sketch, [other.sketch for other in others]))
-        return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
-    return _ranked(sketch, others, params)
+    """The decision over the candidates in one compiled pass (_sketch.rank); where a candidate's
+    verifier differs in length from the article's, scored pair by pair from the sketches and
+    ranked by _ranked, with the same rule."""
+    containment = params.containment_threshold
+    try:
+        top, match = _sketch.rank(
+            sketch.verifier,
+            others,
+            sketch.shingle_count,
+            EMPTY_VERIFIER_SLOT,
+            CHANCE_AGREEMENT,
+            params.top_candidates,
+            params.threshold,
+            -1.0 if containment is None else containment,
+        )
+    except ValueError:  # a verifier's length differs: scored from the sketches
+        return _ranked(others, params, _scored_apart(sketch, [other.sketch for other in others]))
+    return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
 
 
 _KINDS: dict[int, VerdictKind] = {1: "duplicate", 2: "partial"}  # _sketch.rank's match kinds
 
 
 def _ranked(
-    sketch: Sketch,
-    others: Sequence[Prospect],
-    params: DedupParams,
-    scored: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    others: Sequence[Prospect], params: DedupParams, scored: tuple[np.ndarray, np.ndarray, np.ndarray]
 ) -> Ranked:
-    """rank in numpy: the reference the compiled pass is tested against. `scored`: the candidates'
-    (jaccard, containment, contains) when the caller has them already."""
-    # from the candidates' verifiers; their sketches only where those cannot serve
-    jaccard, inside, contains = (
-        scored
-        or verified_scores(sketch.verifier, sketch.shingle_count, others)
-        or _scored_apart(sketch, [other.sketch for other in others])
-    )
+    """rank from the candidates' (jaccard, containment, contains), in numpy: the rule _sketch.rank
+    applies, and its reference in the tests."""
+    jaccard, inside, contains = scored
     seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
     order = np.lexsort((seqs, -jaccard)).tolist()
@@ -521,5 +489,4 @@ def _holds(shared: int, total: int, threshold: float) -> bool:
 def _jaccard_of(sketch: Sketch, other: Prospect) -> float:
     """The verifier's Jaccard estimate for one candidate."""
     scored = verified_scores(sketch.verifier, sketch.shingle_count, [other])
-    jaccard = scored[0] if scored is not None else _scored_apart(sketch, [other.sketch])[0]
-    return float(jaccard[0])
+    return float(scored[0][0]) if scored is not None else sketch.estimate_jaccard(other.sketch)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mmh3
 import numpy as np
 
-from . import compiled
 from ._hashing import HashArray
+from .compiled import _sketch
 
 _GRID = 1001  # integration points on [0, 1]; the S-curve is smooth, the trapezoid rule is plenty
 
@@ -84,19 +83,10 @@ def optimal_params(
     return LshParams(bands, rows, threshold, fp, fn)
 
 
-_BAND_INDEX_BYTES, _DIGEST_BYTES = 2, 8
-BAND_KEY_BYTES = _BAND_INDEX_BYTES + _DIGEST_BYTES
+BAND_KEY_BYTES = 2 + 8  # the band's index, then the first 8 bytes of its digest
 
 
 def band_keys(signature: HashArray, bands: int, rows: int) -> list[bytes]:
-    """One BAND_KEY_BYTES key per band: 2-byte band index + 8 bytes of the band's murmur3 digest."""
-    loops = compiled.loops()
-    if loops is not None and signature.dtype == np.uint64:  # the same keys, without a loop per band
-        return loops.band_keys(np.ascontiguousarray(signature), bands, rows)
-    raw = np.ascontiguousarray(signature[: bands * rows]).tobytes()
-    width = rows * 8
-    return [
-        band.to_bytes(_BAND_INDEX_BYTES, "big")
-        + mmh3.hash_bytes(raw[band * width : (band + 1) * width])[:_DIGEST_BYTES]
-        for band in range(bands)
-    ]
+    """One BAND_KEY_BYTES key per band: its 2-byte index (big-endian), then the first 8 bytes of
+    MurmurHash3_x64_128 (seed 0) of its rows' bytes, as mmh3.hash_bytes gives them."""
+    return _sketch.band_keys(np.ascontiguousarray(signature, dtype=np.uint64), bands, rows)

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from neardup.core.anchors import sample_mod, shingle_values, winnow  # noqa: E402
 from tests.benchmarks.containment_set import Pair, build, load_sources  # noqa: E402
+from tests.support.reference_anchors import sample_mod, shingle_values, winnow  # noqa: E402
 
 FLOORS = (0.2, 0.3, 0.4, 0.5)
 Scheme = Callable[[np.ndarray], np.ndarray]

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import mmh3
+import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -83,8 +84,10 @@ from neardup.config import Settings  # noqa: E402
 from neardup.core import compiled  # noqa: E402
 from neardup.core.normalize import canonical_code_points  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
+from neardup.core.shingle import shingle_hashes_of_units  # noqa: E402
 from neardup.pipeline.wire import decode_signed, unpack_signed  # noqa: E402
 from neardup.stream.topics import ensure_topics  # noqa: E402
+from tests.support import reference_sketch  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"  # tests/data/build_news_corpus.py
@@ -446,11 +449,13 @@ async def collect_verdicts(
 
 
 def _signed_as_before_anchors(text: str, params: DedupParams) -> None:
-    """sketch_of's character path but its anchors: the figure stays comparable with the runs
-    before them (the numpy reference of the anchors alone takes several times the rest)."""
+    """sketch_of's character path but its anchors, in numpy (the references of the compiled
+    loops): the figure stays comparable with the runs before them (the numpy reference of the
+    anchors alone takes several times the rest)."""
     points = canonical_code_points(text, params.normalize)
     mmh3.hash_bytes(points.tobytes())
-    params.hasher.sketches_of_units(points, params.shingle.k, params.verify_perm)
+    hashes = shingle_hashes_of_units(points.astype(np.uint64), params.shingle.k)
+    reference_sketch.sketches(params.hasher, hashes, params.verify_perm)
 
 
 def calibrate(corpus: list[dict[str, Any]], texts: int = 200, passes: int = 5) -> float:
@@ -846,8 +851,6 @@ def main(argv: list[str] | None = None) -> int:
         f"summary: median of {len(results)} repetition(s), {args.articles} articles of "
         f"{med('article_kb'):.2f} KB, one worker process, broker {args.broker}"
     )
-    in_worker = compiled.BUILT and "NEARDUP_COMPILED=0" not in args.worker_env
-    print(f"  compiled loops (service/core/_sketch.c) in the worker: {'yes' if in_worker else 'no, numpy'}")
     print(
         f"  worker throughput     {worker_rate:9,.0f} articles/s   "
         f"(middle 80%: {med('worker_rate_slope'):,.0f}/s, event loop {med('worker_cpu'):.2f} cores, "

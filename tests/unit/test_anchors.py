@@ -13,17 +13,7 @@ import numpy as np
 import pytest
 
 from neardup.core import compiled
-from neardup.core.anchors import (
-    ANCHOR_K,
-    ANCHOR_WINDOW,
-    Anchors,
-    anchors_compiled,
-    anchors_of,
-    anchors_reference,
-    containment,
-    passages,
-    passages_reference,
-)
+from neardup.core.anchors import ANCHOR_K, ANCHOR_WINDOW, Anchors, anchors_of, containment, passages
 from neardup.core.normalize import canonical_code_points, normalize
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.shingle import shingle_set
@@ -42,6 +32,7 @@ from neardup.state.index import (
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.records import decode_record, encode_record
 from neardup.state.rocks import RocksState
+from tests.support import reference_anchors as reference
 from tests.support.shard import process
 
 PARAMS = DedupParams(containment_index=True)
@@ -57,7 +48,6 @@ def exact_containment(part: str, whole: str) -> float:
     return np.intersect1d(a, b).size / a.size
 
 
-@pytest.mark.skipif(not compiled.BUILT, reason="the compiled loops are not built")
 def test_the_compiled_anchors_are_the_reference_s_bit_for_bit(prose: tuple[str, ...]) -> None:
     rng = np.random.default_rng(5)
     texts = [points(text) for text in prose]
@@ -67,10 +57,13 @@ def test_the_compiled_anchors_are_the_reference_s_bit_for_bit(prose: tuple[str, 
     for text in texts:
         # 255: the widest window whose gaps a packed offset holds
         for k, window in ((ANCHOR_K, ANCHOR_WINDOW), (5, 3), (1, 1), (24, 255)):
-            expected = anchors_reference(text, k, window)
-            got = anchors_compiled(text, k, window)
+            expected = reference.anchors_of(text, k, window)
+            got = anchors_of(text, k, window, most=text.size)
             assert got == expected and len(got) > 0
             assert got.positions.dtype == np.uint32 and got.hashes.dtype == np.uint32
+            assert got.distinct_count == reference.distinct_count(expected)
+            first = anchors_of(text, k, window, most=3)  # the first ones only
+            assert first == Anchors.of(expected.hashes[:3], expected.positions[:3])
 
 
 def test_winnowing_keeps_an_anchor_in_every_window(prose: tuple[str, ...]) -> None:
@@ -125,12 +118,9 @@ def test_passages_point_at_the_same_text_in_both(prose: tuple[str, ...]) -> None
     assert all(a.length >= b.length for a, b in itertools.pairwise(found))
 
 
-@pytest.mark.skipif(not compiled.BUILT, reason="the compiled loops are not built")
 def test_the_compiled_passages_are_the_reference_s(prose: tuple[str, ...]) -> None:
     """Quotes, shuffled paragraphs, repeats and edits: the same passages, in the same order."""
     rng = random.Random(7)
-    loops = compiled.loops()
-    assert loops is not None
     texts = [normalize(text) for text in prose[:12]]
     checked = 0
     for _ in range(150):
@@ -141,14 +131,13 @@ def test_the_compiled_passages_are_the_reference_s(prose: tuple[str, ...]) -> No
         text = " ".join(pieces) * rng.choice((1, 1, 2))
         mine, other = anchors_of(points(text)), anchors_of(points(source))
         for limit in (0, 3, 50):
-            found = loops.passages(mine.packed, other.packed, ANCHOR_K, 424, 48, 4, limit)
-            assert [tuple(vars(p).values()) for p in passages_reference(mine, other, limit)] == found
+            found = passages(mine, other, limit)
+            assert reference.passages(mine, other, limit) == found
             checked += bool(found)
     assert checked > 200
 
 
 def test_posting_keys_and_joins_in_c_as_the_reference_makes_them(prose: tuple[str, ...]) -> None:
-    loops = compiled.loops()
     anchors = anchors_of(points(" ".join(prose[:2]) * 2))  # repeated anchors join once
     keys = posting_keys(anchors)
     assert len(keys) == anchors.distinct_count < len(anchors)
@@ -166,11 +155,10 @@ def test_posting_keys_and_joins_in_c_as_the_reference_makes_them(prose: tuple[st
     assert into == {
         k: (s or b"") + entry for k, s in zip(keys, lists, strict=True) if s is None or len(s) < full
     }
-    if loops is not None:
-        assert loops.posting_keys(anchors.packed, POSTING) == keys
-        compiled_into: dict[bytes, bytes] = {}
-        assert loops.join_postings(keys, lists, entry, full, compiled_into) == counts
-        assert compiled_into == into
+    assert compiled._sketch.posting_keys(anchors.packed, POSTING) == keys
+    compiled_into: dict[bytes, bytes] = {}
+    assert compiled._sketch.join_postings(keys, lists, entry, full, compiled_into) == counts
+    assert compiled_into == into
 
 
 def test_passages_of_a_repeated_text_stay_linear() -> None:
@@ -310,11 +298,9 @@ def test_posting_lists_read_back_follow_the_overlay_through_a_discard(
         shard.close()
 
 
-@pytest.mark.skipif(not compiled.BUILT, reason="the compiled loops are not built")
 def test_posting_lists_counted_in_c_as_the_reference_counts_them() -> None:
     rng = random.Random(4)
-    loops = compiled.loops()
-    assert loops is not None
+    loops = compiled._sketch
     full = 8 * POSTING_ENTRY
     for _ in range(300):
         seqs = [rng.randrange(40) | (rng.random() < 0.1) << 39 for _ in range(60)]

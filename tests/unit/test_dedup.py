@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 
-from neardup.core import compiled
 from neardup.core.anchors import NO_ANCHORS
 from neardup.core.dedup import Candidate, _ranked, decide, rank, score, score_many
 from neardup.core.lsh import band_keys
@@ -18,6 +17,7 @@ from neardup.core.params import DedupParams
 from neardup.core.signing import EmptyText, Sketch, sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
+from tests.support import reference_sketch
 from tests.support.shard import process
 
 BYLINE = "By Staff Writer, Associated Press\n\n"
@@ -255,12 +255,12 @@ def test_scoring_many_candidates_equals_scoring_each(prose: tuple[str, ...]) -> 
 def _reference_rule(
     article_id: str, sketch: Sketch, state: MemoryState, params: DedupParams
 ) -> tuple[str, Candidate | None, tuple[Candidate, ...]]:
-    """The decision rule written plainly, candidate by candidate: what _verified_match computes in
-    array passes."""
+    """The decision rule written plainly, candidate by candidate, each scored by itself in numpy:
+    what _verified_match computes in one compiled pass (_sketch.rank)."""
     keys = band_keys(sketch.signature, params.lsh.bands, params.lsh.rows)
     others = state.candidates(keys, article_id, params.max_candidates)
     scored = sorted(
-        zip(score_many(sketch, [(o.article_id, o.sketch) for o in others]), others, strict=True),
+        ((score(sketch, o.sketch, o.article_id), o) for o in others),
         key=lambda pair: (-pair[0].jaccard, pair[1].seq),
     )
     top = tuple(candidate for candidate, _ in scored[: params.top_candidates])
@@ -276,20 +276,7 @@ def _reference_rule(
     return "unique", None, top
 
 
-@pytest.mark.parametrize("compiled_loops", [True, False], ids=["compiled", "numpy"])
-def test_verdicts_equal_the_rule_applied_candidate_by_candidate(
-    prose: tuple[str, ...], compiled_loops: bool
-) -> None:
-    if compiled_loops and not compiled.BUILT:
-        pytest.skip("_sketch is not built")
-    previous = compiled.enable(compiled_loops)
-    try:
-        _check_verdicts_against_the_rule(prose)
-    finally:
-        compiled.enable(previous)
-
-
-def _check_verdicts_against_the_rule(prose: tuple[str, ...]) -> None:
+def test_verdicts_equal_the_rule_applied_candidate_by_candidate(prose: tuple[str, ...]) -> None:
     params = DedupParams(top_candidates=4)
     state = MemoryState()
     state.open_header(params.header())
@@ -365,11 +352,10 @@ def _prospects(rng: np.random.Generator, query: np.ndarray, count: int) -> list[
     return [_Prospect(f"c{i}", seqs[i], rows[i], sizes[i]) for i in range(count)]
 
 
-@pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
 def test_compiled_ranking_equals_the_numpy_reference() -> None:
-    """_sketch.rank against dedup._ranked: the same top candidates in the same order, the same
-    match, the same figures to the last bit, over many random candidate sets and every setting
-    that changes the outcome."""
+    """_sketch.rank against dedup._ranked over the numpy reference's figures: the same top
+    candidates in the same order, the same match, the same figures to the last bit, over many
+    random candidate sets and every setting that changes the outcome."""
     rng = np.random.default_rng(5)
     query = rng.integers(0, EMPTY_VERIFIER_SLOT, 512, dtype=np.uint8)
     query[[3, 77]] = EMPTY_VERIFIER_SLOT
@@ -386,7 +372,7 @@ def test_compiled_ranking_equals_the_numpy_reference() -> None:
         size = int(rng.choice([0, 150, 3000]))
         sketch = Sketch(b"", np.zeros(4, dtype=np.uint64), size, False, query)
         params = settings[trial % len(settings)]
-        expected = _ranked(sketch, others, params)
+        expected = _ranked(others, params, reference_sketch.scores(query, size, others))
         got = rank(sketch, others, params)
         assert got == expected, (trial, params)
         kind = None if got.match is None else got.match[0]
@@ -395,11 +381,16 @@ def test_compiled_ranking_equals_the_numpy_reference() -> None:
     assert min(kinds.get(kind, 0) for kind in (None, "duplicate", "partial")) >= 20, kinds
 
 
-@pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
 def test_ranking_falls_back_to_fingerprints_when_verifier_lengths_differ() -> None:
+    """A candidate from other parameters: every candidate scored by itself from the sketches
+    (score), then ranked by the same rule."""
     rng = np.random.default_rng(9)
     query = rng.integers(0, EMPTY_VERIFIER_SLOT, 512, dtype=np.uint8)
     others = _prospects(rng, query, 6)
-    others[2].verifier = others[2].verifier[:256]  # a candidate from other parameters
+    others[2].verifier = others[2].verifier[:256]
     sketch = Sketch(b"", np.zeros(4, dtype=np.uint64), 3000, False, query)
-    assert rank(sketch, others, DedupParams()) == _ranked(sketch, others, DedupParams())
+    apart = [score(sketch, other.sketch, other.article_id) for other in others]
+    scored = tuple(
+        np.array([getattr(c, name) for c in apart]) for name in ("jaccard", "containment", "contains")
+    )
+    assert rank(sketch, others, DedupParams()) == _ranked(others, DedupParams(), scored)

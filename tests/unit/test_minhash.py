@@ -16,12 +16,9 @@ from neardup.core.minhash import (
     VERIFIER_BITS,
     MinHasher,
     estimate_containment,
-    estimate_containment_many,
     estimate_jaccard,
     estimate_jaccard_verified,
-    estimate_jaccard_verified_many,
     kperm_signature,
-    narrow_verifier,
     unbias,
     verified_scores,
 )
@@ -30,6 +27,12 @@ from neardup.core.params import DedupParams
 from neardup.core.shingle import shingle_hashes, shingle_hashes_of_units
 from neardup.core.signing import sketch_of
 from neardup.core.similarity import exact_jaccard
+from tests.support import reference_sketch as reference
+from tests.support.reference_sketch import (
+    estimate_containment_many,
+    estimate_jaccard_verified_many,
+    narrow_verifier,
+)
 
 PINNED_TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -99,7 +102,7 @@ def test_sorting_shortcut_is_a_complete_sort(size: int) -> None:
         rng.integers(0, 2**64, size=size, dtype=np.uint64),
         rng.integers(0, 40, size=size, dtype=np.uint64) << np.uint64(58),  # few, equal top bits
     ):
-        assert np.array_equal(minhash._sorted(values.copy()), np.sort(values))
+        assert np.array_equal(reference.sorted_values(values.copy()), np.sort(values))
 
 
 def test_same_inputs_same_signature_and_seeds_differ(prose: tuple[str, ...]) -> None:
@@ -280,10 +283,10 @@ def test_unbias_takes_out_the_chance_agreements() -> None:
 
 
 def wide_minima(hashes: np.ndarray, verify_perm: int, num_perm: int = 128, seed: int = 1) -> np.ndarray:
-    """The 64-bit bin minima the verifier is cut from, by the module's own steps."""
+    """The 64-bit bin minima the verifier is cut from, by the reference's steps."""
     seed_key, _ = minhash._tables(num_perm, seed)
-    values, _ = minhash._permuted(hashes, seed_key)
-    return minhash._bin_minima(values, verify_perm)
+    values, _ = reference.permuted(hashes, seed_key)
+    return reference.bin_minima(values, verify_perm)
 
 
 def test_verifier_slots_are_the_low_8_bits_of_the_bin_minima(prose: tuple[str, ...]) -> None:
@@ -328,12 +331,6 @@ def test_verdicts_name_the_verifier_bits_but_stored_state_does_not_depend_on_the
     assert "verify_bits" not in params.header()
 
 
-def test_the_compiled_loops_are_built() -> None:
-    """_sketch.c is compiled at install (pip install -e .); without it signing takes ~2x longer."""
-    assert compiled.BUILT, "service/core/_sketch.c was not built: reinstall with a C compiler"
-    assert compiled.loops() is not None
-
-
 def _unit_arrays(prose: tuple[str, ...]) -> list[np.ndarray]:
     """Code points of real texts and edge cases, and random 64-bit units (word hashes)."""
     rng = np.random.default_rng(7)
@@ -343,6 +340,7 @@ def _unit_arrays(prose: tuple[str, ...]) -> list[np.ndarray]:
     arrays.append(
         np.array([0, 0, 0, 0, 0, 0, 2**64 - 1, 2**64 - 1, 2**64 - 1, 2**64 - 1, 2**64 - 1], dtype=np.uint64)
     )
+    arrays.append(np.empty(0, dtype=np.uint64))
     return arrays
 
 
@@ -352,12 +350,19 @@ def _unit_arrays(prose: tuple[str, ...]) -> list[np.ndarray]:
 def test_compiled_sketches_equal_the_numpy_reference(
     prose: tuple[str, ...], num_perm: int, verify_perm: int, k: int
 ) -> None:
+    """Signing a text's units, or its shingle hashes (word shingles, texts shorter than k), and
+    the signature alone, against the numpy reference."""
     hasher = MinHasher(num_perm, seed=3)
     for units in _unit_arrays(prose):
-        expected = hasher.sketches(shingle_hashes_of_units(units, k), verify_perm)
-        got = hasher.sketches_of_units(units, k, verify_perm)
-        assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
-        assert got[2] == expected[2]
+        hashes = shingle_hashes_of_units(units, k)
+        expected = reference.sketches(hasher, hashes, verify_perm)
+        for got in (hasher.sketches_of_units(units, k, verify_perm), hasher.sketches(hashes, verify_perm)):
+            assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+            assert got[2] == expected[2]
+        assert got[1].dtype == expected[1].dtype == np.uint8 and got[1].size == verify_perm
+        signature, distinct = hasher.signature(hashes)
+        reference_signature, reference_distinct = reference.signature(hasher, hashes)
+        assert np.array_equal(signature, reference_signature) and distinct == reference_distinct
         if int(units.max(initial=0)) <= 0x10FFFF:  # code points: also as the uint32 signing passes
             as_points = hasher.sketches_of_units(units.astype(np.uint32), k, verify_perm)
             assert np.array_equal(as_points[0], expected[0]) and np.array_equal(as_points[1], expected[1])
@@ -381,11 +386,7 @@ def test_compiled_finish_equals_the_numpy_reference(num_perm: int, verify_perm: 
         cases.append(wide)
     for wide in cases:
         got = hasher._finished(wide.copy(), probes, 7)
-        previous = compiled.enable(False)
-        try:
-            expected = hasher._finished(wide.copy(), probes, 7)
-        finally:
-            compiled.enable(previous)
+        expected = reference.finished(hasher, wide.copy(), probes, 7)
         assert got[0].dtype == expected[0].dtype and got[1].dtype == expected[1].dtype
         assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
         assert got[2] == expected[2] == 7

@@ -16,10 +16,9 @@ import pytest
 from neardup.core import anchors as anchors_module
 from neardup.core import compiled
 from neardup.core.minhash import CHANCE_AGREEMENT, EMPTY_SLOT, EMPTY_VERIFIER_SLOT
+from tests.support import reference_anchors
 
-pytestmark = pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
-
-# the module itself, not compiled.loops(): a test elsewhere turning the loops off must not skip these
+# the module itself, not compiled.loops(): a test turning that off must not change these
 sketch: Any = compiled._sketch
 
 ENTRY_POINTS = {
@@ -650,7 +649,7 @@ def test_varints_agree_with_the_reference() -> None:
 def test_anchors_at_any_alignment_are_the_reference_s() -> None:
     points = units(3000, np.uint32) % 50 + 97
     packed = sketch.anchors(misaligned(points), 24, 200, anchors_module._ANCHOR_SEED, 1 << 20)
-    reference = anchors_module.anchors_reference(points, 24, 200)
+    reference = reference_anchors.anchors_of(points, 24, 200)
     assert packed == reference.packed and len(reference) > 0
     assert sketch.anchors(points, 24, 200, anchors_module._ANCHOR_SEED, 3) == (
         anchors_module.Anchors.of(reference.hashes[:3], reference.positions[:3]).packed
@@ -661,11 +660,11 @@ def test_passages_keys_and_joins_of_misaligned_buffers_are_the_reference_s() -> 
     from neardup.state.index import POSTING, posting_keys
 
     points = units(3000, np.uint32) % 50 + 97
-    found = anchors_module.anchors_reference(points, 24, 200)
-    copy = anchors_module.anchors_reference(np.concatenate([points[1500:], points[:1400]]), 24, 200)
+    found = reference_anchors.anchors_of(points, 24, 200)
+    copy = reference_anchors.anchors_of(np.concatenate([points[1500:], points[:1400]]), 24, 200)
     packed = misaligned(np.frombuffer(found.packed, dtype=np.uint8))
     spans = sketch.passages(packed, copy.packed, 24, 424, 48, 4, 3)
-    reference = anchors_module.passages_reference(found, copy, 3)
+    reference = reference_anchors.passages(found, copy, 3)
     assert [anchors_module.Passage(*s) for s in spans] == reference and len(reference) == 2
     assert sketch.posting_keys(packed, POSTING) == posting_keys(found)
     into: dict[bytes, bytes] = {}
