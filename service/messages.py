@@ -207,9 +207,7 @@ def _utf8(value: str, name: str, article_id: str) -> bytes:
         return value.encode("utf-8")
     except UnicodeEncodeError as exc:
         shown = article_id.encode("utf-8", errors="backslashreplace").decode()
-        raise InvalidMessage(
-            "invalid_utf8", f"field {name!r}, character {exc.start}: {exc.reason} (article {shown!r})"
-        ) from exc
+        raise _refused("invalid_utf8", f"field {name!r}, character {exc.start}: {exc.reason}", shown) from exc
 
 
 def verdict_dict(
