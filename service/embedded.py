@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import orjson
 
@@ -44,9 +44,6 @@ from .pipeline.sign import SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
 from .state.index import IndexState
 from .state.overlay import LayeredKV
-
-if TYPE_CHECKING:
-    from .pipeline.signer import SignItem
 
 DEFAULT_MAX_TEXT_BYTES: int = BY_NAME["max_text_bytes"].default
 # Lines per batch sent to the signing helpers, and their most bytes: large enough that the pipes'
@@ -393,8 +390,9 @@ async def _decide_while_signing(
     def start(batch: list[_Line] | None) -> asyncio.Future[list[SignResult]] | None:
         if batch is None:
             return None
-        items: list[SignItem] = [(line.body, None, _source(run.topic, line)) for line in batch]
-        return asyncio.ensure_future(signer.sign(items))
+        return asyncio.ensure_future(
+            signer.sign([(line.body, None, _source(run.topic, line)) for line in batch])
+        )
 
     signing = None
     try:
