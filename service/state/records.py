@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import compiled
-from ..core.anchors import Anchors, Passage
+from ..core.anchors import NO_ANCHORS, Anchors, Passage
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.signing import Sketch
@@ -117,16 +117,10 @@ def _head(data: bytes) -> tuple[tuple[int, ...], int]:
 def _compact_decision(decision: Decision, article_id: str, cluster_id: str) -> bytes:
     candidates = decision.candidates
     match = decision.match_id
-    where = next(
-        (
-            i
-            for i, c in enumerate(candidates)
-            if c.article_id == match
-            and (c.jaccard, c.containment, c.contains)
-            == (decision.jaccard, decision.containment, decision.contains)
-        ),
-        255,
-    )
+    # the match's place among the candidates, when one has its id and scores (255: none has)
+    scored = [(c.article_id, c.jaccard, c.containment, c.contains) for c in candidates]
+    chosen = (match, decision.jaccard, decision.containment, decision.contains)
+    where = scored.index(chosen) if chosen in scored else 255
     flags = _EXACT if decision.exact else 0
     if decision.canonical_id == article_id:
         flags |= _CANONICAL_SELF
@@ -153,7 +147,7 @@ def _compact_decision(decision: Decision, article_id: str, cluster_id: str) -> b
 def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
     kind, flags, where, count = _DECISION.unpack_from(data)
     position = _DECISION.size
-    match: tuple[str, float, float, float] | None = None
+    match: tuple[str | None, float | None, float | None, float | None] = (None, None, None, None)
     if flags & _MATCH_APART:
         match_id, position = _unpack_id(data, position)
         match = (match_id, *_SCORES.unpack_from(data, position))
@@ -173,14 +167,10 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
         passages = tuple(Passage(*values[i : i + 5]) for i in range(0, len(values), 5))
     if position != len(data):
         raise ValueError(f"decision has {len(data) - position} bytes too many or few")
-    if match is None and where != 255:
+    if match[0] is None and where != 255:
         chosen = candidates[where]
         match = (chosen.article_id, chosen.jaccard, chosen.containment, chosen.contains)
-    verdict = _KINDS[kind]
-    exact = bool(flags & _EXACT)
-    if match is None:
-        return Decision(verdict, None, None, None, None, canonical, exact, tuple(candidates), passages)
-    return Decision(verdict, *match, canonical, exact, tuple(candidates), passages)
+    return Decision(_KINDS[kind], *match, canonical, bool(flags & _EXACT), tuple(candidates), passages)
 
 
 def encode_record(article: IndexedArticle) -> bytes:
@@ -194,38 +184,14 @@ def encode_record(article: IndexedArticle) -> bytes:
     keys = b"".join([key[_BAND_INDEX.size :] for key in article.keys])
     decision = _compact_decision(article.decision, article.article_id, article.cluster_id)
     signature = b"" if verifier else np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
-    fields = (
-        article.seq,
-        article.version,
-        _zigzag(article.time_ms),
-        _zigzag(article.seq - article.cluster),
-        sketch.shingle_count,
-        (_SHORT if sketch.short else 0) | (_OWN_CLUSTER if own else 0),
-        len(article_id),
-        len(cluster_id),
-        len(sketch.content_hash),
-        len(verifier),
-        len(keys),
-        len(decision),
-        len(sketch.anchors) if article.in_postings else 0,
-    )
-    head = _varints(fields)
-    # a duplicate keeps none: it joins no posting list, and its match holds the same text
-    anchors = sketch.anchors.packed if article.in_postings else b""
-    return b"".join(
-        (
-            MAGIC,
-            head,
-            article_id,
-            cluster_id,
-            verifier,
-            keys,
-            sketch.content_hash,
-            decision,
-            anchors,
-            signature,
-        )
-    )
+    # a duplicate keeps no anchors: it joins no posting list, and its match holds the same text
+    anchors = sketch.anchors if article.in_postings else NO_ANCHORS
+    flags = (_SHORT if sketch.short else 0) | (_OWN_CLUSTER if own else 0)
+    numbers = (article.seq, article.version, _zigzag(article.time_ms), _zigzag(article.seq - article.cluster))
+    lengths = map(len, (article_id, cluster_id, sketch.content_hash, verifier, keys, decision))
+    head = _varints((*numbers, sketch.shingle_count, flags, *lengths, len(anchors)))
+    body = (article_id, cluster_id, verifier, keys, sketch.content_hash, decision, anchors.packed, signature)
+    return MAGIC + head + b"".join(body)
 
 
 @dataclass(slots=True, eq=False)
@@ -268,7 +234,7 @@ def decode_probe(data: bytes, key: str = "?") -> Probe:
     try:
         fields, start = _head(data)
         seq, _, time, cluster, count, flags, id_len, cluster_len, hash_len, verifier_len = fields[:10]
-        keys_len, decision_len, anchor_count = fields[10:]
+        keys_len, decision_len, n_anchors = fields[10:]
         middle = start + id_len
         end = middle + cluster_len
         if end + verifier_len > len(data):
@@ -278,18 +244,10 @@ def decode_probe(data: bytes, key: str = "?") -> Probe:
     except (ValueError, IndexError) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
     verifier = data[end : end + verifier_len]
+    cluster_seq, time_ms = seq - _unzigzag(cluster), _unzigzag(time)
     anchors_at = end + verifier_len + keys_len + hash_len + decision_len
     return Probe(
-        article_id,
-        seq,
-        count,
-        verifier,
-        seq - _unzigzag(cluster),
-        cluster_id,
-        _unzigzag(time),
-        data,
-        anchors_at,
-        anchor_count,
+        article_id, seq, count, verifier, cluster_seq, cluster_id, time_ms, data, anchors_at, n_anchors
     )
 
 
@@ -308,30 +266,18 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
             raise ValueError("record is truncated")
         anchors = Anchors.unpack_from(data, anchor_count, position)
         position += len(anchors.packed)
-        sketch = Sketch(
-            content_hash,
-            NO_SIGNATURE if verifier else np.frombuffer(data, dtype="<u8", offset=position).astype(np.uint64),
-            count,
-            bool(flags & _SHORT),
-            np.frombuffer(verifier, dtype=np.uint8).copy(),
-            anchors,
-        )
+        signature = NO_SIGNATURE if verifier else np.frombuffer(data[position:], "<u8").astype(np.uint64)
+        slots = np.frombuffer(verifier, dtype=np.uint8).copy()
+        sketch = Sketch(content_hash, signature, count, bool(flags & _SHORT), slots, anchors)
         band_keys = tuple(
             _BAND_INDEX.pack(band) + keys[start : start + _DIGEST]
             for band, start in enumerate(range(0, keys_len, _DIGEST))
         )
         own_id = article_id.decode()
         cluster_text = own_id if flags & _OWN_CLUSTER else cluster_id.decode()
+        decided, cluster_seq = _decision_of(decision, own_id, cluster_text), seq - _unzigzag(cluster)
         return IndexedArticle(
-            own_id,
-            version,
-            seq,
-            sketch,
-            _decision_of(decision, own_id, cluster_text),
-            band_keys,
-            _unzigzag(time),
-            seq - _unzigzag(cluster),
-            cluster_text,
+            own_id, version, seq, sketch, decided, band_keys, _unzigzag(time), cluster_seq, cluster_text
         )
     except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
