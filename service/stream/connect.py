@@ -57,19 +57,13 @@ async def start_client(settings: Settings, client: Startable) -> None:
 
 async def unreachable(settings: Settings, error: BaseException) -> str:
     """The message for a client that could not connect: where and how it connected, and why each
-    server (the first few) refuses it, or the client's own error when none does now."""
-    causes = await refusals(settings)
-    why = "; ".join(f"{host}:{port}: {cause}" for (host, port), cause in causes) or str(error)
-    return f"cannot connect to Kafka ({settings.connection_summary()}): {why}"
-
-
-async def refusals(settings: Settings) -> list[tuple[tuple[str, int], str]]:
-    """Each bootstrap server's reason for refusing a connection made with the settings' security;
-    servers that accept one now are left out."""
+    server (the first few) refuses a connection made with the settings' security, or the client's
+    own error when none does now."""
     security = settings.client_security()
     hosts = collect_hosts(settings.bootstrap_servers, randomize=False)[:DIAGNOSE_HOSTS]
-    causes = [((host, port), await _refusal(host, port, security)) for host, port, _family in hosts]
-    return [(server, cause) for server, cause in causes if cause is not None]
+    causes = [(host, port, await _refusal(host, port, security)) for host, port, _family in hosts]
+    why = "; ".join(f"{host}:{port}: {cause}" for host, port, cause in causes if cause is not None)
+    return f"cannot connect to Kafka ({settings.connection_summary()}): {why or error}"
 
 
 async def _refusal(host: str, port: int, security: dict[str, Any]) -> str | None:

@@ -29,7 +29,6 @@ class Metrics:
     def __init__(self, stall_timeout: float = 60.0) -> None:
         self.registry = CollectorRegistry()
         self._declare_flow(self.registry)
-        self._declare_index(self.registry)
         self._declare_worker(self.registry)
         # each labelled series is exported from the start, at zero until its first event
         for family, values in (
@@ -52,8 +51,9 @@ class Metrics:
         self.stall_timeout = stall_timeout  # the worker's NEARDUP_STALL_TIMEOUT, for /health
 
     def _declare_flow(self, r: CollectorRegistry) -> None:
-        """Articles in, verdicts and dead letters out, and how long it took."""
+        """Articles in, verdicts and dead letters out, how long it took, and what the index holds."""
         counter = functools.partial(Counter, registry=r)
+        gauge = functools.partial(Gauge, registry=r)
         histogram = functools.partial(Histogram, registry=r)
         self.articles_in = counter("neardup_articles_in", "Articles consumed by the sign stage")
         self.verdicts = counter("neardup_verdicts", "Verdicts published", ["kind"])
@@ -64,11 +64,7 @@ class Metrics:
             "Produce-to-verdict latency",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-
-    def _declare_index(self, r: CollectorRegistry) -> None:
-        """What the index holds, and what left it."""
-        counter = functools.partial(Counter, registry=r)
-        gauge = functools.partial(Gauge, registry=r)
+        # what the index holds, and what left it
         self.indexed = gauge("neardup_indexed_articles", "Articles in the index")
         self.clusters = gauge("neardup_index_clusters", "Clusters of articles in the index")
         self.buckets = gauge("neardup_index_buckets", "LSH band buckets in the index")
