@@ -93,30 +93,11 @@ def encode_signed(signed: Signed) -> bytes:
             "a": len(sketch.anchors),
         }
     )
-    keys = b"".join(signed.band_keys)
-    anchors = sketch.anchors.packed
-    return (
-        _SIGNED
-        + _LEN.pack(len(meta))
-        + meta
-        + _BANDING.pack(bands, rows)
-        + keys
-        + anchors
-        + pack_sketches(sketch)
-    )
-
-
-def pack_sketches(sketch: Sketch) -> bytes:
-    """Signature (little-endian uint64) then verifier (one byte a slot), back to back: how the
-    signatures topic carries a sketch (a state record keeps its own layout: records.py)."""
+    # the sketches: signature (little-endian uint64) then verifier (one byte a slot), back to back
     signature = np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
-    return signature + np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
-
-
-def unpack_sketches(data: bytes, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of pack_sketches, given the number of signature slots."""
-    signature = np.frombuffer(data, dtype="<u8", count=slots).astype(np.uint64)
-    return signature, np.frombuffer(data, dtype=np.uint8, offset=slots * 8).copy()
+    verifier = np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
+    head = _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows)
+    return head + b"".join(signed.band_keys) + sketch.anchors.packed + signature + verifier
 
 
 def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
@@ -141,14 +122,12 @@ def signed_max_bytes(params: DedupParams) -> int:
     # A control character is escaped as \u00XX: 6 bytes, more than any other character takes.
     worst_id = "\x00" * MAX_ID_LENGTH
     bands, rows = params.lsh.bands, params.lsh.rows
-    sketch = Sketch(
-        bytes(16),  # the content hash: a 128-bit murmur3
+    signature, verifier = (
         np.zeros(params.num_perm, dtype=np.uint64),
-        _LONGEST_INT,
-        False,
         np.zeros(params.verify_perm, dtype=np.uint8),
-        Anchors(bytes(ANCHOR_BYTES * MAX_ANCHORS)),
     )
+    anchors = Anchors(bytes(ANCHOR_BYTES * MAX_ANCHORS))
+    sketch = Sketch(bytes(16), signature, _LONGEST_INT, False, verifier, anchors)  # a 128-bit content hash
     src = Provenance("t" * _TOPIC_MAX_LENGTH, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT)
     keys = (bytes(BAND_KEY_BYTES),) * bands
     return len(encode_signed(Signed(worst_id, sketch, src, keys, (bands, rows), _LONGEST_INT, False)))
@@ -202,17 +181,13 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
     position += bands * BAND_KEY_BYTES
     anchors = Anchors.unpack_from(data, meta.get("a", 0), position)
     position += len(anchors.packed)
-    signature, verifier = unpack_sketches(data[position:], meta["m"])
+    sketches, slots = data[position:], meta["m"]
+    signature = np.frombuffer(sketches, dtype="<u8", count=slots).astype(np.uint64)
+    verifier = np.frombuffer(sketches, dtype=np.uint8, offset=slots * 8).copy()
+    sketch = Sketch(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier, anchors)
     topic, partition, offset, timestamp = meta["src"]
-    return Signed(
-        meta["id"],
-        Sketch(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier, anchors),
-        Provenance(topic, partition, offset, timestamp),
-        keys,
-        (bands, rows),
-        meta["t"],
-        meta["r"],
-    )
+    src = Provenance(topic, partition, offset, timestamp)
+    return Signed(meta["id"], sketch, src, keys, (bands, rows), meta["t"], meta["r"])
 
 
 def _unwrapped(data: bytes) -> tuple[bytes, Headers, bytes]:
