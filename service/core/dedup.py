@@ -161,8 +161,8 @@ class Prospect(Protocol):
     """A candidate as verification reads it: what scoring it takes (its verifier and distinct
     count), its arrival for ties, and its cluster's canonical article for the verdict. An
     IndexedArticle is one; a store may hand out lighter ones that decode the rest of a record (the
-    sketch, read only where verifiers cannot be compared) when asked: tens of candidates per
-    article, most of them never the match."""
+    sketch, read only where verifiers cannot be compared, or there are none) when asked: tens of
+    candidates per article, most of them never the match."""
 
     @property
     def article_id(self) -> str: ...
@@ -301,7 +301,7 @@ def _exact_match(
 
 def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
     """Verify a candidate by estimated Jaccard (on the verifiers: 512 slots by default, where LSH has
-    128) and the containment estimates derived from it."""
+    128; on the signatures with the verifier off) and the containment estimates derived from it."""
     jaccard = sketch.estimate_jaccard(other)
     inside, contains = estimate_containment(jaccard, sketch.shingle_count, other.shingle_count)
     return Candidate(other_id, jaccard, inside, contains)
@@ -309,7 +309,8 @@ def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
 
 def score_many(sketch: Sketch, others: Sequence[tuple[str, Sketch]]) -> list[Candidate]:
     """`score` against many candidates, their verifiers compared in one compiled pass when all have
-    sketch's length; otherwise pair by pair. The figures are identical either way."""
+    sketch's length; otherwise (or without verifiers) pair by pair. The figures are identical
+    either way."""
     sketches = [other for _, other in others]
     jaccard, inside, contains = verified_scores(
         sketch.verifier, sketch.shingle_count, sketches
@@ -324,8 +325,8 @@ def score_many(sketch: Sketch, others: Sequence[tuple[str, Sketch]]) -> list[Can
 
 def _scored_apart(sketch: Sketch, others: Sequence[Sketch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(jaccard, containment, contains) against each of `others` where their verifiers cannot be
-    compared in one pass (a length differs from sketch's: state written with other settings): pair
-    by pair, from the finest sketches both carry (score)."""
+    compared in one pass (there are none, verify_perm=0; or a length differs from sketch's: state
+    written with other settings): pair by pair, from the finest sketches both carry (score)."""
     scored = [score(sketch, other, "") for other in others]
     return tuple(  # type: ignore[return-value]
         np.array([getattr(c, name) for c in scored], dtype=np.float64)
@@ -343,24 +344,26 @@ class Ranked(NamedTuple):
 
 
 def rank(sketch: Sketch, others: Sequence[Prospect], params: DedupParams) -> Ranked:
-    """The decision over the candidates in one compiled pass (_sketch.rank); where a candidate's
-    verifier differs in length from the article's, scored pair by pair from the sketches and
-    ranked by _ranked, with the same rule."""
-    containment = params.containment_threshold
-    try:
-        top, match = _sketch.rank(
-            sketch.verifier,
-            others,
-            sketch.shingle_count,
-            EMPTY_VERIFIER_SLOT,
-            CHANCE_AGREEMENT,
-            params.top_candidates,
-            params.threshold,
-            -1.0 if containment is None else containment,
-        )
-    except ValueError:  # a verifier's length differs: scored from the sketches
-        return _ranked(others, params, _scored_apart(sketch, [other.sketch for other in others]))
-    return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
+    """The decision over the candidates in one compiled pass (_sketch.rank) on the verifiers; where
+    there is none (verify_perm=0) or a candidate's differs in length from the article's, scored
+    pair by pair from the sketches (their signatures) and ranked by _ranked, with the same rule."""
+    if sketch.verifier.size:
+        containment = params.containment_threshold
+        try:
+            top, match = _sketch.rank(
+                sketch.verifier,
+                others,
+                sketch.shingle_count,
+                EMPTY_VERIFIER_SLOT,
+                CHANCE_AGREEMENT,
+                params.top_candidates,
+                params.threshold,
+                -1.0 if containment is None else containment,
+            )
+            return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
+        except ValueError:  # a verifier's length differs: scored from the sketches
+            pass
+    return _ranked(others, params, _scored_apart(sketch, [other.sketch for other in others]))
 
 
 _KINDS: dict[int, VerdictKind] = {1: "duplicate", 2: "partial"}  # _sketch.rank's match kinds
@@ -487,6 +490,6 @@ def _holds(shared: int, total: int, threshold: float) -> bool:
 
 
 def _jaccard_of(sketch: Sketch, other: Prospect) -> float:
-    """The verifier's Jaccard estimate for one candidate."""
+    """The Jaccard estimate for one candidate: the verifiers', or the signatures' without them."""
     scored = verified_scores(sketch.verifier, sketch.shingle_count, [other])
     return float(scored[0][0]) if scored is not None else sketch.estimate_jaccard(other.sketch)

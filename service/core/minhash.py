@@ -198,9 +198,11 @@ def verified_scores(verifier: VerifierArray, size: int, others: Sequence[_Sketch
     """(jaccard, containment, contains) of a text's verifier and distinct count against each of
     `others` (Sketches, or candidates carrying both): estimate_jaccard_verified, then
     estimate_containment, for each in one compiled pass with the same figures (tens of candidates
-    per article: numpy's per-call overhead outweighs comparisons that small). None where a
-    verifier's length differs (state written with other settings): the caller scores those pair by
-    pair."""
+    per article: numpy's per-call overhead outweighs comparisons that small). None where there is
+    no verifier (verify_perm=0: 0 slots would score every pair 0) or a verifier's length differs
+    (state written with other settings): the caller scores those pair by pair, from the signatures."""
+    if not len(verifier):
+        return None
     try:
         jaccard, inside, contains = _sketch.scores(
             verifier, others, size, EMPTY_VERIFIER_SLOT, CHANCE_AGREEMENT
