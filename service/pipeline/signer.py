@@ -15,14 +15,7 @@ from typing import BinaryIO, cast
 
 from ..core.params import DedupParams
 from ..errors import Error
-from .pipes import (
-    DEFAULT_TIMEOUT,
-    CallTimeout,
-    Child,
-    ChildFailed,
-    read_frame,
-    write_frame,
-)
+from .pipes import DEFAULT_TIMEOUT, CallTimeout, Child, ChildFailed, read_frame, write_frame
 from .sign import PROCESSING_FAILED, SignResult, SignStage
 from .wire import Provenance
 

@@ -84,34 +84,27 @@ class StateStore(StateReader, Protocol):
 
     def band_members(self, key: bytes) -> Sequence[str]:
         """The article ids of one bucket, in the order they joined it; for tools and tests."""
-        ...
 
     def apply(
         self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
     ) -> None:
         """Apply one update atomically, with optional extra keys (e.g. consumed offsets); `record`:
         the article's encoded record when the caller has it."""
-        ...
 
     def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
         """Delete an article, atomically with `extra`; None when it is not held."""
-        ...
 
     def expire(self, cutoff_ms: int) -> list[IndexedArticle]:
         """Remove the articles older than `cutoff_ms`; returns them."""
-        ...
 
     def expire_markers(self, cutoff_ms: int) -> list[str]:
         """Remove the deletion markers older than `cutoff_ms`; returns their ids."""
-        ...
 
     def deletion_marker(self, article_id: str) -> bytes | None:
         """A deleted id's marker as stored (its last version, the deletion's time); None: none."""
-        ...
 
     def open_header(self, expected: dict[str, Any]) -> None:
         """Write the header on empty state; otherwise raise IncompatibleState on any difference."""
-        ...
 
     def articles(self) -> Iterator[IndexedArticle]: ...
 
@@ -137,7 +130,6 @@ class KeyValue(Protocol):
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The main family's entries whose key starts with `prefix`, in key order."""
-        ...
 
     def scan_records(self) -> Iterator[tuple[bytes, bytes]]: ...
 
