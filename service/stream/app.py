@@ -9,14 +9,13 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import faust
 from faust.types import TP
 
 from ..config import Settings
-from ..pipeline.collector import CollectorPolicy
 from ..pipeline.decider import Decider
 from ..pipeline.delivery import Deliveries
 from ..pipeline.health import Failure, broker_away, busy, unready
@@ -28,7 +27,7 @@ from ..state.rocks import RocksOptions
 from . import framework
 from .index_agent import CommitPoint, IndexAgent, index_opened
 from .metrics import Metrics
-from .outputs import SHARD_KEY, IndexPublisher, Outputs
+from .outputs import SHARD_KEY, Outputs
 from .progress import Progress
 from .purge import SignaturesPurge
 from .sign_agent import SignAgent
@@ -108,17 +107,15 @@ def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> fau
 
 
 def _credentials(settings: Settings) -> Any:
-    if settings.security_protocol.startswith("SASL"):
-        ssl = settings.client_security().get("ssl_context")
-        return faust.SASLCredentials(
-            username=settings.sasl_username,
-            password=settings.sasl_password,
-            mechanism=settings.sasl_mechanism,
-            ssl_context=ssl,
-        )
-    if settings.security_protocol == "SSL":
-        return settings.client_security()["ssl_context"]
-    return None
+    ssl = settings.client_security().get("ssl_context")  # under SSL and SASL_SSL only
+    if not settings.security_protocol.startswith("SASL"):
+        return ssl
+    return faust.SASLCredentials(
+        username=settings.sasl_username,
+        password=settings.sasl_password,
+        mechanism=settings.sasl_mechanism,
+        ssl_context=ssl,
+    )
 
 
 def create_app(
@@ -191,21 +188,13 @@ def _faust_app(settings: Settings, failure: Failure) -> faust.App:
 
 
 def _runtime(
-    app: faust.App,
-    settings: Settings,
-    metrics: Metrics,
-    failure: Failure,
-    signatures: faust.TopicT,
+    app: faust.App, settings: Settings, metrics: Metrics, failure: Failure, signatures: faust.TopicT
 ) -> Runtime:
     """Everything the agents share, each part given what it needs."""
     params = settings.params()
     timeout = CallTimeout(settings.helper_timeout, settings.helper_item_timeout_ms / 1000)
-    signer = Signer(
-        SignStage.under(params, settings.max_text_bytes, settings.retention_window(), keyed=True),
-        settings.sign_processes,
-        settings.sign_nice,
-        timeout,
-    )
+    sign_stage = SignStage.under(params, settings.max_text_bytes, settings.retention_window(), keyed=True)
+    signer = Signer(sign_stage, settings.sign_processes, settings.sign_nice, timeout)
     progress = Progress(app, metrics, LogReader(settings), failure)
     signed, indexed = Deliveries("sign", failure.fail), Deliveries("index", failure.fail)
 
@@ -230,27 +219,12 @@ def _runtime(
         on_opened=lambda count, seconds: index_opened(metrics, decider, count, seconds),
     )
     outputs = Outputs(app, metrics, settings.dead_letter_topic)
-    collector = CollectorPolicy(settings.gc_freeze_every)
-    commit_point, shard_transactions, input_transactions = _transactions(settings, metrics, failure, decider)
-    index_outputs = outputs
-    if shard_transactions is not None:
-        index_outputs = Outputs(app, metrics, settings.dead_letter_topic, producer_of(shard_transactions))
-    index = IndexAgent(
-        settings,
-        decider,
-        collector,
-        index_outputs,
-        IndexPublisher(settings, index_outputs),
-        progress,
-        failure,
-        indexed,
-        shard_transactions,
-        commit_point,
-    )
+    commit_point, shard, inputs = _transactions(settings, metrics, failure, decider)
+    # under exactly-once the index stage sends through the shard's transactional producer
+    index_outputs = outputs if shard is None else replace(outputs, given_producer=producer_of(shard))
+    index = IndexAgent(settings, decider, index_outputs, progress, failure, indexed, shard, commit_point)
     hand_off = HandOff()
-    sign = SignAgent(
-        settings, signer, outputs, signatures, progress, failure, signed, hand_off, input_transactions
-    )
+    sign = SignAgent(settings, signer, outputs, signatures, progress, failure, signed, hand_off, inputs)
     return Runtime(
         settings, metrics, signer, decider, failure, progress, signed, indexed, hand_off, sign, index
     )
@@ -270,12 +244,8 @@ def _transactions(
         failed=_stop_when_ended(failure, "index"),
         after_commit=commit_point.committed,
     )
-    inputs = InputTransactions(
-        settings,
-        fenced=_stop_when_fenced(failure, "the input partition"),
-        failed=_stop_when_ended(failure, "sign"),
-    )
-    return commit_point, shard, inputs
+    fenced, failed = _stop_when_fenced(failure, "the input partition"), _stop_when_ended(failure, "sign")
+    return commit_point, shard, InputTransactions(settings, fenced, failed)
 
 
 def _stop_when_ended(failure: Failure, stage: str) -> Callable[[str], None]:

@@ -43,23 +43,19 @@ async def send_in_batches(
         targets = [partition] * len(messages)
     else:
         targets = default_partitions(producer, topic, [key for key, _ in messages])
-    open_batches: dict[int, tuple[Any, int]] = {}
+    extras = [{}] * len(messages) if headers is None else [{"headers": list(h)} for h in headers]
+    open_batches: dict[int, tuple[Any, int]] = {}  # by partition: its batch, and how many it holds
     submitted: list[SentBatch] = []
-    extras: Sequence[Any] = (
-        [{}] * len(messages) if headers is None else [{"headers": list(h)} for h in headers]
-    )
     for (key, value), target, extra in zip(messages, targets, extras, strict=True):
         batch, count = open_batches.get(target, (None, 0))
-        if batch is not None and batch.append(key=key, value=value, timestamp=None, **extra) is not None:
-            open_batches[target] = (batch, count + 1)
-            continue
-        if batch is not None:  # full: send it, start the next
-            submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))
-        batch = producer.create_batch()
-        if batch.append(key=key, value=value, timestamp=None, **extra) is None:
-            size = 0 if value is None else len(value)
-            raise ValueError(f"a message of {size} bytes does not fit in a batch for {topic}")
-        open_batches[target] = (batch, 1)
+        if batch is None or batch.append(key=key, value=value, timestamp=None, **extra) is None:
+            if batch is not None:  # full: send it, start the next
+                submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))
+            batch, count = producer.create_batch(), 0
+            if batch.append(key=key, value=value, timestamp=None, **extra) is None:
+                size = 0 if value is None else len(value)
+                raise ValueError(f"a message of {size} bytes does not fit in a batch for {topic}")
+        open_batches[target] = (batch, count + 1)
     for target, (batch, count) in open_batches.items():
         submitted.append(SentBatch(await producer.send_batch(batch, topic, partition=target), count))
     return submitted

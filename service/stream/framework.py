@@ -42,11 +42,6 @@ _kafka_hash = extension(f"{__package__}._kafka_hash", "NEARDUP_KAFKA_HASH_PATH")
 IDLE_CHECK_S = 0.1
 
 
-def _halted(service: Any) -> bool:
-    """What mode's `Service.wait_first` checks before it reports a winner: stopped or crashed."""
-    return bool(service._stopped.is_set() or service._crashed.is_set())
-
-
 class LeanStream(faust.Stream):
     """The worker's Faust streams: faust.Stream with a take loop of its own (`take_events`)."""
 
@@ -148,12 +143,10 @@ def _consumer_class(
             tasks (Faust's way, so that a suspended flow abandons it) only when it has to wait. The
             callback sets no context variables (Faust sets the current event in the stream's own
             task), so running it outside a task of its own changes no other task's context."""
-            if (
-                timeout is None
-                and len(coros) == 2
-                and asyncio.iscoroutine(coros[0])
-                and not (self.suspend_flow.is_set() or _halted(self))
-            ):
+            # the flow suspended (a rebalance), or what mode's wait_first checks before it reports a
+            # winner: the consumer stopped or crashed
+            held = self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set()
+            if timeout is None and len(coros) == 2 and asyncio.iscoroutine(coros[0]) and not held:
                 callback, other = coros
                 finished, outcome = run_until_wait(callback)
                 if finished:
@@ -232,8 +225,8 @@ PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (faust.App, "_new_transport", "app_class: the transport with that consumer"),
     (faust.App, "_on_agent_error", "app_class: an agent that raises stops the worker"),
     (faust.App, "_consumer_wait_empty", "app_class: a worker stopping for a failure does not wait"),
-    (aiokafka_driver.Consumer, "_stopped", "_halted: what wait_first checks before it reports"),
-    (aiokafka_driver.Consumer, "_crashed", "_halted: what wait_first checks before it reports"),
+    (aiokafka_driver.Consumer, "_stopped", "app_class: what wait_first checks before it reports"),
+    (aiokafka_driver.Consumer, "_crashed", "app_class: what wait_first checks before it reports"),
     (aiokafka_driver.Consumer, "wait_first", "app_class: the stream callback run inline"),
     (AIOKafkaConsumer, "_fetch_max_wait_ms", "app_class: read when the consumer starts its fetcher"),
     (AIOKafkaConsumer, "_fetch_min_bytes", "app_class: read when the consumer starts its fetcher"),

@@ -55,9 +55,7 @@ class IndexAgent:
         self,
         settings: Settings,
         decider: Decider,
-        collector: CollectorPolicy,
         outputs: Outputs,
-        publisher: IndexPublisher,
         progress: Progress,
         failure: Failure,
         deliveries: Deliveries,
@@ -66,8 +64,8 @@ class IndexAgent:
     ) -> None:
         self.settings = settings
         self.decider = decider
-        self.collector = collector
-        self.publisher = publisher
+        self.collector = CollectorPolicy(settings.gc_freeze_every)
+        self.publisher = IndexPublisher(settings, outputs)
         self.progress = progress
         self.failure = failure
         self.deliveries = deliveries

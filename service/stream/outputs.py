@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import faust
@@ -24,32 +25,28 @@ log = logging.getLogger("neardup.stream")
 Letter = tuple[str, bytes, bytes | None]  # (reason, dead-letter record, key)
 SHARD_KEY = b"0"  # the key of every signatures message: the index shard is one partition
 Published = tuple[list[Any], Callable[[], None]]  # a chunk's sends, and what counts them once acknowledged
+# the index's sizes after a chunk, each a gauge of Metrics named as the BatchOutcome field it shows
+SIZE_GAUGES = ["indexed", "clusters", "buckets", "largest_bucket", "anchor_postings", "boilerplate_anchors"]
 
 
+@dataclass(eq=False)
 class Outputs:
-    """`producer`: what to send through (the index stage's transactional producer under
-    exactly-once, transactions.py); by default aiokafka's producer under Faust's."""
+    """What the agents send through, and how they send it (batches.py)."""
 
-    def __init__(
-        self,
-        app: faust.App,
-        metrics: Metrics,
-        dead_letter_topic: str,
-        producer: Callable[[], Any] | None = None,
-    ) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.dead_letter_topic = dead_letter_topic
-        self._producer = producer
+    app: faust.App
+    metrics: Metrics
+    dead_letter_topic: str
+    # what to send through: the index stage's transactional producer under exactly-once
+    # (transactions.py); None: aiokafka's producer under Faust's
+    given_producer: Callable[[], Any] | None = None
 
     def through(self, producer: Any) -> Outputs:
         """The same outputs sent through `producer` (a transaction's)."""
         return Outputs(self.app, self.metrics, self.dead_letter_topic, lambda: producer)
 
     def producer(self) -> Any:
-        if self._producer is not None:
-            return self._producer()
-        return framework.aiokafka_producer(self.app)
+        given = self.given_producer
+        return framework.aiokafka_producer(self.app) if given is None else given()
 
     async def send_batches(
         self, topic: str, messages: Sequence[KeyedValue], **options: Any
@@ -140,12 +137,8 @@ class IndexPublisher:
             self.outputs.count_dead_letters(letters)
             if out.feed:
                 metrics.fed.inc(len(out.feed))
-            metrics.indexed.set(outcome.indexed)
-            metrics.clusters.set(outcome.clusters)
-            metrics.buckets.set(outcome.buckets)
-            metrics.largest_bucket.set(outcome.largest_bucket)
-            metrics.anchor_postings.set(outcome.anchor_postings)
-            metrics.boilerplate_anchors.set(outcome.boilerplate_anchors)
+            for gauge in SIZE_GAUGES:
+                getattr(metrics, gauge).set(getattr(outcome, gauge))
             if outcome.bytes_on_disk is not None:
                 metrics.index_bytes.set(outcome.bytes_on_disk)
             if outcome.oldest_ms is not None:
@@ -164,14 +157,8 @@ class IndexPublisher:
         if letter.source is not None and entry.article_id is not None:
             topic, partition, offset = letter.source.topic, letter.source.partition, letter.source.offset
             key = entry.article_id.encode()
-        log.error(
-            "index_error reason=%s topic=%s partition=%s offset=%d error=%s",
-            entry.reason,
-            topic,
-            partition,
-            offset,
-            entry.error,
-        )
+        failed = "index_error reason=%s topic=%s partition=%s offset=%d error=%s"
+        log.error(failed, entry.reason, topic, partition, offset, entry.error)
         assert entry.error is not None
         record = dead_letter_dict(entry.reason, entry.error, letter.payload, topic, partition, offset, key)
         return entry.reason, orjson.dumps(record), key

@@ -7,6 +7,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import faust
@@ -31,32 +32,21 @@ TAKE_WITHIN_S = 0.001
 BatchSends = tuple[list[Any], Callable[[], Awaitable[None]]]  # a batch's sends, and its acknowledgement
 
 
+@dataclass(eq=False, repr=False)  # compared and shown as itself, not by what it holds
 class SignAgent:
     """A batch is acknowledged once its signatures and dead letters are (`deliveries`); signatures
     this worker sends are handed to the index agent as soon as they are acknowledged (`hand_off`)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        signer: Signer,
-        outputs: Outputs,
-        signatures: faust.TopicT,
-        progress: Progress,
-        failure: Failure,
-        deliveries: Deliveries,
-        hand_off: HandOff,
-        transactions: InputTransactions | None = None,
-    ) -> None:
-        self.settings = settings
-        # exactly-once: each input partition's sends and offsets in transactions of its own
-        self.transactions = transactions
-        self.signer = signer
-        self.outputs = outputs
-        self.signatures = signatures
-        self.progress = progress
-        self.failure = failure
-        self.deliveries = deliveries
-        self.hand_off = hand_off
+    settings: Settings
+    signer: Signer
+    outputs: Outputs
+    signatures: faust.TopicT
+    progress: Progress
+    failure: Failure
+    deliveries: Deliveries
+    hand_off: HandOff
+    # exactly-once: each input partition's sends and offsets in transactions of its own
+    transactions: InputTransactions | None = None
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(self.settings.sign_batch, within=TAKE_WITHIN_S):
@@ -88,13 +78,8 @@ class SignAgent:
         for (tp, _, ((raw, key, src), headers)), result in zip(entries, results, strict=True):
             if result.signed is None:
                 assert result.dead_letter is not None and result.reason is not None
-                log.info(
-                    "dead_letter reason=%s topic=%s partition=%d offset=%d",
-                    result.reason,
-                    src.topic,
-                    src.partition,
-                    src.offset,
-                )
+                where = (src.topic, src.partition, src.offset)
+                log.info("dead_letter reason=%s topic=%s partition=%d offset=%d", result.reason, *where)
                 letters[tp].append((result.reason, result.dead_letter, key))
             elif settings.unique_topic:  # the filtered feed forwards the input message as it came
                 signed[tp].append(with_original(result.signed, raw or b"", headers))
@@ -158,9 +143,8 @@ class SignAgent:
 
     async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
         if self.transactions is not None:
-            inputs = [
-                (tp.topic, tp.partition) for tp in revoked or () if tp.topic == self.settings.input_topic
-            ]
+            topic = self.settings.input_topic
+            inputs = [(tp.topic, tp.partition) for tp in revoked or () if tp.topic == topic]
             await self.transactions.revoked(inputs)
 
 
