@@ -66,14 +66,10 @@ class Child:
     async def start(cls, module: str, setup: object) -> Child:
         """Start a child serving `module` (child.py) and send it `setup`; returns once the child
         answered it."""
+        serving = __name__.rsplit(".", 1)[0] + ".child"  # by the name the package was imported under
+        pipe = asyncio.subprocess.PIPE
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            __name__.rsplit(".", 1)[0] + ".child",  # by the name the package was imported under
-            module,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            limit=_STREAM_LIMIT,
+            sys.executable, "-m", serving, module, stdin=pipe, stdout=pipe, limit=_STREAM_LIMIT
         )
         child = cls(process)
         try:

@@ -65,10 +65,10 @@ class MemoryKV:
                 self._records[key] = value
 
     def flush(self) -> None:
-        pass
+        """Nothing to flush: every write is in the dicts already."""
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the dicts go with the object."""
 
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
