@@ -174,10 +174,7 @@ class LayeredKV:
 
     @staticmethod
     def _newest(layers: list[_Family], key: bytes) -> bytes | None:
-        for family in layers:
-            if key in family.values:
-                return family.values[key]
-        return None
+        return next((family.values[key] for family in layers if key in family.values), None)
 
     def flush(self) -> None:
         self.base.flush()
