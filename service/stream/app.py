@@ -259,10 +259,7 @@ def _stop_when_ended(failure: Failure, stage: str) -> Callable[[str], None]:
 
 
 def _stop_when_fenced(failure: Failure, what: str) -> Callable[[Fenced], None]:
-    def fenced(exc: Fenced) -> None:
-        failure.fail(f"producer_fenced: {exc}; another worker owns {what}, stopping")
-
-    return fenced
+    return lambda exc: failure.fail(f"producer_fenced: {exc}; another worker owns {what}, stopping")
 
 
 def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: faust.TopicT) -> None:

@@ -88,10 +88,8 @@ class ChangelogSends:
         committed to the index; then `then` (its counters)."""
 
         def apply() -> None:
-            end = None
-            if changelog:
-                last = changelog[-1]  # one partition: the last batch holds the last write
-                end = last.sent.result().offset + last.messages
+            # one partition: the last batch holds the last write
+            end = changelog[-1].sent.result().offset + changelog[-1].messages if changelog else None
             self.acknowledged(end, chunk)
             then()
 
@@ -106,13 +104,12 @@ class IndexPublisher:
     def __init__(self, settings: Settings, outputs: Outputs) -> None:
         self.settings = settings
         self.outputs = outputs
-        self.metrics = outputs.metrics
         self.feed_kinds = settings.feed_kinds() if settings.unique_topic else None  # None: no feed
 
     async def publish(self, outcome: BatchOutcome, messages: Sequence[SignedMessage]) -> Published:
         """Send a chunk's verdicts, feed messages (read from its signatures `messages`, (offset, value))
         and dead letters; returns the sends and what counts them once they are acknowledged."""
-        metrics = self.metrics
+        metrics = self.outputs.metrics
         out = batch_publication(
             outcome.entries,
             messages,

@@ -19,7 +19,6 @@ from ..pipeline.health import Failure
 from ..pipeline.order import HandOff
 from ..pipeline.signer import Signer, SignerFailed, SignItem
 from ..pipeline.wire import Provenance, pack_in_chunks, with_original
-from .batches import send_in_batches
 from .outputs import SHARD_KEY, Letter, Outputs
 from .progress import Progress
 from .topics import StoredMessage
@@ -134,11 +133,10 @@ class SignAgent:
         assert self.transactions is not None
         writer = self.transactions.writer(tp.topic, tp.partition)
         async with writer.joined({TopicPartition(tp.topic, tp.partition): end}) as transaction:
-            producer = transaction.producer
-            transaction.sends += await self.outputs.through(producer).dead_letters(letters)
+            outputs = self.outputs.through(transaction.producer)
+            transaction.sends += await outputs.dead_letters(letters)
             packs = [(SHARD_KEY, pack) for pack in pack_in_chunks(signed)]
-            sent = await send_in_batches(producer, self.settings.signatures_topic, packs, partition=0)
-            transaction.sends += [batch.sent for batch in sent]
+            transaction.sends += await outputs.send(self.settings.signatures_topic, packs, partition=0)
         await transaction.committed
 
     async def on_revoked(self, sender: Any, revoked: Any = None, **_: Any) -> None:
