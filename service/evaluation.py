@@ -88,7 +88,7 @@ def evaluate(
     estimates: list[dict[int, float]] = []
     index_of = {a.article_id: i for i, a in enumerate(articles)}
     same_content: dict[bytes, list[int]] = {}
-    represented = 0
+    result = Evaluation(articles=len(articles), pairs=len(articles) * (len(articles) - 1) // 2)
     for i, article in enumerate(articles):
         sketch = sketch_of(article.text, params)
         keys = tuple(band_keys(sketch.signature, *banding))
@@ -99,14 +99,12 @@ def evaluate(
             for copy in same_content.get(other.sketch.content_hash, ()):
                 if copy not in found:
                     found[copy] = estimate
-                    represented += 1
+                    result.represented += 1
         estimates.append(found)
         same_content.setdefault(sketch.content_hash, []).append(i)
         src = Provenance("evaluate", None, i, None)
         shard.decide([Signed(article.article_id, sketch, src, keys, banding, time_ms=i)])
 
-    pairs = len(articles) * (len(articles) - 1) // 2
-    result = Evaluation(articles=len(articles), pairs=pairs, represented=represented)
     rng = random.Random(sample_seed)
     sampled = set(rng.sample(range(1, len(articles)), min(sample_size, max(len(articles) - 1, 0))))
     for i, exact_row in enumerate(exact_jaccard_rows(sets)):  # row 0 is empty, and never sampled
@@ -117,9 +115,8 @@ def evaluate(
             result.all_pairs.add(predicted, actual)
             if abs(exact - params.threshold) > margin:
                 result.outside_margin.add(predicted, actual)
-            if actual:
-                result.true_pairs += 1
-                result.candidates_found += proposed is not None
+            result.true_pairs += actual
+            result.candidates_found += actual and proposed is not None
             if proposed is not None:
                 result.abs_errors.append(abs(proposed - exact))
         if i in sampled:
