@@ -338,10 +338,8 @@ def verdicts_summary(verdicts: list[dict[str, Any]]) -> str:
     exact = sum(1 for v in verdicts if v.get("exact"))
     lines = [f"verdicts: {len(verdicts)} ({counts}; exact re-posts={exact})"]
     if latencies:
-        lines.append(
-            f"produce-to-verdict latency: median {latencies[len(latencies) // 2]:.1f} ms, "
-            f"max {latencies[-1]:.1f} ms"
-        )
+        median = latencies[len(latencies) // 2]
+        lines.append(f"produce-to-verdict latency: median {median:.1f} ms, max {latencies[-1]:.1f} ms")
     if clusters:
         top = ", ".join(f"{cid} (+{n})" for cid, n in clusters.most_common(5))
         lines.append(f"largest clusters: {top}")
