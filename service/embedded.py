@@ -203,7 +203,7 @@ def run_file(
         lines = _lines(source, mark.input, mark.line)
         if sign_processes == 0:
             for batch in _batches(lines, decide_batch, SIGN_BATCH_BYTES):
-                run.decide(batch, [_sign_here(stage, line, _source(topic, line)) for line in batch])
+                run.decide(batch, [_sign_here(stage, line, run.source(line)) for line in batch])
         else:
             batches = _batches(lines, sign_batch or SIGN_BATCH, SIGN_BATCH_BYTES)
             asyncio.run(_decide_while_signing(batches, stage, sign_processes, decide_batch, run))
@@ -285,13 +285,16 @@ class _FileRun:
                     self._publish(line, result)
                     continue
                 # as the worker's index stage: a dead letter, not a stopped run
-                src = _source(self.topic, line)
-                item = SignStage.dead(result.reason, result.error, line.body, None, src)
+                item = SignStage.dead(result.reason, result.error, line.body, None, self.source(line))
             assert item.dead_letter is not None and item.reason is not None
             self.dead.write(item.dead_letter + b"\n")
             self.summary.dead_letters[item.reason] += 1
         if lines:
             self._checkpoint(lines[-1])
+
+    def source(self, line: _Line) -> Provenance:
+        """Where a line came from, as dead letters name it: the file and the line's number."""
+        return Provenance(self.topic, None, line.number, None)
 
     def _publish(self, line: _Line, decided: Decided) -> None:
         """A decision as lines of the run's files (pipeline/publication.py): a verdict, or a
@@ -344,11 +347,6 @@ def _lines(source: BinaryIO, offset: int, line_no: int) -> Iterator[_Line]:
             yield _Line(line_no, offset, raw, body)
 
 
-def _source(topic: str, line: _Line) -> Provenance:
-    """Where a line came from, as dead letters name it: the file and the line's number."""
-    return Provenance(topic, None, line.number, None)
-
-
 def _batches(lines: Iterator[_Line], count: int, max_bytes: int) -> Iterator[list[_Line]]:
     """Consecutive lines, at most `count` and (beyond the first) `max_bytes` of them at a time."""
     batch: list[_Line] = []
@@ -390,9 +388,7 @@ async def _decide_while_signing(
     def start(batch: list[_Line] | None) -> asyncio.Future[list[SignResult]] | None:
         if batch is None:
             return None
-        return asyncio.ensure_future(
-            signer.sign([(line.body, None, _source(run.topic, line)) for line in batch])
-        )
+        return asyncio.ensure_future(signer.sign([(line.body, None, run.source(line)) for line in batch]))
 
     signing = None
     try:
