@@ -1,41 +1,44 @@
-/* The per-shingle loops of signing and verification in C: the same arithmetic as the numpy code in
- * minhash.py and shingle.py (which stays the reference, and the fallback where this module is not
- * built), in one pass over the data instead of a dozen array passes with their temporaries.
+/* The loops of signing, verification and the index in C, which the package requires: the same
+ * arithmetic as their numpy references (tests/support/reference_sketch.py, reference_anchors.py and
+ * reference_state.py; dedup.py's _ranked, state/tables.py's posting lists, records.py's head), in
+ * one pass over the data instead of a dozen array passes with their temporaries.
  *
  * oph_minima(units, k, seed_key, minima[, width]) -> distinct
  *     units: uint64 buffer (code points or word hashes), or uint32 (code points) with width 4, at
- *     least k of them. For every window of k
- *     units: the polynomial shingle hash (shingle.py: h = h * POLY + unit, mod 2**64), permuted by
- *     fmix64(h ^ seed_key) (minhash.py: _permuted), kept in `minima` (a writable uint64 buffer of
- *     num_bins items, filled with EMPTY_SLOT by the caller) if it is the least of its bin
- *     (minhash.py: _bin_minima). Returns the number of distinct shingle hashes.
+ *     least k of them. For every window of k units: the polynomial shingle hash (shingle.py:
+ *     h = h * POLY + unit, mod 2**64), permuted by fmix64(h ^ seed_key) (reference_sketch.py:
+ *     permuted), kept in `minima` (a writable uint64 buffer of num_bins items, filled with
+ *     EMPTY_SLOT by the caller) if it is the least of its bin (reference_sketch.py: bin_minima).
+ *     Returns the number of distinct shingle hashes.
  *
  * finish(wide, num_perm, empty, empty_slot, signature, verifier) -> unfilled
  *     wide: the verifier's bin minima (uint64, a multiple of num_perm of them, `empty` where a bin
  *     got none). Writes the signature (a writable uint64 buffer of num_perm slots: the least of each
- *     group of consecutive bins, minhash.py: MinHasher._finished) and the 8-bit verifier (a writable
+ *     group of consecutive bins, reference_sketch.py: finished) and the 8-bit verifier (a writable
  *     uint8 buffer, one byte a bin: the low 8 bits, a real minimum reading as `empty_slot` made
- *     empty_slot - 1; minhash.py: narrow_verifier). Returns how many signature slots stayed empty
- *     (the caller densifies them; news-sized texts leave none).
+ *     empty_slot - 1; reference_sketch.py: narrow_verifier). Returns how many signature slots
+ *     stayed empty (the caller densifies them; news-sized texts leave none).
  *
  * band_keys(signature, bands, rows) -> list of bytes
  *     signature: uint64 buffer of at least bands * rows slots. For each band, 2 bytes of its index
  *     (big-endian) and the first 8 bytes of MurmurHash3_x64_128 (seed 0) of its rows' bytes: what
- *     lsh.band_keys computes with mmh3.hash_bytes, one Python call per band.
+ *     reference_sketch.band_keys computes with mmh3.hash_bytes, one Python call per band.
  *
  * collapse_spaces(points, is_space, out) -> length
  *     points: uint32 code points; is_space: a bool (uint8) table by code point; out: a writable
  *     uint32 buffer at least as long as points. Writes the points with every run of spaces made one
- *     U+0020 and none at either end (normalize.py: canonical_code_points) and returns how many.
+ *     U+0020 and none at either end (reference_sketch.py: collapse_spaces) and returns how many.
  *
  * scores(query, candidates, size_a, empty, chance) -> (jaccard, containment, contains)
  *     query: uint8 buffer of m verifier slots; candidates: a sequence of objects with a `verifier`
  *     (uint8 buffer of m slots) and a `shingle_count` (Sketch). For each candidate: the Jaccard
- *     estimate from the verifiers (minhash.py: estimate_jaccard_verified_many, slots equal to `empty`
- *     in both left out, chance agreements taken out) and the containment estimates derived from it
- *     with the distinct counts (estimate_containment_many), as three bytes objects of native
- *     float64, with the same floating-point operations in the same order (built without contracting
- *     them into fused multiply-adds). ValueError when a verifier's length differs from the query's.
+ *     estimate from the verifiers (reference_sketch.py: estimate_jaccard_verified_many, slots
+ *     equal to `empty` in both left out, chance agreements taken out) and the containment
+ *     estimates derived from it with the distinct counts (estimate_containment_many), as three
+ *     bytes objects of native float64, with the same floating-point operations in the same order
+ *     (built without contracting them into fused multiply-adds). ValueError when a verifier's
+ *     length differs from the query's. A query of no slots (verify_perm=0) scores 0 against
+ *     every candidate: minhash.verified_scores and dedup.rank score those from the signatures.
  *
  * rank(query, candidates, size_a, empty, chance, top, threshold, containment) -> (top, match)
  *     The decision over an article's candidates (dedup.py: _ranked is the reference) in one call,
@@ -50,8 +53,8 @@
  * merge_buckets(buckets, count) -> list of int
  *     buckets: a sequence of bytes (a stored LSH bucket: 8-byte big-endian arrival numbers in the
  *     order they joined it) or None (no such bucket). The distinct arrival numbers in order of
- *     first appearance, bucket by bucket, at most `count` of them (state/index.py: merge_buckets, the
- *     reference, merges them with dict.fromkeys, or numpy for a large cluster).
+ *     first appearance, bucket by bucket, at most `count` of them (reference_state.py:
+ *     merge_buckets, the reference, merges them with dict.fromkeys, or numpy for a large cluster).
  *
  * varints(data, position, count) -> (values, end)
  *     data: a buffer. The `count` unsigned LEB128 varints from `position` (seven bits a byte, the
@@ -64,11 +67,11 @@
  *     an entry a flag) or None; those of `full` bytes or more are left out. Counts each distinct
  *     entry over the lists and keeps those counted at least `need` times or flagged; returns at
  *     most `top` of them as (entry without its flag, count), the most counted first, then the
- *     smallest (index.py: rank_postings, the reference).
+ *     smallest (state/tables.py: rank_postings, the reference).
  *
  * anchors(points, k, window, seed_key, most) -> bytes
  *     points: uint32 code points, at least k of them; window in 1..255. Winnowing
- *     (anchors.py: anchors_reference): each k-character shingle's polynomial hash (as oph_minima,
+ *     (reference_anchors.py: anchors_of): each k-character shingle's polynomial hash (as oph_minima,
  *     rolled rather than recomputed) mixed by fmix64(h ^ seed_key); of every `window` consecutive
  *     ones the least, the rightmost among equals (the least of all when there are at most
  *     `window`), each chosen position once, ascending, the first `most` of them. Returns them packed
@@ -77,7 +80,7 @@
  *
  * passages(mine, other, k, gap, shift, repeats, limit) -> list of (int, int, int, int, int)
  *     mine, other: packed anchors (as `anchors` returns them). The passages both hold
- *     (anchors.py: passages_reference): anchors of equal hash, each of mine matched with the first
+ *     (reference_anchors.py: passages): anchors of equal hash, each of mine matched with the first
  *     `repeats` of other's in position order, chained while both advance (by at most `gap`, their
  *     advances differing by at most `shift`) in the latest run of their diagonal band
  *     ((other's position - mine's) floor-divided by `shift`) or of a neighbouring one. At most
@@ -86,12 +89,12 @@
  *
  * posting_keys(anchors, prefix) -> list of bytes
  *     anchors: packed anchors. `prefix` followed by each distinct hash's 4 bytes, in the order of
- *     first appearance (index.py: posting_keys).
+ *     first appearance (state/tables.py: posting_keys).
  *
  * join_postings(names, lists, entry, full, into) -> (created, filled)
  *     names: bytes; lists: bytes or None (absent), as many. `entry` appended to each list of fewer
  *     than `full` bytes (an absent one: `entry` alone), set in the dict `into` under its name;
- *     returns how many were absent and how many reach `full` (index.py: join_postings).
+ *     returns how many were absent and how many reach `full` (state/tables.py: join_postings).
  *
  * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
  * number of items, non-empty where an item is read, consistent with each other and with the
@@ -391,7 +394,8 @@ done:
 }
 
 /* The Jaccard estimate of two verifiers from their equal slots and, of those, slots empty in both
- * (minhash.py: estimate_jaccard_verified_many, _estimates and _unbias_many, the same operations). */
+ * (reference_sketch.py: estimate_jaccard_verified_many, _estimates and _unbias_many, the same
+ * operations). */
 static double jaccard_estimate(Py_ssize_t equal, Py_ssize_t both_empty, Py_ssize_t size, double chance) {
     if (equal == 0) {
         return 0.0;
@@ -1157,7 +1161,7 @@ static inline Py_ssize_t band_latest(const Bands *map, int64_t band) {
 }
 
 /* The run an anchor pair at (at, other_at) continues: the latest of its band or a neighbour's
- * that both texts advance from, within the gap and the shift (anchors.py: _extendable). */
+ * that both texts advance from, within the gap and the shift (reference_anchors.py: _extendable). */
 static Py_ssize_t extendable(const Bands *map, const Run *runs, int64_t band, int64_t at, int64_t other_at,
                              int64_t gap, int64_t shift) {
     const int64_t near[3] = {band, band - 1, band + 1};

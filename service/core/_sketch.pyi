@@ -1,8 +1,8 @@
 """Types of the compiled loops (_sketch.c), which the package requires; their numpy references are
-tests/support/reference_sketch.py and reference_anchors.py (and, for the state's loops, the numpy
-code in normalize.py and state/). Any contiguous buffer of the right length is taken where an array
-is named, at any alignment; wrong lengths and values raise ValueError (see the comment at the top
-of _sketch.c)."""
+tests/support/reference_sketch.py, reference_anchors.py and reference_state.py (and, for the posting
+lists and a record's head, the numpy code in state/tables.py and state/records.py). Any contiguous
+buffer of the right length is taken where an array is named, at any alignment; wrong lengths and
+values raise ValueError (see the comment at the top of _sketch.c)."""
 
 from collections.abc import Sequence
 from typing import Any

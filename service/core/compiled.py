@@ -1,7 +1,8 @@
-"""The compiled modules. _sketch (service/core/_sketch.c) is required: signing and scoring run in
-its loops, which the package calls directly; the numpy code they replace is kept as their
-reference under tests/support/ (reference_sketch.py, reference_anchors.py), where the tests
-compare them result for result. Kafka's key hash (stream/framework.py) stays optional.
+"""The compiled modules. _sketch (service/core/_sketch.c) is required: signing, normalising,
+scoring and the index's tables run in its loops, which the package calls directly; the numpy code
+they replace is kept as their reference under tests/support/ (reference_sketch.py,
+reference_anchors.py, reference_state.py), where the tests compare them result for result. Kafka's
+key hash (stream/framework.py) stays optional.
 
 NEARDUP_SKETCH_PATH=/path/to/_sketch.so loads that build of _sketch.c instead of the installed one
 (.ci/asan: one built with AddressSanitizer; or another version, for A/B timings). It must load: an
@@ -50,13 +51,12 @@ else:
     if _sketch is None:  # pragma: no cover - a source checkout without a C compiler
         raise ImportError("neardup.core._sketch is not built: reinstall with a C compiler (pip install -e .)")
 
-BUILT = True  # _sketch is required: this module does not import without it
 _enabled = True
 
 
 def loops() -> ModuleType | None:
-    """_sketch for the code that keeps a numpy path beside it (normalize.py, state/records.py,
-    state/tables.py); None while enable(False) holds, for the tests of that path."""
+    """_sketch for the code that keeps a numpy path beside it (state/records.py: reading a record's
+    head); None while enable(False) holds, for the tests of that path."""
     return _sketch if _enabled else None
 
 

@@ -10,7 +10,7 @@ import numpy.typing as npt
 from charset_normalizer import from_bytes
 
 from ..errors import Error
-from . import compiled
+from .compiled import _sketch
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ def _nfkc(text: str, options: NormalizeOptions, max_points: int | None) -> str:
 def canonical_code_points(
     text: str, options: NormalizeOptions = DEFAULT_NORMALIZE, max_points: int | None = None
 ) -> CodePoints:
-    """`normalize(text)` as UTF-32 code points, with the whitespace collapsed in numpy; TooLong
-    beyond `max_points` characters after NFKC (None: no limit).
+    """`normalize(text)` as UTF-32 code points, the whitespace collapsed in one compiled pass
+    (_sketch.collapse_spaces); TooLong beyond `max_points` characters after NFKC (None: no limit).
 
     Same result as np.frombuffer(normalize(text).encode("utf-32-le"), "<u4"), without normalize()'s
     costliest step on news-sized texts: splitting the text into words and joining them again."""
@@ -103,18 +103,8 @@ def canonical_code_points(
     points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
     if not options.collapse_whitespace or points.size == 0:
         return points.astype(np.uint32)
-    loops = compiled.loops()
-    if loops is not None:  # the same in one pass: the numpy below is most of this function's cost
-        collapsed = np.empty(points.size, dtype=np.uint32)
-        return collapsed[: loops.collapse_spaces(points, _IS_SPACE, collapsed)]
-    space = _IS_SPACE[points]
-    after_space = np.empty_like(space)
-    after_space[0] = True  # drops leading whitespace
-    after_space[1:] = space[:-1]
-    collapsed = np.where(space, np.uint32(32), points)[~(space & after_space)]
-    if collapsed.size and collapsed[-1] == 32:
-        collapsed = collapsed[:-1]
-    return collapsed.astype(np.uint32, copy=False)
+    collapsed = np.empty(points.size, dtype=np.uint32)
+    return collapsed[: _sketch.collapse_spaces(points, _IS_SPACE, collapsed)]
 
 
 # Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt, Unicode 14 to 15.1), as inclusive

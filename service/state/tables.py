@@ -11,13 +11,13 @@ import collections
 import itertools
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from ..core import compiled
 from ..core.anchors import Anchors
+from ..core.compiled import _sketch
 from ..core.dedup import IndexedArticle
 from .port import Batch, Counts, KeyValue
 from .records import CorruptRecord, Probe, decode_probe, decode_record
@@ -36,8 +36,6 @@ _SEQ_DTYPE = np.dtype(">u8")
 POSTING_ENTRY = 5
 FEW_ANCHORS = 1 << 39
 POSTING_SEQS = FEW_ANCHORS - 1
-# Bucket entries up to which merge_buckets merges them with a dict rather than numpy.
-SMALL_MERGE = 256
 _UNCACHED = b"?"  # a posting list is a whole number of entries: never this
 T = TypeVar("T")
 
@@ -396,11 +394,10 @@ class Buckets:
 
     def lookup(self, keys: Sequence[bytes], count: int) -> list[int]:
         """The distinct seqs of the buckets `keys`, in order of first appearance, at most `count`:
-        one multi-get, merged by the compiled loop where built."""
+        one multi-get, merged in one compiled pass (_sketch.merge_buckets)."""
         found = self.kv.get_many([BAND + key for key in keys])
         self._looked_up = (keys, found)
-        loops = compiled.loops()
-        return (loops.merge_buckets if loops else merge_buckets)(found, count)
+        return _sketch.merge_buckets(found, count)
 
     def _read(self, keys: Sequence[bytes], batch: Batch) -> list[bytes | None]:
         """The stored buckets of `keys`, as this batch leaves them."""
@@ -475,8 +472,7 @@ class Postings:
         packed, names = self._names
         if anchors.packed == packed:
             return names
-        loops = compiled.loops()
-        names = loops.posting_keys(anchors.packed, POSTING) if loops else posting_keys(anchors)
+        names = _sketch.posting_keys(anchors.packed, POSTING)
         self._names = (anchors.packed, names)
         return names
 
@@ -489,9 +485,8 @@ class Postings:
             return []
         found = self._read_cached(names)
         self._looked_up = (anchors.packed, found)
-        loops = compiled.loops()
         args = (found, POSTING_ENTRY, self.cap * POSTING_ENTRY, min(2, len(names)), top)
-        ranked = loops.count_postings(*args) if loops else rank_postings(*args)
+        ranked = _sketch.count_postings(*args)
         return [(newest - ((newest - low) & POSTING_SEQS), count) for low, count in ranked]
 
     def _read(self, anchors: Anchors, names: list[bytes], batch: Batch) -> list[bytes | None]:
@@ -529,9 +524,7 @@ class Postings:
         low = seq & POSTING_SEQS
         entry = (low | (FEW_ANCHORS if len(names) < 2 else 0)).to_bytes(POSTING_ENTRY, "big")
         stored = self._read(anchors, names, batch)
-        loops = compiled.loops()
-        join = loops.join_postings if loops else join_postings
-        created, filled = join(names, stored, entry, self.cap * POSTING_ENTRY, batch.main)
+        created, filled = _sketch.join_postings(names, stored, entry, self.cap * POSTING_ENTRY, batch.main)
         self.counts.postings += created
         self.counts.boilerplate += filled
         batch.postings_written.append(names)
@@ -564,17 +557,6 @@ class Postings:
             cache.update({name: main[name] for name in names if name in main})
         if len(cache) > self.cache_size:
             cache.clear()
-
-
-def merge_buckets(found: Sequence[bytes | None], count: int) -> list[int]:
-    """The distinct seqs of stored buckets (None: absent), in order of first appearance, at most
-    `count`: the reference of the compiled _sketch.merge_buckets."""
-    stored = b"".join(data for data in found if data)
-    seqs = np.frombuffer(stored, dtype=_SEQ_DTYPE)
-    if seqs.size <= SMALL_MERGE:
-        return list(dict.fromkeys(seqs.tolist()))[:count]
-    distinct, first = np.unique(seqs, return_index=True)
-    return cast(list[int], distinct[np.argsort(first, kind="stable")][:count].tolist())
 
 
 def posting_keys(anchors: Anchors) -> list[bytes]:

@@ -7,6 +7,8 @@ same arithmetic in array passes, which the tests compare with the compiled resul
                                     minhash.verified_scores (_sketch.scores), and the figures
                                     dedup.rank ranks (_sketch.rank)
     band_keys                       lsh.band_keys (_sketch.band_keys)
+    collapse_spaces                 normalize.canonical_code_points' whitespace collapsing
+                                    (_sketch.collapse_spaces)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from neardup.core.minhash import (
     _densified,
     _tables,
 )
+from neardup.core.normalize import _IS_SPACE, CodePoints
 
 _TOP16_LANE = 3 if sys.byteorder == "little" else 0
 _BUCKET_SORT_SIZES = range(512, 1 << 22)  # where bucketing beats np.sort (see sorted_values)
@@ -183,3 +186,18 @@ def band_keys(signature: HashArray, bands: int, rows: int) -> list[bytes]:
         band.to_bytes(2, "big") + mmh3.hash_bytes(raw[band * width : (band + 1) * width])[:8]
         for band in range(bands)
     ]
+
+
+def collapse_spaces(points: CodePoints) -> CodePoints:
+    """canonical_code_points' last step: every run of spaces (str.isspace) made one U+0020, and
+    none at either end."""
+    if points.size == 0:
+        return points.astype(np.uint32)
+    space = _IS_SPACE[points]
+    after_space = np.empty_like(space)
+    after_space[0] = True  # drops leading whitespace
+    after_space[1:] = space[:-1]
+    collapsed = np.where(space, np.uint32(32), points)[~(space & after_space)]
+    if collapsed.size and collapsed[-1] == 32:
+        collapsed = collapsed[:-1]
+    return collapsed.astype(np.uint32, copy=False)

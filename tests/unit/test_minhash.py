@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from neardup.core import compiled, minhash
+from neardup.core import normalize as normalize_module
 from neardup.core.minhash import (
     CHANCE_AGREEMENT,
     EMPTY_SLOT,
@@ -22,7 +23,7 @@ from neardup.core.minhash import (
     unbias,
     verified_scores,
 )
-from neardup.core.normalize import canonical_code_points, normalize
+from neardup.core.normalize import NormalizeOptions, canonical_code_points, normalize
 from neardup.core.params import DedupParams
 from neardup.core.shingle import shingle_hashes, shingle_hashes_of_units
 from neardup.core.signing import sketch_of
@@ -420,6 +421,9 @@ def test_compiled_scores_equal_the_numpy_estimates() -> None:
 
 
 def test_compiled_space_collapsing_equals_the_numpy_reference(prose: tuple[str, ...]) -> None:
+    """canonical_code_points (_sketch.collapse_spaces) against reference_sketch.collapse_spaces:
+    on texts, then on random code points thick with spaces of every kind (runs, at both ends, a
+    text of spaces alone)."""
     texts = [
         *prose,
         "  leading and trailing  ",
@@ -431,11 +435,16 @@ def test_compiled_space_collapsing_equals_the_numpy_reference(prose: tuple[str, 
         "no_space_at_all",
         "\ud800 lone surrogate  ",
     ]
-    expected = []
-    previous = compiled.enable(False)
-    try:
-        expected = [canonical_code_points(text).tolist() for text in texts]
-    finally:
-        compiled.enable(previous)
-    assert [canonical_code_points(text).tolist() for text in texts] == expected
-    assert canonical_code_points("  a \t b ").dtype == np.uint32
+    uncollapsed = NormalizeOptions(collapse_whitespace=False)
+    for text in texts:
+        got = canonical_code_points(text)
+        assert got.dtype == np.uint32
+        assert got.tolist() == reference.collapse_spaces(canonical_code_points(text, uncollapsed)).tolist()
+    spaces = [c for c in range(0x3001) if chr(c).isspace()]
+    pool = np.array([*spaces, 97, 98, 0x2FFF, 0x3001, 0xD800, 0x10FFFF], dtype=np.uint32)
+    rng = np.random.default_rng(11)
+    for size in [1, 2, 3, *rng.integers(4, 400, 200).tolist()]:
+        points = pool[rng.integers(0, len(spaces) if rng.random() < 0.1 else pool.size, size)]
+        out = np.empty(size, dtype=np.uint32)
+        length = compiled._sketch.collapse_spaces(points, normalize_module._IS_SPACE, out)
+        assert out[:length].tolist() == reference.collapse_spaces(points).tolist(), points.tolist()

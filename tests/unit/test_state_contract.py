@@ -17,12 +17,12 @@ from neardup.core.lsh import band_keys
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.shingle import ShingleOptions
 from neardup.core.signing import Sketch, sketch_of
-from neardup.state import tables as tables_module
 from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
 from neardup.state.records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 from neardup.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
+from tests.support import reference_state
 from tests.support.state import MakeState, contents
 
 PARAMS = DedupParams()
@@ -469,40 +469,27 @@ def test_rocks_probe_cache_is_not_reordered_by_hits(tmp_path: Path, prose: tuple
         state.close()
 
 
-@pytest.mark.parametrize("compiled_loops", [True, False], ids=["compiled", "numpy"])
-def test_rocks_candidates_merge_small_and_large_bucket_lists_alike(
-    tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, compiled_loops: bool
+def test_rocks_candidates_merge_a_cluster_s_buckets_in_order_of_first_appearance(
+    tmp_path: Path, prose: tuple[str, ...]
 ) -> None:
-    """A cluster's buckets are merged by the compiled loop where built, else by dict up to
-    SMALL_MERGE entries and by numpy beyond: the same candidates in the same order every way
-    (here 12 copies: ~300 entries)."""
-    if compiled_loops and not compiled.BUILT:
-        pytest.skip("_sketch is not built")
-    monkeypatch.setattr(compiled, "_enabled", compiled_loops)
+    """A cluster's buckets (here 12 copies: ~300 entries) merged by the compiled loop: the distinct
+    members in order of first appearance, bucket by bucket."""
     state = RocksState(tmp_path / "db")
     state.open_header(PARAMS.header())
     copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(12)]
     keys = band_keys(copies[5].sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
     entries = sum(len(state.band_members(key)) for key in keys)
-    by_default = [a.article_id for a in state.candidates(keys, "c5", 1000)]
-    monkeypatch.setattr(tables_module, "SMALL_MERGE", entries)
-    by_dict = [a.article_id for a in state.candidates(keys, "c5", 1000)]
-    monkeypatch.setattr(tables_module, "SMALL_MERGE", 0)
-    by_numpy = [a.article_id for a in state.candidates(keys, "c5", 1000)]
-    assert by_dict == by_numpy == by_default
-    assert by_dict == list(dict.fromkeys(i for key in keys for i in state.band_members(key) if i != "c5"))
-    assert entries > 256 and len(by_dict) == 11 and "c5" not in by_dict
-    assert [a.article_id for a in state.candidates(keys, "c5", 3)] == by_dict[:3]
-    assert [a.article_id for a in state.candidates(keys, "c0", 3)] == [i for i in by_dict if i != "c0"][:3]
+    found = [a.article_id for a in state.candidates(keys, "c5", 1000)]
+    assert found == list(dict.fromkeys(i for key in keys for i in state.band_members(key) if i != "c5"))
+    assert entries > 256 and len(found) == 11 and "c5" not in found
+    assert [a.article_id for a in state.candidates(keys, "c5", 3)] == found[:3]
+    assert [a.article_id for a in state.candidates(keys, "c0", 3)] == [i for i in found if i != "c0"][:3]
 
 
-@pytest.mark.skipif(not compiled.BUILT, reason="_sketch is not built")
-def test_compiled_bucket_merge_equals_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    """_sketch.merge_buckets against rocks.merge_buckets (both of its branches) over random buckets:
-    repeats within and across buckets, absent buckets, arrival number 0, numbers above 2**63, every
-    cap from none to more than there are."""
-    loops = compiled.loops()
-    assert loops is not None
+def test_compiled_bucket_merge_equals_the_reference() -> None:
+    """_sketch.merge_buckets against reference_state.merge_buckets (both of its branches) over
+    random buckets: repeats within and across buckets, absent buckets, arrival number 0, numbers
+    above 2**63, every cap from none to more than there are."""
     rng = np.random.default_rng(17)
     for trial in range(300):
         spread = int(rng.choice([4, 60, 2**40]))
@@ -516,13 +503,11 @@ def test_compiled_bucket_merge_equals_the_reference(monkeypatch: pytest.MonkeyPa
             buckets.append(None if size == 0 and rng.random() < 0.7 else members.astype(">u8").tobytes())
         total = sum(len(b) // 8 for b in buckets if b)
         for count in (0, 1, 5, total, total + 3):
-            got = loops.merge_buckets(buckets, count)
-            monkeypatch.setattr(tables_module, "SMALL_MERGE", 10**9)
-            assert got == tables_module.merge_buckets(buckets, count), (trial, count)
-            monkeypatch.setattr(tables_module, "SMALL_MERGE", 0)
-            assert got == tables_module.merge_buckets(buckets, count), (trial, count)
+            got = compiled._sketch.merge_buckets(buckets, count)
+            assert got == reference_state.merge_buckets(buckets, count, small=10**9), (trial, count)
+            assert got == reference_state.merge_buckets(buckets, count, small=0), (trial, count)
     with pytest.raises(ValueError, match="8-byte"):
-        loops.merge_buckets([b"\x00" * 7], 5)
+        compiled._sketch.merge_buckets([b"\x00" * 7], 5)
 
 
 def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, prose: tuple[str, ...]) -> None:
