@@ -226,12 +226,7 @@ def verdict_dict(
         "exact": decision.exact,
         "version": article.version,
         "candidates": [
-            {
-                "article_id": c.article_id,
-                "jaccard": c.jaccard,
-                "containment": c.containment,
-                "contains": c.contains,
-            }
+            dict(article_id=c.article_id, jaccard=c.jaccard, containment=c.containment, contains=c.contains)
             for c in decision.candidates
         ],
         "params": params.audit(),
@@ -245,13 +240,7 @@ def _passages(decision: Decision) -> dict[str, Any]:
     if not decision.passages:
         return {}
     spans = [
-        {
-            "start": p.start,
-            "end": p.end,
-            "match_start": p.other_start,
-            "match_end": p.other_end,
-            "anchors": p.anchors,
-        }
+        dict(start=p.start, end=p.end, match_start=p.other_start, match_end=p.other_end, anchors=p.anchors)
         for p in decision.passages
     ]
     return {"passages": {"offsets": "canonical", "spans": spans}}
