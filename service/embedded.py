@@ -130,8 +130,7 @@ class SigningFailed(Error, RuntimeError):
     """Signing helpers cannot start: the run stopped after the last line it decided."""
 
 
-@dataclass(frozen=True)
-class _Line:
+class _Line(NamedTuple):
     """A non-blank input line and where it ends."""
 
     number: int
@@ -276,8 +275,7 @@ class _FileRun:
         self.summary.articles += len(lines)
         self.batches += 1
         self.layers.hold(self.batches)
-        items = [item for item in signed if not isinstance(item, SignResult)]
-        decided = iter(self.shard.decide(items))
+        decided = iter(self.shard.decide([item for item in signed if not isinstance(item, SignResult)]))
         for line, item in zip(lines, signed, strict=True):
             if not isinstance(item, SignResult):
                 result = next(decided)
@@ -323,15 +321,12 @@ class _FileRun:
         """The outputs flushed and where they end stored with the state: a rerun resumes there."""
         self.out.flush()
         self.dead.flush()
-        mark: dict[str, Any] = {
-            "input": line.end,
-            "output": self.out.tell(),
-            "dead": self.dead.tell(),
-            "line": line.number,
-        }
+        mark: dict[str, Any] = dict(
+            input=line.end, output=self.out.tell(), dead=self.dead.tell(), line=line.number
+        )
         if self.feed is not None:
             self.feed.flush()
-            mark |= {"feed": self.feed.tell(), "feed_verdicts": sorted(self.feed_verdicts)}
+            mark |= dict(feed=self.feed.tell(), feed_verdicts=sorted(self.feed_verdicts))
         self.shard.state.set_meta({self.progress_key: orjson.dumps(mark)})
         self.layers.commit_through(self.batches)  # the batch's writes and its checkpoint at once
         self.bar.update(line.end, self.summary.articles)
