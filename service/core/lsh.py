@@ -52,10 +52,7 @@ def explicit_params(threshold: float, bands: int, rows: int, num_perm: int) -> L
 
 
 def optimal_params(
-    threshold: float,
-    num_perm: int,
-    fn_weight: float = 0.5,
-    full_use_tolerance: float = 0.05,
+    threshold: float, num_perm: int, fn_weight: float = 0.5, full_use_tolerance: float = 0.05
 ) -> LshParams:
     """(bands, rows) minimising w_fp·FP + w_fn·FN over b·r ≤ num_perm.
 
@@ -73,13 +70,10 @@ def optimal_params(
             fp, fn = error_areas(threshold, bands, rows)
             scored.append((fp_weight * fp + fn_weight * fn, bands, rows, fp, fn))
     best = min(scored)
-    full = [s for s in scored if s[1] * s[2] == num_perm]
-    chosen = best
-    if full:
-        best_full = min(full)
-        if best_full[0] <= best[0] * (1.0 + full_use_tolerance) + 1e-12:
-            chosen = best_full
-    _, bands, rows, fp, fn = chosen
+    # never empty: one band of num_perm rows uses every slot
+    best_full = min(s for s in scored if s[1] * s[2] == num_perm)
+    full_is_close = best_full[0] <= best[0] * (1.0 + full_use_tolerance) + 1e-12
+    _, bands, rows, fp, fn = best_full if full_is_close else best
     return LshParams(bands, rows, threshold, fp, fn)
 
 

@@ -56,8 +56,7 @@ class DedupParams:
 
     def __post_init__(self) -> None:
         for name in FIELD_BOUNDS:
-            problem = bound_problem(name, getattr(self, name))
-            if problem is not None:
+            if (problem := bound_problem(name, getattr(self, name))) is not None:
                 raise ValueError(f"{name} {problem}")
         if self.verify_perm != 0 and (not 2 <= self.verify_perm <= 4096 or self.verify_perm % self.num_perm):
             raise ValueError(
@@ -66,17 +65,15 @@ class DedupParams:
             )
         if (self.bands is None) != (self.rows is None):
             raise ValueError("give both bands and rows, or neither")
-        candidate_threshold = self.candidate_threshold
         if self.bands is not None and self.rows is not None:
-            lsh = explicit_params(candidate_threshold, self.bands, self.rows, self.num_perm)
+            lsh = explicit_params(self.candidate_threshold, self.bands, self.rows, self.num_perm)
         else:
-            lsh = _cached_optimal(candidate_threshold, self.num_perm, self.fn_weight)
+            lsh = _cached_optimal(self.candidate_threshold, self.num_perm, self.fn_weight)
         object.__setattr__(self, "lsh", lsh)
         limits = {n: getattr(self, n) for n in ("threshold", "containment_threshold", "revised_threshold")}
         # verify_bits: how the Jaccard estimate was made, for an auditor who recomputes it. Not in the
         # header: state written with wider slots is narrowed when read, so it stays usable.
-        audit = {**self.header(), "verify_bits": VERIFIER_BITS, **limits}
-        object.__setattr__(self, "_audit", audit)
+        object.__setattr__(self, "_audit", {**self.header(), "verify_bits": VERIFIER_BITS, **limits})
 
     @property
     def candidate_threshold(self) -> float:

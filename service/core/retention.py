@@ -17,9 +17,7 @@ from datetime import datetime
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 # RFC 3339: a full date, "T" or a space, a time, and an offset ("Z" or ±hh:mm) that it requires
-_RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$",
-)
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
 
 def parse_duration_ms(text: str) -> int:
@@ -113,9 +111,7 @@ class Retention:
 
     def cutoff(self, newest_ms: int | None) -> int | None:
         """Articles with a time before this have expired (None: nothing expires)."""
-        if not self.enabled or newest_ms is None:
-            return None
-        return newest_ms - self.window_ms
+        return None if not self.enabled or newest_ms is None else newest_ms - self.window_ms
 
     def due(self, cutoff_ms: int | None, last_cutoff_ms: int | None) -> bool:
         """Whether an expiry pass should run for `cutoff_ms`, the last one having run for
