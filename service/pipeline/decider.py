@@ -31,15 +31,7 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterator,
-    MutableMapping,
-    Sequence,
-)
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, Protocol, cast
 
@@ -48,31 +40,13 @@ from ..core.retention import NO_RETENTION, Retention
 from ..errors import Error
 from ..state.rocks import CompactedLog, RocksOptions, RocksState
 from .collector import CollectorPolicy
-from .pipes import (
-    DEFAULT_TIMEOUT,
-    CallTimeout,
-    Child,
-    ChildFailed,
-    ChildTimedOut,
-    read_frame,
-    write_frame,
-)
-from .shard import (
-    BatchOutcome,
-    Culprit,
-    Entry,
-    IndexShard,
-    Position,
-    RecordAt,
-    SignedMessage,
-    SizeGauge,
-    decide_messages,
-)
+from .pipes import DEFAULT_TIMEOUT, CallTimeout, Child, ChildFailed, ChildTimedOut, read_frame, write_frame
+from .shard import BatchOutcome, Culprit, IndexShard, RecordAt, SignedMessage, SizeGauge, decide_messages
+from .shard import Entry as Write  # (key, value) for the changelog; None, a tombstone
 from .wire import signed_count
 
 log = logging.getLogger("neardup.decider")
 
-Write = Entry  # (key, value) for the changelog; None, a tombstone
 QUEUED_CHUNKS = 2  # requests in the child's pipe: the one it decides and the next
 CLOSE_TIMEOUT_S = 30.0
 COMPACTION_AT_CLOSE_S = 15.0  # then the child is killed: its index stays as it was, reusable
@@ -95,9 +69,9 @@ class Changelog(Protocol):
 
     async def end(self) -> int: ...
 
-    def read(self, end: int) -> AsyncIterator[list[Entry]]: ...
+    def read(self, end: int) -> AsyncIterator[list[Write]]: ...
 
-    def read_after(self, start: int, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
+    def read_after(self, start: int, end: int) -> AsyncIterator[tuple[list[Write], int]]:
         """Its messages from `start` up to `end` (excluded), in chunks, each with the offset
         after its last message (`end` for the last chunk)."""
         ...
@@ -107,11 +81,11 @@ class Changelog(Protocol):
         ...
 
 
-class _ChangelogWrites(MutableMapping[bytes, bytes]):
-    """The changelog as the IndexShard writes it: the writes are collected and handed to the
-    agent, which sends a whole chunk's writes to the changelog at once (stream/index_agent.py).
-    The stage reads records back only to rebuild, and then from the changelog compacted on disk:
-    the shard only writes here, so nothing can be read back (an empty mapping)."""
+class _ChangelogWrites:
+    """The changelog as the IndexShard writes it (ChangelogSink): the writes are collected and
+    handed to the agent, which sends a whole chunk's writes to the changelog at once
+    (stream/index_agent.py). The stage reads records back only to rebuild, and then from the
+    changelog compacted on disk: the shard only writes here."""
 
     def __init__(self) -> None:
         self.writes: list[Write] = []
@@ -120,21 +94,12 @@ class _ChangelogWrites(MutableMapping[bytes, bytes]):
         writes, self.writes = self.writes, []
         return writes
 
-    def __getitem__(self, key: bytes) -> bytes:
-        raise KeyError(key)
-
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.writes.append((key, value))
 
     def __delitem__(self, key: bytes) -> None:
         """A tombstone in the changelog (deletes, expiry)."""
         self.writes.append((key, None))
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
 
 
 class RecordMarker:
@@ -195,7 +160,7 @@ class ShardServer:
         self.compact_at_close = compact_at_close
         self._size = SizeGauge()
         self._collector = CollectorPolicy(freeze_every)
-        self._point: Position | None = None  # where the restore under way started
+        self._since_ms: int | None = None  # the position's time where the restore under way started
         self._compacted: CompactedLog | None = None  # the changelog of the rebuild under way
 
     def answer(self, request: tuple) -> object:
@@ -212,17 +177,18 @@ class ShardServer:
             case ("reopen", end, read_at, retention):
                 self._drop_rebuild()  # one the worker gave up, its changelog read failing
                 self.table.drain()  # a batch that failed half-way: the shard replays
-                self._point, why = shard.restore_point(end, read_at, retention)
-                if self._point is not None:
-                    return self._point.offset
+                point, why = shard.restore_point(end, read_at, retention)
+                self._since_ms = None if point is None else point.since_ms
+                if point is not None:
+                    return point.offset
                 log.info("index_rebuild reason=%s", why)
                 # A rebuild: the changelog is compacted on disk as it comes, a chunk at a time: no
                 # process ever holds the whole table in memory; beside the index, in its scratch
                 # directory.
                 self._compacted = CompactedLog(self.index_path.with_name(self.index_path.name + "-rebuild"))
             case ("tail", entries, after):
-                assert self._point is not None, "reopen first"
-                shard.restore(entries, after, self._point.since_ms)
+                assert self._since_ms is not None, "reopen first"
+                shard.restore(entries, after, self._since_ms)
             case ("restored", end, read_at):
                 shard.mark_position(end, read_at)
                 return shard.applied_offset
@@ -380,8 +346,7 @@ class Decider:
         if end is not None:
             self.changelog_end = max(self.changelog_end, end)
         chunk = self.answered if chunk is None else chunk
-        for number in [number for number in self._unacknowledged if number <= chunk]:
-            del self._unacknowledged[number]
+        self._unacknowledged = {n: writes for n, writes in self._unacknowledged.items() if n > chunk}
         if self._link is None:
             return
         try:
@@ -459,14 +424,14 @@ class Decider:
             server = ShardServer(*self._server_args)
             self.shard = server.shard
             self._link = InProcessChild(server)
-            return self._link
-        marker_path = self.index_path.with_name(self.index_path.name + "-marker")
-        if self._marker is None:
-            self._marker = RecordMarker(marker_path)
-        self._marker.clear()
-        setup = (*self._server_args, self.gc_freeze_every, marker_path)
-        # this module, by the name the package was imported under
-        self._link = await Child.start(__name__, setup)
+        else:
+            marker_path = self.index_path.with_name(self.index_path.name + "-marker")
+            if self._marker is None:
+                self._marker = RecordMarker(marker_path)
+            self._marker.clear()
+            setup = (*self._server_args, self.gc_freeze_every, marker_path)
+            # this module, by the name the package was imported under
+            self._link = await Child.start(__name__, setup)
         return self._link
 
     async def decide(self, messages: list[SignedMessage]) -> tuple[BatchOutcome, list[Write]]:
@@ -601,13 +566,9 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     first = read_frame(requests)
     if first is None:
         return
-    params, path, options, retention, freeze_every, marker_path = cast(
-        tuple[DedupParams, Path, RocksOptions, Retention, int, Path], first
-    )
+    *server_args, freeze_every, marker_path = cast(tuple, first)
     marker = RecordMarker(marker_path)
-    server = ShardServer(
-        params, path, options, retention, marker=marker, freeze_every=freeze_every, compact_at_close=True
-    )
+    server = ShardServer(*server_args, marker=marker, freeze_every=freeze_every, compact_at_close=True)
     write_frame(answers, "ready")
     while (message := read_frame(requests)) is not None:
         request = cast(tuple, message)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -87,20 +87,20 @@ class Compacted(Protocol):
     def items(self) -> Iterable[tuple[bytes, bytes]]: ...
 
 
-def table_articles(records: Compacted) -> Iterator[tuple[str, bytes]]:
-    """The article records, (article id, record), without the applied offsets beside them."""
-    prefix = len(ARTICLE_PREFIX)
-    for key, value in records.items():
-        if key.startswith(ARTICLE_PREFIX):
-            yield key[prefix:].decode(errors="replace"), value
+class ChangelogSink(Protocol):
+    """Where the shard writes the changelog: a record set, or deleted (a tombstone)."""
+
+    def __setitem__(self, key: bytes, value: bytes) -> None: ...
+
+    def __delitem__(self, key: bytes) -> None: ...
 
 
-def table_markers(records: Compacted) -> Iterator[tuple[str, bytes]]:
-    """The deleted ids' markers, (article id, marker)."""
-    prefix = len(MARKER_PREFIX)
+def table_entries(records: Compacted, prefix: bytes) -> Iterator[tuple[str, bytes]]:
+    """The records under `prefix` (ARTICLE_PREFIX: the articles; MARKER_PREFIX: the deleted ids'
+    markers), (article id, value), without the applied offsets beside them."""
     for key, value in records.items():
-        if key.startswith(MARKER_PREFIX):
-            yield key[prefix:].decode(errors="replace"), value
+        if key.startswith(prefix):
+            yield key[len(prefix) :].decode(errors="replace"), value
 
 
 def removed_counts(records: Compacted) -> tuple[int, int]:
@@ -167,7 +167,7 @@ class IndexShard:
     state: IndexState
     params: DedupParams
     retention: Retention = NO_RETENTION
-    changelog: MutableMapping[bytes, bytes] | None = None
+    changelog: ChangelogSink | None = None
     counts: ShardCounts = field(default_factory=ShardCounts)
     applied_offset: int = -1  # the last signatures message applied
     # per input partition ("topic:partition"), the last input offset applied
@@ -196,15 +196,16 @@ class IndexShard:
         article sent again with its stored verdict). `before(n)`: called as item n starts (the
         decider child marks the record it is on: RecordMarker)."""
         now_s = time.time() if now is None else now
+        at = -1 if offset is None else offset
         results = []
         for n, item in enumerate(items):
             if before is not None:
                 before(n)
             try:
-                results.append(self._decide_one(item, -1 if offset is None else offset, now_s))
+                results.append(self._decide_one(item, at, now_s))
             except Exception as exc:  # one bad record must not stop the shard
                 log.error("decide_failed article=%r", item.article_id, exc_info=True)
-                results.append(Decided.failed(-1 if offset is None else offset, exc))
+                results.append(Decided.failed(at, exc))
         if offset is not None:
             self.applied_offset = max(self.applied_offset, offset)
         return results
@@ -243,12 +244,9 @@ class IndexShard:
         newest = self.state.counts.newest_ms
         if item.refused_time and newest is not None:
             return newest
-        return self._capped_time(item.time_ms, now_s)
-
-    def _capped_time(self, time_ms: int, now_s: float) -> int:
-        """No time the state keeps, and so no expiry cutoff, runs ahead of this clock by more than
-        the skew, whatever a signer's clock said."""
-        return min(time_ms, round(now_s * 1000) + self.retention.skew_ms)
+        # No time the state keeps, and so no expiry cutoff, runs ahead of this clock by more than
+        # the skew, whatever a signer's clock said.
+        return min(item.time_ms, round(now_s * 1000) + self.retention.skew_ms)
 
     def _newest(self, time_ms: int) -> int:
         newest = self.state.counts.newest_ms
@@ -323,9 +321,8 @@ class IndexShard:
         if self.applied_offset != offset:
             self.changelog[OFFSET_KEY] = str(self.applied_offset).encode()
         if (now_removed := self._removed()) != removed:
-            self.changelog[REMOVED_KEY] = orjson.dumps(
-                dict(zip(("expired", "deleted"), now_removed, strict=True))
-            )
+            expired, deleted = now_removed
+            self.changelog[REMOVED_KEY] = orjson.dumps({"expired": expired, "deleted": deleted})
         self._checkpointed = (self.applied_offset, dict(self.inputs), now_removed)
 
     def _removed(self) -> tuple[int, int]:
@@ -402,11 +399,11 @@ class IndexShard:
             layers.hold(0)  # nothing is held during a restore
         for key, value in entries:
             self._apply_entry(key, value)
-        position = {POSITION_KEY: Position(next_offset, since_ms).encode()}
+        position = Position(next_offset, since_ms).encode()
         if layers is not None:
-            layers.commit_through(0, {META + key: value for key, value in position.items()})
+            layers.commit_through(0, {META + POSITION_KEY: position})
         else:
-            self.state.set_meta(position)
+            self.state.set_meta({POSITION_KEY: position})
         self._checkpointed = (self.applied_offset, dict(self.inputs), self._removed())
         return len(entries)
 
@@ -457,9 +454,9 @@ class IndexShard:
         self.state.open_header(self.params.header())
         try:
             count = self.state.bulk_load(
-                _current_format(table_articles(table)),
+                _current_format(table_entries(table, ARTICLE_PREFIX)),
                 removed=removed_counts(table),
-                markers=table_markers(table),
+                markers=table_entries(table, MARKER_PREFIX),
             )
         except CorruptRecord as exc:
             raise IncompatibleState(str(exc)) from exc

@@ -32,6 +32,8 @@ Every change is one write batch: a crash leaves all of it or none.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from itertools import islice
 from typing import Any, TypeVar, cast
 
 import orjson
@@ -39,7 +41,6 @@ import orjson
 from ..core.anchors import NO_ANCHORS, Anchors
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
-from ..core.signing import Sketch
 from .port import Batch, Counts, IndexStats, KeyValue
 from .records import NO_SIGNATURE, CorruptRecord, decode_probe, decode_record, encode_record
 from .tables import ARTICLE as ARTICLE
@@ -95,9 +96,11 @@ class IndexState:
         self._record_cache = record_cache
         self._probe_cache = probe_cache
         self._posting_cache_size = posting_cache
-        self._load()
+        self.reload()
 
-    def _load(self) -> None:
+    def reload(self) -> None:
+        """Read the counters again from the store and forget what was cached: writes the store
+        no longer holds (layers discarded, state/overlay.py) must not be seen."""
         seq, counts = self.kv.get_many([SEQ_KEY, COUNTS_KEY])
         self._seq = int(seq) if seq is not None else 0
         self.counts = Counts.decode(counts)
@@ -179,8 +182,6 @@ class IndexState:
         `limit`, as probes: one multi-get, merged by the compiled loop where built."""
         # one more than the limit: one of them may be the excluded article
         in_order = self.buckets.lookup(keys, limit + 1)
-        if not in_order:
-            return []
         prospects = [
             p for p in self.versions.prospects(in_order) if p is not None and p.article_id != exclude
         ]
@@ -192,8 +193,6 @@ class IndexState:
         the posting lists, the full ones (boilerplate) left out."""
         # one more than the limit: one may be the excluded article
         ranked = self.postings.lookup(anchors, self._seq - 1, limit + 1)
-        if not ranked:
-            return []
         seqs = [seq for seq, _ in ranked]
         prospects = [
             (p, count)
@@ -215,11 +214,8 @@ class IndexState:
     def get_meta(self, key: bytes) -> bytes | None:
         return self.kv.get_many([META + key])[0]
 
-    def set_meta(self, values: dict[bytes, bytes], *, durable: bool = False) -> None:
-        """`durable`: on disk when this returns, even without a write-ahead log."""
+    def set_meta(self, values: dict[bytes, bytes]) -> None:
         self.kv.write(Batch(main={META + key: value for key, value in values.items()}))
-        if durable:
-            self.kv.flush()
 
     def oldest_ms(self) -> int | None:
         return self.times.oldest_ms()
@@ -353,11 +349,6 @@ class IndexState:
             self._write(batch)
         return gone
 
-    def reload(self) -> None:
-        """Read the counters again from the store and forget what was cached: writes the store
-        no longer holds (layers discarded, state/overlay.py) must not be seen."""
-        self._load()
-
     # -- a changelog's records applied one by one (a restore: the records after a known point) --
 
     def put_record(self, record: bytes) -> bool:
@@ -406,7 +397,7 @@ class IndexState:
     def clear(self) -> None:
         """Drop everything (header included): the index is about to be rebuilt."""
         self.kv.clear()
-        self._load()
+        self.reload()
 
     def bulk_load(
         self,
@@ -483,29 +474,11 @@ def _as_stored(article: IndexedArticle) -> IndexedArticle:
     if (not sketch.verifier.size or not sketch.signature.size) and anchors is sketch.anchors:
         return article
     signature = NO_SIGNATURE if sketch.verifier.size else sketch.signature
-    stripped = Sketch(
-        sketch.content_hash, signature, sketch.shingle_count, sketch.short, sketch.verifier, anchors
-    )
-    return IndexedArticle(
-        article.article_id,
-        article.version,
-        article.seq,
-        stripped,
-        article.decision,
-        article.keys,
-        article.time_ms,
-        article.cluster,
-        article.cluster_id,
-    )
+    return replace(article, sketch=replace(sketch, signature=signature, anchors=anchors))
 
 
 def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:
     """Consecutive runs of at most `size` items, read lazily (itertools.batched from Python 3.12)."""
-    run: list[T] = []
-    for item in items:
-        run.append(item)
-        if len(run) >= size:
-            yield run
-            run = []
-    if run:
+    remaining = iter(items)
+    while run := list(islice(remaining, size)):
         yield run
