@@ -10,7 +10,7 @@ terms.py       tokens, stopwords and stems of a text (the report's own tokenizer
 fingerprint.py chunk identity: n-word chunk digests and the verbatim passages they reveal
 fuzzy.py       fuzzy-fingerprints over prefix classes of index terms
 vsm.py         the global cosine those fingerprints approximate
-compare.py     every measure of one pair at once (compare_local)
+compare.py     the measures of a pair of texts, each alone or all at once (compare_local)
 report.py      the terminal report, with the engine's anchor passages beside the verbatim ones
 
 The engine's modules (core/, pipeline/, state/, stream/) never import this package. It imports

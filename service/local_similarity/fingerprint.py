@@ -15,11 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core._hashing import fmix64
-from ..core.similarity import exact_containment, exact_jaccard
-from .terms import Tokens, tokenize, words
+from .terms import Tokens, words
 
 U64 = npt.NDArray[np.uint64]
-MIN_CHUNK_WORDS = 1
 DEFAULT_CHUNK_WORDS = 5
 WORD_SEED = 0x6E64_6C6F  # fixed so fingerprints are comparable across processes and releases
 # A chunk repeated more often than this within one text (ruler lines, list boilerplate) would pair
@@ -75,8 +73,8 @@ def chunk_hashes(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
     A text shorter than n words (but not empty) gives one chunk of all its words, so the chunks
     always cover the document, as the paper requires of fingerprints for similarity analysis.
     """
-    if n < MIN_CHUNK_WORDS:
-        raise ValueError(f"chunk size n must be >= {MIN_CHUNK_WORDS} words, got {n}")
+    if n < 1:
+        raise ValueError(f"chunk size n must be >= 1 words, got {n}")
     return combine(word_hashes(seq), n)
 
 
@@ -90,34 +88,16 @@ def chunk_fingerprint(text: str, n: int = DEFAULT_CHUNK_WORDS) -> U64:
     return fingerprint_of_words(words(text), n)
 
 
-# The project's set conventions (two empty fingerprints are identical: 1.0; an empty A is contained
-# only in an empty B) come from the exact measures, so every "similarity" agrees on edge cases.
-set_jaccard = exact_jaccard
-set_containment = exact_containment
-
-
-def local_similarity(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> float:
-    """φ_local(A, B) = |h(A) ∩ h(B)| / |h(A) ∪ h(B)| over n-word chunk digests."""
-    return set_jaccard(chunk_fingerprint(a, n), chunk_fingerprint(b, n))
-
-
-def chunk_containment(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> float:
-    """|h(A) ∩ h(B)| / |h(A)|: the share of A's chunks that also occur in B."""
-    return set_containment(chunk_fingerprint(a, n), chunk_fingerprint(b, n))
-
-
 def _join(ka: U64, kb: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """All (i, j) with ka[i] == kb[j], vectorized through a sort of kb."""
     order = np.argsort(kb, kind="stable")
     sorted_b = kb[order]
     lo = np.searchsorted(sorted_b, ka, side="left")
     counts = np.searchsorted(sorted_b, ka, side="right") - lo
-    hit = np.nonzero(counts)[0]
-    reps = counts[hit]
-    i = np.repeat(hit, reps).astype(np.int64)
-    # offsets 0..reps-1 within each run of equal keys, added to that run's first sorted position
-    run_start = np.repeat(np.cumsum(reps) - reps, reps)
-    j = order[np.arange(i.size) - run_start + np.repeat(lo[hit], reps)].astype(np.int64)
+    i = np.repeat(np.arange(ka.size, dtype=np.int64), counts)
+    # offsets 0..counts-1 within each run of equal keys, added to that run's first sorted position
+    run_start = np.repeat(np.cumsum(counts) - counts, counts)
+    j = order[np.arange(i.size) - run_start + np.repeat(lo, counts)].astype(np.int64)
     return i, j
 
 
@@ -131,10 +111,9 @@ def _occurrence_rank(values: U64) -> npt.NDArray[np.int64]:
     """0 for the first occurrence of a value, 1 for its second, ... (in position order)."""
     order = np.argsort(values, kind="stable")
     ordered = values[order]
-    first = np.concatenate(([0], np.nonzero(ordered[1:] != ordered[:-1])[0] + 1))
-    sizes = np.diff(np.append(first, values.size))
     rank = np.empty(values.size, dtype=np.int64)
-    rank[order] = np.arange(values.size) - np.repeat(first, sizes)
+    # a sorted position less the first sorted position of its value
+    rank[order] = np.arange(values.size) - np.searchsorted(ordered, ordered)
     return rank
 
 
@@ -173,13 +152,11 @@ def word_passages(ha: U64, hb: U64, n: int) -> list[tuple[int, int, int, int]]:
     d = i - j
     order = np.lexsort((i, d))
     i, d = i[order], d[order]
-    new_run = np.ones(i.size, dtype=bool)
-    new_run[1:] = (d[1:] != d[:-1]) | (i[1:] > i[:-1] + n)
-    starts = np.nonzero(new_run)[0]
+    new_run = np.concatenate(([True], (d[1:] != d[:-1]) | (i[1:] > i[:-1] + n)))
+    starts = np.flatnonzero(new_run)
     ends = np.append(starts[1:], i.size) - 1
     runs = np.stack([i[starts], i[ends] + n, i[starts] - d[starts], i[ends] - d[ends] + n], axis=1)
-    keep = ~_contained(runs)
-    return sorted((int(a0), int(a1), int(b0), int(b1)) for a0, a1, b0, b1 in runs[keep])
+    return sorted((int(a0), int(a1), int(b0), int(b1)) for a0, a1, b0, b1 in runs[~_contained(runs)])
 
 
 def _contained(runs: npt.NDArray[np.int64], block: int = 512) -> npt.NDArray[np.bool_]:
@@ -207,12 +184,3 @@ def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> 
         VerbatimPassage(int(ta.starts[a0]), int(ta.ends[a1 - 1]), int(tb.starts[b0]), int(tb.ends[b1 - 1]))
         for a0, a1, b0, b1 in word_passages(ha, hb, width)
     ]
-
-
-def matching_passages(a: str, b: str, n: int = DEFAULT_CHUNK_WORDS) -> list[VerbatimPassage]:
-    """Maximal passages of at least n words (or a whole shorter text) shared by A and B.
-
-    Spans index the original strings: a[p.a_start:p.a_end] and b[p.b_start:p.b_end] hold the same
-    word sequence after normalization (case, apostrophes), from first to last matched word.
-    """
-    return passages_of_tokens(tokenize(a), tokenize(b), n)

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from .fingerprint import U64, combine, set_containment, set_jaccard, word_hashes
-from .terms import STOPWORDS, vocabulary, words
+from .fingerprint import U64, combine, word_hashes
+from .terms import STOPWORDS, words
 
 Chunking = Literal["content", "fixed"]
 # Key of the reference distribution used when none is asked for: 12 classes keep ~4 index terms per
@@ -195,17 +195,12 @@ def chunk_bounds(
     at most 3 * chunk_words. "fixed": consecutive blocks of chunk_words; a short tail joins the
     previous block when under half a chunk.
     """
-    wh = word_hashes(seq) if chunking == "content" and len(seq) > chunk_words else None
-    return _bounds(len(seq), wh, chunk_words)
-
-
-def _bounds(n: int, wh: U64 | None, chunk_words: int) -> list[tuple[int, int]]:
-    """Chunk ranges for n words: content-defined from word hashes `wh`, fixed when None."""
+    n = len(seq)
     if n == 0:
         return []
     if n <= chunk_words:
         return [(0, n)]
-    if wh is None:
+    if chunking != "content":
         cuts = list(range(chunk_words, n, chunk_words))
         if n - cuts[-1] < chunk_words // 2:
             cuts.pop()
@@ -213,49 +208,27 @@ def _bounds(n: int, wh: U64 | None, chunk_words: int) -> list[tuple[int, int]]:
     min_len = max(1, chunk_words // 4)
     max_len = 3 * chunk_words
     period = np.uint64(max(1, chunk_words - min_len))
-    pair = combine(wh, 2)  # pair[i] covers words i, i+1: a cut after word i+1
+    pair = combine(word_hashes(seq), 2)  # pair[i] covers words i, i+1: a cut after word i+1
     candidates = (np.nonzero(pair % period == 0)[0] + 2).tolist()
     bounds: list[tuple[int, int]] = []
     start = 0
-    for cut in candidates:
+    # n closes the list so that the last chunk too is split at max_len; it is never a cut itself
+    for cut in [*candidates, n]:
         while cut - start > max_len:
             bounds.append((start, start + max_len))
             start += max_len
         if cut - start >= min_len and n - cut >= min_len:
             bounds.append((start, cut))
             start = cut
-    while n - start > max_len:
-        bounds.append((start, start + max_len))
-        start += max_len
     bounds.append((start, n))
     return bounds
 
 
-def _class_table(distinct: Sequence[str], reference: PrefixReference) -> npt.NDArray[np.int64]:
-    return np.array([-1 if w in STOPWORDS else reference.class_of(w) for w in distinct], dtype=np.int64)
-
-
 def class_ids(seq: Sequence[str], reference: PrefixReference) -> npt.NDArray[np.int64]:
-    """Prefix class of every word; -1 for stopwords and words in no class."""
-    distinct, idx = vocabulary(seq)
-    return _class_table(distinct, reference)[idx]
-
-
-def _deviations(
-    ids: npt.NDArray[np.int64], bounds: Sequence[tuple[int, int]], reference: PrefixReference
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
-    """Relative deviation Δpf of every chunk (rows) per class, and which chunks have index terms
-    (no chunks, for no words, give empty arrays of the same shapes)."""
-    k = reference.k
-    lengths = np.array([e - s for s, e in bounds], dtype=np.int64)
-    chunk_of = np.repeat(np.arange(len(bounds)), lengths)
-    keep = ids >= 0
-    counts = np.bincount(chunk_of[keep] * k + ids[keep], minlength=len(bounds) * k)
-    counts = counts.reshape(len(bounds), k).astype(np.float64)
-    totals = counts.sum(axis=1)
-    has_terms = totals > 0
-    pf = counts / np.where(has_terms, totals, 1.0)[:, None]
-    return pf / reference.expected - 1.0, has_terms
+    """Prefix class of every word; -1 for stopwords and words in no class. Each distinct word is
+    classified once."""
+    table = {w: -1 if w in STOPWORDS else reference.class_of(w) for w in set(seq)}
+    return np.fromiter(map(table.__getitem__, seq), dtype=np.int64, count=len(seq))
 
 
 def fuzzy_hashes_of_words(
@@ -265,12 +238,16 @@ def fuzzy_hashes_of_words(
     r, k = params.r, reference.k
     if r**k >= 2**64:
         raise ValueError(f"r^k = {r}^{k} does not fit in 64 bits")
-    # Each distinct word hashed and classified once, then spread over the positions (see vocabulary).
-    distinct, idx = vocabulary(seq)
-    wh = word_hashes(distinct)[idx] if params.chunking == "content" else None
-    bounds = _bounds(len(seq), wh, params.chunk_words)
-    dev, has_terms = _deviations(_class_table(distinct, reference)[idx], bounds, reference)
-    delta = np.searchsorted(np.asarray(params.thresholds, dtype=np.float64), dev, side="right")
+    bounds = chunk_bounds(seq, params.chunk_words, params.chunking)
+    chunk_of = np.repeat(np.arange(len(bounds)), np.array([e - s for s, e in bounds], dtype=np.int64))
+    ids = class_ids(seq, reference)
+    keep = ids >= 0
+    # index terms per chunk (rows) and class, then their relative deviation Δpf from the reference
+    counts = np.bincount(chunk_of[keep] * k + ids[keep], minlength=len(bounds) * k).reshape(len(bounds), k)
+    totals = counts.sum(axis=1)
+    has_terms = totals > 0
+    deviations = counts / np.where(has_terms, totals, 1.0)[:, None] / reference.expected - 1.0
+    delta = np.searchsorted(np.asarray(params.thresholds, dtype=np.float64), deviations, side="right")
     weights = np.array([r**i for i in range(k)], dtype=np.uint64)
     gamma = (delta.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     return np.asarray(gamma[has_terms], dtype=np.uint64)
@@ -286,17 +263,3 @@ def fuzzy_fingerprint_of_words(
 def fuzzy_fingerprint(text: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY) -> U64:
     """h_φ(d): the sorted set of chunk hashes γ of a text."""
     return fuzzy_fingerprint_of_words(words(text), reference, params)
-
-
-def fuzzy_similarity(
-    a: str, b: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
-) -> float:
-    """Local similarity on fuzzy-fingerprints: Jaccard of the γ sets."""
-    return set_jaccard(fuzzy_fingerprint(a, reference, params), fuzzy_fingerprint(b, reference, params))
-
-
-def fuzzy_containment(
-    a: str, b: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY
-) -> float:
-    """Share of A's γ values found among B's."""
-    return set_containment(fuzzy_fingerprint(a, reference, params), fuzzy_fingerprint(b, reference, params))

@@ -9,10 +9,9 @@ import itertools
 import re
 import shutil
 import textwrap
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import NamedTuple
 
 import orjson
 
@@ -21,12 +20,11 @@ from ..core.anchors import containment as anchor_containment
 from ..core.anchors import passages as anchor_passages
 from ..core.dedup import PASSAGES
 from ..core.normalize import canonical_code_points, normalize
-from .compare import LocalComparison, VerbatimPassage, compare_local
+from .compare import LocalComparison, compare_local
 from .fuzzy import DEFAULT_FUZZY, PrefixReference, parse_prefix_reference
 
 REFERENCE_PATH = Path(__file__).resolve().parents[1] / "data" / "prefix_reference.json"
 
-OPEN_MARK, CLOSE_MARK = "[[", "]]"
 _RESET = "\x1b[0m"
 # Black on a bright background, one colour per passage so a passage in A is found again in B.
 _STYLES = ("\x1b[30;103m", "\x1b[30;106m", "\x1b[30;102m", "\x1b[30;105m", "\x1b[30;47m")
@@ -53,20 +51,17 @@ def default_prefix_reference() -> PrefixReference | None:
         return None
 
 
-@dataclass(frozen=True)
-class _Span:
+class _Span(NamedTuple):
     start: int
     end: int
     style: int  # index of the passage colour
 
 
-def _side_spans(passages: Sequence[VerbatimPassage], side: Literal["a", "b"]) -> list[_Span]:
-    """Non-overlapping highlight spans for one side; a repeated phrase keeps its first colour."""
+def _side_spans(passages: Iterable[tuple[int, int]]) -> list[_Span]:
+    """Non-overlapping highlight spans for one side's (start, end) of each passage, in passage order
+    (which picks the colour); a repeated phrase keeps its first colour."""
     spans: list[_Span] = []
-    ordered = sorted(
-        ((p.a_start, p.a_end) if side == "a" else (p.b_start, p.b_end), idx) for idx, p in enumerate(passages)
-    )
-    for (start, end), idx in ordered:
+    for (start, end), idx in sorted((passage, idx) for idx, passage in enumerate(passages)):
         if spans and start < spans[-1].end:
             start = spans[-1].end
         if start < end:
@@ -74,10 +69,7 @@ def _side_spans(passages: Sequence[VerbatimPassage], side: Literal["a", "b"]) ->
     return spans
 
 
-Segment = tuple[str, int | None]  # visible text and its style (None = plain)
-
-
-Line = list[Segment]
+Line = list[tuple[str, int | None]]  # runs of visible text, each with its style (None = plain)
 
 
 def _pieces(text: str, spans: Sequence[_Span], lo: int, hi: int) -> Line:
@@ -100,9 +92,14 @@ def _pieces(text: str, spans: Sequence[_Span], lo: int, hi: int) -> Line:
 def _marked_text(text: str, spans: Sequence[_Span]) -> str:
     """Plain-text highlighting: each span enclosed in [[...]]."""
     return "".join(
-        piece if style is None else f"{OPEN_MARK}{piece}{CLOSE_MARK}"
-        for piece, style in _pieces(text, spans, 0, len(text))
+        piece if style is None else f"[[{piece}]]" for piece, style in _pieces(text, spans, 0, len(text))
     )
+
+
+def _side_lines(text: str, spans: Sequence[_Span], col: int, color: bool) -> list[Line]:
+    """One text in its column: its passages styled for a terminal, else marked in the text."""
+    shown = _sanitize(text)
+    return _wrap(shown, spans, col) if color else _wrap(_marked_text(shown, spans), [], col)
 
 
 def _wrap(text: str, spans: Sequence[_Span], width: int) -> list[Line]:
@@ -113,44 +110,33 @@ def _wrap(text: str, spans: Sequence[_Span], width: int) -> list[Line]:
     band.
     """
     lines: list[Line] = []
-    para_starts = [0] + [m.end() for m in _PARAGRAPH_RE.finditer(text)]
-    para_ends = [m.start() for m in _PARAGRAPH_RE.finditer(text)] + [len(text)]
-    for p_start, p_end in zip(para_starts, para_ends, strict=True):
-        tokens = [m.span() for m in _TOKEN_RE.finditer(text, p_start, p_end)]
-        if not tokens:
-            continue
-        if lines:
-            lines.append([])
-        line: Line = []
-        used = prev_end = 0  # prev_end: where the line's last word ends, read once the line has one
-        for start, end in tokens:
-            if used and used + 1 + (end - start) > width:
-                lines.append(line)
-                line, used = [], 0
-            while end - start > width:  # a word longer than the column is cut, on lines of its own
-                lines.append(_pieces(text, spans, start, start + width))
-                start += width
-            if used:
-                line.append((" ", _gap_style(spans, prev_end, start)))
-                used += 1
-            line.extend(_pieces(text, spans, start, end))
-            used += end - start
-            prev_end = end
-        if line:
+    line: Line = []  # never empty once a word was read: a word always leaves its last piece here
+    used = prev_end = 0  # prev_end: where the previous word ends, read once there is one
+    for token in _TOKEN_RE.finditer(text):
+        start, end = token.span()
+        if line and _PARAGRAPH_RE.search(text, prev_end, start):
+            lines += [line, []]
+            line, used = [], 0
+        elif used and used + 1 + (end - start) > width:
             lines.append(line)
+            line, used = [], 0
+        while end - start > width:  # a word longer than the column is cut, on lines of its own
+            lines.append(_pieces(text, spans, start, start + width))
+            start += width
+        if used:
+            line.append((" ", _gap_style(spans, prev_end, start)))
+            used += 1
+        line.extend(_pieces(text, spans, start, end))
+        used += end - start
+        prev_end = end
+    if line:
+        lines.append(line)
     return lines
 
 
 def _gap_style(spans: Sequence[_Span], left: int, right: int) -> int | None:
     """The style of the whitespace between two words: that of a span covering both sides."""
-    for span in spans:
-        if span.start < left and span.end > right:
-            return span.style
-    return None
-
-
-def _visible(line: Line) -> int:
-    return sum(len(piece) for piece, _ in line)
+    return next((span.style for span in spans if span.start < left and span.end > right), None)
 
 
 def _paint(line: Line) -> str:
@@ -163,12 +149,12 @@ def _paint(line: Line) -> str:
 
 
 def _columns(left: list[Line], right: list[Line], col: int, bar: str) -> list[str]:
-    rows = []
+    """The two sides line by line, the left one padded to `col` visible characters."""
     empty: Line = []
-    for la, lb in itertools.zip_longest(left, right, fillvalue=empty):
-        pad = " " * (col - _visible(la))
-        rows.append(f"{_paint(la)}{pad} {bar} {_paint(lb)}".rstrip())
-    return rows
+    return [
+        f"{_paint(la)}{' ' * (col - sum(len(piece) for piece, _ in la))} {bar} {_paint(lb)}".rstrip()
+        for la, lb in itertools.zip_longest(left, right, fillvalue=empty)
+    ]
 
 
 def _coverage(text: str, spans: Sequence[_Span]) -> float:
@@ -248,25 +234,18 @@ def render_compare_local(
     fuzzy-fingerprint uses the shipped prefix reference unless `reference` is given, and is shown
     as n/a when there is none.
     """
-    if reference is None:
-        reference = default_prefix_reference()
-    cmp = compare_local(text_a, text_b, chunk_words, reference)
+    cmp = compare_local(text_a, text_b, chunk_words, reference or default_prefix_reference())
     total = max(MIN_WIDTH, width if width is not None else shutil.get_terminal_size((100, 24)).columns)
     col = (total - 3) // 2
-    spans_a = _side_spans(cmp.passages, "a")
-    spans_b = _side_spans(cmp.passages, "b")
+    spans_a = _side_spans((p.a_start, p.a_end) for p in cmp.passages)
+    spans_b = _side_spans((p.b_start, p.b_end) for p in cmp.passages)
     out = _summary(cmp, color)
     cov_a, cov_b = _coverage(text_a, spans_a), _coverage(text_b, spans_b)
     out.append(f"shared passages of >= {chunk_words} words: {len(cmp.passages)}")
     out.append(f"  covering {cov_a:.0%} of A, {cov_b:.0%} of B (characters)")
     out += _anchor_passages(text_a, text_b, total)
     out.append("")
-    shown_a, shown_b = _sanitize(text_a), _sanitize(text_b)
-    if color:
-        left, right = _wrap(shown_a, spans_a, col), _wrap(shown_b, spans_b, col)
-    else:
-        left = _wrap(_marked_text(shown_a, spans_a), [], col)
-        right = _wrap(_marked_text(shown_b, spans_b), [], col)
+    left, right = _side_lines(text_a, spans_a, col, color), _side_lines(text_b, spans_b, col, color)
     bar, cross, rule = ("│", "┼", "─") if color else ("|", "+", "-")
     out.append(f"{_bold('A', color)}{' ' * (col - 1)} {bar} {_bold('B', color)}")
     out.append(f"{rule * (col + 1)}{cross}{rule * (col + 1)}")

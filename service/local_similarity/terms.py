@@ -6,6 +6,7 @@ see the same word sequence, and passages found on words map back to the original
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,18 +22,16 @@ WORD_RE = re.compile(r"\w+(?:['’]\w+)*")
 # Function words that carry no topic: removed before prefix classes (fuzzy-fingerprints) and before
 # the cosine measure, as the paper does for its global similarity ("word stems without stopwords").
 _STOPWORD_TEXT = """
-    a about above after again against all also am an and any are aren't as at be because been before
-    being below between both but by can can't cannot could couldn't did didn't do does doesn't doing
-    don't down during each few for from further had hadn't has hasn't have haven't having he he'd
-    he'll he's her here here's hers herself him himself his how how's i i'd i'll i'm i've if in into
-    is isn't it it's its itself just let's may me might more most must mustn't my myself no nor not
-    now of off on once one only or other ought our ours ourselves out over own said same shall
-    shan't she she'd she'll she's should shouldn't so some such than that that's the their theirs
-    them
-    themselves then there there's these they they'd they'll they're they've this those through to
-    too under until up upon us very was wasn't we we'd we'll we're we've were weren't what what's
-    when when's where where's which while who who's whom whose why why's will with won't would
-    wouldn't yet you you'd you'll you're you've your yours yourself yourselves
+    a about above after again against all also am an and any are aren't as at be because been before being
+    below between both but by can can't cannot could couldn't did didn't do does doesn't doing don't down
+    during each few for from further had hadn't has hasn't have haven't having he he'd he'll he's her here
+    here's hers herself him himself his how how's i i'd i'll i'm i've if in into is isn't it it's its itself
+    just let's may me might more most must mustn't my myself no nor not now of off on once one only or other
+    ought our ours ourselves out over own said same shall shan't she she'd she'll she's should shouldn't so
+    some such than that that's the their theirs them themselves then there there's these they they'd they'll
+    they're they've this those through to too under until up upon us very was wasn't we we'd we'll we're
+    we've were weren't what what's when when's where where's which while who who's whom whose why why's will
+    with won't would wouldn't yet you you'd you'll you're you've your yours yourself yourselves
 """
 STOPWORDS: frozenset[str] = frozenset(_STOPWORD_TEXT.split())
 
@@ -65,23 +64,11 @@ class Tokens:
 def tokenize(text: str) -> Tokens:
     """Words with offsets; yields exactly the same word sequence as `words(text)`."""
     matches = list(WORD_RE.finditer(text))
-    spans = np.array([m.span() for m in matches], dtype=np.int64).reshape(-1, 2)
     return Tokens(
         words=tuple(normalize_word(m.group()) for m in matches),
-        starts=spans[:, 0].copy(),
-        ends=spans[:, 1].copy(),
+        starts=np.array([m.start() for m in matches], dtype=np.int64),
+        ends=np.array([m.end() for m in matches], dtype=np.int64),
     )
-
-
-def vocabulary(seq: Sequence[str]) -> tuple[list[str], npt.NDArray[np.int64]]:
-    """Distinct words in first-seen order, and each position's index into them.
-
-    Per-word work (hashing, classifying) is then done once per distinct word and spread over the
-    positions with numpy, leaving one cheap Python pass over the tokens.
-    """
-    distinct = list(dict.fromkeys(seq))
-    index = {w: i for i, w in enumerate(distinct)}
-    return distinct, np.fromiter(map(index.__getitem__, seq), dtype=np.int64, count=len(seq))
 
 
 # --- stemming -------------------------------------------------------------------------------------
@@ -94,24 +81,16 @@ _VOWELS = frozenset("aeiou")
 
 
 def _is_consonant(word: str, i: int) -> bool:
-    ch = word[i]
-    if ch in _VOWELS:
-        return False
-    if ch == "y":
+    """Porter's consonant: not a, e, i, o, u, nor a y after a consonant."""
+    if word[i] == "y":
         return i == 0 or not _is_consonant(word, i - 1)
-    return True
+    return word[i] not in _VOWELS
 
 
 def _measure(stem: str) -> int:
-    """Porter's m: the number of vowel-consonant sequences in [C](VC)^m[V]."""
-    m = 0
-    prev_vowel = False
-    for i in range(len(stem)):
-        cons = _is_consonant(stem, i)
-        if cons and prev_vowel:
-            m += 1
-        prev_vowel = not cons
-    return m
+    """Porter's m in [C](VC)^m[V]: each VC ends where a vowel is followed by a consonant."""
+    consonants = [_is_consonant(stem, i) for i in range(len(stem))]
+    return sum(not before and after for before, after in itertools.pairwise(consonants))
 
 
 def _has_vowel(stem: str) -> bool:
@@ -138,33 +117,32 @@ def stem(word: str) -> str:
     """Porter step 1a/1b/1c on a normalized word; words of one or two letters are left alone."""
     if len(word) <= 2 or not word.isalpha():
         return word
-    w = word
     # step 1a: plurals. "-ches", "-shes", "-xes" and "-zzes" are not in Porter's step 1a, which
     # leaves "searche" for its step 5 to finish; one rule for plurals after sibilants gives "search"
     # directly.
-    if w.endswith(("sses", "ies", "ches", "shes", "xes", "zzes")):
-        w = w[:-2]
-    elif w.endswith("s") and not w.endswith(("ss", "us")):
-        w = w[:-1]
+    if word.endswith(("sses", "ies", "ches", "shes", "xes", "zzes")):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us")):
+        word = word[:-1]
     # step 1b: -eed, -ed, -ing
-    if w.endswith("eed"):
-        if _measure(w[:-3]) > 0:
-            w = w[:-1]
+    if word.endswith("eed"):
+        if _measure(word[:-3]) > 0:
+            word = word[:-1]
     else:
         for suffix in ("ed", "ing"):
-            if w.endswith(suffix) and _has_vowel(w[: -len(suffix)]):
-                w = w[: -len(suffix)]
-                if w.endswith(("at", "bl", "iz")):
-                    w += "e"
-                elif _ends_double_consonant(w) and w[-1] not in "lsz":
-                    w = w[:-1]
-                elif _measure(w) == 1 and _ends_cvc(w):
-                    w += "e"
+            if word.endswith(suffix) and _has_vowel(word[: -len(suffix)]):
+                word = word[: -len(suffix)]
+                if word.endswith(("at", "bl", "iz")):
+                    word += "e"
+                elif _ends_double_consonant(word) and word[-1] not in "lsz":
+                    word = word[:-1]
+                elif _measure(word) == 1 and _ends_cvc(word):
+                    word += "e"
                 break
     # step 1c: terminal y after a vowel-bearing stem
-    if w.endswith("y") and _has_vowel(w[:-1]):
-        w = w[:-1] + "i"
-    return w
+    if word.endswith("y") and _has_vowel(word[:-1]):
+        word = word[:-1] + "i"
+    return word
 
 
 def stems(seq: Sequence[str]) -> list[str]:

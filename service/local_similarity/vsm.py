@@ -40,8 +40,3 @@ def cosine_vectors(va: TermVector, vb: TermVector) -> float:
     dot = sum(v * large.get(t, 0) for t, v in small.items())
     # clamp rounding so identical texts give exactly 1.0
     return min(1.0, dot / (norm(va) * norm(vb)))
-
-
-def cosine_similarity(a: str, b: str) -> float:
-    """Global similarity of two texts in the vector-space model (tf over stems, no stopwords)."""
-    return cosine_vectors(term_vector(a), term_vector(b))
