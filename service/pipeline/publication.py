@@ -52,9 +52,6 @@ class Publication:
     answered_before: bool = False  # a replay whose answer is already published: nothing again
 
 
-NOTHING = Publication()
-
-
 def publication(
     status: str,
     kind: str | None,
@@ -76,7 +73,7 @@ def publication(
         carried = status != "deleted" or kind in (feed_kinds or ())
         return Publication(removal=True, feed=Feed.REMOVAL if feed_kinds is not None and carried else None)
     if not has_verdict:
-        return NOTHING
+        return Publication()
     fed = feed_kinds is not None and kind in feed_kinds
     return Publication(verdict=True, feed=Feed.COPY if fed else None)
 
@@ -130,15 +127,10 @@ def batch_publication(
     out = BatchPublication()
     values = dict(messages)
     inputs = functools.cache(lambda offset: feed_inputs(values[offset]))
+    rule = functools.partial(publication, feed_kinds=feed_kinds, replays_republished=replays_republished)
     for entry in entries:
-        what = publication(
-            entry.status,
-            entry.kind,
-            deletion=entry.deletion,
-            has_verdict=entry.verdict is not None and entry.article_id is not None,
-            feed_kinds=feed_kinds,
-            replays_republished=replays_republished,
-        )
+        has_verdict = entry.verdict is not None and entry.article_id is not None
+        what = rule(entry.status, entry.kind, deletion=entry.deletion, has_verdict=has_verdict)
         if what.dead_letter:
             out.errors.append((entry, undecided(entry, values[entry.offset])))
             continue
