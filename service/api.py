@@ -168,9 +168,8 @@ class Deduplicator:
             parsed = decode_message(raw.rstrip(b"\r\n"), None, self.max_text_bytes)
         elif isinstance(article, Article):
             # an Article can be built with anything in its fields: check it as the dict it stands for
-            fields = {"id": article.article_id, "text": article.text, "title": article.title}
-            fields |= {"url": article.url, "source": article.source, "published_at": article.published_at}
-            parsed = article_from_dict({**fields, "language": article.language}, self.max_text_bytes)
+            # (its fields, the id under its input name too)
+            parsed = article_from_dict(dict(vars(article), id=article.article_id), self.max_text_bytes)
         elif isinstance(article, Mapping):
             parsed = article_from_dict(dict(article), self.max_text_bytes)
         else:
