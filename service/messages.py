@@ -298,9 +298,8 @@ def dead_letter_dict(
     room = max_bytes - DEAD_LETTER_HEADROOM - len(key or b"")
     encoded_size = (len(original) + 2) // 3 * 4  # base64: 4 characters per 3 bytes, the last padded
     if len(orjson.dumps(record)) + encoded_size > room:
-        record["value_truncated"] = True
-        record["value_size"] = len(original)
-        record["value_sha256"] = hashlib.sha256(original).hexdigest()
+        digest = hashlib.sha256(original).hexdigest()
+        record.update(value_truncated=True, value_size=len(original), value_sha256=digest)
         keep = max(0, room - len(orjson.dumps(record))) // 4 * 3
         original = original[:keep]
     record["value_b64"] = base64.b64encode(original).decode()
