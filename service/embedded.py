@@ -332,14 +332,13 @@ class _FileRun:
         self.bar.update(line.end, self.summary.articles)
 
 
-def _lines(source: BinaryIO, offset: int, line_no: int) -> Iterator[_Line]:
-    """The non-blank lines from `offset` (line `line_no` + 1 on)."""
-    for raw in source:
-        line_no += 1
+def _lines(source: BinaryIO, offset: int, after: int) -> Iterator[_Line]:
+    """The non-blank lines from `offset`, which is where line `after` ends."""
+    for number, raw in enumerate(source, after + 1):
         offset += len(raw)
         body = raw.rstrip(b"\r\n")
         if body.strip():
-            yield _Line(line_no, offset, raw, body)
+            yield _Line(number, offset, raw, body)
 
 
 def _batches(lines: Iterator[_Line], count: int, max_bytes: int) -> Iterator[list[_Line]]:
