@@ -82,8 +82,8 @@ def evaluate(
     content when it is an exact copy (the index keeps copies out of the buckets, represented by
     that holder, whose estimate is theirs), and its estimate passes."""
     sets = [shingle_set(normalize(a.text, params.normalize), params.shingle) for a in articles]
-    state = MemoryState(bucket_cap)
-    shard = IndexShard(state, params)  # what embedded mode and the worker decide and apply with
+    # what embedded mode and the worker decide and apply with
+    shard = IndexShard(MemoryState(bucket_cap), params)
     banding = (params.lsh.bands, params.lsh.rows)
     estimates: list[dict[int, float]] = []
     index_of = {a.article_id: i for i, a in enumerate(articles)}
@@ -93,7 +93,7 @@ def evaluate(
         sketch = sketch_of(article.text, params)
         keys = tuple(band_keys(sketch.signature, *banding))
         found: dict[int, float] = {}
-        for other in state.candidates(keys, article.article_id, params.max_candidates):
+        for other in shard.state.candidates(keys, article.article_id, params.max_candidates):
             estimate = score(sketch, other.sketch, other.article_id).jaccard
             found[index_of[other.article_id]] = estimate
             for copy in same_content.get(other.sketch.content_hash, ()):
