@@ -57,6 +57,7 @@ REMEMBERED_CULPRITS = 1024  # records left out again when their message comes ba
 
 
 Answer = tuple[BatchOutcome, list[Write]]  # a decided chunk: its outcome and its table writes
+ServerSetup = tuple[DedupParams, Path, RocksOptions, Retention]  # what a ShardServer is made of
 
 
 class DeciderFailed(Error, RuntimeError):
@@ -112,12 +113,10 @@ class RecordMarker:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, self._LAYOUT.size)
-            self._map = mmap.mmap(fd, self._LAYOUT.size)
-        finally:
-            os.close(fd)
+        path.touch(0o600)
+        os.truncate(path, self._LAYOUT.size)
+        with path.open("r+b") as file:
+            self._map = mmap.mmap(file.fileno(), self._LAYOUT.size)
 
     def at(self, offset: int, index: int, *, deciding: bool) -> None:
         self._LAYOUT.pack_into(self._map, 0, offset, index, deciding)
@@ -138,26 +137,17 @@ class ShardServer:
     """The index stage's requests (serve's docstring lists them) answered against one IndexShard,
     wherever the shard lives: the decider child's loop feeds it from its pipe, InProcessChild from
     the worker's own calls, so both modes restore, rebuild, hold, decide, commit and close through
-    the same code. `marker`, `freeze_every` and `compact_at_close` serve a child only: the worker
-    reads the marker after a child died, collects its own garbage, and could not cut a compaction
-    short in its own process."""
+    the same code. `marker` and `freeze_every` serve a child only, and a child (the one with a
+    marker) compacts the index at a clean close: the worker reads the marker after a child died,
+    collects its own garbage, and could not cut a compaction short in its own process."""
 
-    def __init__(
-        self,
-        params: DedupParams,
-        index_path: Path,
-        options: RocksOptions,
-        retention: Retention,
-        *,
-        marker: RecordMarker | None = None,
-        freeze_every: int = 0,
-        compact_at_close: bool = False,
-    ) -> None:
+    def __init__(self, setup: ServerSetup, marker: RecordMarker | None = None, freeze_every: int = 0) -> None:
+        params, index_path, options, retention = setup
         self.index_path = index_path
         self.table = _ChangelogWrites()
         self.shard = IndexShard(RocksState(index_path, options, layered=True), params, retention, self.table)
         self.marker = marker
-        self.compact_at_close = compact_at_close
+        self.compact_at_close = marker is not None
         self._size = SizeGauge()
         self._collector = CollectorPolicy(freeze_every)
         self._since_ms: int | None = None  # the position's time where the restore under way started
@@ -241,11 +231,8 @@ class InProcessChild:
 
     def __init__(self, server: ShardServer) -> None:
         self.server = server
+        self.pid = os.getpid()  # the worker's own
         self._queued: collections.deque[tuple] = collections.deque()
-
-    @property
-    def pid(self) -> int:
-        return os.getpid()
 
     def submit(self, request: object) -> None:
         request = cast(tuple, request)
@@ -295,7 +282,7 @@ class Decider:
     ) -> None:
         self.timeout = timeout
         # what the ShardServer is made of, in process or in the child
-        self._server_args = (params, index_path, options, retention)
+        self._server_args: ServerSetup = (params, index_path, options, retention)
         self.index_path = index_path
         self.changelog = changelog
         self.in_process = in_process
@@ -311,8 +298,7 @@ class Decider:
         # what the index holds when every chunk answered is acknowledged, as at a clean close.
         self.changelog_end = -1
         # Chunks are numbered as they are submitted; `answered`: the number of the last answered.
-        self.chunks = 0
-        self.answered = 0
+        self.chunks = self.answered = 0
         # How the last open went ("restored", "rebuilt"), the changelog records it replayed, and
         # what is told of each open (the adapter's log and metrics), a replacement child's too.
         self.opened = ""
@@ -331,12 +317,8 @@ class Decider:
         self._unacknowledged: dict[int, list[Write]] = {}
 
     @property
-    def _child(self) -> Child | None:
-        return self._link if isinstance(self._link, Child) else None
-
-    @property
     def child_pid(self) -> int | None:
-        return None if self._child is None else self._child.pid
+        return self._link.pid if isinstance(self._link, Child) else None
 
     def acknowledged(self, end: int | None, chunk: int | None = None) -> None:
         """The changelog holds every write of the chunks up to number `chunk` (None: every chunk
@@ -364,11 +346,9 @@ class Decider:
         `replacing`: for a child that failed in a batch; the chunks it answered that are not
         acknowledged yet are held again."""
         self.opening = True  # a rebuild takes as long as the changelog is large: not a stall
-        if not replacing:
-            self._unacknowledged.clear()
         try:
             started = time.monotonic()
-            count = await self._restore()
+            count = await self._restore(replacing)
             self.opened = "rebuilt" if count is not None else "restored"
             if self.on_opened is not None:
                 self.on_opened(count, time.monotonic() - started)
@@ -382,13 +362,14 @@ class Decider:
         when it has none), but neither an open of the shard (`on_opened` is not told) nor a
         stall (`opening` stays unset, so readiness does not flap). Returns what `open` does;
         `behind` says how far the index was from the changelog's end."""
-        self._unacknowledged.clear()
         return await self._restore()
 
-    async def _restore(self) -> int | None:
+    async def _restore(self, replacing: bool = False) -> int | None:
         """The index restored (None) or rebuilt (the articles rebuilt) from the changelog as it
-        ends now, then the chunks answered and not acknowledged yet held again (none but for a
-        replacement child)."""
+        ends now, then, `replacing` a child, the chunks it answered and not acknowledged yet held
+        again (forgotten otherwise)."""
+        if not replacing:
+            self._unacknowledged.clear()
         # no record at or after `end` was written before this moment
         read_at = round(time.time() * 1000)
         end = await self.changelog.end()
@@ -421,7 +402,7 @@ class Decider:
         if self._link is not None:
             return self._link
         if self.in_process:
-            server = ShardServer(*self._server_args)
+            server = ShardServer(self._server_args)
             self.shard = server.shard
             self._link = InProcessChild(server)
         else:
@@ -429,17 +410,14 @@ class Decider:
             if self._marker is None:
                 self._marker = RecordMarker(marker_path)
             self._marker.clear()
-            setup = (*self._server_args, self.gc_freeze_every, marker_path)
             # this module, by the name the package was imported under
-            self._link = await Child.start(__name__, setup)
+            self._link = await Child.start(__name__, (self._server_args, self.gc_freeze_every, marker_path))
         return self._link
 
     async def decide(self, messages: list[SignedMessage]) -> tuple[BatchOutcome, list[Write]]:
-        """Decide one chunk of messages (see decide_chunks)."""
+        """Decide one chunk of messages (see decide_chunks, which answers every chunk)."""
         async with contextlib.aclosing(self.decide_chunks([messages])) as answers:
-            async for answer in answers:
-                return answer
-        raise AssertionError("decide_chunks answers every chunk")
+            return await anext(answers)
 
     async def decide_chunks(self, chunks: Sequence[list[SignedMessage]]) -> AsyncGenerator[Answer, None]:
         """Decide chunks of messages in order, yielding each one's outcome and its writes for the
@@ -461,7 +439,8 @@ class Decider:
                 while answered < len(chunks):
                     while queued < min(answered + QUEUED_CHUNKS, len(chunks)):
                         self.chunks += 1
-                        culprits = self._culprits_in(chunks[queued])
+                        offsets = {offset for offset, _ in chunks[queued]}
+                        culprits = {at: self.culprits[at] for at in self.culprits if at[0] in offsets}
                         link.submit(("decide", chunks[queued], self.chunks, culprits))
                         numbers.append(self.chunks)
                         queued += 1
@@ -497,10 +476,6 @@ class Decider:
             await self.open(replacing=True)
         assert self._link is not None
         return self._link
-
-    def _culprits_in(self, chunk: list[SignedMessage]) -> dict[RecordAt, Culprit]:
-        offsets = {offset for offset, _ in chunk}
-        return {at: culprit for at, culprit in self.culprits.items() if at[0] in offsets}
 
     async def _blame(self, failure: ChildFailed, suspects: set[RecordAt]) -> str | None:
         """After the child failed: stop it, and read which record it was on. A record it fails on
@@ -554,8 +529,8 @@ class Decider:
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The child's loop, a ShardServer's over the pipes. First frame: (params, index path,
-    RocksOptions, retention, freeze interval, marker path); then ("reopen", changelog end, read
+    """The child's loop, a ShardServer's over the pipes. First frame: ((params, index path,
+    RocksOptions, retention), freeze interval, marker path); then ("reopen", changelog end, read
     time, how long tombstones are kept) → the offset to restore from, with ("tail", entries,
     offset after them) → None for each chunk of the changelog after it and ("restored", end, read
     time) → applied offset; or None: a rebuild, with ("load", entries) → None for each chunk of
@@ -566,9 +541,8 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     first = read_frame(requests)
     if first is None:
         return
-    *server_args, freeze_every, marker_path = cast(tuple, first)
-    marker = RecordMarker(marker_path)
-    server = ShardServer(*server_args, marker=marker, freeze_every=freeze_every, compact_at_close=True)
+    setup, freeze_every, marker_path = cast(tuple[ServerSetup, int, Path], first)
+    server = ShardServer(setup, RecordMarker(marker_path), freeze_every)
     write_frame(answers, "ready")
     while (message := read_frame(requests)) is not None:
         request = cast(tuple, message)

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple, Protocol
 
 import orjson
@@ -313,9 +314,7 @@ class IndexShard:
             return
         offset, inputs, removed = self._checkpointed
         if self.inputs != inputs or self.applied_offset != offset:
-            # the derived state keeps them too, committed with the chunk's writes
-            applied = {OFFSET_KEY: str(self.applied_offset).encode(), INPUTS_KEY: orjson.dumps(self.inputs)}
-            self.state.set_meta(applied)
+            self.state.set_meta(self._applied())  # the derived state's, committed with the chunk's writes
         if self.inputs != inputs:
             self.changelog[INPUTS_KEY] = orjson.dumps(self.inputs)
         if self.applied_offset != offset:
@@ -324,6 +323,10 @@ class IndexShard:
             expired, deleted = now_removed
             self.changelog[REMOVED_KEY] = orjson.dumps({"expired": expired, "deleted": deleted})
         self._checkpointed = (self.applied_offset, dict(self.inputs), now_removed)
+
+    def _applied(self) -> dict[bytes, bytes]:
+        """The applied offsets as the state's metadata keeps them."""
+        return {OFFSET_KEY: str(self.applied_offset).encode(), INPUTS_KEY: orjson.dumps(self.inputs)}
 
     def _removed(self) -> tuple[int, int]:
         return self.state.counts.expired, self.state.counts.deleted
@@ -346,8 +349,7 @@ class IndexShard:
         """The changelog holds every record of the chunks up to `chunk`, and ends at
         `changelog_end` once they are in it: their writes reach the store in one batch with that
         position. Returns how many chunks were written (0: none held, or discarded since)."""
-        layers = self.layers
-        if layers is None:
+        if (layers := self.layers) is None:
             return 0
         done = [tag for tag in layers.held if tag <= chunk]
         if not done:
@@ -438,13 +440,7 @@ class IndexShard:
     def mark_position(self, end: int, since_ms: int) -> None:
         """After a rebuild or a restore up to `end`, where the changelog ended when read at
         `since_ms`: the state's position, with the applied offsets, in one write."""
-        self.state.set_meta(
-            {
-                POSITION_KEY: Position(end, since_ms).encode(),
-                OFFSET_KEY: str(self.applied_offset).encode(),
-                INPUTS_KEY: orjson.dumps(self.inputs),
-            }
-        )
+        self.state.set_meta({POSITION_KEY: Position(end, since_ms).encode(), **self._applied()})
 
     def replay(self, table: Compacted) -> int:
         """Re-derive the state from `table`, the changelog compacted, its article records read
@@ -535,7 +531,13 @@ def decide_messages(
         if (culprit := skip.get((offset, WHOLE_MESSAGE))) is not None:
             entries.append(Decided.isolated(offset, WHOLE_MESSAGE, culprit, None))
             continue
-        records = _unpacked(offset, value, entries, marker)
+        if marker is not None:
+            marker.at(offset, WHOLE_MESSAGE, deciding=False)
+        try:
+            records = unpack_signed(value)
+        except Exception as exc:  # a corrupt internal message must not stop the shard
+            entries.append(Decided.failed(offset, exc, WHOLE_MESSAGE))
+            records = []
         handled += len(records)
         items, indexes = [], []
         for index, record in enumerate(records):
@@ -551,7 +553,7 @@ def decide_messages(
                 indexes.append(index)
             except Exception as exc:
                 entries.append(Decided.failed(offset, exc, index))
-        before = None if marker is None else _marking(marker, offset, indexes)
+        before = None if marker is None else partial(_mark_deciding, marker, offset, indexes)
         decided = shard.decide(items, offset, before=before)
         entries.extend(result._replace(record=i) for i, result in zip(indexes, decided, strict=True))
         if marker is not None:
@@ -574,26 +576,9 @@ def decide_messages(
     )
 
 
-def _unpacked(
-    offset: int, value: bytes, entries: list[Decided], marker: DecisionMarker | None
-) -> list[bytes]:
-    """A signatures message's records; none when it cannot be unpacked (an error entry then)."""
-    if marker is not None:
-        marker.at(offset, WHOLE_MESSAGE, deciding=False)
-    try:
-        return unpack_signed(value)
-    except Exception as exc:  # a corrupt internal message must not stop the shard
-        entries.append(Decided.failed(offset, exc, WHOLE_MESSAGE))
-        return []
-
-
-def _marking(marker: DecisionMarker, offset: int, indexes: Sequence[int]) -> Callable[[int], None]:
-    """IndexShard.decide's `before`: the record's place in its message, as it is decided."""
-
-    def before(n: int) -> None:
-        marker.at(offset, indexes[n], deciding=True)
-
-    return before
+def _mark_deciding(marker: DecisionMarker, offset: int, indexes: Sequence[int], n: int) -> None:
+    """IndexShard.decide's `before` (bound to a message): item n's place in it, as it is decided."""
+    marker.at(offset, indexes[n], deciding=True)
 
 
 class SizeGauge:

@@ -289,12 +289,10 @@ class IndexState:
     def _remove(self, batch: Batch, old: IndexedArticle, *, keep_id: bool = False) -> None:
         """Take one article version out of every structure; `keep_id`: its id gets a new version
         in the same batch."""
-        seq = seq_key(old.seq)
-        content_hash = old.sketch.content_hash
         self.buckets.leave(batch, old.seq, old.keys)
         if old.in_postings:
             self.postings.leave(batch, old.seq, old.anchors)
-        heir = self.contents.remove(batch, content_hash, seq)
+        heir = self.contents.remove(batch, old.sketch.content_hash, seq_key(old.seq))
         if heir is not None:  # same keys
             self.buckets.join(batch, SEQ.unpack(heir)[0], old.keys, if_absent=True)
         self.clusters.leave(batch, old.seq, old.cluster, self._head_entry)

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from neardup.pipeline.decider import Decider, DeciderFailed, Write
-from neardup.pipeline.pipes import CallTimeout
+from neardup.pipeline.pipes import CallTimeout, Child
 from neardup.pipeline.publication import undecided
 from neardup.pipeline.shard import ARTICLE_PREFIX, OFFSET_KEY, WHOLE_MESSAGE, BatchOutcome, IndexShard
 from neardup.pipeline.wire import encode_signed, pack_signed, runs_within, signed_count
@@ -51,7 +51,7 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
 
     yield build
     for decider in made:
-        process = None if decider._child is None else decider._child.process
+        process = decider._link.process if isinstance(decider._link, Child) else None
         decider.kill()
         if process is not None:  # reaped before the test's event loop closes
             await asyncio.wait_for(process.wait(), 10)
@@ -255,8 +255,8 @@ async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight
     await child.open()
     chunks = [[message] for message in packed(HISTORY, 0, per_message=1)]
     pid = child.child_pid
-    assert child._child is not None
-    process = child._child.process
+    assert isinstance(child._link, Child)
+    process = child._link.process
     async with contextlib.aclosing(child.decide_chunks(chunks)) as answers:
         async for _, writes in answers:
             apply(child, writes)
