@@ -173,8 +173,7 @@ def _contained(runs: npt.NDArray[np.int64], block: int = 512) -> npt.NDArray[np.
 
 def passages_of_tokens(ta: Tokens, tb: Tokens, n: int = DEFAULT_CHUNK_WORDS) -> list[VerbatimPassage]:
     """Shared passages as character spans, from tokenized texts (reuse tokens across calls)."""
-    ha = chunk_hashes(ta.words, n)  # checks n first, whatever the texts
-    hb = chunk_hashes(tb.words, n)
+    ha, hb = chunk_hashes(ta.words, n), chunk_hashes(tb.words, n)  # checks n first, whatever the texts
     width = min(n, len(ta))
     if width == 0 or width != min(n, len(tb)):
         # Digests of chunks of different widths never coincide: a text shorter than n words only

@@ -183,9 +183,8 @@ def _summary(cmp: LocalComparison, color: bool) -> list[str]:
         ("global, cosine (tf, stems, no stopwords)", _fmt(cmp.cosine)),
     ]
     label_w = max(len(label) for label, _ in rows)
-    out = [_bold(f"A: {cmp.words_a} words    B: {cmp.words_b} words", color)]
-    out += [f"{label:<{label_w}}  {_bold(value, color)}" for label, value in rows]
-    return out
+    header = _bold(f"A: {cmp.words_a} words    B: {cmp.words_b} words", color)
+    return [header, *(f"{label:<{label_w}}  {_bold(value, color)}" for label, value in rows)]
 
 
 def _sanitize(text: str) -> str:
@@ -200,22 +199,19 @@ def _anchor_passages(text_a: str, text_b: str, width: int) -> list[str]:
     mine, other = anchors_of(canonical_code_points(text_b)), anchors_of(canonical_code_points(text_a))
     shared, inside, contains = anchor_containment(mine, other)
     found = anchor_passages(mine, other, PASSAGES)
+    wrap = functools.partial(textwrap.wrap, width=width)
     head = (
         f"anchors: {shared} shared; {inside:.0%} of B's in A, {contains:.0%} of A's in B "
         f"(a verdict on B names {len(found)} passage{'s' * (len(found) != 1)}, canonical offsets):"
     )
-    out = ["", *textwrap.wrap(head, width)]
+    out = ["", *wrap(head)]
     for p in found:
-        out += textwrap.wrap(
-            f"B[{p.start}:{p.end}] ~ A[{p.other_start}:{p.other_end}], {p.anchors} anchors:", width
-        )
+        out += wrap(f"B[{p.start}:{p.end}] ~ A[{p.other_start}:{p.other_end}], {p.anchors} anchors:")
         sides = [("B", canonical_b[p.start : p.end])]
         if canonical_a[p.other_start : p.other_end] != sides[0][1]:
             sides.append(("A", canonical_a[p.other_start : p.other_end]))
         for name, text in sides:
-            out += textwrap.wrap(
-                _sanitize(text), width, initial_indent=f"  {name}: ", subsequent_indent="     "
-            )
+            out += wrap(_sanitize(text), initial_indent=f"  {name}: ", subsequent_indent="     ")
     return out
 
 

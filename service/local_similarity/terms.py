@@ -104,13 +104,9 @@ def _ends_double_consonant(stem: str) -> bool:
 def _ends_cvc(stem: str) -> bool:
     """Consonant-vowel-consonant ending, last not w/x/y (so "hop" + e -> "hope")."""
     n = len(stem)
-    return (
-        n >= 3
-        and _is_consonant(stem, n - 3)
-        and not _is_consonant(stem, n - 2)
-        and _is_consonant(stem, n - 1)
-        and stem[-1] not in "wxy"
-    )
+    if n < 3 or stem[-1] in "wxy":
+        return False
+    return _is_consonant(stem, n - 3) and not _is_consonant(stem, n - 2) and _is_consonant(stem, n - 1)
 
 
 def stem(word: str) -> str:
