@@ -343,7 +343,7 @@ class IndexShard:
         """The writes from now on are chunk `chunk`'s (numbered upwards), held until committed."""
         if (layers := self.layers) is not None:
             layers.hold(chunk)
-            self._decided_at[chunk] = _now_ms()
+            self._decided_at[chunk] = round(time.time() * 1000)
 
     def commit(self, chunk: int, changelog_end: int) -> int:
         """The changelog holds every record of the chunks up to `chunk`, and ends at
@@ -468,10 +468,6 @@ class IndexShard:
     def close(self) -> None:
         """Close the state; writes not committed are lost, as in a crash."""
         self.state.close()
-
-
-def _now_ms() -> int:
-    return round(time.time() * 1000)
 
 
 # -- the worker's batches: signatures messages in, outcomes out (they cross the decider's pipe) --
