@@ -51,8 +51,10 @@ class Recorder:
         self.sent.append((key, value))
         self._changed.set()
 
+    # Waits end when their condition holds: the bound only matters for a failing test, and a
+    # decider child started on a loaded machine can take seconds to answer its first batch.
     async def wait_for(
-        self, count: int, timeout: float = 5.0, size: Callable[[list[tuple[Any, Any]]], int] = len
+        self, count: int, timeout: float = 30.0, size: Callable[[list[tuple[Any, Any]]], int] = len
     ) -> list[tuple[Any, Any]]:
         async def enough() -> None:
             while size(self.sent) < count:
@@ -291,7 +293,7 @@ def _signed(settings: Settings, article_id: str, text: str) -> bytes:
     return result.signed
 
 
-async def _settled(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+async def _settled(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     """Wait for the end of the agent's batch (gauges are set after the last verdict is sent)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
