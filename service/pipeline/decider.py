@@ -234,8 +234,7 @@ class InProcessChild:
         self.pid = os.getpid()  # the worker's own
         self._queued: collections.deque[tuple] = collections.deque()
 
-    def submit(self, request: object) -> None:
-        request = cast(tuple, request)
+    def submit(self, request: tuple) -> None:
         if request[0] in UNANSWERED:
             self.server.answer(request)
         else:
@@ -247,7 +246,7 @@ class InProcessChild:
         self.server.after(request, answer)
         return answer
 
-    async def call(self, request: object, timeout: float | None = None) -> object:
+    async def call(self, request: tuple, timeout: float | None = None) -> object:
         self.submit(request)
         return await self.receive(timeout)
 

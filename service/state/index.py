@@ -253,7 +253,6 @@ class IndexState:
             self.markers.drop(batch, article.article_id)
         stored = record or encode_record(article)
         self._add(batch, article, stored)
-        self._seq = max(self._seq, article.seq + 1)
         batch.put(SEQ_KEY, str(self._seq).encode())
         self._write(batch, extra)
         self.versions.remember(_as_stored(article))
@@ -261,7 +260,8 @@ class IndexState:
 
     def _add(self, batch: Batch, article: IndexedArticle, record: bytes | None) -> None:
         """Into the content map and the buckets (an exact copy: beside its content's holder),
-        its cluster, the time index and the id map; `record`: its record, when not stored yet."""
+        its cluster, the time index and the id map, the next seq past it; `record`: its record,
+        when not stored yet."""
         seq = seq_key(article.seq)
         if self.contents.add(batch, article.sketch.content_hash, seq, exact=article.decision.exact):
             self.buckets.join(batch, article.seq, article.keys)
@@ -273,6 +273,7 @@ class IndexState:
         self.counts.articles += 1
         if self.counts.newest_ms is None or article.time_ms > self.counts.newest_ms:
             self.counts.newest_ms = article.time_ms
+        self._seq = max(self._seq, article.seq + 1)
 
     def _write(self, batch: Batch, extra: dict[bytes, bytes] | None = None) -> None:
         for key, value in (extra or {}).items():
@@ -361,7 +362,6 @@ class IndexState:
             self._remove(batch, current, keep_id=True)
         self.markers.drop(batch, article.article_id)
         self._add(batch, article, record)
-        self._seq = max(self._seq, article.seq + 1)
         batch.put(SEQ_KEY, str(self._seq).encode())
         self._write(batch)
         self.versions.remember(article)
