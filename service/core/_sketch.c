@@ -58,9 +58,9 @@
  *
  * varints(data, position, count) -> (values, end)
  *     data: a buffer. The `count` unsigned LEB128 varints from `position` (seven bits a byte, the
- *     low ones first: a record's head, records.py: _read_varints is the reference) as a tuple of
- *     ints, and the position after the last. ValueError when one runs past the end of `data` or
- *     past 64 bits.
+ *     low ones first: a record's head; tests/support/reference_state.py: read_varints is the
+ *     reference) as a tuple of ints, and the position after the last. ValueError when one runs
+ *     past the end of `data` or past 64 bits.
  *
  * count_postings(lists, width, full, need, top) -> list of (int, int)
  *     lists: a sequence of bytes (posting lists: `width`-byte big-endian entries, the top bit of

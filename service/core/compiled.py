@@ -50,18 +50,3 @@ else:
     _sketch = extension(f"{__package__}._sketch", "NEARDUP_SKETCH_PATH")
     if _sketch is None:  # pragma: no cover - a source checkout without a C compiler
         raise ImportError("neardup.core._sketch is not built: reinstall with a C compiler (pip install -e .)")
-
-_enabled = True
-
-
-def loops() -> ModuleType | None:
-    """_sketch for the code that keeps a numpy path beside it (state/records.py: reading a record's
-    head); None while enable(False) holds, for the tests of that path."""
-    return _sketch if _enabled else None
-
-
-def enable(on: bool) -> bool:
-    """Whether loops() gives the compiled module; returns the previous setting."""
-    global _enabled
-    previous, _enabled = _enabled, on
-    return previous

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import compiled
 from ..core.anchors import NO_ANCHORS, Anchors, Passage
+from ..core.compiled import _sketch
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.signing import Sketch
@@ -70,27 +70,6 @@ def _unzigzag(value: int) -> int:
     return value >> 1 if not value & 1 else -(value >> 1) - 1
 
 
-def _read_varints(data: bytes, position: int, count: int) -> tuple[tuple[int, ...], int]:
-    """`count` varints from `position`, and the position after them (the reference of the
-    compiled _sketch.varints)."""
-    values = []
-    for _ in range(count):
-        value = shift = 0
-        while True:
-            if position >= len(data):
-                raise ValueError("a varint runs past the end of data")
-            if shift > 63:
-                raise ValueError("a varint runs past 64 bits")
-            byte = data[position]
-            position += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-        values.append(value)
-    return tuple(values), position
-
-
 def _pack_id(text: str) -> bytes:
     data = text.encode()
     return _varints((len(data),)) + data
@@ -99,7 +78,7 @@ def _pack_id(text: str) -> bytes:
 def _unpack_id(data: bytes, position: int) -> tuple[str, int]:
     size, start = data[position], position + 1
     if size > 0x7F:  # an id of 128 bytes or more
-        (size,), start = _read_varints(data, position, 1)
+        (size,), start = _sketch.varints(data, position, 1)
     if start + size > len(data):
         raise ValueError("decision is truncated")
     return data[start : start + size].decode(), start + size
@@ -109,9 +88,7 @@ def _head(data: bytes) -> tuple[tuple[int, ...], int]:
     """The head's fields and where the ids start."""
     if data[:2] != MAGIC:
         raise ValueError(f"unknown record format {data[:2]!r}")
-    loops = compiled.loops()
-    # in C where built: a probe read back from the store is decoded on every cache miss
-    return (loops.varints if loops else _read_varints)(data, len(MAGIC), _HEAD_FIELDS)
+    return _sketch.varints(data, len(MAGIC), _HEAD_FIELDS)
 
 
 def _compact_decision(decision: Decision, article_id: str, cluster_id: str) -> bytes:
@@ -162,8 +139,8 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
         position += _SCORES.size
     passages: tuple[Passage, ...] = ()
     if position < len(data):
-        (many,), position = _read_varints(data, position, 1)
-        values, position = _read_varints(data, position, 5 * many)
+        (many,), position = _sketch.varints(data, position, 1)
+        values, position = _sketch.varints(data, position, 5 * many)
         passages = tuple(Passage(*values[i : i + 5]) for i in range(0, len(values), 5))
     if position != len(data):
         raise ValueError(f"decision has {len(data) - position} bytes too many or few")
@@ -279,5 +256,5 @@ def decode_record(data: bytes, key: str = "?") -> IndexedArticle:
         return IndexedArticle(
             own_id, version, seq, sketch, decided, band_keys, _unzigzag(time), cluster_seq, cluster_text
         )
-    except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, OverflowError, struct.error) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc

@@ -16,9 +16,8 @@ import pytest
 from neardup.core import anchors as anchors_module
 from neardup.core import compiled
 from neardup.core.minhash import CHANCE_AGREEMENT, EMPTY_SLOT, EMPTY_VERIFIER_SLOT
-from tests.support import reference_anchors
+from tests.support import reference_anchors, reference_state
 
-# the module itself, not compiled.loops(): a test turning that off must not change these
 sketch: Any = compiled._sketch
 
 ENTRY_POINTS = {
@@ -633,17 +632,17 @@ def test_merge_buckets_counts_and_repeats() -> None:
 
 
 def test_varints_agree_with_the_reference() -> None:
-    from neardup.state.records import _read_varints, _varints
+    from neardup.state.records import _varints
 
     values = (0, 1, 127, 128, 300, 2**32, 2**63 + 5, 2**64 - 1, 16383, 16384)
     data = b"ab" + _varints(values) + b"tail"
-    assert sketch.varints(data, 2, len(values)) == _read_varints(data, 2, len(values))
+    assert sketch.varints(data, 2, len(values)) == reference_state.read_varints(data, 2, len(values))
     assert sketch.varints(data, 2, len(values)) == (values, len(data) - 4)
     assert sketch.varints(memoryview(data)[1:], 1, 3) == ((0, 1, 127), 4)
     assert sketch.varints(b"", 0, 0) == ((), 0)
     for bad in (b"\x80", b"\xff" * 10 + b"\x01"):
         with pytest.raises(ValueError):
-            _read_varints(bad, 0, 1)
+            reference_state.read_varints(bad, 0, 1)
 
 
 def test_anchors_at_any_alignment_are_the_reference_s() -> None:
