@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core._hashing import fmix64
-from .terms import Tokens, words
+from .terms import Tokens
 
 U64 = npt.NDArray[np.uint64]
 DEFAULT_CHUNK_WORDS = 5
@@ -81,11 +81,6 @@ def chunk_hashes(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
 def fingerprint_of_words(seq: Sequence[str], n: int = DEFAULT_CHUNK_WORDS) -> U64:
     """The fingerprint h(d): the sorted set of chunk digests."""
     return np.unique(chunk_hashes(seq, n))
-
-
-def chunk_fingerprint(text: str, n: int = DEFAULT_CHUNK_WORDS) -> U64:
-    """h(d) of a text for chunk-identity analysis (sorted unique uint64 digests)."""
-    return fingerprint_of_words(words(text), n)
 
 
 def _join(ka: U64, kb: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

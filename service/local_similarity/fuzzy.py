@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .fingerprint import U64, combine, word_hashes
-from .terms import STOPWORDS, words
+from .terms import STOPWORDS
 
 Chunking = Literal["content", "fixed"]
 # Key of the reference distribution used when none is asked for: 12 classes keep ~4 index terms per
@@ -258,8 +258,3 @@ def fuzzy_fingerprint_of_words(
 ) -> U64:
     """h_φ(d) from normalized words: the sorted set of chunk hashes γ."""
     return np.unique(fuzzy_hashes_of_words(seq, reference, params))
-
-
-def fuzzy_fingerprint(text: str, reference: PrefixReference, params: FuzzyParams = DEFAULT_FUZZY) -> U64:
-    """h_φ(d): the sorted set of chunk hashes γ of a text."""
-    return fuzzy_fingerprint_of_words(words(text), reference, params)

@@ -41,14 +41,6 @@ def normalize_word(word: str) -> str:
     return word.casefold().replace("’", "'")
 
 
-def words(text: str) -> list[str]:
-    """The normalized words of `text`, in order (fast path when offsets are not needed)."""
-    found = WORD_RE.findall(text)
-    if "’" in text:
-        return [normalize_word(w) for w in found]
-    return [w.casefold() for w in found]
-
-
 @dataclass(frozen=True, eq=False)
 class Tokens:
     """Normalized words of a text and the [start, end) character span of each in the original."""
@@ -62,7 +54,7 @@ class Tokens:
 
 
 def tokenize(text: str) -> Tokens:
-    """Words with offsets; yields exactly the same word sequence as `words(text)`."""
+    """The normalized words of `text`, in order, with their offsets."""
     matches = list(WORD_RE.finditer(text))
     return Tokens(
         words=tuple(normalize_word(m.group()) for m in matches),

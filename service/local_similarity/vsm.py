@@ -10,7 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from .terms import stems, words
+from .terms import stems
 
 # Raw term frequency, no idf: a pairwise comparison has no collection to take document frequencies
 # from, and raw tf is the plain vector-space model the paper compares against.
@@ -20,11 +20,6 @@ TermVector = Mapping[str, int]
 def term_vector_of_words(seq: Sequence[str]) -> Counter[str]:
     """tf vector of the stems of the index terms of normalized words."""
     return Counter(stems(seq))
-
-
-def term_vector(text: str) -> Counter[str]:
-    """tf vector of a text: stems of its words, stopwords removed."""
-    return term_vector_of_words(words(text))
 
 
 def norm(vec: TermVector) -> float:

@@ -41,8 +41,8 @@ if str(ROOT) not in sys.path:
 from neardup.local_similarity.fingerprint import fingerprint_of_words  # noqa: E402
 from neardup.local_similarity.fuzzy import FuzzyParams, PrefixReference, fuzzy_fingerprint_of_words  # noqa: E402
 from neardup.local_similarity.report import REFERENCE_PATH, load_prefix_reference  # noqa: E402
-from neardup.local_similarity.terms import words  # noqa: E402
 from neardup.local_similarity.vsm import term_vector_of_words  # noqa: E402
+from tests.support.local_measures import words  # noqa: E402
 
 DEFAULT_COLLECTION = Path.home() / ".cache" / "neardup" / "versioned"
 SIZES = (100, 200, 300, 400, 500, 600, 700, 800)

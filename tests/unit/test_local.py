@@ -21,30 +21,32 @@ from neardup.core.normalize import normalize
 from neardup.core.shingle import shingle_set
 from neardup.core.similarity import exact_containment, exact_jaccard
 from neardup.local_similarity import fuzzy as fz
-from neardup.local_similarity.compare import (
-    FuzzyParams,
-    PrefixClass,
-    PrefixReference,
+from neardup.local_similarity.compare import compare_local
+from neardup.local_similarity.fingerprint import (
     VerbatimPassage,
+    chunk_hashes,
+    fingerprint_of_words,
+    word_passages,
+)
+from neardup.local_similarity.fuzzy import FuzzyParams, PrefixClass, PrefixReference, parse_prefix_reference
+from neardup.local_similarity.report import (
+    REFERENCE_PATH,
+    load_prefix_reference,
+    render_compare_local,
+)
+from neardup.local_similarity.terms import STOPWORDS, stem, tokenize
+from tests.support.local_measures import (
     chunk_containment,
     chunk_fingerprint,
-    compare_local,
     cosine_similarity,
     fuzzy_containment,
     fuzzy_fingerprint,
     fuzzy_similarity,
     local_similarity,
     matching_passages,
-    parse_prefix_reference,
+    term_vector,
+    words,
 )
-from neardup.local_similarity.fingerprint import chunk_hashes, fingerprint_of_words, word_passages
-from neardup.local_similarity.report import (
-    REFERENCE_PATH,
-    load_prefix_reference,
-    render_compare_local,
-)
-from neardup.local_similarity.terms import STOPWORDS, stem, tokenize, words
-from neardup.local_similarity.vsm import term_vector
 
 # --- texts ------------------------------------------------------------------------------------
 # Figure 1 of the paper, documents A and B, as printed (hard-wrapped, hyphenated line breaks).
