@@ -142,10 +142,6 @@ class Signer:
             raise ChildFailed(f"helper {helper.pid} answered {type(answer).__name__}")
         return [SignResult(*result) for result in answer]
 
-    @property
-    def helper_pids(self) -> list[int]:
-        return [helper.pid for helper in self._helpers]
-
     def close(self) -> None:
         for helper in self._helpers:
             helper.stop()

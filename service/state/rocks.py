@@ -216,12 +216,6 @@ class RocksKV:
         Rdict.destroy(str(self.path), self._options.build())
         self._open()
 
-    def family_property(self, name: str) -> dict[str, int]:
-        """An integer RocksDB property (`rocksdb.num-files-at-level0`, `rocksdb.total-sst-files-size`)
-        of each column family: what the state's files hold, for inspecting them."""
-        families = {"default": self._db, _RECORDS: self._records}
-        return {family: handle.property_int_value(name) or 0 for family, handle in families.items()}
-
     def size_bytes(self) -> int:
         """Bytes under the state directory."""
         return sum(entry.stat().st_size for entry in self.path.rglob("*") if entry.is_file())

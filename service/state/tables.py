@@ -463,10 +463,6 @@ class Postings:
         self._names: tuple[bytes, list[bytes]] = (b"", [])
         self._looked_up: tuple[bytes, list[bytes | None]] | None = None
 
-    def cached(self) -> int:
-        """How many lists the cache holds."""
-        return len(self._cache)
-
     def names(self, anchors: Anchors) -> list[bytes]:
         """The posting list keys of a text's distinct anchors, in the order of their first place."""
         packed, names = self._names

@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:
 from neardup.state.records import _head  # noqa: E402
 from neardup.state.rocks import RocksKV, RocksOptions  # noqa: E402
 from tests.benchmarks.bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
+from tests.support.state import family_property  # noqa: E402
 
 RECORD_PARTS = ("id", "cluster id", "content hash", "verifier", "band digests", "decision", "anchors")
 
@@ -55,7 +56,7 @@ def report(state: Path, count: int) -> None:
                 parts[part] += length
         on_disk = kv.size_bytes()
         print(f"state {state}: {on_disk / count:,.1f} bytes per article ({on_disk:,} bytes)")
-        for name, tables in kv.family_property("rocksdb.total-sst-files-size").items():
+        for name, tables in family_property(kv, "rocksdb.total-sst-files-size").items():
             print(f"  table files of {name}: {tables / count:,.1f} per article")
         print("main family, key and value bytes per article (keys per article):")
         for prefix in sorted(sizes):

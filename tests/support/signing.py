@@ -9,6 +9,7 @@ import orjson
 
 from neardup.core.params import DedupParams
 from neardup.pipeline.sign import SignStage
+from neardup.pipeline.signer import Signer
 from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from tests.support.prose import PROSE
 
@@ -57,3 +58,8 @@ FUTURE = [
     ("f", PROSE[4]),
     ("k", PROSE[3]),
 ]
+
+
+def helper_pids(signer: Signer) -> list[int]:
+    """The process ids of a signer's live helpers."""
+    return [helper.pid for helper in signer._helpers]

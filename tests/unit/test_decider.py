@@ -27,6 +27,7 @@ from tests.support.decider import Messages, apply, decide, packed
 from tests.support.faults import HELPER_FAULT, inject
 from tests.support.prose import PROSE
 from tests.support.signing import FUTURE, HISTORY, PARAMS, signed
+from tests.support.state import family_property
 
 
 def comparable(outcome: BatchOutcome) -> list[tuple[Any, ...]]:
@@ -342,7 +343,7 @@ def files_at_level0(path: Path) -> int:
     """RocksDB's level-0 files (flushed memtables, not compacted yet) in every column family."""
     kv = RocksKV(path, RocksOptions(), read_only=True)
     try:
-        return sum(kv.family_property("rocksdb.num-files-at-level0").values())
+        return sum(family_property(kv, "rocksdb.num-files-at-level0").values())
     finally:
         kv.close()
 

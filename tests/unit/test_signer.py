@@ -22,6 +22,7 @@ from neardup.pipeline.signer import Signer, SignerFailed, SignItem
 from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from tests.support.faults import HELPER_FAULT, POISON, inject
 from tests.support.prose import PROSE
+from tests.support.signing import helper_pids
 
 PARAMS = DedupParams()
 STAGE = SignStage(PARAMS, max_text_bytes=10_000)
@@ -69,12 +70,12 @@ async def test_a_killed_helper_is_replaced(pooled: Signer) -> None:
     batch = items(40)
     expected = comparable(pooled.sign_here(batch))
     assert comparable(await pooled.sign(batch)) == expected
-    before = pooled.helper_pids
+    before = helper_pids(pooled)
     assert len(before) == 2
     for pid in before:
         os.kill(pid, signal.SIGKILL)
     assert comparable(await pooled.sign(batch)) == expected
-    after = pooled.helper_pids
+    after = helper_pids(pooled)
     assert len(after) == 2 and not set(after) & set(before)
 
 
@@ -93,7 +94,7 @@ async def test_without_helpers_signing_stays_in_process() -> None:
     batch = items(20)
     assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
     await signer.warm_up()
-    assert signer.helper_pids == []
+    assert helper_pids(signer) == []
 
 
 async def test_concurrent_warm_ups_start_the_configured_number_of_helpers() -> None:
@@ -102,7 +103,7 @@ async def test_concurrent_warm_ups_start_the_configured_number_of_helpers() -> N
     try:
         results, _ = await asyncio.gather(signer.sign(items(40)), signer.warm_up())
         assert len(results) == 40
-        assert len(signer.helper_pids) == 1
+        assert len(helper_pids(signer)) == 1
     finally:
         signer.close()
 
@@ -113,7 +114,7 @@ async def test_aclose_ends_the_helpers_inside_the_loop(pooled: Signer) -> None:
     await pooled.warm_up()
     processes = [helper.process for helper in pooled._helpers]
     await pooled.aclose()
-    assert pooled.helper_pids == []
+    assert helper_pids(pooled) == []
     assert all(process.returncode is not None for process in processes)
     assert comparable(await pooled.sign(items(5))) == comparable(pooled.sign_here(items(5)))  # restarts
 
@@ -146,7 +147,7 @@ async def test_helpers_run_at_the_niceness_they_are_given() -> None:
         try:
             batch = items(20)
             assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
-            [pid] = signer.helper_pids
+            [pid] = helper_pids(signer)
             assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, own + nice)
         finally:
             signer.close()
@@ -230,7 +231,7 @@ async def test_a_message_that_hangs_its_helper_is_isolated_within_its_timeouts(
         isolated(results, batch, (5,))
         # 16, 8, 4, 2, then alone: five timeouts and the restarts between them
         assert 5.0 <= loop.time() - started < 60
-        assert signer.helper_pids  # a live helper for the next batch; the hung ones were killed
+        assert helper_pids(signer)  # a live helper for the next batch; the hung ones were killed
     finally:
         await signer.aclose()
 
@@ -241,5 +242,5 @@ async def test_helpers_that_cannot_start_are_fatal(monkeypatch: pytest.MonkeyPat
     signer = Signer(STAGE, processes=2, timeout=CallTimeout(base_s=5.0, per_item_s=0.0))
     with pytest.raises(SignerFailed, match="cannot start"):
         await asyncio.wait_for(signer.sign(items(20)), 60)
-    assert signer.helper_pids == []
+    assert helper_pids(signer) == []
     await signer.aclose()
