@@ -307,22 +307,6 @@ def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
     return Candidate(other_id, jaccard, inside, contains)
 
 
-def score_many(sketch: Sketch, others: Sequence[tuple[str, Sketch]]) -> list[Candidate]:
-    """`score` against many candidates, their verifiers compared in one compiled pass when all have
-    sketch's length; otherwise (or without verifiers) pair by pair. The figures are identical
-    either way."""
-    sketches = [other for _, other in others]
-    jaccard, inside, contains = verified_scores(
-        sketch.verifier, sketch.shingle_count, sketches
-    ) or _scored_apart(sketch, sketches)
-    return [
-        Candidate(other_id, j, a, b)
-        for (other_id, _), j, a, b in zip(
-            others, jaccard.tolist(), inside.tolist(), contains.tolist(), strict=True
-        )
-    ]
-
-
 def _scored_apart(sketch: Sketch, others: Sequence[Sketch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(jaccard, containment, contains) against each of `others` where their verifiers cannot be
     compared in one pass (there are none, verify_perm=0; or a length differs from sketch's: state

@@ -2,9 +2,10 @@
 
 One permutation (a seeded fmix64, which is a bijection on 64-bit values) is split into `num_perm`
 bins by its top bits; each bin keeps its minimum. Bins left empty (short texts) borrow the minimum of
-a bin chosen by a seeded probe sequence, which keeps the estimator unbiased (Shrivastava, 2017). The
-classic k-permutation scheme is kept for comparison (`kperm_signature`): OPH hashes each shingle
-once instead of num_perm times for the same accuracy, which `tests/benchmarks/bench_core.py` checks.
+a bin chosen by a seeded probe sequence, which keeps the estimator unbiased (Shrivastava, 2017). OPH
+hashes each shingle once where the classic k-permutation scheme (tests/support/scoring.py:
+kperm_signature) hashes it num_perm times, for the same accuracy, which
+`tests/benchmarks/bench_core.py` checks.
 The per-shingle and per-slot loops run compiled (_sketch.c); tests/support/reference_sketch.py is
 their numpy reference.
 """
@@ -146,17 +147,6 @@ def _densify(signature: HashArray, filled: npt.NDArray[np.bool_], probes: npt.ND
         for bin_index in empty[~found]:
             nxt = filled_bins[np.searchsorted(filled_bins, bin_index) % filled_bins.size]
             signature[bin_index] = source[nxt]
-
-
-def kperm_signature(hashes: HashArray, num_perm: int = 128, seed: int = 1) -> HashArray:
-    """Classic MinHash: num_perm independent universal hashes, min of each (the baseline scheme)."""
-    rng = np.random.default_rng(seed)
-    mult = rng.integers(1, 2**63, size=num_perm, dtype=np.uint64) | U64(1)
-    add = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
-    if hashes.size == 0:
-        return np.full(num_perm, EMPTY_SLOT, dtype=np.uint64)
-    mixed = fmix64(hashes[None, :] * mult[:, None] + add[:, None])
-    return np.asarray(mixed.min(axis=1), dtype=np.uint64)
 
 
 def estimate_jaccard(a: npt.NDArray[np.unsignedinteger], b: npt.NDArray[np.unsignedinteger]) -> float:

@@ -10,7 +10,7 @@ Throughput, on news-sized texts (1-5 KB), at 128 permutations, as signatures per
   * datasketch `MinHash(num_perm=128).update_batch` over the same texts' distinct 5-shingles as
     bytes (shingles prepared outside the timing), a new MinHash per text as usually written, and
     again with the permutations shared between texts (the kindest setup for it)
-  * the classic k-permutation scheme in numpy (`minhash.kperm_signature`) on the same hashes
+  * the classic k-permutation scheme in numpy (`tests/support/scoring.py: kperm_signature`) on the same hashes
 Ratios are medians of per-repeat ratios (the engines are timed interleaved, so machine load hits
 all of them alike).
 
@@ -43,12 +43,13 @@ sys.path.insert(0, str(ROOT))
 import datasketch  # noqa: E402
 from datasketch import MinHash  # noqa: E402
 
-from neardup.core.minhash import estimate_jaccard, kperm_signature  # noqa: E402
+from neardup.core.minhash import estimate_jaccard  # noqa: E402
 from neardup.core.normalize import normalize  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
 from neardup.core.shingle import shingle_hashes, shingle_set, shingle_strings  # noqa: E402
 from neardup.core.signing import sketch_of  # noqa: E402
 from neardup.core.similarity import exact_jaccard  # noqa: E402
+from tests.support.scoring import kperm_signature  # noqa: E402
 
 SAMPLE = ROOT / "service" / "data" / "sample_news.jsonl"
 NUM_PERM = 128

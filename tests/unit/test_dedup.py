@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from neardup.core.anchors import NO_ANCHORS
-from neardup.core.dedup import Candidate, _ranked, decide, rank, score, score_many
+from neardup.core.dedup import Candidate, _ranked, decide, rank, score
 from neardup.core.lsh import band_keys
 from neardup.core.minhash import EMPTY_VERIFIER_SLOT
 from neardup.core.params import DedupParams
@@ -18,6 +18,7 @@ from neardup.core.signing import EmptyText, Sketch, sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
 from tests.support import reference_sketch
+from tests.support.scoring import score_many
 from tests.support.shard import process
 
 BYLINE = "By Staff Writer, Associated Press\n\n"

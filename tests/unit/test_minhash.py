@@ -19,7 +19,6 @@ from neardup.core.minhash import (
     estimate_containment,
     estimate_jaccard,
     estimate_jaccard_verified,
-    kperm_signature,
     unbias,
     verified_scores,
 )
@@ -34,6 +33,7 @@ from tests.support.reference_sketch import (
     estimate_jaccard_verified_many,
     narrow_verifier,
 )
+from tests.support.scoring import kperm_signature
 
 PINNED_TEXT = "The quick brown fox jumps over the lazy dog."
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from neardup.core.dedup import Candidate, Decision, IndexedArticle, rank, score, score_many
+from neardup.core.dedup import Candidate, Decision, IndexedArticle, rank, score
 from neardup.core.normalize import normalize
 from neardup.core.params import DedupParams
 from neardup.core.shingle import shingle_strings
@@ -13,6 +13,7 @@ from neardup.core.signing import Sketch, sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
 from tests.support.prose import MEMORIAL, ROMO
+from tests.support.scoring import score_many
 from tests.support.shard import process
 from tests.support.state import MakeState
 
