@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
-from neardup.stream import framework
+from tests.support.private_names import PRIVATE_NAMES
 
 
 def _owner_name(owner: Any) -> str:
@@ -40,8 +40,8 @@ def _set_in_source(owner: Any, name: str) -> bool:
 
 @pytest.mark.parametrize(
     ("owner", "name", "why"),
-    framework.PRIVATE_NAMES,
-    ids=[f"{_owner_name(owner)}.{name}" for owner, name, _ in framework.PRIVATE_NAMES],
+    PRIVATE_NAMES,
+    ids=[f"{_owner_name(owner)}.{name}" for owner, name, _ in PRIVATE_NAMES],
 )
 def test_each_private_name_the_worker_uses_still_exists(owner: Any, name: str, why: str) -> None:
     assert hasattr(owner, name) or _set_in_source(owner, name), (
