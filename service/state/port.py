@@ -5,7 +5,7 @@ memory.py, rocks.py and overlay.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -81,9 +81,6 @@ class StateStore(StateReader, Protocol):
     """Indexed articles, band buckets, content map and clusters, with a parameter header."""
 
     counts: Counts
-
-    def band_members(self, key: bytes) -> Sequence[str]:
-        """The article ids of one bucket, in the order they joined it; for tools and tests."""
 
     def apply(
         self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
