@@ -27,7 +27,7 @@ from ..state.rocks import RocksOptions
 from . import framework
 from .index_agent import CommitPoint, IndexAgent, index_opened
 from .metrics import Metrics
-from .outputs import SHARD_KEY, Outputs
+from .outputs import Outputs
 from .progress import Progress
 from .purge import SignaturesPurge
 from .sign_agent import SignAgent
@@ -35,7 +35,6 @@ from .standby import Standby
 from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
 from .transactions import Fenced, InputTransactions, ShardTransactions, producer_of
 
-__all__ = ["SHARD_KEY", "Runtime", "create_app", "exit_after"]
 log = logging.getLogger("neardup.stream")
 WATCH_INTERVAL_S = 1.0  # how often the event loop reports on itself and its agents (/health, /ready)
 # How long the worker waits for a broker to answer its metadata check: one that does not answer

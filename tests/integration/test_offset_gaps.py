@@ -22,7 +22,7 @@ from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 from neardup.config import Settings
 from neardup.pipeline.sign import SignStage
 from neardup.pipeline.wire import Provenance, pack_signed
-from neardup.stream.app import SHARD_KEY
+from neardup.stream.outputs import SHARD_KEY
 from neardup.stream.topics import (
     DEAD_LETTER_MAX_BYTES,
     READ_BACK_FETCH_BYTES,

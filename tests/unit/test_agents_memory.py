@@ -30,9 +30,10 @@ from neardup.pipeline.sign import SignStage
 from neardup.pipeline.signer import SignerFailed
 from neardup.pipeline.wire import Provenance, decode_signed, pack_signed, unpack_signed
 from neardup.stream import batches, framework
-from neardup.stream.app import SHARD_KEY, Runtime, create_app
+from neardup.stream.app import Runtime, create_app
 from neardup.stream.framework import LeanMonitor, LeanStream
 from neardup.stream.metrics import Metrics
+from neardup.stream.outputs import SHARD_KEY
 from neardup.stream.topics import StoredMessage, changelog_topic
 from tests.support.changelog import ListChangelog
 from tests.support.prose import PROSE
