@@ -182,7 +182,7 @@ def test_posting_reads_are_cached_and_the_cache_follows_the_writes(kv: Reads) ->
     commit(kv, batch, postings)
     assert kv.keys == read
     assert postings.lookup(anchors(3, 2), newest=4, top=5) == [(4, 2)]  # from the cache
-    assert kv.keys == read and postings.cached() == 3
+    assert kv.keys == read and len(postings._cache) == 3
     batch = Batch()
     postings.leave(batch, 4, text)
     commit(kv, batch, postings)
@@ -195,7 +195,7 @@ def test_the_posting_cache_stays_within_its_size(kv: Reads) -> None:
         batch = Batch()
         postings.join(batch, seq, anchors(2 * seq + 100, 2 * seq + 101, 7))
         commit(kv, batch, postings)
-        assert postings.cached() <= 4
+        assert len(postings._cache) <= 4
     assert postings.lookup(anchors(7, 111), newest=5, top=5) == [(5, 2)]
 
 
