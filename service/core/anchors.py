@@ -127,10 +127,6 @@ class Passage:
     other_end: int
     anchors: int
 
-    @property
-    def length(self) -> int:
-        return self.end - self.start
-
 
 def containment(mine: Anchors, other: Anchors) -> tuple[int, float, float]:
     """Distinct anchors in common, and the shares of each text's distinct anchors the other holds

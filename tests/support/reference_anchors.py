@@ -96,7 +96,7 @@ def passages(mine: Anchors, other: Anchors, limit: int = 3, k: int = ANCHOR_K) -
                 runs[run][1], runs[run][3], runs[run][4] = at, other_at, runs[run][4] + 1
             latest[band] = run
     found = [Passage(r[0], r[1] + k, r[2], r[3] + k, r[4]) for r in runs]
-    found.sort(key=lambda p: (-p.length, p.start))
+    found.sort(key=lambda p: (p.start - p.end, p.start))
     return found[:limit]
 
 
