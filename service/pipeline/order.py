@@ -10,6 +10,7 @@ both agents use these on (partition, offset) pairs, whatever the topic and the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -91,15 +92,13 @@ class HandOff:
 
     def __init__(self, maxsize: int = HANDOFF_QUEUE) -> None:
         self._sent: asyncio.Queue[tuple[Any, bytes]] = asyncio.Queue(maxsize)
-        self.dropped = 0  # messages left to the consumer because the queue was full
 
     def submit(self, sent: Any, pack: bytes) -> None:
         """`sent`: what Topic.send returned, awaitable for the message's metadata."""
+        # a full queue: the message is left to the consumer, which brings it anyway
         if asyncio.isfuture(sent):
-            try:
+            with contextlib.suppress(asyncio.QueueFull):
                 self._sent.put_nowait((sent, pack))
-            except asyncio.QueueFull:
-                self.dropped += 1
 
     async def run(self, decide: Callable[[list[tuple[int, bytes]]], Awaitable[None]]) -> None:
         """In send order; whatever is acknowledged meanwhile is decided together (one pipelined
