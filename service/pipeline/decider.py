@@ -315,10 +315,6 @@ class Decider:
         # open transaction, which a reader of committed records does not see yet).
         self._unacknowledged: dict[int, list[Write]] = {}
 
-    @property
-    def child_pid(self) -> int | None:
-        return self._link.pid if isinstance(self._link, Child) else None
-
     def acknowledged(self, end: int | None, chunk: int | None = None) -> None:
         """The changelog holds every write of the chunks up to number `chunk` (None: every chunk
         answered), and so every write up to offset `end` (excluded; None: no further than

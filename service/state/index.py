@@ -43,24 +43,20 @@ from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from .port import Batch, Counts, IndexStats, KeyValue
 from .records import NO_SIGNATURE, CorruptRecord, decode_probe, decode_record, encode_record
-from .tables import ARTICLE as ARTICLE
-from .tables import BAND as BAND
-from .tables import CONTENT as CONTENT
-from .tables import COPY as COPY
-from .tables import HEAD as HEAD
-from .tables import MEMBER as MEMBER
-from .tables import POSTING as POSTING
-from .tables import POSTING_ENTRY as POSTING_ENTRY
-from .tables import SEQ as SEQ
-from .tables import TIME as TIME
-from .tables import ArticleVersions, Buckets, Clusters, Contents, Markers, Postings, TimeOrder, seq_key
-from .tables import Marker as Marker
-from .tables import encode_marker as encode_marker
-from .tables import join_postings as join_postings
-from .tables import posting_entries as posting_entries
-from .tables import posting_keys as posting_keys
-from .tables import rank_postings as rank_postings
-from .tables import time_key as time_key
+from .tables import (
+    BAND,
+    SEQ,
+    ArticleVersions,
+    Buckets,
+    Clusters,
+    Contents,
+    Marker,
+    Markers,
+    Postings,
+    TimeOrder,
+    encode_marker,
+    seq_key,
+)
 
 META = b"m"
 HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"counts"
@@ -166,16 +162,8 @@ class IndexState:
         seq = self.contents.holder(content_hash)
         return None if seq is None else self.versions.arrivals([SEQ.unpack(seq)[0]])[0]
 
-    def id_for_content(self, content_hash: bytes) -> str | None:
-        holder = self.holder_of(content_hash)
-        return None if holder is None else holder.article_id
-
     def head_of(self, cluster: int) -> str | None:
         return self.clusters.head_of(cluster)
-
-    def band_members(self, key: bytes) -> Sequence[str]:
-        """The ids in one bucket, in the order they joined it (tools and tests)."""
-        return [a.article_id for a in self.versions.arrivals(self.buckets.members(key)) if a is not None]
 
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> list[Prospect]:
         """The articles in the buckets `keys`, but `exclude`, in order of first appearance, at most

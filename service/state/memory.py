@@ -6,8 +6,9 @@ import bisect
 import itertools
 from collections.abc import Iterator
 
-from .index import COPY, DEFAULT_BUCKET_CAP, MEMBER, TIME, IndexState
+from .index import DEFAULT_BUCKET_CAP, IndexState
 from .port import Batch
+from .tables import COPY, MEMBER, TIME
 
 
 class MemoryState(IndexState):

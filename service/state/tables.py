@@ -11,7 +11,7 @@ import collections
 import itertools
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -388,10 +388,6 @@ class Buckets:
         self.kv, self.counts, self.cap = kv, counts, cap
         self._looked_up: tuple[Sequence[bytes], list[bytes | None]] | None = None
 
-    def members(self, key: bytes) -> list[int]:
-        """The seqs in one bucket, in the order they joined it."""
-        return _members(self.kv.get_many([BAND + key])[0])
-
     def lookup(self, keys: Sequence[bytes], count: int) -> list[int]:
         """The distinct seqs of the buckets `keys`, in order of first appearance, at most `count`:
         one multi-get, merged in one compiled pass (_sketch.merge_buckets)."""
@@ -553,51 +549,6 @@ class Postings:
             cache.update({name: main[name] for name in names if name in main})
         if len(cache) > self.cache_size:
             cache.clear()
-
-
-def posting_keys(anchors: Anchors) -> list[bytes]:
-    """The reference of the compiled _sketch.posting_keys: the packed hashes are the keys' suffixes."""
-    raw = anchors.packed[: 4 * len(anchors)]
-    return list(dict.fromkeys([POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]))
-
-
-def join_postings(
-    names: Sequence[bytes], found: Sequence[bytes | None], entry: bytes, full: int, into: dict[bytes, Any]
-) -> tuple[int, int]:
-    """`entry` appended to the posting lists `found` (None: absent) into `into` by their names,
-    but to those of `full` bytes or more; returns how many lists it starts and how many it
-    fills: the reference of the compiled _sketch.join_postings."""
-    created = filled = 0
-    for name, stored in zip(names, found, strict=True):
-        if stored is None:
-            created += 1
-            into[name] = entry
-        elif len(stored) < full:
-            joined = stored + entry
-            filled += len(joined) >= full
-            into[name] = joined
-    return created, filled
-
-
-def rank_postings(
-    found: Sequence[bytes | None], width: int, full: int, need: int, top: int
-) -> list[tuple[int, int]]:
-    """The entries of the posting lists `found` (None: absent; `full` bytes or more: boilerplate,
-    left out) counted at least `need` times or flagged (an article of fewer than two anchors), as
-    (seq, count), the most counted first, then the earliest, at most `top`: the reference of the
-    compiled _sketch.count_postings."""
-    if width != POSTING_ENTRY:
-        raise ValueError(f"posting entries are {POSTING_ENTRY} bytes, not {width}")
-    held = b"".join([stored for stored in found if stored and len(stored) < full])
-    if not held:
-        return []
-    counts = collections.Counter(posting_entries(held).tolist())
-    ranked = sorted(
-        (-count, entry & POSTING_SEQS)
-        for entry, count in counts.items()
-        if count >= need or entry & FEW_ANCHORS
-    )
-    return [(seq, -count) for count, seq in ranked[:top]]
 
 
 def posting_entries(stored: bytes) -> npt.NDArray[np.uint64]:

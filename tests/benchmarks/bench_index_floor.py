@@ -46,10 +46,10 @@ from neardup.messages import decode_message  # noqa: E402
 from neardup.pipeline.shard import IndexShard  # noqa: E402
 from neardup.pipeline.sign import SignStage  # noqa: E402
 from neardup.pipeline.wire import Provenance  # noqa: E402
-from neardup.state.index import POSTING  # noqa: E402
 from neardup.state.overlay import LayeredKV  # noqa: E402
 from neardup.state.port import Batch, KeyValue  # noqa: E402
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState  # noqa: E402
+from neardup.state.tables import POSTING  # noqa: E402
 from tests.benchmarks.bench_state_size import write_input  # noqa: E402
 
 BOUND = 0.90

@@ -35,6 +35,7 @@ from neardup.pipeline.shard import ARTICLE_PREFIX, IndexShard, SizeGauge, decide
 from neardup.pipeline.wire import encode_signed, pack_signed  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
 from tests.support.changelog import ListChangelog  # noqa: E402
+from tests.support.decider import child_pid  # noqa: E402
 
 
 def memory_kb(pid: int, field: str) -> int:
@@ -62,8 +63,8 @@ async def main(args: argparse.Namespace) -> None:
     # the baseline, in the same run: a child that rebuilds a table of one article
     one = [next((k, v) for k, v in table.items() if k.startswith(ARTICLE_PREFIX))]
     small = Decider(params, workdir / "small", options, ListChangelog(one), in_process=False)
-    assert await small.open() == 1 and small.child_pid is not None
-    baseline_mb = memory_kb(small.child_pid, "VmHWM") / 1024
+    assert await small.open() == 1 and child_pid(small) is not None
+    baseline_mb = memory_kb(child_pid(small), "VmHWM") / 1024
     await small.close(clean=False)
 
     changelog = ListChangelog(list(table.items()))
@@ -71,7 +72,7 @@ async def main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     count = await decider.open()
     seconds = time.perf_counter() - started
-    pid = decider.child_pid
+    pid = child_pid(decider)
     assert pid is not None and count == args.articles, count
     peak_mb = memory_kb(pid, "VmHWM") / 1024
     print(f"rebuild: {seconds:.1f} s ({count / seconds:,.0f} articles/s)")

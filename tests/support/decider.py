@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from neardup.pipeline.decider import Decider, Write
+from neardup.pipeline.pipes import Child
 from neardup.pipeline.shard import BatchOutcome
 from neardup.pipeline.wire import encode_signed, pack_signed
 from tests.support.changelog import ListChangelog
@@ -31,3 +32,9 @@ def apply(decider: Decider, writes: list[Write]) -> None:
     assert isinstance(changelog, ListChangelog)
     changelog.entries += writes
     decider.acknowledged(len(changelog.entries))
+
+
+def child_pid(decider: Decider) -> int | None:
+    """The pid of the decider's child process; None while it has none (or serves in process)."""
+    link = decider._link
+    return link.pid if isinstance(link, Child) else None

@@ -5,14 +5,24 @@ calls, which the tests compare with the compiled results:
                                     (_sketch.merge_buckets)
     read_varints                    state/records.py's reading of a record's varints
                                     (_sketch.varints)
+    posting_keys                    Postings.names: a text's posting list keys
+                                    (_sketch.posting_keys)
+    join_postings                   Postings.join's append to the posting lists
+                                    (_sketch.join_postings)
+    rank_postings                   Postings.lookup's count of the lists' entries
+                                    (_sketch.count_postings)
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
+
+from neardup.core.anchors import Anchors
+from neardup.state.tables import FEW_ANCHORS, POSTING, POSTING_ENTRY, POSTING_SEQS, posting_entries
 
 # Bucket entries up to which merge_buckets merges them with a dict rather than numpy.
 SMALL_MERGE = 256
@@ -48,3 +58,48 @@ def read_varints(data: bytes, position: int, count: int) -> tuple[tuple[int, ...
                 break
         values.append(value)
     return tuple(values), position
+
+
+def posting_keys(anchors: Anchors) -> list[bytes]:
+    """The reference of the compiled _sketch.posting_keys: the packed hashes are the keys' suffixes."""
+    raw = anchors.packed[: 4 * len(anchors)]
+    return list(dict.fromkeys([POSTING + raw[at : at + 4] for at in range(0, len(raw), 4)]))
+
+
+def join_postings(
+    names: Sequence[bytes], found: Sequence[bytes | None], entry: bytes, full: int, into: dict[bytes, Any]
+) -> tuple[int, int]:
+    """`entry` appended to the posting lists `found` (None: absent) into `into` by their names,
+    but to those of `full` bytes or more; returns how many lists it starts and how many it
+    fills: the reference of the compiled _sketch.join_postings."""
+    created = filled = 0
+    for name, stored in zip(names, found, strict=True):
+        if stored is None:
+            created += 1
+            into[name] = entry
+        elif len(stored) < full:
+            joined = stored + entry
+            filled += len(joined) >= full
+            into[name] = joined
+    return created, filled
+
+
+def rank_postings(
+    found: Sequence[bytes | None], width: int, full: int, need: int, top: int
+) -> list[tuple[int, int]]:
+    """The entries of the posting lists `found` (None: absent; `full` bytes or more: boilerplate,
+    left out) counted at least `need` times or flagged (an article of fewer than two anchors), as
+    (seq, count), the most counted first, then the earliest, at most `top`: the reference of the
+    compiled _sketch.count_postings."""
+    if width != POSTING_ENTRY:
+        raise ValueError(f"posting entries are {POSTING_ENTRY} bytes, not {width}")
+    held = b"".join([stored for stored in found if stored and len(stored) < full])
+    if not held:
+        return []
+    counts = collections.Counter(posting_entries(held).tolist())
+    ranked = sorted(
+        (-count, entry & POSTING_SEQS)
+        for entry, count in counts.items()
+        if count >= need or entry & FEW_ANCHORS
+    )
+    return [(seq, -count) for count, seq in ranked[:top]]

@@ -20,19 +20,13 @@ from neardup.core.shingle import shingle_set
 from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.pipeline.wire import Provenance, Signed, decode_signed, encode_signed
-from neardup.state.index import (
-    POSTING,
-    POSTING_ENTRY,
-    IndexState,
-    join_postings,
-    posting_entries,
-    posting_keys,
-    rank_postings,
-)
+from neardup.state.index import IndexState
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.records import decode_record, encode_record
 from neardup.state.rocks import RocksState
+from neardup.state.tables import POSTING, POSTING_ENTRY, posting_entries
 from tests.support import reference_anchors as reference
+from tests.support.reference_state import join_postings, posting_keys, rank_postings
 from tests.support.shard import process
 
 PARAMS = DedupParams(containment_index=True)

@@ -23,7 +23,7 @@ from neardup.pipeline.shard import ARTICLE_PREFIX, OFFSET_KEY, WHOLE_MESSAGE, Ba
 from neardup.pipeline.wire import encode_signed, pack_signed, runs_within, signed_count
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
 from tests.support.changelog import ListChangelog
-from tests.support.decider import Messages, apply, decide, packed
+from tests.support.decider import Messages, apply, child_pid, decide, packed
 from tests.support.faults import HELPER_FAULT, inject
 from tests.support.prose import PROSE
 from tests.support.signing import FUTURE, HISTORY, PARAMS, signed
@@ -92,13 +92,13 @@ async def test_a_killed_child_is_replaced_and_the_batch_decided_again(make: Any)
     history, future = packed(HISTORY, 0), packed(FUTURE, 10)
     await decide(here, history)
     await decide(child, history)
-    before = child.child_pid
+    before = child_pid(child)
     assert before is not None
     opens: list[int | None] = []
     child.on_opened = lambda count, _seconds: opens.append(count)
     os.kill(before, signal.SIGKILL)
     got = await decide(child, future)  # a replacement, restored from its committed offset
-    assert child.child_pid not in (None, before)
+    assert child_pid(child) not in (None, before)
     assert opens == [None] and child.opened == "restored"
     assert comparable(got) == comparable(await decide(here, future))
     # a re-delivered batch gets the stored verdicts and writes nothing new
@@ -114,7 +114,7 @@ async def test_a_child_index_is_restored_after_a_clean_close_and_after_a_kill(ma
     assert await first.open() == 0  # nothing to restore: built from the (empty) changelog
     await decide(first, packed(HISTORY, 0))
     await first.close(clean=True)
-    assert first.child_pid is None
+    assert child_pid(first) is None
 
     second = make("index", records, in_process=False)
     assert await second.open() is None and second.replayed == 0  # everything was committed
@@ -194,8 +194,8 @@ async def test_the_child_outlives_a_sigterm_to_its_group_and_closes_cleanly(make
     first = make("index", records, in_process=False)
     await first.open()
     await decide(first, packed(HISTORY[:3], 0))
-    assert first.child_pid is not None
-    os.kill(first.child_pid, signal.SIGTERM)  # what stopping the worker's process group sends it
+    assert child_pid(first) is not None
+    os.kill(child_pid(first), signal.SIGTERM)  # what stopping the worker's process group sends it
     await first.close(clean=True)
     second = make("index", records, in_process=False)
     assert await second.open() is None  # closed cleanly: kept
@@ -212,8 +212,8 @@ async def decided_chunks(
             apply(decider, writes)
             got.append(comparable(outcome))
             if len(got) == kill_after:
-                assert decider.child_pid is not None
-                os.kill(decider.child_pid, signal.SIGKILL)
+                assert child_pid(decider) is not None
+                os.kill(child_pid(decider), signal.SIGKILL)
     return got
 
 
@@ -227,9 +227,9 @@ async def test_chunks_queued_in_the_child_are_decided_in_order_as_in_process(mak
     chunks = [[message] for message in packed(HISTORY + FUTURE, 0, per_message=1)]
     assert len(chunks) > 4
     expected = await decided_chunks(here, chunks)
-    pid = child.child_pid
+    pid = child_pid(child)
     assert await decided_chunks(child, chunks) == expected
-    assert child.child_pid == pid and records.entries == here_records.entries
+    assert child_pid(child) == pid and records.entries == here_records.entries
     kinds = {row[3] for chunk in expected for row in chunk}
     assert {"unique", "duplicate"} <= kinds  # later chunks were judged against earlier ones
 
@@ -241,11 +241,11 @@ async def test_a_child_killed_with_chunks_queued_is_replaced_and_the_rest_decide
     await child.open()
     chunks = [[message] for message in packed(HISTORY + FUTURE, 0, per_message=1)]
     expected = await decided_chunks(here, chunks)
-    before = child.child_pid
+    before = child_pid(child)
     # killed with the next chunk queued: the replacement rebuilds from the writes applied so far
     got = await decided_chunks(child, chunks, kill_after=2)
     assert got == expected
-    assert child.child_pid not in (None, before)
+    assert child_pid(child) not in (None, before)
     assert child.changelog.table() == here.changelog.table()
 
 
@@ -255,18 +255,18 @@ async def test_leaving_the_chunks_early_stops_the_child_with_a_request_in_flight
     await here.open()
     await child.open()
     chunks = [[message] for message in packed(HISTORY, 0, per_message=1)]
-    pid = child.child_pid
+    pid = child_pid(child)
     assert isinstance(child._link, Child)
     process = child._link.process
     async with contextlib.aclosing(child.decide_chunks(chunks)) as answers:
         async for _, writes in answers:
             apply(child, writes)
             break  # the agent failed while publishing: the second chunk is still queued
-    assert child.child_pid is None  # its answer would have been read as the next request's
+    assert child_pid(child) is None  # its answer would have been read as the next request's
     assert await asyncio.wait_for(process.wait(), 10) == -signal.SIGKILL
     # the agent then opens the index again (restored from the table) and decides again
     assert await child.open() is None
-    assert child.child_pid not in (None, pid)
+    assert child_pid(child) not in (None, pid)
     await decided_chunks(here, chunks[:1])
     assert await decided_chunks(child, chunks[1:]) == await decided_chunks(here, chunks[1:])
 
@@ -282,12 +282,12 @@ async def test_a_hung_child_is_killed_and_replaced_within_its_timeout(
     await child.open()
     history, future = packed(HISTORY, 0), packed(FUTURE, 10)
     assert comparable(await decide(child, history)) == comparable(await decide(here, history))
-    hung = child.child_pid
+    hung = child_pid(child)
     loop = asyncio.get_running_loop()
     started = loop.time()
     got = await decide(child, future)  # a replacement, rebuilt from the record table
     assert 2.0 <= loop.time() - started < 30
-    assert child.child_pid not in (None, hung)
+    assert child_pid(child) not in (None, hung)
     assert comparable(got) == comparable(await decide(here, future))
     assert child.changelog.table() == here.changelog.table()
 
@@ -301,7 +301,7 @@ async def test_a_child_hanging_twice_on_a_batch_is_fatal(make: Any, monkeypatch:
     with pytest.raises(DeciderFailed, match="twice"):
         await child.decide(packed(HISTORY, 0))
     assert loop.time() - started < 30
-    assert child.child_pid is None  # none left hanging
+    assert child_pid(child) is None  # none left hanging
 
 
 def test_a_message_counts_its_articles_for_the_timeout() -> None:
@@ -407,9 +407,9 @@ async def test_a_record_that_breaks_the_child_is_isolated_and_the_rest_decided(
     ]
     records = [encode_signed(signed(article_id, text)) for article_id, text in poisoned]
     batch = [(10, pack_signed(records[:4])), (11, pack_signed(records[4:]))]
-    first = child.child_pid
+    first = child_pid(child)
     got = await decide(child, batch)
-    assert child.child_pid not in (None, first)
+    assert child_pid(child) not in (None, first)
     isolated = [entry for entry in got.entries if entry.status == "error"]
     assert [(e.offset, e.article_id, e.reason) for e in isolated] == [
         (10, "x-POISON-PILL", "processing_failed"),
@@ -428,9 +428,9 @@ async def test_a_record_that_breaks_the_child_is_isolated_and_the_rest_decided(
     assert [row for row in comparable(got) if row[2] != "error"] == comparable(expected)
     assert child.changelog.table() == here.changelog.table()
     # delivered again, the batch leaves the same records out, without failing the child again
-    pid = child.child_pid
+    pid = child_pid(child)
     again, _ = await child.decide(batch)
-    assert child.child_pid == pid
+    assert child_pid(child) == pid
     assert [e.article_id for e in again.entries if e.status == "error"] == ["x-POISON-PILL", "y-POISON-PILL"]
 
 
@@ -467,8 +467,8 @@ async def test_a_replaced_child_holds_again_the_chunks_of_the_open_transaction(m
             held += writes
             got.append(comparable(outcome))
             if len(got) == 2:
-                assert child.child_pid is not None
-                os.kill(child.child_pid, signal.SIGKILL)
+                assert child_pid(child) is not None
+                os.kill(child_pid(child), signal.SIGKILL)
     assert got == expected
     changelog = child.changelog
     assert isinstance(changelog, ListChangelog)

@@ -20,6 +20,7 @@ from neardup.state.memory import MemoryState
 from tests.support import reference_sketch
 from tests.support.scoring import score_many
 from tests.support.shard import process
+from tests.support.state import band_members, id_for_content
 
 BYLINE = "By Staff Writer, Associated Press\n\n"
 FOOTER = "\n\nCopyright 2011 The Associated Press. All rights reserved."
@@ -76,11 +77,11 @@ def test_new_content_replaces_the_old_version(shard: IndexShard, prose: tuple[st
     assert state.get("x") == new and state.count() == 1
     new_keys = set(band_keys(new.sketch.signature, params.lsh.bands, params.lsh.rows))
     for key in old_keys - new_keys:
-        assert "x" not in state.band_members(key)
+        assert "x" not in band_members(state, key)
     for key in new_keys:
-        assert "x" in state.band_members(key)
-    assert state.id_for_content(old.sketch.content_hash) is None
-    assert state.id_for_content(new.sketch.content_hash) == "x"
+        assert "x" in band_members(state, key)
+    assert id_for_content(state, old.sketch.content_hash) is None
+    assert id_for_content(state, new.sketch.content_hash) == "x"
     # an article similar only to the old content no longer matches x, exact copies included
     assert process(shard, "near-old", BYLINE + prose[0] + FOOTER).decision.kind == "unique"
     assert process(shard, "copy-old", prose[0]).decision.match_id == "near-old"

@@ -33,10 +33,11 @@ from neardup.core.params import DedupParams
 from neardup.core.retention import Retention, parse_duration_ms
 from neardup.embedded import run_file
 from neardup.messages import DEAD_LETTER_REASONS, MAX_ID_LENGTH, OPTIONAL_STRING_FIELDS
-from neardup.state.index import ARTICLE, BAND, CONTENT, COPY, HEAD, MEMBER, SEQ, TIME, IndexState, time_key
+from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_record
 from neardup.state.rocks import RocksState
+from neardup.state.tables import ARTICLE, BAND, CONTENT, COPY, HEAD, MEMBER, SEQ, TIME, time_key
 from tests.support.prose import PROSE
 from tests.support.schemas import schema_errors
 

@@ -19,7 +19,7 @@ from neardup.state.memory import MemoryState
 from neardup.state.port import Batch, StateStore
 from neardup.state.rocks import RocksOptions, RocksState
 from tests.support.shard import process
-from tests.support.state import MakeState, contents
+from tests.support.state import MakeState, band_members, contents, id_for_content
 
 PARAMS = DedupParams()
 DAY_MS = 86_400_000
@@ -48,7 +48,7 @@ def test_a_bucket_keeps_its_latest_members_up_to_the_cap(capped: IndexState, pro
     shared = set(copies[0].keys).intersection(*(c.keys for c in copies[1:]))
     assert shared, "near copies share buckets"
     for key in shared:
-        assert list(capped.band_members(key)) == ["c5", "c6", "c7"]
+        assert list(band_members(capped, key)) == ["c5", "c6", "c7"]
     largest = capped.stats().largest_bucket
     assert largest == 3
     # what one article reads is bounded too: at most the cap per bucket
@@ -69,11 +69,11 @@ def test_exact_copies_stay_out_of_the_buckets_and_the_next_one_takes_over(
     copies = [index(state, f"copy-{i}", prose[0]).article for i in range(3)]
     assert all(c.decision.exact and c.decision.match_id == "first" for c in copies)
     for key in first.keys:
-        assert list(state.band_members(key)) == ["first"]
+        assert list(band_members(state, key)) == ["first"]
     assert state.delete("first") is not None
-    assert state.id_for_content(first.sketch.content_hash) == "copy-0"
+    assert id_for_content(state, first.sketch.content_hash) == "copy-0"
     for key in first.keys:
-        assert list(state.band_members(key)) == ["copy-0"]
+        assert list(band_members(state, key)) == ["copy-0"]
     later = index(state, "later", prose[0]).article.decision
     assert (later.exact, later.match_id, later.canonical_id) == (True, "copy-0", "copy-0")
     near = index(state, "near", prose[0] + " Reporting by the wire desk.").article.decision
@@ -175,7 +175,7 @@ def test_after_expiry_and_deletes_a_rebuild_gives_the_same_state(
 
 
 def _record(state: IndexState, seq: int) -> bytes:
-    from neardup.state.index import seq_key
+    from neardup.state.tables import seq_key
 
     (record,) = state.kv.records([seq_key(seq)])
     assert record is not None
@@ -210,7 +210,7 @@ def test_an_article_without_a_date_takes_the_time_it_is_processed(
 
 def bucket_sizes_by_scan(state: IndexState) -> list[int]:
     """Buckets by member count, counted from every bucket stored."""
-    from neardup.state.index import BAND, SEQ
+    from neardup.state.tables import BAND, SEQ
 
     sizes = [0] * (state.bucket_cap + 1)
     for _, members in state.kv.scan(BAND):

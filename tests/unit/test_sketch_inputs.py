@@ -656,7 +656,7 @@ def test_anchors_at_any_alignment_are_the_reference_s() -> None:
 
 
 def test_passages_keys_and_joins_of_misaligned_buffers_are_the_reference_s() -> None:
-    from neardup.state.index import POSTING, posting_keys
+    from neardup.state.tables import POSTING
 
     points = units(3000, np.uint32) % 50 + 97
     found = reference_anchors.anchors_of(points, 24, 200)
@@ -665,7 +665,7 @@ def test_passages_keys_and_joins_of_misaligned_buffers_are_the_reference_s() -> 
     spans = sketch.passages(packed, copy.packed, 24, 424, 48, 4, 3)
     reference = reference_anchors.passages(found, copy, 3)
     assert [anchors_module.Passage(*s) for s in spans] == reference and len(reference) == 2
-    assert sketch.posting_keys(packed, POSTING) == posting_keys(found)
+    assert sketch.posting_keys(packed, POSTING) == reference_state.posting_keys(found)
     into: dict[bytes, bytes] = {}
     assert sketch.join_postings((b"a", b"b"), (None, bytes(5)), bytes(5), 10, into) == (1, 1)
     assert into == {b"a": bytes(5), b"b": bytes(10)}

@@ -33,6 +33,7 @@ from neardup.state.rocks import RocksState
 from tests.support.prose import PROSE
 from tests.support.shard import process
 from tests.support.signing import FUTURE, HISTORY, INPUT_OFFSETS, PARAMS, SRC, article, signed
+from tests.support.state import id_for_content
 
 NOW = 1_717_000_000.250  # seconds; 250 ms after SRC's timestamp
 
@@ -413,14 +414,14 @@ def test_content_map_passes_to_a_remaining_exact_copy(kind: str, tmp_path: Path)
         process(engine, "copy-1", PROSE[0])
         process(engine, "copy-2", PROSE[0])
         process(engine, "first", PROSE[1])  # the first holder changes; its copies still hold the text
-        assert state.id_for_content(first.sketch.content_hash) == "copy-1"
+        assert id_for_content(state, first.sketch.content_hash) == "copy-1"
         again = process(engine, "late", PROSE[0])
         assert (again.decision.exact, again.decision.match_id) == (True, "copy-1")
         process(engine, "copy-1", PROSE[2])
         process(engine, "copy-2", PROSE[3])
-        assert state.id_for_content(first.sketch.content_hash) == "late"
+        assert id_for_content(state, first.sketch.content_hash) == "late"
         process(engine, "late", PROSE[4])
-        assert state.id_for_content(first.sketch.content_hash) is None
+        assert id_for_content(state, first.sketch.content_hash) is None
     finally:
         state.close()
 

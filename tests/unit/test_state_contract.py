@@ -23,7 +23,7 @@ from neardup.state.port import StateStore
 from neardup.state.records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 from neardup.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
 from tests.support import reference_state
-from tests.support.state import MakeState, contents
+from tests.support.state import MakeState, band_members, contents, id_for_content
 
 PARAMS = DedupParams()
 
@@ -49,8 +49,8 @@ def test_empty_state(make_state: MakeState) -> None:
     state = make_state()
     state.open_header(PARAMS.header())
     assert state.get("nothing") is None
-    assert state.id_for_content(b"\x00" * 16) is None
-    assert list(state.band_members(b"\x00" * 10)) == []
+    assert id_for_content(state, b"\x00" * 16) is None
+    assert list(band_members(state, b"\x00" * 10)) == []
     assert state.next_seq() == 0 and state.count() == 0
     assert list(state.articles()) == []
     assert state.get_meta(b"absent") is None
@@ -61,18 +61,18 @@ def test_apply_then_read(make_state: MakeState, prose: tuple[str, ...]) -> None:
     state.open_header(PARAMS.header())
     a = index(state, "a", prose[0]).article
     assert state.get("a") == a
-    assert state.id_for_content(a.sketch.content_hash) == "a"
+    assert id_for_content(state, a.sketch.content_hash) == "a"
     for key in keys_of(a):
-        assert list(state.band_members(key)) == ["a"]
+        assert list(band_members(state, key)) == ["a"]
     assert state.next_seq() == 1 and state.count() == 1
     b = index(state, "b", prose[0] + " And one more sentence for the copy.").article
     assert b.seq == 1 and b.decision.match_id == "a"
     shared = keys_of(a) & keys_of(b)
     assert shared, "a near-duplicate shares bands"
     for key in shared:
-        assert list(state.band_members(key)) == ["a", "b"]
+        assert list(band_members(state, key)) == ["a", "b"]
     c = index(state, "c", prose[0]).article  # exact copy of a: the content map keeps the first id
-    assert c.decision.exact and state.id_for_content(c.sketch.content_hash) == "a"
+    assert c.decision.exact and id_for_content(state, c.sketch.content_hash) == "a"
     assert state.next_seq() == 3 and state.count() == 3
     assert [x.article_id for x in state.articles()] == ["a", "b", "c"]
 
@@ -87,12 +87,12 @@ def test_replacement_semantics(make_state: MakeState, prose: tuple[str, ...]) ->
     new = update.article
     assert (new.version, new.seq) == (1, 2)
     assert state.get("x") == new and state.count() == 2
-    assert state.id_for_content(old.sketch.content_hash) is None
-    assert state.id_for_content(new.sketch.content_hash) == "x"
+    assert id_for_content(state, old.sketch.content_hash) is None
+    assert id_for_content(state, new.sketch.content_hash) == "x"
     for key in keys_of(old) - keys_of(new):
-        assert "x" not in state.band_members(key)
+        assert "x" not in band_members(state, key)
     for key in keys_of(new):
-        assert list(state.band_members(key)).count("x") == 1
+        assert list(band_members(state, key)).count("x") == 1
     assert [a.article_id for a in state.articles()] == ["y", "x"]
 
 
@@ -104,7 +104,7 @@ def test_replacing_a_non_first_holder_keeps_the_content_map(
     first = index(state, "first", prose[0]).article
     index(state, "copy", prose[0])
     index(state, "copy", prose[3])  # the copy changes; the content still belongs to "first"
-    assert state.id_for_content(first.sketch.content_hash) == "first"
+    assert id_for_content(state, first.sketch.content_hash) == "first"
 
 
 def test_replacing_the_first_holder_hands_the_content_to_the_earliest_copy(
@@ -117,12 +117,12 @@ def test_replacing_the_first_holder_hands_the_content_to_the_earliest_copy(
     index(state, "copy-1", prose[0])
     index(state, "copy-2", prose[0])
     index(state, "first", prose[2])
-    assert state.id_for_content(first.sketch.content_hash) == "copy-1"
+    assert id_for_content(state, first.sketch.content_hash) == "copy-1"
     later = index(state, "later", prose[0]).article.decision
     assert (later.exact, later.match_id) == (True, "copy-1")
     index(state, "copy-1", prose[3])
     index(state, "copy-2", prose[4])
-    assert state.id_for_content(first.sketch.content_hash) == "later"
+    assert id_for_content(state, first.sketch.content_hash) == "later"
 
 
 def test_a_re_added_id_continues_its_versions(make_state: MakeState, prose: tuple[str, ...]) -> None:
@@ -198,7 +198,7 @@ def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...])
     index(state, "a1", prose[1] + " Correction appended.")
     state.set_meta({b"progress": b"17"})
     before = list(state.articles())
-    members = {key: list(state.band_members(key)) for a in before for key in keys_of(a)}
+    members = {key: list(band_members(state, key)) for a in before for key in keys_of(a)}
     seq = state.next_seq()
     state.close()
 
@@ -208,11 +208,11 @@ def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...])
         assert list(reopened.articles()) == before
         assert reopened.count() == len(before) == 6
         assert reopened.next_seq() == seq == 7
-        assert {key: list(reopened.band_members(key)) for key in members} == members
+        assert {key: list(band_members(reopened, key)) for key in members} == members
         assert reopened.get_meta(b"progress") == b"17"
         for article in before:
             assert reopened.get(article.article_id) == article
-            assert reopened.id_for_content(article.sketch.content_hash) == article.article_id
+            assert id_for_content(reopened, article.sketch.content_hash) == article.article_id
         # the next article continues the sequence and is judged against the stored index
         nxt = index(reopened, "late", prose[2] + " Late copy.").article
         assert nxt.seq == 7 and nxt.decision.match_id == "a2"
@@ -370,7 +370,7 @@ def test_candidates_in_order_of_first_appearance_without_the_excluded_and_capped
     copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(4)]
     index(state, "other", prose[3])
     keys = band_keys(copies[0].sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
-    expected = list(dict.fromkeys(i for key in keys for i in state.band_members(key)))
+    expected = list(dict.fromkeys(i for key in keys for i in band_members(state, key)))
     assert expected[0] == "c0" and len(expected) == 4 and "other" not in expected
     found = state.candidates(keys, "nobody", 1000)
     assert [a.article_id for a in found] == expected
@@ -478,9 +478,9 @@ def test_rocks_candidates_merge_a_cluster_s_buckets_in_order_of_first_appearance
     state.open_header(PARAMS.header())
     copies = [index(state, f"c{i}", prose[0] + f" Copy {i}.").article for i in range(12)]
     keys = band_keys(copies[5].sketch.signature, PARAMS.lsh.bands, PARAMS.lsh.rows)
-    entries = sum(len(state.band_members(key)) for key in keys)
+    entries = sum(len(band_members(state, key)) for key in keys)
     found = [a.article_id for a in state.candidates(keys, "c5", 1000)]
-    assert found == list(dict.fromkeys(i for key in keys for i in state.band_members(key) if i != "c5"))
+    assert found == list(dict.fromkeys(i for key in keys for i in band_members(state, key) if i != "c5"))
     assert entries > 256 and len(found) == 11 and "c5" not in found
     assert [a.article_id for a in state.candidates(keys, "c5", 3)] == found[:3]
     assert [a.article_id for a in state.candidates(keys, "c0", 3)] == [i for i in found if i != "c0"][:3]
