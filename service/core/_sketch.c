@@ -1,7 +1,7 @@
 /* The loops of signing, verification and the index in C, which the package requires: the same
  * arithmetic as their numpy references (tests/support/reference_sketch.py, reference_anchors.py and
- * reference_state.py; dedup.py's _ranked, state/tables.py's posting lists, records.py's head), in
- * one pass over the data instead of a dozen array passes with their temporaries.
+ * reference_state.py, and dedup.py's _ranked), in one pass over the data instead of a dozen array
+ * passes with their temporaries.
  *
  * oph_minima(units, k, seed_key, minima[, width]) -> distinct
  *     units: uint64 buffer (code points or word hashes), or uint32 (code points) with width 4, at
@@ -67,7 +67,7 @@
  *     an entry a flag) or None; those of `full` bytes or more are left out. Counts each distinct
  *     entry over the lists and keeps those counted at least `need` times or flagged; returns at
  *     most `top` of them as (entry without its flag, count), the most counted first, then the
- *     smallest (state/tables.py: rank_postings, the reference).
+ *     smallest (reference: tests/support/reference_state.py, rank_postings).
  *
  * anchors(points, k, window, seed_key, most) -> bytes
  *     points: uint32 code points, at least k of them; window in 1..255. Winnowing
@@ -89,12 +89,13 @@
  *
  * posting_keys(anchors, prefix) -> list of bytes
  *     anchors: packed anchors. `prefix` followed by each distinct hash's 4 bytes, in the order of
- *     first appearance (state/tables.py: posting_keys).
+ *     first appearance (reference: tests/support/reference_state.py, posting_keys).
  *
  * join_postings(names, lists, entry, full, into) -> (created, filled)
  *     names: bytes; lists: bytes or None (absent), as many. `entry` appended to each list of fewer
  *     than `full` bytes (an absent one: `entry` alone), set in the dict `into` under its name;
- *     returns how many were absent and how many reach `full` (state/tables.py: join_postings).
+ *     returns how many were absent and how many reach `full` (reference:
+ *     tests/support/reference_state.py, join_postings).
  *
  * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
  * number of items, non-empty where an item is read, consistent with each other and with the

@@ -33,7 +33,7 @@ from .sign import PROCESSING_FAILED
 from .wire import Signed, SignedDeletion, decode_signed, unpack_signed
 
 # The changelog's keys: one record per article, one marker per deleted id (its last version and the
-# deletion's time, state.index.encode_marker: a re-added id continues its versions, also after a
+# deletion's time, state.tables.encode_marker: a re-added id continues its versions, also after a
 # rebuild; tombstoned when the id is added again or the marker expires), the applied offsets, the
 # removal counts.
 ARTICLE_PREFIX = b"a"
