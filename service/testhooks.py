@@ -12,8 +12,7 @@ HOOKS_VARIABLE = "NEARDUP_TEST_HOOKS"
 
 def load_test_hooks(role: str) -> None:
     """Import the hooks file, if one is named, and let it install itself for `role`."""
-    path = os.environ.get(HOOKS_VARIABLE)
-    if not path:
+    if not (path := os.environ.get(HOOKS_VARIABLE)):
         return
     spec = importlib.util.spec_from_file_location("neardup_test_hooks", path)
     if spec is None or spec.loader is None:

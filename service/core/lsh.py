@@ -36,8 +36,7 @@ class LshParams:
 def error_areas(threshold: float, bands: int, rows: int) -> tuple[float, float]:
     """(∫₀ᵗ P(s) ds, ∫ₜ¹ 1-P(s) ds): the false-positive and false-negative areas under the S-curve
     P(s) = 1-(1-s^rows)^bands on either side of the threshold."""
-    low = np.linspace(0.0, threshold, _GRID)
-    high = np.linspace(threshold, 1.0, _GRID)
+    low, high = np.linspace(0.0, threshold, _GRID), np.linspace(threshold, 1.0, _GRID)
     fp = float(np.trapezoid(candidate_probability(low, bands, rows), low))
     fn = float(np.trapezoid(1.0 - candidate_probability(high, bands, rows), high))
     return fp, fn
@@ -63,12 +62,11 @@ def optimal_params(
         raise ValueError(f"threshold must be in (0, 1), got {threshold}")
     if not 0.0 <= fn_weight <= 1.0:
         raise ValueError(f"fn_weight must be in [0, 1], got {fn_weight}")
-    fp_weight = 1.0 - fn_weight
     scored: list[tuple[float, int, int, float, float]] = []
     for bands in range(1, num_perm + 1):
         for rows in range(1, num_perm // bands + 1):
             fp, fn = error_areas(threshold, bands, rows)
-            scored.append((fp_weight * fp + fn_weight * fn, bands, rows, fp, fn))
+            scored.append(((1.0 - fn_weight) * fp + fn_weight * fn, bands, rows, fp, fn))
     best = min(scored)
     # never empty: one band of num_perm rows uses every slot
     best_full = min(s for s in scored if s[1] * s[2] == num_perm)

@@ -58,8 +58,7 @@ DEFAULT_EARLIEST = "1970-01-01T00:00:00Z"
 
 def parse_earliest_ms(text: str) -> int:
     """An RFC 3339 date-time → milliseconds since the epoch; ValueError otherwise."""
-    stamp = parse_rfc3339_ms(text)
-    if stamp is None:
+    if (stamp := parse_rfc3339_ms(text)) is None:
         raise ValueError(f"not an RFC 3339 date-time: {text!r} (expected e.g. {DEFAULT_EARLIEST})")
     return stamp
 
@@ -78,11 +77,9 @@ def event_time(
 ) -> EventTime:
     """`published_at` when valid, not before `earliest_ms` and at most `skew_ms` ahead of
     `reference_ms`, else `fallback_ms`."""
-    if published_at is None:
-        return EventTime(fallback_ms, False)
-    stamp = parse_rfc3339_ms(published_at)
+    stamp = None if published_at is None else parse_rfc3339_ms(published_at)
     if stamp is None or not earliest_ms <= stamp <= reference_ms + skew_ms:
-        return EventTime(fallback_ms, True)
+        return EventTime(fallback_ms, refused=published_at is not None)  # absent is not refused
     return EventTime(stamp, False)
 
 

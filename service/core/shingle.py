@@ -64,9 +64,8 @@ def shingle_hashes_of_units(units: HashArray, k: int) -> HashArray:
     if units.size == 0:
         return np.empty(0, dtype=U64)
     if units.size < k:
-        whole = _polynomial(units, units.size)
-        whole ^= U64((_SHORT_TAG + units.size) & 0xFFFFFFFFFFFFFFFF)
-        return fmix64(whole)
+        length_tag = U64((_SHORT_TAG + units.size) & 0xFFFFFFFFFFFFFFFF)
+        return fmix64(_polynomial(units, units.size) ^ length_tag)
     return _polynomial(units, k)
 
 
