@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient as Admin
+from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import for_code
 
@@ -55,12 +56,13 @@ KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 class TopicSpec:
     name: str
     partitions: int
-    compact: bool = False
-    exact: bool = True
     # the largest message (or batch) the worker sends it, None for a topic it does not write: the
     # topic is created to take it, and an existing topic that takes less is refused at start, as
     # the broker would refuse that message later and stop the worker at every restart
     max_message_bytes: int | None = None
+    compact: bool = False
+    # an existing topic must have exactly `partitions` (else more or fewer are fine, and logged)
+    exact: bool = False
     # internal, as a Kafka Streams repartition topic: no time or size retention (a long stop must not
     # lose what is not decided yet); what is decided is purged with delete-records (purge.py)
     internal: bool = False
@@ -105,39 +107,24 @@ def signatures_max_bytes(settings: Settings) -> int:
     input message and headers too."""
     record = signed_max_bytes(settings.params())
     if settings.unique_topic:
-        original = input_max_bytes(settings.max_text_bytes)
-        record = wrapped_max_bytes(record, original, RECORD_HEADROOM)
+        record = wrapped_max_bytes(record, input_max_bytes(settings.max_text_bytes), RECORD_HEADROOM)
     return max(DEAD_LETTER_MAX_BYTES, packed_max_bytes(record) + RECORD_HEADROOM)
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     specs = [
-        TopicSpec(settings.input_topic, settings.input_partitions, exact=False),
-        TopicSpec(
-            settings.signatures_topic, 1, max_message_bytes=signatures_max_bytes(settings), internal=True
-        ),
-        TopicSpec(
-            settings.verdicts_topic,
-            settings.verdicts_partitions,
-            exact=False,
-            max_message_bytes=verdicts_max_bytes(settings),
-        ),
+        TopicSpec(settings.input_topic, settings.input_partitions),
+        TopicSpec(settings.signatures_topic, 1, signatures_max_bytes(settings), exact=True, internal=True),
+        TopicSpec(settings.verdicts_topic, settings.verdicts_partitions, verdicts_max_bytes(settings)),
         # a dead letter carries its original bytes base64-encoded (4/3 larger) plus metadata, cut
         # to fit this (messages.dead_letter_dict)
-        TopicSpec(settings.dead_letter_topic, 1, exact=False, max_message_bytes=DEAD_LETTER_MAX_BYTES),
+        TopicSpec(settings.dead_letter_topic, 1, DEAD_LETTER_MAX_BYTES),
         # an index record takes far less than a batch (under 100 KB at the largest num_perm)
-        TopicSpec(changelog_topic(settings), 1, compact=True, max_message_bytes=PRODUCER_BATCH_BYTES),
-        TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, exact=False),
+        TopicSpec(changelog_topic(settings), 1, PRODUCER_BATCH_BYTES, compact=True, exact=True),
+        TopicSpec(f"{settings.app_id}-__assignor-__leader", 1),
     ]
     if settings.unique_topic:
-        specs.append(
-            TopicSpec(
-                settings.unique_topic,
-                settings.verdicts_partitions,
-                exact=False,
-                max_message_bytes=feed_max_bytes(settings),
-            )
-        )
+        specs.append(TopicSpec(settings.unique_topic, settings.verdicts_partitions, feed_max_bytes(settings)))
     return specs
 
 
@@ -156,8 +143,7 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
         specs = topic_specs(settings)
         replication = await _replication(admin, settings)
         existing = await _partition_counts(admin, [s.name for s in specs])
-        missing = [s for s in specs if s.name not in existing]
-        if missing:
+        if missing := [s for s in specs if s.name not in existing]:
             await _create(admin, missing, replication)
             # new topics reach the metadata a moment after CreateTopics returns
             for _ in range(100):
@@ -184,7 +170,7 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
         await admin.close()
 
 
-async def _replication(admin: AIOKafkaAdminClient, settings: Settings) -> Replication:
+async def _replication(admin: Admin, settings: Settings) -> Replication:
     """The settings', or where one is none the broker's own default (CreateTopics' -1, "the
     broker's default", is not something aiokafka's request can carry)."""
     factor, min_insync = settings.replication_factor, settings.min_insync_replicas
@@ -201,7 +187,7 @@ async def _replication(admin: AIOKafkaAdminClient, settings: Settings) -> Replic
     return Replication(factor, min_insync)
 
 
-async def _broker_defaults(admin: AIOKafkaAdminClient) -> dict[str, str]:
+async def _broker_defaults(admin: Admin) -> dict[str, str]:
     """default.replication.factor and min.insync.replicas as one broker has them (DescribeConfigs)."""
     brokers = (await admin.describe_cluster())["brokers"]
     if not brokers:
@@ -215,7 +201,7 @@ async def _broker_defaults(admin: AIOKafkaAdminClient) -> dict[str, str]:
     return found
 
 
-async def _create(admin: AIOKafkaAdminClient, missing: list[TopicSpec], replication: Replication) -> None:
+async def _create(admin: Admin, missing: list[TopicSpec], replication: Replication) -> None:
     """Create `missing`; one that another worker created meanwhile is fine, any other refusal
     (too few brokers for the replication asked, a policy) stops the start, saying why."""
     factor = replication.factor
@@ -223,24 +209,22 @@ async def _create(admin: AIOKafkaAdminClient, missing: list[TopicSpec], replicat
         [NewTopic(s.name, s.partitions, factor, topic_configs=_configs(s, replication)) for s in missing]
     )
     for name, code, message, *_ in response.topic_errors:
-        if code == TOPIC_ALREADY_EXISTS:
-            continue
-        if code:
+        if not code:
+            log.info("created topic=%s replicas=%d min_insync=%d", name, factor, replication.min_insync)
+        elif code != TOPIC_ALREADY_EXISTS:
             raise TopicMismatch(
-                f"topic {name!r} could not be created with {replication.factor} replicas: "
+                f"topic {name!r} could not be created with {factor} replicas: "
                 f"{for_code(code).__name__}: {message}"
             )
-        log.info("created topic=%s replicas=%d min_insync=%d", name, factor, replication.min_insync)
 
 
 async def _check_replicas(
-    admin: AIOKafkaAdminClient, specs: list[TopicSpec], replication: Replication, bootstrap: str
+    admin: Admin, specs: list[TopicSpec], replication: Replication, bootstrap: str
 ) -> None:
     """Refuse a topic the worker writes that has fewer replicas than asked: one broker down would
     stop the worker, and one disk lost would lose what it acknowledged."""
     for topic in await admin.describe_topics([spec.name for spec in specs]):
-        partitions = topic.get("partitions") or []
-        have = min((len(p["replicas"]) for p in partitions), default=replication.factor)
+        have = min((len(p["replicas"]) for p in topic.get("partitions") or []), default=replication.factor)
         if have < replication.factor:
             raise TopicMismatch(
                 f"topic {topic['topic']!r} has {have} replicas, the service asks for {replication.factor} "
@@ -253,9 +237,7 @@ async def _check_replicas(
             )
 
 
-async def _check_configs(
-    admin: AIOKafkaAdminClient, specs: list[TopicSpec], replication: Replication
-) -> None:
+async def _check_configs(admin: Admin, specs: list[TopicSpec], replication: Replication) -> None:
     """Refuse topics whose max.message.bytes is below what the service sends them, whose
     min.insync.replicas is below what is asked, and an internal topic with a retention."""
     names = ("max.message.bytes", "min.insync.replicas", *INTERNAL_RETENTION)
@@ -266,9 +248,7 @@ async def _check_configs(
             raise TopicMismatch(problem)
 
 
-async def _describe_configs(
-    admin: AIOKafkaAdminClient, resources: list[ConfigResource]
-) -> dict[str, dict[str, str]]:
+async def _describe_configs(admin: Admin, resources: list[ConfigResource]) -> dict[str, dict[str, str]]:
     """Each resource's configs by name: DescribeConfigs' answer, walked here once for the broker's
     defaults, the topics' checks and the changelog's tombstone retention."""
     configs: dict[str, dict[str, str]] = {}
@@ -316,7 +296,7 @@ def _configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
     return configs
 
 
-async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+async def _partition_counts(admin: Admin, names: list[str]) -> dict[str, int]:
     return {
         topic["topic"]: len(topic["partitions"])
         for topic in await admin.describe_topics(names)
@@ -324,8 +304,8 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     }
 
 
-def admin_client(settings: Settings) -> AIOKafkaAdminClient:
-    return AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
+def admin_client(settings: Settings) -> Admin:
+    return Admin(bootstrap_servers=settings.bootstrap_servers, **settings.client_security())
 
 
 def groupless_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
@@ -422,6 +402,7 @@ class ChangelogReader:
     def __init__(self, settings: Settings, chunk: int = 2000, stall_s: float = 60.0) -> None:
         self.settings = settings
         self.topic = changelog_topic(settings)
+        self.partition = TopicPartition(self.topic, 0)  # its only one
         self.chunk = chunk
         # A rebuild that the broker leaves without an answer this long fails (the worker exits,
         # its supervisor restarts it) rather than keep the index shard waiting unreported.
@@ -433,8 +414,7 @@ class ChangelogReader:
         try:
             async with asyncio.timeout(self.stall_s):
                 await start_client(self.settings, consumer)
-                tp = TopicPartition(self.topic, 0)
-                return int((await consumer.end_offsets([tp]))[tp])
+                return int((await consumer.end_offsets([self.partition]))[self.partition])
         finally:
             await consumer.stop()
 
@@ -450,16 +430,15 @@ class ChangelogReader:
             return
         consumer = groupless_consumer(self.settings)
         try:
-            tp = TopicPartition(self.topic, 0)
             async with asyncio.timeout(self.stall_s):
                 await start_client(self.settings, consumer)
-                consumer.assign([tp])
+                consumer.assign([self.partition])
                 if start is None:
-                    await consumer.seek_to_beginning(tp)
+                    await consumer.seek_to_beginning(self.partition)
                 else:
-                    consumer.seek(tp, start)
+                    consumer.seek(self.partition, start)
             chunk: list[Entry] = []
-            async for record in _records_before(consumer, tp, end, self.stall_s):
+            async for record in _records_before(consumer, self.partition, end, self.stall_s):
                 if record.key is not None:
                     chunk.append((record.key, record.value))
                 if len(chunk) >= self.chunk:

@@ -60,14 +60,6 @@ class Ended(Error, RuntimeError):
     nothing more, and the stage resumes from what was committed (the worker's restart)."""
 
 
-def shard_transactional_id(settings: Settings, shard: int = 0) -> str:
-    return f"{settings.app_id}-index-{shard}"
-
-
-def input_transactional_id(settings: Settings, topic: str, partition: int) -> str:
-    return f"{settings.app_id}-sign-{topic}-{partition}"
-
-
 @dataclass
 class Transaction:
     """The open transaction, as each batch that joins it sees it: the producer to send through,
@@ -103,17 +95,19 @@ class TransactionalWriter:
         after_commit: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.transactional_id = transactional_id or shard_transactional_id(settings)
+        self.transactional_id = transactional_id or f"{settings.app_id}-index-0"
         self.producer: AIOKafkaProducer | None = None
         # sends into the open transaction and its commit, one at a time, in the order they came
         self.lock = asyncio.Lock()
         self._open: Transaction | None = None
         self._commit_due: asyncio.Future[None] | None = None
         self._last_commit = float("-inf")  # when the last commit began (the event loop's clock)
-        self._on_fenced = fenced  # told of a fence once, wherever it shows
+        self._on_fenced = fenced or (lambda fence: None)  # told of a fence once, wherever it shows
         self.fenced: Fenced | None = None
-        self._counted = counted  # each transaction's outcome: "committed" or "aborted"
-        self._on_failed = failed  # told why the writer ended (an abort, a failure after a commit)
+        # told each transaction's outcome, "committed" or "aborted"
+        self._counted = counted or (lambda outcome: None)
+        # told why the writer ended (an abort, a failure after a commit)
+        self._on_failed = failed or (lambda reason: None)
         self.ended: Ended | None = None
         # run under the lock after each commit, after the batches' own on_commit
         self.after_commit = after_commit
@@ -124,19 +118,18 @@ class TransactionalWriter:
         if self.ended is not None:
             raise self.ended  # later batches were built on what aborted: none may commit
         if self.producer is None:
-            settings = self.settings
             producer = coordinator_lookups_retried(
                 AIOKafkaProducer(
-                    bootstrap_servers=settings.bootstrap_servers,
+                    bootstrap_servers=self.settings.bootstrap_servers,
                     transactional_id=self.transactional_id,
-                    transaction_timeout_ms=round(settings.transaction_timeout * 1000),
+                    transaction_timeout_ms=round(self.settings.transaction_timeout * 1000),
                     acks="all",
                     enable_idempotence=True,
-                    request_timeout_ms=round(settings.delivery_timeout * 1000),
-                    max_request_size=max_request_bytes(settings),
+                    request_timeout_ms=round(self.settings.delivery_timeout * 1000),
+                    max_request_size=max_request_bytes(self.settings),
                     max_batch_size=512 * 1024,  # as the worker's other producer (app.py)
                     linger_ms=2,
-                    **settings.client_security(),
+                    **self.settings.client_security(),
                 )
             )
             try:
@@ -185,8 +178,7 @@ class TransactionalWriter:
         """At least `commit_interval` after the previous commit began: under load, the batches
         of that interval share one transaction (its round trips, and its marker in each partition
         it wrote, which the index stage reads past)."""
-        loop = asyncio.get_running_loop()
-        wait = self._last_commit + self.settings.commit_interval - loop.time()
+        wait = self._last_commit + self.settings.commit_interval - asyncio.get_running_loop().time()
         if wait > 0:
             await asyncio.sleep(wait)
         async with self.lock:
@@ -205,8 +197,7 @@ class TransactionalWriter:
             if not isinstance(exc, Exception):
                 raise
             return
-        if self._counted is not None:
-            self._counted("committed")
+        self._counted("committed")
         try:
             for then in transaction.on_commit:
                 then()
@@ -255,8 +246,7 @@ class TransactionalWriter:
                 log.warning(
                     "transaction_abort_failed transactional_id=%s error=%r", self.transactional_id, error
                 )
-        if self._counted is not None:
-            self._counted("aborted")
+        self._counted("aborted")
         if not transaction.committed.done():
             failure = exc if isinstance(exc, Exception) else RuntimeError(f"transaction ended: {exc!r}")
             transaction.committed.set_exception(failure)
@@ -266,15 +256,13 @@ class TransactionalWriter:
         """The writer commits nothing more, and the stage is failed (once, with the first reason)."""
         if self.ended is None:
             self.ended = Ended(reason)
-            if self._on_failed is not None:
-                self._on_failed(reason)
+            self._on_failed(reason)
         return self.ended
 
     def _fence(self, exc: BaseException) -> Fenced:
         if self.fenced is None:
             self.fenced = Fenced(f"{self.transactional_id}: {exc!r}")
-            if self._on_fenced is not None:
-                self._on_fenced(self.fenced)
+            self._on_fenced(self.fenced)
         return self.fenced
 
     async def stop(self, commit: bool = True) -> None:
@@ -302,10 +290,7 @@ class InputTransactions:
     partition's): a partition's signatures and dead letters commit with its input offsets."""
 
     def __init__(
-        self,
-        settings: Settings,
-        fenced: Callable[[Fenced], None] | None = None,
-        failed: Callable[[str], None] | None = None,
+        self, settings: Settings, fenced: Callable[[Fenced], None], failed: Callable[[str], None]
     ) -> None:
         self.settings = settings
         self.fenced = fenced
@@ -313,22 +298,18 @@ class InputTransactions:
         self.writers: dict[tuple[str, int], TransactionalWriter] = {}
 
     def writer(self, topic: str, partition: int) -> TransactionalWriter:
-        key = (topic, partition)
-        if key not in self.writers:
-            self.writers[key] = TransactionalWriter(
-                self.settings,
-                input_transactional_id(self.settings, topic, partition),
-                self.fenced,
-                failed=self.failed,
+        if (topic, partition) not in self.writers:
+            transactional_id = f"{self.settings.app_id}-sign-{topic}-{partition}"
+            self.writers[topic, partition] = TransactionalWriter(
+                self.settings, transactional_id, self.fenced, failed=self.failed
             )
-        return self.writers[key]
+        return self.writers[topic, partition]
 
     async def revoked(self, partitions: list[tuple[str, int]], commit: bool = True) -> None:
         """The partitions went to another worker (or will come back): what their writers hold
         open is committed, they stop, and a new one (a new epoch) starts at the next assignment."""
         for key in partitions:
-            writer = self.writers.pop(key, None)
-            if writer is not None:
+            if (writer := self.writers.pop(key, None)) is not None:
                 await writer.stop(commit)
 
     async def stop(self, commit: bool = True) -> None:
