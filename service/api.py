@@ -26,10 +26,9 @@ from .core.normalize import TooLong
 from .core.params import DedupParams
 from .core.retention import Retention
 from .core.signing import EmptyText
-from .embedded import DECIDE_BATCH, DEFAULT_MAX_TEXT_BYTES
+from .embedded import DECIDE_BATCH, DEFAULT_MAX_TEXT_BYTES, published
 from .errors import Error
 from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
-from .pipeline.publication import publication
 from .pipeline.shard import Decided, IndexShard
 from .pipeline.sign import SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion
@@ -64,7 +63,6 @@ class Deduplicator:
         other signing parameters (its signatures and band keys would be meaningless)."""
         self.params = params
         self.max_text_bytes = max_text_bytes
-        self._state = state
         self._stage = SignStage.under(params, max_text_bytes, retention)
         self._shard = IndexShard(state, params, retention)
         self._closed = False
@@ -94,8 +92,7 @@ class Deduplicator:
                 except InvalidMessage as exc:
                     invalid = exc
                     break
-            for decided in self._shard.decide(signed):
-                yield self._verdict(decided)
+            yield from map(self._verdict, self._shard.decide(signed))
             if invalid is not None:
                 raise invalid
 
@@ -112,20 +109,12 @@ class Deduplicator:
 
     @staticmethod
     def _verdict(decided: Decided) -> Verdict:
-        verdict = decided.verdict
         # rendered as the library's answers: the verdict returned, a dead letter raised
-        what = publication(
-            decided.status,
-            decided.kind,
-            deletion=False,
-            has_verdict=verdict is not None,
-            feed_kinds=None,
-            replays_republished=True,
-        )
+        what = published(decided, None)
         if what.dead_letter:
             raise DecisionFailed(f"the index failed on this article: {decided.error}")
-        assert what.verdict and verdict is not None
-        return orjson.loads(verdict)  # type: ignore[no-any-return]
+        assert what.verdict and decided.verdict is not None
+        return orjson.loads(decided.verdict)  # type: ignore[no-any-return]
 
     def delete(self, article_id: str) -> bool:
         """Remove an article from the index (a retraction): later articles are no longer matched
@@ -143,13 +132,13 @@ class Deduplicator:
         """What the index holds, as `neardup stats --json` reports it: articles, clusters, buckets,
         oldest_ms and newest_ms (article times), expired, deleted, bytes_on_disk and so on."""
         self._check_open()
-        return self._state.stats().as_dict()
+        return self._shard.state.stats().as_dict()
 
     def close(self) -> None:
         """Release the state (a state directory's lock); closing again does nothing."""
         if not self._closed:
             self._closed = True
-            self._state.close()
+            self._shard.state.close()
 
     def __enter__(self) -> Deduplicator:
         return self
@@ -196,18 +185,21 @@ def open(state_dir: str | os.PathLike[str] | None = None, **settings: Any) -> De
     the same signing parameters: IncompatibleState otherwise. A directory another process holds
     open raises StateError."""
     values = keyword_values(settings)
-    params = engine_params(values)
-    window = retention_window(values)
-    state: IndexState
-    if state_dir is None:
-        state = MemoryState(values["bucket_cap"])
-    else:
-        state = RocksState(os.fspath(state_dir), RocksOptions(bucket_cap=values["bucket_cap"]))
+    params, window = engine_params(values), retention_window(values)  # refused before a directory is made
+    state = open_state(state_dir, values["bucket_cap"])
     try:
         return Deduplicator(state, params, window, values["max_text_bytes"])
     except BaseException:
         state.close()
         raise
+
+
+def open_state(state_dir: str | os.PathLike[str] | None, bucket_cap: int) -> IndexState:
+    """The RocksDB state in `state_dir` (created when missing), or memory when it is None: the
+    library's, and `neardup dedup --state`'s."""
+    if state_dir is None:
+        return MemoryState(bucket_cap)
+    return RocksState(os.fspath(state_dir), RocksOptions(bucket_cap=bucket_cap))
 
 
 def _keywords_documented(function: Callable[..., Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from .core.normalize import decode_bytes, normalize
 from .core.params import IncompatibleState
 from .core.shingle import shingle_hashes, shingle_set, shingle_strings
 from .core.similarity import block_similarity, exact_containment, exact_jaccard
-from .state.port import IndexStats, StateStore
+from .state.port import IndexStats
 
 # The settings each command takes as flags (service/config.py's table): the commands that decide
 # read NEARDUP_* variables under their flags, as the worker does; tune and compare, calculators, do not.
@@ -29,27 +30,19 @@ TUNE_FLAGS = FlagSet.named("threshold", "num_perm", "fn_weight", "bands", "rows"
 COMPARE_FLAGS = FlagSet.named("shingle_size", "num_perm", "seed", env=False)
 
 
-Command = Callable[[argparse.Namespace], int]
-
-
 def _error(message: object, status: int = 2) -> int:
     """What a command refuses or failed at, said in one line; its exit status."""
     print(f"error: {message}", file=sys.stderr)
     return status
 
 
-def _refusing(command: Command) -> Command:
-    """`command`, with a setting or a state it refuses said in one line and exit status 2, not a
-    traceback."""
-
-    @functools.wraps(command)
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except (ConfigError, IncompatibleState) as exc:
-            return _error(exc)
-
-    return run
+def _refusing(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """`command(args)`, with a setting or a state it refuses said in one line and exit status 2,
+    not a traceback."""
+    try:
+        return command(args)
+    except (ConfigError, IncompatibleState) as exc:
+        return _error(exc)
 
 
 def _read_text(path: str) -> str:
@@ -68,9 +61,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     params = engine_params(COMPARE_FLAGS.resolve(args))
     options, k = params.shingle, params.shingle.k
-    raw_sets = shingle_strings(raw_a, k), shingle_strings(raw_b, k)
-    raw_union = len(raw_sets[0] | raw_sets[1])
-    raw_j = len(raw_sets[0] & raw_sets[1]) / raw_union if raw_union else 1.0
+    raw_set_a, raw_set_b = shingle_strings(raw_a, k), shingle_strings(raw_b, k)
+    raw_j = len(raw_set_a & raw_set_b) / len(raw_set_a | raw_set_b) if raw_set_a or raw_set_b else 1.0
     canon_a, canon_b = normalize(raw_a), normalize(raw_b)
     set_a, set_b = shingle_set(canon_a, options), shingle_set(canon_b, options)
     sig_a, _ = params.hasher.signature(shingle_hashes(canon_a, options))
@@ -93,8 +85,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     values = TUNE_FLAGS.resolve(args)
     if values["threshold"] >= 1.0:  # the LSH threshold it tunes for must leave room above it
         raise ConfigError(f"--threshold must be below 1 to tune for, got {values['threshold']}")
-    tuned = {"containment_threshold": None, "lsh_threshold": values["threshold"]}
-    params = engine_params({**values, **tuned})
+    params = engine_params({**values, "containment_threshold": None, "lsh_threshold": values["threshold"]})
     lsh = params.lsh
     print(
         f"threshold={params.threshold} num_perm={params.num_perm} fn_weight={params.fn_weight} -> "
@@ -114,16 +105,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # not pyplot: no display backend to choose or figure to close
     except ImportError as exc:
         raise SystemExit("--plot needs matplotlib: pip install 'neardup[dev]'") from exc
     s = np.linspace(0, 1, 501)
     p = candidate_probability(s, bands, rows)
     fp, fn = error_areas(threshold, bands, rows)
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    fig = Figure(figsize=(6, 4), dpi=120)
+    ax = fig.subplots()
     ax.plot(s, p, color="black", label=f"1-(1-s^{rows})^{bands}")
     ax.fill_between(
         s, 0, p, where=s <= threshold, alpha=0.3, color="tab:red", label=f"false positives {fp:.4f}"
@@ -138,14 +127,13 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
+    from .api import open_state
     from .embedded import ResumeMismatch, SigningFailed, default_sign_processes, run_file
     from .messages import parse_verdict_filter
-    from .state.memory import MemoryState
-    from .state.rocks import RocksOptions, RocksState, StateError
+    from .state.rocks import StateError
 
     values = DEDUP_FLAGS.resolve(args)
     params = engine_params(values)
@@ -155,10 +143,8 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     sign_processes = default_sign_processes() if args.sign_processes is None else args.sign_processes
     if sign_processes < 0:
         raise ConfigError("--sign-processes must be 0 or more")
-    state: StateStore
-    bucket_cap, options = values["bucket_cap"], RocksOptions(bucket_cap=values["bucket_cap"])
     try:
-        state = RocksState(args.state, options) if args.state else MemoryState(bucket_cap)
+        state = open_state(args.state or None, values["bucket_cap"])
     except StateError as exc:
         return _error(exc)
     try:
@@ -189,7 +175,6 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """What a state holds: from a state directory (embedded mode's, or a worker's, read beside it),
     or from a worker's changelog on the broker."""
-    stats: IndexStats
     if args.state:
         from .state.rocks import RocksState, StateError
 
@@ -202,10 +187,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             state = RocksState(path, read_only=True)
         except StateError as exc:
             return _error(exc)
-        try:
+        with contextlib.closing(state):
             stats = state.stats()
-        finally:
-            state.close()
     else:
         from .stream.commands import changelog_stats
 
@@ -242,15 +225,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     params = engine_params(values)
     articles = []
     for line in Path(args.input).read_bytes().splitlines():
-        if line.strip():
-            try:
-                article = decode_article(line, values["max_text_bytes"])
-            except InvalidMessage:
-                continue
+        with contextlib.suppress(InvalidMessage):  # what the worker would dead-letter, blank lines too
+            article = decode_article(line, values["max_text_bytes"])
             if isinstance(article, Article):
                 articles.append(article)
-    if args.limit:
-        articles = articles[: args.limit]
+    articles = articles[: args.limit or None]  # --limit 0: every article
     result = evaluate(
         articles, params, margin=args.margin, sample_size=args.samples, bucket_cap=values["bucket_cap"]
     )
@@ -271,12 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="passage-level analysis: chunk and fuzzy fingerprints, cosine, shared passages",
     )
-    p.set_defaults(func=_refusing(cmd_compare))
+    p.set_defaults(func=functools.partial(_refusing, cmd_compare))
 
     p = sub.add_parser("tune", help="choose LSH bands/rows for a threshold; draw the S-curve")
     TUNE_FLAGS.add_to(p)
     p.add_argument("--plot", metavar="FILE.png")
-    p.set_defaults(func=_refusing(cmd_tune))
+    p.set_defaults(func=functools.partial(_refusing, cmd_tune))
 
     p = sub.add_parser("dedup", help="embedded mode: a JSON-lines file of articles, no broker")
     p.add_argument("input", help="articles, one JSON object per line ({'id','text',...})")
@@ -297,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also copy the input lines whose verdict passes --unique-filter here, unchanged, in order",
     )
     DEDUP_FLAGS.add_to(p)
-    p.set_defaults(func=_refusing(cmd_dedup))
+    p.set_defaults(func=functools.partial(_refusing, cmd_dedup))
 
     p = sub.add_parser("stats", help="what a state holds: articles, clusters, times, buckets, bytes")
     where = p.add_mutually_exclusive_group(required=True)
@@ -315,13 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=5, help="articles to show top-3 matches for")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N articles")
     EVALUATE_FLAGS.add_to(p)
-    p.set_defaults(func=_refusing(cmd_evaluate))
+    p.set_defaults(func=functools.partial(_refusing, cmd_evaluate))
 
-    try:
+    with contextlib.suppress(ImportError):  # without the stream commands, the embedded ones still work
         from .stream import commands
-    except ImportError:  # without the stream commands, the embedded ones still work
-        return parser
-    commands.add_parsers(sub)
+
+        commands.add_parsers(sub)
     return parser
 
 

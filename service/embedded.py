@@ -38,8 +38,8 @@ from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
 from .errors import Error
 from .messages import decode_message, dumps, parse_verdict_filter
-from .pipeline.publication import publication
-from .pipeline.shard import Decided, IndexShard
+from .pipeline.publication import Publication, publication
+from .pipeline.shard import Decided, IndexShard, ShardCounts
 from .pipeline.sign import SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
 from .state.index import IndexState
@@ -59,8 +59,9 @@ DEFAULT_FEED_VERDICTS = parse_verdict_filter(BY_NAME["unique_filter"].default)
 
 
 @dataclass
-class RunSummary:
-    """Counts for the summary line and for tests."""
+class RunSummary(ShardCounts):
+    """Counts for the summary line and for tests: the run's, and the shard's own (ShardCounts),
+    which it counts here."""
 
     articles: int = 0
     verdicts: Counter[str] = field(default_factory=Counter)
@@ -68,9 +69,6 @@ class RunSummary:
     resumed_from_line: int = 0
     seconds: float = 0.0
     deleted: int = 0
-    unknown_deletes: int = 0
-    expired: int = 0
-    refused_times: int = 0
     fed: int | None = None  # lines written to the filtered feed; None without one
 
     def render(self) -> str:
@@ -182,11 +180,12 @@ def run_file(
     if dead_letter_path is None and _written_as_it_comes(output_path):
         # the dead letters go beside the verdicts by default: not beside a device or a pipe
         raise ConfigError(f"{output_path} is not a file: give the dead letters one (--dead-letters FILE)")
-    shard = IndexShard(state, params, retention)
+    summary = RunSummary(fed=None if feed_path is None else 0)
+    shard = IndexShard(state, params, retention, counts=summary)
     started = time.perf_counter()
     progress_key = _PROGRESS_KEY + str(input_path.resolve()).encode()
     mark = _resumed_mark(state.get_meta(progress_key), feed_path, feed_verdicts)
-    summary = RunSummary(resumed_from_line=mark.line, fed=None if feed_path is None else 0)
+    summary.resumed_from_line = mark.line
     dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
     bar = ProgressBar(input_path.stat().st_size, progress)
     stage = SignStage.under(params, max_text_bytes, retention)
@@ -198,7 +197,6 @@ def run_file(
         dead = files.enter_context(_open_at(dead_path, mark.dead))
         feed = None if feed_path is None else files.enter_context(_open_at(feed_path, mark.feed))
         run = _FileRun(shard, layers, summary, topic, progress_key, bar, out, dead, feed, feed_verdicts)
-        source.seek(mark.input)
         lines = _lines(source, mark.input, mark.line)
         if sign_processes == 0:
             for batch in _batches(lines, decide_batch, SIGN_BATCH_BYTES):
@@ -209,9 +207,6 @@ def run_file(
         bar.update(source.tell(), summary.articles, final=True)
     state.compact()
     summary.seconds = time.perf_counter() - started
-    summary.expired = shard.counts.expired
-    summary.refused_times = shard.counts.refused_times
-    summary.unknown_deletes = shard.counts.unknown_deletes
     return summary
 
 
@@ -223,8 +218,7 @@ def _held_by_batch(state: IndexState) -> Iterator[LayeredKV]:
     if isinstance(state.kv, LayeredKV) and state.kv.held:
         # they would be written with the run's first batch, or dropped with a failed run
         raise ValueError("the state holds writes not committed: commit or discard them first")
-    layers = LayeredKV(state.kv)
-    state.kv = layers
+    state.kv = layers = LayeredKV(state.kv)
     state.reload()
     try:
         yield layers
@@ -267,14 +261,12 @@ class _FileRun:
     dead: BinaryIO
     feed: BinaryIO | None
     feed_verdicts: frozenset[str]
-    batches: int = 0
 
     def decide(self, lines: list[_Line], signed: list[_Signed]) -> None:
         """Decide a batch of signed lines in one call of the shard; write each line's verdict (and
         its feed copy), deletion or dead letter, in input order; checkpoint after the last."""
         self.summary.articles += len(lines)
-        self.batches += 1
-        self.layers.hold(self.batches)
+        self.layers.hold(0)  # one batch held at a time: each is committed before the next is decided
         decided = iter(self.shard.decide([item for item in signed if not isinstance(item, SignResult)]))
         for line, item in zip(lines, signed, strict=True):
             if not isinstance(item, SignResult):
@@ -287,8 +279,7 @@ class _FileRun:
             assert item.dead_letter is not None and item.reason is not None
             self.dead.write(item.dead_letter + b"\n")
             self.summary.dead_letters[item.reason] += 1
-        if lines:
-            self._checkpoint(lines[-1])
+        self._checkpoint(lines[-1])  # a batch is never empty
 
     def source(self, line: _Line) -> Provenance:
         """Where a line came from, as dead letters name it: the file and the line's number."""
@@ -298,20 +289,12 @@ class _FileRun:
         """A decision as lines of the run's files (pipeline/publication.py): a verdict, or a
         deletion line for a removal, in the verdict file; the input line as it came, a deletion's
         included, in the feed."""
-        verdict = decided.verdict
-        what = publication(
-            decided.status,
-            decided.kind,
-            deletion=decided.deletion,
-            has_verdict=verdict is not None,
-            feed_kinds=self.feed_verdicts if self.feed is not None else None,
-            replays_republished=True,
-        )
+        what = published(decided, self.feed_verdicts if self.feed is not None else None)
         if what.removal:
             self.out.write(dumps({"article_id": decided.article_id, "deleted": True}) + b"\n")
             self.summary.deleted += decided.status == "deleted"
-        elif what.verdict and verdict is not None and decided.kind is not None:
-            self.out.write(verdict + b"\n")
+        elif what.verdict and decided.verdict is not None and decided.kind is not None:
+            self.out.write(decided.verdict + b"\n")
             self.summary.verdicts[decided.kind] += 1
         if what.feed is not None and self.feed is not None:
             self.feed.write(line.raw if line.raw.endswith(b"\n") else line.raw + b"\n")
@@ -328,12 +311,26 @@ class _FileRun:
             self.feed.flush()
             mark |= dict(feed=self.feed.tell(), feed_verdicts=sorted(self.feed_verdicts))
         self.shard.state.set_meta({self.progress_key: orjson.dumps(mark)})
-        self.layers.commit_through(self.batches)  # the batch's writes and its checkpoint at once
+        self.layers.commit_through(0)  # the batch's writes and its checkpoint at once
         self.bar.update(line.end, self.summary.articles)
+
+
+def published(decided: Decided, feed_kinds: frozenset[str] | None) -> Publication:
+    """What a decision publishes in embedded mode and the library (pipeline/publication.py): no
+    transactions there, so an input already applied is answered again."""
+    return publication(
+        decided.status,
+        decided.kind,
+        deletion=decided.deletion,
+        has_verdict=decided.verdict is not None,
+        feed_kinds=feed_kinds,
+        replays_republished=True,
+    )
 
 
 def _lines(source: BinaryIO, offset: int, after: int) -> Iterator[_Line]:
     """The non-blank lines from `offset`, which is where line `after` ends."""
+    source.seek(offset)
     for number, raw in enumerate(source, after + 1):
         offset += len(raw)
         body = raw.rstrip(b"\r\n")
@@ -363,11 +360,6 @@ def _sign_here(stage: SignStage, line: _Line, src: Provenance) -> _Signed:
         return SignStage.failed(exc, line.body, None, src)
 
 
-def _signed(result: SignResult) -> _Signed:
-    """A helper's answer for one line: its signed record, or the result itself when dead-lettered."""
-    return result if result.signed is None else decode_signed(result.signed)
-
-
 async def _decide_while_signing(
     batches: Iterator[list[_Line]], stage: SignStage, processes: int, decide_batch: int, run: _FileRun
 ) -> None:
@@ -389,12 +381,13 @@ async def _decide_while_signing(
         batch = next(batches, None)
         signing = start(batch)
         while batch is not None and signing is not None:
-            results = await signing
+            # each line's signed record, or its helper's answer when it is dead-lettered
+            signed = [r if r.signed is None else decode_signed(r.signed) for r in await signing]
             following = next(batches, None)
             signing = start(following)
             for at in range(0, len(batch), decide_batch):
                 part = slice(at, at + decide_batch)
-                run.decide(batch[part], [_signed(result) for result in results[part]])
+                run.decide(batch[part], signed[part])
                 await asyncio.sleep(0)
             batch = following
     except SignerFailed as exc:
@@ -417,9 +410,7 @@ class ResumeMismatch(Error, RuntimeError):
 def _resumed_feed_offset(mark: dict[str, Any], feed_path: Path, feed_verdicts: frozenset[str]) -> int:
     """Where the feed continues. Refused when the checkpointed run fed nothing or fed other kinds:
     continuing would leave the feed without the earlier lines, or mix two filters in one file."""
-    if "feed" not in mark:
-        if mark["input"] == 0:
-            return 0
+    if "feed" not in mark:  # a checkpoint is written after a line: its run read some
         raise ResumeMismatch(
             f"the state's earlier run over this input wrote no --unique-out feed, so {feed_path} "
             f"would lack lines 1..{mark['line']}; start with a new --state directory"

@@ -56,8 +56,7 @@ def parse_verdict_filter(text: str) -> frozenset[str]:
         raise ValueError(f"the verdict filter {text!r} names no verdict kind: list some of {expected}")
     if "" in kinds:
         raise ValueError(f"the verdict filter {text!r} has an empty entry: list some of {expected}")
-    unknown = next((kind for kind in kinds if kind not in VERDICT_KINDS), None)
-    if unknown is not None:
+    if (unknown := next((kind for kind in kinds if kind not in VERDICT_KINDS), None)) is not None:
         raise ValueError(f"unknown verdict kind {unknown!r} in the filter {text!r}: the kinds are {expected}")
     return frozenset(kinds)
 
@@ -153,10 +152,9 @@ def decode_article(raw: bytes | None, max_text_bytes: int) -> Article | Deletion
         raise InvalidMessage("oversized", f"message is {len(raw)} bytes, limit {max_text_bytes}")
     try:
         raw.decode("utf-8")
+        data = orjson.loads(raw)
     except UnicodeDecodeError as exc:
         raise InvalidMessage("invalid_utf8", f"byte {exc.start}: {exc.reason}") from exc
-    try:
-        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidMessage("invalid_json", str(exc)) from exc
     return article_from_dict(data, max_text_bytes)
@@ -182,11 +180,9 @@ def article_from_dict(data: Any, max_text_bytes: int) -> Article | Deletion:
         return Deletion(article_id)
     if deleted is not None and deleted is not False:
         raise _refused("schema_violation", "field 'deleted' must be true or false", article_id)
-    text = data.get("text")
-    if not isinstance(text, str):
+    if not isinstance(text := data.get("text"), str):
         raise _refused("schema_violation", "field 'text' must be a string", article_id)
-    size = len(_utf8(text, "text", article_id))
-    if size > max_text_bytes:
+    if (size := len(_utf8(text, "text", article_id))) > max_text_bytes:
         raise _refused("oversized", f"field 'text' is {size} bytes, limit {max_text_bytes}", article_id)
     extras = {name: data.get(name) for name in OPTIONAL_STRING_FIELDS}
     for name, value in extras.items():

@@ -977,7 +977,7 @@ def test_the_library_raises_only_invalid_message(
         stats = dedup.stats()
         model.showed_everything()
         if state_dir is None:
-            check_state(dedup._state, stats, model)
+            check_state(dedup._shard.state, stats, model)
     finally:
         dedup.close()
     if state_dir is not None:
