@@ -7,11 +7,10 @@ storage and identical in the embedded mode and the stream.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple, Protocol
-
-import numpy as np
 
 from .anchors import Anchors, Passage, passages
 from .compiled import _sketch
@@ -123,13 +122,10 @@ class IndexedArticle:
 
 def _same_sketches(a: Sketch, b: Sketch) -> bool:
     """Sketches equal as an indexed article keeps them: where there is a verifier, the record
-    keeps no signature (band keys and verifier serve instead), so signatures are not compared."""
+    keeps no signature (band keys and verifier serve instead), so signatures are not compared
+    (nor anchors)."""
     if a.verifier.size and b.verifier.size:
-        return (a.content_hash, a.shingle_count, a.short) == (
-            b.content_hash,
-            b.shingle_count,
-            b.short,
-        ) and bool(np.array_equal(a.verifier, b.verifier))
+        return replace(a, signature=b.signature, anchors=b.anchors) == b
     return a == b
 
 
@@ -159,7 +155,7 @@ class Outcome:
 
 class Prospect(Protocol):
     """A candidate as verification reads it: what scoring it takes (its verifier and distinct
-    count), its arrival for ties, and its cluster's canonical article for the verdict. An
+    count), its arrival for ties, and its cluster for the verdict. An
     IndexedArticle is one; a store may hand out lighter ones that decode the rest of a record (the
     sketch, read only where verifiers cannot be compared, or there are none) when asked: tens of
     candidates per article, most of them never the match."""
@@ -175,9 +171,6 @@ class Prospect(Protocol):
 
     @property
     def verifier(self) -> VerifierArray | bytes: ...
-
-    @property
-    def canonical_id(self) -> str: ...
 
     @property
     def cluster(self) -> int: ...
@@ -249,28 +242,15 @@ def decide(
     if existing is not None and existing.sketch.content_hash == sketch.content_hash:
         return Outcome(existing, None)
 
-    keys = (
-        tuple(keys)
-        if keys is not None
-        else tuple(band_keys(sketch.signature, params.lsh.bands, params.lsh.rows))
-    )
+    keys = tuple(band_keys(sketch.signature, params.lsh.bands, params.lsh.rows) if keys is None else keys)
     # a re-added id continues its versions: (id, version) never names two articles
     last = existing.version if existing is not None else state.deleted_version(article_id)
-    seq = state.next_seq()
-    decision, cluster, cluster_id = _exact_match(article_id, sketch, state, not_before_ms) or _verified_match(
-        article_id, seq, sketch, keys, state, params, not_before_ms
+    version, seq = 0 if last is None else last + 1, state.next_seq()
+    not_before = -math.inf if not_before_ms is None else not_before_ms
+    decision, cluster, cluster_id = _exact_match(article_id, sketch, state, not_before) or _verified_match(
+        article_id, seq, sketch, keys, state, params, not_before
     )
-    article = IndexedArticle(
-        article_id=article_id,
-        version=0 if last is None else last + 1,
-        seq=seq,
-        sketch=sketch,
-        decision=decision,
-        keys=keys,
-        time_ms=time_ms,
-        cluster=cluster,
-        cluster_id=cluster_id,
-    )
+    article = IndexedArticle(article_id, version, seq, sketch, decision, keys, time_ms, cluster, cluster_id)
     replaced_keys = () if existing is None else existing.keys
     revived = existing is None and last is not None
     return Outcome(article, IndexUpdate(article, keys, existing, replaced_keys, revived))
@@ -279,24 +259,12 @@ def decide(
 Matched = tuple[Decision, int, str]  # the decision, and the cluster it puts the article in
 
 
-def canonical_of(state: StateReader, member: Prospect) -> str:
-    """The canonical article of `member`'s cluster: its first article, or when that one is gone,
-    the earliest member still held (the cluster is handed on, never lost with its first article)."""
-    return state.head_of(member.cluster) or member.cluster_id
-
-
-def _exact_match(
-    article_id: str, sketch: Sketch, state: StateReader, not_before_ms: int | None
-) -> Matched | None:
+def _exact_match(article_id: str, sketch: Sketch, state: StateReader, not_before: float) -> Matched | None:
     first = state.holder_of(sketch.content_hash)
-    if first is None or first.article_id == article_id:
-        return None
-    if not_before_ms is not None and first.time_ms < not_before_ms:
+    if first is None or first.article_id == article_id or first.time_ms < not_before:
         return None
     match = Candidate(first.article_id, 1.0, 1.0, 1.0)
-    canonical = canonical_of(state, first)
-    decision = Decision("duplicate", first.article_id, 1.0, 1.0, 1.0, canonical, True, (match,))
-    return decision, first.cluster, first.cluster_id
+    return _matched(state, sketch, "duplicate", first, (1.0, 1.0, 1.0), (match,), exact=True)
 
 
 def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
@@ -305,17 +273,6 @@ def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
     jaccard = sketch.estimate_jaccard(other)
     inside, contains = estimate_containment(jaccard, sketch.shingle_count, other.shingle_count)
     return Candidate(other_id, jaccard, inside, contains)
-
-
-def _scored_apart(sketch: Sketch, others: Sequence[Sketch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(jaccard, containment, contains) against each of `others` where their verifiers cannot be
-    compared in one pass (there are none, verify_perm=0; or a length differs from sketch's: state
-    written with other settings): pair by pair, from the finest sketches both carry (score)."""
-    scored = [score(sketch, other, "") for other in others]
-    return tuple(  # type: ignore[return-value]
-        np.array([getattr(c, name) for c in scored], dtype=np.float64)
-        for name in ("jaccard", "containment", "contains")
-    )
 
 
 class Ranked(NamedTuple):
@@ -329,8 +286,9 @@ class Ranked(NamedTuple):
 
 def rank(sketch: Sketch, others: Sequence[Prospect], params: DedupParams) -> Ranked:
     """The decision over the candidates in one compiled pass (_sketch.rank) on the verifiers; where
-    there is none (verify_perm=0) or a candidate's differs in length from the article's, scored
-    pair by pair from the sketches (their signatures) and ranked by _ranked, with the same rule."""
+    there is none (verify_perm=0) or a candidate's differs in length from the article's (state
+    written with other settings), each scored by itself from the sketches (score, on their
+    signatures) and ranked by _ranked, with the same rule."""
     if sketch.verifier.size:
         containment = params.containment_threshold
         try:
@@ -347,35 +305,27 @@ def rank(sketch: Sketch, others: Sequence[Prospect], params: DedupParams) -> Ran
             return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
         except ValueError:  # a verifier's length differs: scored from the sketches
             pass
-    return _ranked(others, params, _scored_apart(sketch, [other.sketch for other in others]))
+    return _ranked(others, params, [score(sketch, other.sketch, other.article_id) for other in others])
 
 
 _KINDS: dict[int, VerdictKind] = {1: "duplicate", 2: "partial"}  # _sketch.rank's match kinds
 
 
-def _ranked(
-    others: Sequence[Prospect], params: DedupParams, scored: tuple[np.ndarray, np.ndarray, np.ndarray]
-) -> Ranked:
-    """rank from the candidates' (jaccard, containment, contains), in numpy: the rule _sketch.rank
-    applies, and its reference in the tests."""
-    jaccard, inside, contains = scored
-    seqs = np.fromiter((other.seq for other in others), dtype=np.int64, count=len(others))
+def _ranked(others: Sequence[Prospect], params: DedupParams, scored: Sequence[Candidate]) -> Ranked:
+    """rank from each candidate's scores: the rule _sketch.rank applies, and its reference in the
+    tests."""
+    figures = [(float(c.jaccard), float(c.containment), float(c.contains)) for c in scored]
     # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
-    order = np.lexsort((seqs, -jaccard)).tolist()
-
-    def entry(i: int) -> tuple[int, float, float, float]:
-        return i, float(jaccard[i]), float(inside[i]), float(contains[i])
-
-    top = [entry(i) for i in order[: params.top_candidates]]
+    order = sorted(range(len(figures)), key=lambda i: (-figures[i][0], others[i].seq))
+    top = [(i, *figures[i]) for i in order[: params.top_candidates]]
     best = order[0]
-    if jaccard[best] >= params.threshold:  # the best is a duplicate whenever any is
-        return Ranked(top, ("duplicate", *entry(best)))
-    if params.containment_threshold is not None:
-        reach = np.maximum(inside, contains)
-        partials = np.flatnonzero(reach >= params.containment_threshold)
-        if partials.size:
-            pick = int(partials[np.lexsort((seqs[partials], -reach[partials]))[0]])
-            return Ranked(top, ("partial", *entry(pick)))
+    if figures[best][0] >= params.threshold:  # the best is a duplicate whenever any is
+        return Ranked(top, ("duplicate", best, *figures[best]))
+    reach = [max(inside, contains) for _, inside, contains in figures]
+    partial = params.containment_threshold
+    if partial is not None and (partials := [i for i, r in enumerate(reach) if r >= partial]):
+        pick = min(partials, key=lambda i: (-reach[i], others[i].seq))
+        return Ranked(top, ("partial", pick, *figures[pick]))
     return Ranked(top, None)
 
 
@@ -386,50 +336,49 @@ def _verified_match(
     keys: Sequence[bytes],
     state: StateReader,
     params: DedupParams,
-    not_before_ms: int | None,
+    not_before: float,
 ) -> Matched:
-    others = list(state.candidates(keys, article_id, params.max_candidates))
-    if not_before_ms is not None:
-        others = [other for other in others if other.time_ms >= not_before_ms]
+    proposed = state.candidates(keys, article_id, params.max_candidates)
+    others = [other for other in proposed if other.time_ms >= not_before]
     top, match = rank(sketch, others, params) if others else ([], None)
     # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
     kept = tuple(Candidate(others[i].article_id, j, a, b) for i, j, a, b in top)
     if match is not None and match[0] == "duplicate":
         # a duplicate is the strongest verdict, and joins no posting list: no anchor lookup
-        return _matched(state, "duplicate", others[match[1]], match[2:], kept)
-    anchored: Sequence[tuple[Prospect, int]] = ()
+        return _matched(state, sketch, "duplicate", others[match[1]], match[2:], kept)
+    anchored: list[tuple[Prospect, int]] = []
     if len(sketch.anchors) and (params.containment_threshold or params.revised_threshold):
-        anchored = state.anchor_candidates(sketch.anchors, article_id, ANCHOR_CANDIDATES)
-    if not_before_ms is not None:
-        anchored = [(other, shared) for other, shared in anchored if other.time_ms >= not_before_ms]
-    if not others and not anchored:
-        return Decision("unique", None, None, None, None, article_id, False, ()), seq, article_id
-    found = _contained(sketch, anchored, params)
-    if match is not None and (found is None or found[1] != "partial"):
-        other = others[match[1]]  # a partial by the verifier: the anchors show where
-        return _matched(
-            state, "partial", other, match[2:], kept, passages(sketch.anchors, other.anchors, PASSAGES)
-        )
-    if found is None:
+        sharing = state.anchor_candidates(sketch.anchors, article_id, ANCHOR_CANDIDATES)
+        anchored = [(other, shared) for other, shared in sharing if other.time_ms >= not_before]
+    contained = _contained(sketch, anchored, params)
+    if match is not None and (contained is None or contained[1] != "partial"):
+        # a partial by the verifier: the anchors show where
+        return _matched(state, sketch, "partial", others[match[1]], match[2:], kept)
+    if contained is None:
         return Decision("unique", None, None, None, None, article_id, False, kept), seq, article_id
-    other, kind, inside, contains = found
+    other, kind, inside, contains = contained
     jaccard = _jaccard_of(sketch, other)
     if not any(c.article_id == other.article_id for c in kept):
         kept += (Candidate(other.article_id, jaccard, inside, contains),)
-    shared = passages(sketch.anchors, other.anchors, PASSAGES)
-    return _matched(state, kind, other, (jaccard, inside, contains), kept, shared)
+    return _matched(state, sketch, kind, other, (jaccard, inside, contains), kept)
 
 
 def _matched(
     state: StateReader,
+    sketch: Sketch,
     kind: VerdictKind,
     other: Prospect,
     scores: tuple[float, float, float],
     kept: tuple[Candidate, ...],
-    shared: Sequence[Passage] = (),
+    exact: bool = False,
 ) -> Matched:
-    canonical = canonical_of(state, other)
-    decision = Decision(kind, other.article_id, *scores, canonical, False, kept, tuple(shared))
+    """The verdict naming `other`, which puts the article in `other`'s cluster. Its canonical
+    article is the cluster's first, or when that one is gone, the earliest member still held (the
+    cluster is handed on, never lost with its first article). A partial or revised verdict says
+    where the match's text lies in this one."""
+    shared = () if kind == "duplicate" else tuple(passages(sketch.anchors, other.anchors, PASSAGES))
+    canonical = state.head_of(other.cluster) or other.cluster_id
+    decision = Decision(kind, other.article_id, *scores, canonical, exact, kept, shared)
     return decision, other.cluster, other.cluster_id
 
 
@@ -442,23 +391,21 @@ def _contained(
     the fewer that the smaller text has. Returns it, the kind, and the shares (this article's
     anchors in it, its anchors in this article), from the anchors the posting lists say they
     share: the candidates' own anchors are not read."""
-    best: tuple[float, int, Prospect, int, int] | None = None
     mine = sketch.anchors.distinct_count
-    for other, shared in anchored:
-        theirs = max(other.anchor_count, 1)
-        if shared < max(min(2, mine, theirs), 1):
-            continue
-        reach = max(min(shared / mine, 1.0), min(shared / theirs, 1.0))
-        if best is None or (reach, -other.seq) > (best[0], -best[2].seq):
-            best = (reach, other.seq, other, shared, theirs)
-    if best is None:
+
+    def shares(other: Prospect, shared: int) -> tuple[float, float]:
+        return min(shared / mine, 1.0), min(shared / max(other.anchor_count, 1), 1.0)
+
+    enough = [(other, n) for other, n in anchored if n >= max(min(2, mine, other.anchor_count), 1)]
+    if not enough:
         return None
-    reach, _, other, shared, theirs = best
-    inside, contains = min(shared / mine, 1.0), min(shared / theirs, 1.0)
+    other, shared = max(enough, key=lambda pair: (max(shares(*pair)), -pair[0].seq))
+    inside, contains = shares(other, shared)
+    theirs = max(other.anchor_count, 1)
     partial, revised = params.containment_threshold, params.revised_threshold
     if partial is not None and (_holds(shared, mine, partial) or _holds(shared, theirs, partial)):
         return other, "partial", inside, contains
-    if revised is not None and reach >= revised:
+    if revised is not None and max(inside, contains) >= revised:
         return other, "revised", inside, contains
     return None
 

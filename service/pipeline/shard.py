@@ -104,9 +104,8 @@ def table_entries(records: Compacted, prefix: bytes) -> Iterator[tuple[str, byte
             yield key[len(prefix) :].decode(errors="replace"), value
 
 
-def removed_counts(records: Compacted) -> tuple[int, int]:
-    """(expired, deleted) as the changelog last counted them."""
-    stored = records.get(REMOVED_KEY)
+def removed_counts(stored: bytes | None) -> tuple[int, int]:
+    """(expired, deleted) as the changelog last counted them (REMOVED_KEY's value)."""
     if stored is None:
         return 0, 0
     counted = orjson.loads(stored)
@@ -222,8 +221,8 @@ class IndexShard:
             return self._delete(item.article_id, offset)
         if item.refused_time:
             self.counts.refused_times += 1
-        time_ms = self._event_time(item, now_s)
-        cutoff = self.retention.cutoff(self._newest(time_ms))
+        time_ms, newest = self._event_time(item, now_s), self.state.counts.newest_ms
+        cutoff = self.retention.cutoff(time_ms if newest is None else max(newest, time_ms))
         keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
         outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
@@ -249,10 +248,6 @@ class IndexShard:
         # the skew, whatever a signer's clock said.
         return min(item.time_ms, round(now_s * 1000) + self.retention.skew_ms)
 
-    def _newest(self, time_ms: int) -> int:
-        newest = self.state.counts.newest_ms
-        return time_ms if newest is None else max(newest, time_ms)
-
     def _expire_due(self) -> int:
         """An expiry pass when the cutoff has moved far enough since the last one."""
         counts = self.state.counts
@@ -263,8 +258,7 @@ class IndexShard:
         for gone in removed:
             self._forget(gone.article_id)
         for article_id in self.state.expire_markers(cutoff):
-            if self.changelog is not None:
-                del self.changelog[MARKER_PREFIX + article_id.encode()]
+            self._forget(article_id, MARKER_PREFIX)
         self.counts.expired += len(removed)
         return len(removed)
 
@@ -290,10 +284,11 @@ class IndexShard:
         # the removed article's kind: whether the filtered feed carried it
         return Decided(offset, article_id, "deleted", kind=removed.decision.kind, deletion=True)
 
-    def _forget(self, article_id: str) -> None:
-        """The article's record leaves the changelog (a tombstone), so a replay does not bring it back."""
+    def _forget(self, article_id: str, prefix: bytes = ARTICLE_PREFIX) -> None:
+        """The article's record (or with MARKER_PREFIX, its deletion marker) leaves the changelog
+        (a tombstone), so a replay does not bring it back."""
         if self.changelog is not None:
-            del self.changelog[ARTICLE_PREFIX + article_id.encode()]
+            del self.changelog[prefix + article_id.encode()]
 
     def _verdict(
         self, status: str, article: IndexedArticle, item: Signed, offset: int, now_s: float, expired: int = 0
@@ -396,16 +391,13 @@ class IndexShard:
         """Apply changelog records, in their order, after the state's position: one step, committed
         with the position `next_offset` (the offset after the last of them) and `since_ms`.
         Returns how many were applied. Records of an earlier format are refused."""
-        layers = self.layers
-        if layers is not None:
-            layers.hold(0)  # nothing is held during a restore
+        if (layers := self.layers) is not None:
+            layers.hold(0)  # nothing else is held during a restore: the position lands in this layer
         for key, value in entries:
             self._apply_entry(key, value)
-        position = Position(next_offset, since_ms).encode()
+        self.state.set_meta({POSITION_KEY: Position(next_offset, since_ms).encode()})
         if layers is not None:
-            layers.commit_through(0, {META + POSITION_KEY: position})
-        else:
-            self.state.set_meta({POSITION_KEY: position})
+            layers.commit_through(0)
         self._checkpointed = (self.applied_offset, dict(self.inputs), self._removed())
         return len(entries)
 
@@ -424,8 +416,7 @@ class IndexShard:
             if value is None:
                 self.state.drop_article(article_id)
             else:
-                for _, record in _current_format([(article_id, value)]):
-                    self.state.put_record(record)
+                self.state.put_record(_current_format(article_id, value))
         elif key.startswith(MARKER_PREFIX):
             self.state.put_marker(key[len(MARKER_PREFIX) :].decode(errors="replace"), value)
         elif key == OFFSET_KEY and value is not None:
@@ -435,7 +426,7 @@ class IndexShard:
             self.inputs = dict(orjson.loads(value))
             self.state.set_meta({INPUTS_KEY: value})
         elif key == REMOVED_KEY:
-            self.state.set_removed(*removed_counts({REMOVED_KEY: value} if value else {}))
+            self.state.set_removed(*removed_counts(value or None))
 
     def mark_position(self, end: int, since_ms: int) -> None:
         """After a rebuild or a restore up to `end`, where the changelog ended when read at
@@ -448,10 +439,11 @@ class IndexShard:
         self.discard()
         self.state.clear()
         self.state.open_header(self.params.header())
+        articles = table_entries(table, ARTICLE_PREFIX)
         try:
             count = self.state.bulk_load(
-                _current_format(table_entries(table, ARTICLE_PREFIX)),
-                removed=removed_counts(table),
+                ((article_id, _current_format(article_id, record)) for article_id, record in articles),
+                removed=removed_counts(table.get(REMOVED_KEY)),
                 markers=table_entries(table, MARKER_PREFIX),
             )
         except CorruptRecord as exc:
@@ -577,11 +569,11 @@ def _mark_deciding(marker: DecisionMarker, offset: int, indexes: Sequence[int], 
     marker.at(offset, indexes[n], deciding=True)
 
 
+@dataclass
 class SizeGauge:
     """The index's size on disk, measured at most every SIZE_EVERY_S: it lists the directory."""
 
-    def __init__(self) -> None:
-        self.measured_at = -SIZE_EVERY_S
+    measured_at: float = -SIZE_EVERY_S
 
     def measure(self, state: IndexState) -> int | None:
         now = time.monotonic()
@@ -591,14 +583,13 @@ class SizeGauge:
         return state.kv.size_bytes()
 
 
-def _current_format(records: Iterable[tuple[str, bytes]]) -> Iterator[tuple[str, bytes]]:
-    """The records, refusing the first of an earlier format with a message that says what to do."""
-    for article_id, record in records:
-        if record[:2] != RECORD_MAGIC:
-            raise IncompatibleState(
-                f"the changelog holds a record of an earlier state format ({record[:2]!r}, article "
-                f"{article_id!r}); this version cannot rebuild from it. Start from a new NEARDUP_APP_ID "
-                "(a new consumer group and changelog) with a new NEARDUP_SIGNATURES_TOPIC and an empty "
-                "state directory: the input is then decided again from its start"
-            )
-        yield article_id, record
+def _current_format(article_id: str, record: bytes) -> bytes:
+    """The record, refused when of an earlier format with a message that says what to do."""
+    if record[:2] != RECORD_MAGIC:
+        raise IncompatibleState(
+            f"the changelog holds a record of an earlier state format ({record[:2]!r}, article "
+            f"{article_id!r}); this version cannot rebuild from it. Start from a new NEARDUP_APP_ID "
+            "(a new consumer group and changelog) with a new NEARDUP_SIGNATURES_TOPIC and an empty "
+            "state directory: the input is then decided again from its start"
+        )
+    return record

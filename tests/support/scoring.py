@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from neardup.core._hashing import U64, HashArray, fmix64
-from neardup.core.dedup import Candidate, _scored_apart
+from neardup.core.dedup import Candidate, score
 from neardup.core.minhash import EMPTY_SLOT, verified_scores
 from neardup.core.signing import Sketch
 
@@ -22,15 +22,13 @@ def score_many(sketch: Sketch, others: Sequence[tuple[str, Sketch]]) -> list[Can
     """`score` against many candidates, their verifiers compared in one compiled pass when all have
     sketch's length; otherwise (or without verifiers) pair by pair. The figures are identical
     either way."""
-    sketches = [other for _, other in others]
-    jaccard, inside, contains = verified_scores(
-        sketch.verifier, sketch.shingle_count, sketches
-    ) or _scored_apart(sketch, sketches)
+    scored = verified_scores(sketch.verifier, sketch.shingle_count, [other for _, other in others])
+    if scored is None:
+        return [score(sketch, other, other_id) for other_id, other in others]
+    jaccard, inside, contains = (figures.tolist() for figures in scored)
     return [
         Candidate(other_id, j, a, b)
-        for (other_id, _), j, a, b in zip(
-            others, jaccard.tolist(), inside.tolist(), contains.tolist(), strict=True
-        )
+        for (other_id, _), j, a, b in zip(others, jaccard, inside, contains, strict=True)
     ]
 
 

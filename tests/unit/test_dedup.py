@@ -374,7 +374,9 @@ def test_compiled_ranking_equals_the_numpy_reference() -> None:
         size = int(rng.choice([0, 150, 3000]))
         sketch = Sketch(b"", np.zeros(4, dtype=np.uint64), size, False, query)
         params = settings[trial % len(settings)]
-        expected = _ranked(others, params, reference_sketch.scores(query, size, others))
+        jaccard, inside, contains = reference_sketch.scores(query, size, others)
+        scored = [Candidate("", *figures) for figures in zip(jaccard, inside, contains, strict=True)]
+        expected = _ranked(others, params, scored)
         got = rank(sketch, others, params)
         assert got == expected, (trial, params)
         kind = None if got.match is None else got.match[0]
@@ -392,7 +394,4 @@ def test_ranking_falls_back_to_fingerprints_when_verifier_lengths_differ() -> No
     others[2].verifier = others[2].verifier[:256]
     sketch = Sketch(b"", np.zeros(4, dtype=np.uint64), 3000, False, query)
     apart = [score(sketch, other.sketch, other.article_id) for other in others]
-    scored = tuple(
-        np.array([getattr(c, name) for c in apart]) for name in ("jaccard", "containment", "contains")
-    )
-    assert rank(sketch, others, DedupParams()) == _ranked(others, DedupParams(), scored)
+    assert rank(sketch, others, DedupParams()) == _ranked(others, DedupParams(), apart)
