@@ -63,7 +63,6 @@ HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"coun
 DEFAULT_BUCKET_CAP = 64
 DEFAULT_RECORD_CACHE = 20_000
 DEFAULT_PROBE_CACHE = 100_000
-DEFAULT_ANCHOR_CAP = 32
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 T = TypeVar("T")
@@ -72,26 +71,22 @@ T = TypeVar("T")
 class IndexState:
     """The state port (StateStore) over a KeyValue store. One writer at a time."""
 
+    anchor_cap = 32  # entries a posting list holds at most: a full one is boilerplate
+    where = "memory"  # the state as messages name it (a RocksDB state: its directory)
+
     def __init__(
         self,
         kv: KeyValue,
         *,
         bucket_cap: int = DEFAULT_BUCKET_CAP,
-        anchor_cap: int = DEFAULT_ANCHOR_CAP,
         record_cache: int = DEFAULT_RECORD_CACHE,
         probe_cache: int = DEFAULT_PROBE_CACHE,
         posting_cache: int = 50_000,
     ) -> None:
         if bucket_cap < 1:
             raise ValueError(f"bucket_cap must be at least 1, got {bucket_cap}")
-        self.kv = kv
-        self.bucket_cap = bucket_cap
-        if anchor_cap < 2:
-            raise ValueError(f"anchor_cap must be at least 2, got {anchor_cap}")
-        self.anchor_cap = anchor_cap
-        self._record_cache = record_cache
-        self._probe_cache = probe_cache
-        self._posting_cache_size = posting_cache
+        self.kv, self.bucket_cap = kv, bucket_cap
+        self._record_cache, self._probe_cache, self._posting_cache = record_cache, probe_cache, posting_cache
         self.reload()
 
     def reload(self) -> None:
@@ -106,7 +101,7 @@ class IndexState:
                 self.counts.resized(0, len(members) // SEQ.size)
         self.versions = ArticleVersions(self.kv, self._record_cache, self._probe_cache)
         self.buckets = Buckets(self.kv, self.counts, self.bucket_cap)
-        self.postings = Postings(self.kv, self.counts, self.anchor_cap, self._posting_cache_size)
+        self.postings = Postings(self.kv, self.counts, self.anchor_cap, self._posting_cache)
         self.contents = Contents(self.kv)
         self.clusters = Clusters(self.kv, self.counts)
         self.times = TimeOrder(self.kv)
@@ -134,10 +129,6 @@ class IndexState:
                 "nothing done: it rebuilds its index from the changelog by itself"
             )
         check_header(header, expected, self.where)
-
-    @property
-    def where(self) -> str:
-        return "memory"
 
     def get(self, article_id: str) -> IndexedArticle | None:
         # the marker read beside the id map: deciding the article asks for it next

@@ -65,9 +65,6 @@ class MemoryKV:
             else:
                 self._records[key] = value
 
-    def flush(self) -> None:
-        """Nothing to flush: every write is in the dicts already."""
-
     def close(self) -> None:
         """Nothing to release: the dicts go with the object."""
 

@@ -56,10 +56,6 @@ class Layer:
     main: _Family = field(default_factory=_Family)
     records: _Family = field(default_factory=_Family)
 
-    def add(self, batch: Batch) -> None:
-        self.main.put_all(batch.main)
-        self.records.put_all(batch.records)
-
 
 class LayeredKV:
     """A KeyValue over `base` that holds writes in layers while any is open (`hold`), writes them
@@ -104,33 +100,32 @@ class LayeredKV:
 
     def write(self, batch: Batch) -> None:
         if self._layers:
-            self._layers[-1].add(batch)
+            self._layers[-1].main.put_all(batch.main)
+            self._layers[-1].records.put_all(batch.records)
         else:
             self.base.write(batch)
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        if not self._layers:
-            return self.base.get_many(keys)
-        return self._read(keys, self._newest_first("main"), self.base.get_many)
+        return self._read(keys, "main", self.base.get_many)
 
     def records(self, keys: list[bytes]) -> list[bytes | None]:
-        if not self._layers:
-            return self.base.records(keys)
-        return self._read(keys, self._newest_first("records"), self.base.records)
+        return self._read(keys, "records", self.base.records)
 
     def _newest_first(self, family: str) -> list[_Family]:
         """One family ("main" or "records") of every held layer, the newest first."""
         return [getattr(layer, family) for layer in reversed(self._layers)]
 
-    @staticmethod
     def _read(
-        keys: list[bytes], layers: list[_Family], below: Callable[[list[bytes]], list[bytes | None]]
+        self, keys: list[bytes], family: str, below: Callable[[list[bytes]], list[bytes | None]]
     ) -> list[bytes | None]:
         """`keys` as the newest layer holding each has it, else as the store has it."""
+        if not self._layers:
+            return below(keys)
+        layers = self._newest_first(family)
         absent = itertools.repeat(_ABSENT)
         found: list[object] = list(map(layers[0].values.get, keys, absent))
-        for family in layers[1:]:  # older layers, for the keys the newer ones do not hold
-            get = family.values.get
+        for held in layers[1:]:  # older layers, for the keys the newer ones do not hold
+            get = held.values.get
             found = [
                 get(key, _ABSENT) if value is _ABSENT else value
                 for key, value in zip(keys, found, strict=True)
@@ -175,9 +170,6 @@ class LayeredKV:
     @staticmethod
     def _newest(layers: list[_Family], key: bytes) -> bytes | None:
         return next((family.values[key] for family in layers if key in family.values), None)
-
-    def flush(self) -> None:
-        self.base.flush()
 
     def close(self) -> None:
         self._layers = []

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from rocksdict import (
     AccessType,
@@ -32,7 +32,6 @@ from .overlay import LayeredKV
 from .port import Batch
 
 _RECORDS = "records"  # the column family of the records, by arrival number
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -148,9 +147,7 @@ class RocksKV:
     stats of a running worker's index), without its lock."""
 
     def __init__(self, path: Path, options: RocksOptions, *, read_only: bool = False) -> None:
-        self.path = path
-        self._options = options
-        self._read_only = read_only
+        self.path, self._options, self._read_only = path, options, read_only
         self._open()
 
     def _open(self) -> None:
@@ -159,13 +156,11 @@ class RocksKV:
         try:
             cache = self._options.block_cache()  # one block cache for both column families
             options = self._options.build(cache)
-            families = {_RECORDS: self._options.build(cache, records=True)}
             # a state of an earlier format may hold other families: open them so that its header
             # can be read and the state refused with a clear message
             existing = Rdict.list_cf(str(self.path)) if (self.path / "CURRENT").exists() else []
-            for name in existing:
-                if name not in families and name != "default":
-                    families[name] = self._options.build(cache, records=True)
+            names = {_RECORDS, *existing} - {"default"}
+            families = {name: self._options.build(cache, records=True) for name in names}
             access = AccessType.read_only() if self._read_only else AccessType.read_write()
             self._db = Rdict(str(self.path), options, column_families=families, access_type=access)
             self._records = self._db.get_column_family(_RECORDS)
@@ -185,8 +180,9 @@ class RocksKV:
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         read = ReadOptions()
-        if prefix.rstrip(b"\xff"):
-            read.set_iterate_upper_bound(_successor(prefix))
+        if trimmed := prefix.rstrip(b"\xff"):  # else every key from `prefix` on starts with it
+            # the first key after every key that starts with `prefix`
+            read.set_iterate_upper_bound(trimmed[:-1] + bytes([trimmed[-1] + 1]))
         for key, value in self._db.items(from_key=prefix, read_opt=read):
             yield cast(bytes, key), cast(bytes, value)
 
@@ -249,12 +245,6 @@ def _without_write_ahead_log(db: Rdict) -> None:
     db.set_write_options(write)
 
 
-def _successor(prefix: bytes) -> bytes:
-    """The first key after every key that starts with `prefix` (not empty, not all 0xff)."""
-    trimmed = prefix.rstrip(b"\xff")
-    return trimmed[:-1] + bytes([trimmed[-1] + 1])
-
-
 class RocksState(IndexState):
     """The index on disk. One writer at a time: RocksDB's lock file enforces it. `layered`: writes
     are held in a write overlay (overlay.py) until committed, as the worker's derived index is."""
@@ -267,19 +257,14 @@ class RocksState(IndexState):
         read_only: bool = False,
         layered: bool = False,
     ) -> None:
-        self.path = Path(path)
-        self.options = options
-        self.rocks = RocksKV(self.path, options, read_only=read_only)
+        self.rocks = RocksKV(Path(path), options, read_only=read_only)
+        self.where = str(self.rocks.path)
         super().__init__(
             LayeredKV(self.rocks) if layered else self.rocks,
             bucket_cap=options.bucket_cap,
             record_cache=options.record_cache,
             probe_cache=options.probe_cache,
         )
-
-    @property
-    def where(self) -> str:
-        return str(self.path)
 
     def compact(self) -> None:
         self.rocks.compact()

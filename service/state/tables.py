@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import itertools
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 import numpy as np
@@ -118,36 +118,27 @@ class ArticleVersions:
 
     def arrivals(self, seqs: Sequence[int]) -> list[IndexedArticle | None]:
         """The article versions with these seqs, from the cache or one multi-get (None: gone)."""
-        recent = self._recent
-        found: list[IndexedArticle | None] = []
-        missing: list[int] = []
         for seq in seqs:
-            article = recent.get(seq)
-            if article is None:
-                missing.append(seq)
-            else:
-                recent.move_to_end(seq)
-            found.append(article)
-        if missing:
-            loaded = self._decoded(missing, lambda data, key: self.remember(decode_record(data, key)))
-            found = [article or loaded.get(seq) for seq, article in zip(seqs, found, strict=True)]
-        return found
+            if seq in self._recent:
+                self._recent.move_to_end(seq)
+        return self._cached(seqs, self._recent, lambda data, key: self.remember(decode_record(data, key)))
 
     def prospects(self, seqs: Sequence[int]) -> list[Probe | None]:
         """The probes of these seqs, from the cache or one multi-get of their records."""
-        found: list[Probe | None] = [self._probes.get(seq) for seq in seqs]
-        missing = [seq for seq, probe in zip(seqs, found, strict=True) if probe is None]
+        return self._cached(seqs, self._probes, lambda data, key: self.keep_probe(decode_probe(data, key)))
+
+    def _cached(
+        self, seqs: Sequence[int], cache: Mapping[int, T], decode: Callable[[bytes, str], T]
+    ) -> list[T | None]:
+        """The values of `seqs` in `cache`, the others decoded from the records the store holds
+        (one multi-get; None: gone)."""
+        found = [cache.get(seq) for seq in seqs]
+        missing = [seq for seq, value in zip(seqs, found, strict=True) if value is None]
         if not missing:
             return found
-        loaded = self._decoded(missing, lambda data, key: self.keep_probe(decode_probe(data, key)))
-        return [probe or loaded.get(seq) for seq, probe in zip(seqs, found, strict=True)]
-
-    def _decoded(self, seqs: list[int], decode: Callable[[bytes, str], T]) -> dict[int, T]:
-        """The records of `seqs` the store holds, decoded, by seq: one multi-get."""
-        stored = self.kv.records([seq_key(seq) for seq in seqs])
-        return {
-            seq: decode(data, str(seq)) for seq, data in zip(seqs, stored, strict=True) if data is not None
-        }
+        stored = zip(missing, self.kv.records([seq_key(seq) for seq in missing]), strict=True)
+        loaded = {seq: decode(data, str(seq)) for seq, data in stored if data is not None}
+        return [value or loaded.get(seq) for seq, value in zip(seqs, found, strict=True)]
 
     def remember(self, article: IndexedArticle) -> IndexedArticle:
         """An article version as its record gives it back, into the record cache."""
@@ -284,12 +275,9 @@ class Clusters:
 
     def earliest_members(self) -> Iterator[tuple[bytes, bytes]]:
         """Each cluster with members (its seq, 8 bytes) and its earliest member's seq."""
-        last_cluster = None
-        for key, _ in self.kv.scan(MEMBER):
-            cluster = key[1 : 1 + SEQ.size]
-            if cluster != last_cluster:
-                last_cluster = cluster
-                yield cluster, key[-SEQ.size :]
+        members = (key for key, _ in self.kv.scan(MEMBER))
+        for cluster, keys in itertools.groupby(members, key=lambda key: key[1 : 1 + SEQ.size]):
+            yield cluster, next(keys)[-SEQ.size :]
 
     def hand_on(self, batch: Batch, cluster: bytes, entry: bytes) -> None:
         """A cluster whose first article is gone, handed on to the member of `entry`."""
@@ -405,38 +393,28 @@ class Buckets:
     def join(self, batch: Batch, seq: int, keys: Sequence[bytes], *, if_absent: bool = False) -> None:
         """The article joins its buckets; each keeps its latest `cap` members. `if_absent`: not
         where it is a member already (an earlier holder of a content taking over again)."""
-        entry = seq_key(seq)
-        limit = self.cap * SEQ.size
-        stored_buckets = self._read(keys, batch)
-        batch.buckets_written = True
-        for key, stored in zip(keys, stored_buckets, strict=True):
-            if if_absent and seq in _members(stored):
-                continue
-            if stored is None:
-                self.counts.buckets += 1
-                self.counts.resized(0, 1)
-                batch.put(BAND + key, entry)
-            else:
-                joined = (stored + entry)[-limit:]
-                self.counts.resized(len(stored) // SEQ.size, len(joined) // SEQ.size)
-                batch.put(BAND + key, joined)
+        entry, limit = seq_key(seq), self.cap * SEQ.size
+        for key, stored in zip(keys, self._read(keys, batch), strict=True):
+            if not (if_absent and seq in _members(stored)):
+                self._rewrite(batch, key, stored, ((stored or b"") + entry)[-limit:])
 
     def leave(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
-        stored_buckets = self._read(keys, batch)
-        batch.buckets_written = True
-        for key, stored in zip(keys, stored_buckets, strict=True):
-            if not stored:
-                continue
+        for key, stored in zip(keys, self._read(keys, batch), strict=True):
             members = _members(stored)
-            if seq not in members:
-                continue
-            kept = b"".join(seq_key(other) for other in members if other != seq)
-            self.counts.resized(len(members), len(members) - 1)
-            if kept:
-                batch.put(BAND + key, kept)
-            else:
-                self.counts.buckets -= 1
-                batch.delete(BAND + key)
+            if seq in members:
+                kept = b"".join(seq_key(other) for other in members if other != seq)
+                self._rewrite(batch, key, stored, kept)
+
+    def _rewrite(self, batch: Batch, key: bytes, stored: bytes | None, members: bytes) -> None:
+        """Bucket `key` goes from `stored` to `members` (empty: gone), counted."""
+        before, after = len(stored or b"") // SEQ.size, len(members) // SEQ.size
+        self.counts.buckets += bool(after) - bool(before)
+        self.counts.resized(before, after)
+        batch.buckets_written = True
+        if members:
+            batch.put(BAND + key, members)
+        else:
+            batch.delete(BAND + key)
 
     def written(self, batch: Batch) -> None:
         if batch.buckets_written:
