@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import faust
-from faust.types import TP
 
 from ..config import Settings
 from ..pipeline.decider import Decider
@@ -217,48 +216,43 @@ def _runtime(
         before_rebuild=indexed.drain,
         on_opened=lambda count, seconds: index_opened(metrics, decider, count, seconds),
     )
-    outputs = Outputs(app, metrics, settings.dead_letter_topic)
+    outputs = Outputs(metrics, settings.dead_letter_topic, lambda: framework.aiokafka_producer(app))
     commit_point, shard, inputs = _transactions(settings, metrics, failure, decider)
     # under exactly-once the index stage sends through the shard's transactional producer
-    index_outputs = outputs if shard is None else replace(outputs, given_producer=producer_of(shard))
+    index_outputs = outputs if shard is None else replace(outputs, producer=producer_of(shard))
     index = IndexAgent(settings, decider, index_outputs, progress, failure, indexed, shard, commit_point)
-    hand_off = HandOff()
-    sign = SignAgent(settings, signer, outputs, signatures, progress, failure, signed, hand_off, inputs)
+    sign = SignAgent(settings, signer, outputs, signatures, progress, failure, signed, HandOff(), inputs)
     return Runtime(
-        settings, metrics, signer, decider, failure, progress, signed, indexed, hand_off, sign, index
+        settings, metrics, signer, decider, failure, progress, signed, indexed, sign.hand_off, sign, index
     )
 
 
 def _transactions(
     settings: Settings, metrics: Metrics, failure: Failure, decider: Decider
 ) -> tuple[CommitPoint | None, ShardTransactions | None, InputTransactions | None]:
-    """Exactly once: the index's commit point and the stages' writers (none at least once)."""
+    """Exactly once: the index's commit point and the stages' writers (none at least once). A writer
+    fenced (another worker owns what it writes for) stops the worker; so does one that aborted or
+    failed after a commit: nothing after it may commit, and the restart resumes the stage from what
+    was committed."""
     if not settings.exactly_once:
         return None, None, None
+
+    def fenced(owned: str) -> Callable[[Fenced], None]:
+        return lambda exc: failure.fail(f"producer_fenced: {exc}; another worker owns {owned}, stopping")
+
+    def ended(stage: str) -> Callable[[str], None]:
+        resumes = "stopping the worker, which resumes from the last commit"
+        return lambda reason: failure.fail(f"{reason} stage={stage}; {resumes}")
+
     commit_point = CommitPoint(decider)
     shard = ShardTransactions(
         settings,
-        fenced=_stop_when_fenced(failure, "the index shard"),
+        fenced=fenced("the index shard"),
         counted=lambda outcome: metrics.transactions.labels(outcome).inc(),
-        failed=_stop_when_ended(failure, "index"),
+        failed=ended("index"),
         after_commit=commit_point.committed,
     )
-    fenced, failed = _stop_when_fenced(failure, "the input partition"), _stop_when_ended(failure, "sign")
-    return commit_point, shard, InputTransactions(settings, fenced, failed)
-
-
-def _stop_when_ended(failure: Failure, stage: str) -> Callable[[str], None]:
-    """A writer of `stage` aborted or failed after a commit: nothing after it may commit, and the
-    restart resumes the stage from what was committed."""
-
-    def ended(reason: str) -> None:
-        failure.fail(f"{reason} stage={stage}; stopping the worker, which resumes from the last commit")
-
-    return ended
-
-
-def _stop_when_fenced(failure: Failure, what: str) -> Callable[[Fenced], None]:
-    return lambda exc: failure.fail(f"producer_fenced: {exc}; another worker owns {what}, stopping")
+    return commit_point, shard, InputTransactions(settings, fenced("the input partition"), ended("sign"))
 
 
 def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: faust.TopicT) -> None:
@@ -322,6 +316,5 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     async def purge_signatures() -> None:
         """The signatures messages whose verdicts the broker holds, deleted: the topic keeps no
         time or size retention (it must not lose pending messages), so this is what bounds it."""
-        shard = TP(runtime.settings.signatures_topic, 0)
-        if shard in app.consumer.assignment():
-            await purge.purge(framework.committed_offset(app, shard))
+        if index.shard in app.consumer.assignment():
+            await purge.purge(framework.committed_offset(app, index.shard))

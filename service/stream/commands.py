@@ -176,10 +176,8 @@ async def produce_file(settings: Settings, path: Path, rate: float = 0.0) -> int
                     continue
                 await producer.send(settings.input_topic, body, key=id_key(body))
                 sent += 1
-                if rate > 0:
-                    delay = started + sent / rate - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                if rate > 0:  # a sleep until a time past returns at once
+                    await asyncio.sleep(started + sent / rate - time.perf_counter())
         await producer.flush()
     finally:
         await producer.stop()

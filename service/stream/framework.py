@@ -40,12 +40,15 @@ _kafka_hash = extension(f"{__package__}._kafka_hash", "NEARDUP_KAFKA_HASH_PATH")
 
 # How often an empty take loop looks whether its stream is stopping (it wakes at once for an event).
 IDLE_CHECK_S = 0.1
+# How long a batch waits for more events after its first, unless told: the consumer hands over a
+# fetch's messages together, in far less.
+TAKE_WITHIN_S = 0.001
 
 
 class LeanStream(faust.Stream):
     """The worker's Faust streams: faust.Stream with a take loop of its own (`take_events`)."""
 
-    def take_events(self, max_: int, within: Any) -> AsyncGenerator[list[faust.EventT], None]:
+    def take_events(self, max_: int, within: Any = TAKE_WITHIN_S) -> AsyncGenerator[list[faust.EventT], None]:
         """Batches of at most `max_` events, each yielded once the buffer is full or `within`
         seconds after its first event. The caller acknowledges a batch (`acknowledge`) once what it
         caused is delivered (pipeline/delivery.py); never one whose handling raised or was cancelled: Faust

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
@@ -31,7 +33,6 @@ log = logging.getLogger("neardup.stream")
 # publishing overlap. A chunk of several messages costs one request, one layer of writes held until
 # they are committed and one join of the open transaction, where a chunk per message cost one each.
 DECIDE_CHUNK_BYTES = 1024 * 1024
-TAKE_WITHIN_S = 0.001  # as the sign agent's (sign_agent.py)
 CLOSE_WAIT_S = 30.0  # for a decision in progress at shutdown
 
 
@@ -46,52 +47,42 @@ def index_opened(metrics: Any, decider: Decider, count: int | None, seconds: flo
         log.info("index_rebuilt articles=%d seconds=%.2f", count, seconds)
 
 
+@dataclass(eq=False, repr=False)  # compared and shown as itself, not by what it holds
 class IndexAgent:
     """The `index` agent and the hand-off: signatures messages, in the shard's order → the decider →
     verdicts (and the filtered feed, and dead letters) published, the index's writes sent to its
     changelog, settled once the broker has all of them (`deliveries`)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        decider: Decider,
-        outputs: Outputs,
-        progress: Progress,
-        failure: Failure,
-        deliveries: Deliveries,
-        transactions: ShardTransactions | None = None,
-        commit_point: CommitPoint | None = None,
-    ) -> None:
-        self.settings = settings
-        self.decider = decider
-        self.collector = CollectorPolicy(settings.gc_freeze_every)
-        self.publisher = IndexPublisher(settings, outputs)
-        self.progress = progress
-        self.failure = failure
-        self.deliveries = deliveries
-        self.metrics = progress.metrics
-        self.shard = TP(settings.signatures_topic, 0)  # the index shard: one partition
-        self.lifecycle = ShardLifecycle(self.shard, progress.delivered)
+    settings: Settings
+    decider: Decider
+    outputs: Outputs
+    progress: Progress
+    failure: Failure
+    deliveries: Deliveries
+    # exactly-once: each chunk's sends and the signatures offsets it consumed in one transaction,
+    # and the index's commit point past each transaction's commit marker (the writer's after_commit)
+    transactions: ShardTransactions | None = None
+    commit_point: CommitPoint | None = None
+
+    def __post_init__(self) -> None:
+        self.collector = CollectorPolicy(self.settings.gc_freeze_every)
+        self.publisher = IndexPublisher(self.settings, self.outputs)
+        self.metrics = self.progress.metrics
+        self.shard = TP(self.settings.signatures_topic, 0)  # the index shard: one partition
+        self.lifecycle = ShardLifecycle(self.shard, self.progress.delivered)
         # One decision at a time, whether from the index agent or from a hand-off (`HandOff`)
         self.lock = asyncio.Lock()
-        # exactly-once: each chunk's sends and the signatures offsets it consumed in one transaction,
-        # and the index's commit point past each transaction's commit marker (the writer's after_commit)
-        self.guarantee = AtLeastOnce(deliveries)
-        if transactions is not None:
-            self.guarantee = ExactlyOnce(transactions, deliveries, self.shard)
-        acknowledged = decider.acknowledged if commit_point is None else commit_point.applied
-        self.changelog = ChangelogSends(outputs, changelog_topic(settings), acknowledged)
+        self.guarantee = AtLeastOnce(self.deliveries)
+        if self.transactions is not None:
+            self.guarantee = ExactlyOnce(self.transactions, self.deliveries, self.shard)
+        acknowledged = self.decider.acknowledged if self.commit_point is None else self.commit_point.applied
+        self.changelog = ChangelogSends(self.outputs, changelog_topic(self.settings), acknowledged)
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
-        async for fetched in stream.take_events(100, within=TAKE_WITHIN_S):
+        async for fetched in stream.take_events(100):
             gaps = await self.handle(fetched)
-
-            async def acknowledge(fetched: list[Any] = fetched, gaps: list[OffsetGap] = gaps) -> None:
-                # after the settling of every chunk of the batch (and of the hand-offs before it)
-                await self.progress.allow_commits_past(gaps)
-                await stream.acknowledge(fetched)
-                self.progress.record_lag(fetched)
-
+            # acknowledged after the settling of every chunk of the batch (and of the hand-offs before it)
+            acknowledge = functools.partial(self.progress.acknowledge, stream, fetched, gaps)
             await self.deliveries.settle((), acknowledge)
 
     async def handle(self, fetched: list[faust.EventT]) -> list[OffsetGap]:
@@ -99,7 +90,13 @@ class IndexAgent:
         acknowledgement lets the commits go past."""
         self.progress.took(self.settings.signatures_topic)
         async with self.lock:
-            decider = await self._open_decider()
+            # at every assignment of the shard, the index restored (the changelog after its
+            # committed offset applied) or rebuilt from the changelog
+            if self.lifecycle.needs_open:
+                await self.deliveries.drain()  # the changelog holds everything decided so far
+                await self.guarantee.restart()
+                await self.decider.open()
+                self.lifecycle.opened(self.decider.applied_offset)
             # decided already, as soon as this worker's send of them was acknowledged
             batch = [e for e in fetched if not self.lifecycle.handed_off_already(e.message.offset)]
             # a signatures message read back without a value carries no records
@@ -107,20 +104,20 @@ class IndexAgent:
                 batch, self.guarantee.gap_level, lambda e: cast(bytes, e.value), lambda _, m: m.value
             )
             if messages:
-                await self.decide(decider, [(offset, value) for _, offset, value in messages])
+                await self.decide([(offset, value) for _, offset, value in messages])
         return gaps
 
-    async def decide(self, decider: Decider, messages: list[tuple[int, bytes]]) -> None:
+    async def decide(self, messages: list[tuple[int, bytes]]) -> None:
         """Decide signatures messages (in the shard's order, following the last one decided) and
         send what each chunk causes, its writes to the changelog first, settled as the guarantee
         says (transactions.py: AtLeastOnce, ExactlyOnce)."""
         chunks = runs_within(messages, lambda message: len(message[1]), DECIDE_CHUNK_BYTES)
         # Pipelined: the decider works on the next chunk while the loop publishes this one.
         try:
-            async with contextlib.aclosing(decider.decide_chunks(chunks)) as answers:
+            async with contextlib.aclosing(self.decider.decide_chunks(chunks)) as answers:
                 decided = iter(chunks)  # one answer per chunk, in their order
                 async for outcome, writes in answers:
-                    chunk = decider.answered
+                    chunk = self.decider.answered
                     async with self.guarantee.chunk(in_chunk := next(decided)) as settle:
                         changelog = await self.changelog.send(writes)
                         sends, counted = await self.publisher.publish(outcome, in_chunk)
@@ -138,11 +135,10 @@ class IndexAgent:
     async def decide_handed_off(self, messages: list[tuple[int, bytes]]) -> None:
         """Signatures messages this worker sent, decided on their acknowledgement (`HandOff`)."""
         async with self.lock:
-            run = self.lifecycle.to_hand_off(messages)
-            if not run:
+            if not (run := self.lifecycle.to_hand_off(messages)):
                 return  # not this worker's to decide now: the consumer brings them
             try:
-                await self.decide(self.decider, run)
+                await self.decide(run)
             except Fenced:
                 return  # the worker is stopping (decide reported it)
             except Exception:
@@ -182,13 +178,3 @@ class IndexAgent:
         await self.decider.close(clean=clean)
         await self.progress.log_reader.close()
         await self.guarantee.stop(commit=clean)
-
-    async def _open_decider(self) -> Decider:
-        """The index stage: at every assignment of the shard, restored (the changelog after its
-        committed offset applied) or rebuilt from the changelog."""
-        if self.lifecycle.needs_open:
-            await self.deliveries.drain()  # the changelog holds everything decided so far
-            await self.guarantee.restart()
-            await self.decider.open()
-            self.lifecycle.opened(self.decider.applied_offset)
-        return self.decider

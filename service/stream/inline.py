@@ -33,21 +33,18 @@ def _rest_of(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Generator[Any, 
     """What `yield from coro` would do, for a coroutine that has already yielded `waiting_on`:
     pass what it waits on to the task that runs this, and what the task sends or throws back in."""
     while True:
+        thrown: BaseException | None = None
         try:
             received = yield waiting_on
         except GeneratorExit:
             coro.close()
             raise
-        except BaseException as thrown:  # a cancellation, most often
-            try:
-                waiting_on = coro.throw(thrown)
-            except StopIteration as finished:
-                return finished.value
-        else:
-            try:
-                waiting_on = coro.send(received)
-            except StopIteration as finished:
-                return finished.value
+        except BaseException as exc:  # a cancellation, most often
+            thrown = exc
+        try:
+            waiting_on = coro.send(received) if thrown is None else coro.throw(thrown)
+        except StopIteration as finished:
+            return finished.value
 
 
 async def wait_for_event(event: Any, timeout: float) -> bool:

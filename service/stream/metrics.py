@@ -28,33 +28,10 @@ class Metrics:
 
     def __init__(self, stall_timeout: float = 60.0) -> None:
         self.registry = CollectorRegistry()
-        self._declare_flow(self.registry)
-        self._declare_worker(self.registry)
-        # each labelled series is exported from the start, at zero until its first event
-        for family, values in (
-            (self.dead_letters, DEAD_LETTER_REASONS),
-            (self.verdicts, VERDICT_KINDS),
-            (self.deletes, ("deleted", "unknown_delete")),
-            (self.index_opens, ("restored", "rebuilt")),
-            (self.transactions, ("committed", "aborted")),
-        ):
-            for value in values:
-                family.labels(value)
-        self.started = time.time()
-        self.ready = threading.Event()
-        # Written by the event loop, read by the HTTP thread (single attribute stores)
-        self.failure: str | None = None  # the failure the worker stops for
-        self.stalled: str | None = None  # what the last watch found stuck
-        self.unready: str | None = None  # why the last watch found the worker not ready
-        self.loop_beat: float | None = None  # monotonic time of the event loop's last watch
-        self.broker_seen = time.monotonic()  # when a broker last answered the worker's check
-        self.stall_timeout = stall_timeout  # the worker's NEARDUP_STALL_TIMEOUT, for /health
-
-    def _declare_flow(self, r: CollectorRegistry) -> None:
-        """Articles in, verdicts and dead letters out, how long it took, and what the index holds."""
-        counter = functools.partial(Counter, registry=r)
-        gauge = functools.partial(Gauge, registry=r)
-        histogram = functools.partial(Histogram, registry=r)
+        counter = functools.partial(Counter, registry=self.registry)
+        gauge = functools.partial(Gauge, registry=self.registry)
+        histogram = functools.partial(Histogram, registry=self.registry)
+        # articles in, verdicts and dead letters out, how long it took, and what the index holds
         self.articles_in = counter("neardup_articles_in", "Articles consumed by the sign stage")
         self.verdicts = counter("neardup_verdicts", "Verdicts published", ["kind"])
         self.dead_letters = counter("neardup_dead_letters", "Messages dead-lettered", ["reason"])
@@ -94,6 +71,26 @@ class Metrics:
         self.deletes = counter(
             "neardup_deletes", "Deletions (input tombstones) by outcome: deleted, or unknown id", ["status"]
         )
+        self._declare_worker(self.registry)
+        # each labelled series is exported from the start, at zero until its first event
+        for family, values in (
+            (self.dead_letters, DEAD_LETTER_REASONS),
+            (self.verdicts, VERDICT_KINDS),
+            (self.deletes, ("deleted", "unknown_delete")),
+            (self.index_opens, ("restored", "rebuilt")),
+            (self.transactions, ("committed", "aborted")),
+        ):
+            for value in values:
+                family.labels(value)
+        self.started = time.time()
+        self.ready = threading.Event()
+        # Written by the event loop, read by the HTTP thread (single attribute stores)
+        self.failure: str | None = None  # the failure the worker stops for
+        self.stalled: str | None = None  # what the last watch found stuck
+        self.unready: str | None = None  # why the last watch found the worker not ready
+        self.loop_beat: float | None = None  # monotonic time of the event loop's last watch
+        self.broker_seen = time.monotonic()  # when a broker last answered the worker's check
+        self.stall_timeout = stall_timeout  # the worker's NEARDUP_STALL_TIMEOUT, for /health
 
     def _declare_worker(self, r: CollectorRegistry) -> None:
         """How the worker reads its input and keeps up: refused times, offset gaps, hand-offs,

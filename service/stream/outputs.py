@@ -10,14 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import faust
 import orjson
+from aiokafka import AIOKafkaProducer
 
 from ..config import Settings
 from ..messages import dead_letter_dict
 from ..pipeline.publication import Undecided, batch_publication
 from ..pipeline.shard import BatchOutcome, Decided, SignedMessage
-from . import framework
 from .batches import KeyedValue, SentBatch, send_in_batches
 from .metrics import Metrics
 
@@ -33,20 +32,11 @@ SIZE_GAUGES = ["indexed", "clusters", "buckets", "largest_bucket", "anchor_posti
 class Outputs:
     """What the agents send through, and how they send it (batches.py)."""
 
-    app: faust.App
     metrics: Metrics
     dead_letter_topic: str
-    # what to send through: the index stage's transactional producer under exactly-once
-    # (transactions.py); None: aiokafka's producer under Faust's
-    given_producer: Callable[[], Any] | None = None
-
-    def through(self, producer: Any) -> Outputs:
-        """The same outputs sent through `producer` (a transaction's)."""
-        return Outputs(self.app, self.metrics, self.dead_letter_topic, lambda: producer)
-
-    def producer(self) -> Any:
-        given = self.given_producer
-        return framework.aiokafka_producer(self.app) if given is None else given()
+    # what to send through, asked at each send: aiokafka's producer under Faust's
+    # (framework.aiokafka_producer), or under exactly-once a transaction's (transactions.py)
+    producer: Callable[[], AIOKafkaProducer]
 
     async def send_batches(
         self, topic: str, messages: Sequence[KeyedValue], **options: Any
@@ -59,8 +49,6 @@ class Outputs:
         return [batch.sent for batch in await self.send_batches(topic, messages, **options)]
 
     async def dead_letters(self, letters: list[Letter]) -> list[Any]:
-        if not letters:
-            return []
         return await self.send(self.dead_letter_topic, [(key, record) for _, record, key in letters])
 
     def count_dead_letters(self, letters: list[Letter]) -> None:
@@ -120,8 +108,7 @@ class IndexPublisher:
         # Keyed by article id, so that every verdict of an article lands in the same partition.
         sends = await self.outputs.send(self.settings.verdicts_topic, out.verdicts)
         sends += await self.outputs.dead_letters(letters)
-        if out.feed:
-            sends += await self.outputs.send(self.settings.unique_topic, out.feed, headers=out.feed_headers)
+        sends += await self.outputs.send(self.settings.unique_topic, out.feed, headers=out.feed_headers)
 
         def counted() -> None:
             # counted per chunk, not per verdict: a labelled counter's increment costs the event loop
@@ -129,11 +116,9 @@ class IndexPublisher:
                 getattr(metrics, counter).labels(label).inc(count)
             for latency in out.latencies_s:
                 metrics.latency.observe(latency)
-            if out.expired:
-                metrics.expired.inc(out.expired)
+            metrics.expired.inc(out.expired)
             self.outputs.count_dead_letters(letters)
-            if out.feed:
-                metrics.fed.inc(len(out.feed))
+            metrics.fed.inc(len(out.feed))
             for gauge in SIZE_GAUGES:
                 getattr(metrics, gauge).set(getattr(outcome, gauge))
             if outcome.bytes_on_disk is not None:

@@ -91,16 +91,14 @@ class Progress:
             fills += [(tp, m.offset, item) for m in found if (item := read_back(tp, m)) is not None]
         return gaps, in_log_order(entries, gaps, fills) if gaps else entries
 
-    async def allow_commits_past(self, gaps: list[OffsetGap]) -> None:
-        """Faust never delivered the offsets of `gaps`, so never acknowledges them: let its commits
-        go past them, now that what they held is handled."""
+    async def acknowledge(self, stream: Any, batch: list[faust.EventT], gaps: list[OffsetGap]) -> None:
+        """`batch` handled and everything it caused delivered: its offsets may be committed, and
+        those of the `gaps` it filled (Faust never delivered them, so never acknowledges them);
+        consumer lag recorded per partition, from the batch's last event in each."""
         for gap in gaps:
             await framework.allow_commits_past(self.app, gap.partition, gap.expected, gap.got - 1)
-
-    def record_lag(self, batch: list[faust.EventT]) -> None:
-        """Consumer lag per partition, from the last event of each partition in the batch."""
-        last = {event.message.tp: event.message.offset for event in batch}
-        for tp, offset in last.items():
+        await stream.acknowledge(batch)
+        for tp, offset in {event.message.tp: event.message.offset for event in batch}.items():
             highwater = self.app.consumer.highwater(tp)
             if highwater is not None:
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))

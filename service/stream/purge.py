@@ -34,8 +34,11 @@ class SignaturesPurge:
             return
         tp = TopicPartition(self.settings.signatures_topic, 0)
         try:
-            admin = await self._started()
-            low = await admin.delete_records({tp: RecordsToDelete(committed)})
+            if self._admin is None:
+                admin = admin_client(self.settings)
+                await admin.start()
+                self._admin = admin
+            low = await self._admin.delete_records({tp: RecordsToDelete(committed)})
         except Exception as exc:
             log.warning("signatures_purge_failed topic=%s before=%d error=%r", tp.topic, committed, exc)
             await self.close()  # a new client next time: this one's connections may be stale
@@ -43,13 +46,6 @@ class SignaturesPurge:
         self.purged = low.get(tp, committed)
         self.metrics.signatures_purged.set(self.purged)
         log.info("signatures_purged topic=%s log_start=%d", tp.topic, self.purged)
-
-    async def _started(self) -> AIOKafkaAdminClient:
-        if self._admin is None:
-            admin = admin_client(self.settings)
-            await admin.start()
-            self._admin = admin
-        return self._admin
 
     async def close(self) -> None:
         if self._admin is not None:

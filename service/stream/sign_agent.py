@@ -7,7 +7,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import faust
@@ -25,9 +25,6 @@ from .topics import StoredMessage
 from .transactions import InputTransactions
 
 log = logging.getLogger("neardup.stream")
-# How long a batch waits for more events after its first (LeanStream.take_events): the consumer
-# hands over a fetch's messages together, in far less.
-TAKE_WITHIN_S = 0.001
 BatchSends = tuple[list[Any], Callable[[], Awaitable[None]]]  # a batch's sends, and its acknowledgement
 
 
@@ -48,7 +45,7 @@ class SignAgent:
     transactions: InputTransactions | None = None
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
-        async for batch in stream.take_events(self.settings.sign_batch, within=TAKE_WITHIN_S):
+        async for batch in stream.take_events(self.settings.sign_batch):
             sends, acknowledge = await self.handle(stream, batch)
             await self.deliveries.settle(sends, acknowledge)
 
@@ -73,7 +70,6 @@ class SignAgent:
             raise
         signed: dict[Any, list[bytes]] = collections.defaultdict(list)  # by input partition
         letters: dict[Any, list[Letter]] = collections.defaultdict(list)
-        refused_times = 0
         for (tp, _, ((raw, key, src), headers)), result in zip(entries, results, strict=True):
             if result.signed is None:
                 assert result.dead_letter is not None and result.reason is not None
@@ -84,7 +80,7 @@ class SignAgent:
                 signed[tp].append(with_original(result.signed, raw or b"", headers))
             else:
                 signed[tp].append(result.signed)
-            refused_times += result.refused_time
+        refused_times = sum(result.refused_time for result in results)
         every_letter = [letter for tp_letters in letters.values() for letter in tp_letters]
         if self.transactions is not None:
             ends: dict[Any, int] = {}
@@ -102,13 +98,10 @@ class SignAgent:
             sends = await self._send(signed, every_letter)
 
         async def delivered() -> None:
-            await progress.allow_commits_past(gaps)
-            await stream.acknowledge(batch)
+            await progress.acknowledge(stream, batch, gaps)
             self.outputs.count_dead_letters(every_letter)
             progress.metrics.articles_in.inc(len(items))
-            if refused_times:
-                progress.metrics.refused_times.inc(refused_times)
-            progress.record_lag(batch)
+            progress.metrics.refused_times.inc(refused_times)
 
         return sends, delivered
 
@@ -133,7 +126,7 @@ class SignAgent:
         assert self.transactions is not None
         writer = self.transactions.writer(tp.topic, tp.partition)
         async with writer.joined({TopicPartition(tp.topic, tp.partition): end}) as transaction:
-            outputs = self.outputs.through(transaction.producer)
+            outputs = replace(self.outputs, producer=lambda: transaction.producer)
             transaction.sends += await outputs.dead_letters(letters)
             packs = [(SHARD_KEY, pack) for pack in pack_in_chunks(signed)]
             transaction.sends += await outputs.send(self.settings.signatures_topic, packs, partition=0)
@@ -150,11 +143,8 @@ def _entry(event: faust.EventT) -> tuple[SignItem, Any]:
     """An input event as the sign stage takes it, and its headers."""
     msg = event.message
     stamp = int(msg.timestamp * 1000) if msg.timestamp else None
-    return (
-        event.value,
-        event.key,
-        Provenance(msg.topic, msg.partition, msg.offset, stamp),
-    ), msg.headers or ()
+    src = Provenance(msg.topic, msg.partition, msg.offset, stamp)
+    return (event.value, event.key, src), msg.headers or ()
 
 
 def _read_back(tp: Any, found: StoredMessage) -> tuple[SignItem, Any]:

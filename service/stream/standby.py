@@ -22,7 +22,6 @@ class Standby:
     def __init__(self, settings: Settings, index: IndexAgent) -> None:
         self.settings = settings
         self.index = index
-        self.metrics = index.metrics
 
     @property
     def enabled(self) -> bool:
@@ -37,7 +36,7 @@ class Standby:
         """One catch-up, unless this worker owns the shard, or its own last decisions are not all
         acknowledged yet (a former owner: the changelog lacks them, the next step has them).
         Returns whether it caught up."""
-        index, metrics = self.index, self.metrics
+        index, metrics = self.index, self.index.metrics
         if index.lifecycle.owner:
             metrics.standby.set(0)
             return False

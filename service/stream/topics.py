@@ -359,7 +359,20 @@ class LogReader:
         transaction marker; removed by retention or compaction) are simply absent. Raises
         TimeoutError when the broker does not answer in READ_BACK_TIMEOUT_S."""
         async with self._lock, asyncio.timeout(READ_BACK_TIMEOUT_S):
-            consumer = await self._started()
+            if (consumer := self._consumer) is None:
+                consumer = groupless_consumer(
+                    self.settings,
+                    # a gap that holds only a transaction marker has no record to return: the broker
+                    # would answer only once its fetch wait (500 ms by default) has passed
+                    fetch_max_wait_ms=0,
+                    # A fetch returns the first record batch at its offset whatever its size (a marker
+                    # is one, an oversized message another): a small limit keeps the broker from
+                    # adding the messages after the gap, which the worker's consumer delivered already.
+                    max_partition_fetch_bytes=READ_BACK_FETCH_BYTES,
+                    fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
+                )
+                await consumer.start()
+                self._consumer = consumer
             tp = TopicPartition(topic, partition)
             consumer.assign([tp])
             consumer.seek(tp, start)  # before the log's start: reset to it (auto_offset_reset)
@@ -370,23 +383,6 @@ class LogReader:
                 async for record in _records_before(consumer, tp, stop)
                 if record.offset >= start
             ]
-
-    async def _started(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
-            consumer = groupless_consumer(
-                self.settings,
-                # a gap that holds only a transaction marker has no record to return: the broker
-                # would answer only once its fetch wait (500 ms by default) has passed
-                fetch_max_wait_ms=0,
-                # A fetch returns the first record batch at its offset whatever its size (a marker
-                # is one, an oversized message another): a small limit keeps the broker from
-                # adding the messages after the gap, which the worker's consumer delivered already.
-                max_partition_fetch_bytes=READ_BACK_FETCH_BYTES,
-                fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
-            )
-            await consumer.start()
-            self._consumer = consumer
-        return self._consumer
 
     async def close(self) -> None:
         if self._consumer is not None:
