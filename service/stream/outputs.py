@@ -41,7 +41,10 @@ class Outputs:
     async def send_batches(
         self, topic: str, messages: Sequence[KeyedValue], **options: Any
     ) -> list[SentBatch]:
-        """The batches sent, each with a future resolving once the broker acknowledges it."""
+        """The batches sent, each with a future resolving once the broker acknowledges it. Nothing
+        to send asks for no producer (under exactly-once, a transaction's)."""
+        if not messages:
+            return []
         return await send_in_batches(self.producer(), topic, messages, **options)
 
     async def send(self, topic: str, messages: Sequence[KeyedValue], **options: Any) -> list[Any]:
