@@ -80,6 +80,7 @@ class IndexAgent:
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for fetched in stream.take_events(100):
+            await self.progress.hold_if_failed()
             gaps = await self.handle(fetched)
             # acknowledged after the settling of every chunk of the batch (and of the hand-offs before it)
             acknowledge = functools.partial(self.progress.acknowledge, stream, fetched, gaps)

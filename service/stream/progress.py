@@ -4,6 +4,7 @@ read from the consumer (what counts as waiting and how the worker stops: pipelin
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Set
@@ -91,10 +92,22 @@ class Progress:
             fills += [(tp, m.offset, item) for m in found if (item := read_back(tp, m)) is not None]
         return gaps, in_log_order(entries, gaps, fills) if gaps else entries
 
+    async def hold_if_failed(self) -> None:
+        """After a failure no agent takes another batch: this waits until the worker's stop cancels
+        it. Faust replaces an agent that raised with one that goes on past the failed batch, and
+        Faust's commits would follow it there: its check for an unacknowledged offset below the
+        acknowledged ones is skipped while the group has committed nothing."""
+        if self.failure.failed:
+            await asyncio.Event().wait()
+
     async def acknowledge(self, stream: Any, batch: list[faust.EventT], gaps: list[OffsetGap]) -> None:
         """`batch` handled and everything it caused delivered: its offsets may be committed, and
         those of the `gaps` it filled (Faust never delivered them, so never acknowledges them);
-        consumer lag recorded per partition, from the batch's last event in each."""
+        consumer lag recorded per partition, from the batch's last event in each. Nothing is
+        acknowledged after a failure: the restart resumes from the batch that failed, and a batch
+        after it committed would be skipped."""
+        if self.failure.failed:
+            return
         for gap in gaps:
             await framework.allow_commits_past(self.app, gap.partition, gap.expected, gap.got - 1)
         await stream.acknowledge(batch)

@@ -46,6 +46,7 @@ class SignAgent:
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(self.settings.sign_batch):
+            await self.progress.hold_if_failed()
             sends, acknowledge = await self.handle(stream, batch)
             await self.deliveries.settle(sends, acknowledge)
 
@@ -65,8 +66,8 @@ class SignAgent:
         except SignerFailed as exc:
             self.failure.fail(f"signing_unavailable: {exc}; stopping the worker")
             # Neither this batch (never acknowledged) nor any after it: a replaced agent
-            # would sign the next batches ahead of this one. The worker's stop cancels this.
-            await asyncio.Event().wait()
+            # would sign the next batches ahead of this one.
+            await progress.hold_if_failed()
             raise
         signed: dict[Any, list[bytes]] = collections.defaultdict(list)  # by input partition
         letters: dict[Any, list[Letter]] = collections.defaultdict(list)

@@ -176,3 +176,40 @@ def test_a_commit_marker_or_aborted_records_past_the_last_record_are_not_waiting
     assert waiting(FetchState(position=21, end=21, handed=19), delivered=9) == 10
     # nothing known yet (a consumer resetting its position, or no fetch answered): not waiting
     assert waiting(FetchState(position=None, end=None, handed=None), delivered=None) == 0
+
+
+async def test_after_a_failure_no_batch_is_taken_and_none_acknowledged() -> None:
+    """Faust replaces an agent that raised with one that goes on past the failed batch; were its
+    batches acknowledged, Faust's commits would skip the failed one (its check is off while the
+    group has committed nothing), and the restart would never bring it back."""
+    from types import SimpleNamespace
+
+    from faust.types import TP
+
+    from neardup.pipeline.health import Failure
+    from neardup.stream.progress import Progress
+
+    acknowledged: list[list[Any]] = []
+    stream = SimpleNamespace(acknowledge=lambda batch: _recorded(acknowledged, batch))
+    app: Any = SimpleNamespace(consumer=SimpleNamespace(highwater=lambda tp: None))
+    stops: list[int] = []
+    failure = Failure(Metrics(), 5.0, stop_worker=lambda: stops.append(1))
+    progress = Progress(app, Metrics(), cast(Any, None), failure)
+    tp = TP("articles", 0)
+    batch = [cast(Any, SimpleNamespace(message=SimpleNamespace(tp=tp, offset=n))) for n in (7, 8)]
+    await progress.hold_if_failed()  # no failure: goes on at once
+    await progress.acknowledge(stream, batch, [])
+    assert acknowledged == [batch]
+    failure.fail("agent_failed agent=sign error=InjectedFault(); stopping the worker")
+    assert stops == [1]
+    later = [cast(Any, SimpleNamespace(message=SimpleNamespace(tp=tp, offset=9)))]
+    await progress.acknowledge(stream, later, [])
+    assert acknowledged == [batch]  # the later batch is not acknowledged
+    held = asyncio.ensure_future(progress.hold_if_failed())
+    await asyncio.sleep(0.05)
+    assert not held.done()  # an agent waits there until the worker's stop cancels it
+    held.cancel()
+
+
+async def _recorded(into: list[list[Any]], batch: list[Any]) -> None:
+    into.append(batch)
