@@ -79,13 +79,10 @@ class Anchors:
         return np.cumsum(steps, dtype=np.uint32)
 
     @functools.cached_property
-    def _distinct(self) -> AnchorHashes:
-        return np.unique(self.hashes)
-
     def distinct(self) -> AnchorHashes:
         """The distinct hashes: the posting lists the text joins (a repeated passage joins once).
         Computed once: deciding and indexing an article ask for them several times."""
-        return self._distinct
+        return np.unique(self.hashes)
 
     @functools.cached_property
     def distinct_count(self) -> int:
@@ -133,7 +130,7 @@ def containment(mine: Anchors, other: Anchors) -> tuple[int, float, float]:
     (mine in other, other in mine): the containment estimates. An excerpt of at least
     ANCHOR_WINDOW + ANCHOR_K - 1 characters has only anchors of its source (every window of it is
     one of the source's), so its share is 1."""
-    a, b = mine.distinct(), other.distinct()
+    a, b = mine.distinct, other.distinct
     if not a.size or not b.size:
         return 0, 0.0, 0.0
     shared = int(np.intersect1d(a, b, assume_unique=True).size)

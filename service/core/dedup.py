@@ -100,10 +100,6 @@ class IndexedArticle:
         return self.sketch.verifier
 
     @property
-    def canonical_id(self) -> str:
-        return self.decision.canonical_id
-
-    @property
     def anchors(self) -> Anchors:
         return self.sketch.anchors
 
@@ -131,13 +127,11 @@ def _same_sketches(a: Sketch, b: Sketch) -> bool:
 
 @dataclass(frozen=True)
 class IndexUpdate:
-    """State changes for one article: put `article` (indexed under `keys`); drop `replaced`;
+    """State changes for one article: put `article` (indexed under its keys); drop `replaced`;
     `revived`: the id was deleted before, its deletion marker goes."""
 
     article: IndexedArticle
-    keys: tuple[bytes, ...]
     replaced: IndexedArticle | None
-    replaced_keys: tuple[bytes, ...]
     revived: bool = False
 
 
@@ -251,9 +245,8 @@ def decide(
         article_id, seq, sketch, keys, state, params, not_before
     )
     article = IndexedArticle(article_id, version, seq, sketch, decision, keys, time_ms, cluster, cluster_id)
-    replaced_keys = () if existing is None else existing.keys
     revived = existing is None and last is not None
-    return Outcome(article, IndexUpdate(article, keys, existing, replaced_keys, revived))
+    return Outcome(article, IndexUpdate(article, existing, revived))
 
 
 Matched = tuple[Decision, int, str]  # the decision, and the cluster it puts the article in

@@ -23,14 +23,8 @@ class NormalizeOptions:
 
     def tag(self) -> str:
         """Compact form recorded in the state header: state built with other options is incompatible."""
-        return (
-            "".join(
-                flag
-                for flag, on in (("n", self.nfkc), ("c", self.casefold), ("w", self.collapse_whitespace))
-                if on
-            )
-            or "-"
-        )
+        flags = (("n", self.nfkc), ("c", self.casefold), ("w", self.collapse_whitespace))
+        return "".join(flag for flag, on in flags if on) or "-"
 
 
 DEFAULT_NORMALIZE = NormalizeOptions()
@@ -39,9 +33,7 @@ DEFAULT_NORMALIZE = NormalizeOptions()
 def normalize(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE, max_points: int | None = None) -> str:
     """Canonical form: NFKC (folds ligatures, full-width forms), case fold, single spaces, stripped.
     TooLong beyond `max_points` characters after NFKC (None: no limit)."""
-    text = _nfkc(text, options, max_points)
-    if options.casefold:
-        text = text.casefold()
+    text = _folded(text, options, max_points)
     if options.collapse_whitespace:
         # str.split() and regex \s agree on every Unicode whitespace character; split is cheaper
         text = " ".join(text.split())
@@ -78,15 +70,16 @@ def check_expansion(text: str, max_points: int) -> None:
             raise TooLong(f"text expands to more than {max_points} characters when normalised")
 
 
-def _nfkc(text: str, options: NormalizeOptions, max_points: int | None) -> str:
-    """NFKC when the options ask for it, refusing a text that it takes beyond `max_points`."""
+def _folded(text: str, options: NormalizeOptions, max_points: int | None) -> str:
+    """NFKC and case fold where the options ask for them, refusing a text that NFKC takes beyond
+    `max_points`."""
     if options.nfkc:
         if max_points is not None:
             check_expansion(text, max_points)
         text = unicodedata.normalize("NFKC", text)
     if max_points is not None and len(text) > max_points:
         raise TooLong(f"text is {len(text)} characters after normalisation, limit {max_points}")
-    return text
+    return text.casefold() if options.casefold else text
 
 
 def canonical_code_points(
@@ -97,9 +90,7 @@ def canonical_code_points(
 
     Same result as np.frombuffer(normalize(text).encode("utf-32-le"), "<u4"), without normalize()'s
     costliest step on news-sized texts: splitting the text into words and joining them again."""
-    text = _nfkc(text, options, max_points)
-    if options.casefold:
-        text = text.casefold()
+    text = _folded(text, options, max_points)
     points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
     if not options.collapse_whitespace or points.size == 0:
         return points.astype(np.uint32)
@@ -159,9 +150,7 @@ def has_visible(points: CodePoints) -> bool:
 
 def has_visible_text(text: str) -> bool:
     """has_visible for a canonical text as a string."""
-    if any(map(is_visible, map(ord, text[:_VISIBLE_HEAD]))):
-        return True
-    return any(map(is_visible, map(ord, set(text[_VISIBLE_HEAD:]))))
+    return has_visible(np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4"))
 
 
 @dataclass(frozen=True)

@@ -219,11 +219,9 @@ class IndexState:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def apply(
-        self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
-    ) -> None:
-        """Index one article version (replacing its earlier one), atomically with `extra`
-        metadata. `record`: encode_record(update.article), when the caller has it already."""
+    def apply(self, update: IndexUpdate, record: bytes | None = None) -> None:
+        """Index one article version (replacing its earlier one), atomically. `record`:
+        encode_record(update.article), when the caller has it already."""
         article = update.article
         batch = Batch()
         if update.replaced is not None:
@@ -233,7 +231,7 @@ class IndexState:
         stored = record or encode_record(article)
         self._add(batch, article, stored)
         batch.put(SEQ_KEY, str(self._seq).encode())
-        self._write(batch, extra)
+        self._write(batch)
         self.versions.remember(_as_stored(article))
         self.versions.keep_probe(decode_probe(stored))
 
@@ -254,9 +252,7 @@ class IndexState:
             self.counts.newest_ms = article.time_ms
         self._seq = max(self._seq, article.seq + 1)
 
-    def _write(self, batch: Batch, extra: dict[bytes, bytes] | None = None) -> None:
-        for key, value in (extra or {}).items():
-            batch.put(META + key, value)
+    def _write(self, batch: Batch) -> None:
         batch.put(COUNTS_KEY, self.counts.encode())
         self._commit(batch)
 
@@ -287,20 +283,18 @@ class IndexState:
             raise CorruptRecord(f"state record of arrival {SEQ.unpack(seq)[0]} is missing")
         return seq + article.article_id.encode()
 
-    def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
+    def delete(self, article_id: str) -> IndexedArticle | None:
         """Delete an article (all of it: its current version), leaving its marker (its last
         version, and the deletion's time: the newest event time held); None when it is not held."""
         old = self.get(article_id)
         if old is None:
-            if extra:
-                self.set_meta(extra)
             return None
         batch = Batch()
         self._remove(batch, old)
         deleted_ms = max(old.time_ms, self.counts.newest_ms or old.time_ms)
         self.markers.put(batch, article_id, encode_marker(Marker(old.version, deleted_ms)))
         self.counts.deleted += 1
-        self._write(batch, extra)
+        self._write(batch)
         return old
 
     def expire(self, cutoff_ms: int, limit: int = EXPIRY_PASS) -> list[IndexedArticle]:
@@ -336,14 +330,8 @@ class IndexState:
         current = self.get(article.article_id)
         if current is not None and current.seq == article.seq:
             return False
-        batch = Batch()
-        if current is not None:
-            self._remove(batch, current, keep_id=True)
-        self.markers.drop(batch, article.article_id)
-        self._add(batch, article, record)
-        batch.put(SEQ_KEY, str(self._seq).encode())
-        self._write(batch)
-        self.versions.remember(article)
+        # revived: a marker the id may have goes, as the record's version replaces it
+        self.apply(IndexUpdate(article, current, revived=True), record)
         return True
 
     def drop_article(self, article_id: str) -> bool:
@@ -379,8 +367,6 @@ class IndexState:
     def bulk_load(
         self,
         records: Iterable[tuple[str, bytes]],
-        bands: int = 0,
-        rows: int = 0,
         chunk: int = LOAD_CHUNK,
         *,
         removed: tuple[int, int] = (0, 0),
@@ -391,8 +377,7 @@ class IndexState:
         and adds them to the content map, the buckets and their clusters as apply() would have;
         a last pass hands on each cluster whose first article is gone. `removed`: the articles
         expired and deleted before, as counted where the records come from; `markers`: the deleted
-        ids' markers (id, encode_marker), but those of ids held again. (`bands`, `rows`: unused,
-        the records carry their band keys.)"""
+        ids' markers (id, encode_marker), but those of ids held again."""
         if next(self.kv.scan_records(), None) is not None:
             raise ValueError(f"bulk_load needs an empty state; {self.where} holds articles (clear() it)")
         count = 0

@@ -82,14 +82,12 @@ class StateStore(StateReader, Protocol):
 
     counts: Counts
 
-    def apply(
-        self, update: IndexUpdate, extra: dict[bytes, bytes] | None = None, record: bytes | None = None
-    ) -> None:
-        """Apply one update atomically, with optional extra keys (e.g. consumed offsets); `record`:
-        the article's encoded record when the caller has it."""
+    def apply(self, update: IndexUpdate, record: bytes | None = None) -> None:
+        """Apply one update atomically; `record`: the article's encoded record when the caller
+        has it."""
 
-    def delete(self, article_id: str, extra: dict[bytes, bytes] | None = None) -> IndexedArticle | None:
-        """Delete an article, atomically with `extra`; None when it is not held."""
+    def delete(self, article_id: str) -> IndexedArticle | None:
+        """Delete an article atomically; None when it is not held."""
 
     def expire(self, cutoff_ms: int) -> list[IndexedArticle]:
         """Remove the articles older than `cutoff_ms`; returns them."""

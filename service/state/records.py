@@ -194,10 +194,6 @@ class Probe:
         return Anchors.unpack_from(self.record, self.anchor_count, self.anchors_at)
 
     @property
-    def canonical_id(self) -> str:
-        return self.article.decision.canonical_id
-
-    @property
     def sketch(self) -> Sketch:
         return self.article.sketch
 

@@ -248,7 +248,7 @@ def test_posting_lists_are_capped_left_on_delete_and_counted(prose: tuple[str, .
     shard = IndexShard(state, PARAMS)
     process(shard, "a", prose[0])
     postings = state.stats().anchor_postings
-    assert postings == len(anchors_of(points(prose[0])).distinct()) > 0
+    assert postings == len(anchors_of(points(prose[0])).distinct) > 0
     process(shard, "b", prose[1])
     assert state.stats().anchor_postings > postings
     state.delete("b")
@@ -314,7 +314,7 @@ def test_posting_lists_counted_in_c_as_the_reference_counts_them() -> None:
 
 def test_the_distinct_count_is_that_of_the_distinct_hashes(prose: tuple[str, ...]) -> None:
     found = anchors_of(points(" ".join(prose[:2]) * 2))  # a repeated passage repeats its anchors
-    assert found.distinct_count == len(found.distinct()) < len(found)
+    assert found.distinct_count == len(found.distinct) < len(found)
 
 
 def test_a_posting_cache_smaller_than_one_text_gives_the_same_verdicts_and_lists(

@@ -165,7 +165,7 @@ def test_decide_reads_without_writing(prose: tuple[str, ...]) -> None:
     outcome = decide("a", sketch_of(prose[0], params), state, params)
     assert outcome.update is not None and outcome.update.replaced is None
     assert state.count() == 0 and state.next_seq() == 0 and state.get("a") is None
-    assert len(outcome.update.keys) == params.lsh.bands
+    assert len(outcome.update.article.keys) == params.lsh.bands
 
 
 def test_decide_with_the_band_keys_given_equals_decide_computing_them(prose: tuple[str, ...]) -> None:
@@ -177,7 +177,7 @@ def test_decide_with_the_band_keys_given_equals_decide_computing_them(prose: tup
         keys = band_keys(sketch.signature, params.lsh.bands, params.lsh.rows)
         given, computed = decide(f"a{n}", sketch, state, params, keys), decide(f"a{n}", sketch, state, params)
         assert given.article == computed.article and given.update == computed.update
-        assert computed.update is not None and computed.update.keys == tuple(keys)
+        assert computed.update is not None and computed.update.article.keys == tuple(keys)
         state.apply(computed.update)
 
 

@@ -28,16 +28,10 @@ from tests.support.state import MakeState, band_members, contents, id_for_conten
 PARAMS = DedupParams()
 
 
-def index(
-    state: StateStore,
-    article_id: str,
-    text: str,
-    extra: dict[bytes, bytes] | None = None,
-    time_ms: int = 0,
-) -> Outcome:
+def index(state: StateStore, article_id: str, text: str, time_ms: int = 0) -> Outcome:
     outcome = decide(article_id, sketch_of(text, PARAMS), state, PARAMS, time_ms=time_ms)
     assert outcome.update is not None
-    state.apply(outcome.update, extra)
+    state.apply(outcome.update)
     return outcome
 
 
@@ -162,12 +156,14 @@ def test_markers_expire_by_the_deletions_time(make_state: MakeState, prose: tupl
     assert not [key for key in contents(cast(IndexState, state)) if key[:1] in (b"d", b"e")]
 
 
-def test_meta_and_extra_keys(make_state: MakeState, prose: tuple[str, ...]) -> None:
+def test_meta_keys(make_state: MakeState, prose: tuple[str, ...]) -> None:
     state = make_state()
     state.open_header(PARAMS.header())
     state.set_meta({b"offset:0": b"41", b"offset:1": b"7"})
     assert state.get_meta(b"offset:0") == b"41" and state.get_meta(b"offset:1") == b"7"
-    index(state, "a", prose[0], extra={b"offset:0": b"42"})
+    index(state, "a", prose[0])  # an article indexed leaves the metadata as it was
+    assert state.get_meta(b"offset:0") == b"41"
+    state.set_meta({b"offset:0": b"42"})
     assert state.get_meta(b"offset:0") == b"42"
     state.set_meta({b"offset:1": b"8"})
     assert state.get_meta(b"offset:1") == b"8"
@@ -243,7 +239,7 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
     records = sorted((a.article_id, encode_record(a)) for a in applied.articles())  # by id, as a table
     loaded = RocksState(tmp_path / "loaded")
     loaded.open_header(PARAMS.header())
-    assert loaded.bulk_load(iter(records), PARAMS.lsh.bands, PARAMS.lsh.rows, chunk=chunk) == len(records)
+    assert loaded.bulk_load(iter(records), chunk=chunk) == len(records)
     try:
         stored = contents(applied)
         assert stored == contents(loaded)
@@ -316,7 +312,7 @@ def test_record_round_trip(prose: tuple[str, ...]) -> None:
         "root",
         -86_400_000,
     )
-    assert probe.verifier == sketch.verifier.tobytes() and probe.canonical_id == "root"
+    assert probe.verifier == sketch.verifier.tobytes() and probe.article.decision.canonical_id == "root"
     unique = dataclasses.replace(
         article, decision=Decision("unique", None, None, None, None, "id", False, ())
     )
@@ -385,12 +381,13 @@ def as_prospect(candidate: Prospect | None) -> tuple[object, ...]:
     """What verification reads of a candidate, comparable whatever its class."""
     assert candidate is not None
     verifier = np.frombuffer(candidate.verifier, dtype=np.uint8).tobytes()
+    article = candidate.article if isinstance(candidate, Probe) else cast(IndexedArticle, candidate)
     return (
         candidate.article_id,
         candidate.seq,
         candidate.shingle_count,
         verifier,
-        candidate.canonical_id,
+        article.decision.canonical_id,
         candidate.cluster,
         candidate.cluster_id,
         candidate.time_ms,
@@ -516,7 +513,7 @@ def test_rocks_bulk_load_refuses_a_state_that_holds_articles(tmp_path: Path, pro
     a = index(state, "a", prose[0]).article
     try:
         with pytest.raises(ValueError, match="empty state"):
-            state.bulk_load([("a", encode_record(a))], PARAMS.lsh.bands, PARAMS.lsh.rows)
+            state.bulk_load([("a", encode_record(a))])
     finally:
         state.close()
 
