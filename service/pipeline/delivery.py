@@ -40,21 +40,16 @@ class Deliveries:
         self._queue: asyncio.Queue[tuple[list[Any], Then]] = asyncio.Queue(pending)
         self._idle = asyncio.Event()
         self._idle.set()
-        self._unsettled = 0
+        self.unsettled = 0  # batches handed over and not settled yet
         self.failed: str | None = None
         self.settled_at = time.monotonic()  # the last time a batch was settled (or the stage idle)
-
-    @property
-    def unsettled(self) -> int:
-        """Batches handed over and not settled yet."""
-        return self._unsettled
 
     async def settle(self, sends: Iterable[Any], then: Then) -> None:
         """Run `then` once every future in `sends` has resolved (after those of earlier batches);
         waits while PENDING_BATCHES batches are unsettled."""
-        if self._unsettled == 0:
+        if self.unsettled == 0:
             self.settled_at = time.monotonic()  # a stage that was idle has not been stuck meanwhile
-        self._unsettled += 1
+        self.unsettled += 1
         self._idle.clear()
         await self._queue.put(([send for send in sends if asyncio.isfuture(send)], then))
 
@@ -70,19 +65,21 @@ class Deliveries:
                 try:
                     await send
                 except Exception as exc:
-                    self.failed = f"delivery_failed stage={self.stage} error={exc!r}"
-                    self._fail(f"{self.failed}; stopping the worker without committing past it")
-                    await asyncio.Event().wait()  # stuck: nothing after it is acknowledged
+                    await self._stuck(f"delivery_failed stage={self.stage} error={exc!r}")
             try:
                 outcome = then()
                 if outcome is not None:
                     await outcome
             except Exception as exc:
-                self.failed = f"settle_failed stage={self.stage} error={exc!r}"
                 log.exception("settle_failed stage=%s", self.stage)
-                self._fail(f"{self.failed}; stopping the worker without committing past it")
-                await asyncio.Event().wait()
+                await self._stuck(f"settle_failed stage={self.stage} error={exc!r}")
             self.settled_at = time.monotonic()
-            self._unsettled -= 1
-            if self._unsettled == 0:
+            self.unsettled -= 1
+            if self.unsettled == 0:
                 self._idle.set()
+
+    async def _stuck(self, failed: str) -> None:
+        """The stage fails for good: the worker is stopped, and nothing after it is acknowledged."""
+        self.failed = failed
+        self._fail(f"{failed}; stopping the worker without committing past it")
+        await asyncio.Event().wait()

@@ -111,8 +111,7 @@ def unready(stages: Sequence[Deliveries], unseen: float, opening: bool, limit: f
     """Why the worker does not deliver now, if it does not: sends unacknowledged for `limit`
     seconds, no broker answering for as long (`unseen`: since one last did), or the index opening
     (rebuilt from the changelog) before the shard's next batch."""
-    waited = unacknowledged(stages, limit)
-    if waited is not None:
+    if (waited := unacknowledged(stages, limit)) is not None:
         return waited
     if broker_away(unseen, limit):
         return f"no broker answered for {unseen:.0f} s"

@@ -31,31 +31,24 @@ class SignResult:
     refused_time: bool = False  # a published_at or record time was present but not used
 
 
+@dataclass(frozen=True)
 class SignStage:
     """Stateless and CPU-bound: scales with input partitions and workers. An event time is used
-    when not before `earliest_ms` nor more than `time_skew_ms` ahead of the clock; `keyed`: every
-    message must have a key (the worker's, read from partitions: messages.decode_message)."""
+    when `times` accepts it (not before its earliest time nor more than its skew ahead of the
+    clock); `keyed`: every message must have a key (the worker's, read from partitions:
+    messages.decode_message). Pickled whole to the signing helpers (signer.py)."""
 
-    def __init__(
-        self,
-        params: DedupParams,
-        max_text_bytes: int,
-        time_skew_ms: int = NO_RETENTION.skew_ms,
-        *,
-        earliest_ms: int = NO_RETENTION.earliest_ms,
-        keyed: bool = False,
-    ) -> None:
-        self.params = params
-        self.max_text_bytes = max_text_bytes
-        self.keyed = keyed
-        self.times = Retention(skew_ms=time_skew_ms, earliest_ms=earliest_ms)
+    params: DedupParams
+    max_text_bytes: int
+    times: Retention = NO_RETENTION
+    keyed: bool = False
 
     @classmethod
     def under(
         cls, params: DedupParams, max_text_bytes: int, retention: Retention, *, keyed: bool = False
     ) -> SignStage:
-        """The stage using the event times `retention` accepts."""
-        return cls(params, max_text_bytes, retention.skew_ms, earliest_ms=retention.earliest_ms, keyed=keyed)
+        """The stage using the event times `retention` accepts (its window plays no part here)."""
+        return cls(params, max_text_bytes, retention, keyed)
 
     def handle(self, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:
         """Never raises: every failure becomes a dead letter carrying the original bytes. A

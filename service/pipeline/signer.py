@@ -13,7 +13,6 @@ import logging
 import os
 from typing import BinaryIO, cast
 
-from ..core.params import DedupParams
 from ..errors import Error
 from .pipes import DEFAULT_TIMEOUT, CallTimeout, Child, ChildFailed, read_frame, write_frame
 from .sign import PROCESSING_FAILED, SignResult, SignStage
@@ -59,19 +58,17 @@ class Signer:
         """Start the helpers now (each imports numpy and the core), not on the first article, so that
         the first articles do not wait for the imports."""
         async with self._starting:
-            stage = self.stage
             # answered once the helper is ready; the child runs this module, by the name the package
             # was imported under
-            setup = (stage.params, stage.max_text_bytes, self.nice, stage.times, stage.keyed)
             while len(self._helpers) < self.processes:
-                self._helpers.append(await Child.start(__name__, setup))
+                self._helpers.append(await Child.start(__name__, (self.stage, self.nice)))
 
     async def sign(self, items: list[SignItem]) -> list[SignResult]:
         """Each item's result, in order. A batch that breaks a helper (it dies or hangs) is signed
         again in halves, each in fresh helpers, down to the one message that breaks it, which is
         dead-lettered (processing_failed) once it has failed alone too: the stream goes on."""
         if self.processes == 0 or not items:
-            return self.sign_here(items)
+            return [self.stage.handle(raw, key, src) for raw, key, src in items]
         signed = await self._attempt(items)
         if not isinstance(signed, ChildFailed):
             return signed
@@ -116,9 +113,6 @@ class Signer:
                 self.isolated += 1
         return results
 
-    def sign_here(self, items: list[SignItem]) -> list[SignResult]:
-        return [self.stage.handle(raw, key, src) for raw, key, src in items]
-
     async def _sign_in_helpers(self, items: list[SignItem]) -> list[SignResult]:
         parts = max(1, min(len(self._helpers), len(items) // MIN_CHUNK))
         size = -(-len(items) // parts)
@@ -155,17 +149,14 @@ class Signer:
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The helper's loop: the first frame is (params, max_text_bytes, nice, event time rules: a
-    Retention, whether keys are required), then batches until EOF."""
+    """The helper's loop: the first frame is (the SignStage, the niceness to add), then batches
+    until EOF."""
     first = read_frame(requests)
     if first is None:
         return
-    assert isinstance(first, tuple) and isinstance(first[0], DedupParams), (
-        "expected (params, limit, nice, times, keyed)"
-    )
-    stage = SignStage.under(first[0], int(first[1]), first[3], keyed=bool(first[4]))
-    if first[2]:
-        os.nice(int(first[2]))
+    stage, nice = cast(tuple[SignStage, int], first)
+    if nice:
+        os.nice(nice)
     write_frame(answers, "ready")
     while (batch := read_frame(requests)) is not None:
         write_frame(answers, sign_batch(stage, cast(list[_Wire], batch)))

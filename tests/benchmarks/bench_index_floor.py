@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from neardup.config import engine_params, keyword_values, retention_window  # noqa: E402
+from neardup.core.retention import Retention  # noqa: E402
 from neardup.messages import decode_message  # noqa: E402
 from neardup.pipeline.shard import IndexShard  # noqa: E402
 from neardup.pipeline.sign import SignStage  # noqa: E402
@@ -124,7 +125,7 @@ def decide_all(
     `in_memory` (not with `record`): the posting lists in a dict (PostingsInMemory), not in RocksDB."""
     values = keyword_values({"containment_index": containment})
     params, retention = engine_params(values), retention_window(values)
-    stage = SignStage(params, values["max_text_bytes"], retention.skew_ms)
+    stage = SignStage(params, values["max_text_bytes"], Retention(skew_ms=retention.skew_ms))
     limit = values["max_text_bytes"]
     signed = [
         stage.sign(decode_message(line, None, limit), Provenance("bench", None, n, None))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from neardup.core.dedup import IndexedArticle
+from neardup.core.retention import Retention
 from neardup.messages import Article
 from neardup.pipeline.shard import IndexShard
 from neardup.pipeline.sign import SignStage
@@ -21,7 +22,7 @@ def process(
 ) -> IndexedArticle:
     """Sign one article and decide it on `shard`, as the library does, and return it as indexed;
     raises what signing raises (signing.EmptyText for an empty text)."""
-    stage = SignStage(shard.params, 1 << 30, shard.retention.skew_ms)
+    stage = SignStage(shard.params, 1 << 30, Retention(skew_ms=shard.retention.skew_ms))
     signed = stage.sign(Article(article_id, text, published_at=published_at), CALLER, now_ms)
     decided = shard.decide([signed], now=None if now_ms is None else now_ms / 1000)[0]
     assert decided.error is None, decided.error

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from neardup.core.params import DedupParams
-from neardup.pipeline.sign import SignStage
-from neardup.pipeline.signer import Signer
+from neardup.pipeline.sign import SignResult, SignStage
+from neardup.pipeline.signer import Signer, SignItem
 from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from tests.support.prose import PROSE
 
@@ -63,3 +63,8 @@ FUTURE = [
 def helper_pids(signer: Signer) -> list[int]:
     """The process ids of a signer's live helpers."""
     return [helper.pid for helper in signer._helpers]
+
+
+def signed_here(signer: Signer, items: list[SignItem]) -> list[SignResult]:
+    """What the signer's stage makes of `items` in this process, for comparison with its helpers."""
+    return [signer.stage.handle(raw, key, src) for raw, key, src in items]

@@ -148,7 +148,7 @@ def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_un
     progress.taken_at["articles"] = now
     assert progress.stalled(60.0) is None  # waiting, but a batch was just taken
     assert unacknowledged([stage], 30.0) is None
-    stage._unsettled, stage.settled_at = 2, now - 31
+    stage.unsettled, stage.settled_at = 2, now - 31
     assert "stage index: 2 batches unacknowledged" in (unacknowledged([stage], 30.0) or "")
     assert unacknowledged([stage], 60.0) is None
     stage.settled_at = now

@@ -16,13 +16,14 @@ import orjson
 import pytest
 
 from neardup.core.params import DedupParams
+from neardup.core.retention import Retention
 from neardup.pipeline.pipes import PIPE_BYTES, CallTimeout, widen_pipe
 from neardup.pipeline.sign import SignResult, SignStage
 from neardup.pipeline.signer import Signer, SignerFailed, SignItem
 from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from tests.support.faults import HELPER_FAULT, POISON, inject
 from tests.support.prose import PROSE
-from tests.support.signing import helper_pids
+from tests.support.signing import helper_pids, signed_here
 
 PARAMS = DedupParams()
 STAGE = SignStage(PARAMS, max_text_bytes=10_000)
@@ -58,7 +59,7 @@ async def pooled() -> AsyncIterator[Signer]:
 
 async def test_pool_results_equal_in_process_results_in_order(pooled: Signer) -> None:
     batch = items(50)  # split across both processes
-    expected = comparable(Signer(STAGE, processes=0).sign_here(batch))
+    expected = comparable(signed_here(Signer(STAGE, processes=0), batch))
     assert comparable(await pooled.sign(batch)) == expected
     assert [reason for _, reason, _ in expected].count("invalid_utf8") == 7
     assert comparable(await pooled.sign(batch[:3])) == expected[:3]  # too small to split
@@ -68,7 +69,7 @@ async def test_pool_results_equal_in_process_results_in_order(pooled: Signer) ->
 @pytest.mark.slow  # starts its helper processes twice
 async def test_a_killed_helper_is_replaced(pooled: Signer) -> None:
     batch = items(40)
-    expected = comparable(pooled.sign_here(batch))
+    expected = comparable(signed_here(pooled, batch))
     assert comparable(await pooled.sign(batch)) == expected
     before = helper_pids(pooled)
     assert len(before) == 2
@@ -92,7 +93,7 @@ async def test_helpers_exit_when_the_worker_goes(pooled: Signer) -> None:
 async def test_without_helpers_signing_stays_in_process() -> None:
     signer = Signer(STAGE, processes=0)
     batch = items(20)
-    assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
+    assert comparable(await signer.sign(batch)) == comparable(signed_here(signer, batch))
     await signer.warm_up()
     assert helper_pids(signer) == []
 
@@ -116,7 +117,7 @@ async def test_aclose_ends_the_helpers_inside_the_loop(pooled: Signer) -> None:
     await pooled.aclose()
     assert helper_pids(pooled) == []
     assert all(process.returncode is not None for process in processes)
-    assert comparable(await pooled.sign(items(5))) == comparable(pooled.sign_here(items(5)))  # restarts
+    assert comparable(await pooled.sign(items(5))) == comparable(signed_here(pooled, items(5)))  # restarts
 
 
 async def test_helper_pipes_hold_a_whole_sign_batch(pooled: Signer) -> None:
@@ -146,7 +147,7 @@ async def test_helpers_run_at_the_niceness_they_are_given() -> None:
         signer = Signer(STAGE, processes=1, nice=nice)
         try:
             batch = items(20)
-            assert comparable(await signer.sign(batch)) == comparable(signer.sign_here(batch))
+            assert comparable(await signer.sign(batch)) == comparable(signed_here(signer, batch))
             [pid] = helper_pids(signer)
             assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, own + nice)
         finally:
@@ -164,7 +165,7 @@ async def test_helpers_sign_with_the_configured_skew_and_report_refused_times() 
     raw = orjson.dumps({"id": "a", "text": PROSE[0], "published_at": published})
     item: SignItem = (raw, b"a", Provenance("in", 0, 0, stamp))
     for skew_ms, refused in ((3_600_000, False), (600_000, True)):
-        signer = Signer(SignStage(PARAMS, 1_000_000, skew_ms), processes=1)
+        signer = Signer(SignStage(PARAMS, 1_000_000, Retention(skew_ms=skew_ms)), processes=1)
         try:
             [result] = await signer.sign([item])
         finally:
@@ -189,7 +190,7 @@ def poisoned(batch: list[SignItem], *at: int) -> list[SignItem]:
 def isolated(results: list[SignResult], batch: list[SignItem], at: tuple[int, ...]) -> None:
     """The poisoned messages dead-lettered (processing_failed, with their bytes), the rest as signed
     in this process, in order."""
-    here = comparable(Signer(STAGE, processes=0).sign_here(batch))
+    here = comparable(signed_here(Signer(STAGE, processes=0), batch))
     got = comparable(results)
     for n, (result, expected) in enumerate(zip(got, here, strict=True)):
         if n in at:
@@ -212,7 +213,7 @@ async def test_a_message_that_crashes_its_helper_is_isolated_and_the_rest_signed
         isolated(results, batch, (17, 30))
         assert signer.isolated == 2 and not signer.isolating
         clean = items(12)
-        assert comparable(await signer.sign(clean)) == comparable(signer.sign_here(clean))
+        assert comparable(await signer.sign(clean)) == comparable(signed_here(signer, clean))
     finally:
         await signer.aclose()
 
