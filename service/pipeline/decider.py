@@ -25,7 +25,6 @@ message that breaks the decider costs two replacements, not the worker.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import mmap
 import os
@@ -75,11 +74,9 @@ class Changelog(Protocol):
     def read_after(self, start: int, end: int) -> AsyncIterator[tuple[list[Write], int]]:
         """Its messages from `start` up to `end` (excluded), in chunks, each with the offset
         after its last message (`end` for the last chunk)."""
-        ...
 
     async def tombstones_kept_ms(self) -> int | None:
         """How long compaction keeps a tombstone (None: nothing is compacted away)."""
-        ...
 
 
 class _ChangelogWrites:
@@ -147,7 +144,6 @@ class ShardServer:
         self.table = _ChangelogWrites()
         self.shard = IndexShard(RocksState(index_path, options, layered=True), params, retention, self.table)
         self.marker = marker
-        self.compact_at_close = marker is not None
         self._size = SizeGauge()
         self._collector = CollectorPolicy(freeze_every)
         self._since_ms: int | None = None  # the position's time where the restore under way started
@@ -208,7 +204,7 @@ class ShardServer:
 
     def close(self, clean: bool) -> None:
         self._drop_rebuild()
-        if clean and self.compact_at_close:
+        if clean and self.marker is not None:  # only a child has a marker: see the class docstring
             # The space of expired, deleted and overwritten entries is reclaimed while the
             # worker shuts down. Safe to cut short: everything is committed, and a RocksDB
             # killed mid-compaction reopens as it was before it.
@@ -343,7 +339,7 @@ class Decider:
         self.opening = True  # a rebuild takes as long as the changelog is large: not a stall
         try:
             started = time.monotonic()
-            count = await self._restore(replacing)
+            count = await self.catch_up(replacing)
             self.opened = "rebuilt" if count is not None else "restored"
             if self.on_opened is not None:
                 self.on_opened(count, time.monotonic() - started)
@@ -351,18 +347,13 @@ class Decider:
         finally:
             self.opening = False
 
-    async def catch_up(self) -> int | None:
-        """A standby's step, on a worker that does not own the shard: the same restore as `open`
-        (the committed changelog after the index's stored position applied to it, or a rebuild
-        when it has none), but neither an open of the shard (`on_opened` is not told) nor a
-        stall (`opening` stays unset, so readiness does not flap). Returns what `open` does;
-        `behind` says how far the index was from the changelog's end."""
-        return await self._restore()
-
-    async def _restore(self, replacing: bool = False) -> int | None:
+    async def catch_up(self, replacing: bool = False) -> int | None:
         """The index restored (None) or rebuilt (the articles rebuilt) from the changelog as it
         ends now, then, `replacing` a child, the chunks it answered and not acknowledged yet held
-        again (forgotten otherwise)."""
+        again (forgotten otherwise). `open`'s restore, and alone a standby's step, on a worker that
+        does not own the shard: neither an open of the shard (`on_opened` is not told) nor a stall
+        (`opening` stays unset, so readiness does not flap); `behind` says how far the index was
+        from the changelog's end."""
         if not replacing:
             self._unacknowledged.clear()
         # no record at or after `end` was written before this moment
@@ -387,8 +378,7 @@ class Decider:
             answer = await link.call(("loaded", end, read_at), timeout.seconds(loaded))
             count, self.applied_offset = cast(tuple[int, int], answer)
         for number, writes in sorted(self._unacknowledged.items()):
-            assert self._link is not None, "opened"
-            await self._link.call(("hold", number, writes), timeout.seconds(len(writes)))
+            await link.call(("hold", number, writes), timeout.seconds(len(writes)))
         self.changelog_end = end
         return count
 
@@ -408,11 +398,6 @@ class Decider:
             # this module, by the name the package was imported under
             self._link = await Child.start(__name__, (self._server_args, self.gc_freeze_every, marker_path))
         return self._link
-
-    async def decide(self, messages: list[SignedMessage]) -> tuple[BatchOutcome, list[Write]]:
-        """Decide one chunk of messages (see decide_chunks, which answers every chunk)."""
-        async with contextlib.aclosing(self.decide_chunks([messages])) as answers:
-            return await anext(answers)
 
     async def decide_chunks(self, chunks: Sequence[list[SignedMessage]]) -> AsyncGenerator[Answer, None]:
         """Decide chunks of messages in order, yielding each one's outcome and its writes for the

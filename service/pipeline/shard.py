@@ -74,10 +74,7 @@ class Position(NamedTuple):
 
     @classmethod
     def decode(cls, data: bytes | None) -> Position | None:
-        if not data:
-            return None
-        stored = orjson.loads(data)
-        return cls(int(stored["offset"]), int(stored["since_ms"]))
+        return cls(**orjson.loads(data)) if data else None
 
 
 class Compacted(Protocol):
@@ -363,13 +360,11 @@ class IndexShard:
         self.state.reload()
         self._restore(self.state.get_meta(OFFSET_KEY), self.state.get_meta(INPUTS_KEY))
 
-    def restore_point(
-        self, end: int, now_ms: int, tombstones_kept_ms: int | None
-    ) -> tuple[Position | None, str]:
+    def restore_point(self, end: int, now_ms: int, kept_ms: int | None) -> tuple[Position | None, str]:
         """Where a restore starts, or None and why the state must be rebuilt instead: no position
         (a lost, new or half-rebuilt state), a format or header not this version's, a position
-        past the changelog's `end` (another changelog), or one older than `tombstones_kept_ms`,
-        how long the changelog keeps a tombstone before its compaction may drop it (None: nothing
+        past the changelog's `end` (another changelog), or one older than `kept_ms`, how
+        long the changelog keeps a tombstone before its compaction may drop it (None: nothing
         is compacted away), less CLOCK_MARGIN_MS: tombstones after it that the state never saw may
         be gone. (The reason keeps the name operators know it by, Kafka's setting.)"""
         self.discard()
@@ -382,8 +377,7 @@ class IndexShard:
             return None, "format_refused"
         if position.offset > end:
             return None, "past_changelog_end"
-        kept = tombstones_kept_ms
-        if kept is not None and now_ms - position.since_ms + CLOCK_MARGIN_MS >= kept:
+        if kept_ms is not None and now_ms - position.since_ms + CLOCK_MARGIN_MS >= kept_ms:
             return None, "older_than_delete_retention"
         return position, "ok"
 

@@ -122,10 +122,8 @@ def signed_max_bytes(params: DedupParams) -> int:
     # A control character is escaped as \u00XX: 6 bytes, more than any other character takes.
     worst_id = "\x00" * MAX_ID_LENGTH
     bands, rows = params.lsh.bands, params.lsh.rows
-    signature, verifier = (
-        np.zeros(params.num_perm, dtype=np.uint64),
-        np.zeros(params.verify_perm, dtype=np.uint8),
-    )
+    signature = np.zeros(params.num_perm, dtype=np.uint64)
+    verifier = np.zeros(params.verify_perm, dtype=np.uint8)
     anchors = Anchors(bytes(ANCHOR_BYTES * MAX_ANCHORS))
     sketch = Sketch(bytes(16), signature, _LONGEST_INT, False, verifier, anchors)  # a 128-bit content hash
     src = Provenance("t" * _TOPIC_MAX_LENGTH, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT)
@@ -185,9 +183,7 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
     signature = np.frombuffer(sketches, dtype="<u8", count=slots).astype(np.uint64)
     verifier = np.frombuffer(sketches, dtype=np.uint8, offset=slots * 8).copy()
     sketch = Sketch(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier, anchors)
-    topic, partition, offset, timestamp = meta["src"]
-    src = Provenance(topic, partition, offset, timestamp)
-    return Signed(meta["id"], sketch, src, keys, (bands, rows), meta["t"], meta["r"])
+    return Signed(meta["id"], sketch, Provenance(*meta["src"]), keys, (bands, rows), meta["t"], meta["r"])
 
 
 def _unwrapped(data: bytes) -> tuple[bytes, Headers, bytes]:

@@ -35,7 +35,7 @@ from neardup.pipeline.shard import ARTICLE_PREFIX, IndexShard, SizeGauge, decide
 from neardup.pipeline.wire import encode_signed, pack_signed  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
 from tests.support.changelog import ListChangelog  # noqa: E402
-from tests.support.decider import child_pid  # noqa: E402
+from tests.support.decider import answer, child_pid  # noqa: E402
 
 
 def memory_kb(pid: int, field: str) -> int:
@@ -84,7 +84,7 @@ async def main(args: argparse.Namespace) -> None:
 
     messages = [(args.articles + n, pack_signed([encode_signed(item)])) for n, item in enumerate(later)]
     expected = decide_messages(source, messages, SizeGauge())
-    got, _ = await decider.decide(messages)
+    got, _ = await answer(decider, messages)
     same = [(e.article_id, e.kind, e.status) for e in got.entries] == [
         (e.article_id, e.kind, e.status) for e in expected.entries
     ]

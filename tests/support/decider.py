@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from neardup.pipeline.decider import Decider, Write
 from neardup.pipeline.pipes import Child
 from neardup.pipeline.shard import BatchOutcome
@@ -19,9 +21,15 @@ def packed(items: list[tuple[str, str]], first_offset: int, per_message: int = 2
     return [(first_offset + n, pack_signed(chunk)) for n, chunk in enumerate(chunks)]
 
 
+async def answer(decider: Decider, messages: Messages) -> tuple[BatchOutcome, list[Write]]:
+    """One chunk of messages decided: its outcome and its writes for the changelog, not sent."""
+    async with contextlib.aclosing(decider.decide_chunks([messages])) as answers:
+        return await anext(answers)
+
+
 async def decide(decider: Decider, messages: Messages) -> BatchOutcome:
     """What the index agent does: decide, then send the record-table writes to the changelog."""
-    outcome, writes = await decider.decide(messages)
+    outcome, writes = await answer(decider, messages)
     apply(decider, writes)
     return outcome
 

@@ -23,7 +23,7 @@ from neardup.pipeline.shard import ARTICLE_PREFIX, OFFSET_KEY, WHOLE_MESSAGE, Ba
 from neardup.pipeline.wire import encode_signed, pack_signed, runs_within, signed_count
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
 from tests.support.changelog import ListChangelog
-from tests.support.decider import Messages, apply, child_pid, decide, packed
+from tests.support.decider import Messages, answer, apply, child_pid, decide, packed
 from tests.support.faults import HELPER_FAULT, inject
 from tests.support.prose import PROSE
 from tests.support.signing import FUTURE, HISTORY, PARAMS, signed
@@ -102,7 +102,7 @@ async def test_a_killed_child_is_replaced_and_the_batch_decided_again(make: Any)
     assert opens == [None] and child.opened == "restored"
     assert comparable(got) == comparable(await decide(here, future))
     # a re-delivered batch gets the stored verdicts and writes nothing new
-    again, writes = await child.decide(future)
+    again, writes = await answer(child, future)
     assert {entry.status for entry in again.entries} == {"replayed"}
     assert comparable(again) == [(o, a, "replayed", k, v, e) for o, a, _, k, v, e in comparable(got)]
     assert [key for key, _ in writes if key.startswith(ARTICLE_PREFIX)] == []
@@ -118,7 +118,7 @@ async def test_a_child_index_is_restored_after_a_clean_close_and_after_a_kill(ma
 
     second = make("index", records, in_process=False)
     assert await second.open() is None and second.replayed == 0  # everything was committed
-    outcome, writes = await second.decide(packed([("z", PROSE[4])], 10))
+    outcome, writes = await answer(second, packed([("z", PROSE[4])], 10))
     records.entries += writes  # in the changelog, but killed before the acknowledgement came
     second.kill()
 
@@ -141,7 +141,7 @@ async def test_the_in_process_decider_returns_its_writes_and_forgets_lost_ones(m
     records = ListChangelog()
     here = make("here", records, in_process=True)
     await here.open()
-    outcome, writes = await here.decide(packed(HISTORY[:2], 0))
+    outcome, writes = await answer(here, packed(HISTORY[:2], 0))
     assert [entry.kind for entry in outcome.entries] == ["unique", "duplicate"]
     assert records.entries == []  # the agent sends the writes, a whole chunk at once
     assert dict(writes)[OFFSET_KEY] == b"0" and ARTICLE_PREFIX + b"b" in dict(writes)
@@ -149,9 +149,9 @@ async def test_the_in_process_decider_returns_its_writes_and_forgets_lost_ones(m
     apply(here, writes)
     # A batch decided but its writes never sent (the agent failed half-way): opened again, the
     # stage forgets it (never committed), and the re-delivered batch is new again, not a re-delivery.
-    lost, _ = await here.decide(packed(HISTORY[2:3], 1))
+    lost, _ = await answer(here, packed(HISTORY[2:3], 1))
     assert await here.open() is None and here.replayed == 0
-    again, writes = await here.decide(packed(HISTORY[2:3], 1))
+    again, writes = await answer(here, packed(HISTORY[2:3], 1))
     assert [entry.status for entry in again.entries] == ["new"]
     assert comparable(again) == comparable(lost)
     assert ARTICLE_PREFIX + HISTORY[2][0].encode() in dict(writes)
@@ -299,7 +299,7 @@ async def test_a_child_hanging_twice_on_a_batch_is_fatal(make: Any, monkeypatch:
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(DeciderFailed, match="twice"):
-        await child.decide(packed(HISTORY, 0))
+        await answer(child, packed(HISTORY, 0))
     assert loop.time() - started < 30
     assert child_pid(child) is None  # none left hanging
 
@@ -335,7 +335,7 @@ async def test_a_changelog_written_since_the_clean_close_is_replayed_with_its_to
     outcome = await decide(second, packed([("copy", HISTORY[0][1])], 50))
     assert outcome.indexed == indexed + 1  # the deleted article is gone from the restored index
     assert orjson.loads(outcome.entries[0].verdict or b"{}")["match_id"] != HISTORY[0][0]
-    replayed, _ = await second.decide(packed(HISTORY[1:2], 1))  # applied before: its stored verdict
+    replayed, _ = await answer(second, packed(HISTORY[1:2], 1))  # applied before: its stored verdict
     assert [entry.status for entry in replayed.entries] == ["replayed"]
 
 
@@ -373,7 +373,7 @@ async def test_writes_the_changelog_never_acknowledged_never_reach_the_index(
     first = make("index", records, in_process=in_process)
     await first.open()
     await decide(first, packed(HISTORY[:2], 0))
-    await first.decide(packed(HISTORY[2:4], 10))  # decided, its writes never sent: a failed batch
+    await answer(first, packed(HISTORY[2:4], 10))  # decided, its writes never sent: a failed batch
     await first.close(clean=True)  # a shutdown without a failure of its own
     first.shard = None
     second = make("index", records, in_process=in_process)
@@ -429,7 +429,7 @@ async def test_a_record_that_breaks_the_child_is_isolated_and_the_rest_decided(
     assert child.changelog.table() == here.changelog.table()
     # delivered again, the batch leaves the same records out, without failing the child again
     pid = child_pid(child)
-    again, _ = await child.decide(batch)
+    again, _ = await answer(child, batch)
     assert child_pid(child) == pid
     assert [e.article_id for e in again.entries if e.status == "error"] == ["x-POISON-PILL", "y-POISON-PILL"]
 
@@ -443,7 +443,7 @@ async def test_a_child_failing_between_records_is_not_blamed_on_one(
     child = make("child", ListChangelog(), in_process=False)
     await child.open()
     with pytest.raises(DeciderFailed, match="twice"):
-        await child.decide(packed(HISTORY, 0))
+        await answer(child, packed(HISTORY, 0))
     assert child.culprits == {}
 
 
