@@ -33,7 +33,6 @@ MAX_ANCHORS = 1024
 ANCHOR_BYTES = 5  # a packed anchor: its 32-bit hash, and its one-byte offset from the one before
 _ANCHOR_SEED = mix_scalar(0x414E43484F52)  # apart from the MinHash seeds: other hashes, not a subset
 AnchorHashes = npt.NDArray[np.uint32]
-AnchorPositions = npt.NDArray[np.uint32]
 
 
 @dataclass(frozen=True)
@@ -42,19 +41,10 @@ class Anchors:
     one's hash (32 bits, big-endian: a posting key's suffix as it is), then each one's offset from
     the one before (the first's from 0) in a byte, a winnowing gap never being wider. Packed, they
     pass from the signing pass to the store and the compiled loops without a Python object per
-    anchor; `hashes` and `positions` unpack them where numpy is wanted."""
+    anchor; `hashes` unpacks them where numpy is wanted (their positions: the offsets added up, as
+    tests/support/reference_anchors.py's positions_of does)."""
 
     packed: bytes = b""
-
-    @classmethod
-    def of(cls, hashes: npt.ArrayLike, positions: npt.ArrayLike) -> Anchors:
-        """Packed from the hashes and ascending positions; ValueError when two are more than 255
-        characters apart (or out of order)."""
-        hashes, positions = np.asarray(hashes, dtype=np.uint32), np.asarray(positions, dtype=np.int64)
-        steps = np.diff(positions, prepend=0)
-        if hashes.shape != positions.shape or (steps.size and (steps.min() < 0 or steps.max() > 255)):
-            raise ValueError("anchors must be in position order, at most 255 characters apart")
-        return cls(hashes.astype(">u4").tobytes() + steps.astype(np.uint8).tobytes())
 
     @classmethod
     def unpack_from(cls, data: bytes, count: int, position: int = 0) -> Anchors:
@@ -72,11 +62,6 @@ class Anchors:
     @functools.cached_property
     def hashes(self) -> AnchorHashes:
         return np.frombuffer(self.packed, dtype=">u4", count=len(self)).astype(np.uint32)
-
-    @functools.cached_property
-    def positions(self) -> AnchorPositions:
-        steps = np.frombuffer(self.packed, dtype=np.uint8, offset=4 * len(self))
-        return np.cumsum(steps, dtype=np.uint32)
 
     @functools.cached_property
     def distinct(self) -> AnchorHashes:

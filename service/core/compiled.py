@@ -22,8 +22,7 @@ def extension(name: str, variable: str) -> ModuleType | None:
     """The compiled module `name`: the build that the environment `variable` names a file of
     (NEARDUP_SKETCH_PATH here, NEARDUP_KAFKA_HASH_PATH in stream/framework.py), which must load;
     else the one built at install (pyproject.toml: ext-modules), None if there is none."""
-    path = os.environ.get(variable)
-    if path:
+    if path := os.environ.get(variable):
         return _load_build(name, path)
     try:
         return importlib.import_module(name)

@@ -184,7 +184,6 @@ class Prospect(Protocol):
     @property
     def anchor_count(self) -> int:
         """Its distinct anchors (the record keeps them distinct but for a repeated passage)."""
-        ...
 
 
 class StateReader(Protocol):
@@ -194,29 +193,24 @@ class StateReader(Protocol):
 
     def holder_of(self, content_hash: bytes) -> IndexedArticle | None:
         """The indexed article that stands for this content (the earliest one still held)."""
-        ...
 
     def head_of(self, cluster: int) -> str | None:
         """The id of the cluster's earliest surviving article when its first one is gone (deleted,
         expired or replaced); None while the first one is held."""
-        ...
 
     def candidates(self, keys: Sequence[bytes], exclude: str, limit: int) -> Sequence[Prospect]:
         """The distinct articles in the band buckets `keys`, but `exclude`, in order of first
         appearance (bucket by bucket, each in the order its articles joined it), at most `limit`."""
-        ...
 
     def anchor_candidates(self, anchors: Anchors, exclude: str, limit: int) -> Sequence[tuple[Prospect, int]]:
         """The articles that share anchors with `anchors` (two, or all of the fewer either side
         has), with how many, but `exclude`, the most shared first, at most `limit`; anchors held
         by a full posting list (boilerplate) propose none."""
-        ...
 
     def next_seq(self) -> int: ...
 
     def deleted_version(self, article_id: str) -> int | None:
         """The last version of a deleted id while its marker lasts; None: not deleted (or expired)."""
-        ...
 
 
 def decide(

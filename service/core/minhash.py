@@ -194,12 +194,10 @@ def verified_scores(verifier: VerifierArray, size: int, others: Sequence[_Sketch
     if not len(verifier):
         return None
     try:
-        jaccard, inside, contains = _sketch.scores(
-            verifier, others, size, EMPTY_VERIFIER_SLOT, CHANCE_AGREEMENT
-        )
+        scored = _sketch.scores(verifier, others, size, EMPTY_VERIFIER_SLOT, CHANCE_AGREEMENT)
     except ValueError:
         return None
-    return tuple(np.frombuffer(data, dtype=np.float64) for data in (jaccard, inside, contains))  # type: ignore[return-value]
+    return tuple(np.frombuffer(data, dtype=np.float64) for data in scored)  # type: ignore[return-value]
 
 
 def estimate_containment(jaccard: float, size_a: int, size_b: int) -> tuple[float, float]:

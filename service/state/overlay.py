@@ -41,11 +41,8 @@ class _Family:
             # a new list: a scan in progress goes on over the one it started with
             self.ordered = sorted(self.ordered + self.fresh)  # one sorted run and the new keys
             self.fresh = []
-        ordered = self.ordered
-        for index in range(bisect.bisect_left(ordered, prefix), len(ordered)):
-            if not ordered[index].startswith(prefix):
-                return
-            yield ordered[index]
+        following = itertools.islice(self.ordered, bisect.bisect_left(self.ordered, prefix), None)
+        yield from itertools.takewhile(lambda key: key.startswith(prefix), following)
 
 
 @dataclass

@@ -88,9 +88,8 @@ def first_key(kv: KeyValue, prefix: bytes, batch: Batch, skip: bytes) -> bytes |
     """The first key under `prefix` (its last 8 bytes a seq other than `skip`) that the batch
     does not delete."""
     for key, _ in kv.scan(prefix):
-        if key[-SEQ.size :] == skip or batch.main.get(key, b"") is None:
-            continue
-        return key
+        if key[-SEQ.size :] != skip and batch.main.get(key, b"") is not None:
+            return key
     return None
 
 
@@ -303,9 +302,8 @@ class TimeOrder:
         return [SEQ.unpack_from(key, 1 + SEQ.size)[0] for key in due]
 
     def oldest_ms(self) -> int | None:
-        for key, _ in self.kv.scan(TIME):
-            return SEQ.unpack_from(key, 1)[0] - _TIME_BIAS
-        return None
+        oldest = next(self.kv.scan(TIME), None)
+        return None if oldest is None else SEQ.unpack_from(oldest[0], 1)[0] - _TIME_BIAS
 
 
 class Markers:

@@ -53,6 +53,22 @@ def sample_mod(values: HashArray, rate: int) -> npt.NDArray[np.intp]:
     return np.flatnonzero(values < bound)
 
 
+def packed_anchors(hashes: npt.ArrayLike, positions: npt.ArrayLike) -> Anchors:
+    """Anchors packed from their hashes and ascending positions, as the compiled pass packs them;
+    ValueError when two are more than 255 characters apart (or out of order)."""
+    hashes, positions = np.asarray(hashes, dtype=np.uint32), np.asarray(positions, dtype=np.int64)
+    steps = np.diff(positions, prepend=0)
+    if hashes.shape != positions.shape or (steps.size and (steps.min() < 0 or steps.max() > 255)):
+        raise ValueError("anchors must be in position order, at most 255 characters apart")
+    return Anchors(hashes.astype(">u4").tobytes() + steps.astype(np.uint8).tobytes())
+
+
+def positions_of(anchors: Anchors) -> npt.NDArray[np.uint32]:
+    """Where each anchor lies in its text: the packed offsets, each from the one before, added up."""
+    steps = np.frombuffer(anchors.packed, dtype=np.uint8, offset=4 * len(anchors))
+    return np.cumsum(steps, dtype=np.uint32)
+
+
 def anchors_of(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = ANCHOR_WINDOW) -> Anchors:
     """anchors.anchors_of, all of them (most=len(points) there)."""
     if points.size < k:
@@ -61,7 +77,7 @@ def anchors_of(points: npt.NDArray[np.uint32], k: int = ANCHOR_K, window: int = 
     positions = winnow(values, window)
     # the low 32 bits: winnowing keeps small values, so their high bits are mostly zero
     hashes = (values[positions] & U64(0xFFFFFFFF)).astype(np.uint32)
-    return Anchors.of(hashes, positions)
+    return packed_anchors(hashes, positions)
 
 
 def distinct_count(anchors: Anchors) -> int:
@@ -81,12 +97,13 @@ def passages(mine: Anchors, other: Anchors, limit: int = 3, k: int = ANCHOR_K) -
     sorted_hashes = other.hashes[order]
     lo = np.searchsorted(sorted_hashes, mine.hashes, side="left")
     hi = np.minimum(np.searchsorted(sorted_hashes, mine.hashes, side="right"), lo + _REPEATS)
+    mine_places, other_places = positions_of(mine), positions_of(other)
     runs: list[list[int]] = []  # start, last, other start, other last, anchors
     latest: dict[int, int] = {}  # diagonal band → the latest run in it
     for i in np.flatnonzero(hi > lo).tolist():
-        at = int(mine.positions[i])
+        at = int(mine_places[i])
         for j in order[lo[i] : hi[i]].tolist():
-            other_at = int(other.positions[j])
+            other_at = int(other_places[j])
             band = (other_at - at) // _PASSAGE_SHIFT
             run = _extendable(runs, latest, band, at, other_at)
             if run is None:

@@ -54,17 +54,19 @@ def test_the_compiled_anchors_are_the_reference_s_bit_for_bit(prose: tuple[str, 
             expected = reference.anchors_of(text, k, window)
             got = anchors_of(text, k, window, most=text.size)
             assert got == expected and len(got) > 0
-            assert got.positions.dtype == np.uint32 and got.hashes.dtype == np.uint32
+            assert reference.positions_of(got).dtype == np.uint32 and got.hashes.dtype == np.uint32
             assert got.distinct_count == reference.distinct_count(expected)
             first = anchors_of(text, k, window, most=3)  # the first ones only
-            assert first == Anchors.of(expected.hashes[:3], expected.positions[:3])
+            assert first == reference.packed_anchors(
+                expected.hashes[:3], reference.positions_of(expected)[:3]
+            )
 
 
 def test_winnowing_keeps_an_anchor_in_every_window(prose: tuple[str, ...]) -> None:
     for text in prose:
         found = anchors_of(points(text))
         shingles = points(text).size - ANCHOR_K + 1
-        gaps = np.diff(np.concatenate(([-1], found.positions.astype(np.int64), [shingles])))
+        gaps = np.diff(np.concatenate(([-1], reference.positions_of(found).astype(np.int64), [shingles])))
         assert gaps.max() <= ANCHOR_WINDOW, "a window of shingles without an anchor"
         assert len(found) <= 2 * shingles / (ANCHOR_WINDOW + 1) * 1.5 + 2  # density about 2/(w+1)
 
@@ -175,10 +177,10 @@ def test_anchors_round_trip_records_and_the_wire(prose: tuple[str, ...]) -> None
     decoded = decode_signed(encode_signed(signed))
     assert isinstance(decoded, Signed) and decoded.sketch.anchors == anchors
     with pytest.raises(ValueError, match="255"):
-        Anchors.of(np.array([1, 2], np.uint32), np.array([0, 400], np.uint32))
+        reference.packed_anchors(np.array([1, 2], np.uint32), np.array([0, 400], np.uint32))
     with pytest.raises(ValueError, match="order"):
-        Anchors.of(np.array([1, 2], np.uint32), np.array([9, 3], np.uint32))
-    unpacked = Anchors.of(anchors.hashes, anchors.positions)
+        reference.packed_anchors(np.array([1, 2], np.uint32), np.array([9, 3], np.uint32))
+    unpacked = reference.packed_anchors(anchors.hashes, reference.positions_of(anchors))
     assert unpacked == anchors and unpacked.packed == anchors.packed
 
 

@@ -651,7 +651,9 @@ def test_anchors_at_any_alignment_are_the_reference_s() -> None:
     reference = reference_anchors.anchors_of(points, 24, 200)
     assert packed == reference.packed and len(reference) > 0
     assert sketch.anchors(points, 24, 200, anchors_module._ANCHOR_SEED, 3) == (
-        anchors_module.Anchors.of(reference.hashes[:3], reference.positions[:3]).packed
+        reference_anchors.packed_anchors(
+            reference.hashes[:3], reference_anchors.positions_of(reference)[:3]
+        ).packed
     )
 
 

@@ -38,6 +38,7 @@ from neardup.state.tables import (
     seq_key,
 )
 from tests.support.prose import PROSE
+from tests.support.reference_anchors import packed_anchors
 from tests.support.signing import signed
 from tests.support.state import bucket_seqs
 
@@ -140,7 +141,7 @@ def test_an_earlier_holder_rejoins_only_the_buckets_it_left(kv: Reads) -> None:
 
 
 def anchors(*hashes: int) -> Anchors:
-    return Anchors.of(list(hashes), list(range(0, 10 * len(hashes), 10)))
+    return packed_anchors(list(hashes), list(range(0, 10 * len(hashes), 10)))
 
 
 def test_posting_lists_hold_each_distinct_anchor_once_per_article(kv: Reads) -> None:
