@@ -69,12 +69,8 @@ def waiting(state: FetchState, delivered: int | None) -> int:
     offset of the last record against the high-water mark: a commit marker or an aborted record
     holds an offset that no agent is ever delivered, and an idle worker under exactly-once would
     look wedged for good."""
-    unfetched = 0
-    if state.position is not None and state.end is not None:
-        unfetched = max(state.end - state.position, 0)
-    untaken = 0
-    if state.handed is not None and delivered is not None:
-        untaken = max(state.handed - delivered, 0)
+    unfetched = 0 if state.position is None or state.end is None else max(state.end - state.position, 0)
+    untaken = 0 if state.handed is None or delivered is None else max(state.handed - delivered, 0)
     return unfetched + untaken
 
 
@@ -84,8 +80,7 @@ def unacknowledged(stages: Sequence[Deliveries], limit: float) -> str | None:
     bounds the wait), so it makes the worker not ready, not dead."""
     now = time.monotonic()
     for stage in stages:
-        if stage.unsettled and now - stage.settled_at > limit:
-            waited = now - stage.settled_at
+        if stage.unsettled and (waited := now - stage.settled_at) > limit:
             return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
     return None
 

@@ -60,6 +60,7 @@ class Child:
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
+        self.pid = process.pid
         self.lock = asyncio.Lock()
 
     @classmethod
@@ -78,10 +79,6 @@ class Child:
             child.stop()
             raise
         return child
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
 
     async def call(self, request: object, timeout: float | None = None) -> object:
         async with self.lock:
@@ -172,10 +169,7 @@ def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
 def widen_pipe(fd: int) -> int:
     """Make the pipe at `fd` (either end) hold PIPE_BYTES; returns its size in bytes, 0 where it
     cannot be changed (not Linux, not a pipe, or above what this user may ask): the default stays."""
-    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if setter is None:
-        return 0
     try:
-        return fcntl.fcntl(fd, setter, PIPE_BYTES)
-    except OSError:
+        return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (AttributeError, OSError):  # AttributeError: no F_SETPIPE_SZ off Linux
         return 0

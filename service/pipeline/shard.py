@@ -169,7 +169,7 @@ class IndexShard:
     applied_offset: int = -1  # the last signatures message applied
     # per input partition ("topic:partition"), the last input offset applied
     inputs: dict[str, int] = field(default_factory=dict)
-    _checkpointed: tuple[int, dict[str, int], tuple[int, int]] = (-1, {}, (0, 0))
+    _checkpointed: tuple[int, dict[str, int], dict[str, int]] = (-1, {}, {"expired": 0, "deleted": 0})
     # when each chunk held in the overlay was decided (`begin`)
     _decided_at: dict[int, int] = field(default_factory=dict)
 
@@ -312,16 +312,16 @@ class IndexShard:
         if self.applied_offset != offset:
             self.changelog[OFFSET_KEY] = str(self.applied_offset).encode()
         if (now_removed := self._removed()) != removed:
-            expired, deleted = now_removed
-            self.changelog[REMOVED_KEY] = orjson.dumps({"expired": expired, "deleted": deleted})
+            self.changelog[REMOVED_KEY] = orjson.dumps(now_removed)
         self._checkpointed = (self.applied_offset, dict(self.inputs), now_removed)
 
     def _applied(self) -> dict[bytes, bytes]:
         """The applied offsets as the state's metadata keeps them."""
         return {OFFSET_KEY: str(self.applied_offset).encode(), INPUTS_KEY: orjson.dumps(self.inputs)}
 
-    def _removed(self) -> tuple[int, int]:
-        return self.state.counts.expired, self.state.counts.deleted
+    def _removed(self) -> dict[str, int]:
+        """The removal counts, as REMOVED_KEY's value holds them."""
+        return {"expired": self.state.counts.expired, "deleted": self.state.counts.deleted}
 
     # -- the derived state's life ------------------------------------------------------------
 
@@ -381,10 +381,10 @@ class IndexShard:
             return None, "older_than_delete_retention"
         return position, "ok"
 
-    def restore(self, entries: Sequence[Entry], next_offset: int, since_ms: int) -> int:
+    def restore(self, entries: Sequence[Entry], next_offset: int, since_ms: int) -> None:
         """Apply changelog records, in their order, after the state's position: one step, committed
         with the position `next_offset` (the offset after the last of them) and `since_ms`.
-        Returns how many were applied. Records of an earlier format are refused."""
+        Records of an earlier format are refused."""
         if (layers := self.layers) is not None:
             layers.hold(0)  # nothing else is held during a restore: the position lands in this layer
         for key, value in entries:
@@ -393,7 +393,6 @@ class IndexShard:
         if layers is not None:
             layers.commit_through(0)
         self._checkpointed = (self.applied_offset, dict(self.inputs), self._removed())
-        return len(entries)
 
     def hold(self, chunk: int, writes: Sequence[Entry]) -> None:
         """Writes a chunk made before its process was replaced, held again as chunk `chunk`'s until
@@ -541,18 +540,17 @@ def decide_messages(
         if marker is not None:
             marker.clear()
     shard.checkpoint()
-    state = shard.state
-    counts = state.counts
+    counts = shard.state.counts
     return BatchOutcome(
         entries,
         counts.articles,
         handled,
         counts.clusters,
         counts.buckets,
-        state.oldest_ms() if counts.articles else None,
+        shard.state.oldest_ms() if counts.articles else None,
         counts.newest_ms,
         counts.largest_bucket,
-        size.measure(state),
+        size.measure(shard.state),
         counts.postings,
         counts.boilerplate,
     )
