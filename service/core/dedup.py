@@ -239,8 +239,7 @@ def decide(
         article_id, seq, sketch, keys, state, params, not_before
     )
     article = IndexedArticle(article_id, version, seq, sketch, decision, keys, time_ms, cluster, cluster_id)
-    revived = existing is None and last is not None
-    return Outcome(article, IndexUpdate(article, existing, revived))
+    return Outcome(article, IndexUpdate(article, existing, revived=existing is None and last is not None))
 
 
 Matched = tuple[Decision, int, str]  # the decision, and the cluster it puts the article in

@@ -172,10 +172,9 @@ class IndexState:
         the posting lists, the full ones (boilerplate) left out."""
         # one more than the limit: one may be the excluded article
         ranked = self.postings.lookup(anchors, self._seq - 1, limit + 1)
-        seqs = [seq for seq, _ in ranked]
         prospects = [
             (p, count)
-            for p, (_, count) in zip(self.versions.prospects(seqs), ranked, strict=True)
+            for p, (_, count) in zip(self.versions.prospects([seq for seq, _ in ranked]), ranked, strict=True)
             if p is not None and p.article_id != exclude
         ]
         return cast(list[tuple[Prospect, int]], prospects[:limit])
