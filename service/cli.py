@@ -144,30 +144,25 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     if sign_processes < 0:
         raise ConfigError("--sign-processes must be 0 or more")
     try:
-        state = open_state(args.state or None, values["bucket_cap"])
-    except StateError as exc:
-        return _error(exc)
-    try:
-        summary = run_file(
-            Path(args.input),
-            Path(args.output),
-            state,
-            params,
-            dead_letter_path=Path(args.dead_letters) if args.dead_letters else None,
-            max_text_bytes=values["max_text_bytes"],
-            progress=sys.stderr.isatty() and not args.quiet,
-            retention=retention_window(values),
-            feed_path=Path(args.unique_out) if args.unique_out else None,
-            feed_verdicts=parse_verdict_filter(values["unique_filter"]),
-            sign_processes=sign_processes,
-        )
-    except ResumeMismatch as exc:
+        with contextlib.closing(open_state(args.state or None, values["bucket_cap"])) as state:
+            summary = run_file(
+                Path(args.input),
+                Path(args.output),
+                state,
+                params,
+                dead_letter_path=Path(args.dead_letters) if args.dead_letters else None,
+                max_text_bytes=values["max_text_bytes"],
+                progress=sys.stderr.isatty() and not args.quiet,
+                retention=retention_window(values),
+                feed_path=Path(args.unique_out) if args.unique_out else None,
+                feed_verdicts=parse_verdict_filter(values["unique_filter"]),
+                sign_processes=sign_processes,
+            )
+    except (StateError, ResumeMismatch) as exc:  # StateError: the state could not be opened
         return _error(exc)
     except SigningFailed as exc:
         where = "" if args.state else " (without --state a rerun starts over)"
         return _error(f"{exc}{where}", 1)
-    finally:
-        state.close()
     print(summary.render())
     return 0
 
@@ -184,11 +179,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if not (path / "CURRENT").exists():
             return _error(f"no state at {args.state}")
         try:
-            state = RocksState(path, read_only=True)
-        except StateError as exc:
+            with contextlib.closing(RocksState(path, read_only=True)) as state:
+                stats = state.stats()
+        except StateError as exc:  # the state could not be opened
             return _error(exc)
-        with contextlib.closing(state):
-            stats = state.stats()
     else:
         from .stream.commands import changelog_stats
 

@@ -156,6 +156,10 @@ class Setting:
         """A value as a variable or a flag writes it, converted and checked; `where` names it."""
         return self._converted(self.kind.from_text, raw, where)
 
+    def from_environ(self, environ: Mapping[str, str]) -> Any:
+        """Its variable's value in `environ`, converted and checked, else its default."""
+        return self.parse(environ[self.env], self.env) if self.env in environ else self.default
+
     def coerce(self, value: Any, where: str) -> Any:
         """A value given as a Python object (a keyword), as its kind, checked."""
         return self._converted(self.kind.from_value, value, where)
@@ -755,15 +759,8 @@ class FlagSet:
         """Every setting's value: its flag's, else its variable's (when `env`), else its default."""
         environ = (os.environ if environ is None else environ) if self.env else {}
         given = self.given(args)
-        values = {}
-        for setting in (s for s in self.settings if s.name not in self.refusals):
-            if setting.name in given:
-                values[setting.name] = given[setting.name]
-            elif setting.env in environ:
-                values[setting.name] = setting.parse(environ[setting.env], setting.env)
-            else:
-                values[setting.name] = setting.default
-        return values
+        taken = (s for s in self.settings if s.name not in self.refusals)
+        return {s.name: given[s.name] if s.name in given else s.from_environ(environ) for s in taken}
 
 
 def markdown() -> str:

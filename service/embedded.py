@@ -107,8 +107,7 @@ class ProgressBar:
         bar = "#" * int(share * 30)
         rate = articles / max(now - self.started, 1e-9)
         line = f"\r[{bar:<30}] {share:6.1%} {articles:,} articles {rate:,.0f}/s"
-        sys.stderr.write(line + "\n" if final else line)
-        sys.stderr.flush()
+        print(line, end="\n" if final else "", file=sys.stderr, flush=True)
 
 
 _PROGRESS_KEY = b"embedded-progress:"
@@ -239,12 +238,26 @@ class _Mark(NamedTuple):
 
 
 def _resumed_mark(saved: bytes | None, feed_path: Path | None, feed_verdicts: frozenset[str]) -> _Mark:
-    """Where the last run over this input stopped, from its checkpoint in the state."""
+    """Where the last run over this input stopped, from its checkpoint in the state. A run with a
+    feed is refused when the checkpointed run fed nothing or fed other kinds: continuing would leave
+    the feed without the earlier lines, or mix two filters in one file."""
     if saved is None:
         return _Mark()
     mark = orjson.loads(saved)
-    feed = 0 if feed_path is None else _resumed_feed_offset(mark, feed_path, feed_verdicts)
-    return _Mark(mark["input"], mark["output"], mark.get("dead", 0), feed, mark["line"])
+    # a checkpoint is written after a line: a run without "feed" in it read some and fed none
+    if feed_path is not None and "feed" not in mark:
+        raise ResumeMismatch(
+            f"the state's earlier run over this input wrote no --unique-out feed, so {feed_path} "
+            f"would lack lines 1..{mark['line']}; start with a new --state directory"
+        )
+    if feed_path is not None and mark["feed_verdicts"] != sorted(feed_verdicts):
+        raise ResumeMismatch(
+            f"the state's earlier run fed {','.join(mark['feed_verdicts'])} verdicts, this one "
+            f"{','.join(sorted(feed_verdicts))}: keep the same --unique-filter, or start with a "
+            "new --state directory"
+        )
+    # without a feed, the feed's offset is never used
+    return _Mark(mark["input"], mark["output"], mark.get("dead", 0), mark.get("feed", 0), mark["line"])
 
 
 @dataclass
@@ -405,23 +418,6 @@ async def _decide_while_signing(
 
 class ResumeMismatch(Error, RuntimeError):
     """The state says more was written than the output file holds: they do not belong together."""
-
-
-def _resumed_feed_offset(mark: dict[str, Any], feed_path: Path, feed_verdicts: frozenset[str]) -> int:
-    """Where the feed continues. Refused when the checkpointed run fed nothing or fed other kinds:
-    continuing would leave the feed without the earlier lines, or mix two filters in one file."""
-    if "feed" not in mark:  # a checkpoint is written after a line: its run read some
-        raise ResumeMismatch(
-            f"the state's earlier run over this input wrote no --unique-out feed, so {feed_path} "
-            f"would lack lines 1..{mark['line']}; start with a new --state directory"
-        )
-    if mark["feed_verdicts"] != sorted(feed_verdicts):
-        raise ResumeMismatch(
-            f"the state's earlier run fed {','.join(mark['feed_verdicts'])} verdicts, this one "
-            f"{','.join(sorted(feed_verdicts))}: keep the same --unique-filter, or start with a "
-            "new --state directory"
-        )
-    return int(mark["feed"])
 
 
 def _written_as_it_comes(path: Path) -> bool:
