@@ -450,10 +450,6 @@ class IndexShard:
         self.inputs = dict(orjson.loads(inputs)) if inputs else {}
         self._checkpointed = (self.applied_offset, dict(self.inputs), self._removed())
 
-    def close(self) -> None:
-        """Close the state; writes not committed are lost, as in a crash."""
-        self.state.close()
-
 
 # -- the worker's batches: signatures messages in, outcomes out (they cross the decider's pipe) --
 

@@ -137,7 +137,7 @@ def run_configuration(name: str, signed: Path, block: int, state_dir: Path) -> d
         gc.freeze()
         figures["frozen_gc_ms"] = full_collection_ms()
         gc.unfreeze()
-    stage.close()
+    stage.state.close()
     return figures
 
 

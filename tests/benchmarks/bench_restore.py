@@ -160,7 +160,7 @@ def build(directory: Path, count: int, seed: int) -> int:
     signer.join()
     spool.out.close()
     shard.state.kv.flush()
-    shard.close()
+    shard.state.close()
     seconds = time.perf_counter() - started
     print(f"  built {count:,} articles, {spool.count:,} changelog records in {seconds:.0f} s", flush=True)
     return spool.count
@@ -206,7 +206,7 @@ def mark_position(index: Path, end: int) -> None:
     """What the worker's index records once it reflects the changelog up to `end`."""
     shard = IndexShard(RocksState(index), DedupParams(), changelog={})
     shard.mark_position(end, round(time.time() * 1000))
-    shard.close()
+    shard.state.close()
 
 
 # -- the workers and what they say ----------------------------------------------------------------

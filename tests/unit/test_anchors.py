@@ -224,7 +224,7 @@ def test_without_the_containment_index_an_excerpt_is_unique_and_its_state_is_ano
     assert (d.kind, d.match_id, d.passages) == ("unique", None, ())
     assert shard.state.counts.postings == 0
     assert not any(key.startswith(POSTING) for key, _ in shard.state.kv.scan(POSTING))
-    shard.close()
+    shard.state.close()
     with pytest.raises(IncompatibleState, match=r"anchors: .*\(setting containment_index\)"):
         IndexShard(RocksState(tmp_path / "off"), PARAMS)
 
@@ -292,7 +292,7 @@ def test_posting_lists_read_back_follow_the_overlay_through_a_discard(
         assert lists and all(len(stored) == POSTING_ENTRY for stored in lists.values())
         assert [p.article_id for p, _ in state.anchor_candidates(excerpt, "", 4)] == ["b"]
     finally:
-        shard.close()
+        shard.state.close()
 
 
 def test_posting_lists_counted_in_c_as_the_reference_counts_them() -> None:

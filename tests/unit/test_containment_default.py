@@ -63,7 +63,7 @@ def worker_state_of_the_earlier_default(path: Path, texts: list[str]) -> Entries
     shard.mark_position(0, 0)
     items = [signed(f"old{n}", text, params=EARLIER_DEFAULT) for n, text in enumerate(texts)]
     assert [d.kind for d in decide(shard, items, chunk=1)] == ["unique"] * len(texts)
-    shard.close()
+    shard.state.close()
     return entries
 
 
@@ -93,7 +93,7 @@ def test_state_of_the_earlier_default_opens_with_the_index_off_and_no_rebuild(tm
     # as before: an excerpt out of LSH's reach stays unique, and no posting list is kept
     assert decide(shard, [signed("part", part, params=EARLIER_DEFAULT)])[0].kind == "unique"
     assert shard.state.counts.postings == 0
-    shard.close()
+    shard.state.close()
     assert stored_header(tmp_path / "index") == header  # nothing rewritten
 
 
@@ -119,7 +119,7 @@ def test_the_worker_rebuilds_state_of_the_earlier_default_under_the_new_default(
         assert new.kind == "unique" and (part.kind, part.match_id) == ("partial", "new") and part.passages
         assert shard.state.counts.postings > 0
     finally:
-        shard.close()
+        shard.state.close()
     assert stored_header(tmp_path / "index") == params.header()
 
 

@@ -268,7 +268,7 @@ def test_a_restored_index_equals_one_rebuilt_from_the_whole_changelog(tmp_path: 
         live.decide(chunk, n, commit=n * 10 < stop_at)
     committed = Position.decode(live.shard.state.get_meta(POSITION_KEY))
     assert committed is not None and 0 < committed.offset < len(live.entries)
-    live.shard.close()  # the held chunks are lost with the process
+    live.shard.state.close()  # the held chunks are lost with the process
 
     restored = IndexShard(RocksState(tmp_path / "index", layered=True), PARAMS, changelog={})
     point, why = restored.restore_point(len(live.entries), committed.since_ms, None)
@@ -300,8 +300,8 @@ def test_a_restored_index_equals_one_rebuilt_from_the_whole_changelog(tmp_path: 
         assert mine.expired > 0 and mine.deleted > 0  # the tail or the state held both kinds
         assert restored.state.next_seq() == rebuilt.state.next_seq()
     finally:
-        restored.close()
-        rebuilt.close()
+        restored.state.close()
+        rebuilt.state.close()
 
 
 def test_a_restore_point_is_refused_when_compaction_may_have_dropped_its_tombstones(tmp_path: Path) -> None:
@@ -315,7 +315,7 @@ def test_a_restore_point_is_refused_when_compaction_may_have_dropped_its_tombsto
     assert live.shard.restore_point(end, young, retention) == (point, "ok")
     assert live.shard.restore_point(end, young + 1, retention) == (None, "older_than_delete_retention")
     assert live.shard.restore_point(end - 1, young, retention) == (None, "past_changelog_end")
-    live.shard.close()
+    live.shard.state.close()
     fresh = IndexShard(RocksState(tmp_path / "fresh", layered=True), PARAMS, changelog={})
     assert fresh.restore_point(end, young, retention) == (None, "no_position")
-    fresh.close()
+    fresh.state.close()
