@@ -529,18 +529,15 @@ class Settings:
             )
         self.params()
 
-    def values(self) -> dict[str, Any]:
-        return {setting.name: getattr(self, setting.name) for setting in for_mode(Mode.WORKER)}
-
     def feed_kinds(self) -> frozenset[str]:
         """The verdict kinds whose articles go to the filtered feed (NEARDUP_UNIQUE_TOPIC)."""
         return parse_verdict_filter(self.unique_filter)
 
     def params(self) -> DedupParams:
-        return engine_params(self.values())
+        return engine_params(vars(self))  # its fields are the settings
 
     def retention_window(self) -> Retention:
-        return retention_window(self.values())
+        return retention_window(vars(self))
 
     def group_instance_id(self) -> str | None:
         """The consumer's static group membership id (Kafka's group.instance.id), None for none.
@@ -656,11 +653,10 @@ def engine_params(values: Mapping[str, Any]) -> DedupParams:
     """The engine's parameters from settings' values (a missing one: its default); what the
     engine refuses (a banding that does not fit, say) is a ConfigError in its own words."""
     v = {setting.name: values.get(setting.name, setting.default) for setting in SETTINGS}
-    # a setting named as a field of DedupParams is that field; its compound fields take several
-    same = {param.name: v[param.name] for param in fields(DedupParams) if param.name in v}
     try:
         return DedupParams(
-            **same,
+            # a setting named as a field of DedupParams is that field; its compound fields take several
+            **{param.name: v[param.name] for param in fields(DedupParams) if param.name in v},
             shingle=ShingleOptions(v["shingle_size"], "word" if v["word_shingles"] else "char"),
             normalize=NormalizeOptions(
                 v["normalize_nfkc"], v["normalize_casefold"], v["normalize_whitespace"]

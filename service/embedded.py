@@ -152,7 +152,6 @@ def run_file(
     feed_path: Path | None = None,
     feed_verdicts: frozenset[str] = DEFAULT_FEED_VERDICTS,
     sign_processes: int = 0,
-    sign_batch: int | None = None,
     decide_batch: int = DECIDE_BATCH,
 ) -> RunSummary:
     """Process a JSON-lines file of articles into a JSON-lines file of verdicts. A line
@@ -169,8 +168,8 @@ def run_file(
 
     An output that is a device or a pipe needs `dead_letter_path` (ConfigError otherwise).
 
-    `sign_processes`: signing helpers (0: sign in this process), given `sign_batch` lines at a
-    time (default SIGN_BATCH); the outputs are the same either way. `decide_batch`: lines decided
+    `sign_processes`: signing helpers (0: sign in this process), given SIGN_BATCH lines at a
+    time; the outputs are the same either way. `decide_batch`: lines decided
     in one call of the shard and checkpointed together. An article whose signing
     fails unexpectedly is dead-lettered (internal_error), one that breaks its helper
     (processing_failed), as in the worker; helpers that cannot start raise SigningFailed,
@@ -201,7 +200,7 @@ def run_file(
             for batch in _batches(lines, decide_batch, SIGN_BATCH_BYTES):
                 run.decide(batch, [_sign_here(stage, line, run.source(line)) for line in batch])
         else:
-            batches = _batches(lines, sign_batch or SIGN_BATCH, SIGN_BATCH_BYTES)
+            batches = _batches(lines, SIGN_BATCH, SIGN_BATCH_BYTES)
             asyncio.run(_decide_while_signing(batches, stage, sign_processes, decide_batch, run))
         bar.update(source.tell(), summary.articles, final=True)
     state.compact()

@@ -27,7 +27,7 @@ import orjson
 import pytest
 
 import neardup
-from neardup import cli
+from neardup import cli, embedded
 from neardup.core.normalize import is_default_ignorable, normalize
 from neardup.core.params import DedupParams
 from neardup.core.retention import Retention, parse_duration_ms
@@ -802,13 +802,14 @@ class Lines:
 @pytest.mark.parametrize("seed", SEEDED)
 @pytest.mark.parametrize("store", ["memory", "rocks", "helpers"])
 def test_embedded_mode_gives_every_line_one_outcome(
-    seed: int, store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    seed: int, store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`store` "helpers": in memory, signed by a helper process in small batches."""
     lines = Lines.write(tmp_path / "in.jsonl", Fuzzer(seed), EMBEDDED_LINES)
     output, feed, state_dir = tmp_path / "verdicts.jsonl", tmp_path / "unique.jsonl", tmp_path / "state"
     state: IndexState = RocksState(state_dir) if store == "rocks" else MemoryState()
-    helpers = {"sign_processes": 1, "sign_batch": 50} if store == "helpers" else {}
+    monkeypatch.setattr(embedded, "SIGN_BATCH", 50)  # with helpers, in small batches
+    helpers = {"sign_processes": 1} if store == "helpers" else {}
     try:
         summary = run_file(
             lines.path, output, state, PARAMS, max_text_bytes=MAX_TEXT, feed_path=feed, **helpers

@@ -250,7 +250,7 @@ def test_the_same_settings_reach_the_same_engine_in_every_mode(monkeypatch: pyte
         assert by_flag == by_env
         made[mode.value] = engine_params(by_flag), by_flag
     worker = Settings.from_env({BY_NAME[n].env: text for n, (text, _) in all_other(Mode.WORKER).items()})
-    made["worker env"] = worker.params(), worker.values()
+    made["worker env"] = worker.params(), vars(worker)
     library = keyword_values({n: value for n, (_, value) in all_other(Mode.LIBRARY).items()})
     made["library"] = engine_params(library), library
     for where, (params, values) in made.items():
