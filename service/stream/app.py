@@ -31,8 +31,8 @@ from .progress import Progress
 from .purge import SignaturesPurge
 from .sign_agent import SignAgent
 from .standby import Standby
-from .topics import ChangelogReader, LogReader, changelog_topic, max_request_bytes
-from .transactions import Fenced, InputTransactions, ShardTransactions, producer_of
+from .topics import ChangelogReader, LogReader, max_request_bytes
+from .transactions import Fenced, InputTransactions, ShardTransactions
 
 log = logging.getLogger("neardup.stream")
 WATCH_INTERVAL_S = 1.0  # how often the event loop reports on itself and its agents (/health, /ready)
@@ -51,14 +51,13 @@ class Runtime:
     decider: Decider
     failure: Failure
     progress: Progress
-    signed: Deliveries  # the sign stage's batches, acknowledged once what they caused is
-    indexed: Deliveries  # the index stage's
-    hand_off: HandOff
     sign: SignAgent
     index: IndexAgent
 
     def stages(self) -> list[Deliveries]:
-        return [self.signed, self.indexed]
+        """Each stage's batches, acknowledged once what they caused is: the sign stage's, the
+        index stage's."""
+        return [self.sign.deliveries, self.index.deliveries]
 
     def stalled(self) -> str | None:
         """Why the worker is wedged, if it is (Progress.stalled), but for the topics whose agents
@@ -68,7 +67,7 @@ class Runtime:
                 self.progress.took(topic)
             return None
         topics = (self.settings.input_topic, self.settings.signatures_topic)
-        exempt = busy(topics, (self.signed, self.indexed), self.decider.opening, self.signer.isolating)
+        exempt = busy(topics, self.stages(), self.decider.opening, self.signer.isolating)
         return self.progress.stalled(self.settings.stall_timeout, exempt)
 
     def unready(self) -> str | None:
@@ -92,7 +91,7 @@ def exit_after(seconds: float) -> None:
     timer.start()
 
 
-def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> faust.TopicT:
+def _raw_topic(app: faust.App, name: str, partitions: int) -> faust.TopicT:
     return app.topic(
         name,
         key_type=bytes,
@@ -100,7 +99,6 @@ def _raw_topic(app: faust.App, name: str, partitions: int, **kwargs: Any) -> fau
         key_serializer="raw",
         value_serializer="raw",
         partitions=partitions,
-        **kwargs,
     )
 
 
@@ -130,8 +128,6 @@ def create_app(
     app = _faust_app(settings, failure)
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)
-    _raw_topic(app, settings.dead_letter_topic, 1)  # declared: sent to in batches of our own
-    _raw_topic(app, changelog_topic(settings), 1, compacting=True)  # the index's changelog, likewise
     runtime = _runtime(app, settings, metrics, failure, signatures)
     _wire(app, runtime, articles, signatures)
     return app, runtime
@@ -219,12 +215,10 @@ def _runtime(
     outputs = Outputs(metrics, settings.dead_letter_topic, lambda: framework.aiokafka_producer(app))
     commit_point, shard, inputs = _transactions(settings, metrics, failure, decider)
     # under exactly-once the index stage sends through the shard's transactional producer
-    index_outputs = outputs if shard is None else replace(outputs, producer=producer_of(shard))
+    index_outputs = outputs if shard is None else replace(outputs, producer=shard.started_producer)
     index = IndexAgent(settings, decider, index_outputs, progress, failure, indexed, shard, commit_point)
     sign = SignAgent(settings, signer, outputs, signatures, progress, failure, signed, HandOff(), inputs)
-    return Runtime(
-        settings, metrics, signer, decider, failure, progress, signed, indexed, sign.hand_off, sign, index
-    )
+    return Runtime(settings, metrics, signer, decider, failure, progress, sign, index)
 
 
 def _transactions(
@@ -258,7 +252,7 @@ def _transactions(
 def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: faust.TopicT) -> None:
     """The agents on their topics, the shard's assignment hooks, and the app's tasks."""
     signer, failure, metrics = runtime.signer, runtime.failure, runtime.metrics
-    sign, index, hand_off = runtime.sign, runtime.index, runtime.hand_off
+    sign, index = runtime.sign, runtime.index
     shutdown: list[Callable[[], Awaitable[None]]] = cast(Any, app).at_shutdown
     # The signing helpers end with the worker, inside its event loop (the decider is closed on
     # the way: IndexAgent.close); commands.py still stops any that are left once the loop has ended.
@@ -284,7 +278,7 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
 
     @app.task
     async def hand_offs() -> None:
-        await hand_off.run(index.decide_handed_off)
+        await sign.hand_off.run(index.decide_handed_off)
 
     for stage in runtime.stages():
         app.task(stage.run)  # each stage's settling
@@ -306,9 +300,8 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
                 metrics.broker_seen = time.monotonic()
             await asyncio.sleep(interval)
 
-    standby = Standby(runtime.settings, index)
-    if standby.enabled:
-        app.task(standby.run)
+    if runtime.settings.standby_replicas >= 1:
+        app.task(Standby(runtime.settings, index).run)
     purge = SignaturesPurge(runtime.settings, metrics)
     shutdown.append(purge.close)
 

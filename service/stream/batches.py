@@ -36,8 +36,6 @@ async def send_in_batches(
     """Send `messages` to `topic` (to `partition`, else by key as send() would) in as few batches as
     the producer's batch size allows; `headers`, one sequence per message, when they have any.
     `producer`: an aiokafka AIOKafkaProducer."""
-    if not messages:
-        return []
     await producer.partitions_for(topic)  # metadata, for the partitioner
     if partition is not None:
         targets = [partition] * len(messages)

@@ -177,17 +177,14 @@ class Metrics:
         """Liveness: "ok" unless the worker is wedged or done. "failed" once it stops for a failure,
         "stalled" when an agent or the event loop itself is stuck (a liveness probe restarts it),
         "starting" until the helpers are warm. A broker outage is none of these (`readiness`)."""
-        status, reason = "ok", None
-        beat = self.loop_beat
+        beat, stalled = self.loop_beat, self.stalled  # each read once: the event loop writes them
         if self.failure is not None:
-            status, reason = "failed", self.failure
-        elif not self.ready.is_set():
-            status = "starting"
-        elif beat is not None and time.monotonic() - beat > self.stall_timeout:
-            status, reason = "stalled", f"event loop unresponsive for {time.monotonic() - beat:.0f} s"
-        elif self.stalled is not None:
-            status, reason = "stalled", self.stalled
-        return self._answer(status, reason)
+            return self._answer("failed", self.failure)
+        if not self.ready.is_set():
+            return self._answer("starting", None)
+        if beat is not None and time.monotonic() - beat > self.stall_timeout:
+            return self._answer("stalled", f"event loop unresponsive for {time.monotonic() - beat:.0f} s")
+        return self._answer("ok" if stalled is None else "stalled", stalled)
 
     def readiness(self) -> dict[str, Any]:
         """Readiness: "ok" while the worker delivers; "not_ready" while its sends wait for the

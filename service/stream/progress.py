@@ -112,8 +112,7 @@ class Progress:
             await framework.allow_commits_past(self.app, gap.partition, gap.expected, gap.got - 1)
         await stream.acknowledge(batch)
         for tp, offset in {event.message.tp: event.message.offset for event in batch}.items():
-            highwater = self.app.consumer.highwater(tp)
-            if highwater is not None:
+            if (highwater := self.app.consumer.highwater(tp)) is not None:
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - offset - 1, 0))
 
     def stalled(self, limit: float, busy: Set[str] = frozenset()) -> str | None:

@@ -60,9 +60,8 @@ class SignAgent:
         # a later one would be decided without it. Transaction markers take an offset each: on the
         # input a gap is often just that. Each with its headers, forwarded by the filtered feed.
         gaps, entries = await progress.in_log_order(batch, logging.INFO, _entry, _read_back)
-        items = [item for _, _, (item, _) in entries]
         try:
-            results = await self.signer.sign(items)
+            results = await self.signer.sign([item for _, _, (item, _) in entries])
         except SignerFailed as exc:
             self.failure.fail(f"signing_unavailable: {exc}; stopping the worker")
             # Neither this batch (never acknowledged) nor any after it: a replaced agent
@@ -81,7 +80,6 @@ class SignAgent:
                 signed[tp].append(with_original(result.signed, raw or b"", headers))
             else:
                 signed[tp].append(result.signed)
-        refused_times = sum(result.refused_time for result in results)
         every_letter = [letter for tp_letters in letters.values() for letter in tp_letters]
         if self.transactions is not None:
             ends: dict[Any, int] = {}
@@ -101,8 +99,8 @@ class SignAgent:
         async def delivered() -> None:
             await progress.acknowledge(stream, batch, gaps)
             self.outputs.count_dead_letters(every_letter)
-            progress.metrics.articles_in.inc(len(items))
-            progress.metrics.refused_times.inc(refused_times)
+            progress.metrics.articles_in.inc(len(entries))
+            progress.metrics.refused_times.inc(sum(result.refused_time for result in results))
 
         return sends, delivered
 

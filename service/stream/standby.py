@@ -17,15 +17,11 @@ class Standby:
     """Catches the decider's index up with the changelog every `standby_interval` seconds while
     this worker does not own the shard. It takes the index agent's lock, so a catch-up and an
     open (or a decision) never overlap: when the shard is assigned in the middle of one, the open
-    waits for it and then replays only the rest."""
+    waits for it and then replays only the rest. Run only with standby_replicas at 1 or more (app.py)."""
 
     def __init__(self, settings: Settings, index: IndexAgent) -> None:
         self.settings = settings
         self.index = index
-
-    @property
-    def enabled(self) -> bool:
-        return self.settings.standby_replicas >= 1
 
     async def run(self) -> None:
         while True:

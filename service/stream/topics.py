@@ -136,26 +136,26 @@ def max_request_bytes(settings: Settings) -> int:
 async def ensure_topics(settings: Settings) -> dict[str, int]:
     """Create missing topics with the replication asked for; raise TopicMismatch naming the topic if
     a fixed count differs, or a topic the worker writes has fewer replicas, a lower min.insync, a
-    retention that can lose pending messages or takes smaller messages than the worker sends it."""
+    retention that can lose pending messages or takes smaller messages than the worker sends it.
+    Returns each topic's partition count."""
     admin = admin_client(settings)
     await start_client(settings, admin)
     try:
         specs = topic_specs(settings)
         replication = await _replication(admin, settings)
-        existing = await _partition_counts(admin, [s.name for s in specs])
+        existing = await _replicas(admin, [s.name for s in specs])
         if missing := [s for s in specs if s.name not in existing]:
             await _create(admin, missing, replication)
             # new topics reach the metadata a moment after CreateTopics returns
             for _ in range(100):
-                existing = await _partition_counts(admin, [s.name for s in specs])
+                existing = await _replicas(admin, [s.name for s in specs])
                 if all(s.name in existing for s in specs):
                     break
                 await asyncio.sleep(0.2)
         for spec in specs:
-            have = existing.get(spec.name)
-            if have is None:
+            if spec.name not in existing:
                 raise TopicMismatch(f"topic {spec.name!r} could not be created")
-            if have != spec.partitions:
+            if (have := len(existing[spec.name])) != spec.partitions:
                 if spec.exact:
                     raise TopicMismatch(
                         f"topic {spec.name!r} has {have} partitions, the service needs {spec.partitions}; "
@@ -163,9 +163,9 @@ async def ensure_topics(settings: Settings) -> dict[str, int]:
                     )
                 log.info("topic=%s partitions=%d (configured %d; fine)", spec.name, have, spec.partitions)
         written = [spec for spec in specs if spec.max_message_bytes is not None]
-        await _check_replicas(admin, written, replication, settings.bootstrap_servers)
+        _check_replicas(existing, written, replication, settings.bootstrap_servers)
         await _check_configs(admin, written, replication)
-        return existing
+        return {name: len(replicas) for name, replicas in existing.items()}
     finally:
         await admin.close()
 
@@ -218,16 +218,15 @@ async def _create(admin: Admin, missing: list[TopicSpec], replication: Replicati
             )
 
 
-async def _check_replicas(
-    admin: Admin, specs: list[TopicSpec], replication: Replication, bootstrap: str
+def _check_replicas(
+    replicas: dict[str, list[int]], specs: list[TopicSpec], replication: Replication, bootstrap: str
 ) -> None:
     """Refuse a topic the worker writes that has fewer replicas than asked: one broker down would
     stop the worker, and one disk lost would lose what it acknowledged."""
-    for topic in await admin.describe_topics([spec.name for spec in specs]):
-        have = min((len(p["replicas"]) for p in topic.get("partitions") or []), default=replication.factor)
-        if have < replication.factor:
+    for spec in specs:
+        if (have := min(replicas[spec.name])) < replication.factor:
             raise TopicMismatch(
-                f"topic {topic['topic']!r} has {have} replicas, the service asks for {replication.factor} "
+                f"topic {spec.name!r} has {have} replicas, the service asks for {replication.factor} "
                 "(NEARDUP_REPLICATION_FACTOR, by default the broker's default.replication.factor); "
                 f"add replicas with kafka-reassign-partitions.sh --bootstrap-server {bootstrap} "
                 f"--execute --reassignment-json-file FILE, FILE listing each of its partitions with "
@@ -296,9 +295,11 @@ def _configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
     return configs
 
 
-async def _partition_counts(admin: Admin, names: list[str]) -> dict[str, int]:
+async def _replicas(admin: Admin, names: list[str]) -> dict[str, list[int]]:
+    """Each topic of `names` that exists: its partitions' replica counts (their number is its
+    partition count)."""
     return {
-        topic["topic"]: len(topic["partitions"])
+        topic["topic"]: [len(partition["replicas"]) for partition in topic["partitions"]]
         for topic in await admin.describe_topics(names)
         if topic.get("error_code", 0) == 0 and topic.get("partitions")
     }

@@ -110,7 +110,7 @@ class TransactionalWriter:
         self._on_failed = failed or (lambda reason: None)
         self.ended: Ended | None = None
         # run under the lock after each commit, after the batches' own on_commit
-        self.after_commit = after_commit
+        self.after_commit = after_commit or (lambda: None)
 
     async def start(self) -> AIOKafkaProducer:
         """The producer, started once: its start registers the transactional id with the
@@ -199,10 +199,8 @@ class TransactionalWriter:
             return
         self._counted("committed")
         try:
-            for then in transaction.on_commit:
+            for then in [*transaction.on_commit, self.after_commit]:
                 then()
-            if self.after_commit is not None:
-                self.after_commit()
         except Exception as exc:
             # Committed in Kafka; what the stage keeps beside it may not have followed
             log.exception("post_commit_failed transactional_id=%s", self.transactional_id)
@@ -283,6 +281,11 @@ class ShardTransactions(TransactionalWriter):
     """The index shard's writer (the transactional id's default): its verdicts, feed, dead letters
     and changelog."""
 
+    def started_producer(self) -> AIOKafkaProducer:
+        """What Outputs sends through for the index stage: the shard's transactional producer."""
+        assert self.producer is not None, "the shard's transactions start with its assignment"
+        return self.producer
+
 
 class InputTransactions:
     """The sign stage's writers, one per input partition (aiokafka's offsets carry no group
@@ -314,16 +317,6 @@ class InputTransactions:
 
     async def stop(self, commit: bool = True) -> None:
         await self.revoked(list(self.writers), commit)
-
-
-def producer_of(transactions: TransactionalWriter) -> Callable[[], Any]:
-    """What Outputs sends through for the index stage: the shard's transactional producer."""
-
-    def producer() -> Any:
-        assert transactions.producer is not None, "the shard's transactions start with its assignment"
-        return transactions.producer
-
-    return producer
 
 
 class CommitPoint:

@@ -508,8 +508,7 @@ async def test_a_signatures_message_this_worker_sent_is_decided_once_acknowledge
         return sent
 
     monkeypatch.setattr(faust.topics.Topic, "send", acknowledged)
-    assert runtime.hand_off is not None
-    hand_offs = asyncio.create_task(runtime.hand_off.run(runtime.index.decide_handed_off))
+    hand_offs = asyncio.create_task(runtime.sign.hand_off.run(runtime.index.decide_handed_off))
     try:
         # offset 0 through the consumer: the index is opened, the shard is this worker's
         await index_agent.put(_signed(settings, "a", PROSE[0]), key=SHARD_KEY)
