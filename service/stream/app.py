@@ -119,12 +119,11 @@ def create_app(
     metrics: Metrics,
     *,
     exit_later: Callable[[float], None] = lambda seconds: None,
-    stop_worker: Callable[[], None] | None = None,
 ) -> tuple[faust.App, Runtime]:
     """The app and what its agents share. `exit_later`: what bounds a stop for a failure (the
-    worker's command passes exit_after); `stop_worker`: how such a stop starts (default: SIGTERM
-    to this process, as a supervisor would send)."""
-    failure = Failure(metrics, settings.failure_exit_timeout, stop_worker, exit_later)
+    worker's command passes exit_after); such a stop starts with SIGTERM to this process, as a
+    supervisor would send."""
+    failure = Failure(metrics, settings.failure_exit_timeout, exit_later=exit_later)
     app = _faust_app(settings, failure)
     articles = _raw_topic(app, settings.input_topic, settings.input_partitions)
     signatures = _raw_topic(app, settings.signatures_topic, 1)

@@ -396,11 +396,12 @@ class ChangelogReader:
     what a rebuild of the index, and `neardup stats --broker`, read. A consumer is started per call:
     rebuilds are rare, and it must not hold connections between them."""
 
-    def __init__(self, settings: Settings, chunk: int = 2000, stall_s: float = 60.0) -> None:
+    chunk = 2000  # messages per chunk that read and read_after yield
+
+    def __init__(self, settings: Settings, stall_s: float = 60.0) -> None:
         self.settings = settings
         self.topic = changelog_topic(settings)
         self.partition = TopicPartition(self.topic, 0)  # its only one
-        self.chunk = chunk
         # A rebuild that the broker leaves without an answer this long fails (the worker exits,
         # its supervisor restarts it) rather than keep the index shard waiting unreported.
         self.stall_s = stall_s
