@@ -114,12 +114,9 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
     fig = Figure(figsize=(6, 4), dpi=120)
     ax = fig.subplots()
     ax.plot(s, p, color="black", label=f"1-(1-s^{rows})^{bands}")
-    ax.fill_between(
-        s, 0, p, where=s <= threshold, alpha=0.3, color="tab:red", label=f"false positives {fp:.4f}"
-    )
-    ax.fill_between(
-        s, p, 1, where=s >= threshold, alpha=0.3, color="tab:blue", label=f"false negatives {fn:.4f}"
-    )
+    shade = functools.partial(ax.fill_between, s, alpha=0.3)
+    shade(0, p, where=s <= threshold, color="tab:red", label=f"false positives {fp:.4f}")
+    shade(p, 1, where=s >= threshold, color="tab:blue", label=f"false negatives {fn:.4f}")
     ax.axvline(threshold, linestyle="--", color="grey")
     ax.set_xlabel("Jaccard similarity s")
     ax.set_ylabel("P(candidate)")

@@ -276,7 +276,6 @@ def rank(sketch: Sketch, others: Sequence[Prospect], params: DedupParams) -> Ran
     written with other settings), each scored by itself from the sketches (score, on their
     signatures) and ranked by _ranked, with the same rule."""
     if sketch.verifier.size:
-        containment = params.containment_threshold
         try:
             top, match = _sketch.rank(
                 sketch.verifier,
@@ -286,7 +285,7 @@ def rank(sketch: Sketch, others: Sequence[Prospect], params: DedupParams) -> Ran
                 CHANCE_AGREEMENT,
                 params.top_candidates,
                 params.threshold,
-                -1.0 if containment is None else containment,
+                -1.0 if params.containment_threshold is None else params.containment_threshold,
             )
             return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
         except ValueError:  # a verifier's length differs: scored from the sketches
@@ -343,7 +342,9 @@ def _verified_match(
     if contained is None:
         return Decision("unique", None, None, None, None, article_id, False, kept), seq, article_id
     other, kind, inside, contains = contained
-    jaccard = _jaccard_of(sketch, other)
+    # the Jaccard estimate for this one candidate: the verifiers', or the signatures' without them
+    scored = verified_scores(sketch.verifier, sketch.shingle_count, [other])
+    jaccard = float(scored[0][0]) if scored is not None else sketch.estimate_jaccard(other.sketch)
     if not any(c.article_id == other.article_id for c in kept):
         kept += (Candidate(other.article_id, jaccard, inside, contains),)
     return _matched(state, sketch, kind, other, (jaccard, inside, contains), kept)
@@ -404,9 +405,3 @@ def _holds(shared: int, total: int, threshold: float) -> bool:
     if min(shared / total, 1.0) >= threshold:
         return True
     return total >= 3 and shared >= total - 1 and (total - 1) / total < threshold
-
-
-def _jaccard_of(sketch: Sketch, other: Prospect) -> float:
-    """The Jaccard estimate for one candidate: the verifiers', or the signatures' without them."""
-    scored = verified_scores(sketch.verifier, sketch.shingle_count, [other])
-    return float(scored[0][0]) if scored is not None else sketch.estimate_jaccard(other.sketch)

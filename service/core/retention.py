@@ -101,21 +101,16 @@ class Retention:
         """Whether an event time is used: not before the earliest, not too far ahead of `now_ms`."""
         return self.earliest_ms <= time_ms <= now_ms + self.skew_ms
 
-    @property
-    def step_ms(self) -> int:
-        """Expiry runs when the cutoff has moved by this much: 1/1000 of the window, at least 1 s."""
-        return max(1000, self.window_ms // 1000)
-
     def cutoff(self, newest_ms: int | None) -> int | None:
         """Articles with a time before this have expired (None: nothing expires)."""
         return None if not self.enabled or newest_ms is None else newest_ms - self.window_ms
 
     def due(self, cutoff_ms: int | None, last_cutoff_ms: int | None) -> bool:
         """Whether an expiry pass should run for `cutoff_ms`, the last one having run for
-        `last_cutoff_ms`."""
+        `last_cutoff_ms`: when the cutoff has moved by 1/1000 of the window, at least 1 s."""
         if cutoff_ms is None:
             return False
-        return last_cutoff_ms is None or cutoff_ms - last_cutoff_ms >= self.step_ms
+        return last_cutoff_ms is None or cutoff_ms - last_cutoff_ms >= max(1000, self.window_ms // 1000)
 
 
 NO_RETENTION = Retention()  # keep forever

@@ -38,14 +38,6 @@ class ShingleOptions:
 DEFAULT_SHINGLE = ShingleOptions()
 
 
-def _units(text: str, unit: ShingleUnit) -> HashArray:
-    if unit == "char":
-        # surrogatepass: a lone surrogate (possible in a Python str) is one unit, not a crash
-        return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4").astype(U64)
-    words = text.split()
-    return np.fromiter((mmh3.hash64(w, signed=False)[0] for w in words), dtype=U64, count=len(words))
-
-
 def _polynomial(units: HashArray, k: int) -> HashArray:
     """Hash of every window of k units: ((u0*P + u1)*P + u2)… mod 2**64.
 
@@ -74,7 +66,13 @@ def shingle_hashes(text: str, options: ShingleOptions = DEFAULT_SHINGLE) -> Hash
 
     Empty text → empty array. Text shorter than k → one length-tagged hash of the whole text.
     """
-    return shingle_hashes_of_units(_units(text, options.unit), options.k)
+    if options.unit == "char":
+        # surrogatepass: a lone surrogate (possible in a Python str) is one unit, not a crash
+        units = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4").astype(U64)
+    else:
+        words = text.split()
+        units = np.fromiter((mmh3.hash64(w, signed=False)[0] for w in words), dtype=U64, count=len(words))
+    return shingle_hashes_of_units(units, options.k)
 
 
 def shingle_set(text: str, options: ShingleOptions = DEFAULT_SHINGLE) -> HashArray:

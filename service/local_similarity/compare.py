@@ -43,9 +43,7 @@ def compare_local(
     fa, fb = fingerprint_of_words(ta.words, n), fingerprint_of_words(tb.words, n)
     fuzzy: float | None = None
     if reference is not None:
-        fuzzy = exact_jaccard(
-            fuzzy_fingerprint_of_words(ta.words, reference), fuzzy_fingerprint_of_words(tb.words, reference)
-        )
+        fuzzy = exact_jaccard(*(fuzzy_fingerprint_of_words(t.words, reference) for t in (ta, tb)))
     return LocalComparison(
         n=n,
         local=exact_jaccard(fa, fb),

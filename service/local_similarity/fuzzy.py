@@ -8,11 +8,10 @@ identical, so chunks can be an order of magnitude longer than for chunk identity
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -20,7 +19,6 @@ import numpy.typing as npt
 from .fingerprint import U64, combine, word_hashes
 from .terms import STOPWORDS
 
-Chunking = Literal["content", "fixed"]
 # Key of the reference distribution used when none is asked for: 12 classes keep ~4 index terms per
 # class in a 100-word chunk (deviations stable under small edits) while 3^12 = 531441 hash values
 # keep chance collisions between unrelated chunks rare (see bench_local.py for the measurement).
@@ -163,7 +161,6 @@ class FuzzyParams:
     """
 
     chunk_words: int = 100
-    chunking: Chunking = "content"
     thresholds: tuple[float, ...] = (-0.5, 0.5)
 
     def __post_init__(self) -> None:
@@ -171,8 +168,6 @@ class FuzzyParams:
             raise ValueError(f"chunk_words must be >= 4, got {self.chunk_words}")
         if list(self.thresholds) != sorted(set(self.thresholds)):
             raise ValueError(f"thresholds must be strictly ascending, got {self.thresholds}")
-        if self.chunking not in ("content", "fixed"):
-            raise ValueError(f"chunking must be 'content' or 'fixed', got {self.chunking!r}")
 
     @property
     def r(self) -> int:
@@ -183,28 +178,20 @@ class FuzzyParams:
 DEFAULT_FUZZY = FuzzyParams()
 
 
-def chunk_bounds(
-    seq: Sequence[str], chunk_words: int, chunking: Chunking = "content"
-) -> list[tuple[int, int]]:
+def chunk_bounds(seq: Sequence[str], chunk_words: int) -> list[tuple[int, int]]:
     """Word ranges [start, end) of non-overlapping chunks that cover the whole sequence.
 
-    "content": a chunk ends after a word pair whose hash hits 1 in (chunk_words - min) — cut points
+    A chunk ends after a word pair whose hash hits 1 in (chunk_words - min) — cut points
     depend on the words, not on positions, so an inserted or deleted intro moves no later boundary
     and every later chunk keeps its exact words (the paper's "100 words on average"). A chunk holds
     at least chunk_words/4 words (short chunks carry too few terms for a stable distribution) and
-    at most 3 * chunk_words. "fixed": consecutive blocks of chunk_words; a short tail joins the
-    previous block when under half a chunk.
+    at most 3 * chunk_words.
     """
     n = len(seq)
     if n == 0:
         return []
     if n <= chunk_words:
         return [(0, n)]
-    if chunking != "content":
-        cuts = list(range(chunk_words, n, chunk_words))
-        if n - cuts[-1] < chunk_words // 2:
-            cuts.pop()
-        return list(itertools.pairwise([0, *cuts, n]))
     min_len = max(1, chunk_words // 4)
     max_len = 3 * chunk_words
     period = np.uint64(max(1, chunk_words - min_len))
@@ -238,7 +225,7 @@ def fuzzy_hashes_of_words(
     r, k = params.r, reference.k
     if r**k >= 2**64:
         raise ValueError(f"r^k = {r}^{k} does not fit in 64 bits")
-    bounds = chunk_bounds(seq, params.chunk_words, params.chunking)
+    bounds = chunk_bounds(seq, params.chunk_words)
     chunk_of = np.repeat(np.arange(len(bounds)), np.array([e - s for s, e in bounds], dtype=np.int64))
     ids = class_ids(seq, reference)
     keep = ids >= 0

@@ -186,9 +186,6 @@ class IndexState:
         """All indexed articles in arrival order, read lazily."""
         return self.versions.scan()
 
-    def count(self) -> int:
-        return self.counts.articles
-
     def get_meta(self, key: bytes) -> bytes | None:
         return self.kv.get_many([META + key])[0]
 
@@ -394,29 +391,23 @@ class IndexState:
             for article in [decode_record(record) for _, record in stored]:
                 self._add(batch, article, None)  # its record is stored already
             self._commit(batch)
-        self._hand_on_orphans()
-        self._load_markers(markers, chunk)
-        self.counts.expired, self.counts.deleted = removed
-        self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
-        return count
-
-    def _load_markers(self, markers: Iterable[tuple[str, bytes]], chunk: int) -> None:
-        """Deletion markers into the state, with their time index; not for ids held again."""
-        for run in runs_of(markers, chunk):
-            held = self.versions.held([article_id for article_id, _ in run])
-            batch = Batch()
-            for (article_id, stored), is_held in zip(run, held, strict=True):
-                if not is_held:
-                    self.markers.put(batch, article_id, stored)
-            self._commit(batch)
-
-    def _hand_on_orphans(self) -> None:
-        """Clusters whose first article is gone get their earliest surviving member as head."""
+        # clusters whose first article is gone get their earliest surviving member as head
         batch = Batch()
         for cluster, earliest in self.clusters.earliest_members():
             if self.kv.records([cluster])[0] is None:
                 self.clusters.hand_on(batch, cluster, self._head_entry(earliest))
         self._commit(batch)
+        # the deletion markers, with their time index, but those of ids held again
+        for run in runs_of(markers, chunk):
+            held = self.versions.held([article_id for article_id, _ in run])
+            batch = Batch()
+            for (article_id, marker), is_held in zip(run, held, strict=True):
+                if not is_held:
+                    self.markers.put(batch, article_id, marker)
+            self._commit(batch)
+        self.counts.expired, self.counts.deleted = removed
+        self.kv.write(Batch(main={SEQ_KEY: str(self._seq).encode(), COUNTS_KEY: self.counts.encode()}))
+        return count
 
     def compact(self) -> None:
         """Reclaim the space of removed and overwritten entries (at close of a run)."""

@@ -46,8 +46,7 @@ class MemoryKV:
                 yield key, value
 
     def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
-        for key in sorted(self._records):
-            yield key, self._records[key]
+        yield from sorted(self._records.items())
 
     def write(self, batch: Batch) -> None:
         for key, value in batch.main.items():

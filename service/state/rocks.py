@@ -195,10 +195,6 @@ class RocksKV:
         _put_or_delete(writes, batch.records.items(), self._records_handle)
         self._db.write(writes)
 
-    def flush(self) -> None:
-        self._db.flush()
-        self._records.flush()
-
     def compact(self) -> None:
         self._db.compact_range(None, None)
         self._records.compact_range(None, None)

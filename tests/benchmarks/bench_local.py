@@ -252,7 +252,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reference", type=Path, default=REFERENCE_PATH)
     ap.add_argument("--k", type=int, default=None, help="prefix classes (default: reference's)")
     ap.add_argument("--fuzzy-chunk", type=int, default=100)
-    ap.add_argument("--chunking", choices=("content", "fixed"), default="content")
     ap.add_argument("--thresholds", default="-0.5,0.5", help="fuzzy interval boundaries")
     ap.add_argument("--json", type=Path, default=None, help="write all numbers here")
     args = ap.parse_args(argv)
@@ -266,7 +265,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference = load_prefix_reference(args.reference, args.k)
     params = FuzzyParams(
         chunk_words=args.fuzzy_chunk,
-        chunking=args.chunking,
         thresholds=tuple(float(x) for x in args.thresholds.split(",")),
     )
     rng = random.Random(args.seed)
@@ -385,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sizes": sizes,
             "fuzzy_params": {
                 "chunk_words": params.chunk_words,
-                "chunking": params.chunking,
+                "chunking": "content",
                 "thresholds": list(params.thresholds),
                 "k": reference.k,
             },

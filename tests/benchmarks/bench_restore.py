@@ -61,6 +61,7 @@ from neardup.pipeline.sign import SignStage  # noqa: E402
 from neardup.pipeline.wire import Provenance, Signed, decode_signed  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
 from neardup.stream.topics import changelog_topic, ensure_topics  # noqa: E402
+from tests.support.state import flush  # noqa: E402
 
 _LEN = struct.Struct(">II")
 NO_VALUE = 0xFFFFFFFF
@@ -159,7 +160,7 @@ def build(directory: Path, count: int, seed: int) -> int:
             print(f"  {decided:,} decided, the last 100,000 at {100_000 / seconds:.0f}/s", flush=True)
     signer.join()
     spool.out.close()
-    shard.state.kv.flush()
+    flush(shard.state.kv)
     shard.state.close()
     seconds = time.perf_counter() - started
     print(f"  built {count:,} articles, {spool.count:,} changelog records in {seconds:.0f} s", flush=True)

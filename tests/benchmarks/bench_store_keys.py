@@ -38,6 +38,7 @@ from neardup.state.port import Batch  # noqa: E402
 from neardup.state.rocks import RocksKV, RocksOptions  # noqa: E402
 from tests.benchmarks.bench_index_floor import Call, decide_all  # noqa: E402
 from tests.benchmarks.bench_state_size import write_input  # noqa: E402
+from tests.support.state import flush  # noqa: E402
 
 CALL_SIZES = (1, 28, 560, 5600)
 ARTICLES_A_BATCH = 20
@@ -77,7 +78,7 @@ def write_cost(work: Path, rng: random.Random, keys: int, value_bytes: int, batc
     started = time.process_time()
     for batch in prepared:
         kv.write(batch)
-    kv.flush()
+    flush(kv)
     spent = time.process_time() - started
     kv.close()
     return spent / sum(len(batch.main) for batch in prepared) * 1e6

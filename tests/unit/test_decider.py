@@ -132,7 +132,7 @@ async def test_a_child_index_is_restored_after_a_clean_close_and_after_a_kill(ma
     await third.close(clean=True)
     state = RocksState(third.index_path)
     try:
-        assert state.count() == indexed
+        assert state.counts.articles == indexed
     finally:
         state.close()
 

@@ -49,12 +49,12 @@ def test_exact_match_is_on_the_normalized_text(shard: IndexShard, prose: tuple[s
 def test_redelivery_repeats_the_verdict(shard: IndexShard, prose: tuple[str, ...]) -> None:
     a = process(shard, "a", prose[0])
     b = process(shard, "b", prose[0] + FOOTER)
-    count, seq = shard.state.count(), shard.state.next_seq()
+    count, seq = shard.state.counts.articles, shard.state.next_seq()
     assert process(shard, "a", prose[0]) == a
     b_again = process(shard, "b", prose[0] + FOOTER)
     assert b_again == b
     assert b_again.decision.match_id == "a"  # never a duplicate of itself
-    assert (shard.state.count(), shard.state.next_seq()) == (count, seq)
+    assert (shard.state.counts.articles, shard.state.next_seq()) == (count, seq)
     outcome = decide("b", sketch_of(prose[0] + FOOTER, shard.params), shard.state, shard.params)
     assert outcome.redelivered and outcome.article == b
 
@@ -74,7 +74,7 @@ def test_new_content_replaces_the_old_version(shard: IndexShard, prose: tuple[st
     old_keys = set(band_keys(old.sketch.signature, params.lsh.bands, params.lsh.rows))
     new = process(shard, "x", prose[1])
     assert new.version == 1 and new.seq > old.seq
-    assert state.get("x") == new and state.count() == 1
+    assert state.get("x") == new and state.counts.articles == 1
     new_keys = set(band_keys(new.sketch.signature, params.lsh.bands, params.lsh.rows))
     for key in old_keys - new_keys:
         assert "x" not in band_members(state, key)
@@ -164,7 +164,7 @@ def test_decide_reads_without_writing(prose: tuple[str, ...]) -> None:
     state.open_header(params.header())
     outcome = decide("a", sketch_of(prose[0], params), state, params)
     assert outcome.update is not None and outcome.update.replaced is None
-    assert state.count() == 0 and state.next_seq() == 0 and state.get("a") is None
+    assert state.counts.articles == 0 and state.next_seq() == 0 and state.get("a") is None
     assert len(outcome.update.article.keys) == params.lsh.bands
 
 
@@ -187,7 +187,7 @@ def test_empty_and_whitespace_text_is_refused(shard: IndexShard, text: str) -> N
         sketch_of(text, shard.params)
     with pytest.raises(EmptyText):
         process(shard, "empty", text)
-    assert shard.state.count() == 0
+    assert shard.state.counts.articles == 0
 
 
 def test_texts_shorter_than_k_match_only_exactly(shard: IndexShard) -> None:

@@ -515,10 +515,9 @@ def test_word_passages_merge_touching_chunks() -> None:
 
 @pytest.mark.parametrize("k", [8, 12])
 @pytest.mark.parametrize("thresholds", [(0.0,), (-0.5, 0.5), (-0.6, 0.0, 0.6), (-0.8, -0.3, 0.3, 0.8)])
-@pytest.mark.parametrize("chunking", ["content", "fixed"])
-def test_fuzzy_gamma_in_range(k: int, thresholds: tuple[float, ...], chunking: str) -> None:
+def test_fuzzy_gamma_in_range(k: int, thresholds: tuple[float, ...]) -> None:
     ref = parse_prefix_reference(REFERENCE_DOC, k)
-    params = FuzzyParams(chunk_words=40, chunking=chunking, thresholds=thresholds)  # type: ignore[arg-type]
+    params = FuzzyParams(chunk_words=40, thresholds=thresholds)
     r = len(thresholds) + 1
     for text in ALL_TEXTS:
         gammas = fz.fuzzy_hashes_of_words(words(text), ref, params)
@@ -531,7 +530,7 @@ def test_fuzzy_gamma_follows_the_definition(reference: PrefixReference) -> None:
     """γ = Σ δ_i r^i with δ_i the interval of (pf_i - p_i) / p_i, recomputed by hand."""
     params = FuzzyParams(chunk_words=100, thresholds=(-0.5, 0.5))
     seq = words(ROMO)
-    bounds = fz.chunk_bounds(seq, params.chunk_words, params.chunking)
+    bounds = fz.chunk_bounds(seq, params.chunk_words)
     expected = np.array([c.p for c in reference.classes])
     expected /= expected.sum()
     gammas = []
@@ -553,12 +552,11 @@ def test_fuzzy_gamma_follows_the_definition(reference: PrefixReference) -> None:
     assert fz.fuzzy_hashes_of_words(seq, reference, params).tolist() == gammas
 
 
-@pytest.mark.parametrize("chunking", ["content", "fixed"])
 @pytest.mark.parametrize("chunk_words", [10, 50, 100])
-def test_chunks_cover_the_document_without_overlap(chunking: str, chunk_words: int) -> None:
+def test_chunks_cover_the_document_without_overlap(chunk_words: int) -> None:
     for text in ALL_TEXTS:
         seq = words(text)
-        bounds = fz.chunk_bounds(seq, chunk_words, chunking)  # type: ignore[arg-type]
+        bounds = fz.chunk_bounds(seq, chunk_words)
         assert bounds[0][0] == 0 and bounds[-1][1] == len(seq)
         assert all(e1 == s2 for (_, e1), (s2, _) in itertools.pairwise(bounds))
         if len(seq) > chunk_words:
@@ -569,7 +567,7 @@ def test_chunks_cover_the_document_without_overlap(chunking: str, chunk_words: i
 
 def test_content_chunks_average_about_chunk_words() -> None:
     seq = words(" ".join([ROMO, MEMORIAL, SHINGLING_ARTICLE, NEAR_DUP_ARTICLE] * 3))
-    bounds = fz.chunk_bounds(seq, 50, "content")
+    bounds = fz.chunk_bounds(seq, 50)
     mean = len(seq) / len(bounds)
     assert 30 < mean < 80
 
@@ -586,8 +584,6 @@ def test_fuzzy_params_validation() -> None:
         FuzzyParams(thresholds=(0.5, -0.5))
     with pytest.raises(ValueError, match="chunk_words"):
         FuzzyParams(chunk_words=2)
-    with pytest.raises(ValueError, match="chunking"):
-        FuzzyParams(chunking="sentences")  # type: ignore[arg-type]
     assert FuzzyParams(thresholds=(-0.5, 0.0, 0.5)).r == 4
     wide = PrefixReference(tuple(PrefixClass((chr(97 + i),), 1.0) for i in range(26)))
     with pytest.raises(ValueError, match="64 bits"):

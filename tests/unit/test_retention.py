@@ -64,7 +64,6 @@ def test_the_window_expires_by_the_newest_time_and_passes_run_in_steps() -> None
     assert Retention().cutoff(123) is None and not Retention().enabled
     assert window.cutoff(None) is None
     assert window.cutoff(5000 * HOUR_MS) == 4000 * HOUR_MS
-    assert window.step_ms == HOUR_MS
     assert window.due(10 * HOUR_MS, None)
     assert not window.due(10 * HOUR_MS + HOUR_MS - 1, 10 * HOUR_MS)
     assert window.due(11 * HOUR_MS, 10 * HOUR_MS)

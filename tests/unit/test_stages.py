@@ -254,7 +254,7 @@ def test_redelivery_with_a_higher_offset_repeats_the_verdict(shards: Any) -> Non
     assert again == first
     assert {k: v for k, v in shard.records.items() if k not in (OFFSET_KEY, INPUTS_KEY)} == records_before
     assert shard.records[OFFSET_KEY] == b"3" and shard.stage.applied_offset == 3
-    assert shard.state.count() == 3
+    assert shard.state.counts.articles == 3
     # the same input message signed again (a producer retry, a restart of the sign stage): the
     # stored verdict, recognised by where it came from
     status, replayed = shard.handle(item, 4)
@@ -293,7 +293,7 @@ def test_applied_offset_is_restored_from_the_records(shards: Any) -> None:
 
     second = shards("two", dict(first.records))  # a restart: a fresh derived index, the same table
     assert second.count == 3 and second.stage.applied_offset == 20
-    assert second.state.count() == 3
+    assert second.state.counts.articles == 3
     # re-delivered from before the last commit: the same verdicts again, nothing re-decided
     for offset, item in enumerate(items):
         assert second.handle(item, offset * 10) == ("replayed", verdicts[offset])

@@ -45,7 +45,7 @@ def test_empty_state(make_state: MakeState) -> None:
     assert state.get("nothing") is None
     assert id_for_content(state, b"\x00" * 16) is None
     assert list(band_members(state, b"\x00" * 10)) == []
-    assert state.next_seq() == 0 and state.count() == 0
+    assert state.next_seq() == 0 and state.counts.articles == 0
     assert list(state.articles()) == []
     assert state.get_meta(b"absent") is None
 
@@ -58,7 +58,7 @@ def test_apply_then_read(make_state: MakeState, prose: tuple[str, ...]) -> None:
     assert id_for_content(state, a.sketch.content_hash) == "a"
     for key in keys_of(a):
         assert list(band_members(state, key)) == ["a"]
-    assert state.next_seq() == 1 and state.count() == 1
+    assert state.next_seq() == 1 and state.counts.articles == 1
     b = index(state, "b", prose[0] + " And one more sentence for the copy.").article
     assert b.seq == 1 and b.decision.match_id == "a"
     shared = keys_of(a) & keys_of(b)
@@ -67,7 +67,7 @@ def test_apply_then_read(make_state: MakeState, prose: tuple[str, ...]) -> None:
         assert list(band_members(state, key)) == ["a", "b"]
     c = index(state, "c", prose[0]).article  # exact copy of a: the content map keeps the first id
     assert c.decision.exact and id_for_content(state, c.sketch.content_hash) == "a"
-    assert state.next_seq() == 3 and state.count() == 3
+    assert state.next_seq() == 3 and state.counts.articles == 3
     assert [x.article_id for x in state.articles()] == ["a", "b", "c"]
 
 
@@ -80,7 +80,7 @@ def test_replacement_semantics(make_state: MakeState, prose: tuple[str, ...]) ->
     assert update is not None and update.replaced == old
     new = update.article
     assert (new.version, new.seq) == (1, 2)
-    assert state.get("x") == new and state.count() == 2
+    assert state.get("x") == new and state.counts.articles == 2
     assert id_for_content(state, old.sketch.content_hash) is None
     assert id_for_content(state, new.sketch.content_hash) == "x"
     for key in keys_of(old) - keys_of(new):
@@ -202,7 +202,7 @@ def test_rocks_survives_close_and_reopen(tmp_path: Path, prose: tuple[str, ...])
     try:
         reopened.open_header(PARAMS.header())
         assert list(reopened.articles()) == before
-        assert reopened.count() == len(before) == 6
+        assert reopened.counts.articles == len(before) == 6
         assert reopened.next_seq() == seq == 7
         assert {key: list(band_members(reopened, key)) for key in members} == members
         assert reopened.get_meta(b"progress") == b"17"
