@@ -69,11 +69,9 @@ class Changelog(Protocol):
 
     async def end(self) -> int: ...
 
-    def read(self, end: int) -> AsyncIterator[list[Write]]: ...
-
-    def read_after(self, start: int, end: int) -> AsyncIterator[tuple[list[Write], int]]:
-        """Its messages from `start` up to `end` (excluded), in chunks, each with the offset
-        after its last message (`end` for the last chunk)."""
+    def read_after(self, start: int | None, end: int) -> AsyncIterator[tuple[list[Write], int]]:
+        """Its messages from `start` (None: its start) up to `end` (excluded), in chunks, each with
+        the offset after its last message (`end` for the last chunk)."""
 
     async def tombstones_kept_ms(self) -> int | None:
         """How long compaction keeps a tombstone (None: nothing is compacted away)."""
@@ -273,7 +271,7 @@ class Decider:
         retention: Retention = NO_RETENTION,
         timeout: CallTimeout = DEFAULT_TIMEOUT,
         before_rebuild: Callable[[], Awaitable[None]] | None = None,
-        on_opened: Callable[[int | None, float], None] | None = None,
+        on_opened: Callable[[int | None, float], None] = lambda count, seconds: None,
     ) -> None:
         self.timeout = timeout
         # what the ShardServer is made of, in process or in the child
@@ -341,8 +339,7 @@ class Decider:
             started = time.monotonic()
             count = await self.catch_up(replacing)
             self.opened = "rebuilt" if count is not None else "restored"
-            if self.on_opened is not None:
-                self.on_opened(count, time.monotonic() - started)
+            self.on_opened(count, time.monotonic() - started)
             return count
         finally:
             self.opening = False
@@ -372,7 +369,7 @@ class Decider:
             self.applied_offset = cast(int, await link.call(("restored", end, read_at), timeout.seconds()))
         else:
             loaded = 0
-            async for entries in self.changelog.read(end):
+            async for entries, _ in self.changelog.read_after(None, end):
                 await link.call(("load", entries), timeout.seconds(len(entries)))
                 loaded += len(entries)
             answer = await link.call(("loaded", end, read_at), timeout.seconds(loaded))
@@ -508,9 +505,9 @@ class Decider:
                 self._link = None
 
 
-def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The child's loop, a ShardServer's over the pipes. First frame: ((params, index path,
-    RocksOptions, retention), freeze interval, marker path); then ("reopen", changelog end, read
+def serve(setup: object, requests: BinaryIO, answers: BinaryIO) -> None:
+    """The child's loop, a ShardServer's over the pipes. `setup`, the first frame: ((params, index
+    path, RocksOptions, retention), freeze interval, marker path); then ("reopen", changelog end, read
     time, how long tombstones are kept) → the offset to restore from, with ("tail", entries,
     offset after them) → None for each chunk of the changelog after it and ("restored", end, read
     time) → applied offset; or None: a rebuild, with ("load", entries) → None for each chunk of
@@ -518,11 +515,8 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     number, writes) → None; ("decide", messages, chunk number, culprits to leave out) →
     (outcome, writes); ("commit", chunk number, changelog end), not answered; ("close", clean) →
     "closed", which ends it (as EOF does)."""
-    first = read_frame(requests)
-    if first is None:
-        return
-    setup, freeze_every, marker_path = cast(tuple[ServerSetup, int, Path], first)
-    server = ShardServer(setup, RecordMarker(marker_path), freeze_every)
+    server_setup, freeze_every, marker_path = cast(tuple[ServerSetup, int, Path], setup)
+    server = ShardServer(server_setup, RecordMarker(marker_path), freeze_every)
     write_frame(answers, "ready")
     while (message := read_frame(requests)) is not None:
         request = cast(tuple, message)

@@ -24,10 +24,6 @@ class ShowsFailure(Protocol):
     failure: str | None
 
 
-def _raise_sigterm() -> None:
-    signal.raise_signal(signal.SIGTERM)
-
-
 @dataclass
 class Failure:
     """Stopping the worker for a failure it cannot go on from (the decider or a signing helper
@@ -37,7 +33,8 @@ class Failure:
 
     metrics: ShowsFailure
     exit_timeout: float  # a stop that takes longer ends the process (exit_later)
-    stop_worker: Callable[[], None] | None = None  # None: SIGTERM to this process
+    # how the worker is stopped: SIGTERM to this process, as a supervisor would send
+    stop_worker: Callable[[], None] = lambda: signal.raise_signal(signal.SIGTERM)
     # what bounds that stop: the worker's command passes app.exit_after (the in-memory tests do not)
     exit_later: Callable[[float], None] = lambda seconds: None
     failed: bool = False  # stopped for such a failure: the worker exits non-zero
@@ -50,7 +47,7 @@ class Failure:
             self.failed = True
             self.metrics.failure = message
             self.exit_later(self.exit_timeout)
-            (self.stop_worker or _raise_sigterm)()
+            self.stop_worker()
 
 
 @dataclass(frozen=True)
@@ -74,17 +71,6 @@ def waiting(state: FetchState, delivered: int | None) -> int:
     return unfetched + untaken
 
 
-def unacknowledged(stages: Sequence[Deliveries], limit: float) -> str | None:
-    """A stage whose batches have waited for the broker's acknowledgement longer than `limit`
-    seconds: the broker is away or overloaded. Not a wedged process (the producer's delivery timeout
-    bounds the wait), so it makes the worker not ready, not dead."""
-    now = time.monotonic()
-    for stage in stages:
-        if stage.unsettled and (waited := now - stage.settled_at) > limit:
-            return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
-    return None
-
-
 def broker_away(unseen: float, limit: float) -> bool:
     """No broker answered for `limit` seconds (`unseen`: since one last did): an outage, which the
     delivery timeout bounds, and which makes the worker not ready. No stall counts meanwhile:
@@ -105,9 +91,13 @@ def busy(topics: tuple[str, str], stages: Sequence[Deliveries], opening: bool, i
 def unready(stages: Sequence[Deliveries], unseen: float, opening: bool, limit: float) -> str | None:
     """Why the worker does not deliver now, if it does not: sends unacknowledged for `limit`
     seconds, no broker answering for as long (`unseen`: since one last did), or the index opening
-    (rebuilt from the changelog) before the shard's next batch."""
-    if (waited := unacknowledged(stages, limit)) is not None:
-        return waited
+    (rebuilt from the changelog) before the shard's next batch. Sends unacknowledged that long mean
+    the broker is away or overloaded, not a wedged process (the producer's delivery timeout bounds
+    the wait): the worker is not ready, not dead."""
+    now = time.monotonic()
+    for stage in stages:
+        if stage.unsettled and (waited := now - stage.settled_at) > limit:
+            return f"stage {stage.stage}: {stage.unsettled} batches unacknowledged for {waited:.0f} s"
     if broker_away(unseen, limit):
         return f"no broker answered for {unseen:.0f} s"
     if opening:

@@ -57,10 +57,6 @@ class ShardLifecycle:
         self.needs_open = False
         self.delivered[self.shard] = applied_offset
 
-    def handed_off_already(self, offset: int) -> bool:
-        """Whether the consumer's message at `offset` was decided by a hand-off (it lets it pass)."""
-        return offset <= self.handed_off
-
     def to_hand_off(self, messages: Sequence[tuple[int, T]]) -> list[tuple[int, T]]:
         """Of this worker's acknowledged messages ((offset, payload), in offset order), the run a
         hand-off decides now: none while the index is not open on this worker, else those that

@@ -152,18 +152,20 @@ def write_frame(stream: BinaryIO, answer: object) -> None:
     stream.flush()
 
 
-def child_main(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
-    """A child's entry point: requests on stdin, answers on the real stdout, anything a library
-    prints on stderr. The worker decides when the child stops (a request, or end-of-file when the
-    worker is gone), not a signal sent to the whole process group (Ctrl-C, or SIGTERM to the group):
-    the decider must still close its index cleanly after the worker was told to stop."""
+def child_main(serve: Callable[[object, BinaryIO, BinaryIO], None]) -> None:
+    """A child's entry point: requests on stdin, the first its setup, answers on the real stdout,
+    anything a library prints on stderr. The worker decides when the child stops (a request, or
+    end-of-file when the worker is gone), not a signal sent to the whole process group (Ctrl-C,
+    or SIGTERM to the group): the decider must still close its index cleanly after the worker was
+    told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for pipe in (0, 1):  # both pipes to the worker
         widen_pipe(pipe)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    serve(sys.stdin.buffer, answers)
+    if (setup := read_frame(sys.stdin.buffer)) is not None:  # None: the worker is gone already
+        serve(setup, sys.stdin.buffer, answers)
 
 
 def widen_pipe(fd: int) -> int:

@@ -148,13 +148,10 @@ class Signer:
             await helper.end()
 
 
-def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    """The helper's loop: the first frame is (the SignStage, the niceness to add), then batches
-    until EOF."""
-    first = read_frame(requests)
-    if first is None:
-        return
-    stage, nice = cast(tuple[SignStage, int], first)
+def serve(setup: object, requests: BinaryIO, answers: BinaryIO) -> None:
+    """The helper's loop: `setup` is (the SignStage, the niceness to add), then batches until
+    EOF."""
+    stage, nice = cast(tuple[SignStage, int], setup)
     if nice:
         os.nice(nice)
     write_frame(answers, "ready")

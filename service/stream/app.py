@@ -18,7 +18,6 @@ from ..config import Settings
 from ..pipeline.decider import Decider
 from ..pipeline.delivery import Deliveries
 from ..pipeline.health import Failure, broker_away, busy, unready
-from ..pipeline.order import HandOff
 from ..pipeline.pipes import CallTimeout, ChildFailed
 from ..pipeline.sign import SignStage
 from ..pipeline.signer import Signer
@@ -47,10 +46,7 @@ class Runtime:
 
     settings: Settings
     metrics: Metrics
-    signer: Signer
-    decider: Decider
     failure: Failure
-    progress: Progress
     sign: SignAgent
     index: IndexAgent
 
@@ -63,17 +59,17 @@ class Runtime:
         """Why the worker is wedged, if it is (Progress.stalled), but for the topics whose agents
         are busy (health.busy), and never while no broker answers (health.broker_away)."""
         if broker_away(time.monotonic() - self.metrics.broker_seen, self.settings.ready_timeout):
-            for topic in list(self.progress.taken_at):
-                self.progress.took(topic)
+            for topic in list(self.sign.progress.taken_at):
+                self.sign.progress.took(topic)
             return None
         topics = (self.settings.input_topic, self.settings.signatures_topic)
-        exempt = busy(topics, self.stages(), self.decider.opening, self.signer.isolating)
-        return self.progress.stalled(self.settings.stall_timeout, exempt)
+        exempt = busy(topics, self.stages(), self.index.decider.opening, self.sign.signer.isolating)
+        return self.sign.progress.stalled(self.settings.stall_timeout, exempt)
 
     def unready(self) -> str | None:
         """Why the worker does not deliver now, if it does not (health.unready)."""
         unseen = time.monotonic() - self.metrics.broker_seen
-        return unready(self.stages(), unseen, self.decider.opening, self.settings.ready_timeout)
+        return unready(self.stages(), unseen, self.index.decider.opening, self.settings.ready_timeout)
 
 
 def exit_after(seconds: float) -> None:
@@ -216,8 +212,8 @@ def _runtime(
     # under exactly-once the index stage sends through the shard's transactional producer
     index_outputs = outputs if shard is None else replace(outputs, producer=shard.started_producer)
     index = IndexAgent(settings, decider, index_outputs, progress, failure, indexed, shard, commit_point)
-    sign = SignAgent(settings, signer, outputs, signatures, progress, failure, signed, HandOff(), inputs)
-    return Runtime(settings, metrics, signer, decider, failure, progress, sign, index)
+    sign = SignAgent(settings, signer, outputs, signatures, progress, failure, signed, inputs)
+    return Runtime(settings, metrics, failure, sign, index)
 
 
 def _transactions(
@@ -250,7 +246,7 @@ def _transactions(
 
 def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: faust.TopicT) -> None:
     """The agents on their topics, the shard's assignment hooks, and the app's tasks."""
-    signer, failure, metrics = runtime.signer, runtime.failure, runtime.metrics
+    signer, failure, metrics = runtime.sign.signer, runtime.failure, runtime.metrics
     sign, index = runtime.sign, runtime.index
     shutdown: list[Callable[[], Awaitable[None]]] = cast(Any, app).at_shutdown
     # The signing helpers end with the worker, inside its event loop (the decider is closed on
@@ -262,8 +258,9 @@ def _wire(app: faust.App, runtime: Runtime, articles: faust.TopicT, signatures: 
     app.on_partitions_revoked.connect(index.on_revoked)  # type: ignore[arg-type]
     app.on_partitions_revoked.connect(sign.on_revoked)  # type: ignore[arg-type]
     if (inputs := sign.transactions) is not None:
-        # the sign stage's open transactions committed, or aborted after a failure
-        shutdown.append(lambda: inputs.stop(commit=not failure.failed))
+        # every input partition's writer stopped: its open transaction committed, or aborted after a
+        # failure
+        shutdown.append(lambda: inputs.revoked(list(inputs.writers), commit=not failure.failed))
     app.on_before_shutdown.connect(index.close)  # type: ignore[arg-type]
 
     @app.task

@@ -139,8 +139,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # Faust exits 0 after the stop the worker asked for itself (pipeline/health.py: Failure), which
         # whatever supervises the worker must see as a failure
     finally:
-        runtime.signer.close()
-        runtime.decider.kill()  # closed cleanly on shutdown already (index_agent.py: IndexAgent.close)
+        runtime.sign.signer.close()
+        runtime.index.decider.kill()  # closed cleanly on shutdown already (index_agent.py: IndexAgent.close)
         server.shutdown()
     return 1 if runtime.failure.failed else 0
 

@@ -99,7 +99,7 @@ class IndexAgent:
                 await self.decider.open()
                 self.lifecycle.opened(self.decider.applied_offset)
             # decided already, as soon as this worker's send of them was acknowledged
-            batch = [e for e in fetched if not self.lifecycle.handed_off_already(e.message.offset)]
+            batch = [e for e in fetched if e.message.offset > self.lifecycle.handed_off]
             # a signatures message read back without a value carries no records
             gaps, messages = await self.progress.in_log_order(
                 batch, self.guarantee.gap_level, lambda e: cast(bytes, e.value), lambda _, m: m.value

@@ -7,7 +7,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import faust
@@ -40,9 +40,9 @@ class SignAgent:
     progress: Progress
     failure: Failure
     deliveries: Deliveries
-    hand_off: HandOff
     # exactly-once: each input partition's sends and offsets in transactions of its own
     transactions: InputTransactions | None = None
+    hand_off: HandOff = field(default_factory=HandOff)
 
     async def run(self, stream: Any) -> None:  # faust.Stream; StreamT does not declare take_events
         async for batch in stream.take_events(self.settings.sign_batch):

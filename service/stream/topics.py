@@ -396,7 +396,7 @@ class ChangelogReader:
     what a rebuild of the index, and `neardup stats --broker`, read. A consumer is started per call:
     rebuilds are rare, and it must not hold connections between them."""
 
-    chunk = 2000  # messages per chunk that read and read_after yield
+    chunk = 2000  # messages per chunk that read_after yields
 
     def __init__(self, settings: Settings, stall_s: float = 60.0) -> None:
         self.settings = settings
@@ -415,11 +415,6 @@ class ChangelogReader:
                 return int((await consumer.end_offsets([self.partition]))[self.partition])
         finally:
             await consumer.stop()
-
-    async def read(self, end: int) -> AsyncIterator[list[Entry]]:
-        """Its messages from the start up to `end` (excluded), in order, `chunk` at a time."""
-        async for entries, _ in self.read_after(None, end):
-            yield entries
 
     async def read_after(self, start: int | None, end: int) -> AsyncIterator[tuple[list[Entry], int]]:
         """Its messages from `start` (None: the log's start) up to `end` (excluded), `chunk` at a

@@ -315,9 +315,6 @@ class InputTransactions:
             if (writer := self.writers.pop(key, None)) is not None:
                 await writer.stop(commit)
 
-    async def stop(self, commit: bool = True) -> None:
-        await self.revoked(list(self.writers), commit)
-
 
 class CommitPoint:
     """Exactly once: where the index's commit point goes as the shard's transactions commit. A

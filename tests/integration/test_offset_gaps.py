@@ -223,7 +223,7 @@ def test_a_changelog_read_that_stops_moving_fails_within_its_bound(kafka: str) -
     reader = ChangelogReader(settings, stall_s=2.0)
 
     async def read_up_to(end: int) -> list[tuple[bytes, bytes | None]]:
-        return [entry async for chunk in reader.read(end) for entry in chunk]
+        return [entry async for chunk, _ in reader.read_after(None, end) for entry in chunk]
 
     assert asyncio.run(reader.end()) == 3
     assert [value for _, value in asyncio.run(read_up_to(3))] == [b"one", b"two", b"three"]

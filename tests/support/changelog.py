@@ -43,14 +43,10 @@ class ListChangelog:
     async def end(self) -> int:
         return len(self.entries)
 
-    async def read(self, end: int) -> AsyncIterator[list[tuple[bytes, bytes | None]]]:
-        for start in range(0, end, self.chunk):
-            yield self.entries[start : min(start + self.chunk, end)]
-
     async def read_after(
-        self, start: int, end: int
+        self, start: int | None, end: int
     ) -> AsyncIterator[tuple[list[tuple[bytes, bytes | None]], int]]:
-        for first in range(start, end, self.chunk):
+        for first in range(start or 0, end, self.chunk):
             after = min(first + self.chunk, end)
             yield self.entries[first:after], after
 

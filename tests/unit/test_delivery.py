@@ -127,7 +127,7 @@ def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_un
 
     from faust.types import TP
 
-    from neardup.pipeline.health import FetchState, unacknowledged
+    from neardup.pipeline.health import FetchState, unready
     from neardup.stream import framework
     from neardup.stream.progress import Progress
 
@@ -147,12 +147,12 @@ def test_a_partition_without_progress_is_reported_stalled_and_a_waiting_stage_un
     assert "articles:0: 59 waiting" in (progress.stalled(60.0) or "")
     progress.taken_at["articles"] = now
     assert progress.stalled(60.0) is None  # waiting, but a batch was just taken
-    assert unacknowledged([stage], 30.0) is None
+    assert unready([stage], 0.0, False, 30.0) is None
     stage.unsettled, stage.settled_at = 2, now - 31
-    assert "stage index: 2 batches unacknowledged" in (unacknowledged([stage], 30.0) or "")
-    assert unacknowledged([stage], 60.0) is None
+    assert "stage index: 2 batches unacknowledged" in (unready([stage], 0.0, False, 30.0) or "")
+    assert unready([stage], 0.0, False, 60.0) is None
     stage.settled_at = now
-    assert unacknowledged([stage], 30.0) is None
+    assert unready([stage], 0.0, False, 30.0) is None
     sigs = TP("sigs", 0)
     states[sigs] = FetchState(position=3, end=10, handed=2)  # 7 not fetched yet
     progress.delivered[sigs], progress.taken_at["sigs"] = 2, now - 300

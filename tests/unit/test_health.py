@@ -82,11 +82,10 @@ def _runtime(broker_seen: float, opening: bool, isolating: bool) -> tuple[Runtim
     runtime = SimpleNamespace(
         settings=settings,
         metrics=SimpleNamespace(broker_seen=broker_seen),
-        progress=progress,
         signed=signed,
         indexed=indexed,
-        decider=SimpleNamespace(opening=opening),
-        signer=SimpleNamespace(isolating=isolating),
+        sign=SimpleNamespace(progress=progress, signer=SimpleNamespace(isolating=isolating)),
+        index=SimpleNamespace(decider=SimpleNamespace(opening=opening)),
         stages=lambda: [signed, indexed],
     )
     return cast(Any, runtime), progress
