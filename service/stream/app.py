@@ -87,15 +87,12 @@ def exit_after(seconds: float) -> None:
     timer.start()
 
 
+# keys and values as the broker holds them: the agents decode what they take themselves
+_RAW: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+
 def _raw_topic(app: faust.App, name: str, partitions: int) -> faust.TopicT:
-    return app.topic(
-        name,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=partitions,
-    )
+    return app.topic(name, partitions=partitions, **_RAW)
 
 
 def _credentials(settings: Settings) -> Any:
@@ -133,7 +130,8 @@ def _faust_app(settings: Settings, failure: Failure) -> faust.App:
 
     def agent_failed(agent: Any, exc: BaseException) -> None:
         # Faust would go on with a new agent, past the batch that raised; that batch is not
-        # acknowledged (LeanStream), so not committed: a restart brings it back.
+        # acknowledged (LeanStream), nor any after it (Progress.hold_if_failed), so not
+        # committed: a restart brings it back.
         failure.fail(f"agent_failed agent={agent.name} error={exc!r}; stopping the worker")
 
     app_class = framework.app_class(
