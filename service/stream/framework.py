@@ -87,7 +87,10 @@ class LeanStream(faust.Stream):
                 await taken.wait()  # at most max_ events wait: the consumer waits too
             return value
 
-        acks_before, self.enable_acks = self.enable_acks, False  # acknowledged once handled
+        # Acknowledged once handled (`acknowledge`), never by Faust's iteration, and never again
+        # after this generator closes: Faust's drainer goes on iterating the stream when an agent
+        # raised, and with its acks on would acknowledge every event it passes on unhandled.
+        self.enable_acks = False
         self.add_processor(add_to_buffer)
         self._enable_passive(cast(Any, aiter(self.channel)))
         try:
@@ -103,7 +106,6 @@ class LeanStream(faust.Stream):
                 taken.set()
                 yield batch
         finally:
-            self.enable_acks = acks_before
             self._processors.remove(add_to_buffer)
 
 

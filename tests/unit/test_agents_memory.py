@@ -568,3 +568,28 @@ def test_the_runtime_is_built_whole_and_stays_as_built(
     assert fields and all(getattr(runtime, field.name) is not None for field in fields)
     with pytest.raises(dataclasses.FrozenInstanceError):
         runtime.sign = runtime.sign  # type: ignore[misc]
+
+
+async def test_a_stream_whose_take_has_closed_acknowledges_nothing(
+    wired: tuple[faust.App, Runtime, dict[str, Recorder]],
+) -> None:
+    """When an agent raises, its batches' generator closes while Faust's drainer goes on passing the
+    stream's events on: were Faust's acks back on, each would be acknowledged unhandled, and its
+    offset committed."""
+    app, _, _ = wired
+    channel = app.channel()
+    stream = app.stream(channel)
+    seen: list[Any] = []
+    batches = stream.take_events(10)
+    await channel.send(value=b"first")
+    first = await asyncio.wait_for(batches.__anext__(), 5)
+    await batches.aclose()  # as when its agent raised
+    stream.add_processor(lambda value: seen.append(stream.current_event) or value)
+    # the drainer read whether to acknowledge before the first of them came: the second shows it
+    for value in (b"second", b"third"):
+        await channel.send(value=value)
+    await _settled(lambda: len(seen) == 2, timeout=5)
+    await asyncio.sleep(0.1)
+    assert [event.value for event in first] == [b"first"] and not first[0].message.acked
+    assert [event.message.acked for event in seen] == [False, False]
+    await stream.stop()
