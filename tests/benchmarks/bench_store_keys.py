@@ -1,13 +1,16 @@
 """What a key costs in the index's RocksDB, and how many keys an article reads and writes: the floor
 under any decision code, compiled or not.
 
-Three measurements, alternated `--repeats` times, CPU time of this process (RocksDB's background
+Four measurements, alternated `--repeats` times, CPU time of this process (RocksDB's background
 flushes and compactions included, they run in its threads):
 
   * a read: multi-gets of the same random keys (30% present) in calls of 1, 28 (one article's band
     keys and posting lists), 560 (a worker chunk of 20 articles) and 5,600 keys, µs per key;
   * a write: write batches of 20 articles' keys (`--keys` each, values of 100 and 300 bytes, plus
     a 1.2 KB record per article in the records family), µs per key written;
+  * a write beside Python: write batches as above in one thread while another runs a Python loop,
+    wall time against each alone: whether RocksDB's writes could leave the deciding thread (they
+    could only where rocksdict lets the GIL go while RocksDB writes);
   * the keys per article, by family (the one-byte prefixes of state/index.py), that the engine
     reads and writes deciding `--articles` articles of bench_stream.py's generator, or of `--input`
     (the news corpus), in the worker's chunks of 20, with the containment index off and on.
@@ -22,12 +25,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +90,48 @@ def write_cost(work: Path, rng: random.Random, keys: int, value_bytes: int, batc
     return spent / sum(len(batch.main) for batch in prepared) * 1e6
 
 
+def beside_python(
+    work: Path, rng: random.Random, keys: int, batches: int = 200
+) -> tuple[float, float, float]:
+    """Wall seconds of write batches alone, of a Python loop alone, and of both at once in two
+    threads: both take their sum where the writes hold the GIL, the longer of the two where not."""
+
+    def prepared() -> list[Batch]:
+        pool = [rng.randbytes(12) for _ in range(60_000)]
+        made = []
+        for _ in range(batches):
+            batch = Batch()
+            batch.main.update({rng.choice(pool): rng.randbytes(100) for _ in range(keys * ARTICLES_A_BATCH)})
+            made.append(batch)
+        return made
+
+    def spin() -> None:
+        total = 0
+        for n in range(10_000_000):
+            total += n
+
+    def timed(*work: Callable[[], None]) -> float:
+        threads = [threading.Thread(target=job) for job in work]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - started
+
+    kv = RocksKV(work / f"beside-{rng.random()}", RocksOptions())
+
+    def write_all(made: list[Batch]) -> None:
+        for batch in made:
+            kv.write(batch)
+
+    writes = timed(functools.partial(write_all, prepared()))
+    python = timed(spin)
+    both = timed(functools.partial(write_all, prepared()), spin)
+    kv.close()
+    return writes, python, both
+
+
 def keys_per_article(calls: list[Call], articles: int) -> tuple[dict[str, float], dict[str, float]]:
     """Keys read and written per article, by family prefix."""
     read: collections.Counter[str] = collections.Counter()
@@ -114,11 +162,13 @@ def main() -> None:
         work = Path(tmp)
         reads: dict[int, list[float]] = {size: [] for size in CALL_SIZES}
         writes: dict[int, list[float]] = {100: [], 300: []}
+        beside: list[tuple[float, float, float]] = []
         for _ in range(args.repeats):
             for size, cost in read_costs(work, rng).items():
                 reads[size].append(cost)
             for value_bytes in writes:
                 writes[value_bytes].append(write_cost(work, rng, args.keys, value_bytes))
+            beside.append(beside_python(work, rng, args.keys))
         print(f"medians of {args.repeats} runs, CPU µs per key (load {os.getloadavg()[0]:.1f})")
         print(
             "  read, by keys a multi-get: "
@@ -127,6 +177,12 @@ def main() -> None:
         print(
             "  written, by value size:    "
             + ", ".join(f"{n} B: {statistics.median(writes[n]):.2f}" for n in writes)
+        )
+        writes_alone, python_alone, both = (statistics.median(run[i] for run in beside) for i in range(3))
+        print(
+            f"  beside Python, wall s: writes {writes_alone:.3f}, a Python loop {python_alone:.3f}, both in "
+            f"two threads {both:.3f} ({both / (writes_alone + python_alone):.2f} of their sum; "
+            f"{max(writes_alone, python_alone) / (writes_alone + python_alone):.2f} if they overlapped)"
         )
         source = work / "in.jsonl"
         if args.input is None:
