@@ -37,12 +37,14 @@ def _error(message: object, status: int = 2) -> int:
 
 
 def _refusing(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """`command(args)`, with a setting or a state it refuses said in one line and exit status 2,
-    not a traceback."""
+    """`command(args)`, with a setting, a state or a path it refuses said in one line and exit
+    status 2, not a traceback."""
     try:
         return command(args)
     except (ConfigError, IncompatibleState) as exc:
         return _error(exc)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        return _error(f"{exc.filename}: {exc.strerror}")
 
 
 def _read_text(path: str) -> str:
@@ -128,7 +130,7 @@ def _plot_s_curve(path: Path, threshold: float, bands: int, rows: int) -> None:
 
 def cmd_dedup(args: argparse.Namespace) -> int:
     from .api import open_state
-    from .embedded import ResumeMismatch, SigningFailed, default_sign_processes, run_file
+    from .embedded import ResumeMismatch, SigningFailed, run_file
     from .messages import parse_verdict_filter
     from .state.rocks import StateError
 
@@ -137,8 +139,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     if hasattr(args, "unique_filter") and args.unique_out is None:
         # a filter with nothing to filter into is a forgotten --unique-out, not a no-op to allow
         raise ConfigError("--unique-filter needs --unique-out FILE")
-    sign_processes = default_sign_processes() if args.sign_processes is None else args.sign_processes
-    if sign_processes < 0:
+    if (args.sign_processes or 0) < 0:
         raise ConfigError("--sign-processes must be 0 or more")
     try:
         with contextlib.closing(open_state(args.state or None, values["bucket_cap"])) as state:
@@ -153,7 +154,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
                 retention=retention_window(values),
                 feed_path=Path(args.unique_out) if args.unique_out else None,
                 feed_verdicts=parse_verdict_filter(values["unique_filter"]),
-                sign_processes=sign_processes,
+                sign_processes=args.sign_processes,
             )
     except (StateError, ResumeMismatch) as exc:  # StateError: the state could not be opened
         return _error(exc)
@@ -258,8 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sign-processes",
         metavar="N",
         type=int,
-        help="helper processes that sign while this one decides (default: CPUs - 1, at least 1; "
-        "0: sign in this process, less CPU in all)",
+        help="helper processes that sign while this one decides (0: sign in this process, less CPU "
+        "in all; default: 0 for an input under 16 MiB, else CPUs - 1, at least 1)",
     )
     p.add_argument(
         "--unique-out",

@@ -113,14 +113,19 @@ class ProgressBar:
 _PROGRESS_KEY = b"embedded-progress:"
 
 
-def default_sign_processes() -> int:
-    """Signing helpers for `neardup dedup`: one per CPU this process may run on, less the one
-    that decides; at least one."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus - 1)
+# Below this input size `neardup dedup` signs in its own process: a helper's start (an interpreter
+# and its imports, ~0.2 s on the critical path and ~0.3 s of CPU) and the round trip of every
+# signed record through its pipe are paid back in wall time only over a longer input; below it
+# signing here takes the same wall time and about a fifth less CPU (tests/benchmarks/BATCH.md).
+HELPERS_FROM_BYTES = 16 * 1024 * 1024
+
+
+def default_sign_processes(input_bytes: int) -> int:
+    """Signing helpers for `neardup dedup` over an input of `input_bytes`: none under
+    HELPERS_FROM_BYTES, else one per CPU this process may run on, less the one that decides;
+    at least one."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 0 if input_bytes < HELPERS_FROM_BYTES else max(1, cpus - 1)
 
 
 class SigningFailed(Error, RuntimeError):
@@ -151,7 +156,7 @@ def run_file(
     retention: Retention = NO_RETENTION,
     feed_path: Path | None = None,
     feed_verdicts: frozenset[str] = DEFAULT_FEED_VERDICTS,
-    sign_processes: int = 0,
+    sign_processes: int | None = None,
     decide_batch: int = DECIDE_BATCH,
 ) -> RunSummary:
     """Process a JSON-lines file of articles into a JSON-lines file of verdicts. A line
@@ -168,13 +173,13 @@ def run_file(
 
     An output that is a device or a pipe needs `dead_letter_path` (ConfigError otherwise).
 
-    `sign_processes`: signing helpers (0: sign in this process), given SIGN_BATCH lines at a
-    time; the outputs are the same either way. `decide_batch`: lines decided
-    in one call of the shard and checkpointed together. An article whose signing
-    fails unexpectedly is dead-lettered (internal_error), one that breaks its helper
-    (processing_failed), as in the worker; helpers that cannot start raise SigningFailed,
-    everything before that batch decided and checkpointed. With
-    helpers the file loop runs in an event loop of its own: call it outside any running loop."""
+    `sign_processes`: signing helpers (0: sign in this process; None: default_sign_processes of the
+    input's size), given SIGN_BATCH lines at a time; the outputs are the same either way.
+    `decide_batch`: lines decided in one call of the shard and checkpointed together. An article
+    whose signing fails unexpectedly is dead-lettered (internal_error), one that breaks its helper
+    (processing_failed), as in the worker; helpers that cannot start raise SigningFailed, everything
+    before that batch decided and checkpointed. With helpers the file loop runs in an event loop of
+    its own: call it outside any running loop."""
     if dead_letter_path is None and _written_as_it_comes(output_path):
         # the dead letters go beside the verdicts by default: not beside a device or a pipe
         raise ConfigError(f"{output_path} is not a file: give the dead letters one (--dead-letters FILE)")
@@ -185,7 +190,9 @@ def run_file(
     mark = _resumed_mark(state.get_meta(progress_key), feed_path, feed_verdicts)
     summary.resumed_from_line = mark.line
     dead_path = dead_letter_path or output_path.with_name(output_path.name + ".dead.jsonl")
-    bar = ProgressBar(input_path.stat().st_size, progress)
+    size = input_path.stat().st_size
+    bar = ProgressBar(size, progress)
+    sign_processes = default_sign_processes(size) if sign_processes is None else sign_processes
     stage = SignStage.under(params, max_text_bytes, retention)
     topic = str(input_path)
     with ExitStack() as files:

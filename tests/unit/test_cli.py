@@ -153,6 +153,28 @@ def test_every_command_has_help(command: str | None, capsys) -> None:
     assert "usage: neardup" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("argv", "path"),
+    [
+        (["dedup", "{missing}", "-o", "{tmp}/out.jsonl"], "{missing}"),
+        (["dedup", "{given}", "-o", "{missing}/out.jsonl"], "{missing}/out.jsonl"),
+        (["compare", "{missing}", "{given}"], "{missing}"),
+        (["evaluate", "{tmp}"], "{tmp}"),
+    ],
+    ids=["dedup-input", "dedup-output-directory", "compare", "evaluate-a-directory"],
+)
+def test_a_path_that_cannot_be_read_or_written_is_said_in_one_line(
+    argv: list[str], path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    given = tmp_path / "in.jsonl"
+    given.write_text('{"id": "a", "text": "a short text"}\n')
+    names = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path), "given": str(given)}
+    assert cli.main([arg.format(**names) for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path.format(**names)}: ") and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
 def test_unknown_command_is_an_error(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main(["no-such-command"])

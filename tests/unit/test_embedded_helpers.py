@@ -172,8 +172,26 @@ def test_helpers_that_cannot_start_stop_the_run_and_a_rerun_resumes(
     assert out.read_bytes() == (reference / "out.jsonl").read_bytes()
 
 
-def test_the_default_leaves_one_cpu_to_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_leaves_one_cpu_to_decide_and_signs_here_under_16_mib(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    large = embedded.HELPERS_FROM_BYTES
     monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert default_sign_processes() == 3
+    assert default_sign_processes(large) == 3
+    assert default_sign_processes(large - 1) == 0
     monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: {0})
-    assert default_sign_processes() == 1
+    assert default_sign_processes(large) == 1
+    assert default_sign_processes(0) == 0
+
+
+def test_neardup_dedup_takes_its_default_from_the_input_size(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --sign-processes, the rule is asked with the input's size, and its answer is used."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"id": "a", "text": "a short text of a few words"}\n')
+    asked: list[int] = []
+    monkeypatch.setattr(embedded, "default_sign_processes", lambda size: asked.append(size) or 0)
+    assert cli.main(["dedup", str(source), "-o", str(tmp_path / "out.jsonl"), "-q"]) == 0
+    assert asked == [source.stat().st_size]
+    assert "unique=1" in capsys.readouterr().out
