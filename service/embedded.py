@@ -116,7 +116,8 @@ _PROGRESS_KEY = b"embedded-progress:"
 # Below this input size `neardup dedup` signs in its own process: a helper's start (an interpreter
 # and its imports, ~0.2 s on the critical path and ~0.3 s of CPU) and the round trip of every
 # signed record through its pipe are paid back in wall time only over a longer input; below it
-# signing here takes the same wall time and about a fifth less CPU (tests/benchmarks/BATCH.md).
+# signing here takes about the same wall time and a sixth to a quarter less CPU
+# (tests/benchmarks/BATCH.md).
 HELPERS_FROM_BYTES = 16 * 1024 * 1024
 
 
