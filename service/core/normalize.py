@@ -91,7 +91,7 @@ def canonical_code_points(
     Same result as np.frombuffer(normalize(text).encode("utf-32-le"), "<u4"), without normalize()'s
     costliest step on news-sized texts: splitting the text into words and joining them again."""
     text = _folded(text, options, max_points)
-    points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
+    points = code_points(text)
     if not options.collapse_whitespace or points.size == 0:
         return points.astype(np.uint32)
     collapsed = np.empty(points.size, dtype=np.uint32)
@@ -148,9 +148,10 @@ def has_visible(points: CodePoints) -> bool:
     return any(map(is_visible, np.unique(points[_VISIBLE_HEAD:]).tolist()))
 
 
-def has_visible_text(text: str) -> bool:
-    """has_visible for a canonical text as a string."""
-    return has_visible(np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4"))
+def code_points(text: str) -> CodePoints:
+    """The text's code points, as UTF-32 holds them: a lone surrogate (a Python str may hold one)
+    is one point, not an encoding error."""
+    return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import mmh3
 import numpy as np
 
 from ._hashing import U64, HashArray, fmix64
+from .normalize import code_points
 
 ShingleUnit = Literal["char", "word"]
 
@@ -67,8 +68,7 @@ def shingle_hashes(text: str, options: ShingleOptions = DEFAULT_SHINGLE) -> Hash
     Empty text → empty array. Text shorter than k → one length-tagged hash of the whole text.
     """
     if options.unit == "char":
-        # surrogatepass: a lone surrogate (possible in a Python str) is one unit, not a crash
-        units = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4").astype(U64)
+        units = code_points(text).astype(U64)
     else:
         words = text.split()
         units = np.fromiter((mmh3.hash64(w, signed=False)[0] for w in words), dtype=U64, count=len(words))

@@ -11,7 +11,7 @@ from ..errors import Error
 from ._hashing import HashArray
 from .anchors import NO_ANCHORS, Anchors, anchors_of
 from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
-from .normalize import canonical_code_points, has_visible, has_visible_text, normalize
+from .normalize import canonical_code_points, code_points, has_visible, normalize
 from .params import DedupParams
 from .shingle import shingle_hashes
 
@@ -55,11 +55,6 @@ class Sketch:
     __hash__ = None  # type: ignore[assignment]
 
 
-def content_hash(canonical: str) -> bytes:
-    """128-bit murmur3 of the canonical text's UTF-32 code points: the exact-duplicate key."""
-    return mmh3.hash_bytes(canonical.encode("utf-32-le", errors="surrogatepass"))
-
-
 def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> Sketch:
     """Normalize, shingle, sign, and pick the anchors (character shingles, containment index on).
     Raises EmptyText when the canonical text has nothing to shingle: no character, under word
@@ -72,7 +67,6 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
             raise EmptyText("text is empty after normalization")
         if not has_visible(points):
             raise EmptyText("text has only invisible characters after normalization")
-        digest = mmh3.hash_bytes(points.tobytes())
         units = points.size
         signature, verifier, distinct = params.hasher.sketches_of_units(
             points, params.shingle.k, params.verify_perm
@@ -83,11 +77,13 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
         units = len(canonical.split())
         if not units:  # an empty set would match every other one with a Jaccard of 1
             raise EmptyText("text has no word after normalization")
-        if not has_visible_text(canonical):
+        points = code_points(canonical)
+        if not has_visible(points):
             raise EmptyText("text has only invisible characters after normalization")
-        digest = content_hash(canonical)
         signature, verifier, distinct = params.hasher.sketches(
             shingle_hashes(canonical, params.shingle), params.verify_perm
         )
         anchors = NO_ANCHORS  # anchors are character spans: word shingles go without
+    # the exact-duplicate key: 128-bit murmur3 of the canonical text's code points
+    digest = mmh3.hash_bytes(points.tobytes())
     return Sketch(digest, signature, distinct, units < params.shingle.k, verifier, anchors)
