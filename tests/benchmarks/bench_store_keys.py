@@ -69,21 +69,36 @@ def read_costs(work: Path, rng: random.Random) -> dict[int, float]:
     return costs
 
 
+def article_batches(
+    rng: random.Random, keys: int, value_bytes: int, batches: int, record_bytes: int = 0
+) -> list[Batch]:
+    """`batches` write batches of ARTICLES_A_BATCH articles of `keys` keys each (drawn from a pool
+    of 60,000, so that some are rewritten) with values of `value_bytes`; with `record_bytes`, a
+    record of that size per article in the records family."""
+    pool = [rng.randbytes(12) for _ in range(60_000)]
+    per_batch = keys * ARTICLES_A_BATCH
+    made = []
+    for _ in range(batches):
+        batch = Batch()
+        batch.main.update({rng.choice(pool): rng.randbytes(value_bytes) for _ in range(per_batch)})
+        if record_bytes:
+            records = {rng.randbytes(8): rng.randbytes(record_bytes) for _ in range(ARTICLES_A_BATCH)}
+            batch.records.update(records)
+        made.append(batch)
+    return made
+
+
+def write_all(kv: RocksKV, batches: list[Batch]) -> None:
+    for batch in batches:
+        kv.write(batch)
+
+
 def write_cost(work: Path, rng: random.Random, keys: int, value_bytes: int, batches: int = 200) -> float:
     """µs per key written, in batches of ARTICLES_A_BATCH articles of `keys` keys and one record."""
     kv = RocksKV(work / f"write-{rng.random()}", RocksOptions())
-    pool = [rng.randbytes(12) for _ in range(60_000)]
-    prepared = []
-    for _ in range(batches):
-        batch = Batch()
-        batch.main.update(
-            {rng.choice(pool): rng.randbytes(value_bytes) for _ in range(keys * ARTICLES_A_BATCH)}
-        )
-        batch.records.update({rng.randbytes(8): rng.randbytes(1_200) for _ in range(ARTICLES_A_BATCH)})
-        prepared.append(batch)
+    prepared = article_batches(rng, keys, value_bytes, batches, record_bytes=1_200)
     started = time.process_time()
-    for batch in prepared:
-        kv.write(batch)
+    write_all(kv, prepared)
     flush(kv)
     spent = time.process_time() - started
     kv.close()
@@ -93,17 +108,9 @@ def write_cost(work: Path, rng: random.Random, keys: int, value_bytes: int, batc
 def beside_python(
     work: Path, rng: random.Random, keys: int, batches: int = 200
 ) -> tuple[float, float, float]:
-    """Wall seconds of write batches alone, of a Python loop alone, and of both at once in two
-    threads: both take their sum where the writes hold the GIL, the longer of the two where not."""
-
-    def prepared() -> list[Batch]:
-        pool = [rng.randbytes(12) for _ in range(60_000)]
-        made = []
-        for _ in range(batches):
-            batch = Batch()
-            batch.main.update({rng.choice(pool): rng.randbytes(100) for _ in range(keys * ARTICLES_A_BATCH)})
-            made.append(batch)
-        return made
+    """Wall seconds of write batches alone (values of 100 bytes, no records), of a Python loop
+    alone, and of both at once in two threads: both take their sum where the writes hold the GIL,
+    the longer of the two where not."""
 
     def spin() -> None:
         total = 0
@@ -120,14 +127,9 @@ def beside_python(
         return time.perf_counter() - started
 
     kv = RocksKV(work / f"beside-{rng.random()}", RocksOptions())
-
-    def write_all(made: list[Batch]) -> None:
-        for batch in made:
-            kv.write(batch)
-
-    writes = timed(functools.partial(write_all, prepared()))
+    writes = timed(functools.partial(write_all, kv, article_batches(rng, keys, 100, batches)))
     python = timed(spin)
-    both = timed(functools.partial(write_all, prepared()), spin)
+    both = timed(functools.partial(write_all, kv, article_batches(rng, keys, 100, batches)), spin)
     kv.close()
     return writes, python, both
 
