@@ -199,7 +199,7 @@ def open_state(state_dir: str | os.PathLike[str] | None, bucket_cap: int) -> Ind
     library's, and `neardup dedup --state`'s."""
     if state_dir is None:
         return MemoryState(bucket_cap)
-    return RocksState(os.fspath(state_dir), RocksOptions(bucket_cap=bucket_cap))
+    return RocksState(os.fspath(state_dir), RocksOptions(bucket_cap=bucket_cap, hold_families=True))
 
 
 def _keywords_documented(function: Callable[..., Any]) -> None:

@@ -41,7 +41,7 @@ def shard(params: DedupParams) -> IndexShard:
     return IndexShard(MemoryState(), params)
 
 
-@pytest.fixture(params=["memory", "rocks", "rocks-without-wal"])
+@pytest.fixture(params=["memory", "rocks", "rocks-without-wal", "rocks-held"])
 def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], StateStore]]:
     """A factory for the state adapter under test; for RocksDB each call reopens the same directory
     (close the previous one first). Everything opened is closed at teardown."""
@@ -52,7 +52,11 @@ def make_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
         if request.param == "memory":
             state: StateStore = memory
         else:  # without a write-ahead log: the stream's derived index, rebuilt after a crash
-            state = RocksState(tmp_path / "state", RocksOptions(write_ahead_log=request.param == "rocks"))
+            options = RocksOptions(
+                write_ahead_log=request.param != "rocks-without-wal",
+                hold_families=request.param == "rocks-held",
+            )
+            state = RocksState(tmp_path / "state", options)
         opened.append(state)
         return state
 

@@ -97,6 +97,17 @@
  *     returns how many were absent and how many reach `full` (reference:
  *     tests/support/reference_state.py, join_postings).
  *
+ * pack_changes(changes) -> bytes
+ *     changes: a dict of bytes keys (at most 255 bytes each) to bytes values or None (deleted).
+ *     The count (4 bytes big-endian), each key's length (a byte), each value's (4 bytes big-endian,
+ *     0xFFFFFFFF for None), the keys, then the values, in the dict's order (state/held.py: the
+ *     log of the held families; tests/support/reference_state.py: pack_changes is the reference).
+ *
+ * apply_changes(data, into) -> int
+ *     data: what pack_changes returned. Each entry set in the dict `into`, a None value deleting
+ *     its key (absent already: nothing); returns the number of entries. ValueError when `data` is
+ *     not exactly one packed dict.
+ *
  * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
  * number of items, non-empty where an item is read, consistent with each other and with the
  * counts), counts and byte values in range; ValueError naming the argument otherwise (TypeError
@@ -1391,7 +1402,129 @@ done:
     return result;
 }
 
+static void put_be32(unsigned char *at, uint32_t value) {
+    at[0] = (unsigned char)(value >> 24);
+    at[1] = (unsigned char)(value >> 16);
+    at[2] = (unsigned char)(value >> 8);
+    at[3] = (unsigned char)value;
+}
+
+static uint32_t get_be32(const unsigned char *at) {
+    return (uint32_t)at[0] << 24 | (uint32_t)at[1] << 16 | (uint32_t)at[2] << 8 | (uint32_t)at[3];
+}
+
+#define DELETED 0xFFFFFFFFu
+
+static PyObject *pack_changes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *changes, *key, *value;
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &changes)) {
+        return NULL;
+    }
+    Py_ssize_t count = PyDict_GET_SIZE(changes), position = 0, keys = 0, values = 0;
+    while (PyDict_Next(changes, &position, &key, &value)) {
+        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) > 255 || (value != Py_None && !PyBytes_Check(value))) {
+            invalid("changes must map bytes of at most 255 to bytes or None");
+            return NULL;
+        }
+        if (value != Py_None && PyBytes_GET_SIZE(value) >= (Py_ssize_t)DELETED) {
+            invalid("a value must be shorter than 2**32 - 1 bytes");
+            return NULL;
+        }
+        keys += PyBytes_GET_SIZE(key);
+        values += value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+    }
+    if (count > UINT32_MAX || keys + values > PY_SSIZE_T_MAX - 4 - 5 * count) {
+        invalid("changes too large to pack");
+        return NULL;
+    }
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, 4 + 5 * count + keys + values);
+    if (packed == NULL) {
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(packed);
+    unsigned char *key_at = out + 4 + 5 * count, *value_at = key_at + keys;
+    put_be32(out, (uint32_t)count);
+    Py_ssize_t i = 0;
+    position = 0;
+    while (PyDict_Next(changes, &position, &key, &value)) {
+        Py_ssize_t key_len = PyBytes_GET_SIZE(key);
+        out[4 + i] = (unsigned char)key_len;
+        memcpy(key_at, PyBytes_AS_STRING(key), (size_t)key_len);
+        key_at += key_len;
+        if (value == Py_None) {
+            put_be32(out + 4 + count + 4 * i, DELETED);
+        } else {
+            Py_ssize_t value_len = PyBytes_GET_SIZE(value);
+            put_be32(out + 4 + count + 4 * i, (uint32_t)value_len);
+            memcpy(value_at, PyBytes_AS_STRING(value), (size_t)value_len);
+            value_at += value_len;
+        }
+        i++;
+    }
+    return packed;
+}
+
+static PyObject *apply_changes(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer data;
+    PyObject *into;
+    if (!PyArg_ParseTuple(args, "y*O!", &data, &PyDict_Type, &into)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const unsigned char *in = data.buf;
+    size_t size = (size_t)data.len;
+    if (size < 4) {
+        invalid("data must hold a count");
+        goto done;
+    }
+    size_t count = get_be32(in), keys = 0, values = 0;
+    if (count > (size - 4) / 5) {
+        invalid("data is shorter than its count says");
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++) {
+        uint32_t value_len = get_be32(in + 4 + count + 4 * i);
+        keys += in[4 + i];
+        values += value_len == DELETED ? 0 : value_len;
+    }
+    if (keys + values != size - 4 - 5 * count) {
+        invalid("data's length is not what its lengths add up to");
+        goto done;
+    }
+    const unsigned char *key_at = in + 4 + 5 * count, *value_at = key_at + keys;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t value_len = get_be32(in + 4 + count + 4 * i);
+        PyObject *key = PyBytes_FromStringAndSize((const char *)key_at, in[4 + i]);
+        int failed = key == NULL;
+        key_at += in[4 + i];
+        if (!failed && value_len == DELETED) {
+            failed = PyDict_DelItem(into, key) < 0;
+            if (failed && PyErr_ExceptionMatches(PyExc_KeyError)) {
+                PyErr_Clear();
+                failed = 0;
+            }
+        } else if (!failed) {
+            PyObject *value = PyBytes_FromStringAndSize((const char *)value_at, value_len);
+            value_at += value_len;
+            failed = value == NULL || PyDict_SetItem(into, key, value) < 0;
+            Py_XDECREF(value);
+        }
+        Py_XDECREF(key);
+        if (failed) {
+            goto done;
+        }
+    }
+    result = PyLong_FromSize_t(count);
+done:
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"pack_changes", pack_changes, METH_VARARGS, "A dict of bytes to bytes or None, packed."},
+    {"apply_changes", apply_changes, METH_VARARGS, "Packed changes set in a dict."},
     {"anchors", anchors, METH_VARARGS, "Winnowed anchors of code points: 32-bit hashes and positions."},
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
     {"finish", finish, METH_VARARGS, "Signature and 8-bit verifier from the verifier's bin minima."},

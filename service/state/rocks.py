@@ -27,10 +27,13 @@ from rocksdict import (
 )
 
 from ..errors import Error
+from .held import HOLD_KEY, HeldFamilies
 from .index import DEFAULT_BUCKET_CAP, DEFAULT_PROBE_CACHE, DEFAULT_RECORD_CACHE, IndexState
 from .overlay import LayeredKV
 from .port import Batch
+from .tables import BAND, POSTING
 
+HELD = (BAND, POSTING)  # the families a state created with hold_families holds in memory
 _RECORDS = "records"  # the column family of the records, by arrival number
 
 
@@ -66,6 +69,9 @@ class RocksOptions:
     # the last flush are lost to a SIGKILL (the worker's index records its changelog position in
     # the same writes, and needs it on).
     write_ahead_log: bool = True
+    # Band buckets and posting lists held in memory, logged a write at a time (held.py), in a
+    # state created anew; a state keeps the layout it was created with.
+    hold_families: bool = False
     # Decoded article records kept in memory, read again for exact copies, re-deliveries and
     # replays; a miss costs a read and a decode. Candidates are read as probes (below).
     record_cache: int = DEFAULT_RECORD_CACHE
@@ -255,15 +261,27 @@ class RocksState(IndexState):
     ) -> None:
         self.rocks = RocksKV(Path(path), options, read_only=read_only)
         self.where = str(self.rocks.path)
+        self.held = HeldFamilies(self.rocks, HELD) if _holds(self.rocks, options.hold_families) else None
+        base = self.held or self.rocks
         super().__init__(
-            LayeredKV(self.rocks) if layered else self.rocks,
+            LayeredKV(base) if layered else base,
             bucket_cap=options.bucket_cap,
             record_cache=options.record_cache,
             probe_cache=options.probe_cache,
         )
 
     def compact(self) -> None:
+        if self.held is not None:
+            self.held.fold()
         self.rocks.compact()
+
+
+def _holds(rocks: RocksKV, wanted: bool) -> bool:
+    """Whether the state holds its buckets and posting lists in memory: when created so, or
+    when wanted and none is stored as keys (an older state keeps its layout)."""
+    if rocks.get_many([HOLD_KEY])[0] is not None:
+        return True
+    return wanted and all(next(rocks.scan(prefix), None) is None for prefix in HELD)
 
 
 class CompactedLog:

@@ -16,6 +16,8 @@ calls, which the tests compare with the compiled results:
 from __future__ import annotations
 
 import collections
+import itertools
+import struct
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -103,3 +105,26 @@ def rank_postings(
         if count >= need or entry & FEW_ANCHORS
     )
     return [(seq, -count) for count, seq in ranked[:top]]
+
+
+def pack_changes(changes: dict[bytes, bytes | None]) -> bytes:
+    """The reference of _sketch.pack_changes: the count, each key's length (a byte), each value's
+    (4 bytes, 0xFFFFFFFF for a deletion), the keys, the values."""
+    keys, values = list(changes), list(changes.values())
+    lengths = [0xFFFFFFFF if value is None else len(value) for value in values]
+    head = struct.pack(f">I{len(keys)}B{len(keys)}I", len(keys), *map(len, keys), *lengths)
+    return b"".join((head, *keys, *[value for value in values if value is not None]))
+
+
+def unpack_changes(data: bytes) -> list[tuple[bytes, bytes | None]]:
+    """The entries pack_changes packed, in order (what _sketch.apply_changes sets in a dict)."""
+    (count,) = struct.unpack_from(">I", data)
+    key_lengths = struct.unpack_from(f">{count}B", data, 4)
+    value_lengths = struct.unpack_from(f">{count}I", data, 4 + count)
+    key_ends = list(itertools.accumulate(key_lengths, initial=4 + 5 * count))
+    at, entries = key_ends[-1], []
+    for start, end, length in zip(key_ends, key_ends[1:], value_lengths, strict=False):
+        entries.append((data[start:end], None if length == 0xFFFFFFFF else data[at : at + length]))
+        at += 0 if length == 0xFFFFFFFF else length
+    assert at == len(data), "every byte read"
+    return entries

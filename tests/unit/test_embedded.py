@@ -17,11 +17,13 @@ from neardup.core.retention import Retention, parse_rfc3339_ms
 from neardup.embedded import run_file
 from neardup.state.memory import MemoryState
 from neardup.state.port import StateStore
-from neardup.state.rocks import RocksState
+from neardup.state.rocks import RocksOptions, RocksState
 from neardup.stream.commands import worker_settings
 
 PARAMS = DedupParams()
 FOOTER = " Copyright 2011 The Associated Press. All rights reserved."
+
+AS_EMBEDDED = RocksOptions(hold_families=True)  # the state `neardup dedup --state` creates
 
 
 def article(article_id: str, text: str, **extra: str) -> bytes:
@@ -148,7 +150,7 @@ def test_oversized_text_is_a_dead_letter(tmp_path: Path, prose: tuple[str, ...])
 
 
 def test_rocks_state_gives_the_same_output(tmp_path: Path, prose: tuple[str, ...], reference) -> None:
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     try:
         run(tmp_path, corpus_lines(prose), state)
     finally:
@@ -159,7 +161,7 @@ def test_rocks_state_gives_the_same_output(tmp_path: Path, prose: tuple[str, ...
 
 def test_rerun_on_a_finished_file_changes_nothing(tmp_path: Path, prose: tuple[str, ...], reference) -> None:
     for _ in range(2):
-        state = RocksState(tmp_path / "state")
+        state = RocksState(tmp_path / "state", AS_EMBEDDED)
         try:
             summary = run(tmp_path, corpus_lines(prose), state)
         finally:
@@ -173,12 +175,12 @@ def test_appended_input_resumes_where_it_stopped(
     tmp_path: Path, prose: tuple[str, ...], reference, split: int
 ) -> None:
     lines = corpus_lines(prose)
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     try:
         run(tmp_path, lines[:split], state)
     finally:
         state.close()
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     try:
         summary = run(tmp_path, lines, state)
     finally:
@@ -204,7 +206,7 @@ def test_crash_between_write_and_checkpoint(
     with checkpoint `crash_at`, before that checkpoint; half a line of the next verdict also
     reached the disk."""
     lines = corpus_lines(prose)
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     die_at_checkpoint(state, crash_at)
     try:
         with pytest.raises(Crash):
@@ -214,7 +216,7 @@ def test_crash_between_write_and_checkpoint(
     with (tmp_path / "out.jsonl").open("ab") as out:
         out.write(b'{"article_id": "torn wri')
 
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     try:
         run(tmp_path, lines, state)
     finally:
@@ -228,7 +230,7 @@ def test_crash_after_state_update_before_output(tmp_path: Path, prose: tuple[str
     re-delivery and writes the same verdict again."""
     lines = corpus_lines(prose)
     done = lines[:4]  # the 4th line (a2) is a valid article
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     try:
         run(tmp_path, done, state)
         key = embedded._PROGRESS_KEY + str((tmp_path / "in.jsonl").resolve()).encode()
@@ -243,7 +245,7 @@ def test_crash_after_state_update_before_output(tmp_path: Path, prose: tuple[str
         assert state.get("a2") is not None
     finally:
         state.close()
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     try:
         run(tmp_path, lines, state)
     finally:
@@ -528,7 +530,7 @@ def test_a_crash_before_the_checkpoint_feeds_no_line_twice(
     whole = tmp_path / "whole"
     whole.mkdir()
     run_fed(whole, lines, MemoryState(), kinds)
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     die_at_checkpoint(state, crash_at)
     try:
         with pytest.raises(Crash):
@@ -538,7 +540,7 @@ def test_a_crash_before_the_checkpoint_feeds_no_line_twice(
     with (tmp_path / "feed.jsonl").open("ab") as feed:
         feed.write(b'{"id": "torn')
 
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     try:
         run_fed(tmp_path, lines, state, kinds)
     finally:
@@ -552,7 +554,7 @@ def test_a_crash_before_the_checkpoint_feeds_no_line_twice(
 
 def test_a_resumed_feed_needs_the_same_filter_and_a_fed_start(tmp_path: Path, prose: tuple[str, ...]) -> None:
     lines = corpus_lines(prose)
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     try:
         run_fed(tmp_path, lines[:5], state, frozenset({"unique"}))
         with pytest.raises(embedded.ResumeMismatch, match="fed unique verdicts, this one partial,unique"):
@@ -640,7 +642,7 @@ def test_a_run_writes_each_batch_with_its_checkpoint_and_leaves_the_state_as_it_
     checkpoint; after it the state writes at once again, and one holding writes of its own is
     refused rather than have them written with the run's first batch."""
     lines = corpus_lines(prose)
-    state = RocksState(tmp_path / "state")
+    state = RocksState(tmp_path / "state", AS_EMBEDDED)
     store = state.kv
     try:
         run(tmp_path, lines, state, batch=4)

@@ -34,6 +34,8 @@ ENTRY_POINTS = {
     "passages",
     "posting_keys",
     "join_postings",
+    "pack_changes",
+    "apply_changes",
 }
 
 
@@ -54,6 +56,19 @@ def misaligned(array: np.ndarray) -> np.ndarray:
 def tail(size: int) -> memoryview:
     """`size` writable bytes at an odd address, at the very end of their allocation."""
     return memoryview(bytearray(size + 1))[1:]
+
+
+def packed_tail(cut: int) -> memoryview:
+    """Two packed changes at an odd address at the end of their allocation, `cut` bytes longer."""
+    packed = sketch.pack_changes({b"b1": b"12345678", b"n2": None})
+    view = tail(len(packed) + cut)
+    view[:] = packed[: len(view)].ljust(len(view), b"x")
+    return view
+
+
+def test_packed_changes_are_read_from_any_address() -> None:
+    into: dict[bytes, bytes] = {b"n2": b"old"}
+    assert sketch.apply_changes(packed_tail(0), into) == 2 and into == {b"b1": b"12345678"}
 
 
 def units(count: int, dtype: type = np.uint64) -> np.ndarray:
@@ -471,6 +486,22 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("varints-runs-past-the-end", lambda: sketch.varints(b"\x01\x81", 0, 2), ValueError, "end of data"),
     ("varints-past-64-bits", lambda: sketch.varints(b"\xff" * 10 + b"\x01", 0, 1), ValueError, "64 bits"),
     ("varints-data-str", lambda: sketch.varints("\x01", 0, 1), TypeError, ""),
+    # pack_changes(changes), apply_changes(data, into)
+    ("pack_changes-key-long", lambda: sketch.pack_changes({bytes(256): None}), ValueError, "changes"),
+    ("pack_changes-key-str", lambda: sketch.pack_changes({"k": None}), ValueError, "changes"),
+    ("pack_changes-value-int", lambda: sketch.pack_changes({b"k": 1}), ValueError, "changes"),
+    ("pack_changes-changes-list", lambda: sketch.pack_changes([(b"k", None)]), TypeError, ""),
+    ("apply_changes-data-empty-tail", lambda: sketch.apply_changes(tail(0), {}), ValueError, "count"),
+    ("apply_changes-data-short-tail", lambda: sketch.apply_changes(tail(3), {}), ValueError, "count"),
+    (
+        "apply_changes-count-past",
+        lambda: sketch.apply_changes(b"\0\0\0\2" + bytes(9), {}),
+        ValueError,
+        "count",
+    ),
+    ("apply_changes-lengths-past", lambda: sketch.apply_changes(packed_tail(-1), {}), ValueError, "lengths"),
+    ("apply_changes-data-str", lambda: sketch.apply_changes("abcd", {}), TypeError, ""),
+    ("apply_changes-into-list", lambda: sketch.apply_changes(bytes(4), []), TypeError, ""),
 ]
 
 

@@ -11,10 +11,11 @@ import pytest
 
 from neardup.core.anchors import NO_ANCHORS, Anchors
 from neardup.core.dedup import Decision, IndexedArticle
+from neardup.state.held import HeldFamilies
 from neardup.state.memory import MemoryKV
 from neardup.state.port import Batch, Counts, KeyValue
 from neardup.state.records import encode_record
-from neardup.state.rocks import RocksKV, RocksOptions
+from neardup.state.rocks import HELD, RocksKV, RocksOptions
 from neardup.state.tables import (
     BAND,
     CONTENT,
@@ -57,9 +58,11 @@ class Reads:
         return getattr(self.kv, name)
 
 
-@pytest.fixture(params=["memory", "rocks"])
+@pytest.fixture(params=["memory", "rocks", "rocks-held"])
 def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Reads]:
     store: KeyValue = MemoryKV() if request.param == "memory" else RocksKV(tmp_path / "db", RocksOptions())
+    if request.param == "rocks-held":
+        store = HeldFamilies(store, HELD)
     yield Reads(store)
     store.close()
 

@@ -1,0 +1,114 @@
+"""The band buckets and posting lists held in memory, their changes logged in one value a write.
+
+An article reads and rewrites a bucket per band and a posting list per anchor: about fifty keys,
+each a read and a write of RocksDB, which cost more than everything else the index does for it.
+Held in a dict instead, they cost a dict's lookups; what makes them durable is the log of their
+changes, one value a write batch (``j<number>``) in the same batch as the rest of the article's
+writes, so that a crash leaves both or neither. The log is folded into a snapshot (``s<number>``
+chunks) when it outgrows the snapshot, and at `compact`; opening reads the snapshot, then the log.
+The price is memory: the families' entries live in the process (BATCH.md measures it), which is
+why a state keeps its buckets as keys unless it was created with them held (`HOLD_KEY`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import struct
+from collections.abc import Iterator
+
+from ..core.compiled import _sketch
+from .port import Batch, KeyValue
+
+LOG, SNAPSHOT = b"j", b"s"
+HOLD_KEY = b"mheld"  # present in a state whose held families live in the log, not as keys
+_NUMBER = struct.Struct(">Q")
+_SNAPSHOT_FLOOR = 64 * 1024 * 1024  # the log is folded no sooner than at this size
+_CHUNK = 4 * 1024 * 1024  # bytes of entries a snapshot value holds at most
+
+
+class HeldFamilies:
+    """A KeyValue over `inner` that holds the main family's keys under `prefixes` in memory."""
+
+    def __init__(self, inner: KeyValue, prefixes: tuple[bytes, ...]) -> None:
+        self.inner, self.prefixes = inner, frozenset(prefix[0] for prefix in prefixes)
+        self._load()
+
+    def _load(self) -> None:
+        """The snapshot, then the log after it."""
+        self.held: dict[bytes, bytes] = {}
+        self._marked = self.inner.get_many([HOLD_KEY])[0] is not None
+        self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
+        for _, chunk in self.inner.scan(SNAPSHOT):
+            _sketch.apply_changes(chunk, self.held)
+            self._snapshot_chunks += 1
+            self._snapshot_bytes += len(chunk)
+        for key, changes in self.inner.scan(LOG):
+            _sketch.apply_changes(changes, self.held)
+            self._log_bytes += len(changes)
+            self._next_log = _NUMBER.unpack_from(key, 1)[0] + 1
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The keys of one call are of one family, as every table reads only its own."""
+        if keys and keys[0][0] in self.prefixes:
+            return list(map(self.held.get, keys))
+        return self.inner.get_many(keys)
+
+    def records(self, keys: list[bytes]) -> list[bytes | None]:
+        return self.inner.records(keys)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Held entries sorted on demand: only a count's repair and tests scan them."""
+        if prefix and prefix[0] not in self.prefixes:
+            return self.inner.scan(prefix)
+        held = sorted(entry for entry in self.held.items() if entry[0].startswith(prefix))
+        return heapq.merge(self.inner.scan(prefix), held) if not prefix else iter(held)
+
+    def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
+        return self.inner.scan_records()
+
+    def write(self, batch: Batch) -> None:
+        """The held keys' changes into memory and into one log value, written with the rest."""
+        prefixes = self.prefixes
+        changes = {key: value for key, value in batch.main.items() if key[0] in prefixes}
+        if not changes:
+            self.inner.write(batch)
+            return
+        main = {key: value for key, value in batch.main.items() if key[0] not in prefixes}
+        logged = _sketch.pack_changes(changes)
+        main[LOG + _NUMBER.pack(self._next_log)] = logged
+        if not self._marked:
+            main[HOLD_KEY], self._marked = b"1", True
+        self.inner.write(Batch(main=main, records=batch.records))
+        self._next_log += 1
+        self._log_bytes += len(logged)
+        _sketch.apply_changes(logged, self.held)
+        if self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
+            self.fold()
+
+    def fold(self) -> None:
+        """The held entries as a snapshot, in place of the snapshot and log before: one write."""
+        if not self._next_log:
+            return
+        main: dict[bytes, bytes | None] = {
+            LOG + _NUMBER.pack(number): None for number in range(self._next_log)
+        }
+        chunks, size, entries = 0, 0, iter(self.held.items())
+        while run := dict(itertools.islice(entries, _CHUNK // 64)):
+            chunk = _sketch.pack_changes(run)  # type: ignore[arg-type]  # a dict of bytes is one of optional bytes
+            main[SNAPSHOT + _NUMBER.pack(chunks)] = chunk
+            chunks, size = chunks + 1, size + len(chunk)
+        for stale in range(chunks, self._snapshot_chunks):
+            main[SNAPSHOT + _NUMBER.pack(stale)] = None
+        self.inner.write(Batch(main=main))
+        self._snapshot_chunks, self._snapshot_bytes, self._log_bytes, self._next_log = chunks, size, 0, 0
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def clear(self) -> None:
+        self.inner.clear()
+        self._load()
+
+    def size_bytes(self) -> int:
+        return self.inner.size_bytes()

@@ -1,0 +1,217 @@
+"""Band buckets and posting lists held in memory (state/held.py): what is held is what a reopening
+finds, every write is one write of the store, and a state keeps the layout it was created with."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from neardup.core.compiled import _sketch
+from neardup.core.dedup import Outcome, decide
+from neardup.core.params import DedupParams
+from neardup.core.signing import sketch_of
+from neardup.state import held as held_module
+from neardup.state.held import HOLD_KEY, LOG, SNAPSHOT, HeldFamilies
+from neardup.state.memory import MemoryKV
+from neardup.state.port import Batch
+from neardup.state.rocks import HELD, RocksKV, RocksOptions, RocksState
+from neardup.state.tables import BAND, POSTING
+from tests.support.reference_state import pack_changes, unpack_changes
+from tests.support.state import contents
+
+PARAMS = DedupParams()
+
+
+def index(state: RocksState, article_id: str, text: str) -> Outcome:
+    outcome = decide(article_id, sketch_of(text, PARAMS), state, PARAMS, time_ms=0)
+    assert outcome.update is not None
+    state.apply(outcome.update)
+    return outcome
+
+
+class Writes:
+    """A store that keeps each batch written to it."""
+
+    def __init__(self, kv: MemoryKV) -> None:
+        self.kv, self.batches = kv, []
+
+    def write(self, batch: Batch) -> None:
+        self.batches.append(batch)
+        self.kv.write(batch)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.kv, name)
+
+
+def random_changes(rng: random.Random, keys: list[bytes]) -> dict[bytes, bytes | None]:
+    return {
+        rng.choice(keys): None if rng.random() < 0.2 else rng.randbytes(rng.choice([0, 5, 8, 40, 320]))
+        for _ in range(rng.randint(1, 30))
+    }
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_changes_pack_and_apply_as_the_reference_does(seed: int) -> None:
+    """The compiled packing against tests/support/reference_state.py, byte for byte, and applied
+    to a dict as the reference's entries are, deletions of absent keys included."""
+    rng = random.Random(seed)
+    keys = [rng.randbytes(rng.choice([0, 1, 5, 12, 255])) for _ in range(50)]
+    changes = random_changes(rng, keys) if seed else {}
+    packed = _sketch.pack_changes(changes)
+    assert packed == pack_changes(changes)
+    assert unpack_changes(packed) == list(changes.items())
+    start = {key: b"old" for key in keys[::3]}
+    applied, expected = dict(start), dict(start)
+    assert _sketch.apply_changes(packed, applied) == len(changes)
+    for key, value in unpack_changes(packed):
+        if value is None:
+            expected.pop(key, None)
+        else:
+            expected[key] = value
+    assert applied == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "hold a count"),
+        (b"\xff\xff\xff\xff", "shorter than its count"),
+        (pack_changes({b"b1": b"12345678", b"n2": None}) + b"x", "lengths add up"),
+        (pack_changes({b"b1": b"12345678"})[:-1], "lengths add up"),
+    ],
+)
+def test_a_log_value_not_of_one_packed_dict_is_refused(data: bytes, reason: str) -> None:
+    into: dict[bytes, bytes] = {}
+    with pytest.raises(ValueError, match=reason):
+        _sketch.apply_changes(data, into)
+
+
+@pytest.mark.parametrize("changes", [{b"k" * 256: b""}, {"k": b""}, {b"k": 1}])
+def test_changes_that_cannot_be_packed_are_refused(changes: dict) -> None:
+    with pytest.raises(ValueError, match="changes must map"):
+        _sketch.pack_changes(changes)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_reopened_store_holds_what_the_live_one_held(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random writes of held and other keys, folded at random points and by size: after each write
+    a new HeldFamilies over the same store reads the same entries as the live one and as a plain
+    dict, and the store holds no held key as a key of its own."""
+    monkeypatch.setattr(held_module, "_SNAPSHOT_FLOOR", 2_000)
+    rng = random.Random(seed)
+    keys = [
+        prefix + rng.randbytes(rng.choice([4, 10]))
+        for prefix in (BAND, POSTING, b"a", b"c")
+        for _ in range(25)
+    ]
+    inner, model = MemoryKV(), {}
+    live = HeldFamilies(inner, HELD)
+    for step in range(120):
+        changes = random_changes(rng, keys)
+        live.write(Batch(main=dict(changes)))
+        model.update(changes)
+        if rng.random() < 0.05:
+            live.fold()
+        expected = [model.get(key) for key in keys]
+        reopened = HeldFamilies(inner, HELD)
+        for family in range(0, len(keys), 25):  # a call reads one family
+            assert live.get_many(keys[family : family + 25]) == expected[family : family + 25]
+            assert reopened.get_many(keys[family : family + 25]) == expected[family : family + 25], step
+    stored = {key for key, _ in inner.scan(b"")}
+    assert not {key for key in stored if key[:1] in (BAND, POSTING)}
+    assert SNAPSHOT in {key[:1] for key in stored}, "folded"
+    held_keys = sorted(key for key in keys if key[:1] in (BAND, POSTING) and model.get(key) is not None)
+    assert [key for key, _ in live.scan(BAND)] + [key for key, _ in live.scan(POSTING)] == held_keys
+
+
+def test_each_write_is_one_write_of_the_store_with_its_log() -> None:
+    """What makes the held keys durable is written in the same batch as the rest: a crash keeps
+    both or neither."""
+    inner = Writes(MemoryKV())
+    held = HeldFamilies(inner, HELD)  # type: ignore[arg-type]  # a KeyValue by delegation
+    held.write(Batch(main={BAND + b"k": b"12345678", b"a1": b"x"}, records={b"r": b"record"}))
+    held.write(Batch(main={b"a2": b"y"}))
+    first, second = inner.batches
+    assert set(first.main) == {b"a1", LOG + bytes(8), HOLD_KEY} and first.records == {b"r": b"record"}
+    assert unpack_changes(first.main[LOG + bytes(8)]) == [(BAND + b"k", b"12345678")]
+    assert set(second.main) == {b"a2"}, "a write without held keys logs nothing"
+    held.fold()
+    assert set(inner.batches[-1].main) == {LOG + bytes(8), SNAPSHOT + bytes(8)}
+    assert inner.batches[-1].main[LOG + bytes(8)] is None
+
+
+def test_a_state_keeps_the_layout_it_was_created_with(tmp_path: Path, prose: tuple[str, ...]) -> None:
+    """Created held, it stays held when opened by the worker's options; created with keys (an
+    earlier version, or the worker), it keeps them when opened by embedded mode's."""
+    for created, opened in ((True, False), (False, True)):
+        path = tmp_path / f"created-{created}"
+        state = RocksState(path, RocksOptions(hold_families=created))
+        for i, text in enumerate(prose):
+            index(state, f"a{i}", text)
+        buckets = {key: value for key, value in contents(state).items() if key[:1] == BAND}
+        state.close()
+        raw = RocksKV(path, RocksOptions())
+        stored_keys = {key[:1] for key, _ in raw.scan(b"")}
+        raw.close()
+        assert (BAND in stored_keys) is not created and (LOG in stored_keys) is created
+        reopened = RocksState(path, RocksOptions(hold_families=opened))
+        assert (reopened.held is not None) is created
+        assert {key: value for key, value in contents(reopened).items() if key[:1] == BAND} == buckets
+        late = index(reopened, "late", prose[2] + " Late copy.").article
+        assert late.decision.match_id == "a2"
+        reopened.close()
+        read_only = RocksState(path, RocksOptions(), read_only=True)
+        assert read_only.stats().buckets == len(buckets)
+        read_only.close()
+
+
+def test_embedded_mode_killed_mid_run_resumes_to_the_uninterrupted_outputs(tmp_path: Path) -> None:
+    """SIGKILL of `neardup dedup --state` while it writes, then the same command again: the
+    outputs equal one uninterrupted run's (the held families' log and the checkpoint agree)."""
+    lines = []
+    rng = random.Random(7)
+    words = [
+        "the",
+        "council",
+        "voted",
+        "to",
+        "approve",
+        "budget",
+        "after",
+        "long",
+        "debate",
+        "on",
+        "roads",
+        "schools",
+        "and",
+        "parks",
+    ]
+    for i in range(3000):
+        text = " ".join(rng.choice(words) for _ in range(60))
+        lines.append(f'{{"id": "s{i}", "text": "{text}"}}\n')
+        if i % 5 == 0:
+            lines.append(f'{{"id": "c{i}", "text": "{text} Reporting by the wire desk."}}\n')
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(lines))
+    command = [sys.executable, "-m", "neardup", "dedup", str(source), "-q", "--sign-processes", "0"]
+    subprocess.run(
+        [*command, "-o", str(tmp_path / "whole.jsonl"), "--state", str(tmp_path / "whole")], check=True
+    )
+
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    run = subprocess.Popen([*command, "-o", str(out), "--state", str(state)])
+    deadline = time.monotonic() + 60
+    while (not out.exists() or out.stat().st_size < 200_000) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    killed_at = out.stat().st_size
+    assert 0 < killed_at < (tmp_path / "whole.jsonl").stat().st_size, "killed mid-run"
+    subprocess.run([*command, "-o", str(out), "--state", str(state)], check=True)
+    assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
