@@ -97,6 +97,14 @@
  *     returns how many were absent and how many reach `full` (reference:
  *     tests/support/reference_state.py, join_postings).
  *
+ * join_buckets(names, buckets, entry, limit, into, sizes) -> int
+ *     names: bytes; buckets: bytes (a stored LSH bucket, whole entries) or None (absent), as many.
+ *     `entry` (one member, its width the entries') appended to each bucket, which keeps its last
+ *     `limit` bytes (a whole number of entries), set in the dict `into` under its name; the list
+ *     `sizes` (buckets by member count) moved from each bucket's count to its new one, extended
+ *     as needed; returns how many were absent (reference: tests/support/reference_state.py,
+ *     join_buckets).
+ *
  * pack_changes(changes) -> bytes
  *     changes: a dict of bytes keys (at most 255 bytes each) to bytes values or None (deleted).
  *     The count (4 bytes big-endian), each key's length (a byte), each value's (4 bytes big-endian,
@@ -1402,6 +1410,93 @@ done:
     return result;
 }
 
+/* sizes[at] += by, the list of counts extended with zeros up to `at`: 0, or -1 with an error set. */
+static int bump_size(PyObject *sizes, Py_ssize_t at, long by) {
+    while (PyList_GET_SIZE(sizes) <= at) {
+        PyObject *zero = PyLong_FromLong(0);
+        int failed = zero == NULL || PyList_Append(sizes, zero) < 0;
+        Py_XDECREF(zero);
+        if (failed) {
+            return -1;
+        }
+    }
+    long count = PyLong_AsLong(PyList_GET_ITEM(sizes, at));
+    if (count == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *bumped = PyLong_FromLong(count + by);
+    return bumped == NULL ? -1 : PyList_SetItem(sizes, at, bumped);
+}
+
+static PyObject *join_buckets(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *names, *buckets, *into, *sizes;
+    const char *entry;
+    Py_ssize_t entry_len, limit;
+    if (!PyArg_ParseTuple(args, "OOy#nO!O!", &names, &buckets, &entry, &entry_len, &limit, &PyDict_Type, &into,
+                          &PyList_Type, &sizes)) {
+        return NULL;
+    }
+    if ((entry_len < 1 && invalid("entry must not be empty")) ||
+        ((limit < entry_len || limit % entry_len) && invalid("limit must be a whole number of entries, at least one"))) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(sizes); i++) {
+        if (!PyLong_Check(PyList_GET_ITEM(sizes, i))) {
+            invalid("sizes must be a list of ints");
+            return NULL;
+        }
+    }
+    PyObject *name_list = PySequence_List(names);
+    PyObject *stored_list = name_list == NULL ? NULL : PySequence_List(buckets);
+    PyObject *result = NULL;
+    if (stored_list == NULL) {
+        goto done;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(name_list);
+    if (PyList_GET_SIZE(stored_list) != count) {
+        invalid("names and buckets must be as long");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *stored = PyList_GET_ITEM(stored_list, i);
+        if (!PyBytes_Check(PyList_GET_ITEM(name_list, i)) || (stored != Py_None && !PyBytes_Check(stored))) {
+            invalid("names must be bytes, buckets bytes or None");
+            goto done;
+        }
+        if (stored != Py_None && PyBytes_GET_SIZE(stored) % entry_len) {
+            invalid("a bucket must hold whole entries");
+            goto done;
+        }
+    }
+    Py_ssize_t created = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *stored = PyList_GET_ITEM(stored_list, i);
+        Py_ssize_t size = stored == Py_None ? 0 : PyBytes_GET_SIZE(stored);
+        Py_ssize_t kept = size + entry_len > limit ? limit - entry_len : size;
+        PyObject *joined = PyBytes_FromStringAndSize(NULL, kept + entry_len);
+        if (joined == NULL) {
+            goto done;
+        }
+        if (kept) {
+            memcpy(PyBytes_AS_STRING(joined), PyBytes_AS_STRING(stored) + (size - kept), (size_t)kept);
+        }
+        memcpy(PyBytes_AS_STRING(joined) + kept, entry, (size_t)entry_len);
+        created += size == 0;
+        int failed = PyDict_SetItem(into, PyList_GET_ITEM(name_list, i), joined) < 0;
+        Py_DECREF(joined);
+        if (failed || (size && bump_size(sizes, size / entry_len, -1) < 0) ||
+            bump_size(sizes, (kept + entry_len) / entry_len, 1) < 0) {
+            goto done;
+        }
+    }
+    result = PyLong_FromSsize_t(created);
+done:
+    Py_XDECREF(name_list);
+    Py_XDECREF(stored_list);
+    return result;
+}
+
 static void put_be32(unsigned char *at, uint32_t value) {
     at[0] = (unsigned char)(value >> 24);
     at[1] = (unsigned char)(value >> 16);
@@ -1523,6 +1618,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"join_buckets", join_buckets, METH_VARARGS, "A member appended to LSH buckets, into a dict, their sizes counted."},
     {"pack_changes", pack_changes, METH_VARARGS, "A dict of bytes to bytes or None, packed."},
     {"apply_changes", apply_changes, METH_VARARGS, "Packed changes set in a dict."},
     {"anchors", anchors, METH_VARARGS, "Winnowed anchors of code points: 32-bit hashes and positions."},

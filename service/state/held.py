@@ -82,7 +82,10 @@ class HeldFamilies:
         self.inner.write(Batch(main=main, records=batch.records))
         self._next_log += 1
         self._log_bytes += len(logged)
-        _sketch.apply_changes(logged, self.held)
+        held: dict[bytes, bytes | None] = self.held  # type: ignore[assignment]  # None only until popped
+        held.update(changes)  # the batch's own objects: no copy of what was logged
+        for key in [key for key, value in changes.items() if value is None]:
+            del held[key]
         if self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
             self.fold()
 

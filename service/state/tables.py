@@ -11,7 +11,7 @@ import collections
 import itertools
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -391,10 +391,15 @@ class Buckets:
     def join(self, batch: Batch, seq: int, keys: Sequence[bytes], *, if_absent: bool = False) -> None:
         """The article joins its buckets; each keeps its latest `cap` members. `if_absent`: not
         where it is a member already (an earlier holder of a content taking over again)."""
-        entry, limit = seq_key(seq), self.cap * SEQ.size
-        for key, stored in zip(keys, self._read(keys, batch), strict=True):
-            if not (if_absent and seq in _members(stored)):
-                self._rewrite(batch, key, stored, ((stored or b"") + entry)[-limit:])
+        stored = self._read(keys, batch)
+        if if_absent:
+            kept = [i for i, found in enumerate(stored) if seq not in _members(found)]
+            keys, stored = [keys[i] for i in kept], [stored[i] for i in kept]
+        names, sizes = [BAND + key for key in keys], cast(list[int], self.counts.bucket_sizes)
+        self.counts.buckets += _sketch.join_buckets(
+            names, stored, seq_key(seq), self.cap * SEQ.size, batch.main, sizes
+        )
+        batch.buckets_written = True
 
     def leave(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
         for key, stored in zip(keys, self._read(keys, batch), strict=True):

@@ -191,6 +191,7 @@ def _runtime(
         # the write-ahead log keeps each commit, changelog offset included, through a SIGKILL
         RocksOptions(
             write_ahead_log=True,
+            hold_families=settings.index_in_memory,
             record_cache=settings.record_cache,
             probe_cache=settings.probe_cache,
             bucket_cap=settings.bucket_cap,

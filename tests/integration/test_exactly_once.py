@@ -68,12 +68,15 @@ def test_a_backlog_on_three_partitions_gets_every_verdict_once(deployment: Deplo
     assert all(n == 1 for n in counts.values())
 
 
-def test_a_kill_inside_a_transaction_repeats_no_verdict(deployment: Deployment, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["keyed", "held"])
+def test_a_kill_inside_a_transaction_repeats_no_verdict(
+    deployment: Deployment, tmp_path: Path, layout: str
+) -> None:
     """A backlog, and more input once a transaction committed, decided in transactions; the
     worker is SIGKILLed while a transaction whose verdicts were all sent and acknowledged waits
     for its commit. After the restart, a read_committed consumer finds every article's verdict
     exactly once, equal to embedded mode's; a read_uncommitted one finds the aborted
-    transaction's verdicts too."""
+    transaction's verdicts too. Either layout of the index (NEARDUP_INDEX_IN_MEMORY)."""
     articles = load_sample(300)
     deployment.create_topics()
     produce_articles(deployment.bootstrap, deployment.topics["input"], articles[:150])
@@ -83,6 +86,7 @@ def test_a_kill_inside_a_transaction_repeats_no_verdict(deployment: Deployment, 
             **fault_env(AGENT_FAULT, "delay:commit:2:60000"),
             "NEARDUP_SIGN_BATCH": "8",  # small signatures messages: chunks of a few each
             "NEARDUP_INDEX_HANDOFF": "0",  # batches of many messages from the consumer
+            "NEARDUP_INDEX_IN_MEMORY": str(layout == "held").lower(),
         }
     )
     worker = deployment.start_worker()

@@ -101,10 +101,13 @@ def test_shard_fails_over_to_the_other_worker_within_30s(kafka: str, tmp_path: P
 
 
 @pytest.mark.budget(60)  # two worker starts, a stream of 4,000 and an embedded reference run
+@pytest.mark.parametrize("layout", ["keyed", "held"])
 def test_a_killed_worker_replays_only_the_changelog_after_its_committed_offset(
-    deployment: Deployment, tmp_path: Path
+    deployment: Deployment, tmp_path: Path, layout: str
 ) -> None:
+    """Either layout of the index (NEARDUP_INDEX_IN_MEMORY): restored from what it committed."""
     articles = stream_of(4_000)
+    deployment.extra_env["NEARDUP_INDEX_IN_MEMORY"] = str(layout == "held").lower()
     expected = {v["article_id"]: without_latency(v) for v in run_embedded(articles, tmp_path)}
     deployment.extra_env["NEARDUP_LOG_LEVEL"] = "info"
     deployment.create_topics()
@@ -114,7 +117,8 @@ def test_a_killed_worker_replays_only_the_changelog_after_its_committed_offset(
     reader.read_until(lambda r: len(r) >= 1_500, timeout=300)
     # the worker and its helper children, as when a pod is killed
     assert deployment.kill(worker, signal.SIGKILL), f"the worker was running:\n{deployment.logs()}"
-    position = stored_position(deployment.state_dir(0))
+    position, held = stored_position(deployment.state_dir(0))
+    assert held is (layout == "held")
     changelog = f"{deployment.name}-records-changelog"
     tail, end = asyncio.run(changelog_records(deployment.bootstrap, changelog, position.offset))
     assert 0 < position.offset <= end

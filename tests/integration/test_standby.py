@@ -167,7 +167,7 @@ def test_a_standby_behind_the_changelog_replays_exactly_its_lag_on_takeover(
         assert indexed_articles(dep, 0) > 0 and indexed_articles(dep, 1) == 0, "worker 0 kept the shard"
         # read beside the running standby: it writes its copy only when it catches up, which the
         # interval holds off, or once it owns the shard, which the owner holds
-        position = stored_position(dep.state_dir(1))
+        position, _ = stored_position(dep.state_dir(1))
 
         assert dep.kill(owner, signal.SIGKILL), f"the owner was running:\n{dep.logs()}"
         killed = time.time()

@@ -128,3 +128,28 @@ def unpack_changes(data: bytes) -> list[tuple[bytes, bytes | None]]:
         at += 0 if length == 0xFFFFFFFF else length
     assert at == len(data), "every byte read"
     return entries
+
+
+def join_buckets(
+    names: Sequence[bytes],
+    found: Sequence[bytes | None],
+    entry: bytes,
+    limit: int,
+    into: dict[bytes, Any],
+    sizes: list[int],
+) -> int:
+    """`entry` appended to the buckets `found` (None: absent), each cut to its last `limit` bytes,
+    into `into` by their names, the histogram `sizes` (buckets by member count) moved along;
+    returns how many buckets it starts: the reference of the compiled _sketch.join_buckets."""
+    created = 0
+    for name, stored in zip(names, found, strict=True):
+        before = len(stored or b"") // len(entry)
+        joined = ((stored or b"") + entry)[-limit:]
+        after = len(joined) // len(entry)
+        sizes.extend([0] * (after + 1 - len(sizes)))
+        if before:
+            sizes[before] -= 1
+        sizes[after] += 1
+        created += before == 0
+        into[name] = joined
+    return created

@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from neardup.core.dedup import IndexedArticle
 from neardup.pipeline.shard import POSITION_KEY, Position
+from neardup.state.held import HOLD_KEY
 from neardup.state.index import META
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
 from tests.support.deployment import REPO, Deployment, verdicts_by_id, without_latency
@@ -101,12 +102,14 @@ async def changelog_records(
         await consumer.stop()
 
 
-def stored_position(state_dir: Path) -> Position:
-    """The changelog position the killed worker's index committed, read beside it."""
+def stored_position(state_dir: Path) -> tuple[Position, bool]:
+    """The changelog position the killed worker's index committed, read beside it, and whether
+    the index holds its buckets and posting lists in memory (state/held.py)."""
     kv = RocksKV(state_dir / "index", RocksOptions(), read_only=True)
     try:
         position = Position.decode(kv.get_many([META + POSITION_KEY])[0])
+        held = kv.get_many([HOLD_KEY])[0] is not None
     finally:
         kv.close()
     assert position is not None, "the index committed a position"
-    return position
+    return position, held

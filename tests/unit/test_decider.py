@@ -41,12 +41,15 @@ def comparable(outcome: BatchOutcome) -> list[tuple[Any, ...]]:
     return rows
 
 
-@pytest.fixture
-async def make(tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
+@pytest.fixture(params=["keyed", "held"])
+async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Callable[..., Decider]]:
+    """Deciders over an index of either layout: its buckets and posting lists as keys, or held in
+    memory (NEARDUP_INDEX_IN_MEMORY)."""
     made: list[Decider] = []
+    options = RocksOptions(hold_families=request.param == "held")
 
     def build(name: str, changelog: ListChangelog, *, in_process: bool, **more: Any) -> Decider:
-        decider = Decider(PARAMS, tmp_path / name, RocksOptions(), changelog, in_process=in_process, **more)
+        decider = Decider(PARAMS, tmp_path / name, options, changelog, in_process=in_process, **more)
         made.append(decider)
         return decider
 

@@ -34,6 +34,7 @@ ENTRY_POINTS = {
     "passages",
     "posting_keys",
     "join_postings",
+    "join_buckets",
     "pack_changes",
     "apply_changes",
 }
@@ -486,6 +487,67 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("varints-runs-past-the-end", lambda: sketch.varints(b"\x01\x81", 0, 2), ValueError, "end of data"),
     ("varints-past-64-bits", lambda: sketch.varints(b"\xff" * 10 + b"\x01", 0, 1), ValueError, "64 bits"),
     ("varints-data-str", lambda: sketch.varints("\x01", 0, 1), TypeError, ""),
+    # join_buckets(names, buckets, entry, limit, into, sizes)
+    (
+        "join_buckets-entry-empty",
+        lambda: sketch.join_buckets([b"b"], [None], b"", 8, {}, [0]),
+        ValueError,
+        "entry",
+    ),
+    (
+        "join_buckets-limit-short",
+        lambda: sketch.join_buckets([b"b"], [None], bytes(8), 4, {}, [0]),
+        ValueError,
+        "limit",
+    ),
+    (
+        "join_buckets-limit-ragged",
+        lambda: sketch.join_buckets([b"b"], [None], bytes(8), 12, {}, [0]),
+        ValueError,
+        "limit",
+    ),
+    (
+        "join_buckets-ragged",
+        lambda: sketch.join_buckets([b"b"], [tail(7)], bytes(8), 16, {}, [0]),
+        ValueError,
+        "buckets",
+    ),
+    (
+        "join_buckets-bucket-bytes-ragged",
+        lambda: sketch.join_buckets([b"b"], [bytes(7)], bytes(8), 16, {}, [0]),
+        ValueError,
+        "whole",
+    ),
+    (
+        "join_buckets-short",
+        lambda: sketch.join_buckets([b"b", b"c"], [None], bytes(8), 8, {}, [0]),
+        ValueError,
+        "as long",
+    ),
+    (
+        "join_buckets-name-str",
+        lambda: sketch.join_buckets(["b"], [None], bytes(8), 8, {}, [0]),
+        ValueError,
+        "names",
+    ),
+    (
+        "join_buckets-sizes-str",
+        lambda: sketch.join_buckets([b"b"], [None], bytes(8), 8, {}, ["0"]),
+        ValueError,
+        "sizes",
+    ),
+    (
+        "join_buckets-sizes-tuple",
+        lambda: sketch.join_buckets([b"b"], [None], bytes(8), 8, {}, (0,)),
+        TypeError,
+        "",
+    ),
+    (
+        "join_buckets-into-list",
+        lambda: sketch.join_buckets([b"b"], [None], bytes(8), 8, [], [0]),
+        TypeError,
+        "",
+    ),
     # pack_changes(changes), apply_changes(data, into)
     ("pack_changes-key-long", lambda: sketch.pack_changes({bytes(256): None}), ValueError, "changes"),
     ("pack_changes-key-str", lambda: sketch.pack_changes({"k": None}), ValueError, "changes"),

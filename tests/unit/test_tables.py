@@ -4,12 +4,14 @@ no longer holds."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from neardup.core.anchors import NO_ANCHORS, Anchors
+from neardup.core.compiled import _sketch
 from neardup.core.dedup import Decision, IndexedArticle
 from neardup.state.held import HeldFamilies
 from neardup.state.memory import MemoryKV
@@ -40,6 +42,7 @@ from neardup.state.tables import (
 )
 from tests.support.prose import PROSE
 from tests.support.reference_anchors import packed_anchors
+from tests.support.reference_state import join_buckets as reference_join_buckets
 from tests.support.signing import signed
 from tests.support.state import bucket_seqs
 
@@ -418,3 +421,21 @@ def test_article_version_caches_stay_within_their_sizes(kv: Reads) -> None:
     assert calls == [5, 5]  # the latest two of each held
     versions.arrivals([0])
     assert calls == [5, 5, 1]  # an earlier one read again
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_bucket_joins_equal_the_reference(seed: int) -> None:
+    """_sketch.join_buckets against tests/support/reference_state.py: the same buckets, sizes and
+    count of buckets started, for absent buckets, partly filled ones and full ones."""
+    rng = random.Random(seed)
+    cap = rng.choice([1, 3, 64])
+    names = [BAND + rng.randbytes(10) for _ in range(rng.randint(0, 30))]
+    found = [None if rng.random() < 0.4 else rng.randbytes(8 * rng.randint(1, cap)) for _ in names]
+    sizes = [0, *[rng.randint(5, 9) for _ in range(rng.randint(0, cap + 1))]]
+    entry = rng.randbytes(8)
+    expected_into: dict[bytes, bytes] = {}
+    expected_sizes = list(sizes)
+    created = reference_join_buckets(names, found, entry, 8 * cap, expected_into, expected_sizes)
+    into: dict[bytes, bytes] = {}
+    assert _sketch.join_buckets(names, found, entry, 8 * cap, into, sizes) == created
+    assert into == expected_into and sizes == expected_sizes
