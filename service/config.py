@@ -460,10 +460,10 @@ class Settings:
         yield to the decisions on a busy machine; 0 leaves them as they are""")
     index_in_memory: bool = _setting(False).means("""
         true: the index's band buckets and posting lists are held in the decider's memory (up to ~3.5 KB an
-        article) and logged to RocksDB one value a batch, not kept as keys of their own: 1.2x the articles/s
-        with the containment index on (tests/benchmarks/BATCH.md), for an index that fits in memory. A state
-        keeps the layout it was created with: to switch, delete the state directory (the worker rebuilds the
-        index from the changelog)""")
+        article) and logged to RocksDB one value a batch, not kept as keys of their own: more articles/s with
+        the containment index on (tests/benchmarks/BATCH.md), for an index that fits in memory. A state keeps
+        the layout it was created with: to switch, delete the state directory (the worker rebuilds the index
+        from the changelog)""")
     instance_id: str = _setting("", check=_instance_id).means("""
         the worker's static membership id in the consumer group (Kafka's `group.instance.id`; letters, digits,
         `.`, `_`, `-`), unique per worker: a worker restarted with the same id gets its partitions back at
