@@ -7,7 +7,8 @@ changes, one value a write batch (``j<number>``) in the same batch as the rest o
 writes, so that a crash leaves both or neither. The log is folded into a snapshot (``s<number>``
 chunks) when it outgrows the snapshot, and at `compact`; opening reads the snapshot, then the log.
 The price is memory: the families' entries live in the process (BATCH.md measures it), which is
-why a state keeps its buckets as keys unless it was created with them held (`HOLD_KEY`).
+why a state keeps its buckets as keys unless it was created with them held (`HOLD_KEY`), and why
+past HELD_ENTRIES they go back to being keys (`spill`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ HOLD_KEY = b"mheld"  # present in a state whose held families live in the log, n
 _NUMBER = struct.Struct(">Q")
 _SNAPSHOT_FLOOR = 64 * 1024 * 1024  # the log is folded no sooner than at this size
 _CHUNK = 4 * 1024 * 1024  # bytes of entries a snapshot value holds at most
+# Entries held at most (~200 bytes each in memory, ~2 GB): past them the families go back to
+# being keys of their own (`spill`), so that a long input never runs out of memory.
+HELD_ENTRIES = 10_000_000
 
 
 class HeldFamilies:
@@ -86,7 +90,9 @@ class HeldFamilies:
         held.update(changes)  # the batch's own objects: no copy of what was logged
         for key in [key for key, value in changes.items() if value is None]:
             del held[key]
-        if self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
+        if len(held) > HELD_ENTRIES:
+            self.spill()
+        elif self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
             self.fold()
 
     def fold(self) -> None:
@@ -105,6 +111,22 @@ class HeldFamilies:
             main[SNAPSHOT + _NUMBER.pack(stale)] = None
         self.inner.write(Batch(main=main))
         self._snapshot_chunks, self._snapshot_bytes, self._log_bytes, self._next_log = chunks, size, 0, 0
+
+    def spill(self) -> None:
+        """The held entries written as keys of their own, a run at a time, then the log, the
+        snapshot and the mark removed in one last write: a crash before it leaves a held state,
+        which spills again (its keys written before that crash and since removed are removed)."""
+        stale = [key for prefix in self.prefixes for key, _ in self.inner.scan(bytes([prefix]))]
+        self.inner.write(Batch(main={key: None for key in stale if key not in self.held}))
+        entries = iter(self.held.items())
+        while run := dict(itertools.islice(entries, _CHUNK // 64)):
+            self.inner.write(Batch(main=run))  # type: ignore[arg-type]  # bytes are optional bytes
+        gone: dict[bytes, bytes | None] = {HOLD_KEY: None}
+        gone.update((LOG + _NUMBER.pack(number), None) for number in range(self._next_log))
+        gone.update((SNAPSHOT + _NUMBER.pack(number), None) for number in range(self._snapshot_chunks))
+        self.inner.write(Batch(main=gone))
+        self.held, self.prefixes = {}, frozenset()
+        self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
 
     def close(self) -> None:
         self.inner.close()

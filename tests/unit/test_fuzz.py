@@ -33,6 +33,7 @@ from neardup.core.params import DedupParams
 from neardup.core.retention import Retention, parse_duration_ms
 from neardup.embedded import run_file
 from neardup.messages import DEAD_LETTER_REASONS, MAX_ID_LENGTH, OPTIONAL_STRING_FIELDS
+from neardup.state import held
 from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_record
@@ -866,27 +867,32 @@ def test_the_fuzz_corpus_decided_in_batches_as_one_line_at_a_time(containment: b
 
 @pytest.mark.parametrize("containment", [True, False], ids=["containment-on", "containment-off"])
 @pytest.mark.parametrize("source", ["fuzz", "sample-news"])
-def test_held_families_decide_as_keys_do(containment: bool, source: str, tmp_path: Path) -> None:
+def test_held_families_decide_as_keys_do(
+    containment: bool, source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The state's buckets and posting lists held in memory (state/held.py) against the same state
     with them as RocksDB keys, the plain layout: the same verdicts, dead letters and feed, with
     small buckets (a cap of 3: members pushed out) and retention expiring as it goes (members
-    leaving), and after a reopening the same stats and the same buckets and posting lists."""
+    leaving), and after a reopening the same stats and the same buckets and posting lists; also
+    when the held entries outgrow their bound midway and go back to being keys (`spill`)."""
     if source == "fuzz":
         path = Lines.write(tmp_path / "in.jsonl", Fuzzer(SEEDS[0], timed=True), EMBEDDED_LINES).path
     else:
         path = Path(embedded.__file__).parent / "data" / "sample_news.jsonl"
     params = dataclasses.replace(PARAMS, containment_index=containment)
     outputs = []
-    for hold in (False, True):
-        out, feed = tmp_path / f"verdicts-{hold}.jsonl", tmp_path / f"unique-{hold}.jsonl"
-        state = RocksState(tmp_path / f"state-{hold}", RocksOptions(bucket_cap=3, hold_families=hold))
+    for layout in ("keyed", "held", "spilled"):
+        # spilled: past a few hundred entries, back to keys midway
+        monkeypatch.setattr(held, "HELD_ENTRIES", 300 if layout == "spilled" else 10**9)
+        out, feed = tmp_path / f"verdicts-{layout}.jsonl", tmp_path / f"unique-{layout}.jsonl"
+        state = RocksState(tmp_path / layout, RocksOptions(bucket_cap=3, hold_families=layout != "keyed"))
         retention = Retention(parse_duration_ms("7d"))
         try:
             run_file(path, out, state, params, max_text_bytes=MAX_TEXT, retention=retention, feed_path=feed)
-            assert (state.held is not None) is hold
+            assert state.held is None or bool(state.held.prefixes) is (layout == "held")
         finally:
             state.close()
-        reopened = RocksState(tmp_path / f"state-{hold}", read_only=True)
+        reopened = RocksState(tmp_path / layout, read_only=True)
         # the sample's articles have no time: timed by the clock, which moves between the runs
         timeless = {name: value for name, value in reopened.stats().as_dict().items() if "_ms" not in name}
         families = {key: value for key, value in contents(reopened).items() if key[:1] in (BAND, POSTING)}
@@ -894,7 +900,7 @@ def test_held_families_decide_as_keys_do(containment: bool, source: str, tmp_pat
         letters = read_jsonl(out.with_name(out.name + ".dead.jsonl"))
         dead = [{**letter, "failed_at": None} for letter in letters]
         outputs.append((out.read_bytes(), feed.read_bytes(), dead, without_size(timeless), families))
-    assert outputs[0] == outputs[1]
+    assert outputs[0] == outputs[1] == outputs[2]
     assert outputs[0][0].count(b'"verdict":"duplicate"') > 10
     lists = [value for key, value in outputs[0][4].items() if key[:1] == POSTING]
     assert any(len(value) >= 15 for value in lists) if containment else not lists

@@ -215,3 +215,58 @@ def test_embedded_mode_killed_mid_run_resumes_to_the_uninterrupted_outputs(tmp_p
     assert 0 < killed_at < (tmp_path / "whole.jsonl").stat().st_size, "killed mid-run"
     subprocess.run([*command, "-o", str(out), "--state", str(state)], check=True)
     assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+
+
+class Crashes(Writes):
+    """A store whose `after`-th write from now on raises, as a crash would end it."""
+
+    def __init__(self, kv: MemoryKV, after: int) -> None:
+        super().__init__(kv)
+        self.after = after
+
+    def write(self, batch: Batch) -> None:
+        self.after -= 1
+        if self.after == 0:
+            raise OSError("crashed")
+        super().write(batch)
+
+
+@pytest.mark.parametrize("crash_at", [None, 1, 2, 3])
+def test_held_entries_past_their_bound_go_back_to_keys(
+    crash_at: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past HELD_ENTRIES the families are written as keys of their own and the log, snapshot and
+    mark go; a crash at the spill's first, second or last write leaves a held state that spills
+    again, keys it wrote before and that were removed since removed too. Either way the store
+    ends with exactly the entries a plain dict has."""
+    monkeypatch.setattr(held_module, "HELD_ENTRIES", 10**9)
+    rng = random.Random(crash_at or 0)
+    keys = [BAND + rng.randbytes(10) for _ in range(40)]
+    inner, model = MemoryKV(), {}
+    live = HeldFamilies(inner, HELD)
+    for _ in range(5):  # held, folded once
+        changes = random_changes(rng, keys)
+        live.write(Batch(main=dict(changes)))
+        model.update(changes)
+    live.fold()
+    if crash_at is not None:
+        crashing = Crashes(inner, crash_at)
+        live = HeldFamilies(crashing, HELD)  # type: ignore[arg-type]  # a KeyValue by delegation
+        with pytest.raises(OSError, match="crashed"):
+            live.spill()
+        live = HeldFamilies(inner, HELD)  # reopened: still held, all of it
+        assert live.prefixes and live.get_many(keys) == [model.get(key) for key in keys]
+        removals = dict.fromkeys([key for key in keys if model.get(key) is not None][:5])
+        live.write(Batch(main=dict(removals)))  # type: ignore[arg-type]  # deletions
+        model.update(removals)
+    monkeypatch.setattr(held_module, "HELD_ENTRIES", 3)
+    changes = {keys[0]: b"12345678", b"a1": b"x"}
+    live.write(Batch(main=dict(changes)))  # type: ignore[arg-type]
+    model.update(changes)
+    stored = dict(inner.scan(b""))
+    assert not {key[:1] for key in stored} & {LOG, SNAPSHOT} and HOLD_KEY not in stored
+    expected = {key: value for key, value in model.items() if value is not None}
+    assert {key: value for key, value in stored.items() if key[:1] in (BAND, b"a")} == expected
+    assert live.get_many(keys) == [model.get(key) for key in keys]
+    live.write(Batch(main={keys[1]: None, keys[2]: b"87654321"}))  # now keys of their own
+    assert inner.get_many([keys[1], keys[2]]) == [None, b"87654321"]
