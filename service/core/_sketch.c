@@ -1348,6 +1348,32 @@ done:
     return result;
 }
 
+/* `names` and `stored` (each stored value bytes or None) copied into new lists, checked to be as
+ * long and of those types; `what` names `stored` in the errors. 0, or -1 with an error set; the
+ * caller releases both lists either way. Copies: setting dict items runs no Python code for bytes
+ * keys, but the sequences may be anything until checked. */
+static int names_and_stored(PyObject *names, PyObject *stored, const char *what, PyObject **name_list,
+                            PyObject **stored_list) {
+    *name_list = PySequence_List(names);
+    *stored_list = *name_list == NULL ? NULL : PySequence_List(stored);
+    if (*stored_list == NULL) {
+        return -1;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(*name_list);
+    if (PyList_GET_SIZE(*stored_list) != count) {
+        PyErr_Format(PyExc_ValueError, "names and %s must be as long", what);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(*stored_list, i);
+        if (!PyBytes_Check(PyList_GET_ITEM(*name_list, i)) || (item != Py_None && !PyBytes_Check(item))) {
+            PyErr_Format(PyExc_ValueError, "names must be bytes, %s bytes or None", what);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *join_postings(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *names, *lists, *into;
@@ -1359,26 +1385,11 @@ static PyObject *join_postings(PyObject *self, PyObject *args) {
     if ((entry_len < 1 && invalid("entry must not be empty")) || (full < 1 && invalid("full must be >= 1"))) {
         return NULL;
     }
-    /* Copies: setting dict items runs no Python code for bytes keys, but the lists may be
-     * anything until checked. */
-    PyObject *name_list = PySequence_List(names);
-    PyObject *stored_list = name_list == NULL ? NULL : PySequence_List(lists);
-    PyObject *result = NULL;
-    if (stored_list == NULL) {
+    PyObject *name_list, *stored_list, *result = NULL;
+    if (names_and_stored(names, lists, "lists", &name_list, &stored_list) < 0) {
         goto done;
     }
     Py_ssize_t count = PyList_GET_SIZE(name_list);
-    if (PyList_GET_SIZE(stored_list) != count) {
-        invalid("names and lists must be as long");
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *stored = PyList_GET_ITEM(stored_list, i);
-        if (!PyBytes_Check(PyList_GET_ITEM(name_list, i)) || (stored != Py_None && !PyBytes_Check(stored))) {
-            invalid("names must be bytes, lists bytes or None");
-            goto done;
-        }
-    }
     Py_ssize_t created = 0, filled = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *stored = PyList_GET_ITEM(stored_list, i), *joined;
@@ -1447,23 +1458,13 @@ static PyObject *join_buckets(PyObject *self, PyObject *args) {
             return NULL;
         }
     }
-    PyObject *name_list = PySequence_List(names);
-    PyObject *stored_list = name_list == NULL ? NULL : PySequence_List(buckets);
-    PyObject *result = NULL;
-    if (stored_list == NULL) {
+    PyObject *name_list, *stored_list, *result = NULL;
+    if (names_and_stored(names, buckets, "buckets", &name_list, &stored_list) < 0) {
         goto done;
     }
     Py_ssize_t count = PyList_GET_SIZE(name_list);
-    if (PyList_GET_SIZE(stored_list) != count) {
-        invalid("names and buckets must be as long");
-        goto done;
-    }
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *stored = PyList_GET_ITEM(stored_list, i);
-        if (!PyBytes_Check(PyList_GET_ITEM(name_list, i)) || (stored != Py_None && !PyBytes_Check(stored))) {
-            invalid("names must be bytes, buckets bytes or None");
-            goto done;
-        }
         if (stored != Py_None && PyBytes_GET_SIZE(stored) % entry_len) {
             invalid("a bucket must hold whole entries");
             goto done;
