@@ -14,11 +14,11 @@ past HELD_ENTRIES they go back to being keys (`spill`).
 from __future__ import annotations
 
 import heapq
-import itertools
 import struct
 from collections.abc import Iterator
 
 from ..core.compiled import _sketch
+from .index import runs_of
 from .port import Batch, KeyValue
 
 LOG, SNAPSHOT = b"j", b"s"
@@ -99,18 +99,12 @@ class HeldFamilies:
         """The held entries as a snapshot, in place of the snapshot and log before: one write."""
         if not self._next_log:
             return
-        main: dict[bytes, bytes | None] = {
-            LOG + _NUMBER.pack(number): None for number in range(self._next_log)
-        }
-        chunks, size, entries = 0, 0, iter(self.held.items())
-        while run := dict(itertools.islice(entries, _CHUNK // 64)):
-            chunk = _sketch.pack_changes(run)  # type: ignore[arg-type]  # a dict of bytes is one of optional bytes
-            main[SNAPSHOT + _NUMBER.pack(chunks)] = chunk
-            chunks, size = chunks + 1, size + len(chunk)
-        for stale in range(chunks, self._snapshot_chunks):
-            main[SNAPSHOT + _NUMBER.pack(stale)] = None
+        chunks = [_sketch.pack_changes(dict(run)) for run in runs_of(self.held.items(), _CHUNK // 64)]
+        main = self._dropped(kept_chunks=len(chunks))
+        main.update((SNAPSHOT + _NUMBER.pack(number), chunk) for number, chunk in enumerate(chunks))
         self.inner.write(Batch(main=main))
-        self._snapshot_chunks, self._snapshot_bytes, self._log_bytes, self._next_log = chunks, size, 0, 0
+        self._snapshot_chunks, self._snapshot_bytes = len(chunks), sum(map(len, chunks))
+        self._log_bytes = self._next_log = 0
 
     def spill(self) -> None:
         """The held entries written as keys of their own, a run at a time, then the log, the
@@ -118,15 +112,19 @@ class HeldFamilies:
         which spills again (its keys written before that crash and since removed are removed)."""
         stale = [key for prefix in self.prefixes for key, _ in self.inner.scan(bytes([prefix]))]
         self.inner.write(Batch(main={key: None for key in stale if key not in self.held}))
-        entries = iter(self.held.items())
-        while run := dict(itertools.islice(entries, _CHUNK // 64)):
-            self.inner.write(Batch(main=run))  # type: ignore[arg-type]  # bytes are optional bytes
-        gone: dict[bytes, bytes | None] = {HOLD_KEY: None}
-        gone.update((LOG + _NUMBER.pack(number), None) for number in range(self._next_log))
-        gone.update((SNAPSHOT + _NUMBER.pack(number), None) for number in range(self._snapshot_chunks))
-        self.inner.write(Batch(main=gone))
+        for run in runs_of(self.held.items(), _CHUNK // 64):
+            self.inner.write(Batch(main=dict(run)))
+        self.inner.write(Batch(main={**self._dropped(kept_chunks=0), HOLD_KEY: None}))
         self.held, self.prefixes = {}, frozenset()
         self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
+
+    def _dropped(self, kept_chunks: int) -> dict[bytes, bytes | None]:
+        """Deletions of the log's values and of the snapshot's chunks past the first `kept_chunks`."""
+        dropped: dict[bytes, bytes | None] = {
+            LOG + _NUMBER.pack(number): None for number in range(self._next_log)
+        }
+        dropped.update((SNAPSHOT + _NUMBER.pack(n), None) for n in range(kept_chunks, self._snapshot_chunks))
+        return dropped
 
     def close(self) -> None:
         self.inner.close()
