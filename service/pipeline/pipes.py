@@ -69,8 +69,10 @@ class Child:
         answered it."""
         serving = __name__.rsplit(".", 1)[0] + ".child"  # by the name the package was imported under
         pipe = asyncio.subprocess.PIPE
+        # a child calls no BLAS routine: OpenBLAS's threads would only spin at numpy's import
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", serving, module, stdin=pipe, stdout=pipe, limit=_STREAM_LIMIT
+            sys.executable, "-m", serving, module, stdin=pipe, stdout=pipe, env=env, limit=_STREAM_LIMIT
         )
         child = cls(process)
         try:

@@ -105,3 +105,17 @@ def test_the_installed_package_has_no_module_named_service(tmp_path: Path) -> No
     )
     assert run.returncode == 1
     assert f"No module named '{OLD}'" in run.stderr, run.stderr
+
+
+def test_the_package_names_its_exports_without_importing_numpy() -> None:
+    """`import neardup` is light (the command's entry sets numpy's threads before numpy is
+    imported); each exported name is found when first used."""
+    probe = (
+        "import sys, neardup; print('numpy' in sys.modules); "
+        "print(all(getattr(neardup, n) for n in neardup.__all__))"
+    )
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["False", "True"]
+    assert set(dir(neardup)) >= set(neardup.__all__)
+    with pytest.raises(AttributeError):
+        neardup.no_such_name  # noqa: B018

@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import orjson
 import pytest
@@ -64,6 +65,21 @@ async def test_pool_results_equal_in_process_results_in_order(pooled: Signer) ->
     assert [reason for _, reason, _ in expected].count("invalid_utf8") == 7
     assert comparable(await pooled.sign(batch[:3])) == expected[:3]  # too small to split
     assert await pooled.sign([]) == []
+
+
+def environment_of(pid: int) -> dict[bytes, bytes]:
+    environ = Path(f"/proc/{pid}/environ").read_bytes()
+    entries = (entry.partition(b"=") for entry in environ.split(b"\0"))
+    return {name: value for name, _, value in entries if name}
+
+
+async def test_helpers_start_no_blas_threads(pooled: Signer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper calls no BLAS routine: its numpy starts none of OpenBLAS's threads, whatever the
+    caller's environment says (they would spin at import, in every helper started)."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    await pooled.sign(items(8))
+    for pid in helper_pids(pooled):
+        assert environment_of(pid)[b"OPENBLAS_NUM_THREADS"] == b"1"
 
 
 @pytest.mark.slow  # starts its helper processes twice
