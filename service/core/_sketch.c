@@ -111,10 +111,21 @@
  *     0xFFFFFFFF for None), the keys, then the values, in the dict's order (state/held.py: the
  *     log of the held families; tests/support/reference_state.py: pack_changes is the reference).
  *
- * apply_changes(data, into) -> int
- *     data: what pack_changes returned. Each entry set in the dict `into`, a None value deleting
- *     its key (absent already: nothing); returns the number of entries. ValueError when `data` is
- *     not exactly one packed dict.
+ * HeldTable()
+ *     Bytes keys (at most 255 bytes) to bytes values, as a dict of them would hold them, in one
+ *     open-addressing table of entries allocated one each, key and value together: the held
+ *     families of state/held.py at a fraction of the memory of a dict of bytes objects (a dict is
+ *     the reference in tests/unit/test_held.py). Methods:
+ *     get_many(keys) -> list: each key's value, None where absent;
+ *     update(changes): a dict of keys to values or None (deleted; absent already: nothing),
+ *         every entry checked before any is applied;
+ *     apply(data) -> int: what pack_changes returned, applied as update applies a dict; returns
+ *         its number of entries. ValueError when `data` is not exactly one packed dict;
+ *     pack(most) -> list of bytes: every entry, as pack_changes packs them, in chunks of at most
+ *         `most` bytes of keys and values each (an entry larger alone: a chunk of its own);
+ *     items(start, most) -> (list, next): at most `most` (key, value) pairs from slot `start` on,
+ *         and the slot to go on from (past the last: every entry was listed);
+ *     len(table): the number of entries.
  *
  * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
  * number of items, non-empty where an item is read, consistent with each other and with the
@@ -1561,24 +1572,15 @@ static PyObject *pack_changes(PyObject *self, PyObject *args) {
     return packed;
 }
 
-static PyObject *apply_changes(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer data;
-    PyObject *into;
-    if (!PyArg_ParseTuple(args, "y*O!", &data, &PyDict_Type, &into)) {
-        return NULL;
-    }
-    PyObject *result = NULL;
-    const unsigned char *in = data.buf;
-    size_t size = (size_t)data.len;
+/* Checks packed changes (pack_changes) and returns their count, with where their keys start;
+ * -1 (ValueError) when `in` is not exactly one packed dict. */
+static Py_ssize_t packed_count(const unsigned char *in, size_t size, const unsigned char **keys_at) {
     if (size < 4) {
-        invalid("data must hold a count");
-        goto done;
+        return invalid("data must hold a count");
     }
     size_t count = get_be32(in), keys = 0, values = 0;
     if (count > (size - 4) / 5) {
-        invalid("data is shorter than its count says");
-        goto done;
+        return invalid("data is shorter than its count says");
     }
     for (size_t i = 0; i < count; i++) {
         uint32_t value_len = get_be32(in + 4 + count + 4 * i);
@@ -1586,42 +1588,321 @@ static PyObject *apply_changes(PyObject *self, PyObject *args) {
         values += value_len == DELETED ? 0 : value_len;
     }
     if (keys + values != size - 4 - 5 * count) {
-        invalid("data's length is not what its lengths add up to");
-        goto done;
+        return invalid("data's length is not what its lengths add up to");
     }
-    const unsigned char *key_at = in + 4 + 5 * count, *value_at = key_at + keys;
-    for (size_t i = 0; i < count; i++) {
-        uint32_t value_len = get_be32(in + 4 + count + 4 * i);
-        PyObject *key = PyBytes_FromStringAndSize((const char *)key_at, in[4 + i]);
-        int failed = key == NULL;
-        key_at += in[4 + i];
-        if (!failed && value_len == DELETED) {
-            failed = PyDict_DelItem(into, key) < 0;
-            if (failed && PyErr_ExceptionMatches(PyExc_KeyError)) {
-                PyErr_Clear();
-                failed = 0;
+    *keys_at = in + 4 + 5 * count;
+    return (Py_ssize_t)count;
+}
+
+/* One entry of a HeldTable: its key's hash, then key and value in one allocation. */
+typedef struct {
+    uint64_t hash;
+    uint32_t value_len;
+    unsigned char key_len;
+    unsigned char data[];
+} HeldEntry;
+
+typedef struct {
+    PyObject_HEAD
+    HeldEntry **slots; /* a power of two of them (or none yet); NULL: free */
+    size_t capacity, count;
+} HeldTable;
+
+static uint64_t key_hash(const unsigned char *key, size_t length) {
+    uint64_t h = 0xCBF29CE484222325ULL; /* FNV-1a, then mixed: keys are short */
+    for (size_t i = 0; i < length; i++) {
+        h = (h ^ key[i]) * 0x100000001B3ULL;
+    }
+    return fmix64(h ^ length);
+}
+
+/* The slot of `key`, or of the free slot where it would go (linear probing). */
+static size_t held_slot(const HeldTable *t, const unsigned char *key, size_t length, uint64_t hash) {
+    size_t mask = t->capacity - 1, at = (size_t)hash & mask;
+    for (HeldEntry *e; (e = t->slots[at]) != NULL; at = (at + 1) & mask) {
+        if (e->hash == hash && e->key_len == length && memcmp(e->data, key, length) == 0) {
+            break;
+        }
+    }
+    return at;
+}
+
+/* Doubles the slots (16 at first); -1 with MemoryError. */
+static int held_grow(HeldTable *t) {
+    size_t capacity = t->capacity ? t->capacity * 2 : 16;
+    if (capacity > SIZE_MAX / sizeof(HeldEntry *)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    HeldEntry **slots = PyMem_Calloc(capacity, sizeof(HeldEntry *));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < t->capacity; i++) {
+        HeldEntry *e = t->slots[i];
+        if (e != NULL) {
+            size_t at = (size_t)e->hash & (capacity - 1);
+            while (slots[at] != NULL) {
+                at = (at + 1) & (capacity - 1);
             }
-        } else if (!failed) {
-            PyObject *value = PyBytes_FromStringAndSize((const char *)value_at, value_len);
-            value_at += value_len;
-            failed = value == NULL || PyDict_SetItem(into, key, value) < 0;
-            Py_XDECREF(value);
-        }
-        Py_XDECREF(key);
-        if (failed) {
-            goto done;
+            slots[at] = e;
         }
     }
-    result = PyLong_FromSize_t(count);
-done:
+    PyMem_Free(t->slots);
+    t->slots = slots;
+    t->capacity = capacity;
+    return 0;
+}
+
+/* Sets `key` to `value` (NULL: deletes it); -1 with MemoryError. */
+static int held_set(HeldTable *t, const unsigned char *key, size_t key_len, const unsigned char *value, size_t value_len) {
+    uint64_t hash = key_hash(key, key_len);
+    if (value != NULL && (t->count + 1) * 10 > t->capacity * 7 && held_grow(t) < 0) {
+        return -1; /* kept at most 70% full: probes stay short */
+    }
+    if (t->capacity == 0) {
+        return 0; /* nothing to delete */
+    }
+    size_t at = held_slot(t, key, key_len, hash), mask = t->capacity - 1;
+    HeldEntry *e = t->slots[at];
+    if (value == NULL) {
+        if (e == NULL) {
+            return 0;
+        }
+        PyMem_Free(e);
+        t->count--;
+        /* backward-shift deletion: every entry after the gap that may move into it does */
+        for (size_t next = (at + 1) & mask; t->slots[next] != NULL; next = (next + 1) & mask) {
+            size_t home = (size_t)t->slots[next]->hash & mask;
+            if (((next - home) & mask) >= ((next - at) & mask)) {
+                t->slots[at] = t->slots[next];
+                at = next;
+            }
+        }
+        t->slots[at] = NULL;
+        return 0;
+    }
+    if (e == NULL || e->value_len != value_len) {
+        HeldEntry *resized = PyMem_Realloc(e, sizeof(HeldEntry) + key_len + value_len);
+        if (resized == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->count += e == NULL;
+        e = t->slots[at] = resized;
+        e->hash = hash;
+        e->key_len = (unsigned char)key_len;
+        e->value_len = (uint32_t)value_len;
+        memcpy(e->data, key, key_len);
+    }
+    memcpy(e->data + key_len, value, value_len);
+    return 0;
+}
+
+static void held_dealloc(HeldTable *t) {
+    for (size_t i = 0; i < t->capacity; i++) {
+        PyMem_Free(t->slots[i]);
+    }
+    PyMem_Free(t->slots);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t held_len(HeldTable *t) { return (Py_ssize_t)t->count; }
+
+static PyObject *held_get_many(HeldTable *t, PyObject *keys) {
+    if (!PyList_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list");
+        return NULL;
+    }
+    PyObject *found = PyList_New(PyList_GET_SIZE(keys));
+    for (Py_ssize_t i = 0; found != NULL && i < PyList_GET_SIZE(keys); i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = Py_None;
+        if (!PyBytes_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            Py_CLEAR(found);
+            break;
+        }
+        size_t length = (size_t)PyBytes_GET_SIZE(key);
+        const unsigned char *at = (const unsigned char *)PyBytes_AS_STRING(key);
+        HeldEntry *e = t->capacity && length <= 255 ? t->slots[held_slot(t, at, length, key_hash(at, length))] : NULL;
+        if (e != NULL) {
+            value = PyBytes_FromStringAndSize((const char *)e->data + e->key_len, e->value_len);
+            if (value == NULL) {
+                Py_CLEAR(found);
+                break;
+            }
+        } else {
+            Py_INCREF(value);
+        }
+        PyList_SET_ITEM(found, i, value);
+    }
+    return found;
+}
+
+static PyObject *held_update(HeldTable *t, PyObject *changes) {
+    PyObject *key, *value;
+    Py_ssize_t position = 0;
+    if (!PyDict_Check(changes)) {
+        PyErr_SetString(PyExc_TypeError, "changes must be a dict");
+        return NULL;
+    }
+    while (PyDict_Next(changes, &position, &key, &value)) {
+        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) > 255 || (value != Py_None && !PyBytes_Check(value))) {
+            invalid("changes must map bytes of at most 255 to bytes or None");
+            return NULL;
+        }
+        if (value != Py_None && PyBytes_GET_SIZE(value) >= (Py_ssize_t)DELETED) {
+            invalid("a value must be shorter than 2**32 - 1 bytes");
+            return NULL;
+        }
+    }
+    position = 0;
+    while (PyDict_Next(changes, &position, &key, &value)) {
+        const unsigned char *stored = value == Py_None ? NULL : (const unsigned char *)PyBytes_AS_STRING(value);
+        if (held_set(t, (const unsigned char *)PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), stored,
+                     value == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(value)) < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *held_apply(HeldTable *t, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) {
+        return NULL;
+    }
+    const unsigned char *in = data.buf, *key_at = NULL;
+    Py_ssize_t count = packed_count(in, (size_t)data.len, &key_at);
+    if (count >= 0) {
+        size_t keys = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            keys += in[4 + i];
+        }
+        const unsigned char *value_at = key_at + keys;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint32_t value_len = get_be32(in + 4 + count + 4 * i);
+            const unsigned char *value = value_len == DELETED ? NULL : value_at;
+            if (held_set(t, key_at, in[4 + i], value, value == NULL ? 0 : value_len) < 0) {
+                count = -1;
+                break;
+            }
+            key_at += in[4 + i];
+            value_at += value == NULL ? 0 : value_len;
+        }
+    }
     PyBuffer_Release(&data);
+    return count < 0 ? NULL : PyLong_FromSsize_t(count);
+}
+
+/* The entries of slots [from, to) packed as pack_changes packs a dict of them. */
+static PyObject *held_chunk(const HeldTable *t, size_t from, size_t to, size_t count, size_t bytes) {
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 + 5 * count + bytes));
+    if (packed == NULL) {
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(packed), *key_at = out + 4 + 5 * count;
+    unsigned char *value_at = key_at;
+    for (size_t i = from; i < to; i++) {
+        value_at += t->slots[i] != NULL ? t->slots[i]->key_len : 0;
+    }
+    put_be32(out, (uint32_t)count);
+    size_t n = 0;
+    for (size_t i = from; i < to; i++) {
+        const HeldEntry *e = t->slots[i];
+        if (e != NULL) {
+            out[4 + n] = e->key_len;
+            put_be32(out + 4 + count + 4 * n, e->value_len);
+            memcpy(key_at, e->data, e->key_len);
+            memcpy(value_at, e->data + e->key_len, e->value_len);
+            key_at += e->key_len;
+            value_at += e->value_len;
+            n++;
+        }
+    }
+    return packed;
+}
+
+static PyObject *held_pack(HeldTable *t, PyObject *args) {
+    Py_ssize_t most;
+    if (!PyArg_ParseTuple(args, "n", &most)) {
+        return NULL;
+    }
+    if (most < 1) {
+        invalid("most must be at least 1");
+        return NULL;
+    }
+    PyObject *chunks = PyList_New(0);
+    size_t from = 0, count = 0, bytes = 0;
+    for (size_t i = 0; chunks != NULL && i <= t->capacity; i++) {
+        const HeldEntry *e = i < t->capacity ? t->slots[i] : NULL;
+        size_t size = e != NULL ? (size_t)e->key_len + e->value_len : 0;
+        if (count && (i == t->capacity || (e != NULL && bytes + size > (size_t)most))) {
+            PyObject *chunk = held_chunk(t, from, i, count, bytes);
+            if (chunk == NULL || PyList_Append(chunks, chunk) < 0) {
+                Py_CLEAR(chunks);
+            }
+            Py_XDECREF(chunk);
+            from = i, count = 0, bytes = 0;
+        }
+        count += e != NULL;
+        bytes += size;
+    }
+    return chunks;
+}
+
+static PyObject *held_items(HeldTable *t, PyObject *args) {
+    Py_ssize_t start, most;
+    if (!PyArg_ParseTuple(args, "nn", &start, &most)) {
+        return NULL;
+    }
+    if (start < 0 || most < 0) {
+        invalid("start and most must not be negative");
+        return NULL;
+    }
+    PyObject *pairs = PyList_New(0);
+    size_t at = (size_t)start;
+    for (; pairs != NULL && at < t->capacity && PyList_GET_SIZE(pairs) < most; at++) {
+        const HeldEntry *e = t->slots[at];
+        if (e != NULL) {
+            PyObject *pair = Py_BuildValue("(y#y#)", e->data, (Py_ssize_t)e->key_len, e->data + e->key_len,
+                                           (Py_ssize_t)e->value_len);
+            if (pair == NULL || PyList_Append(pairs, pair) < 0) {
+                Py_CLEAR(pairs);
+            }
+            Py_XDECREF(pair);
+        }
+    }
+    PyObject *result = pairs == NULL ? NULL : Py_BuildValue("(Nn)", pairs, (Py_ssize_t)at);
     return result;
 }
+
+static PyMethodDef held_methods[] = {
+    {"get_many", (PyCFunction)held_get_many, METH_O, "Each key's value, None where absent."},
+    {"update", (PyCFunction)held_update, METH_O, "A dict of keys to values or None (deleted), applied."},
+    {"apply", (PyCFunction)held_apply, METH_VARARGS, "Packed changes (pack_changes) applied; their count."},
+    {"pack", (PyCFunction)held_pack, METH_VARARGS, "Every entry packed, in chunks of at most `most` bytes."},
+    {"items", (PyCFunction)held_items, METH_VARARGS, "At most `most` pairs from slot `start`, and the next slot."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods held_sequence = {.sq_length = (lenfunc)held_len};
+
+static PyTypeObject HeldTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "neardup.core._sketch.HeldTable",
+    .tp_basicsize = sizeof(HeldTable),
+    .tp_dealloc = (destructor)held_dealloc,
+    .tp_as_sequence = &held_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Bytes keys to bytes values in one compact table (state/held.py).",
+    .tp_methods = held_methods,
+    .tp_new = PyType_GenericNew,
+};
 
 static PyMethodDef methods[] = {
     {"join_buckets", join_buckets, METH_VARARGS, "A member appended to LSH buckets, into a dict, their sizes counted."},
     {"pack_changes", pack_changes, METH_VARARGS, "A dict of bytes to bytes or None, packed."},
-    {"apply_changes", apply_changes, METH_VARARGS, "Packed changes set in a dict."},
     {"anchors", anchors, METH_VARARGS, "Winnowed anchors of code points: 32-bit hashes and positions."},
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
     {"finish", finish, METH_VARARGS, "Signature and 8-bit verifier from the verifier's bin minima."},
@@ -1649,5 +1930,12 @@ PyMODINIT_FUNC PyInit__sketch(void) {
             return NULL;
         }
     }
-    return PyModule_Create(&module);
+    if (PyType_Ready(&HeldTableType) < 0) {
+        return NULL;
+    }
+    PyObject *created = PyModule_Create(&module);
+    if (created != NULL && PyModule_AddObjectRef(created, "HeldTable", (PyObject *)&HeldTableType) < 0) {
+        Py_CLEAR(created);
+    }
+    return created;
 }

@@ -6,9 +6,10 @@ Held in a dict instead, they cost a dict's lookups; what makes them durable is t
 changes, one value a write batch (``j<number>``) in the same batch as the rest of the article's
 writes, so that a crash leaves both or neither. The log is folded into a snapshot (``s<number>``
 chunks) when it outgrows the snapshot, and at `compact`; opening reads the snapshot, then the log.
-The price is memory: the families' entries live in the process (BATCH.md measures it), which is
-why a state keeps its buckets as keys unless it was created with them held (`HOLD_KEY`), and why
-past HELD_ENTRIES they go back to being keys (`spill`).
+The price is memory: the families' entries live in the process, in a compiled table (_sketch.HeldTable,
+an allocation an entry with its key and value, where a dict would add two bytes objects and its
+own slots; BATCH.md measures it), which is why a state keeps its buckets as keys unless it was
+created with them held (`HOLD_KEY`), and why past HELD_ENTRIES they go back to being keys (`spill`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import struct
 from collections.abc import Iterator
 
 from ..core.compiled import _sketch
-from .index import runs_of
 from .port import Batch, KeyValue
 
 LOG, SNAPSHOT = b"j", b"s"
@@ -26,7 +26,7 @@ HOLD_KEY = b"mheld"  # present in a state whose held families live in the log, n
 _NUMBER = struct.Struct(">Q")
 _SNAPSHOT_FLOOR = 64 * 1024 * 1024  # the log is folded no sooner than at this size
 _CHUNK = 4 * 1024 * 1024  # bytes of entries a snapshot value holds at most
-# Entries held at most (~200 bytes each in memory, ~2 GB): past them the families go back to
+# Entries held at most (~100 bytes each in memory, ~1 GB): past them the families go back to
 # being keys of their own (`spill`), so that a long input never runs out of memory.
 HELD_ENTRIES = 10_000_000
 
@@ -40,22 +40,22 @@ class HeldFamilies:
 
     def _load(self) -> None:
         """The snapshot, then the log after it."""
-        self.held: dict[bytes, bytes] = {}
+        self.held = _sketch.HeldTable()
         self._marked = self.inner.get_many([HOLD_KEY])[0] is not None
         self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
         for _, chunk in self.inner.scan(SNAPSHOT):
-            _sketch.apply_changes(chunk, self.held)
+            self.held.apply(chunk)
             self._snapshot_chunks += 1
             self._snapshot_bytes += len(chunk)
         for key, changes in self.inner.scan(LOG):
-            _sketch.apply_changes(changes, self.held)
+            self.held.apply(changes)
             self._log_bytes += len(changes)
             self._next_log = _NUMBER.unpack_from(key, 1)[0] + 1
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The keys of one call are of one family, as every table reads only its own."""
         if keys and keys[0][0] in self.prefixes:
-            return list(map(self.held.get, keys))
+            return self.held.get_many(keys)
         return self.inner.get_many(keys)
 
     def records(self, keys: list[bytes]) -> list[bytes | None]:
@@ -65,7 +65,8 @@ class HeldFamilies:
         """Held entries sorted on demand: only a count's repair and tests scan them."""
         if prefix and prefix[0] not in self.prefixes:
             return self.inner.scan(prefix)
-        held = sorted(entry for entry in self.held.items() if entry[0].startswith(prefix))
+        entries, _ = self.held.items(0, len(self.held))
+        held = sorted(entry for entry in entries if entry[0].startswith(prefix))
         return heapq.merge(self.inner.scan(prefix), held) if not prefix else iter(held)
 
     def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
@@ -86,11 +87,8 @@ class HeldFamilies:
         self.inner.write(Batch(main=main, records=batch.records))
         self._next_log += 1
         self._log_bytes += len(logged)
-        held: dict[bytes, bytes | None] = self.held  # type: ignore[assignment]  # None only until popped
-        held.update(changes)  # the batch's own objects: no copy of what was logged
-        for key in [key for key, value in changes.items() if value is None]:
-            del held[key]
-        if len(held) > HELD_ENTRIES:
+        self.held.update(changes)
+        if len(self.held) > HELD_ENTRIES:
             self.spill()
         elif self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
             self.fold()
@@ -99,7 +97,7 @@ class HeldFamilies:
         """The held entries as a snapshot, in place of the snapshot and log before: one write."""
         if not self._next_log:
             return
-        chunks = [_sketch.pack_changes(dict(run)) for run in runs_of(self.held.items(), _CHUNK // 64)]
+        chunks = self.held.pack(_CHUNK)
         main = self._dropped(kept_chunks=len(chunks))
         main.update((SNAPSHOT + _NUMBER.pack(number), chunk) for number, chunk in enumerate(chunks))
         self.inner.write(Batch(main=main))
@@ -111,11 +109,14 @@ class HeldFamilies:
         snapshot and the mark removed in one last write: a crash before it leaves a held state,
         which spills again (its keys written before that crash and since removed are removed)."""
         stale = [key for prefix in self.prefixes for key, _ in self.inner.scan(bytes([prefix]))]
-        self.inner.write(Batch(main={key: None for key in stale if key not in self.held}))
-        for run in runs_of(self.held.items(), _CHUNK // 64):
-            self.inner.write(Batch(main=dict(run)))
+        gone = [key for key, value in zip(stale, self.held.get_many(stale), strict=True) if value is None]
+        self.inner.write(Batch(main=dict.fromkeys(gone)))
+        entries, start = self.held.items(0, _CHUNK // 64)
+        while entries:
+            self.inner.write(Batch(main=dict(entries)))
+            entries, start = self.held.items(start, _CHUNK // 64)
         self.inner.write(Batch(main={**self._dropped(kept_chunks=0), HOLD_KEY: None}))
-        self.held, self.prefixes = {}, frozenset()
+        self.held, self.prefixes = _sketch.HeldTable(), frozenset()
         self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
 
     def _dropped(self, kept_chunks: int) -> dict[bytes, bytes | None]:

@@ -56,10 +56,27 @@ def random_changes(rng: random.Random, keys: list[bytes]) -> dict[bytes, bytes |
     }
 
 
+def table_of(entries: dict[bytes, bytes]) -> _sketch.HeldTable:
+    table = _sketch.HeldTable()
+    table.update(dict(entries))
+    return table
+
+
+def contents_of(table: _sketch.HeldTable) -> dict[bytes, bytes]:
+    """Every entry of the table, read through items() a few slots at a time."""
+    found: dict[bytes, bytes] = {}
+    entries, start = table.items(0, 3)
+    while entries:
+        assert not set(dict(entries)) & set(found), "an entry listed twice"
+        found.update(entries)
+        entries, start = table.items(start, 3)
+    return found
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_changes_pack_and_apply_as_the_reference_does(seed: int) -> None:
     """The compiled packing against tests/support/reference_state.py, byte for byte, and applied
-    to a dict as the reference's entries are, deletions of absent keys included."""
+    to a table as the reference's entries are to a dict, deletions of absent keys included."""
     rng = random.Random(seed)
     keys = [rng.randbytes(rng.choice([0, 1, 5, 12, 255])) for _ in range(50)]
     changes = random_changes(rng, keys) if seed else {}
@@ -67,14 +84,42 @@ def test_changes_pack_and_apply_as_the_reference_does(seed: int) -> None:
     assert packed == pack_changes(changes)
     assert unpack_changes(packed) == list(changes.items())
     start = {key: b"old" for key in keys[::3]}
-    applied, expected = dict(start), dict(start)
-    assert _sketch.apply_changes(packed, applied) == len(changes)
+    applied, expected = table_of(start), dict(start)
+    assert applied.apply(packed) == len(changes)
     for key, value in unpack_changes(packed):
         if value is None:
             expected.pop(key, None)
         else:
             expected[key] = value
-    assert applied == expected
+    assert contents_of(applied) == expected and len(applied) == len(expected)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_table_holds_what_a_dict_holds(seed: int) -> None:
+    """Random updates and deletions of keys of every length (short ones collide in their slots,
+    and a deletion moves the entries after it) against a dict: the same reads, length and
+    entries; packed in chunks and applied to a new table, the same again."""
+    rng = random.Random(seed)
+    keys = [rng.randbytes(rng.choice([0, 1, 2, 9, 255])) for _ in range(400)]
+    table, model = _sketch.HeldTable(), {}
+    for step in range(300):
+        changes = random_changes(rng, keys) if step % 50 else dict.fromkeys(model)  # all deleted
+        table.update(changes)
+        for key, value in changes.items():
+            if value is None:
+                model.pop(key, None)
+            else:
+                model[key] = value
+        assert table.get_many(keys) == [model.get(key) for key in keys], step
+        assert len(table) == len(model)
+    assert contents_of(table) == model
+    most = rng.choice([1, 50, 1_000, 10**6])
+    chunks = table.pack(most)
+    assert all(len(chunk) - 4 - 5 * len(unpack_changes(chunk)) <= max(most, 255 + 320) for chunk in chunks)
+    copied = _sketch.HeldTable()
+    assert sum(copied.apply(chunk) for chunk in chunks) == len(model)
+    assert contents_of(copied) == model
+    assert table.get_many([b"k" * 256, *keys[:3]]) == [None, *(model.get(key) for key in keys[:3])]
 
 
 @pytest.mark.parametrize(
@@ -87,15 +132,20 @@ def test_changes_pack_and_apply_as_the_reference_does(seed: int) -> None:
     ],
 )
 def test_a_log_value_not_of_one_packed_dict_is_refused(data: bytes, reason: str) -> None:
-    into: dict[bytes, bytes] = {}
+    table = table_of({b"n2": b"kept"})
     with pytest.raises(ValueError, match=reason):
-        _sketch.apply_changes(data, into)
+        table.apply(data)
+    assert contents_of(table) == {b"n2": b"kept"}, "nothing applied"
 
 
 @pytest.mark.parametrize("changes", [{b"k" * 256: b""}, {"k": b""}, {b"k": 1}])
 def test_changes_that_cannot_be_packed_are_refused(changes: dict) -> None:
     with pytest.raises(ValueError, match="changes must map"):
         _sketch.pack_changes(changes)
+    table = table_of({b"a": b"kept"})
+    with pytest.raises(ValueError, match="changes must map"):
+        table.update({b"b": b"first", **changes})
+    assert contents_of(table) == {b"a": b"kept"}, "checked before any is applied"
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -20,6 +20,7 @@ from tests.support import reference_anchors, reference_state
 
 sketch: Any = compiled._sketch
 
+Table = sketch.HeldTable
 ENTRY_POINTS = {
     "anchors",
     "oph_minima",
@@ -36,7 +37,7 @@ ENTRY_POINTS = {
     "join_postings",
     "join_buckets",
     "pack_changes",
-    "apply_changes",
+    "HeldTable",
 }
 
 
@@ -68,8 +69,23 @@ def packed_tail(cut: int) -> memoryview:
 
 
 def test_packed_changes_are_read_from_any_address() -> None:
-    into: dict[bytes, bytes] = {b"n2": b"old"}
-    assert sketch.apply_changes(packed_tail(0), into) == 2 and into == {b"b1": b"12345678"}
+    into = sketch.HeldTable()
+    into.update({b"n2": b"old"})
+    assert into.apply(packed_tail(0)) == 2
+    assert into.get_many([b"b1", b"n2"]) == [b"12345678", None] and len(into) == 1
+
+
+@pytest.mark.parametrize(("start", "most"), [(-1, 1), (0, -1)])
+def test_a_table_is_listed_from_a_slot_and_count_not_negative(start: int, most: int) -> None:
+    with pytest.raises(ValueError, match="must not be negative"):
+        Table().items(start, most)
+
+
+def test_a_table_is_packed_in_chunks_of_at_least_a_byte() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Table().pack(0)
+    with pytest.raises(TypeError, match="keys must be"):
+        Table().get_many([b"a", "b"])
 
 
 def units(count: int, dtype: type = np.uint64) -> np.ndarray:
@@ -548,22 +564,19 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         TypeError,
         "",
     ),
-    # pack_changes(changes), apply_changes(data, into)
+    # pack_changes(changes); HeldTable's update(changes), apply(data), get_many(keys)
     ("pack_changes-key-long", lambda: sketch.pack_changes({bytes(256): None}), ValueError, "changes"),
     ("pack_changes-key-str", lambda: sketch.pack_changes({"k": None}), ValueError, "changes"),
     ("pack_changes-value-int", lambda: sketch.pack_changes({b"k": 1}), ValueError, "changes"),
     ("pack_changes-changes-list", lambda: sketch.pack_changes([(b"k", None)]), TypeError, ""),
-    ("apply_changes-data-empty-tail", lambda: sketch.apply_changes(tail(0), {}), ValueError, "count"),
-    ("apply_changes-data-short-tail", lambda: sketch.apply_changes(tail(3), {}), ValueError, "count"),
-    (
-        "apply_changes-count-past",
-        lambda: sketch.apply_changes(b"\0\0\0\2" + bytes(9), {}),
-        ValueError,
-        "count",
-    ),
-    ("apply_changes-lengths-past", lambda: sketch.apply_changes(packed_tail(-1), {}), ValueError, "lengths"),
-    ("apply_changes-data-str", lambda: sketch.apply_changes("abcd", {}), TypeError, ""),
-    ("apply_changes-into-list", lambda: sketch.apply_changes(bytes(4), []), TypeError, ""),
+    ("HeldTable.update-changes-list", lambda: Table().update([(b"k", None)]), TypeError, ""),
+    ("HeldTable.update-key-long", lambda: Table().update({bytes(256): b""}), ValueError, "changes"),
+    ("HeldTable.apply-data-empty-tail", lambda: Table().apply(tail(0)), ValueError, "count"),
+    ("HeldTable.apply-data-short-tail", lambda: Table().apply(tail(3)), ValueError, "count"),
+    ("HeldTable.apply-count-past", lambda: Table().apply(b"\0\0\0\2" + bytes(9)), ValueError, "count"),
+    ("HeldTable.apply-lengths-past", lambda: Table().apply(packed_tail(-1)), ValueError, "lengths"),
+    ("HeldTable.apply-data-str", lambda: Table().apply("abcd"), TypeError, ""),
+    ("HeldTable.get_many-keys-tuple", lambda: Table().get_many((b"k",)), TypeError, ""),
 ]
 
 
@@ -576,7 +589,7 @@ def test_bad_arguments_raise(call: Callable[[], Any], error: type[Exception], ma
 
 
 def test_every_entry_point_has_bad_calls() -> None:
-    assert {case[0].split("-")[0] for case in BAD_CALLS} == ENTRY_POINTS
+    assert {case[0].split("-")[0].split(".")[0] for case in BAD_CALLS} == ENTRY_POINTS
 
 
 def test_a_rejected_call_leaves_its_outputs_untouched() -> None:
