@@ -459,7 +459,7 @@ class Settings:
         niceness added to RocksDB's flush and compaction threads in the index process (Linux), so that they
         yield to the decisions on a busy machine; 0 leaves them as they are""")
     index_in_memory: bool = _setting(False).means("""
-        true: the index's band buckets and posting lists are held in the decider's memory (up to ~3.5 KB an
+        true: the index's band buckets and posting lists are held in the decider's memory (up to ~2 KB an
         article) and logged to RocksDB one value a batch, not kept as keys of their own: more articles/s with
         the containment index on (tests/benchmarks/BATCH.md), for an index that fits in memory. A state keeps
         the layout it was created with: to switch, delete the state directory (the worker rebuilds the index

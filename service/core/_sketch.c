@@ -121,8 +121,9 @@
  *         every entry checked before any is applied;
  *     apply(data) -> int: what pack_changes returned, applied as update applies a dict; returns
  *         its number of entries. ValueError when `data` is not exactly one packed dict;
- *     pack(most) -> list of bytes: every entry, as pack_changes packs them, in chunks of at most
- *         `most` bytes of keys and values each (an entry larger alone: a chunk of its own);
+ *     pack(most) -> list of bytes: every entry, as pack_changes packs them, in the order of the
+ *         first 8 bytes of their values (zero-padded), in chunks of at most `most` bytes of keys and values each (an entry
+ *         larger alone: a chunk of its own);
  *     items(start, most) -> (list, next): at most `most` (key, value) pairs from slot `start` on,
  *         and the slot to go on from (past the last: every entry was listed);
  *     len(table): the number of entries.
@@ -1796,32 +1797,39 @@ static PyObject *held_apply(HeldTable *t, PyObject *args) {
     return count < 0 ? NULL : PyLong_FromSsize_t(count);
 }
 
-/* The entries of slots [from, to) packed as pack_changes packs a dict of them. */
-static PyObject *held_chunk(const HeldTable *t, size_t from, size_t to, size_t count, size_t bytes) {
+/* Entries packed as pack_changes packs a dict of them. */
+static PyObject *held_chunk(HeldEntry *const *entries, size_t count, size_t bytes) {
     PyObject *packed = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 + 5 * count + bytes));
     if (packed == NULL) {
         return NULL;
     }
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(packed), *key_at = out + 4 + 5 * count;
     unsigned char *value_at = key_at;
-    for (size_t i = from; i < to; i++) {
-        value_at += t->slots[i] != NULL ? t->slots[i]->key_len : 0;
+    for (size_t i = 0; i < count; i++) {
+        value_at += entries[i]->key_len;
     }
     put_be32(out, (uint32_t)count);
-    size_t n = 0;
-    for (size_t i = from; i < to; i++) {
-        const HeldEntry *e = t->slots[i];
-        if (e != NULL) {
-            out[4 + n] = e->key_len;
-            put_be32(out + 4 + count + 4 * n, e->value_len);
-            memcpy(key_at, e->data, e->key_len);
-            memcpy(value_at, e->data + e->key_len, e->value_len);
-            key_at += e->key_len;
-            value_at += e->value_len;
-            n++;
-        }
+    for (size_t i = 0; i < count; i++) {
+        const HeldEntry *e = entries[i];
+        out[4 + i] = e->key_len;
+        put_be32(out + 4 + count + 4 * i, e->value_len);
+        memcpy(key_at, e->data, e->key_len);
+        memcpy(value_at, e->data + e->key_len, e->value_len);
+        key_at += e->key_len;
+        value_at += e->value_len;
     }
     return packed;
+}
+
+/* An entry and the first 8 bytes of its value (big-endian, zero-padded): the order pack writes. */
+typedef struct {
+    uint64_t order;
+    HeldEntry *entry;
+} Ordered;
+
+static int by_order(const void *a, const void *b) {
+    uint64_t x = ((const Ordered *)a)->order, y = ((const Ordered *)b)->order;
+    return (x > y) - (x < y);
 }
 
 static PyObject *held_pack(HeldTable *t, PyObject *args) {
@@ -1833,22 +1841,44 @@ static PyObject *held_pack(HeldTable *t, PyObject *args) {
         invalid("most must be at least 1");
         return NULL;
     }
-    PyObject *chunks = PyList_New(0);
-    size_t from = 0, count = 0, bytes = 0;
-    for (size_t i = 0; chunks != NULL && i <= t->capacity; i++) {
-        const HeldEntry *e = i < t->capacity ? t->slots[i] : NULL;
-        size_t size = e != NULL ? (size_t)e->key_len + e->value_len : 0;
-        if (count && (i == t->capacity || (e != NULL && bytes + size > (size_t)most))) {
-            PyObject *chunk = held_chunk(t, from, i, count, bytes);
+    /* In the order of their values' first bytes: the entries an article wrote side by side (its
+     * seq in each of its buckets and posting lists), which compresses the chunks as the order of
+     * their writes did. */
+    Ordered *order = PyMem_Malloc((t->count ? t->count : 1) * sizeof(Ordered));
+    HeldEntry **entries = PyMem_Malloc((t->count ? t->count : 1) * sizeof(HeldEntry *));
+    PyObject *chunks = order == NULL || entries == NULL ? PyErr_NoMemory() : PyList_New(0);
+    size_t n = 0;
+    for (size_t i = 0; chunks != NULL && i < t->capacity; i++) {
+        HeldEntry *e = t->slots[i];
+        if (e != NULL) {
+            uint64_t first = 0;
+            for (size_t j = 0; j < 8; j++) {
+                first = first << 8 | (j < e->value_len ? e->data[e->key_len + j] : 0);
+            }
+            order[n++] = (Ordered){first, e};
+        }
+    }
+    if (chunks != NULL) {
+        qsort(order, n, sizeof(Ordered), by_order);
+        for (size_t i = 0; i < n; i++) {
+            entries[i] = order[i].entry;
+        }
+    }
+    size_t from = 0, bytes = 0;
+    for (size_t i = 0; chunks != NULL && i <= n; i++) {
+        size_t size = i < n ? (size_t)entries[i]->key_len + entries[i]->value_len : 0;
+        if (i > from && (i == n || bytes + size > (size_t)most)) {
+            PyObject *chunk = held_chunk(entries + from, i - from, bytes);
             if (chunk == NULL || PyList_Append(chunks, chunk) < 0) {
                 Py_CLEAR(chunks);
             }
             Py_XDECREF(chunk);
-            from = i, count = 0, bytes = 0;
+            from = i, bytes = 0;
         }
-        count += e != NULL;
         bytes += size;
     }
+    PyMem_Free(entries);
+    PyMem_Free(order);
     return chunks;
 }
 
