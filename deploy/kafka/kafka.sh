@@ -767,9 +767,15 @@ cmd_stop() {
         rm -rf "$DATA_DIR"
         log "removed $DATA_DIR"
     fi
-    local p
+    local p tries
     for ((i = 0; i < BROKERS; i++)); do
         for p in $((PORT + i)) $((CONTROLLER_PORT + i)) $SASL_SSL_PORT; do
+            # A killed JVM's main thread shows as a zombie while its other threads still close
+            # its sockets: give them up to 10 s before blaming another process.
+            for ((tries = 0; tries < 100; tries++)); do
+                port_busy "$p" || break
+                sleep 0.1
+            done
             if port_busy "$p"; then
                 die "port $HOST:$p is still in use (by a process this script did not start)"
             fi
