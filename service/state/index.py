@@ -255,7 +255,7 @@ class IndexState:
     def _commit(self, batch: Batch) -> None:
         """Write the batch, then tell every table what it wrote (where each keeps its cache true)."""
         self.kv.write(batch)
-        for table in (self.versions, self.buckets, self.postings, self.contents, self.markers):
+        for table in (self.versions, self.buckets, self.postings, self.contents, self.markers, self.times):
             table.written(batch)
 
     def _remove(self, batch: Batch, old: IndexedArticle, *, keep_id: bool = False) -> None:

@@ -62,6 +62,8 @@ class LayeredKV:
     def __init__(self, base: KeyValue) -> None:
         self.base = base
         self._layers: list[Layer] = []  # oldest first
+        # every held key's newest value, by family: a read looks a key up once, whatever the layers
+        self._view: dict[str, dict[bytes, bytes | None]] = {"main": {}, "records": {}}
 
     @property
     def held(self) -> list[int]:
@@ -87,11 +89,17 @@ class LayeredKV:
         batch.main.update(extra or {})
         self.base.write(batch)
         self._layers = self._layers[len(done) :]
+        for family, view in self._view.items():
+            view.clear()
+            for layer in self._layers:
+                view.update(getattr(layer, family).values)
         return len(done)
 
     def discard(self) -> None:
         """Forget every held layer: the store stays at its last commit."""
         self._layers = []
+        for view in self._view.values():
+            view.clear()
 
     # -- the KeyValue port ------------------------------------------------------------------
 
@@ -99,6 +107,8 @@ class LayeredKV:
         if self._layers:
             self._layers[-1].main.put_all(batch.main)
             self._layers[-1].records.put_all(batch.records)
+            self._view["main"].update(batch.main)
+            self._view["records"].update(batch.records)
         else:
             self.base.write(batch)
 
@@ -118,15 +128,7 @@ class LayeredKV:
         """`keys` as the newest layer holding each has it, else as the store has it."""
         if not self._layers:
             return below(keys)
-        layers = self._newest_first(family)
-        absent = itertools.repeat(_ABSENT)
-        found: list[object] = list(map(layers[0].values.get, keys, absent))
-        for held in layers[1:]:  # older layers, for the keys the newer ones do not hold
-            get = held.values.get
-            found = [
-                get(key, _ABSENT) if value is _ABSENT else value
-                for key, value in zip(keys, found, strict=True)
-            ]
+        found: list[object] = list(map(self._view[family].get, keys, itertools.repeat(_ABSENT)))
         missing = [i for i, value in enumerate(found) if value is _ABSENT]
         if missing:
             for i, value in zip(missing, below([keys[i] for i in missing]), strict=True):
@@ -169,11 +171,11 @@ class LayeredKV:
         return next((family.values[key] for family in layers if key in family.values), None)
 
     def close(self) -> None:
-        self._layers = []
+        self.discard()
         self.base.close()
 
     def clear(self) -> None:
-        self._layers = []
+        self.discard()
         self.base.clear()
 
     def size_bytes(self) -> int:

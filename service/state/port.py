@@ -144,6 +144,7 @@ class Batch:
     records: dict[bytes, bytes | None] = field(default_factory=dict)
     buckets_written: bool = False  # whether a bucket is among `main`
     postings_written: list[list[bytes]] = field(default_factory=list)  # posting lists in `main`
+    times_written: list[bytes] = field(default_factory=list)  # time-order keys in `main`
 
     def put(self, key: bytes, value: bytes) -> None:
         self.main[key] = value

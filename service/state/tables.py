@@ -37,6 +37,7 @@ POSTING_ENTRY = 5
 FEW_ANCHORS = 1 << 39
 POSTING_SEQS = FEW_ANCHORS - 1
 _UNCACHED = b"?"  # a posting list is a whole number of entries: never this
+_UNREAD = object()  # a cache not filled yet
 T = TypeVar("T")
 
 
@@ -285,16 +286,24 @@ class Clusters:
 
 
 class TimeOrder:
-    """``t<time><seq>``: the arrivals by event time, so that expiry walks them from the oldest."""
+    """``t<time><seq>``: the arrivals by event time, so that expiry walks them from the oldest.
+
+    Caches the oldest key (every batch of the worker reports it), moved by the keys a written
+    batch adds before it, read again once it is removed: a scan under held writes sorts them."""
 
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
+        self._oldest: bytes | object | None = _UNREAD  # None: no arrival held
 
     def add(self, batch: Batch, time_ms: int, seq: int) -> None:
-        batch.put(time_key(time_ms, seq), b"")
+        key = time_key(time_ms, seq)
+        batch.put(key, b"")
+        batch.times_written.append(key)
 
     def remove(self, batch: Batch, time_ms: int, seq: int) -> None:
-        batch.delete(time_key(time_ms, seq))
+        key = time_key(time_ms, seq)
+        batch.delete(key)
+        batch.times_written.append(key)
 
     def before(self, cutoff_ms: int, limit: int) -> list[int]:
         """The seqs of the arrivals before `cutoff_ms`, the oldest first, at most `limit`."""
@@ -302,8 +311,18 @@ class TimeOrder:
         return [SEQ.unpack_from(key, 1 + SEQ.size)[0] for key in due]
 
     def oldest_ms(self) -> int | None:
-        oldest = next(self.kv.scan(TIME), None)
-        return None if oldest is None else SEQ.unpack_from(oldest[0], 1)[0] - _TIME_BIAS
+        if self._oldest is _UNREAD:
+            self._oldest = next((key for key, _ in self.kv.scan(TIME)), None)
+        oldest = cast(bytes | None, self._oldest)
+        return None if oldest is None else SEQ.unpack_from(oldest, 1)[0] - _TIME_BIAS
+
+    def written(self, batch: Batch) -> None:
+        for key in batch.times_written:
+            if batch.main.get(key) is None:  # removed
+                if key == self._oldest:
+                    self._oldest = _UNREAD
+            elif self._oldest is None or (isinstance(self._oldest, bytes) and key < self._oldest):
+                self._oldest = key
 
 
 class Markers:

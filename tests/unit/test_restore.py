@@ -147,7 +147,7 @@ def test_the_overlay_reads_as_a_plain_store_would_through_random_work(base: KeyV
                 rng.choice(keys): (None if rng.random() < 0.3 else b"%d" % rng.randrange(100))
                 for _ in range(3)
             }
-            put(kv, writes)
+            put(kv, writes, writes)  # the records family the same as the main one
             for key, value in writes.items():
                 model.pop(key, None) if value is None else model.__setitem__(key, value)
             if pending:
@@ -158,6 +158,7 @@ def test_the_overlay_reads_as_a_plain_store_would_through_random_work(base: KeyV
         for prefix in (b"x", b"y"):
             assert list(kv.scan(prefix)) == sorted((k, v) for k, v in model.items() if k.startswith(prefix))
         assert kv.get_many(keys[:10]) == [model.get(key) for key in keys[:10]]
+        assert kv.records(keys[10:20]) == [model.get(key) for key in keys[10:20]]
     kv.discard()
     assert dict(kv.scan(b"")) == committed
 

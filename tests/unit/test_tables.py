@@ -75,7 +75,7 @@ def counts() -> Counts:
 
 
 def commit(
-    kv: KeyValue, batch: Batch, *tables: ArticleVersions | Buckets | Postings | Contents | Markers
+    kv: KeyValue, batch: Batch, *tables: ArticleVersions | Buckets | Postings | Contents | Markers | TimeOrder
 ) -> None:
     kv.write(batch)
     for table in tables:
@@ -299,15 +299,36 @@ def test_the_time_order_gives_the_oldest_first_and_times_before_1970(kv: Reads) 
     batch = Batch()
     for time_ms, seq in ((5_000, 1), (-2_000, 2), (5_000, 0), (9_000, 3)):
         times.add(batch, time_ms, seq)
-    kv.write(batch)
+    commit(kv, batch, times)
     assert times.oldest_ms() == -2_000
     assert times.before(5_001, 10) == [2, 0, 1]
     assert times.before(5_001, 2) == [2, 0]
     assert times.before(-2_000, 10) == []
     batch = Batch()
     times.remove(batch, -2_000, 2)
-    kv.write(batch)
+    commit(kv, batch, times)
     assert times.oldest_ms() == 5_000
+
+
+def test_the_oldest_time_kept_is_the_oldest_stored(kv: Reads) -> None:
+    """The cached oldest time against a new table's scan, through random batches of arrivals and
+    removals (the oldest among them, and all of them)."""
+    rng = random.Random(5)
+    times, held = TimeOrder(kv), set()
+    for step in range(60):
+        batch = Batch()
+        for _ in range(rng.randint(1, 4)):
+            if held and rng.random() < 0.45:
+                gone = min(held) if rng.random() < 0.5 else rng.choice(sorted(held))
+                times.remove(batch, *gone)
+                held.discard(gone)
+            else:
+                arrival = (rng.randint(-50, 50) * 1_000, step * 10 + len(held))
+                times.add(batch, *arrival)
+                held.add(arrival)
+        commit(kv, batch, times)
+        expected = min(held)[0] if held else None
+        assert times.oldest_ms() == TimeOrder(kv).oldest_ms() == expected, step
 
 
 # -- deletion markers ----------------------------------------------------------------------------
