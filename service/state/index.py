@@ -32,17 +32,16 @@ Every change is one write batch: a crash leaves all of it or none.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
 from itertools import islice
 from typing import Any, TypeVar, cast
 
 import orjson
 
-from ..core.anchors import NO_ANCHORS, Anchors
+from ..core.anchors import Anchors
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
 from .port import Batch, Counts, IndexStats, KeyValue
-from .records import NO_SIGNATURE, CorruptRecord, decode_probe, decode_record, encode_record
+from .records import CorruptRecord, decode_probe, decode_record, encode_record
 from .tables import (
     BAND,
     SEQ,
@@ -228,7 +227,8 @@ class IndexState:
         self._add(batch, article, stored)
         batch.put(SEQ_KEY, str(self._seq).encode())
         self._write(batch)
-        self.versions.remember(_as_stored(article))
+        # its probe, which candidates read, not its whole record: an exact copy or re-delivery
+        # decodes that once when it comes (ArticleVersions.arrivals)
         self.versions.keep_probe(decode_probe(stored))
 
     def _add(self, batch: Batch, article: IndexedArticle, record: bytes | None) -> None:
@@ -415,18 +415,6 @@ class IndexState:
     def close(self) -> None:
         self.versions = ArticleVersions(self.kv, self._record_cache, self._probe_cache)  # caches freed
         self.kv.close()
-
-
-def _as_stored(article: IndexedArticle) -> IndexedArticle:
-    """The article as its record gives it back: without its signature where it has a verifier
-    (records keep what the signature served: band keys and verifier), and a duplicate without
-    its anchors (encode_record keeps none)."""
-    sketch = article.sketch
-    anchors = sketch.anchors if article.in_postings else NO_ANCHORS
-    if (not sketch.verifier.size or not sketch.signature.size) and anchors is sketch.anchors:
-        return article
-    signature = NO_SIGNATURE if sketch.verifier.size else sketch.signature
-    return replace(article, sketch=replace(sketch, signature=signature, anchors=anchors))
 
 
 def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:

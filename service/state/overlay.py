@@ -129,10 +129,13 @@ class LayeredKV:
         if not self._layers:
             return below(keys)
         found: list[object] = list(map(self._view[family].get, keys, itertools.repeat(_ABSENT)))
+        if _ABSENT not in found:
+            return found  # type: ignore[return-value]  # all held
         missing = [i for i, value in enumerate(found) if value is _ABSENT]
-        if missing:
-            for i, value in zip(missing, below([keys[i] for i in missing]), strict=True):
-                found[i] = value
+        if len(missing) == len(keys):  # none held: a new article's buckets and anchors, mostly
+            return below(keys)
+        for i, value in zip(missing, below([keys[i] for i in missing]), strict=True):
+            found[i] = value
         return found  # type: ignore[return-value]  # every _ABSENT was replaced
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
