@@ -111,16 +111,21 @@
  *     0xFFFFFFFF for None), the keys, then the values, in the dict's order (state/held.py: the
  *     log of the held families; tests/support/reference_state.py: pack_changes is the reference).
  *
+ * split_changes(changes, prefixes) -> (packed, rest)
+ *     changes: a dict; prefixes: bytes, first bytes of keys. The changes whose key is bytes that
+ *     starts with one of them, packed as pack_changes packs a dict of them (None when there is
+ *     none), and the others, in a new dict, in the order of `changes` (state/held.py: the held
+ *     families' log value and the rest of a write batch).
+ *
  * HeldTable()
  *     Bytes keys (at most 255 bytes) to bytes values, as a dict of them would hold them, in one
  *     open-addressing table of entries allocated one each, key and value together: the held
  *     families of state/held.py at a fraction of the memory of a dict of bytes objects (a dict is
  *     the reference in tests/unit/test_held.py). Methods:
  *     get_many(keys) -> list: each key's value, None where absent;
- *     update(changes): a dict of keys to values or None (deleted; absent already: nothing),
- *         every entry checked before any is applied;
- *     apply(data) -> int: what pack_changes returned, applied as update applies a dict; returns
- *         its number of entries. ValueError when `data` is not exactly one packed dict;
+ *     apply(data) -> int: what pack_changes returned, each entry set, a None value deleting its
+ *         key (absent already: nothing); returns the number of entries. ValueError, and nothing
+ *         applied, when `data` is not exactly one packed dict;
  *     pack(most) -> list of bytes: every entry, as pack_changes packs them, in the order of the
  *         first 8 bytes of their values (zero-padded), in chunks of at most `most` bytes of keys and values each (an entry
  *         larger alone: a chunk of its own);
@@ -1523,14 +1528,21 @@ static uint32_t get_be32(const unsigned char *at) {
 
 #define DELETED 0xFFFFFFFFu
 
-static PyObject *pack_changes(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *changes, *key, *value;
-    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &changes)) {
-        return NULL;
-    }
-    Py_ssize_t count = PyDict_GET_SIZE(changes), position = 0, keys = 0, values = 0;
+/* Whether `key` is one of the changes to pack: every one without `prefixes`, else a bytes key whose
+ * first byte is among them. */
+static int selected(PyObject *key, const char *prefixes, Py_ssize_t many) {
+    return prefixes == NULL || (PyBytes_Check(key) && PyBytes_GET_SIZE(key) > 0 &&
+                                memchr(prefixes, PyBytes_AS_STRING(key)[0], (size_t)many) != NULL);
+}
+
+/* The selected changes packed (pack_changes); Py_None where `prefixes` select none. */
+static PyObject *pack_selected(PyObject *changes, const char *prefixes, Py_ssize_t many) {
+    PyObject *key, *value;
+    Py_ssize_t count = 0, position = 0, keys = 0, values = 0;
     while (PyDict_Next(changes, &position, &key, &value)) {
+        if (!selected(key, prefixes, many)) {
+            continue;
+        }
         if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) > 255 || (value != Py_None && !PyBytes_Check(value))) {
             invalid("changes must map bytes of at most 255 to bytes or None");
             return NULL;
@@ -1539,8 +1551,12 @@ static PyObject *pack_changes(PyObject *self, PyObject *args) {
             invalid("a value must be shorter than 2**32 - 1 bytes");
             return NULL;
         }
+        count++;
         keys += PyBytes_GET_SIZE(key);
         values += value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+    }
+    if (prefixes != NULL && count == 0) {
+        Py_RETURN_NONE;
     }
     if (count > UINT32_MAX || keys + values > PY_SSIZE_T_MAX - 4 - 5 * count) {
         invalid("changes too large to pack");
@@ -1556,6 +1572,9 @@ static PyObject *pack_changes(PyObject *self, PyObject *args) {
     Py_ssize_t i = 0;
     position = 0;
     while (PyDict_Next(changes, &position, &key, &value)) {
+        if (!selected(key, prefixes, many)) {
+            continue;
+        }
         Py_ssize_t key_len = PyBytes_GET_SIZE(key);
         out[4 + i] = (unsigned char)key_len;
         memcpy(key_at, PyBytes_AS_STRING(key), (size_t)key_len);
@@ -1571,6 +1590,36 @@ static PyObject *pack_changes(PyObject *self, PyObject *args) {
         i++;
     }
     return packed;
+}
+
+static PyObject *pack_changes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *changes;
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &changes)) {
+        return NULL;
+    }
+    return pack_selected(changes, NULL, 0);
+}
+
+static PyObject *split_changes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *changes, *key, *value;
+    const char *prefixes;
+    Py_ssize_t many, position = 0;
+    if (!PyArg_ParseTuple(args, "O!y#", &PyDict_Type, &changes, &prefixes, &many)) {
+        return NULL;
+    }
+    PyObject *packed = pack_selected(changes, prefixes, many), *rest = packed == NULL ? NULL : PyDict_New();
+    while (rest != NULL && PyDict_Next(changes, &position, &key, &value)) {
+        if (!selected(key, prefixes, many) && PyDict_SetItem(rest, key, value) < 0) {
+            Py_CLEAR(rest);
+        }
+    }
+    if (rest == NULL) {
+        Py_XDECREF(packed);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", packed, rest);
 }
 
 /* Checks packed changes (pack_changes) and returns their count, with where their keys start;
@@ -1741,34 +1790,6 @@ static PyObject *held_get_many(HeldTable *t, PyObject *keys) {
     return found;
 }
 
-static PyObject *held_update(HeldTable *t, PyObject *changes) {
-    PyObject *key, *value;
-    Py_ssize_t position = 0;
-    if (!PyDict_Check(changes)) {
-        PyErr_SetString(PyExc_TypeError, "changes must be a dict");
-        return NULL;
-    }
-    while (PyDict_Next(changes, &position, &key, &value)) {
-        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) > 255 || (value != Py_None && !PyBytes_Check(value))) {
-            invalid("changes must map bytes of at most 255 to bytes or None");
-            return NULL;
-        }
-        if (value != Py_None && PyBytes_GET_SIZE(value) >= (Py_ssize_t)DELETED) {
-            invalid("a value must be shorter than 2**32 - 1 bytes");
-            return NULL;
-        }
-    }
-    position = 0;
-    while (PyDict_Next(changes, &position, &key, &value)) {
-        const unsigned char *stored = value == Py_None ? NULL : (const unsigned char *)PyBytes_AS_STRING(value);
-        if (held_set(t, (const unsigned char *)PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), stored,
-                     value == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(value)) < 0) {
-            return NULL;
-        }
-    }
-    Py_RETURN_NONE;
-}
-
 static PyObject *held_apply(HeldTable *t, PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*", &data)) {
@@ -1910,7 +1931,6 @@ static PyObject *held_items(HeldTable *t, PyObject *args) {
 
 static PyMethodDef held_methods[] = {
     {"get_many", (PyCFunction)held_get_many, METH_O, "Each key's value, None where absent."},
-    {"update", (PyCFunction)held_update, METH_O, "A dict of keys to values or None (deleted), applied."},
     {"apply", (PyCFunction)held_apply, METH_VARARGS, "Packed changes (pack_changes) applied; their count."},
     {"pack", (PyCFunction)held_pack, METH_VARARGS, "Every entry packed, in chunks of at most `most` bytes."},
     {"items", (PyCFunction)held_items, METH_VARARGS, "At most `most` pairs from slot `start`, and the next slot."},
@@ -1933,6 +1953,7 @@ static PyTypeObject HeldTableType = {
 static PyMethodDef methods[] = {
     {"join_buckets", join_buckets, METH_VARARGS, "A member appended to LSH buckets, into a dict, their sizes counted."},
     {"pack_changes", pack_changes, METH_VARARGS, "A dict of bytes to bytes or None, packed."},
+    {"split_changes", split_changes, METH_VARARGS, "The changes of some key families packed, and the others."},
     {"anchors", anchors, METH_VARARGS, "Winnowed anchors of code points: 32-bit hashes and positions."},
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
     {"finish", finish, METH_VARARGS, "Signature and 8-bit verifier from the verifier's bin minima."},

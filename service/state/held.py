@@ -35,7 +35,7 @@ class HeldFamilies:
     """A KeyValue over `inner` that holds the main family's keys under `prefixes` in memory."""
 
     def __init__(self, inner: KeyValue, prefixes: tuple[bytes, ...]) -> None:
-        self.inner, self.prefixes = inner, frozenset(prefix[0] for prefix in prefixes)
+        self.inner, self.prefixes = inner, bytes(prefix[0] for prefix in prefixes)
         self._load()
 
     def _load(self) -> None:
@@ -73,21 +73,18 @@ class HeldFamilies:
         return self.inner.scan_records()
 
     def write(self, batch: Batch) -> None:
-        """The held keys' changes into memory and into one log value, written with the rest."""
-        prefixes = self.prefixes
-        changes = {key: value for key, value in batch.main.items() if key[0] in prefixes}
-        if not changes:
+        """The held keys' changes into one log value, written with the rest, then into memory."""
+        logged, main = _sketch.split_changes(batch.main, self.prefixes)
+        if logged is None:
             self.inner.write(batch)
             return
-        main = {key: value for key, value in batch.main.items() if key[0] not in prefixes}
-        logged = _sketch.pack_changes(changes)
         main[LOG + _NUMBER.pack(self._next_log)] = logged
         if not self._marked:
             main[HOLD_KEY], self._marked = b"1", True
         self.inner.write(Batch(main=main, records=batch.records))
         self._next_log += 1
         self._log_bytes += len(logged)
-        self.held.update(changes)
+        self.held.apply(logged)
         if len(self.held) > HELD_ENTRIES:
             self.spill()
         elif self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
@@ -116,7 +113,7 @@ class HeldFamilies:
             self.inner.write(Batch(main=dict(entries)))
             entries, start = self.held.items(start, _CHUNK // 64)
         self.inner.write(Batch(main={**self._dropped(kept_chunks=0), HOLD_KEY: None}))
-        self.held, self.prefixes = _sketch.HeldTable(), frozenset()
+        self.held, self.prefixes = _sketch.HeldTable(), b""
         self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
 
     def _dropped(self, kept_chunks: int) -> dict[bytes, bytes | None]:

@@ -58,7 +58,7 @@ def random_changes(rng: random.Random, keys: list[bytes]) -> dict[bytes, bytes |
 
 def table_of(entries: dict[bytes, bytes]) -> _sketch.HeldTable:
     table = _sketch.HeldTable()
-    table.update(dict(entries))
+    table.apply(_sketch.pack_changes(dict(entries)))
     return table
 
 
@@ -104,7 +104,7 @@ def test_the_table_holds_what_a_dict_holds(seed: int) -> None:
     table, model = _sketch.HeldTable(), {}
     for step in range(300):
         changes = random_changes(rng, keys) if step % 50 else dict.fromkeys(model)  # all deleted
-        table.update(changes)
+        table.apply(_sketch.pack_changes(changes))
         for key, value in changes.items():
             if value is None:
                 model.pop(key, None)
@@ -144,10 +144,24 @@ def test_a_log_value_not_of_one_packed_dict_is_refused(data: bytes, reason: str)
 def test_changes_that_cannot_be_packed_are_refused(changes: dict) -> None:
     with pytest.raises(ValueError, match="changes must map"):
         _sketch.pack_changes(changes)
-    table = table_of({b"a": b"kept"})
-    with pytest.raises(ValueError, match="changes must map"):
-        table.update({b"b": b"first", **changes})
-    assert contents_of(table) == {b"a": b"kept"}, "checked before any is applied"
+    if all(isinstance(key, bytes) for key in changes):  # a key of a held family: checked
+        with pytest.raises(ValueError, match="changes must map"):
+            _sketch.split_changes({b"n": b"first", **changes}, b"nk")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_batch_splits_into_the_held_families_packed_and_the_rest(seed: int) -> None:
+    """split_changes against its reference: the changes of the keys that start with the held
+    families' bytes packed as pack_changes packs them (None when there is none), the others in a
+    dict, both in the batch's order."""
+    rng = random.Random(seed)
+    keys = [bytes([rng.choice(b"bnat")]) + rng.randbytes(rng.choice([0, 4, 10])) for _ in range(40)]
+    changes = random_changes(rng, keys) if seed else {b"": b"empty key", b"a1": None}
+    families = rng.choice([b"bn", b"n", b"", b"z"])
+    packed, rest = _sketch.split_changes(changes, families)
+    held = {key: value for key, value in changes.items() if key[:1] and key[0] in families}
+    assert packed == (pack_changes(held) if held else None)
+    assert list(rest.items()) == [(key, value) for key, value in changes.items() if key not in held]
 
 
 @pytest.mark.parametrize("seed", range(4))

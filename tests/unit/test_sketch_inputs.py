@@ -37,6 +37,7 @@ ENTRY_POINTS = {
     "join_postings",
     "join_buckets",
     "pack_changes",
+    "split_changes",
     "HeldTable",
 }
 
@@ -70,7 +71,7 @@ def packed_tail(cut: int) -> memoryview:
 
 def test_packed_changes_are_read_from_any_address() -> None:
     into = sketch.HeldTable()
-    into.update({b"n2": b"old"})
+    into.apply(sketch.pack_changes({b"n2": b"old"}))
     assert into.apply(packed_tail(0)) == 2
     assert into.get_many([b"b1", b"n2"]) == [b"12345678", None] and len(into) == 1
 
@@ -564,13 +565,14 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         TypeError,
         "",
     ),
-    # pack_changes(changes); HeldTable's update(changes), apply(data), get_many(keys)
+    # pack_changes(changes), split_changes(changes, prefixes); HeldTable's apply(data), get_many(keys)
     ("pack_changes-key-long", lambda: sketch.pack_changes({bytes(256): None}), ValueError, "changes"),
     ("pack_changes-key-str", lambda: sketch.pack_changes({"k": None}), ValueError, "changes"),
     ("pack_changes-value-int", lambda: sketch.pack_changes({b"k": 1}), ValueError, "changes"),
     ("pack_changes-changes-list", lambda: sketch.pack_changes([(b"k", None)]), TypeError, ""),
-    ("HeldTable.update-changes-list", lambda: Table().update([(b"k", None)]), TypeError, ""),
-    ("HeldTable.update-key-long", lambda: Table().update({bytes(256): b""}), ValueError, "changes"),
+    ("split_changes-changes-list", lambda: sketch.split_changes([(b"k", None)], b"k"), TypeError, ""),
+    ("split_changes-prefixes-str", lambda: sketch.split_changes({}, "k"), TypeError, ""),
+    ("split_changes-key-long", lambda: sketch.split_changes({b"k" * 256: b""}, b"k"), ValueError, "changes"),
     ("HeldTable.apply-data-empty-tail", lambda: Table().apply(tail(0)), ValueError, "count"),
     ("HeldTable.apply-data-short-tail", lambda: Table().apply(tail(3)), ValueError, "count"),
     ("HeldTable.apply-count-past", lambda: Table().apply(b"\0\0\0\2" + bytes(9)), ValueError, "count"),
