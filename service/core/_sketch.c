@@ -1528,6 +1528,41 @@ static uint32_t get_be32(const unsigned char *at) {
 
 #define DELETED 0xFFFFFFFFu
 
+/* Packed changes (pack_changes' layout) written an entry at a time: the count, each key's length,
+ * each value's (DELETED for none), then the keys, then the values. */
+typedef struct {
+    unsigned char *out, *key_at, *value_at;
+    size_t count, written;
+} Packer;
+
+/* A bytes object for `count` entries of `keys` and `values` bytes in all, its count written;
+ * NULL (MemoryError) when it cannot be allocated. */
+static PyObject *packer_start(Packer *p, size_t count, size_t keys, size_t values) {
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 + 5 * count + keys + values));
+    if (packed != NULL) {
+        p->out = (unsigned char *)PyBytes_AS_STRING(packed);
+        p->key_at = p->out + 4 + 5 * count;
+        p->value_at = p->key_at + keys;
+        p->count = count;
+        p->written = 0;
+        put_be32(p->out, (uint32_t)count);
+    }
+    return packed;
+}
+
+/* The next entry; `value` NULL: the key deleted. */
+static void packer_put(Packer *p, const void *key, size_t key_len, const void *value, size_t value_len) {
+    p->out[4 + p->written] = (unsigned char)key_len;
+    put_be32(p->out + 4 + p->count + 4 * p->written, value == NULL ? DELETED : (uint32_t)value_len);
+    memcpy(p->key_at, key, key_len);
+    p->key_at += key_len;
+    if (value != NULL) {
+        memcpy(p->value_at, value, value_len);
+        p->value_at += value_len;
+    }
+    p->written++;
+}
+
 /* Whether `key` is one of the changes to pack: every one without `prefixes`, else a bytes key whose
  * first byte is among them. */
 static int selected(PyObject *key, const char *prefixes, Py_ssize_t many) {
@@ -1562,32 +1597,15 @@ static PyObject *pack_selected(PyObject *changes, const char *prefixes, Py_ssize
         invalid("changes too large to pack");
         return NULL;
     }
-    PyObject *packed = PyBytes_FromStringAndSize(NULL, 4 + 5 * count + keys + values);
-    if (packed == NULL) {
-        return NULL;
-    }
-    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(packed);
-    unsigned char *key_at = out + 4 + 5 * count, *value_at = key_at + keys;
-    put_be32(out, (uint32_t)count);
-    Py_ssize_t i = 0;
+    Packer packer;
+    PyObject *packed = packer_start(&packer, (size_t)count, (size_t)keys, (size_t)values);
     position = 0;
-    while (PyDict_Next(changes, &position, &key, &value)) {
-        if (!selected(key, prefixes, many)) {
-            continue;
+    while (packed != NULL && PyDict_Next(changes, &position, &key, &value)) {
+        if (selected(key, prefixes, many)) {
+            const char *stored = value == Py_None ? NULL : PyBytes_AS_STRING(value);
+            packer_put(&packer, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), stored,
+                       value == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(value));
         }
-        Py_ssize_t key_len = PyBytes_GET_SIZE(key);
-        out[4 + i] = (unsigned char)key_len;
-        memcpy(key_at, PyBytes_AS_STRING(key), (size_t)key_len);
-        key_at += key_len;
-        if (value == Py_None) {
-            put_be32(out + 4 + count + 4 * i, DELETED);
-        } else {
-            Py_ssize_t value_len = PyBytes_GET_SIZE(value);
-            put_be32(out + 4 + count + 4 * i, (uint32_t)value_len);
-            memcpy(value_at, PyBytes_AS_STRING(value), (size_t)value_len);
-            value_at += value_len;
-        }
-        i++;
     }
     return packed;
 }
@@ -1819,25 +1837,17 @@ static PyObject *held_apply(HeldTable *t, PyObject *args) {
 }
 
 /* Entries packed as pack_changes packs a dict of them. */
-static PyObject *held_chunk(HeldEntry *const *entries, size_t count, size_t bytes) {
-    PyObject *packed = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 + 5 * count + bytes));
-    if (packed == NULL) {
-        return NULL;
-    }
-    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(packed), *key_at = out + 4 + 5 * count;
-    unsigned char *value_at = key_at;
+static PyObject *held_chunk(HeldEntry *const *entries, size_t count) {
+    size_t keys = 0, values = 0;
     for (size_t i = 0; i < count; i++) {
-        value_at += entries[i]->key_len;
+        keys += entries[i]->key_len;
+        values += entries[i]->value_len;
     }
-    put_be32(out, (uint32_t)count);
-    for (size_t i = 0; i < count; i++) {
+    Packer packer;
+    PyObject *packed = packer_start(&packer, count, keys, values);
+    for (size_t i = 0; packed != NULL && i < count; i++) {
         const HeldEntry *e = entries[i];
-        out[4 + i] = e->key_len;
-        put_be32(out + 4 + count + 4 * i, e->value_len);
-        memcpy(key_at, e->data, e->key_len);
-        memcpy(value_at, e->data + e->key_len, e->value_len);
-        key_at += e->key_len;
-        value_at += e->value_len;
+        packer_put(&packer, e->data, e->key_len, e->data + e->key_len, e->value_len);
     }
     return packed;
 }
@@ -1889,7 +1899,7 @@ static PyObject *held_pack(HeldTable *t, PyObject *args) {
     for (size_t i = 0; chunks != NULL && i <= n; i++) {
         size_t size = i < n ? (size_t)entries[i]->key_len + entries[i]->value_len : 0;
         if (i > from && (i == n || bytes + size > (size_t)most)) {
-            PyObject *chunk = held_chunk(entries + from, i - from, bytes);
+            PyObject *chunk = held_chunk(entries + from, i - from);
             if (chunk == NULL || PyList_Append(chunks, chunk) < 0) {
                 Py_CLEAR(chunks);
             }

@@ -98,7 +98,7 @@ class ArticleVersions:
     """``a<id>`` → the seq of the id's current version; the records family: seq → the record of
     an article version (records.py).
 
-    Caches decoded records, the latest read or stored first out last (`record_cache` of them):
+    Caches decoded records, the latest read first out last (`record_cache` of them):
     exact copies, re-deliveries and replays read them again; and candidates' probes, the first
     stored or read first out (`probe_cache`): a multi-get of tens of records costs more than
     scoring them. A record the store no longer holds leaves both (`written`)."""
