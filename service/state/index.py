@@ -62,6 +62,7 @@ HEADER_KEY, SEQ_KEY, COUNTS_KEY = META + b"header", META + b"seq", META + b"coun
 DEFAULT_BUCKET_CAP = 64
 DEFAULT_RECORD_CACHE = 20_000
 DEFAULT_PROBE_CACHE = 100_000
+DEFAULT_POSTING_CACHE = 50_000
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 T = TypeVar("T")
@@ -80,7 +81,7 @@ class IndexState:
         bucket_cap: int = DEFAULT_BUCKET_CAP,
         record_cache: int = DEFAULT_RECORD_CACHE,
         probe_cache: int = DEFAULT_PROBE_CACHE,
-        posting_cache: int = 50_000,
+        posting_cache: int = DEFAULT_POSTING_CACHE,
     ) -> None:
         if bucket_cap < 1:
             raise ValueError(f"bucket_cap must be at least 1, got {bucket_cap}")

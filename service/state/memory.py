@@ -15,7 +15,8 @@ class MemoryState(IndexState):
     """The index over dicts: the same code as the RocksDB state, so the same semantics."""
 
     def __init__(self, bucket_cap: int = DEFAULT_BUCKET_CAP) -> None:
-        super().__init__(MemoryKV(), bucket_cap=bucket_cap)
+        # its posting lists are in a dict already: a cached copy would cost more than it spares
+        super().__init__(MemoryKV(), bucket_cap=bucket_cap, posting_cache=0)
 
 
 class MemoryKV:

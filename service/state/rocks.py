@@ -28,7 +28,13 @@ from rocksdict import (
 
 from ..errors import Error
 from .held import HOLD_KEY, HeldFamilies
-from .index import DEFAULT_BUCKET_CAP, DEFAULT_PROBE_CACHE, DEFAULT_RECORD_CACHE, IndexState
+from .index import (
+    DEFAULT_BUCKET_CAP,
+    DEFAULT_POSTING_CACHE,
+    DEFAULT_PROBE_CACHE,
+    DEFAULT_RECORD_CACHE,
+    IndexState,
+)
 from .overlay import LayeredKV
 from .port import Batch
 from .tables import BAND, POSTING
@@ -268,6 +274,8 @@ class RocksState(IndexState):
             bucket_cap=options.bucket_cap,
             record_cache=options.record_cache,
             probe_cache=options.probe_cache,
+            # held posting lists are read from memory: a copy of them would cost more than it spares
+            posting_cache=0 if self.held is not None else DEFAULT_POSTING_CACHE,
         )
 
     def compact(self) -> None:

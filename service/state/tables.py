@@ -450,8 +450,10 @@ class Postings:
     Caches the lists as the store holds them (None: absent), as last read or written, at most
     `cache_size`: a news text's anchors recur in later texts (quotes, boilerplate, rewrites), and a
     list held here spares a read of the store; emptied when it would grow past its size (cheaper
-    than ordering it). Also the keys of the last text asked for and the lists its lookup read, found
-    again by the text's packed anchors: deciding an article and indexing it both ask."""
+    than ordering it). A `cache_size` of 0 caches nothing: where the store holds the lists in
+    memory (state/held.py), its own lookup costs less than keeping a copy true. Also the keys of
+    the last text asked for and the lists its lookup read, found again by the text's packed
+    anchors: deciding an article and indexing it both ask."""
 
     def __init__(self, kv: KeyValue, counts: Counts, cap: int, cache_size: int) -> None:
         self.kv, self.counts, self.cap, self.cache_size = kv, counts, cap, cache_size
@@ -492,6 +494,8 @@ class Postings:
 
     def _read_cached(self, names: list[bytes]) -> list[bytes | None]:
         """The stored posting lists `names`: the cache's, the others in one multi-get (then cached)."""
+        if not self.cache_size:
+            return self.kv.get_many(names)
         cache = self._cache
         found: list[bytes | None] = list(map(cache.get, names, itertools.repeat(_UNCACHED)))
         if _UNCACHED not in found:
@@ -544,6 +548,8 @@ class Postings:
     def written(self, batch: Batch) -> None:
         """The lists the batch wrote, into the cache; the last lookup's no longer stands."""
         self._looked_up = None
+        if not self.cache_size:
+            return
         cache, main = self._cache, batch.main
         for names in batch.postings_written:
             cache.update({name: main[name] for name in names if name in main})

@@ -319,7 +319,7 @@ def test_the_distinct_count_is_that_of_the_distinct_hashes(prose: tuple[str, ...
     assert found.distinct_count == len(found.distinct) < len(found)
 
 
-def test_a_posting_cache_smaller_than_one_text_gives_the_same_verdicts_and_lists(
+def test_a_posting_cache_smaller_than_one_text_or_none_gives_the_same_verdicts_and_lists(
     prose: tuple[str, ...],
 ) -> None:
     first = " ".join(prose[:2])
@@ -327,15 +327,16 @@ def test_a_posting_cache_smaller_than_one_text_gives_the_same_verdicts_and_lists
     # the first text fills the small cache; the next quotes its start (anchors held in the cache,
     # the oldest there) before a passage of its own (anchors not held: their lookup evicts)
     texts = [first, f"{first[:700]} {prose[2][:500]}", prose[3], f"{prose[3][:500]} {prose[4][:500]}"]
-    states = [IndexState(MemoryKV(), posting_cache=size) for size in (size, 50_000)]
+    states = [IndexState(MemoryKV(), posting_cache=size) for size in (size, 50_000, 0)]
     shards = [IndexShard(state, PARAMS) for state in states]
     kinds = []
     for n, text in enumerate(texts):
-        small, large = (process(shard, f"a{n}", text).decision for shard in shards)
-        assert small == large
+        small, large, uncached = (process(shard, f"a{n}", text).decision for shard in shards)
+        assert small == large == uncached
         kinds.append(small.kind)
     assert len(states[0].postings._cache) <= size < len(states[1].postings._cache)
-    assert dict(states[0].kv.scan(b"n")) == dict(states[1].kv.scan(b"n"))
+    assert not states[2].postings._cache
+    assert dict(states[0].kv.scan(b"n")) == dict(states[1].kv.scan(b"n")) == dict(states[2].kv.scan(b"n"))
     assert kinds == ["unique", "revised", "unique", "revised"]
 
 

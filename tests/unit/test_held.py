@@ -228,6 +228,8 @@ def test_a_state_keeps_the_layout_it_was_created_with(tmp_path: Path, prose: tup
         assert (BAND in stored_keys) is not created and (LOG in stored_keys) is created
         reopened = RocksState(path, RocksOptions(hold_families=opened))
         assert (reopened.held is not None) is created
+        # held posting lists are read from memory, uncached; as keys, through the cache
+        assert (reopened.postings.cache_size == 0) is created
         assert {key: value for key, value in contents(reopened).items() if key[:1] == BAND} == buckets
         late = index(reopened, "late", prose[2] + " Late copy.").article
         assert late.decision.match_id == "a2"

@@ -197,6 +197,19 @@ def test_posting_reads_are_cached_and_the_cache_follows_the_writes(kv: Reads) ->
     assert postings.lookup(text, newest=4, top=5) == [] and kv.keys == read
 
 
+def test_without_a_posting_cache_every_lookup_reads_the_store_as_written(kv: Reads) -> None:
+    postings = Postings(kv, counts(), cap=8, cache_size=0)
+    text = anchors(1, 2, 3)
+    assert postings.lookup(text, newest=0, top=5) == []
+    read = kv.keys
+    batch = Batch()
+    postings.join(batch, 4, anchors(1, 2, 3))  # the lists its lookup read: no second read
+    commit(kv, batch, postings)
+    assert kv.keys == read
+    assert postings.lookup(anchors(3, 2), newest=4, top=5) == [(4, 2)]
+    assert kv.keys == read + 2 and not postings._cache
+
+
 def test_the_posting_cache_stays_within_its_size(kv: Reads) -> None:
     postings = Postings(kv, counts(), cap=8, cache_size=4)
     for seq in range(6):
