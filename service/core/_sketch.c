@@ -1858,9 +1858,31 @@ typedef struct {
     HeldEntry *entry;
 } Ordered;
 
-static int by_order(const void *a, const void *b) {
-    uint64_t x = ((const Ordered *)a)->order, y = ((const Ordered *)b)->order;
-    return (x > y) - (x < y);
+/* Sorts `items` by `order` (stably: a byte at a time from the lowest, LSD radix), through `spare`
+ * (as many); returns where the sorted run ends up, `items` or `spare`. A snapshot sorts every held
+ * entry, and the bytes all entries share (a seq's high bytes) take no pass. */
+static Ordered *radix_sorted(Ordered *items, Ordered *spare, size_t n) {
+    for (unsigned shift = 0; shift < 64; shift += 8) {
+        size_t counts[256] = {0};
+        for (size_t i = 0; i < n; i++) {
+            counts[(items[i].order >> shift) & 0xFF]++;
+        }
+        if (n == 0 || counts[(items[0].order >> shift) & 0xFF] == n) {
+            continue; /* one digit for all: the order stays */
+        }
+        for (size_t digit = 0, at = 0; digit < 256; digit++) {
+            size_t here = counts[digit];
+            counts[digit] = at;
+            at += here;
+        }
+        for (size_t i = 0; i < n; i++) {
+            spare[counts[(items[i].order >> shift) & 0xFF]++] = items[i];
+        }
+        Ordered *swap = items;
+        items = spare;
+        spare = swap;
+    }
+    return items;
 }
 
 static PyObject *held_pack(HeldTable *t, PyObject *args) {
@@ -1876,8 +1898,9 @@ static PyObject *held_pack(HeldTable *t, PyObject *args) {
      * seq in each of its buckets and posting lists), which compresses the chunks as the order of
      * their writes did. */
     Ordered *order = PyMem_Malloc((t->count ? t->count : 1) * sizeof(Ordered));
+    Ordered *spare = PyMem_Malloc((t->count ? t->count : 1) * sizeof(Ordered));
     HeldEntry **entries = PyMem_Malloc((t->count ? t->count : 1) * sizeof(HeldEntry *));
-    PyObject *chunks = order == NULL || entries == NULL ? PyErr_NoMemory() : PyList_New(0);
+    PyObject *chunks = order == NULL || spare == NULL || entries == NULL ? PyErr_NoMemory() : PyList_New(0);
     size_t n = 0;
     for (size_t i = 0; chunks != NULL && i < t->capacity; i++) {
         HeldEntry *e = t->slots[i];
@@ -1890,9 +1913,9 @@ static PyObject *held_pack(HeldTable *t, PyObject *args) {
         }
     }
     if (chunks != NULL) {
-        qsort(order, n, sizeof(Ordered), by_order);
+        const Ordered *sorted = radix_sorted(order, spare, n);
         for (size_t i = 0; i < n; i++) {
-            entries[i] = order[i].entry;
+            entries[i] = sorted[i].entry;
         }
     }
     size_t from = 0, bytes = 0;
@@ -1909,6 +1932,7 @@ static PyObject *held_pack(HeldTable *t, PyObject *args) {
         bytes += size;
     }
     PyMem_Free(entries);
+    PyMem_Free(spare);
     PyMem_Free(order);
     return chunks;
 }

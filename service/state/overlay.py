@@ -126,14 +126,13 @@ class LayeredKV:
         self, keys: list[bytes], family: str, below: Callable[[list[bytes]], list[bytes | None]]
     ) -> list[bytes | None]:
         """`keys` as the newest layer holding each has it, else as the store has it."""
-        if not self._layers:
+        view = self._view[family]
+        if view.keys().isdisjoint(keys):  # none held: a new article's buckets and anchors, mostly
             return below(keys)
-        found: list[object] = list(map(self._view[family].get, keys, itertools.repeat(_ABSENT)))
+        found: list[object] = list(map(view.get, keys, itertools.repeat(_ABSENT)))
         if _ABSENT not in found:
             return found  # type: ignore[return-value]  # all held
         missing = [i for i, value in enumerate(found) if value is _ABSENT]
-        if len(missing) == len(keys):  # none held: a new article's buckets and anchors, mostly
-            return below(keys)
         for i, value in zip(missing, below([keys[i] for i in missing]), strict=True):
             found[i] = value
         return found  # type: ignore[return-value]  # every _ABSENT was replaced
