@@ -239,6 +239,34 @@ static Py_ssize_t count_distinct(const uint64_t *values, Py_ssize_t count, int *
     return distinct;
 }
 
+/* Unit i of a buffer of uint32 (width 4) or uint64 (width 8) items, widened. */
+static inline uint64_t unit_at(const void *units, Py_ssize_t width, Py_ssize_t i) {
+    return width == 4 ? get_u32(units, i) : get_u64(units, i);
+}
+
+/* Each k-unit shingle's value (its polynomial hash, rolled along: the leaving unit's weight
+ * POLY**(k-1) taken out and the next unit added, which is exact modulo 2**64, then mixed with the
+ * key) into `values`, and the least value of each of `bins` bins into `minima` (aligned, local). */
+static void oph_pass(const void *units, Py_ssize_t width, Py_ssize_t k, Py_ssize_t windows, uint64_t key,
+                     uint64_t *minima, uint64_t bins, uint64_t *values) {
+    uint64_t hash = 0, lead = 1; /* lead: POLY ** (k - 1) */
+    for (Py_ssize_t j = 0; j < k; j++) {
+        hash = hash * POLY + unit_at(units, width, j);
+        lead *= j ? POLY : 1;
+    }
+    for (Py_ssize_t i = 0;; i++) {
+        uint64_t value = fmix64(hash ^ key);
+        uint64_t bin = ((value >> 32) * bins) >> 32; /* < bins <= 2**16 */
+        uint64_t least = minima[bin];
+        minima[bin] = value < least ? value : least; /* a store either way: no branch to mispredict */
+        values[i] = value;
+        if (i + 1 == windows) {
+            return;
+        }
+        hash = (hash - unit_at(units, width, i) * lead) * POLY + unit_at(units, width, i + k);
+    }
+}
+
 static PyObject *oph_minima(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer units, minima;
@@ -248,7 +276,7 @@ static PyObject *oph_minima(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    uint64_t *widened = NULL;
+    uint64_t *values = NULL, *least = NULL;
     if ((width != 4 && width != 8 && invalid("width must be 4 (uint32 units) or 8 (uint64 units)")) ||
         (units.len % width && invalid("units must be a whole number of width-byte items")) ||
         (k < 1 && invalid("k must be >= 1")) ||
@@ -257,50 +285,26 @@ static PyObject *oph_minima(PyObject *self, PyObject *args) {
         ((minima.len < 8 || minima.len > 65536 * 8) && invalid("minima must hold 1..65536 bins"))) {
         goto done;
     }
-    Py_ssize_t count = units.len / width, bins = minima.len / 8;
-    const void *unit = units.buf;
-    if (width == 4) { /* code points: widened here, as astype(np.uint64) would */
-        widened = malloc((size_t)count * sizeof(uint64_t));
-        if (widened == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (Py_ssize_t i = 0; i < count; i++) {
-            widened[i] = get_u32(units.buf, i);
-        }
-        unit = widened;
-    }
-    Py_ssize_t windows = count - k + 1;
-    uint64_t *permuted = malloc((size_t)windows * sizeof(uint64_t));
-    if (permuted == NULL) {
+    Py_ssize_t windows = units.len / width - k + 1, bins = minima.len / 8;
+    values = malloc((size_t)windows * sizeof(uint64_t));
+    least = malloc((size_t)bins * sizeof(uint64_t));
+    if (values == NULL || least == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    const Py_ssize_t span = k;
-    const uint64_t key = (uint64_t)seed_key;
-    void *const minimum = minima.buf;
-    for (Py_ssize_t i = 0; i < windows; i++) {
-        uint64_t hash = get_u64(unit, i);
-        for (Py_ssize_t j = 1; j < span; j++) {
-            hash = hash * POLY + get_u64(unit, i + j);
-        }
-        uint64_t value = fmix64(hash ^ key);
-        Py_ssize_t bin = (Py_ssize_t)(((value >> 32) * (uint64_t)bins) >> 32); /* < bins <= 2**16 */
-        if (value < get_u64(minimum, bin)) {
-            put_u64(minimum, bin, value);
-        }
-        permuted[i] = value;
-    }
+    memcpy(least, minima.buf, (size_t)minima.len);
+    oph_pass(units.buf, width, k, windows, (uint64_t)seed_key, least, (uint64_t)bins, values);
+    memcpy(minima.buf, least, (size_t)minima.len);
     int failed = 0;
-    Py_ssize_t distinct = count_distinct(permuted, windows, &failed);
-    free(permuted);
+    Py_ssize_t distinct = count_distinct(values, windows, &failed);
     if (failed) {
         PyErr_NoMemory();
         goto done;
     }
     result = PyLong_FromSsize_t(distinct);
 done:
-    free(widened);
+    free(values);
+    free(least);
     PyBuffer_Release(&units);
     PyBuffer_Release(&minima);
     return result;
