@@ -20,7 +20,6 @@ articles, or the pipes would not move while a batch is decided.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
@@ -208,6 +207,8 @@ def run_file(
             for batch in _batches(lines, decide_batch, SIGN_BATCH_BYTES):
                 run.decide(batch, [_sign_here(stage, line, run.source(line)) for line in batch])
         else:
+            import asyncio  # only helpers need an event loop: ~14 ms to import for every other run
+
             batches = _batches(lines, SIGN_BATCH, SIGN_BATCH_BYTES)
             asyncio.run(_decide_while_signing(batches, stage, sign_processes, decide_batch, run))
         bar.update(source.tell(), summary.articles, final=True)
@@ -386,6 +387,8 @@ async def _decide_while_signing(
     """Decide each batch, `decide_batch` lines a call, while `processes` signing helpers sign the
     next one; helpers failing twice on a batch raise SigningFailed, naming the last line
     checkpointed."""
+    import asyncio
+
     # imported here: the helpers run that module as __main__, and they import this one
     from .pipeline.signer import Signer, SignerFailed
 

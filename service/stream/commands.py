@@ -1,10 +1,10 @@
 """Stream commands: `neardup worker`, `neardup produce FILE.jsonl`, `neardup tail`, and the
-changelog side of `neardup stats`."""
+changelog side of `neardup stats`. Every command's parser imports this module: what only running a
+stream command needs (asyncio, Faust, aiokafka) is imported when one runs."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import sys
@@ -43,6 +43,8 @@ def _tool_settings(args: argparse.Namespace, flags: FlagSet | None, **more: Any)
 def _run_client(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run for a client command: a broker it cannot connect to ends it with the message
     that says where, how and why (connect.py), and a non-zero exit, not a traceback."""
+    import asyncio
+
     from .connect import BrokerUnreachable
 
     try:
@@ -85,6 +87,8 @@ def worker_settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    import asyncio
+
     from ..testhooks import load_test_hooks
     from .app import create_app, exit_after
     from .connect import BrokerUnreachable
@@ -154,6 +158,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 async def produce_file(settings: Settings, path: Path, rate: float = 0.0) -> int:
     """Send each non-empty line as one message, keyed by its id when it has one."""
+    import asyncio
+
     from aiokafka import AIOKafkaProducer
 
     from .connect import start_client

@@ -119,3 +119,20 @@ def test_the_package_names_its_exports_without_importing_numpy() -> None:
     assert set(dir(neardup)) >= set(neardup.__all__)
     with pytest.raises(AttributeError):
         neardup.no_such_name  # noqa: B018
+
+
+def test_a_dedup_run_in_process_imports_no_event_loop_or_encoding_detector(tmp_path: Path) -> None:
+    """`neardup dedup` signing in its own process (a small input) starts without asyncio and
+    charset_normalizer, which only helpers and a text not in UTF-8 need; a text not in UTF-8 still
+    finds its encoding."""
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"id": "a", "text": "A short article of plain prose."}\n')
+    probe = (
+        "import sys; from neardup.__main__ import main; "
+        f"main(['dedup', {str(lines)!r}, '-o', {str(tmp_path / 'out.jsonl')!r}, '-q']); "
+        "print('asyncio' in sys.modules, 'charset_normalizer' in sys.modules); "
+        "from neardup.core.normalize import decode_bytes; "
+        "print(decode_bytes('Ça coûte très cher, déjà là-bas.'.encode('latin-1')).guessed)"
+    )
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert shown.stdout.split()[-3:] == ["False", "False", "True"], shown.stdout + shown.stderr
