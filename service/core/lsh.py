@@ -36,10 +36,28 @@ class LshParams:
 def error_areas(threshold: float, bands: int, rows: int) -> tuple[float, float]:
     """(∫₀ᵗ P(s) ds, ∫ₜ¹ 1-P(s) ds): the false-positive and false-negative areas under the S-curve
     P(s) = 1-(1-s^rows)^bands on either side of the threshold."""
-    low, high = np.linspace(0.0, threshold, _GRID), np.linspace(threshold, 1.0, _GRID)
-    fp = float(np.trapezoid(candidate_probability(low, bands, rows), low))
-    fn = float(np.trapezoid(1.0 - candidate_probability(high, bands, rows), high))
-    return fp, fn
+    grids = _Grids(threshold)
+    return grids.areas(grids.low**rows, grids.high**rows, bands)
+
+
+class _Grids:
+    """The integration points either side of a threshold, and their steps: the trapezoid rule
+    (np.trapezoid's operations, in its order) over the S-curve's values there."""
+
+    def __init__(self, threshold: float) -> None:
+        self.low, self.high = np.linspace(0.0, threshold, _GRID), np.linspace(threshold, 1.0, _GRID)
+        self.low_steps, self.high_steps = np.diff(self.low), np.diff(self.high)
+
+    def areas(self, low_powered: np.ndarray, high_powered: np.ndarray, bands: int) -> tuple[float, float]:
+        """error_areas from the grids' points raised to the rows (s**rows, as candidate_probability
+        takes it), which every banding of those rows shares."""
+        fp = 1.0 - (1.0 - low_powered) ** bands
+        fn = 1.0 - (1.0 - (1.0 - high_powered) ** bands)
+        return _trapezoid(fp, self.low_steps), _trapezoid(fn, self.high_steps)
+
+
+def _trapezoid(values: np.ndarray, steps: np.ndarray) -> float:
+    return float((steps * (values[1:] + values[:-1]) / 2.0).sum())
 
 
 def explicit_params(threshold: float, bands: int, rows: int, num_perm: int) -> LshParams:
@@ -62,10 +80,12 @@ def optimal_params(
         raise ValueError(f"threshold must be in (0, 1), got {threshold}")
     if not 0.0 <= fn_weight <= 1.0:
         raise ValueError(f"fn_weight must be in [0, 1], got {fn_weight}")
+    grids = _Grids(threshold)
     scored: list[tuple[float, int, int, float, float]] = []
-    for bands in range(1, num_perm + 1):
-        for rows in range(1, num_perm // bands + 1):
-            fp, fn = error_areas(threshold, bands, rows)
+    for rows in range(1, num_perm + 1):  # the points raised to the rows once for all their bandings
+        low_powered, high_powered = grids.low**rows, grids.high**rows
+        for bands in range(1, num_perm // rows + 1):
+            fp, fn = grids.areas(low_powered, high_powered, bands)
             scored.append(((1.0 - fn_weight) * fp + fn_weight * fn, bands, rows, fp, fn))
     best = min(scored)
     # never empty: one band of num_perm rows uses every slot

@@ -12,7 +12,7 @@ from neardup.core.lsh import (
     explicit_params,
     optimal_params,
 )
-from tests.support import reference_sketch
+from tests.support import reference_lsh, reference_sketch
 
 
 def reference_areas(threshold: float, bands: int, rows: int) -> tuple[float, float]:
@@ -44,6 +44,20 @@ def test_error_areas_match_an_independent_integration() -> None:
         ref_fp, ref_fn = reference_areas(threshold, bands, rows)
         assert fp == pytest.approx(ref_fp, abs=1e-5)
         assert fn == pytest.approx(ref_fn, abs=1e-5)
+
+
+@pytest.mark.parametrize("num_perm", [1, 16, 128, 200])
+def test_the_choice_and_its_areas_equal_the_plain_computation(num_perm: int) -> None:
+    """optimal_params raises the points to each row count once for all its bandings; its choice
+    and areas are those of every banding integrated on its own (tests/support/reference_lsh.py),
+    to the last bit: a state's header names the banding, so a different one would refuse it."""
+    for threshold in (0.1, 0.55, 0.7, 0.72, 0.85, 0.99):
+        for weight in (0.0, 0.3, 0.5, 1.0):
+            assert optimal_params(threshold, num_perm, weight) == reference_lsh.optimal_params(
+                threshold, num_perm, weight
+            ), (threshold, weight)
+        for bands, rows in ((1, 1), (9, 14), (16, 8), (num_perm, 1)):
+            assert error_areas(threshold, bands, rows) == reference_lsh.error_areas(threshold, bands, rows)
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.8])
