@@ -8,10 +8,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import enum
-import hashlib
 import os
 import re
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from functools import partial
@@ -557,6 +555,9 @@ class Settings:
             return None
         if self.instance_id:
             return self.instance_id
+        import hashlib  # with socket, ~9 ms to import: only a worker asks
+        import socket
+
         path = str(self.state_path.resolve()).encode()
         host = re.sub(r"[^a-zA-Z0-9._-]", "_", socket.gethostname())[:200]
         return f"{host}-{hashlib.sha256(path).hexdigest()[:12]}"

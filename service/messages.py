@@ -4,7 +4,6 @@ tests check against; it is hand-written because it runs on every message."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -294,6 +293,8 @@ def dead_letter_dict(
     room = max_bytes - DEAD_LETTER_HEADROOM - len(key or b"")
     encoded_size = (len(original) + 2) // 3 * 4  # base64: 4 characters per 3 bytes, the last padded
     if len(orjson.dumps(record)) + encoded_size > room:
+        import hashlib  # ~3 ms to import: only for a dead letter too large to carry its message
+
         digest = hashlib.sha256(original).hexdigest()
         record.update(value_truncated=True, value_size=len(original), value_sha256=digest)
         keep = max(0, room - len(orjson.dumps(record))) // 4 * 3

@@ -123,14 +123,16 @@ def test_the_package_names_its_exports_without_importing_numpy() -> None:
 
 def test_a_dedup_run_in_process_imports_no_event_loop_or_encoding_detector(tmp_path: Path) -> None:
     """`neardup dedup` signing in its own process (a small input) starts without asyncio and
-    charset_normalizer, which only helpers and a text not in UTF-8 need; a text not in UTF-8 still
-    finds its encoding."""
+    charset_normalizer, which only helpers and a text not in UTF-8 need, nor socket and hashlib
+    (a worker's instance id, an oversized dead letter); a text not in UTF-8 still finds its
+    encoding."""
     lines = tmp_path / "in.jsonl"
     lines.write_text('{"id": "a", "text": "A short article of plain prose."}\n')
     probe = (
         "import sys; from neardup.__main__ import main; "
         f"main(['dedup', {str(lines)!r}, '-o', {str(tmp_path / 'out.jsonl')!r}, '-q']); "
-        "print('asyncio' in sys.modules, 'charset_normalizer' in sys.modules); "
+        "print(any(m in sys.modules for m in ('asyncio', 'socket', 'hashlib')), "
+        "'charset_normalizer' in sys.modules); "
         "from neardup.core.normalize import decode_bytes; "
         "print(decode_bytes('Ça coûte très cher, déjà là-bas.'.encode('latin-1')).guessed)"
     )
