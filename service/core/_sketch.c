@@ -254,9 +254,16 @@ static void oph_pass(const void *units, Py_ssize_t width, Py_ssize_t k, Py_ssize
         hash = hash * POLY + unit_at(units, width, j);
         lead *= j ? POLY : 1;
     }
+    unsigned bins_shift = 0; /* a power of two of bins: the bin's multiply is this shift, to the same bin */
+    if (bins > 1 && (bins & (bins - 1)) == 0) {
+        bins_shift = 64;
+        for (uint64_t rest = bins; rest > 1; rest >>= 1) {
+            bins_shift--;
+        }
+    }
     for (Py_ssize_t i = 0;; i++) {
         uint64_t value = fmix64(hash ^ key);
-        uint64_t bin = ((value >> 32) * bins) >> 32; /* < bins <= 2**16 */
+        uint64_t bin = bins_shift ? value >> bins_shift : ((value >> 32) * bins) >> 32; /* < bins <= 2**16 */
         uint64_t least = minima[bin];
         minima[bin] = value < least ? value : least; /* a store either way: no branch to mispredict */
         values[i] = value;

@@ -346,7 +346,9 @@ def _unit_arrays(prose: tuple[str, ...]) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    ("num_perm", "verify_perm", "k"), [(128, 512, 5), (128, 0, 5), (64, 256, 3), (16, 16, 9)]
+    ("num_perm", "verify_perm", "k"),
+    # bins of a power of two (a shift finds the bin) and not (a multiply does)
+    [(128, 512, 5), (128, 0, 5), (64, 256, 3), (16, 16, 9), (128, 384, 5), (48, 0, 4), (2, 0, 2)],
 )
 def test_compiled_sketches_equal_the_numpy_reference(
     prose: tuple[str, ...], num_perm: int, verify_perm: int, k: int
