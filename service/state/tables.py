@@ -391,37 +391,39 @@ class Buckets:
 
     def __init__(self, kv: KeyValue, counts: Counts, cap: int) -> None:
         self.kv, self.counts, self.cap = kv, counts, cap
-        self._looked_up: tuple[Sequence[bytes], list[bytes | None]] | None = None
+        self._looked_up: tuple[Sequence[bytes], list[bytes], list[bytes | None]] | None = None
 
     def lookup(self, keys: Sequence[bytes], count: int) -> list[int]:
         """The distinct seqs of the buckets `keys`, in order of first appearance, at most `count`:
         one multi-get, merged in one compiled pass (_sketch.merge_buckets)."""
-        found = self.kv.get_many([BAND + key for key in keys])
-        self._looked_up = (keys, found)
+        names = [BAND + key for key in keys]
+        found = self.kv.get_many(names)
+        self._looked_up = (keys, names, found)
         return _sketch.merge_buckets(found, count)
 
-    def _read(self, keys: Sequence[bytes], batch: Batch) -> list[bytes | None]:
-        """The stored buckets of `keys`, as this batch leaves them."""
+    def _read(self, keys: Sequence[bytes], batch: Batch) -> tuple[list[bytes], list[bytes | None]]:
+        """The names of the buckets `keys`, and the buckets as this batch leaves them."""
         last = self._looked_up
         if last is not None and not batch.buckets_written and last[0] == keys:
-            return last[1]
-        return as_left(batch.main, [BAND + key for key in keys], self.kv.get_many)
+            return last[1], last[2]
+        names = [BAND + key for key in keys]
+        return names, as_left(batch.main, names, self.kv.get_many)
 
     def join(self, batch: Batch, seq: int, keys: Sequence[bytes], *, if_absent: bool = False) -> None:
         """The article joins its buckets; each keeps its latest `cap` members. `if_absent`: not
         where it is a member already (an earlier holder of a content taking over again)."""
-        stored = self._read(keys, batch)
+        names, stored = self._read(keys, batch)
         if if_absent:
             kept = [i for i, found in enumerate(stored) if seq not in _members(found)]
-            keys, stored = [keys[i] for i in kept], [stored[i] for i in kept]
-        names, sizes = [BAND + key for key in keys], cast(list[int], self.counts.bucket_sizes)
+            names, stored = [names[i] for i in kept], [stored[i] for i in kept]
+        sizes = cast(list[int], self.counts.bucket_sizes)
         self.counts.buckets += _sketch.join_buckets(
             names, stored, seq_key(seq), self.cap * SEQ.size, batch.main, sizes
         )
         batch.buckets_written = True
 
     def leave(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
-        for key, stored in zip(keys, self._read(keys, batch), strict=True):
+        for key, stored in zip(keys, self._read(keys, batch)[1], strict=True):
             members = _members(stored)
             if seq in members:
                 kept = b"".join(seq_key(other) for other in members if other != seq)
