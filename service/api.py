@@ -194,12 +194,17 @@ def open(state_dir: str | os.PathLike[str] | None = None, **settings: Any) -> De
         raise
 
 
-def open_state(state_dir: str | os.PathLike[str] | None, bucket_cap: int) -> IndexState:
+def open_state(
+    state_dir: str | os.PathLike[str] | None, bucket_cap: int, *, checkpointed: bool = False
+) -> IndexState:
     """The RocksDB state in `state_dir` (created when missing), or memory when it is None: the
-    library's, and `neardup dedup --state`'s."""
+    library's, and `neardup dedup --state`'s. `checkpointed`: the caller stores where it stands
+    with each write and resumes from there (`neardup dedup`), so its writes skip RocksDB's
+    write-ahead log; a crash takes the state back to its last flush, checkpoint included."""
     if state_dir is None:
         return MemoryState(bucket_cap)
-    return RocksState(os.fspath(state_dir), RocksOptions(bucket_cap=bucket_cap, hold_families=True))
+    options = RocksOptions(bucket_cap=bucket_cap, hold_families=True, write_ahead_log=not checkpointed)
+    return RocksState(os.fspath(state_dir), options)
 
 
 def _keywords_documented(function: Callable[..., Any]) -> None:

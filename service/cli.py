@@ -142,7 +142,9 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     if (args.sign_processes or 0) < 0:
         raise ConfigError("--sign-processes must be 0 or more")
     try:
-        with contextlib.closing(open_state(args.state or None, values["bucket_cap"])) as state:
+        # a run resumes from the checkpoint it stores with its writes: they skip the write-ahead log
+        state = open_state(args.state or None, values["bucket_cap"], checkpointed=True)
+        with contextlib.closing(state):
             summary = run_file(
                 Path(args.input),
                 Path(args.output),

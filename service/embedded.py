@@ -3,7 +3,8 @@
 Resumable: the lines are decided in batches (DECIDE_BATCH, one call of the shard each); a batch's
 writes are held in a write overlay and reach the store in one write batch with its checkpoint, the
 input and output byte offsets reached, so that a crash leaves the state at the end of a batch,
-agreeing with its checkpoint. A rerun with the same --state truncates the outputs to those offsets
+agreeing with its checkpoint (the last batch its memtables flushed: the state skips RocksDB's
+write-ahead log, api.open_state). A rerun with the same --state truncates the outputs to those offsets
 and continues from the input offset, so the output file holds exactly one verdict per article, in
 input order.
 

@@ -71,9 +71,10 @@ class RocksOptions:
     # On a busy machine a flush or compaction otherwise takes the core of the thread that decides,
     # and verdicts wait for it: the latency tail comes from those moments.
     background_nice: int = 0
-    # Off only for state that can be rebuilt from elsewhere after a crash: without it, writes since
-    # the last flush are lost to a SIGKILL (the worker's index records its changelog position in
-    # the same writes, and needs it on).
+    # Off only for state that can be rebuilt from elsewhere after a crash, or that keeps its own
+    # checkpoint in the same writes (`neardup dedup`): without it, writes since the last flush are
+    # lost to a SIGKILL, the two families' flushes made atomic so that both keep the same writes
+    # (the worker's index records its changelog position in its writes, and keeps it on).
     write_ahead_log: bool = True
     # Band buckets and posting lists held in memory, logged a write at a time (held.py), in a
     # state created anew; a state keeps the layout it was created with.
@@ -107,6 +108,8 @@ class RocksOptions:
         options.set_block_based_table_factory(table)
         memtable_mb = self.records_write_buffer_mb if records else self.write_buffer_mb
         options.set_write_buffer_size(memtable_mb * 1024 * 1024)
+        if not self.write_ahead_log:
+            options.set_atomic_flush(True)
         if self.memtable_bloom_ratio:
             options.set_memtable_prefix_bloom_ratio(self.memtable_bloom_ratio)
             options.set_memtable_whole_key_filtering(True)

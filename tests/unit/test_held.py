@@ -285,6 +285,46 @@ def test_embedded_mode_killed_mid_run_resumes_to_the_uninterrupted_outputs(tmp_p
     assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
 
 
+_UNLOGGED_WRITER = """
+import sys
+from pathlib import Path
+from neardup.state.port import Batch
+from neardup.state.rocks import RocksKV, RocksOptions
+kv = RocksKV(Path(sys.argv[1]), RocksOptions(write_ahead_log=False, write_buffer_mb=1))
+for n in range(100_000):  # each write: its number in both families, and 4 KB to fill the memtables
+    number = b"%08d" % n
+    kv.write(Batch(main={b"mlast": number, b"x%08d" % n: bytes(4096)}, records={b"last": number}))
+    if n == 2_000:  # past a flush of the small main memtable: writes after it are in memory only
+        print("written", flush=True)
+        sys.stdin.readline()
+"""
+
+
+def test_without_the_write_ahead_log_a_kill_leaves_both_families_at_one_write(tmp_path: Path) -> None:
+    """`neardup dedup`'s state skips the write-ahead log (its checkpoint is in its writes): SIGKILL
+    after the main family's memtable has flushed, and not the records family's, must leave both at
+    the same write, else an id map would name records that are gone. The families' flushes are
+    atomic: both hold the write of the last flush, none after it."""
+    path = tmp_path / "db"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _UNLOGGED_WRITER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None and writer.stdout.readline() == "written\n"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    kv = RocksKV(path, RocksOptions())
+    try:
+        (main,) = kv.get_many([b"mlast"])
+        (record,) = kv.records([b"last"])
+        assert main is not None and main == record, "the families were flushed together"
+        assert int(main) < 2_000, "the writes after the last flush were lost with the process"
+    finally:
+        kv.close()
+
+
 class Crashes(Writes):
     """A store whose `after`-th write from now on raises, as a crash would end it."""
 
