@@ -180,6 +180,7 @@ class RocksKV:
             self._db = Rdict(str(self.path), options, column_families=families, access_type=access)
             self._records = self._db.get_column_family(_RECORDS)
             self._records_handle = self._db.get_column_family_handle(_RECORDS)
+            self._records_removed = 0  # records deleted since the last compaction
             if not self._options.write_ahead_log:
                 _without_write_ahead_log(self._db)
         except Exception as exc:  # rocksdict raises plain Exception for lock and IO errors
@@ -207,12 +208,15 @@ class RocksKV:
     def write(self, batch: Batch) -> None:
         writes = WriteBatch(raw_mode=True)
         _put_or_delete(writes, batch.main.items())
-        _put_or_delete(writes, batch.records.items(), self._records_handle)
+        self._records_removed += _put_or_delete(writes, batch.records.items(), self._records_handle)
         self._db.write(writes)
 
     def compact(self) -> None:
         self._db.compact_range(None, None)
-        self._records.compact_range(None, None)
+        # records are only added unless some are removed: compacting them then rewrites them for nothing
+        if self._records_removed:
+            self._records.compact_range(None, None)
+            self._records_removed = 0
 
     def close(self) -> None:
         self._db.close()
@@ -230,13 +234,17 @@ class RocksKV:
 
 def _put_or_delete(
     batch: WriteBatch, entries: Iterable[tuple[bytes, bytes | None]], family: Any = None
-) -> None:
-    """Each entry into `batch` (in `family`, else the default one): a value None deletes its key."""
+) -> int:
+    """Each entry into `batch` (in `family`, else the default one): a value None deletes its key.
+    Returns how many it deletes."""
+    deleted = 0
     for key, value in entries:
         if value is None:
             batch.delete(key, family)
+            deleted += 1
         else:
             batch.put(key, value, family)
+    return deleted
 
 
 def _read_through(db: Rdict) -> Iterator[tuple[bytes, bytes]]:

@@ -19,9 +19,9 @@ from neardup.core.shingle import ShingleOptions
 from neardup.core.signing import Sketch, sketch_of
 from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
-from neardup.state.port import StateStore
+from neardup.state.port import Batch, StateStore
 from neardup.state.records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
-from neardup.state.rocks import RocksOptions, RocksState, StateError, lower_background_threads
+from neardup.state.rocks import RocksKV, RocksOptions, RocksState, StateError, lower_background_threads
 from tests.support import reference_state
 from tests.support.state import MakeState, band_members, contents, id_for_content
 
@@ -254,6 +254,38 @@ def test_rocks_articles_applied_one_by_one_give_the_database_a_bulk_load_gives(
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread niceness is read from /proc")
+def test_rocks_compaction_rewrites_the_records_only_after_some_were_removed(tmp_path: Path) -> None:
+    """Records are added, seldom removed: compacting their family when none was removed since the
+    last compaction would rewrite every record for nothing, so it happens only after a removal,
+    and then the removed records' space goes."""
+    kv = RocksKV(tmp_path / "db", RocksOptions())
+    records, compactions = kv._records, []
+
+    class Counted:
+        def __getattr__(self, name: str) -> object:
+            return getattr(records, name)
+
+        def compact_range(self, *bounds: object) -> None:
+            compactions.append(bounds)
+            records.compact_range(*bounds)
+
+    kv._records = Counted()
+    try:
+        kv.write(Batch(records={b"%08d" % n: os.urandom(1000) for n in range(3000)}))
+        kv.compact()
+        assert compactions == []
+        before = kv.size_bytes()
+        kv.write(Batch(records=dict.fromkeys([b"%08d" % n for n in range(2500)])))
+        kv.compact()
+        assert len(compactions) == 1 and kv.size_bytes() < before / 2
+        assert [key for key, _ in kv.scan_records()] == [b"%08d" % n for n in range(2500, 3000)]
+        kv.compact()
+        assert len(compactions) == 1, "nothing removed since the last compaction"
+    finally:
+        kv._records = records
+        kv.close()
+
+
 def test_rocks_background_threads_yield_to_the_thread_that_decides(tmp_path: Path) -> None:
     def niceness() -> dict[int, int]:
         return {
