@@ -417,17 +417,21 @@ static PyObject *collapse_spaces(PyObject *self, PyObject *args) {
         (out.len < points.len && invalid("out must be at least as long as points"))) {
         goto done;
     }
-    const Py_ssize_t count = points.len / 4, known = table.len;
+    static const uint8_t no_space = 0; /* the table of an empty one: nothing is a space */
+    const Py_ssize_t count = points.len / 4, known = table.len ? table.len : 1;
     const void *const point = points.buf;
     void *const written = out.buf;
-    const uint8_t *const space = (const uint8_t *)table.buf; /* one byte a code point: any alignment */
+    /* one byte a code point, any alignment; its first (U+0000) is never a space */
+    const uint8_t *const space = table.len ? (const uint8_t *)table.buf : &no_space;
     Py_ssize_t length = 0;
-    int after_space = 1; /* drops leading spaces */
-    for (Py_ssize_t i = 0; i < count; i++) { /* branch-free: spaces are too irregular to predict */
+    uint32_t after_space = 1; /* drops leading spaces */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        /* Branch-free in arithmetic, as spaces are too irregular to predict: written as conditions,
+         * a compiler makes them branches. A code point past the table reads its first entry. */
         uint32_t code = get_u32(point, i);
-        int is_space = (Py_ssize_t)code < known ? space[code] != 0 : 0;
-        put_u32(written, length, is_space ? 32 : code); /* length <= i < count: inside out */
-        length += !(is_space & after_space);
+        uint32_t is_space = space[(Py_ssize_t)code < known ? code : 0] != 0;
+        put_u32(written, length, code ^ ((code ^ 32u) & (0u - is_space))); /* 32 for a space */
+        length += 1 - (is_space & after_space); /* length <= i < count: inside out */
         after_space = is_space;
     }
     if (length > 0 && get_u32(written, length - 1) == 32) {

@@ -619,6 +619,19 @@ def test_oph_minima_reads_misaligned_units_and_minima(dtype: type) -> None:
     assert np.array_equal(shifted, aligned) and int(np.count_nonzero(aligned != EMPTY_SLOT)) > 32
 
 
+def test_collapse_spaces_with_a_short_or_empty_table() -> None:
+    """A code point past the table is no space (its first entry, U+0000, is read for it); an
+    empty table makes nothing a space, and is never read past."""
+    points = np.array([32, 65, 32, 32, 0x3000, 66, 9, 32], dtype=np.uint32)
+    table = np.zeros(33, dtype=bool)
+    table[[9, 32]] = True
+    out = np.zeros(points.size, dtype=np.uint32)
+    length = sketch.collapse_spaces(points, table, out)
+    assert out[:length].tolist() == [65, 32, 0x3000, 66]
+    length = sketch.collapse_spaces(misaligned(points), tail(0), out)
+    assert out[:length].tolist() == points.tolist()[:-1], "unchanged, but for the space that ends it"
+
+
 def test_oph_minima_at_the_smallest_sizes() -> None:
     """Exactly k units and a single bin: one window, read to its last unit."""
     one_bin = tail(8)
