@@ -81,12 +81,23 @@ def optimal_params(
     if not 0.0 <= fn_weight <= 1.0:
         raise ValueError(f"fn_weight must be in [0, 1], got {fn_weight}")
     grids = _Grids(threshold)
-    scored: list[tuple[float, int, int, float, float]] = []
+    scored: list[Scored] = []
     for rows in range(1, num_perm + 1):  # the points raised to the rows once for all their bandings
         low_powered, high_powered = grids.low**rows, grids.high**rows
         for bands in range(1, num_perm // rows + 1):
             fp, fn = grids.areas(low_powered, high_powered, bands)
             scored.append(((1.0 - fn_weight) * fp + fn_weight * fn, bands, rows, fp, fn))
+    return chosen_banding(scored, threshold, num_perm, full_use_tolerance)
+
+
+Scored = tuple[float, int, int, float, float]  # weighted error, bands, rows, its two areas
+
+
+def chosen_banding(
+    scored: list[Scored], threshold: float, num_perm: int, full_use_tolerance: float
+) -> LshParams:
+    """optimal_params' rule over every banding scored: the least weighted error, or the least of
+    those using every slot when it is within `full_use_tolerance` of it."""
     best = min(scored)
     # never empty: one band of num_perm rows uses every slot
     best_full = min(s for s in scored if s[1] * s[2] == num_perm)

@@ -1,12 +1,12 @@
-"""The plain choice of a banding (service/core/lsh.py before its shared powers): each banding's
+"""The plain scoring of the bandings (service/core/lsh.py before its shared powers): each banding's
 error areas integrated by np.trapezoid on its own, which the tests compare with lsh.error_areas and
-lsh.optimal_params, value for value."""
+lsh.optimal_params, value for value; the choice among them is lsh's own rule."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from neardup.core.lsh import _GRID, LshParams, candidate_probability
+from neardup.core.lsh import _GRID, LshParams, Scored, candidate_probability, chosen_banding
 
 
 def error_areas(threshold: float, bands: int, rows: int) -> tuple[float, float]:
@@ -19,13 +19,9 @@ def error_areas(threshold: float, bands: int, rows: int) -> tuple[float, float]:
 def optimal_params(
     threshold: float, num_perm: int, fn_weight: float = 0.5, full_use_tolerance: float = 0.05
 ) -> LshParams:
-    scored = []
+    scored: list[Scored] = []
     for bands in range(1, num_perm + 1):
         for rows in range(1, num_perm // bands + 1):
             fp, fn = error_areas(threshold, bands, rows)
             scored.append(((1.0 - fn_weight) * fp + fn_weight * fn, bands, rows, fp, fn))
-    best = min(scored)
-    best_full = min(s for s in scored if s[1] * s[2] == num_perm)
-    full_is_close = best_full[0] <= best[0] * (1.0 + full_use_tolerance) + 1e-12
-    _, bands, rows, fp, fn = best_full if full_is_close else best
-    return LshParams(bands, rows, threshold, fp, fn)
+    return chosen_banding(scored, threshold, num_perm, full_use_tolerance)  # the rule itself is shared
