@@ -3,7 +3,7 @@
 import os
 
 # neardup calls no BLAS routine: numpy's OpenBLAS would start a thread per core at import, which
-# spins for ~0.1 s of CPU in the command's process (its child processes get the same: pipes.py).
+# spins on CPU for nothing in the command's process (its child processes get the same: pipes.py).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from .cli import main  # after the setting: numpy reads it when imported

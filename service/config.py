@@ -555,7 +555,7 @@ class Settings:
             return None
         if self.instance_id:
             return self.instance_id
-        import hashlib  # with socket, ~9 ms to import: only a worker asks
+        import hashlib  # with socket, imported here: only a worker asks for its id
         import socket
 
         path = str(self.state_path.resolve()).encode()

@@ -208,7 +208,7 @@ def run_file(
             for batch in _batches(lines, decide_batch, SIGN_BATCH_BYTES):
                 run.decide(batch, [_sign_here(stage, line, run.source(line)) for line in batch])
         else:
-            import asyncio  # only helpers need an event loop: ~14 ms to import for every other run
+            import asyncio  # imported here: only helpers need an event loop, not a run that signs in process
 
             batches = _batches(lines, SIGN_BATCH, SIGN_BATCH_BYTES)
             asyncio.run(_decide_while_signing(batches, stage, sign_processes, decide_batch, run))

@@ -293,7 +293,7 @@ def dead_letter_dict(
     room = max_bytes - DEAD_LETTER_HEADROOM - len(key or b"")
     encoded_size = (len(original) + 2) // 3 * 4  # base64: 4 characters per 3 bytes, the last padded
     if len(orjson.dumps(record)) + encoded_size > room:
-        import hashlib  # ~3 ms to import: only for a dead letter too large to carry its message
+        import hashlib  # imported here: only a dead letter too large to carry its message needs it
 
         digest = hashlib.sha256(original).hexdigest()
         record.update(value_truncated=True, value_size=len(original), value_sha256=digest)

@@ -172,7 +172,7 @@ def decode_bytes(data: bytes) -> DecodedText:
         return DecodedText(data.decode("utf-8"), "utf-8", guessed=False)
     except UnicodeDecodeError:
         pass
-    from charset_normalizer import from_bytes  # ~10 ms to import: only for a text not in UTF-8
+    from charset_normalizer import from_bytes  # imported here: only a text not in UTF-8 needs it
 
     best = from_bytes(data).best()
     if best is not None and best.encoding:
