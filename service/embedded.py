@@ -37,10 +37,10 @@ from .config import BY_NAME, ConfigError
 from .core.params import DedupParams
 from .core.retention import NO_RETENTION, Retention
 from .errors import Error
-from .messages import decode_message, dumps, parse_verdict_filter
+from .messages import dumps, parse_verdict_filter
 from .pipeline.publication import Publication, publication
 from .pipeline.shard import Decided, IndexShard, ShardCounts
-from .pipeline.sign import SignResult, SignStage
+from .pipeline.sign import SigningBatch, SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
 from .state.index import IndexState
 from .state.overlay import LayeredKV
@@ -205,8 +205,7 @@ def run_file(
         run = _FileRun(shard, layers, summary, topic, progress_key, bar, out, dead, feed, feed_verdicts)
         lines = _lines(source, mark.input, mark.line)
         if sign_processes == 0:
-            for batch in _batches(lines, decide_batch, SIGN_BATCH_BYTES):
-                run.decide(batch, [_sign_here(stage, line, run.source(line)) for line in batch])
+            _decide_while_signing_here(_batches(lines, decide_batch, SIGN_BATCH_BYTES), stage, run)
         else:
             import asyncio  # imported here: only helpers need an event loop, not a run that signs in process
 
@@ -374,12 +373,18 @@ def _batches(lines: Iterator[_Line], count: int, max_bytes: int) -> Iterator[lis
         yield batch
 
 
-def _sign_here(stage: SignStage, line: _Line, src: Provenance) -> _Signed:
-    """What a helper signs, in this process and without the signed record's encoding."""
-    try:
-        return stage.sign(decode_message(line.body, None, stage.max_text_bytes), src)
-    except Exception as exc:  # as in the worker's sign stage: a dead letter, not a stopped run
-        return SignStage.failed(exc, line.body, None, src)
+def _decide_while_signing_here(batches: Iterator[list[_Line]], stage: SignStage, run: _FileRun) -> None:
+    """Decide each batch while the next one's sketches are made on a thread of their own
+    (SigningBatch): signing in this process, what a helper signs, without the signed record's
+    encoding, nor a pipe."""
+    under_way: tuple[list[_Line], SigningBatch] | None = None
+    for batch in batches:
+        signing = SigningBatch(stage, [(line.body, None, run.source(line)) for line in batch])
+        if under_way is not None:
+            run.decide(under_way[0], under_way[1].results())
+        under_way = batch, signing
+    if under_way is not None:
+        run.decide(under_way[0], under_way[1].results())
 
 
 async def _decide_while_signing(

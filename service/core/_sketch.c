@@ -69,6 +69,17 @@
  *     most `top` of them as (entry without its flag, count), the most counted first, then the
  *     smallest (reference: tests/support/reference_state.py, rank_postings).
  *
+ * sign_batch(rows, k, seed_key, num_perm, empty, empty_slot, anchor_k, window, anchor_seed, most)
+ *     -> SignBatch
+ *     rows: a sequence of (units, minima, signature, verifier, anchors): per text, its uint32 code
+ *     points (at least k) and the writable buffers that oph_minima (minima, EMPTY_SLOT-filled),
+ *     finish (signature, verifier) and anchors (a bytearray of 5 * min(len(units) - anchor_k + 1,
+ *     most) bytes, or None: no anchors) write, checked as they check them. Does what those three
+ *     do for each text, in order, on a thread of its own (the caller's where none can start),
+ *     holding the buffers until SignBatch.wait(), which joins it and returns a list of (distinct,
+ *     unfilled, anchor count), one a text: the pipeline signs one batch while it decides the one
+ *     before (signing.py: SketchBatch). The thread touches no Python object.
+ *
  * anchors(points, k, window, seed_key, most) -> bytes
  *     points: uint32 code points, at least k of them; window in 1..255. Winnowing
  *     (reference_anchors.py: anchors_of): each k-character shingle's polynomial hash (as oph_minima,
@@ -144,6 +155,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,44 +286,54 @@ static void oph_pass(const void *units, Py_ssize_t width, Py_ssize_t k, Py_ssize
     }
 }
 
+/* oph_minima's work on raw buffers, holding no Python object (sign_batch runs it off the
+ * interpreter's thread): `minima` (bins uint64 items, any alignment) updated, the distinct count in
+ * `distinct`. -1 when memory ran out (nothing written). */
+static int oph_core(const void *units, Py_ssize_t width, Py_ssize_t k, Py_ssize_t windows, uint64_t key,
+                    void *minima, Py_ssize_t bins, Py_ssize_t *distinct) {
+    uint64_t *values = malloc((size_t)windows * sizeof(uint64_t));
+    uint64_t *least = malloc((size_t)bins * sizeof(uint64_t));
+    int failed = values == NULL || least == NULL;
+    if (!failed) {
+        memcpy(least, minima, (size_t)bins * 8);
+        oph_pass(units, width, k, windows, key, least, (uint64_t)bins, values);
+        *distinct = count_distinct(values, windows, &failed);
+        if (!failed) {
+            memcpy(minima, least, (size_t)bins * 8);
+        }
+    }
+    free(values);
+    free(least);
+    return failed ? -1 : 0;
+}
+
+/* oph_minima's checks of its buffers: 0 when they hold (else ValueError set, -1). */
+static int oph_arguments_invalid(const Py_buffer *units, Py_ssize_t k, const Py_buffer *minima, Py_ssize_t width) {
+    return (width != 4 && width != 8 && invalid("width must be 4 (uint32 units) or 8 (uint64 units)")) ||
+           (units->len % width && invalid("units must be a whole number of width-byte items")) ||
+           (k < 1 && invalid("k must be >= 1")) ||
+           (units->len / width < k && invalid("units must hold at least k items")) ||
+           (minima->len % 8 && invalid("minima must be uint64 (a multiple of 8 bytes)")) ||
+           ((minima->len < 8 || minima->len > 65536 * 8) && invalid("minima must hold 1..65536 bins"));
+}
+
 static PyObject *oph_minima(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer units, minima;
-    Py_ssize_t k, width = 8;
+    Py_ssize_t k, width = 8, distinct = 0;
     unsigned long long seed_key;
     if (!PyArg_ParseTuple(args, "y*nKw*|n", &units, &k, &seed_key, &minima, &width)) {
         return NULL;
     }
     PyObject *result = NULL;
-    uint64_t *values = NULL, *least = NULL;
-    if ((width != 4 && width != 8 && invalid("width must be 4 (uint32 units) or 8 (uint64 units)")) ||
-        (units.len % width && invalid("units must be a whole number of width-byte items")) ||
-        (k < 1 && invalid("k must be >= 1")) ||
-        (units.len / width < k && invalid("units must hold at least k items")) ||
-        (minima.len % 8 && invalid("minima must be uint64 (a multiple of 8 bytes)")) ||
-        ((minima.len < 8 || minima.len > 65536 * 8) && invalid("minima must hold 1..65536 bins"))) {
-        goto done;
+    if (!oph_arguments_invalid(&units, k, &minima, width)) {
+        Py_ssize_t windows = units.len / width - k + 1;
+        if (oph_core(units.buf, width, k, windows, (uint64_t)seed_key, minima.buf, minima.len / 8, &distinct) < 0) {
+            PyErr_NoMemory();
+        } else {
+            result = PyLong_FromSsize_t(distinct);
+        }
     }
-    Py_ssize_t windows = units.len / width - k + 1, bins = minima.len / 8;
-    values = malloc((size_t)windows * sizeof(uint64_t));
-    least = malloc((size_t)bins * sizeof(uint64_t));
-    if (values == NULL || least == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    memcpy(least, minima.buf, (size_t)minima.len);
-    oph_pass(units.buf, width, k, windows, (uint64_t)seed_key, least, (uint64_t)bins, values);
-    memcpy(minima.buf, least, (size_t)minima.len);
-    int failed = 0;
-    Py_ssize_t distinct = count_distinct(values, windows, &failed);
-    if (failed) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    result = PyLong_FromSsize_t(distinct);
-done:
-    free(values);
-    free(least);
     PyBuffer_Release(&units);
     PyBuffer_Release(&minima);
     return result;
@@ -903,35 +925,14 @@ done:
     return result;
 }
 
-static PyObject *finish(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer wide, signature, verifier;
-    Py_ssize_t num_perm;
-    unsigned long long empty;
-    int empty_slot;
-    if (!PyArg_ParseTuple(args, "y*nKiw*w*", &wide, &num_perm, &empty, &empty_slot, &signature, &verifier)) {
-        return NULL;
-    }
-    PyObject *result = NULL;
-    /* num_perm <= the bins before num_perm * 8 is formed: no product to overflow, and every group
-     * holds one bin at least, the first of which is read unconditionally */
-    if ((num_perm < 1 && invalid("num_perm must be >= 1")) ||
-        (wide.len % 8 && invalid("wide must be uint64 (a multiple of 8 bytes)")) ||
-        ((wide.len / 8 < num_perm || (wide.len / 8) % num_perm) &&
-         invalid("wide must hold a nonzero multiple of num_perm bins")) ||
-        (signature.len != num_perm * 8 && invalid("signature must be num_perm uint64 slots")) ||
-        (verifier.len != wide.len / 8 && invalid("verifier must be one byte per bin of wide")) ||
-        ((empty_slot < 0 || empty_slot > 255) && invalid("empty_slot must be a byte value, 0..255"))) {
-        goto done;
-    }
-    const void *const minima = wide.buf;
-    void *const out = signature.buf;
-    uint8_t *const narrow = (uint8_t *)verifier.buf; /* one byte a bin: any alignment */
-    const Py_ssize_t slots = wide.len / 8, slots_out = num_perm, group = slots / num_perm;
-    const uint64_t vacant = (uint64_t)empty;
-    const uint8_t vacant_slot = (uint8_t)empty_slot, stand_in = (uint8_t)(empty_slot - 1);
+/* finish's work on raw buffers (any alignment), holding no Python object: returns the signature
+ * slots left empty. */
+static Py_ssize_t finish_core(const void *minima, Py_ssize_t slots, Py_ssize_t num_perm, uint64_t vacant,
+                              uint8_t vacant_slot, void *out, uint8_t *narrow) {
+    const Py_ssize_t group = slots / num_perm;
+    const uint8_t stand_in = (uint8_t)(vacant_slot - 1);
     Py_ssize_t unfilled = 0;
-    for (Py_ssize_t slot = 0; slot < slots_out; slot++) {
+    for (Py_ssize_t slot = 0; slot < num_perm; slot++) {
         uint64_t least = get_u64(minima, slot * group);
         for (Py_ssize_t i = 1; i < group; i++) {
             uint64_t value = get_u64(minima, slot * group + i);
@@ -946,8 +947,37 @@ static PyObject *finish(PyObject *self, PyObject *args) {
         /* a real minimum whose low bits read as the empty slot is never taken for empty */
         narrow[i] = (low == vacant_slot && minimum != vacant) ? stand_in : low;
     }
-    result = PyLong_FromSsize_t(unfilled);
-done:
+    return unfilled;
+}
+
+/* finish's checks of its buffers: 0 when they hold (else ValueError set). num_perm <= the bins
+ * before num_perm * 8 is formed: no product to overflow, and every group holds one bin at least,
+ * the first of which is read unconditionally. */
+static int finish_arguments_invalid(const Py_buffer *wide, Py_ssize_t num_perm, int empty_slot,
+                                    const Py_buffer *signature, const Py_buffer *verifier) {
+    return (num_perm < 1 && invalid("num_perm must be >= 1")) ||
+           (wide->len % 8 && invalid("wide must be uint64 (a multiple of 8 bytes)")) ||
+           ((wide->len / 8 < num_perm || (wide->len / 8) % num_perm) &&
+            invalid("wide must hold a nonzero multiple of num_perm bins")) ||
+           (signature->len != num_perm * 8 && invalid("signature must be num_perm uint64 slots")) ||
+           (verifier->len != wide->len / 8 && invalid("verifier must be one byte per bin of wide")) ||
+           ((empty_slot < 0 || empty_slot > 255) && invalid("empty_slot must be a byte value, 0..255"));
+}
+
+static PyObject *finish(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer wide, signature, verifier;
+    Py_ssize_t num_perm;
+    unsigned long long empty;
+    int empty_slot;
+    if (!PyArg_ParseTuple(args, "y*nKiw*w*", &wide, &num_perm, &empty, &empty_slot, &signature, &verifier)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (!finish_arguments_invalid(&wide, num_perm, empty_slot, &signature, &verifier)) {
+        result = PyLong_FromSsize_t(finish_core(wide.buf, wide.len / 8, num_perm, (uint64_t)empty,
+                                                (uint8_t)empty_slot, signature.buf, (uint8_t *)verifier.buf));
+    }
     PyBuffer_Release(&wide);
     PyBuffer_Release(&signature);
     PyBuffer_Release(&verifier);
@@ -1049,6 +1079,67 @@ static Py_ssize_t winnow(const uint64_t *values, Py_ssize_t count, Py_ssize_t wi
     return written;
 }
 
+/* The most bytes `anchors` packs for `count` code points: five a chosen position, at most one a
+ * window and at most `most`. */
+static Py_ssize_t anchors_room(Py_ssize_t count, Py_ssize_t k, Py_ssize_t most) {
+    Py_ssize_t windows = count - k + 1;
+    return 5 * (windows < most ? windows : most);
+}
+
+/* anchors' work on raw buffers, holding no Python object (sign_batch runs it off the
+ * interpreter's thread): the packed anchors into `out` (anchors_room bytes), their count returned;
+ * -1 when memory ran out. */
+static Py_ssize_t anchors_core(const void *points, Py_ssize_t count, Py_ssize_t k, Py_ssize_t window, uint64_t key,
+                               Py_ssize_t most, uint8_t *out) {
+    Py_ssize_t windows = count - k + 1, written = -1;
+    uint64_t *values = malloc((size_t)windows * sizeof(uint64_t));
+    uint32_t *after = malloc((size_t)windows * sizeof(uint32_t));
+    uint32_t *before = malloc((size_t)windows * sizeof(uint32_t));
+    uint32_t *chosen = malloc((size_t)windows * sizeof(uint32_t));
+    if (values != NULL && after != NULL && before != NULL && chosen != NULL) {
+        uint64_t lead = 1; /* POLY ** (k - 1): the weight of the unit that leaves a rolled window */
+        uint64_t hash = 0;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            hash = hash * POLY + get_u32(points, j);
+            if (j) {
+                lead *= POLY;
+            }
+        }
+        values[0] = fmix64(hash ^ key);
+        for (Py_ssize_t i = 1; i < windows; i++) {
+            hash = (hash - (uint64_t)get_u32(points, i - 1) * lead) * POLY + get_u32(points, i + k - 1);
+            values[i] = fmix64(hash ^ key);
+        }
+        written = winnow(values, windows, window, after, before, chosen, most);
+        /* packed: the hashes big-endian, then the offsets (a window <= 255 keeps each within a byte) */
+        uint32_t previous = 0;
+        for (Py_ssize_t i = 0; i < written; i++) {
+            uint32_t low = (uint32_t)(values[chosen[i]] & 0xFFFFFFFFu);
+            out[4 * i] = (uint8_t)(low >> 24);
+            out[4 * i + 1] = (uint8_t)(low >> 16);
+            out[4 * i + 2] = (uint8_t)(low >> 8);
+            out[4 * i + 3] = (uint8_t)low;
+            out[4 * written + i] = (uint8_t)(chosen[i] - previous);
+            previous = chosen[i];
+        }
+    }
+    free(values);
+    free(after);
+    free(before);
+    free(chosen);
+    return written;
+}
+
+/* anchors' checks: 0 when they hold (else ValueError set). */
+static int anchors_arguments_invalid(const Py_buffer *points, Py_ssize_t k, Py_ssize_t window, Py_ssize_t most) {
+    Py_ssize_t count = points->len / 4;
+    return (points->len % 4 && invalid("points must be uint32 (a multiple of 4 bytes)")) ||
+           ((k < 1 || k > 64) && invalid("k must be in 1..64")) ||
+           ((window < 1 || window > 255) && invalid("window must be in 1..255 (a packed offset is a byte)")) ||
+           (most < 0 && invalid("most must be >= 0")) || (count < k && invalid("points must hold at least k items")) ||
+           (count > UINT32_MAX && invalid("points must hold fewer than 2**32 items"));
+}
+
 static PyObject *anchors(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer points;
@@ -1058,62 +1149,202 @@ static PyObject *anchors(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    uint64_t *values = NULL;
-    uint32_t *after = NULL, *before = NULL, *chosen = NULL;
-    Py_ssize_t count = points.len / 4, windows = count - k + 1;
-    if ((points.len % 4 && invalid("points must be uint32 (a multiple of 4 bytes)")) ||
-        ((k < 1 || k > 64) && invalid("k must be in 1..64")) ||
-        ((window < 1 || window > 255) && invalid("window must be in 1..255 (a packed offset is a byte)")) ||
-        (most < 0 && invalid("most must be >= 0")) || (count < k && invalid("points must hold at least k items")) ||
-        (count > UINT32_MAX && invalid("points must hold fewer than 2**32 items"))) {
-        goto done;
+    uint8_t *out = NULL;
+    if (!anchors_arguments_invalid(&points, k, window, most)) {
+        Py_ssize_t room = anchors_room(points.len / 4, k, most);
+        out = malloc(room ? (size_t)room : 1);
+        Py_ssize_t written = out == NULL ? -1 : anchors_core(points.buf, points.len / 4, k, window, seed_key, most, out);
+        result = written < 0 ? PyErr_NoMemory() : PyBytes_FromStringAndSize((const char *)out, 5 * written);
     }
-    values = malloc((size_t)windows * sizeof(uint64_t));
-    after = malloc((size_t)windows * sizeof(uint32_t));
-    before = malloc((size_t)windows * sizeof(uint32_t));
-    chosen = malloc((size_t)windows * sizeof(uint32_t));
-    if (values == NULL || after == NULL || before == NULL || chosen == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const uint64_t key = (uint64_t)seed_key;
-    uint64_t lead = 1; /* POLY ** (k - 1): the weight of the unit that leaves a rolled window */
-    uint64_t hash = 0;
-    for (Py_ssize_t j = 0; j < k; j++) {
-        hash = hash * POLY + get_u32(points.buf, j);
-        if (j) {
-            lead *= POLY;
-        }
-    }
-    values[0] = fmix64(hash ^ key);
-    for (Py_ssize_t i = 1; i < windows; i++) {
-        hash = (hash - (uint64_t)get_u32(points.buf, i - 1) * lead) * POLY + get_u32(points.buf, i + k - 1);
-        values[i] = fmix64(hash ^ key);
-    }
-    Py_ssize_t written = winnow(values, windows, window, after, before, chosen, most);
-    result = PyBytes_FromStringAndSize(NULL, 5 * written);
-    if (result == NULL) {
-        goto done;
-    }
-    /* packed: the hashes big-endian, then the offsets (a window <= 255 keeps each within a byte) */
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
-    uint32_t previous = 0;
-    for (Py_ssize_t i = 0; i < written; i++) {
-        uint32_t low = (uint32_t)(values[chosen[i]] & 0xFFFFFFFFu);
-        out[4 * i] = (uint8_t)(low >> 24);
-        out[4 * i + 1] = (uint8_t)(low >> 16);
-        out[4 * i + 2] = (uint8_t)(low >> 8);
-        out[4 * i + 3] = (uint8_t)low;
-        out[4 * written + i] = (uint8_t)(chosen[i] - previous);
-        previous = chosen[i];
-    }
-done:
-    free(values);
-    free(after);
-    free(before);
-    free(chosen);
+    free(out);
     PyBuffer_Release(&points);
     return result;
+}
+
+/* One text of a signing batch: its buffers, held from sign_batch until the batch is waited for,
+ * and what the work on it returned. */
+typedef struct {
+    Py_buffer units, minima, signature, verifier, anchors; /* anchors.obj NULL: none asked */
+    Py_ssize_t distinct, unfilled, anchor_count;
+} SignTask;
+
+typedef struct {
+    PyObject_HEAD
+    SignTask *tasks;
+    Py_ssize_t count, k, num_perm, anchor_k, window, most;
+    uint64_t seed_key, empty, anchor_seed;
+    uint8_t empty_slot;
+    pthread_t thread;
+    int running; /* a thread to join */
+    int failed;  /* memory ran out in a task */
+} SignBatch;
+
+/* The batch's work, on its thread or the caller's: no Python object is touched. */
+static void *sign_tasks(void *arg) {
+    SignBatch *b = (SignBatch *)arg;
+    for (Py_ssize_t i = 0; i < b->count && !b->failed; i++) {
+        SignTask *t = &b->tasks[i];
+        Py_ssize_t units = t->units.len / 4;
+        if (oph_core(t->units.buf, 4, b->k, units - b->k + 1, b->seed_key, t->minima.buf, t->minima.len / 8,
+                     &t->distinct) < 0) {
+            b->failed = 1;
+            break;
+        }
+        t->unfilled = finish_core(t->minima.buf, t->minima.len / 8, b->num_perm, b->empty, b->empty_slot,
+                                  t->signature.buf, (uint8_t *)t->verifier.buf);
+        t->anchor_count = 0;
+        if (t->anchors.obj != NULL && units >= b->anchor_k) {
+            t->anchor_count = anchors_core(t->units.buf, units, b->anchor_k, b->window, b->anchor_seed, b->most,
+                                           (uint8_t *)t->anchors.buf);
+            b->failed |= t->anchor_count < 0;
+        }
+    }
+    return NULL;
+}
+
+static void sign_batch_release(SignBatch *b) {
+    if (b->running) {
+        Py_BEGIN_ALLOW_THREADS pthread_join(b->thread, NULL);
+        Py_END_ALLOW_THREADS b->running = 0;
+    }
+    for (Py_ssize_t i = 0; i < b->count; i++) {
+        SignTask *t = &b->tasks[i];
+        PyBuffer_Release(&t->units);
+        PyBuffer_Release(&t->minima);
+        PyBuffer_Release(&t->signature);
+        PyBuffer_Release(&t->verifier);
+        if (t->anchors.obj != NULL) {
+            PyBuffer_Release(&t->anchors);
+        }
+    }
+    PyMem_Free(b->tasks);
+    b->tasks = NULL;
+    b->count = 0;
+}
+
+static void sign_batch_dealloc(SignBatch *b) {
+    sign_batch_release(b);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+static PyObject *sign_batch_wait(SignBatch *b, PyObject *unused) {
+    (void)unused;
+    if (b->tasks == NULL) {
+        return invalid("the batch was waited for already"), NULL;
+    }
+    if (b->running) {
+        Py_BEGIN_ALLOW_THREADS pthread_join(b->thread, NULL);
+        Py_END_ALLOW_THREADS b->running = 0;
+    }
+    PyObject *result = b->failed ? PyErr_NoMemory() : PyList_New(b->count);
+    for (Py_ssize_t i = 0; result != NULL && i < b->count; i++) {
+        SignTask *t = &b->tasks[i];
+        PyObject *item = Py_BuildValue("(nnn)", t->distinct, t->unfilled, t->anchor_count);
+        if (item == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+    sign_batch_release(b);
+    return result;
+}
+
+static PyMethodDef sign_batch_methods[] = {
+    {"wait", (PyCFunction)sign_batch_wait, METH_NOARGS,
+     "The batch's work done: a list of (distinct, unfilled, anchor count), one a text."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SignBatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "neardup.core._sketch.SignBatch",
+    .tp_basicsize = sizeof(SignBatch),
+    .tp_dealloc = (destructor)sign_batch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A signing batch under way on a thread of its own (sign_batch).",
+    .tp_methods = sign_batch_methods,
+};
+
+/* One text's buffers taken from its tuple and checked as oph_minima, finish and anchors check
+ * them: 0, or -1 with an exception set (the buffers taken so far stay in the task, released with
+ * the batch). */
+static int sign_task_of(SignBatch *b, PyObject *row, SignTask *t) {
+    PyObject *anchors_out = NULL;
+    if (!PyArg_ParseTuple(row, "y*w*w*w*O", &t->units, &t->minima, &t->signature, &t->verifier, &anchors_out)) {
+        return -1;
+    }
+    if (oph_arguments_invalid(&t->units, b->k, &t->minima, 4) ||
+        finish_arguments_invalid(&t->minima, b->num_perm, b->empty_slot, &t->signature, &t->verifier)) {
+        return -1;
+    }
+    if (anchors_out == Py_None) {
+        return 0;
+    }
+    if (PyObject_GetBuffer(anchors_out, &t->anchors, PyBUF_WRITABLE) < 0) {
+        t->anchors.obj = NULL;
+        return -1;
+    }
+    Py_ssize_t units = t->units.len / 4;
+    if (units >= b->anchor_k && t->anchors.len < anchors_room(units, b->anchor_k, b->most)) {
+        invalid("anchors must hold five bytes a possible anchor: 5 * min(len(units) - anchor_k + 1, most)");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *sign_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *rows;
+    Py_ssize_t k, num_perm, anchor_k, window, most;
+    unsigned long long seed_key, empty, anchor_seed;
+    int empty_slot;
+    if (!PyArg_ParseTuple(args, "OnKnKinnKn", &rows, &k, &seed_key, &num_perm, &empty, &empty_slot, &anchor_k,
+                          &window, &anchor_seed, &most)) {
+        return NULL;
+    }
+    if (((anchor_k < 1 || anchor_k > 64) && invalid("anchor_k must be in 1..64")) ||
+        ((window < 1 || window > 255) && invalid("window must be in 1..255 (a packed offset is a byte)")) ||
+        (most < 0 && invalid("most must be >= 0")) ||
+        ((empty_slot < 0 || empty_slot > 255) && invalid("empty_slot must be a byte value, 0..255"))) {
+        return NULL;
+    }
+    PyObject *sequence = PySequence_Fast(rows, "rows must be a sequence");
+    if (sequence == NULL) {
+        return NULL;
+    }
+    SignBatch *b = PyObject_New(SignBatch, &SignBatchType);
+    if (b == NULL) {
+        Py_DECREF(sequence);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    b->tasks = PyMem_Calloc(count ? (size_t)count : 1, sizeof(SignTask));
+    b->count = 0;
+    b->k = k, b->num_perm = num_perm, b->anchor_k = anchor_k, b->window = window, b->most = most;
+    b->seed_key = seed_key, b->empty = empty, b->anchor_seed = anchor_seed, b->empty_slot = (uint8_t)empty_slot;
+    b->running = b->failed = 0;
+    if (b->tasks == NULL) {
+        Py_DECREF(sequence);
+        Py_DECREF(b);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        /* counted before its buffers are taken: a failure releases what this one took too */
+        b->count = i + 1;
+        if (sign_task_of(b, PySequence_Fast_GET_ITEM(sequence, i), &b->tasks[i]) < 0) {
+            Py_DECREF(sequence);
+            Py_DECREF(b);
+            return NULL;
+        }
+    }
+    Py_DECREF(sequence);
+    /* the caller's thread does the work where no thread can be started: the same results, later */
+    if (count && pthread_create(&b->thread, NULL, sign_tasks, b) == 0) {
+        b->running = 1;
+    } else {
+        sign_tasks(b);
+    }
+    return (PyObject *)b;
 }
 
 /* A packed run of anchors (anchors.py: Anchors.packed): `count` 32-bit hashes big-endian, then
@@ -2004,6 +2235,7 @@ static PyMethodDef methods[] = {
     {"pack_changes", pack_changes, METH_VARARGS, "A dict of bytes to bytes or None, packed."},
     {"split_changes", split_changes, METH_VARARGS, "The changes of some key families packed, and the others."},
     {"anchors", anchors, METH_VARARGS, "Winnowed anchors of code points: 32-bit hashes and positions."},
+    {"sign_batch", sign_batch, METH_VARARGS, "oph_minima, finish and anchors over many texts, on a thread of its own."},
     {"oph_minima", oph_minima, METH_VARARGS, "Shingle, permute and keep each bin's minimum; returns the distinct count."},
     {"finish", finish, METH_VARARGS, "Signature and 8-bit verifier from the verifier's bin minima."},
     {"band_keys", band_keys, METH_VARARGS, "The LSH band keys of a signature (lsh.band_keys)."},
@@ -2030,11 +2262,12 @@ PyMODINIT_FUNC PyInit__sketch(void) {
             return NULL;
         }
     }
-    if (PyType_Ready(&HeldTableType) < 0) {
+    if (PyType_Ready(&HeldTableType) < 0 || PyType_Ready(&SignBatchType) < 0) {
         return NULL;
     }
     PyObject *created = PyModule_Create(&module);
-    if (created != NULL && PyModule_AddObjectRef(created, "HeldTable", (PyObject *)&HeldTableType) < 0) {
+    if (created != NULL && (PyModule_AddObjectRef(created, "HeldTable", (PyObject *)&HeldTableType) < 0 ||
+                            PyModule_AddObjectRef(created, "SignBatch", (PyObject *)&SignBatchType) < 0)) {
         Py_CLEAR(created);
     }
     return created;

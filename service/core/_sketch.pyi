@@ -48,6 +48,30 @@ def finish(
 ) -> int: ...
 def varints(data: bytes, position: int, count: int) -> tuple[tuple[int, ...], int]: ...
 def anchors(points: npt.NDArray[np.uint32], k: int, window: int, seed_key: int, most: int) -> bytes: ...
+def sign_batch(
+    rows: Sequence[
+        tuple[
+            npt.NDArray[np.uint32],
+            npt.NDArray[np.uint64],
+            npt.NDArray[np.uint64],
+            npt.NDArray[np.uint8],
+            bytearray | None,
+        ]
+    ],
+    k: int,
+    seed_key: int,
+    num_perm: int,
+    empty: int,
+    empty_slot: int,
+    anchor_k: int,
+    window: int,
+    anchor_seed: int,
+    most: int,
+) -> SignBatch: ...
+
+class SignBatch:
+    def wait(self) -> list[tuple[int, int, int]]: ...
+
 def passages(
     mine: bytes, other: bytes, k: int, gap: int, shift: int, repeats: int, limit: int
 ) -> list[tuple[int, int, int, int, int]]: ...

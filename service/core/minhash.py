@@ -33,6 +33,9 @@ VERIFIER_BITS = 8  # of each verifier slot (see sketches); verdicts carry it for
 # each have 1/256, 254 has 2/256 (a real 255 becomes 254).
 CHANCE_AGREEMENT = (254 + 2 * 2) / 256**2
 _PROBES = 32
+# a text's row of _sketch.sign_batch: its code points, its bin minima, signature and verifier, and
+# the room for its anchors (None: none)
+BatchRow = tuple[npt.NDArray[np.uint32], HashArray, HashArray, VerifierArray, bytearray | None]
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,25 @@ class MinHasher:
         if verify_perm == 0:
             return _densified(minima, probes), np.empty(0, dtype=np.uint8), distinct
         return self._finished(minima, probes, distinct)
+
+    def batch_buffers(self, verify_perm: int) -> tuple[HashArray, HashArray, VerifierArray]:
+        """What start_batch's passes write one text's sketches into, as _sketched gives them: its
+        bin minima (all EMPTY_SLOT), its signature and its verifier."""
+        minima = np.full(verify_perm, EMPTY_SLOT, dtype=np.uint64)
+        return minima, np.empty(self.num_perm, dtype=np.uint64), np.empty(verify_perm, dtype=np.uint8)
+
+    def start_batch(self, rows: Sequence[BatchRow], k: int, winnowing: tuple[int, ...]) -> _sketch.SignBatch:
+        """_sketch.sign_batch over `rows` (their k-shingles, and anchors by `winnowing`) under way."""
+        seed_key = _tables(self.num_perm, self.seed)[0]
+        return _sketch.sign_batch(
+            rows, k, seed_key, self.num_perm, EMPTY_SLOT, EMPTY_VERIFIER_SLOT, *winnowing
+        )
+
+    def densified(self, signature: HashArray, unfilled: int) -> HashArray:
+        """A signature a batch finished with `unfilled` empty slots, filled as _finished fills them."""
+        if unfilled:
+            _densify(signature, signature != EMPTY_SLOT, _tables(self.num_perm, self.seed)[1])
+        return signature
 
     def _finished(
         self, wide: HashArray, probes: npt.NDArray[np.intp], distinct: int

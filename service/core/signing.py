@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import mmh3
@@ -9,9 +10,9 @@ import numpy as np
 
 from ..errors import Error
 from ._hashing import HashArray
-from .anchors import NO_ANCHORS, Anchors, anchors_of
-from .minhash import VerifierArray, estimate_jaccard, estimate_jaccard_verified
-from .normalize import canonical_code_points, code_points, has_visible, normalize
+from .anchors import ANCHOR_BYTES, NO_ANCHORS, WINNOWING, Anchors, anchor_room, anchors_of
+from .minhash import BatchRow, VerifierArray, estimate_jaccard, estimate_jaccard_verified
+from .normalize import CodePoints, canonical_code_points, code_points, has_visible, normalize
 from .params import DedupParams
 from .shingle import shingle_hashes
 
@@ -62,11 +63,7 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
     (normalize.has_visible); and normalize.TooLong when normalisation takes it beyond `max_points`
     characters (None: no limit)."""
     if params.shingle.unit == "char":
-        points = canonical_code_points(text, params.normalize, max_points)
-        if points.size == 0:
-            raise EmptyText("text is empty after normalization")
-        if not has_visible(points):
-            raise EmptyText("text has only invisible characters after normalization")
+        points = _canonical(text, params, max_points)
         units = points.size
         signature, verifier, distinct = params.hasher.sketches_of_units(
             points, params.shingle.k, params.verify_perm
@@ -84,6 +81,73 @@ def sketch_of(text: str, params: DedupParams, max_points: int | None = None) -> 
             shingle_hashes(canonical, params.shingle), params.verify_perm
         )
         anchors = NO_ANCHORS  # anchors are character spans: word shingles go without
-    # the exact-duplicate key: 128-bit murmur3 of the canonical text's code points
-    digest = mmh3.hash_bytes(points.tobytes())
-    return Sketch(digest, signature, distinct, units < params.shingle.k, verifier, anchors)
+    return Sketch(_digest(points), signature, distinct, units < params.shingle.k, verifier, anchors)
+
+
+def _canonical(text: str, params: DedupParams, max_points: int | None) -> CodePoints:
+    """The canonical text's code points under character shingles; EmptyText where none shows."""
+    points = canonical_code_points(text, params.normalize, max_points)
+    if points.size == 0:
+        raise EmptyText("text is empty after normalization")
+    if not has_visible(points):
+        raise EmptyText("text has only invisible characters after normalization")
+    return points
+
+
+def _digest(points: CodePoints) -> bytes:
+    """The exact-duplicate key: 128-bit murmur3 of the canonical text's code points."""
+    return mmh3.hash_bytes(points.tobytes())
+
+
+class SketchBatch:
+    """The sketches of many texts, each what sketch_of gives it (or the exception it raises), with
+    their compiled passes (shingling and MinHash, the verifier, the anchors: most of signing's time)
+    on a thread of their own (_sketch.sign_batch) from the start until `results`: a caller signs
+    one batch while it decides the one before. Normalization and what follows the passes stay on
+    the caller's thread, as does every text the passes do not take as they are (shorter than k,
+    word shingles, no verifier): sketch_of signs those."""
+
+    def __init__(self, texts: Sequence[str], params: DedupParams, max_points: int | None = None) -> None:
+        self.params, self.max_points, rows = params, max_points, []
+        # each text's result, or (text, its points and the buffers its passes write) while under way
+        self._texts: list[Sketch | Exception | tuple[str, BatchRow]] = []
+        hasher, k = params.hasher, params.shingle.k
+        passes = (
+            params.shingle.unit == "char" and params.verify_perm and not params.verify_perm % hasher.num_perm
+        )
+        for text in texts:
+            try:
+                points = _canonical(text, params, max_points) if passes else None
+                if points is None or points.size < k:
+                    self._texts.append(sketch_of(text, params, max_points))
+                    continue
+                anchors = anchor_room(points.size) if params.containment_index else None
+                rows.append((points, *hasher.batch_buffers(params.verify_perm), anchors))
+                self._texts.append((text, rows[-1]))
+            except Exception as exc:  # the caller turns each into a dead letter
+                self._texts.append(exc)
+        self._batch = hasher.start_batch(rows, k, WINNOWING)
+
+    def results(self) -> list[Sketch | Exception]:
+        """Each text's sketch, or what sketch_of raised for it, in order (once: the buffers go)."""
+        try:
+            passed: Iterator[tuple[int, int, int]] | None = iter(self._batch.wait())
+        except MemoryError:  # each text signed again by itself, its own failure its dead letter
+            passed = None
+        return [self._result(done, passed) for done in self._texts]
+
+    def _result(
+        self, done: Sketch | Exception | tuple[str, BatchRow], passed: Iterator[tuple[int, int, int]] | None
+    ) -> Sketch | Exception:
+        if not isinstance(done, tuple):
+            return done
+        text, (points, _, signature, verifier, room) = done
+        try:
+            if passed is None:
+                return sketch_of(text, self.params, self.max_points)
+            distinct, unfilled, count = next(passed)
+            signature = self.params.hasher.densified(signature, unfilled)
+            anchors = NO_ANCHORS if room is None else Anchors(bytes(room[: ANCHOR_BYTES * count]))
+            return Sketch(_digest(points), signature, distinct, False, verifier, anchors)
+        except Exception as exc:
+            return exc

@@ -5,6 +5,7 @@ helpers (signer.py), in embedded mode's process, and for the library's calls ali
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -13,7 +14,7 @@ from ..core.lsh import band_keys
 from ..core.normalize import TooLong
 from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, Retention, event_time
-from ..core.signing import EmptyText, sketch_of
+from ..core.signing import EmptyText, Sketch, SketchBatch, sketch_of
 from ..messages import Article, Deletion, InvalidMessage, dead_letter_dict, decode_message
 from .wire import Provenance, Signed, SignedDeletion, encode_deletion, encode_signed
 
@@ -75,7 +76,10 @@ class SignStage:
         if isinstance(article, Deletion):
             return SignedDeletion(article.article_id, src)
         # at most one canonical character per byte the text may have
-        sketch = sketch_of(article.text, self.params, self.max_text_bytes)
+        return self.signed(article, sketch_of(article.text, self.params, self.max_text_bytes), src, now_ms)
+
+    def signed(self, article: Article, sketch: Sketch, src: Provenance, now_ms: int | None = None) -> Signed:
+        """The signed record of an article whose sketch is made: its band keys and event time."""
         bands, rows = self.params.lsh.bands, self.params.lsh.rows
         keys = tuple(band_keys(sketch.signature, bands, rows))
         now = round(time.time() * 1000) if now_ms is None else now_ms
@@ -102,3 +106,43 @@ class SignStage:
         """A dead letter for the message (`raw`, `key`) from `src`."""
         record = dead_letter_dict(reason, detail, raw, src.topic, src.partition, src.offset, key)
         return SignResult(dead_letter=orjson.dumps(record), reason=reason)
+
+
+Message = tuple[bytes | None, bytes | None, Provenance]  # an input message's value, key, and origin
+
+
+class SigningBatch:
+    """Messages signed as SignStage.sign signs them, the compiled passes of their sketches under way
+    on a thread of their own from the start until `results` (core/signing.py: SketchBatch), so that
+    a caller signs one batch while it decides the one before."""
+
+    def __init__(self, stage: SignStage, messages: Sequence[Message]) -> None:
+        self.stage, self.messages = stage, messages
+        # each message decoded, or its dead letter
+        self._decoded: list[Article | Deletion | SignResult] = []
+        for raw, key, src in messages:
+            try:
+                self._decoded.append(decode_message(raw, key, stage.max_text_bytes, keyed=stage.keyed))
+            except Exception as exc:  # as `handle`: a dead letter, not a stopped stream
+                self._decoded.append(stage.failed(exc, raw, key, src))
+        texts = [item.text for item in self._decoded if isinstance(item, Article)]
+        self._sketches = SketchBatch(texts, stage.params, stage.max_text_bytes)
+
+    def results(self) -> list[Signed | SignedDeletion | SignResult]:
+        """Each message's signed record, or its dead letter, in order (once)."""
+        sketches = iter(self._sketches.results())
+        results: list[Signed | SignedDeletion | SignResult] = []
+        for (raw, key, src), item in zip(self.messages, self._decoded, strict=True):
+            if isinstance(item, Deletion):
+                results.append(SignedDeletion(item.article_id, src))
+            elif isinstance(item, Article):
+                sketch = next(sketches)
+                try:
+                    if isinstance(sketch, Exception):
+                        raise sketch
+                    results.append(self.stage.signed(item, sketch, src))
+                except Exception as exc:
+                    results.append(self.stage.failed(exc, raw, key, src))
+            else:
+                results.append(item)
+        return results

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -14,6 +15,8 @@ from neardup import cli, embedded
 from neardup.core.params import DedupParams
 from neardup.core.signing import Sketch
 from neardup.embedded import default_sign_processes, run_file
+from neardup.messages import Article
+from neardup.pipeline.wire import Signed
 from neardup.state.memory import MemoryState
 from tests.support.faults import HELPER_FAULT, inject
 
@@ -123,16 +126,16 @@ def test_helpers_give_the_outputs_of_signing_in_process(
 def test_an_unexpected_signing_error_is_a_dead_letter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from neardup.pipeline import sign
+    from neardup.pipeline.sign import SignStage
 
-    real = sign.sketch_of
+    real = SignStage.signed
 
-    def failing(text: str, params: DedupParams, max_points: int | None = None) -> Sketch:
-        if "poison" in text:
+    def failing(stage: SignStage, article: Article, sketch: Sketch, *args: Any) -> Signed:
+        if "poison" in article.text:
             raise RuntimeError("cannot sign this")
-        return real(text, params, max_points)
+        return real(stage, article, sketch, *args)
 
-    monkeypatch.setattr(sign, "sketch_of", failing)
+    monkeypatch.setattr(SignStage, "signed", failing)
     source = tmp_path / "in.jsonl"
     lines = SAMPLE.read_bytes().splitlines()[:3]
     source.write_bytes(b"\n".join([lines[0], b'{"id": "p", "text": "poison pill"}', *lines[1:]]) + b"\n")
