@@ -12,9 +12,10 @@ The filtered feed (--unique-out) is a third output resumed the same way, for the
 offset is checkpointed with the others, so a rerun truncates it to what the checkpointed lines
 wrote and the lines after come out once, from their (possibly re-delivered) verdicts.
 
-Signing (normalize, shingle, MinHash) can run in the signing helpers (pipeline/signer.py),
-a batch of lines at a time, while this process decides the batch before: deciding stays one serial
-process, in input order. The helpers are driven through their asyncio pipes, the worker's code as
+Signing (normalize, shingle, MinHash) runs a batch ahead of deciding: in this process, the compiled
+passes of a batch's sketches on a thread of their own (pipeline/sign.py: SigningBatch), or, over a
+large input, in the signing helpers (pipeline/signer.py), while this process decides the batch
+before: deciding stays one serial process, in input order. The helpers are driven through their asyncio pipes, the worker's code as
 it is, so the file loop runs in an event loop (asyncio.run); the decisions yield to it every few
 articles, or the pipes would not move while a batch is decided.
 """
@@ -113,11 +114,10 @@ class ProgressBar:
 _PROGRESS_KEY = b"embedded-progress:"
 
 
-# Below this input size `neardup dedup` signs in its own process: a helper's start (an interpreter
-# and its imports, ~0.2 s on the critical path and ~0.3 s of CPU) and the round trip of every
-# signed record through its pipe are paid back in wall time only over a longer input; below it
-# signing here takes about the same wall time and a sixth to a quarter less CPU
-# (tests/benchmarks/BATCH.md).
+# Below this input size `neardup dedup` signs in its own process (a batch ahead, its compiled passes
+# on a thread): a helper's start (an interpreter and its imports, on the critical path) and the
+# round trip of every signed record through its pipe are paid back in wall time only over a longer
+# input; below it signing here is as fast, for less CPU (tests/benchmarks/BATCH.md).
 HELPERS_FROM_BYTES = 16 * 1024 * 1024
 
 
