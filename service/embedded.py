@@ -15,9 +15,9 @@ wrote and the lines after come out once, from their (possibly re-delivered) verd
 Signing (normalize, shingle, MinHash) runs a batch ahead of deciding: in this process, the compiled
 passes of a batch's sketches on a thread of their own (pipeline/sign.py: SigningBatch), or, over a
 large input, in the signing helpers (pipeline/signer.py), while this process decides the batch
-before: deciding stays one serial process, in input order. The helpers are driven through their asyncio pipes, the worker's code as
-it is, so the file loop runs in an event loop (asyncio.run); the decisions yield to it every few
-articles, or the pipes would not move while a batch is decided.
+before: deciding stays one serial process, in input order. The helpers are driven through their
+asyncio pipes, the worker's code as it is, so the file loop runs in an event loop (asyncio.run);
+the decisions yield to it every few articles, or the pipes would not move while a batch is decided.
 """
 
 from __future__ import annotations

@@ -43,12 +43,13 @@ class HeldFamilies:
         self.held = _sketch.HeldTable()
         self._marked = self.inner.get_many([HOLD_KEY])[0] is not None
         self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
+        self._stored_entries = 0  # in the snapshot and the log: fold_if_stale
         for _, chunk in self.inner.scan(SNAPSHOT):
-            self.held.apply(chunk)
+            self._stored_entries += self.held.apply(chunk)
             self._snapshot_chunks += 1
             self._snapshot_bytes += len(chunk)
         for key, changes in self.inner.scan(LOG):
-            self.held.apply(changes)
+            self._stored_entries += self.held.apply(changes)
             self._log_bytes += len(changes)
             self._next_log = _NUMBER.unpack_from(key, 1)[0] + 1
 
@@ -84,7 +85,7 @@ class HeldFamilies:
         self.inner.write(Batch(main=main, records=batch.records))
         self._next_log += 1
         self._log_bytes += len(logged)
-        self.held.apply(logged)
+        self._stored_entries += self.held.apply(logged)
         if len(self.held) > HELD_ENTRIES:
             self.spill()
         elif self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
@@ -100,6 +101,16 @@ class HeldFamilies:
         self.inner.write(Batch(main=main))
         self._snapshot_chunks, self._snapshot_bytes = len(chunks), sum(map(len, chunks))
         self._log_bytes = self._next_log = 0
+        self._stored_entries = len(self.held)
+
+    def fold_if_stale(self) -> bool:
+        """Fold when the snapshot and the log hold a quarter more entries than the table (changes
+        since overwritten or removed, which a fold drops); a log of mostly new entries is left as
+        it is, as it holds little more than a snapshot would. Returns whether it folded."""
+        if self._stored_entries * 4 <= len(self.held) * 5:
+            return False
+        self.fold()
+        return True
 
     def spill(self) -> None:
         """The held entries written as keys of their own, a run at a time, then the log, the
@@ -115,6 +126,7 @@ class HeldFamilies:
         self.inner.write(Batch(main={**self._dropped(kept_chunks=0), HOLD_KEY: None}))
         self.held, self.prefixes = _sketch.HeldTable(), b""
         self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
+        self._stored_entries = 0
 
     def _dropped(self, kept_chunks: int) -> dict[bytes, bytes | None]:
         """Deletions of the log's values and of the snapshot's chunks past the first `kept_chunks`."""

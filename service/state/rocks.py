@@ -180,7 +180,7 @@ class RocksKV:
             self._db = Rdict(str(self.path), options, column_families=families, access_type=access)
             self._records = self._db.get_column_family(_RECORDS)
             self._records_handle = self._db.get_column_family_handle(_RECORDS)
-            self._records_removed = 0  # records deleted since the last compaction
+            self._main_removed = self._records_removed = 0  # keys deleted since the last compaction
             if not self._options.write_ahead_log:
                 _without_write_ahead_log(self._db)
         except Exception as exc:  # rocksdict raises plain Exception for lock and IO errors
@@ -207,16 +207,20 @@ class RocksKV:
 
     def write(self, batch: Batch) -> None:
         writes = WriteBatch(raw_mode=True)
-        _put_or_delete(writes, batch.main.items())
+        self._main_removed += _put_or_delete(writes, batch.main.items())
         self._records_removed += _put_or_delete(writes, batch.records.items(), self._records_handle)
         self._db.write(writes)
 
-    def compact(self) -> None:
-        self._db.compact_range(None, None)
-        # records are only added unless some are removed: compacting them then rewrites them for nothing
+    def compact(self, overwritten: bool = True) -> None:
+        """Each family rewritten without what it no longer holds, where it may hold some: the main
+        family after some of its keys were removed, or may have been `overwritten` (a keyed index
+        rewrites its buckets at every article); the records, only ever added otherwise, after
+        removals alone. Compacting a family that holds nothing stale rewrites it for nothing."""
+        if overwritten or self._main_removed:
+            self._db.compact_range(None, None)
         if self._records_removed:
             self._records.compact_range(None, None)
-            self._records_removed = 0
+        self._main_removed = self._records_removed = 0
 
     def close(self) -> None:
         self._db.close()
@@ -290,9 +294,10 @@ class RocksState(IndexState):
         )
 
     def compact(self) -> None:
-        if self.held is not None:
-            self.held.fold()
-        self.rocks.compact()
+        if self.held is None:
+            self.rocks.compact()
+        else:  # a held state overwrites few keys of its own: its held log is what goes stale
+            self.rocks.compact(overwritten=self.held.fold_if_stale())
 
 
 def _holds(rocks: RocksKV, wanted: bool) -> bool:

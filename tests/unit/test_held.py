@@ -212,6 +212,75 @@ def test_each_write_is_one_write_of_the_store_with_its_log() -> None:
     assert inner.batches[-1].main[LOG + bytes(8)] is None
 
 
+def test_a_log_is_folded_at_compaction_only_when_a_quarter_of_it_is_stale() -> None:
+    """A log of new entries holds what a snapshot would: it is left as it is. Once a quarter more
+    entries are stored than held (changes overwritten or removed since), the fold drops them; a
+    reopened store reads the same either way."""
+    inner = MemoryKV()
+    live = HeldFamilies(inner, HELD)
+    keys = [BAND + b"%08d" % n for n in range(100)]
+    live.write(Batch(main=dict.fromkeys(keys, b"12345678")))
+    live.write(Batch(main={keys[0]: b"87654321"}))  # 101 stored for 100 held
+    assert not live.fold_if_stale()
+    assert not any(key[:1] == SNAPSHOT for key, _ in inner.scan(b"")), "not folded"
+    live.write(Batch(main=dict.fromkeys(keys[:12])))  # 113 stored for 88
+    assert live.fold_if_stale()
+    assert {key[:1] for key, _ in inner.scan(b"")} == {SNAPSHOT, HOLD_KEY[:1]}
+    assert not live.fold_if_stale(), "the snapshot holds nothing stale"
+    live.write(Batch(main={keys[20]: None, keys[21]: b"x"}))  # 90 stored for 87
+    reopened = HeldFamilies(inner, HELD)
+    assert reopened.get_many(keys) == live.get_many(keys)
+    assert not reopened.fold_if_stale()
+    reopened.write(Batch(main=dict.fromkeys(keys[22:47])))  # 115 stored for 62: counted on reopening
+    assert reopened.fold_if_stale()
+
+
+class CountedCompactions:
+    """A RocksDB handle that counts its compactions, everything else passed through."""
+
+    def __init__(self, db: object) -> None:
+        self.db, self.compactions = db, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.db, name)
+
+    def compact_range(self, *bounds: object) -> None:
+        self.compactions += 1
+        self.db.compact_range(*bounds)  # type: ignore[attr-defined]
+
+
+def test_a_held_state_compacts_its_main_family_only_after_a_fold_or_a_removal(
+    tmp_path: Path, prose: tuple[str, ...]
+) -> None:
+    """A held state rewrites few keys of its own but for its log: compacting the main family of
+    one that only grew (a run over distinct news) would rewrite it for nothing. A keyed state's
+    is compacted every time: its buckets are rewritten at every article."""
+    held, keyed = (
+        RocksState(tmp_path / name, RocksOptions(hold_families=name == "held")) for name in ("held", "keyed")
+    )
+    counted = []
+    try:
+        for state in (held, keyed):
+            counted.append(CountedCompactions(state.rocks._db))
+            state.rocks._db = counted[-1]  # type: ignore[assignment]
+            for n in range(3):
+                index(state, f"a{n}", prose[n])
+        assert held.held is not None and keyed.held is None
+        held.compact()
+        keyed.compact()
+        assert [c.compactions for c in counted] == [0, 1], "nothing stale in the held one"
+        held.delete("a1")
+        held.compact()
+        assert counted[0].compactions == 1, "a removal"
+        held.compact()
+        assert counted[0].compactions == 1
+    finally:
+        for state, count in zip((held, keyed), counted, strict=False):
+            state.rocks._db = count.db  # type: ignore[assignment]
+        held.close()
+        keyed.close()
+
+
 def test_a_state_keeps_the_layout_it_was_created_with(tmp_path: Path, prose: tuple[str, ...]) -> None:
     """Created held, it stays held when opened by the worker's options; created with keys (an
     earlier version, or the worker), it keeps them when opened by embedded mode's."""
