@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -25,7 +25,7 @@ from .config import Mode, engine_params, for_mode, keyword_values, retention_win
 from .core.normalize import TooLong
 from .core.params import DedupParams
 from .core.retention import Retention
-from .core.signing import EmptyText
+from .core.signing import EmptyText, SketchBatch
 from .embedded import DECIDE_BATCH, DEFAULT_MAX_TEXT_BYTES, published
 from .errors import Error
 from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
@@ -37,6 +37,15 @@ from .state.memory import MemoryState
 from .state.rocks import RocksOptions, RocksState
 
 Verdict = dict[str, Any]
+
+
+class _Signing(NamedTuple):
+    """A batch of check_many's articles being signed: the articles read, up to `invalid`, the
+    first bad one (None: none was), and their sketches under way."""
+
+    articles: list[Article]
+    sketches: SketchBatch
+    invalid: InvalidMessage | None
 
 
 class DecisionFailed(Error, RuntimeError):
@@ -79,33 +88,51 @@ class Deduplicator:
 
     def check_many(self, articles: Iterable[ArticleInput]) -> Iterator[Verdict]:
         """`check` each article in turn, DECIDE_BATCH of them in one call of the engine (what
-        `neardup dedup` does), lazily: a long input is never held in memory. Stops with
+        `neardup dedup` does), lazily: a long input is never held in memory, and one batch is read
+        and signed ahead (core/signing.py: SketchBatch) while the one before is decided. Stops with
         InvalidMessage at the first bad article, the ones before it decided; an article the
         engine fails on raises at its place, the rest of its batch decided and indexed."""
+        under_way: _Signing | None = None
         for run in runs_of(articles, DECIDE_BATCH):
-            self._check_open()  # closed between two batches: no further one is decided
-            signed: list[Signed] = []
-            invalid: InvalidMessage | None = None
-            for article in run:
-                try:
-                    signed.append(self._signed(article))
-                except InvalidMessage as exc:
-                    invalid = exc
-                    break
-            yield from map(self._verdict, self._shard.decide(signed))
-            if invalid is not None:
-                raise invalid
+            signing = self._start(run)
+            if under_way is not None:
+                yield from self._decided(under_way)
+            under_way = signing
+            if signing.invalid is not None or signing.sketches.refused:
+                break  # nothing after a bad article is read
+        if under_way is not None:
+            yield from self._decided(under_way)
 
-    def _signed(self, article: ArticleInput) -> Signed:
-        parsed = self._article(article)
+    def _start(self, run: list[ArticleInput]) -> _Signing:
+        """The run's articles up to the first bad one, their sketches under way."""
+        parsed: list[Article] = []
+        invalid = None
         try:
-            signed = self._stage.sign(parsed, _CALLER)
-        except EmptyText as exc:
-            raise InvalidMessage("empty_text", f"{exc} (article {parsed.article_id!r})") from exc
-        except TooLong as exc:
-            raise InvalidMessage("oversized", f"{exc} (article {parsed.article_id!r})") from exc
-        assert isinstance(signed, Signed)
-        return signed
+            parsed.extend(map(self._article, run))
+        except InvalidMessage as exc:
+            invalid = exc
+        return _Signing(
+            parsed, SketchBatch([a.text for a in parsed], self.params, self.max_text_bytes), invalid
+        )
+
+    def _decided(self, signing: _Signing) -> Iterator[Verdict]:
+        """A run's verdicts, then its bad article's InvalidMessage, if any."""
+        self._check_open()  # closed between two batches: no further one is decided
+        signed: list[Signed] = []
+        invalid = signing.invalid
+        for article, sketch in zip(signing.articles, signing.sketches.results(), strict=True):
+            if isinstance(sketch, EmptyText | TooLong):
+                detail = f"{sketch} (article {article.article_id!r})"
+                invalid = InvalidMessage(
+                    "empty_text" if isinstance(sketch, EmptyText) else "oversized", detail
+                )
+                break
+            if isinstance(sketch, Exception):
+                raise sketch
+            signed.append(self._stage.signed(article, sketch, _CALLER))
+        yield from map(self._verdict, self._shard.decide(signed))
+        if invalid is not None:
+            raise invalid
 
     @staticmethod
     def _verdict(decided: Decided) -> Verdict:

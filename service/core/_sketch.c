@@ -75,10 +75,10 @@
  *     points (at least k) and the writable buffers that oph_minima (minima, EMPTY_SLOT-filled),
  *     finish (signature, verifier) and anchors (a bytearray of 5 * min(len(units) - anchor_k + 1,
  *     most) bytes, or None: no anchors) write, checked as they check them. Does what those three
- *     do for each text, in order, on a thread of its own (the caller's where none can start),
- *     holding the buffers until SignBatch.wait(), which joins it and returns a list of (distinct,
- *     unfilled, anchor count), one a text: the pipeline signs one batch while it decides the one
- *     before (signing.py: SketchBatch). The thread touches no Python object.
+ *     do for each text, in order, on a thread of its own (the caller's for one text, or where
+ *     none can start), holding the buffers until SignBatch.wait(), which joins it and returns a
+ *     list of (distinct, unfilled, anchor count), one a text: the pipeline signs one batch while it
+ *     decides the one before (signing.py: SketchBatch). The thread touches no Python object.
  *
  * anchors(points, k, window, seed_key, most) -> bytes
  *     points: uint32 code points, at least k of them; window in 1..255. Winnowing
@@ -1338,8 +1338,9 @@ static PyObject *sign_batch(PyObject *self, PyObject *args) {
         }
     }
     Py_DECREF(sequence);
-    /* the caller's thread does the work where no thread can be started: the same results, later */
-    if (count && pthread_create(&b->thread, NULL, sign_tasks, b) == 0) {
+    /* the caller's thread does the work of one text (a thread's start would cost more than it can
+     * overlap), and where no thread can be started: the same results, later */
+    if (count > 1 && pthread_create(&b->thread, NULL, sign_tasks, b) == 0) {
         b->running = 1;
     } else {
         sign_tasks(b);

@@ -132,8 +132,18 @@ def bound_problem(name: str, value: Any) -> str | None:
     return None if accepts(value) else f"{reason}, got {value}"
 
 
-# the search over bands and rows, once per (threshold, num_perm, fn_weight): params are made often
-_cached_optimal = functools.cache(optimal_params)
+# optimal_params' choice for the default settings, which every process makes as it starts: the
+# areas of that one banding instead of the search over all of them (the same LshParams: test_lsh.py)
+KNOWN_CHOICES = {(0.5, 128, 0.5): (25, 5)}
+
+
+@functools.cache
+def _cached_optimal(threshold: float, num_perm: int, fn_weight: float) -> LshParams:
+    """optimal_params, once per (threshold, num_perm, fn_weight): params are made often."""
+    known = KNOWN_CHOICES.get((threshold, num_perm, fn_weight))
+    if known is None:
+        return optimal_params(threshold, num_perm, fn_weight)
+    return explicit_params(threshold, *known, num_perm)
 
 
 # header fields named otherwise than the setting that gives them, for the refusal to name it

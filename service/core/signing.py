@@ -128,6 +128,11 @@ class SketchBatch:
                 self._texts.append(exc)
         self._batch = hasher.start_batch(rows, k, WINNOWING)
 
+    @property
+    def refused(self) -> bool:
+        """Whether a text is refused already (empty, too long: found before the passes)."""
+        return any(isinstance(done, Exception) for done in self._texts)
+
     def results(self) -> list[Sketch | Exception]:
         """Each text's sketch, or what sketch_of raised for it, in order (once: the buffers go)."""
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from jsonschema import Draft202012Validator
 
 import neardup
 from neardup import cli
+from neardup.embedded import DECIDE_BATCH
 from tests.support.prose import PROSE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -268,6 +270,32 @@ def test_a_closed_deduplicator_refuses_work(tmp_path: Path) -> None:
         dedup.check({"id": "a", "text": PROSE[0]})
     with neardup.open(tmp_path / "state") as reopened:  # the lock was released
         assert reopened.stats()["articles"] == 0
+
+
+def test_check_many_signs_one_batch_ahead_and_reads_nothing_past_a_bad_article() -> None:
+    """While a batch is decided the next one is read and signed (its compiled passes on a thread of
+    their own): the first verdict comes once two batches are read. A bad article stops the reading
+    there: the articles before it are decided, nothing after it is read."""
+    read: list[int] = []
+
+    def articles(bad_at: int | None) -> Iterator[dict[str, str]]:
+        for n in range(100):
+            read.append(n)
+            yield {"id": f"a{n}", "text": "" if n == bad_at else f"{PROSE[n % len(PROSE)]} Edition {n}."}
+
+    with neardup.open() as dedup:
+        verdicts = dedup.check_many(articles(None))
+        assert next(verdicts)["article_id"] == "a0" and len(read) == 2 * DECIDE_BATCH
+        assert [v["article_id"] for v in verdicts] == [f"a{n}" for n in range(1, 100)]
+    read.clear()
+    with neardup.open() as dedup:
+        verdicts = dedup.check_many(articles(40))
+        decided = []
+        with pytest.raises(neardup.InvalidMessage) as caught:
+            decided.extend(v["article_id"] for v in verdicts)
+        assert caught.value.reason == "empty_text" and "a40" in str(caught.value)
+        assert decided == [f"a{n}" for n in range(40)] and len(read) == 2 * DECIDE_BATCH
+        assert dedup.stats()["articles"] == 40
 
 
 def test_check_many_decides_no_further_batch_once_closed() -> None:

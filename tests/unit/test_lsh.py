@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from neardup.core import params as params_module
 from neardup.core.lsh import (
     band_keys,
     candidate_probability,
@@ -12,6 +13,7 @@ from neardup.core.lsh import (
     explicit_params,
     optimal_params,
 )
+from neardup.core.params import DedupParams
 from tests.support import reference_lsh, reference_sketch
 
 
@@ -94,6 +96,15 @@ def test_without_full_use_preference_the_choice_is_the_global_minimum(threshold:
     }
     best = min(score.values())
     assert score[(chosen.bands, chosen.rows)] <= best * (1 + 1e-4) + 1e-9
+
+
+def test_the_known_choices_are_the_search_s() -> None:
+    """The banding of the default settings, known rather than searched for at every start, is
+    the one the search picks, with the same areas to the last bit."""
+    assert DedupParams().lsh == optimal_params(0.5, 128, 0.5)
+    for (threshold, num_perm, fn_weight), _ in params_module.KNOWN_CHOICES.items():
+        known = params_module._cached_optimal.__wrapped__(threshold, num_perm, fn_weight)
+        assert known == optimal_params(threshold, num_perm, fn_weight)
 
 
 def test_default_tuning_at_0_8() -> None:
