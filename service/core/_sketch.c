@@ -71,14 +71,15 @@
  *
  * sign_batch(rows, k, seed_key, num_perm, empty, empty_slot, anchor_k, window, anchor_seed, most)
  *     -> SignBatch
- *     rows: a sequence of (units, minima, signature, verifier, anchors): per text, its uint32 code
- *     points (at least k) and the writable buffers that oph_minima (minima, EMPTY_SLOT-filled),
- *     finish (signature, verifier) and anchors (a bytearray of 5 * min(len(units) - anchor_k + 1,
- *     most) bytes, or None: no anchors) write, checked as they check them. Does what those three
- *     do for each text, in order, on a thread of its own (the caller's for one text, or where
- *     none can start), holding the buffers until SignBatch.wait(), which joins it and returns a
- *     list of (distinct, unfilled, anchor count), one a text: the pipeline signs one batch while it
- *     decides the one before (signing.py: SketchBatch). The thread touches no Python object.
+ *     rows: a sequence of (units, signature, verifier, anchors): per text, its uint32 code points
+ *     (at least k), the writable buffers finish writes (a verifier as long in every row), and
+ *     whether its anchors are wanted. Does what oph_minima (into bins of the batch's own, one a
+ *     verifier slot), finish and anchors do for each text, in order, on a thread of its own (the
+ *     caller's for one text, or where none can start), holding the buffers until
+ *     SignBatch.wait(), which joins it and returns a list of (distinct, unfilled, packed anchors),
+ *     one a text, the anchors None where not wanted or the text is shorter than anchor_k: the
+ *     pipeline signs one batch while it decides the one before (signing.py: SketchBatch). The
+ *     thread touches no Python object.
  *
  * anchors(points, k, window, seed_key, most) -> bytes
  *     points: uint32 code points, at least k of them; window in 1..255. Winnowing
@@ -1162,16 +1163,18 @@ static PyObject *anchors(PyObject *self, PyObject *args) {
 }
 
 /* One text of a signing batch: its buffers, held from sign_batch until the batch is waited for,
- * and what the work on it returned. */
+ * and what the work on it returned (its anchors packed into memory of its own). */
 typedef struct {
-    Py_buffer units, minima, signature, verifier, anchors; /* anchors.obj NULL: none asked */
+    Py_buffer units, signature, verifier;
+    int wants_anchors;
+    uint8_t *anchors;
     Py_ssize_t distinct, unfilled, anchor_count;
 } SignTask;
 
 typedef struct {
     PyObject_HEAD
     SignTask *tasks;
-    Py_ssize_t count, k, num_perm, anchor_k, window, most;
+    Py_ssize_t count, k, num_perm, bins, anchor_k, window, most;
     uint64_t seed_key, empty, anchor_seed;
     uint8_t empty_slot;
     pthread_t thread;
@@ -1179,26 +1182,33 @@ typedef struct {
     int failed;  /* memory ran out in a task */
 } SignBatch;
 
-/* The batch's work, on its thread or the caller's: no Python object is touched. */
+/* The batch's work, on its thread or the caller's: no Python object is touched. The bin minima
+ * of one text at a time, in memory of the batch's own. */
 static void *sign_tasks(void *arg) {
     SignBatch *b = (SignBatch *)arg;
+    uint64_t *minima = b->count ? malloc((size_t)b->bins * sizeof(uint64_t)) : NULL;
+    b->failed = b->count && minima == NULL;
     for (Py_ssize_t i = 0; i < b->count && !b->failed; i++) {
         SignTask *t = &b->tasks[i];
         Py_ssize_t units = t->units.len / 4;
-        if (oph_core(t->units.buf, 4, b->k, units - b->k + 1, b->seed_key, t->minima.buf, t->minima.len / 8,
-                     &t->distinct) < 0) {
+        for (Py_ssize_t bin = 0; bin < b->bins; bin++) {
+            minima[bin] = b->empty;
+        }
+        if (oph_core(t->units.buf, 4, b->k, units - b->k + 1, b->seed_key, minima, b->bins, &t->distinct) < 0) {
             b->failed = 1;
             break;
         }
-        t->unfilled = finish_core(t->minima.buf, t->minima.len / 8, b->num_perm, b->empty, b->empty_slot,
-                                  t->signature.buf, (uint8_t *)t->verifier.buf);
-        t->anchor_count = 0;
-        if (t->anchors.obj != NULL && units >= b->anchor_k) {
-            t->anchor_count = anchors_core(t->units.buf, units, b->anchor_k, b->window, b->anchor_seed, b->most,
-                                           (uint8_t *)t->anchors.buf);
+        t->unfilled = finish_core(minima, b->bins, b->num_perm, b->empty, b->empty_slot, t->signature.buf,
+                                  (uint8_t *)t->verifier.buf);
+        if (t->wants_anchors && units >= b->anchor_k) {
+            t->anchors = malloc((size_t)anchors_room(units, b->anchor_k, b->most) + 1);
+            t->anchor_count = t->anchors == NULL ? -1
+                                                 : anchors_core(t->units.buf, units, b->anchor_k, b->window,
+                                                                b->anchor_seed, b->most, t->anchors);
             b->failed |= t->anchor_count < 0;
         }
     }
+    free(minima);
     return NULL;
 }
 
@@ -1210,12 +1220,9 @@ static void sign_batch_release(SignBatch *b) {
     for (Py_ssize_t i = 0; i < b->count; i++) {
         SignTask *t = &b->tasks[i];
         PyBuffer_Release(&t->units);
-        PyBuffer_Release(&t->minima);
         PyBuffer_Release(&t->signature);
         PyBuffer_Release(&t->verifier);
-        if (t->anchors.obj != NULL) {
-            PyBuffer_Release(&t->anchors);
-        }
+        free(t->anchors);
     }
     PyMem_Free(b->tasks);
     b->tasks = NULL;
@@ -1239,7 +1246,10 @@ static PyObject *sign_batch_wait(SignBatch *b, PyObject *unused) {
     PyObject *result = b->failed ? PyErr_NoMemory() : PyList_New(b->count);
     for (Py_ssize_t i = 0; result != NULL && i < b->count; i++) {
         SignTask *t = &b->tasks[i];
-        PyObject *item = Py_BuildValue("(nnn)", t->distinct, t->unfilled, t->anchor_count);
+        PyObject *item = t->anchors == NULL
+                             ? Py_BuildValue("(nnO)", t->distinct, t->unfilled, Py_None)
+                             : Py_BuildValue("(nny#)", t->distinct, t->unfilled, (const char *)t->anchors,
+                                             5 * t->anchor_count);
         if (item == NULL) {
             Py_CLEAR(result);
             break;
@@ -1252,7 +1262,7 @@ static PyObject *sign_batch_wait(SignBatch *b, PyObject *unused) {
 
 static PyMethodDef sign_batch_methods[] = {
     {"wait", (PyCFunction)sign_batch_wait, METH_NOARGS,
-     "The batch's work done: a list of (distinct, unfilled, anchor count), one a text."},
+     "The batch's work done: a list of (distinct, unfilled, packed anchors or None), one a text."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1265,28 +1275,20 @@ static PyTypeObject SignBatchType = {
     .tp_methods = sign_batch_methods,
 };
 
-/* One text's buffers taken from its tuple and checked as oph_minima, finish and anchors check
- * them: 0, or -1 with an exception set (the buffers taken so far stay in the task, released with
- * the batch). */
+/* One text's buffers taken from its tuple and checked as oph_minima and finish check theirs: 0,
+ * or -1 with an exception set (the buffers taken so far stay in the task, released with the
+ * batch). */
 static int sign_task_of(SignBatch *b, PyObject *row, SignTask *t) {
-    PyObject *anchors_out = NULL;
-    if (!PyArg_ParseTuple(row, "y*w*w*w*O", &t->units, &t->minima, &t->signature, &t->verifier, &anchors_out)) {
+    if (!PyArg_ParseTuple(row, "y*w*w*p", &t->units, &t->signature, &t->verifier, &t->wants_anchors)) {
         return -1;
     }
-    if (oph_arguments_invalid(&t->units, b->k, &t->minima, 4) ||
-        finish_arguments_invalid(&t->minima, b->num_perm, b->empty_slot, &t->signature, &t->verifier)) {
-        return -1;
+    Py_buffer minima = {.len = t->verifier.len * 8}; /* the batch's, one uint64 a verifier slot */
+    if (b->bins == 0) {
+        b->bins = t->verifier.len;
     }
-    if (anchors_out == Py_None) {
-        return 0;
-    }
-    if (PyObject_GetBuffer(anchors_out, &t->anchors, PyBUF_WRITABLE) < 0) {
-        t->anchors.obj = NULL;
-        return -1;
-    }
-    Py_ssize_t units = t->units.len / 4;
-    if (units >= b->anchor_k && t->anchors.len < anchors_room(units, b->anchor_k, b->most)) {
-        invalid("anchors must hold five bytes a possible anchor: 5 * min(len(units) - anchor_k + 1, most)");
+    if ((t->verifier.len != b->bins && invalid("verifier must be as long in every row")) ||
+        oph_arguments_invalid(&t->units, b->k, &minima, 4) ||
+        finish_arguments_invalid(&minima, b->num_perm, b->empty_slot, &t->signature, &t->verifier)) {
         return -1;
     }
     return 0;
@@ -1319,7 +1321,7 @@ static PyObject *sign_batch(PyObject *self, PyObject *args) {
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
     b->tasks = PyMem_Calloc(count ? (size_t)count : 1, sizeof(SignTask));
-    b->count = 0;
+    b->count = b->bins = 0;
     b->k = k, b->num_perm = num_perm, b->anchor_k = anchor_k, b->window = window, b->most = most;
     b->seed_key = seed_key, b->empty = empty, b->anchor_seed = anchor_seed, b->empty_slot = (uint8_t)empty_slot;
     b->running = b->failed = 0;

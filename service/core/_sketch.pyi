@@ -49,15 +49,7 @@ def finish(
 def varints(data: bytes, position: int, count: int) -> tuple[tuple[int, ...], int]: ...
 def anchors(points: npt.NDArray[np.uint32], k: int, window: int, seed_key: int, most: int) -> bytes: ...
 def sign_batch(
-    rows: Sequence[
-        tuple[
-            npt.NDArray[np.uint32],
-            npt.NDArray[np.uint64],
-            npt.NDArray[np.uint64],
-            npt.NDArray[np.uint8],
-            bytearray | None,
-        ]
-    ],
+    rows: Sequence[tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64], npt.NDArray[np.uint8], bool]],
     k: int,
     seed_key: int,
     num_perm: int,
@@ -70,7 +62,7 @@ def sign_batch(
 ) -> SignBatch: ...
 
 class SignBatch:
-    def wait(self) -> list[tuple[int, int, int]]: ...
+    def wait(self) -> list[tuple[int, int, bytes | None]]: ...
 
 def passages(
     mine: bytes, other: bytes, k: int, gap: int, shift: int, repeats: int, limit: int

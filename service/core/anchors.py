@@ -93,14 +93,6 @@ def anchors_of(
 WINNOWING = (ANCHOR_K, ANCHOR_WINDOW, _ANCHOR_SEED, MAX_ANCHORS)
 
 
-def anchor_room(points: int) -> bytearray | None:
-    """The buffer _sketch.sign_batch packs the anchors of a text of `points` code points into, as
-    large as they can be; None for a text too short for any (anchors_of: NO_ANCHORS)."""
-    if points < ANCHOR_K:
-        return None
-    return bytearray(ANCHOR_BYTES * min(points - ANCHOR_K + 1, MAX_ANCHORS))
-
-
 # Anchors a passage may miss between two of its own (a substituted word breaks the shingles over
 # it, and the windows that see them choose other anchors), and how far its two texts may shift
 # against each other within it (words added or removed), in characters.

@@ -33,9 +33,9 @@ VERIFIER_BITS = 8  # of each verifier slot (see sketches); verdicts carry it for
 # each have 1/256, 254 has 2/256 (a real 255 becomes 254).
 CHANCE_AGREEMENT = (254 + 2 * 2) / 256**2
 _PROBES = 32
-# a text's row of _sketch.sign_batch: its code points, its bin minima, signature and verifier, and
-# the room for its anchors (None: none)
-BatchRow = tuple[npt.NDArray[np.uint32], HashArray, HashArray, VerifierArray, bytearray | None]
+# a text's row of _sketch.sign_batch: its code points, its signature and verifier, whether its
+# anchors are wanted
+BatchRow = tuple[npt.NDArray[np.uint32], HashArray, VerifierArray, bool]
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,9 @@ class MinHasher:
             return _densified(minima, probes), np.empty(0, dtype=np.uint8), distinct
         return self._finished(minima, probes, distinct)
 
-    def batch_buffers(self, verify_perm: int) -> tuple[HashArray, HashArray, VerifierArray]:
-        """What start_batch's passes write one text's sketches into, as _sketched gives them: its
-        bin minima (all EMPTY_SLOT), its signature and its verifier."""
-        minima = np.full(verify_perm, EMPTY_SLOT, dtype=np.uint64)
-        return minima, np.empty(self.num_perm, dtype=np.uint64), np.empty(verify_perm, dtype=np.uint8)
+    def batch_buffers(self, verify_perm: int) -> tuple[HashArray, VerifierArray]:
+        """What start_batch's passes write one text's sketches into: its signature and verifier."""
+        return np.empty(self.num_perm, dtype=np.uint64), np.empty(verify_perm, dtype=np.uint8)
 
     def start_batch(self, rows: Sequence[BatchRow], k: int, winnowing: tuple[int, ...]) -> _sketch.SignBatch:
         """_sketch.sign_batch over `rows` (their k-shingles, and anchors by `winnowing`) under way."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import Error
 from ._hashing import HashArray
-from .anchors import ANCHOR_BYTES, NO_ANCHORS, WINNOWING, Anchors, anchor_room, anchors_of
+from .anchors import NO_ANCHORS, WINNOWING, Anchors, anchors_of
 from .minhash import BatchRow, VerifierArray, estimate_jaccard, estimate_jaccard_verified
 from .normalize import CodePoints, canonical_code_points, code_points, has_visible, normalize
 from .params import DedupParams
@@ -99,6 +99,9 @@ def _digest(points: CodePoints) -> bytes:
     return mmh3.hash_bytes(points.tobytes())
 
 
+Passed = tuple[int, int, bytes | None]  # a text's distinct count, unfilled slots, packed anchors
+
+
 class SketchBatch:
     """The sketches of many texts, each what sketch_of gives it (or the exception it raises), with
     their compiled passes (shingling and MinHash, the verifier, the anchors: most of signing's time)
@@ -121,8 +124,7 @@ class SketchBatch:
                 if points is None or points.size < k:
                     self._texts.append(sketch_of(text, params, max_points))
                     continue
-                anchors = anchor_room(points.size) if params.containment_index else None
-                rows.append((points, *hasher.batch_buffers(params.verify_perm), anchors))
+                rows.append((points, *hasher.batch_buffers(params.verify_perm), params.containment_index))
                 self._texts.append((text, rows[-1]))
             except Exception as exc:  # the caller turns each into a dead letter
                 self._texts.append(exc)
@@ -136,23 +138,25 @@ class SketchBatch:
     def results(self) -> list[Sketch | Exception]:
         """Each text's sketch, or what sketch_of raised for it, in order (once: the buffers go)."""
         try:
-            passed: Iterator[tuple[int, int, int]] | None = iter(self._batch.wait())
+            passed: Iterator[Passed] | None = iter(self._batch.wait())
         except MemoryError:  # each text signed again by itself, its own failure its dead letter
             passed = None
         return [self._result(done, passed) for done in self._texts]
 
     def _result(
-        self, done: Sketch | Exception | tuple[str, BatchRow], passed: Iterator[tuple[int, int, int]] | None
+        self,
+        done: Sketch | Exception | tuple[str, BatchRow],
+        passed: Iterator[Passed] | None,
     ) -> Sketch | Exception:
         if not isinstance(done, tuple):
             return done
-        text, (points, _, signature, verifier, room) = done
+        text, (points, signature, verifier, _) = done
         try:
             if passed is None:
                 return sketch_of(text, self.params, self.max_points)
-            distinct, unfilled, count = next(passed)
+            distinct, unfilled, packed = next(passed)
             signature = self.params.hasher.densified(signature, unfilled)
-            anchors = NO_ANCHORS if room is None else Anchors(bytes(room[: ANCHOR_BYTES * count]))
+            anchors = NO_ANCHORS if packed is None else Anchors(packed)
             return Sketch(_digest(points), signature, distinct, False, verifier, anchors)
         except Exception as exc:
             return exc
