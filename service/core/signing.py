@@ -115,9 +115,7 @@ class SketchBatch:
         # each text's result, or (text, its points and the buffers its passes write) while under way
         self._texts: list[Sketch | Exception | tuple[str, BatchRow]] = []
         hasher, k = params.hasher, params.shingle.k
-        passes = (
-            params.shingle.unit == "char" and params.verify_perm and not params.verify_perm % hasher.num_perm
-        )
+        passes = params.shingle.unit == "char" and params.verify_perm > 0  # a multiple of num_perm: params
         for text in texts:
             try:
                 points = _canonical(text, params, max_points) if passes else None
@@ -148,6 +146,7 @@ class SketchBatch:
         done: Sketch | Exception | tuple[str, BatchRow],
         passed: Iterator[Passed] | None,
     ) -> Sketch | Exception:
+        """A text's sketch from its passes (None: they failed, it is signed by itself)."""
         if not isinstance(done, tuple):
             return done
         text, (points, signature, verifier, _) = done
