@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import http.client
 import os
 import random
 import signal
@@ -28,6 +29,11 @@ from tests.support.broker import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Not listening yet, or no more; an answer cut short (a worker that exits as it answers: the
+# body's bytes never come, http.client.IncompleteRead).
+_NO_ANSWER = (OSError, http.client.HTTPException, orjson.JSONDecodeError)
+
+
 def health(url: str) -> tuple[int, dict[str, Any]] | None:
     """A worker's /health now: the status code and the body; None while nothing answers there."""
     try:
@@ -35,8 +41,11 @@ def health(url: str) -> tuple[int, dict[str, Any]] | None:
             return int(response.status), orjson.loads(response.read())
     except urllib.error.HTTPError as error:  # 503: unhealthy, with the reason in the body
         with error:
-            return int(error.code), orjson.loads(error.read())
-    except (OSError, orjson.JSONDecodeError):  # not listening yet, or no more; cut short
+            try:
+                return int(error.code), orjson.loads(error.read())
+            except _NO_ANSWER:
+                return None
+    except _NO_ANSWER:
         return None
 
 
