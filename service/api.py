@@ -32,7 +32,7 @@ from .messages import Article, Deletion, InvalidMessage, article_from_dict, deco
 from .pipeline.shard import Decided, IndexShard
 from .pipeline.sign import SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion
-from .state.index import IndexState, runs_of
+from .state.index import IndexState, runs_of, started_ahead
 from .state.memory import MemoryState
 from .state.rocks import RocksOptions, RocksState
 
@@ -46,6 +46,10 @@ class _Signing(NamedTuple):
     articles: list[Article]
     sketches: SketchBatch
     invalid: InvalidMessage | None
+
+    def has_bad_article(self) -> bool:
+        """Refused as read, or as normalized (empty, too long)."""
+        return self.invalid is not None or self.sketches.refused
 
 
 class DecisionFailed(Error, RuntimeError):
@@ -92,16 +96,10 @@ class Deduplicator:
         and signed ahead (core/signing.py: SketchBatch) while the one before is decided. Stops with
         InvalidMessage at the first bad article, the ones before it decided; an article the
         engine fails on raises at its place, the rest of its batch decided and indexed."""
-        under_way: _Signing | None = None
-        for run in runs_of(articles, DECIDE_BATCH):
-            signing = self._start(run)
-            if under_way is not None:
-                yield from self._decided(under_way)
-            under_way = signing
-            if signing.invalid is not None or signing.sketches.refused:
-                break  # nothing after a bad article is read
-        if under_way is not None:
-            yield from self._decided(under_way)
+        # nothing after a bad article is read
+        runs = started_ahead(runs_of(articles, DECIDE_BATCH), self._start, _Signing.has_bad_article)
+        for signing in runs:
+            yield from self._decided(signing)
 
     def _start(self, run: list[ArticleInput]) -> _Signing:
         """The run's articles up to the first bad one, their sketches under way."""

@@ -43,7 +43,7 @@ from .pipeline.publication import Publication, publication
 from .pipeline.shard import Decided, IndexShard, ShardCounts
 from .pipeline.sign import SigningBatch, SignResult, SignStage
 from .pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
-from .state.index import IndexState
+from .state.index import IndexState, started_ahead
 from .state.overlay import LayeredKV
 
 DEFAULT_MAX_TEXT_BYTES: int = BY_NAME["max_text_bytes"].default
@@ -377,14 +377,12 @@ def _decide_while_signing_here(batches: Iterator[list[_Line]], stage: SignStage,
     """Decide each batch while the next one's sketches are made on a thread of their own
     (SigningBatch): signing in this process, what a helper signs, without the signed record's
     encoding, nor a pipe."""
-    under_way: tuple[list[_Line], SigningBatch] | None = None
-    for batch in batches:
-        signing = SigningBatch(stage, [(line.body, None, run.source(line)) for line in batch])
-        if under_way is not None:
-            run.decide(under_way[0], under_way[1].results())
-        under_way = batch, signing
-    if under_way is not None:
-        run.decide(under_way[0], under_way[1].results())
+
+    def start(batch: list[_Line]) -> tuple[list[_Line], SigningBatch]:
+        return batch, SigningBatch(stage, [(line.body, None, run.source(line)) for line in batch])
+
+    for batch, signing in started_ahead(batches, start):
+        run.decide(batch, signing.results())
 
 
 async def _decide_while_signing(

@@ -31,7 +31,7 @@ Every change is one write batch: a crash leaves all of it or none.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, TypeVar, cast
 
@@ -66,6 +66,7 @@ DEFAULT_POSTING_CACHE = 50_000
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 class IndexState:
@@ -423,3 +424,19 @@ def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:
     remaining = iter(items)
     while run := list(islice(remaining, size)):
         yield run
+
+
+def started_ahead(
+    items: Iterable[T], start: Callable[[T], S], last: Callable[[S], bool] = lambda _: False
+) -> Iterator[S]:
+    """What `start` began for each item, each handed on only once the next item is started, so
+    that its work goes on while the caller finishes the one before; no item is started after one
+    that `last` says ends them (it is handed on too)."""
+    under_way: list[S] = []  # the one started and not handed on yet
+    for item in items:
+        started = start(item)
+        yield from under_way
+        under_way = [started]
+        if last(started):
+            break
+    yield from under_way

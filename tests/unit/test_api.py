@@ -307,3 +307,29 @@ def test_check_many_decides_no_further_batch_once_closed() -> None:
     dedup.close()
     with pytest.raises(ValueError, match="closed"):
         next(verdicts)
+
+
+def test_each_run_is_started_before_the_one_before_is_handed_on() -> None:
+    """started_ahead, which check_many and neardup dedup's signing in process share: item n+1 is
+    started before item n is handed on, and nothing is started after a last one."""
+    from neardup.state.index import started_ahead
+
+    events: list[str] = []
+
+    def start(n: int) -> int:
+        events.append(f"start {n}")
+        return n
+
+    for n in started_ahead(range(5), start, last=lambda n: n == 3):
+        events.append(f"finish {n}")
+    assert events == [
+        "start 0",
+        "start 1",
+        "finish 0",
+        "start 2",
+        "finish 1",
+        "start 3",
+        "finish 2",
+        "finish 3",
+    ]
+    assert list(started_ahead([], start)) == [] and list(started_ahead([7], start)) == [7]
