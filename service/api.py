@@ -22,15 +22,14 @@ from typing import Any, NamedTuple
 import orjson
 
 from .config import Mode, engine_params, for_mode, keyword_values, retention_window
-from .core.normalize import TooLong
 from .core.params import DedupParams
 from .core.retention import Retention
-from .core.signing import EmptyText, SketchBatch
+from .core.signing import SketchBatch
 from .embedded import DECIDE_BATCH, DEFAULT_MAX_TEXT_BYTES, published
 from .errors import Error
 from .messages import Article, Deletion, InvalidMessage, article_from_dict, decode_message
 from .pipeline.shard import Decided, IndexShard
-from .pipeline.sign import SignStage
+from .pipeline.sign import SignStage, refusal_reason
 from .pipeline.wire import Provenance, Signed, SignedDeletion
 from .state.index import IndexState, runs_of, started_ahead
 from .state.memory import MemoryState
@@ -119,14 +118,11 @@ class Deduplicator:
         signed: list[Signed] = []
         invalid = signing.invalid
         for article, sketch in zip(signing.articles, signing.sketches.results(), strict=True):
-            if isinstance(sketch, EmptyText | TooLong):
-                detail = f"{sketch} (article {article.article_id!r})"
-                invalid = InvalidMessage(
-                    "empty_text" if isinstance(sketch, EmptyText) else "oversized", detail
-                )
-                break
             if isinstance(sketch, Exception):
-                raise sketch
+                if (reason := refusal_reason(sketch)) is None:
+                    raise sketch
+                invalid = InvalidMessage(reason, f"{sketch} (article {article.article_id!r})")
+                break
             signed.append(self._stage.signed(article, sketch, _CALLER))
         yield from map(self._verdict, self._shard.decide(signed))
         if invalid is not None:

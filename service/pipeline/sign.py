@@ -15,7 +15,7 @@ from ..core.normalize import TooLong
 from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, Retention, event_time
 from ..core.signing import EmptyText, Sketch, SketchBatch, sketch_of
-from ..messages import Article, Deletion, InvalidMessage, dead_letter_dict, decode_message
+from ..messages import Article, DeadLetterReason, Deletion, InvalidMessage, dead_letter_dict, decode_message
 from .wire import Provenance, Signed, SignedDeletion, encode_deletion, encode_signed
 
 # the dead-letter reason of a message that made a helper process die or hang (signer.py)
@@ -95,10 +95,8 @@ class SignStage:
         """The dead letter for a message whose signing raised `exc`."""
         if isinstance(exc, InvalidMessage):
             return cls.dead(exc.reason, exc.detail, raw, key, src)
-        if isinstance(exc, EmptyText):
-            return cls.dead("empty_text", str(exc), raw, key, src)
-        if isinstance(exc, TooLong):
-            return cls.dead("oversized", str(exc), raw, key, src)
+        if (reason := refusal_reason(exc)) is not None:
+            return cls.dead(reason, str(exc), raw, key, src)
         return cls.dead("internal_error", f"{type(exc).__name__}: {exc}", raw, key, src)
 
     @staticmethod
@@ -106,6 +104,16 @@ class SignStage:
         """A dead letter for the message (`raw`, `key`) from `src`."""
         record = dead_letter_dict(reason, detail, raw, src.topic, src.partition, src.offset, key)
         return SignResult(dead_letter=orjson.dumps(record), reason=reason)
+
+
+def refusal_reason(exc: Exception) -> DeadLetterReason | None:
+    """The reason a text is refused when signing raises `exc` (empty or too long once
+    normalized), as dead letters and the library's InvalidMessage name it; None: not a refusal."""
+    if isinstance(exc, EmptyText):
+        return "empty_text"
+    if isinstance(exc, TooLong):
+        return "oversized"
+    return None
 
 
 Message = tuple[bytes | None, bytes | None, Provenance]  # an input message's value, key, and origin
