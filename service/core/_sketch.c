@@ -161,6 +161,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_codec.h"
+
 #define POLY 0x9E3779B97F4A7C15ULL
 
 /* Items of Python buffers at any alignment: memcpy of a fixed size compiles to a single move where
@@ -2265,11 +2267,12 @@ PyMODINIT_FUNC PyInit__sketch(void) {
             return NULL;
         }
     }
-    if (PyType_Ready(&HeldTableType) < 0 || PyType_Ready(&SignBatchType) < 0) {
+    if (PyType_Ready(&HeldTableType) < 0 || PyType_Ready(&SignBatchType) < 0 || codec_init() < 0) {
         return NULL;
     }
     PyObject *created = PyModule_Create(&module);
-    if (created != NULL && (PyModule_AddObjectRef(created, "HeldTable", (PyObject *)&HeldTableType) < 0 ||
+    if (created != NULL && (PyModule_AddFunctions(created, codec_methods) < 0 ||
+                            PyModule_AddObjectRef(created, "HeldTable", (PyObject *)&HeldTableType) < 0 ||
                             PyModule_AddObjectRef(created, "SignBatch", (PyObject *)&SignBatchType) < 0)) {
         Py_CLEAR(created);
     }

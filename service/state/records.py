@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.anchors import NO_ANCHORS, Anchors, Passage
+from ..core.anchors import Anchors, Passage
 from ..core.compiled import _sketch
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
@@ -51,28 +51,8 @@ class CorruptRecord(Error, ValueError):
     """A stored record could not be decoded; its key is named so it can be inspected."""
 
 
-def _varints(values: tuple[int, ...]) -> bytes:
-    """Unsigned LEB128, one after the other: seven bits a byte, the low ones first."""
-    out = bytearray()
-    for value in values:
-        while value > 0x7F:
-            out.append(value & 0x7F | 0x80)
-            value >>= 7
-        out.append(value)
-    return bytes(out)
-
-
-def _zigzag(value: int) -> int:
-    return value * 2 if value >= 0 else -value * 2 - 1
-
-
 def _unzigzag(value: int) -> int:
     return value >> 1 if not value & 1 else -(value >> 1) - 1
-
-
-def _pack_id(text: str) -> bytes:
-    data = text.encode()
-    return _varints((len(data),)) + data
 
 
 def _unpack_id(data: bytes, position: int) -> tuple[str, int]:
@@ -89,36 +69,6 @@ def _head(data: bytes) -> tuple[tuple[int, ...], int]:
     if data[:2] != MAGIC:
         raise ValueError(f"unknown record format {data[:2]!r}")
     return _sketch.varints(data, len(MAGIC), _HEAD_FIELDS)
-
-
-def _compact_decision(decision: Decision, article_id: str, cluster_id: str) -> bytes:
-    candidates = decision.candidates
-    match = decision.match_id
-    # the match's place among the candidates, when one has its id and scores (255: none has)
-    scored = [(c.article_id, c.jaccard, c.containment, c.contains) for c in candidates]
-    chosen = (match, decision.jaccard, decision.containment, decision.contains)
-    where = scored.index(chosen) if chosen in scored else 255
-    flags = _EXACT if decision.exact else 0
-    if decision.canonical_id == article_id:
-        flags |= _CANONICAL_SELF
-    elif decision.canonical_id == cluster_id:
-        flags |= _CANONICAL_CLUSTER
-    if match is not None and where == 255:
-        flags |= _MATCH_APART
-    parts = [_DECISION.pack(_KINDS.index(decision.kind), flags, where, len(candidates))]
-    if flags & _MATCH_APART:
-        assert match is not None and decision.jaccard is not None
-        parts += (_pack_id(match), _SCORES.pack(decision.jaccard, decision.containment, decision.contains))
-    if not flags & (_CANONICAL_SELF | _CANONICAL_CLUSTER):
-        parts.append(_pack_id(decision.canonical_id))
-    for c in candidates:
-        parts += (_pack_id(c.article_id), _SCORES.pack(c.jaccard, c.containment, c.contains))
-    if decision.passages:
-        values = [len(decision.passages)]
-        for p in decision.passages:  # Passage's fields in order (dataclasses.astuple costs more)
-            values += (p.start, p.end, p.other_start, p.other_end, p.anchors)
-        parts.append(_varints(tuple(values)))
-    return b"".join(parts)
 
 
 def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
@@ -152,23 +102,9 @@ def _decision_of(data: bytes, article_id: str, cluster_id: str) -> Decision:
 
 def encode_record(article: IndexedArticle) -> bytes:
     """Head, ids, verifier, band keys, content hash, decision, anchors (and the signature without
-    verifier)."""
-    sketch = article.sketch
-    own = article.cluster_id == article.article_id
-    article_id, cluster_id = article.article_id.encode(), b"" if own else article.cluster_id.encode()
-    verifier = np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
-    # band_keys() gives them in band order, each led by its index: the decoder puts it back
-    keys = b"".join([key[_BAND_INDEX.size :] for key in article.keys])
-    decision = _compact_decision(article.decision, article.article_id, article.cluster_id)
-    signature = b"" if verifier else np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
-    # a duplicate keeps no anchors: it joins no posting list, and its match holds the same text
-    anchors = sketch.anchors if article.in_postings else NO_ANCHORS
-    flags = (_SHORT if sketch.short else 0) | (_OWN_CLUSTER if own else 0)
-    numbers = (article.seq, article.version, _zigzag(article.time_ms), _zigzag(article.seq - article.cluster))
-    lengths = map(len, (article_id, cluster_id, sketch.content_hash, verifier, keys, decision))
-    head = _varints((*numbers, sketch.shingle_count, flags, *lengths, len(anchors)))
-    body = (article_id, cluster_id, verifier, keys, sketch.content_hash, decision, anchors.packed, signature)
-    return MAGIC + head + b"".join(body)
+    verifier), in one compiled pass (_sketch.encode_record; its Python reference is
+    tests/support/reference_records.py)."""
+    return _sketch.encode_record(article)
 
 
 @dataclass(slots=True, eq=False)
