@@ -161,7 +161,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "_codec.h"
+#include "_decide.h"
 
 #define POLY 0x9E3779B97F4A7C15ULL
 
@@ -565,7 +565,7 @@ static PyObject *candidate_at(PyObject *sequence, Py_ssize_t row) {
     return Py_NewRef(PySequence_Fast_GET_ITEM(sequence, row));
 }
 
-static PyObject *scores(PyObject *self, PyObject *args) {
+PyObject *scores(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer query;
     PyObject *others;
@@ -658,7 +658,7 @@ static Py_ssize_t partial_pick(const Scored *scored, Py_ssize_t rows, double con
     return pick;
 }
 
-static PyObject *rank(PyObject *self, PyObject *args) {
+PyObject *rank(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer query;
     PyObject *others;
@@ -734,7 +734,7 @@ done:
     return result;
 }
 
-static PyObject *merge_buckets(PyObject *self, PyObject *args) {
+PyObject *merge_buckets(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *buckets;
     Py_ssize_t wanted;
@@ -830,7 +830,7 @@ static int by_count(const void *a, const void *b) {
     return (x->entry > y->entry) - (x->entry < y->entry);
 }
 
-static PyObject *count_postings(PyObject *self, PyObject *args) {
+PyObject *count_postings(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *lists;
     Py_ssize_t width, full, need, top;
@@ -1483,7 +1483,7 @@ static PyObject *passages_list(Run *runs, Py_ssize_t count, Py_ssize_t limit, in
     return result;
 }
 
-static PyObject *passages(PyObject *self, PyObject *args) {
+PyObject *passages(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer mine_buffer, other_buffer;
     Py_ssize_t k, gap, shift, repeats, limit;
@@ -1574,7 +1574,7 @@ done:
     return result;
 }
 
-static PyObject *posting_keys(PyObject *self, PyObject *args) {
+PyObject *posting_keys(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer buffer;
     const char *prefix;
@@ -1642,7 +1642,7 @@ static int names_and_stored(PyObject *names, PyObject *stored, const char *what,
     return 0;
 }
 
-static PyObject *join_postings(PyObject *self, PyObject *args) {
+PyObject *join_postings(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *names, *lists, *into;
     const char *entry;
@@ -1707,7 +1707,7 @@ static int bump_size(PyObject *sizes, Py_ssize_t at, long by) {
     return bumped == NULL ? -1 : PyList_SetItem(sizes, at, bumped);
 }
 
-static PyObject *join_buckets(PyObject *self, PyObject *args) {
+PyObject *join_buckets(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *names, *buckets, *into, *sizes;
     const char *entry;
@@ -2267,11 +2267,11 @@ PyMODINIT_FUNC PyInit__sketch(void) {
             return NULL;
         }
     }
-    if (PyType_Ready(&HeldTableType) < 0 || PyType_Ready(&SignBatchType) < 0 || codec_init() < 0) {
+    if (PyType_Ready(&HeldTableType) < 0 || PyType_Ready(&SignBatchType) < 0 || decide_init() < 0) {
         return NULL;
     }
     PyObject *created = PyModule_Create(&module);
-    if (created != NULL && (PyModule_AddFunctions(created, codec_methods) < 0 ||
+    if (created != NULL && (PyModule_AddFunctions(created, decide_methods) < 0 ||
                             PyModule_AddObjectRef(created, "HeldTable", (PyObject *)&HeldTableType) < 0 ||
                             PyModule_AddObjectRef(created, "SignBatch", (PyObject *)&SignBatchType) < 0)) {
         Py_CLEAR(created);

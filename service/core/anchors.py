@@ -99,6 +99,8 @@ WINNOWING = (ANCHOR_K, ANCHOR_WINDOW, _ANCHOR_SEED, MAX_ANCHORS)
 _PASSAGE_GAP = 2 * ANCHOR_WINDOW + ANCHOR_K
 _PASSAGE_SHIFT = 48
 _REPEATS = 4  # places of `other` a hash of `mine` is matched at, at most
+# _sketch.passages' arguments after the two texts' anchors, bar the limit (decide_fresh takes them too)
+PASSAGE_SETTINGS = (ANCHOR_K, _PASSAGE_GAP, _PASSAGE_SHIFT, _REPEATS)
 
 
 @dataclass(frozen=True)

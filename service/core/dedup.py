@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple, Protocol
 
-from .anchors import Anchors, Passage, passages
+from .anchors import PASSAGE_SETTINGS, Anchors, Passage, passages
 from .compiled import _sketch
 from .lsh import band_keys
 from .minhash import (
@@ -405,3 +405,26 @@ def _holds(shared: int, total: int, threshold: float) -> bool:
     if min(shared / total, 1.0) >= threshold:
         return True
     return total >= 3 and shared >= total - 1 and (total - 1) / total < threshold
+
+
+def fresh_settings(params: DedupParams) -> tuple[float | int | bool, ...] | None:
+    """The rule's figures as the compiled run of new articles takes them (_sketch.decide_fresh, after
+    the state's two caps), the same that decide reads from `params`; None where it does not run:
+    without verifiers, candidates are scored from their signatures (rank)."""
+    if not params.verify_perm:
+        return None
+    partial, revised = params.containment_threshold, params.revised_threshold
+    counts = (params.max_candidates, params.top_candidates, ANCHOR_CANDIDATES, PASSAGES)
+    thresholds = (
+        params.threshold,
+        -1.0 if partial is None else partial,
+        -1.0 if revised is None else revised,
+    )
+    return (
+        *counts,
+        *thresholds,
+        bool(partial or revised),
+        EMPTY_VERIFIER_SLOT,
+        CHANCE_AGREEMENT,
+        *PASSAGE_SETTINGS,
+    )

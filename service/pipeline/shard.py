@@ -22,10 +22,11 @@ from typing import NamedTuple, Protocol
 import orjson
 
 from ..core.compiled import _sketch
-from ..core.dedup import IndexedArticle, decide
+from ..core.dedup import IndexedArticle, decide, fresh_settings
+from ..core.lsh import band_keys
 from ..core.params import DedupParams, IncompatibleState
 from ..core.retention import NO_RETENTION, Retention
-from ..state.index import META, IndexState
+from ..state.index import META, FreshRow, IndexState, fresh_row
 from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord, encode_record
@@ -172,11 +173,15 @@ class IndexShard:
     _checkpointed: tuple[int, dict[str, int], dict[str, int]] = (-1, {}, {"expired": 0, "deleted": 0})
     # when each chunk held in the overlay was decided (`begin`)
     _decided_at: dict[int, int] = field(default_factory=dict)
+    # False: every article decided by the Python path (the reference the compiled run is tested on)
+    compiled: bool = True
     _audit: bytes = field(init=False, repr=False, default=b"")
+    _fresh: tuple[float | int | bool, ...] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         # the parameters as every verdict gives them, written once (messages.verdict_dict: "params")
         self._audit = orjson.dumps(self.params.audit())
+        self._fresh = fresh_settings(self.params) if self.compiled else None
         if self.changelog is None:
             self.state.open_header(self.params.header())
 
@@ -197,17 +202,76 @@ class IndexShard:
         decider child marks the record it is on: RecordMarker)."""
         now_s = time.time() if now is None else now
         at = -1 if offset is None else offset
-        results = []
-        for n, item in enumerate(items):
+        results: list[Decided] = []
+        while (n := len(results)) < len(items):
+            results += self._fresh_run(items, n, at, now_s, before)
+            if len(results) > n:
+                continue
+            # not one the compiled run takes (or one it left to this path): decided here
             if before is not None:
                 before(n)
             try:
-                results.append(self._decide_one(item, at, now_s))
+                results.append(self._decide_one(items[n], at, now_s))
             except Exception as exc:  # one bad record must not stop the shard
-                log.error("decide_failed article=%r", item.article_id, exc_info=True)
+                log.error("decide_failed article=%r", items[n].article_id, exc_info=True)
                 results.append(Decided.failed(at, exc))
         if offset is not None:
             self.applied_offset = max(self.applied_offset, offset)
+        return results
+
+    def _fresh_run(
+        self,
+        items: Sequence[Item],
+        start: int,
+        offset: int,
+        now_s: float,
+        before: Callable[[int], None] | None,
+    ) -> list[Decided]:
+        """The articles from `start` on, while they are new to the index, decided and indexed in one
+        compiled call (IndexState.add_fresh), as _decide_one decides each: none that is a
+        deletion, an input already applied, without a verifier, or after which an expiry pass is
+        due (it ends the run); the compiled call stops at the first it does not take. Returns
+        their results, none when it took none."""
+        rows: list[FreshRow] = []
+        taken: list[tuple[Signed, str, float | None]] = []
+        inputs, newest = dict(self.inputs), self.state.counts.newest_ms
+        for item in items[start:] if self._fresh is not None else ():
+            if isinstance(item, SignedDeletion) or not item.sketch.verifier.size:
+                break
+            src = item.provenance
+            partition = f"{src.topic}:{src.partition}"
+            if offset >= 0 and (offset <= self.applied_offset or src.offset <= inputs.get(partition, -1)):
+                break
+            inputs[partition] = src.offset
+            time_ms = self._event_time(item, now_s, newest)
+            cutoff = self.retention.cutoff(time_ms if newest is None else max(newest, time_ms))
+            lsh = self.params.lsh
+            keys = item.band_keys_for(lsh.bands, lsh.rows) or band_keys(
+                item.sketch.signature, lsh.bands, lsh.rows
+            )
+            taken.append((item, partition, _latency(item, now_s)))
+            rows.append(fresh_row(item.article_id, item.sketch, tuple(keys), time_ms, cutoff, taken[-1][2]))
+            newest = time_ms if newest is None else max(newest, time_ms)
+            expiry = self.retention.cutoff(newest)
+            if expiry is not None and self.retention.due(expiry, self.state.counts.expired_before_ms):
+                break
+        try:
+            written = (
+                self.state.add_fresh(rows, self._fresh or (), self._audit, before, start) if rows else []
+            )
+        except Exception:  # the Python path decides the first of them, and reports what fails
+            log.error("compiled_run_failed article=%r", rows[0][0], exc_info=True)
+            return []
+        results = []
+        for (item, partition, latency), (record, verdict, kind) in zip(taken, written, strict=False):
+            if offset >= 0:
+                self.inputs[partition] = item.provenance.offset
+            self.counts.refused_times += item.refused_time
+            if self.changelog is not None:
+                self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record
+            results.append(Decided(offset, item.article_id, "new", verdict, kind, latency))
+        if results:
+            results[-1] = results[-1]._replace(expired=self._expire_due())
         return results
 
     def _decide_one(self, item: Item, offset: int, now_s: float) -> Decided:
@@ -221,7 +285,8 @@ class IndexShard:
             return self._delete(item.article_id, offset)
         if item.refused_time:
             self.counts.refused_times += 1
-        time_ms, newest = self._event_time(item, now_s), self.state.counts.newest_ms
+        newest = self.state.counts.newest_ms
+        time_ms = self._event_time(item, now_s, newest)
         cutoff = self.retention.cutoff(time_ms if newest is None else max(newest, time_ms))
         keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
         outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
@@ -236,12 +301,11 @@ class IndexShard:
         status = "redelivered" if outcome.redelivered else "new"
         return self._verdict(status, outcome.article, item, offset, now_s, expired)
 
-    def _event_time(self, item: Signed, now_s: float) -> int:
+    def _event_time(self, item: Signed, now_s: float, newest: int | None) -> int:
         """A refused time is taken as the newest time the index holds (the stream's time), so that
         it cannot move it: a time far ahead would expire a whole backfill, one far behind expire
         the article at once. Only while the index holds none is it the signer's fallback, its
         arrival. The record keeps the time taken: a replay of the changelog repeats it."""
-        newest = self.state.counts.newest_ms
         if item.refused_time and newest is not None:
             return newest
         # No time the state keeps, and so no expiry cutoff, runs ahead of this clock by more than
@@ -295,8 +359,7 @@ class IndexShard:
     ) -> Decided:
         """The article's verdict, as published: messages.verdict_dict as orjson writes it, in one
         compiled pass (_sketch.verdict_json)."""
-        sent = item.provenance.timestamp_ms
-        latency = None if sent is None else round(max(now_s * 1000.0 - sent, 0.0), 3)
+        latency = _latency(item, now_s)
         verdict = _sketch.verdict_json(article, self._audit, latency)
         return Decided(
             offset, article.article_id, status, verdict, article.decision.kind, latency, expired=expired
@@ -573,6 +636,12 @@ class SizeGauge:
             return None
         self.measured_at = now
         return state.kv.size_bytes()
+
+
+def _latency(item: Signed, now_s: float) -> float | None:
+    """Milliseconds from the article's message to its verdict, None where the message has no time."""
+    sent = item.provenance.timestamp_ms
+    return None if sent is None else round(max(now_s * 1000.0 - sent, 0.0), 3)
 
 
 def _current_format(article_id: str, record: bytes) -> bytes:

@@ -38,12 +38,15 @@ from typing import Any, TypeVar, cast
 import orjson
 
 from ..core.anchors import Anchors
+from ..core.compiled import _sketch
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
+from ..core.signing import Sketch
 from .port import Batch, Counts, IndexStats, KeyValue
 from .records import CorruptRecord, decode_probe, decode_record, encode_record
 from .tables import (
     BAND,
+    POSTING_ENTRY,
     SEQ,
     ArticleVersions,
     Buckets,
@@ -66,6 +69,9 @@ DEFAULT_POSTING_CACHE = 50_000
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 T = TypeVar("T")
+# A row of the compiled run (add_fresh): article id, content hash, band keys, verifier, distinct
+# shingles, short, packed anchors, distinct anchors, time, cutoff (None: none), latency (ms, None).
+FreshRow = tuple[str, bytes, tuple[bytes, ...], Any, int, bool, bytes, int, int, int | None, float | None]
 S = TypeVar("S")
 
 
@@ -232,6 +238,48 @@ class IndexState:
         # its probe, which candidates read, not its whole record: an exact copy or re-delivery
         # decodes that once when it comes (ArticleVersions.arrivals)
         self.versions.keep_probe(decode_probe(stored))
+
+    def add_fresh(
+        self,
+        rows: list[FreshRow],
+        decision: tuple[float | int | bool, ...],
+        audit: bytes,
+        before: Callable[[int], None] | None = None,
+        first: int = 0,
+    ) -> list[tuple[bytes, bytes, str]]:
+        """Decide and index a run of new articles in order, as decide and apply would one at a time,
+        in one compiled call (_sketch.decide_fresh: its comment says which articles it takes and
+        what a row holds), their writes in one batch; returns (record, verdict, kind) of each it
+        took, the first ones of `rows`. `decision`: the rule's figures (dedup.fresh_settings);
+        `audit`: the parameters as a verdict gives them; `before(first + n)`: called as row n
+        starts. Raises what the call raises, nothing of the run then written."""
+        batch, sizes = Batch(), list(self.counts.bucket_sizes or [0])
+        settings = (self.bucket_cap * SEQ.size, self.anchor_cap * POSTING_ENTRY, *decision)
+        readers = (self.kv.get_many, self.postings.stored, self.versions.prospects, self._keep_record)
+        writes = (batch.main, batch.records, batch.times_written, batch.postings_written, sizes)
+        try:
+            context = (*readers, *writes, before, first, audit, settings)
+            results, done, added = _sketch.decide_fresh(rows, self._seq, context)
+        except Exception:  # the probes it kept name arrivals never written
+            self.versions.written(
+                Batch(records=dict.fromkeys(map(seq_key, range(self._seq, self._seq + len(rows)))))
+            )
+            raise
+        if done:
+            counts = self.counts
+            buckets, postings, boilerplate, clusters, articles, newest, self._seq = added
+            counts.buckets, counts.postings = counts.buckets + buckets, counts.postings + postings
+            counts.boilerplate, counts.clusters = counts.boilerplate + boilerplate, counts.clusters + clusters
+            counts.articles, counts.bucket_sizes = counts.articles + articles, sizes
+            assert newest is not None  # an article was added
+            counts.newest_ms = newest if counts.newest_ms is None else max(counts.newest_ms, newest)
+            batch.buckets_written = True
+            batch.put(SEQ_KEY, str(self._seq).encode())
+            self._write(batch)
+        return results
+
+    def _keep_record(self, record: bytes) -> None:
+        self.versions.keep_probe(decode_probe(record))
 
     def _add(self, batch: Batch, article: IndexedArticle, record: bytes | None) -> None:
         """Into the content map and the buckets (an exact copy: beside its content's holder),
@@ -417,6 +465,21 @@ class IndexState:
     def close(self) -> None:
         self.versions = ArticleVersions(self.kv, self._record_cache, self._probe_cache)  # caches freed
         self.kv.close()
+
+
+def fresh_row(
+    article_id: str,
+    sketch: Sketch,
+    keys: tuple[bytes, ...],
+    time_ms: int,
+    cutoff: int | None,
+    latency: float | None,
+) -> FreshRow:
+    """An article as the compiled run takes it (add_fresh)."""
+    anchors = sketch.anchors
+    distinct = anchors.distinct_count if anchors.packed else 0
+    return (article_id, sketch.content_hash, keys, sketch.verifier, sketch.shingle_count, sketch.short,
+            anchors.packed, distinct, time_ms, cutoff, latency)  # fmt: skip
 
 
 def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -479,7 +479,7 @@ class Postings:
         names = self.names(anchors)
         if not names:
             return []
-        found = self._read_cached(names)
+        found = self.stored(names)
         self._looked_up = (anchors.packed, found)
         args = (found, POSTING_ENTRY, self.cap * POSTING_ENTRY, min(2, len(names)), top)
         ranked = _sketch.count_postings(*args)
@@ -491,11 +491,12 @@ class Postings:
         if not batch.postings_written:
             if last is not None and last[0] == anchors.packed:
                 return last[1]
-            return self._read_cached(names)
-        return as_left(batch.main, names, self._read_cached)
+            return self.stored(names)
+        return as_left(batch.main, names, self.stored)
 
-    def _read_cached(self, names: list[bytes]) -> list[bytes | None]:
-        """The stored posting lists `names`: the cache's, the others in one multi-get (then cached)."""
+    def stored(self, names: list[bytes]) -> list[bytes | None]:
+        """The stored posting lists `names`: the cache's, the others in one multi-get (then cached).
+        The compiled run of new articles reads them here too (IndexState.add_fresh)."""
         if not self.cache_size:
             return self.kv.get_many(names)
         cache = self._cache

@@ -1,5 +1,5 @@
 """The Python writers of what an indexed article leaves behind, which the compiled ones
-(service/core/_codec.c, in _sketch) replace in the product; the tests compare them byte for byte:
+(service/core/_decide.c, in _sketch) replace in the product; the tests compare them byte for byte:
 
     encode_record       state/records.py's encode_record (_sketch.encode_record)
     verdict_json        orjson.dumps(messages.verdict_dict(...)) (_sketch.verdict_json)

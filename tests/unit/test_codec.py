@@ -1,4 +1,4 @@
-"""The compiled writers of a record and a verdict (service/core/_codec.c) against their Python
+"""The compiled writers of a record and a verdict (service/core/_decide.c) against their Python
 references (tests/support/reference_records.py), byte for byte: every article a stream of copies,
 excerpts, versions and deletions leaves decided (containment on and off, no verifier), the sample
 news, and articles made to reach each branch (ids to escape, long ids, negative times, the match

@@ -602,17 +602,18 @@ def test_cli_dedup_refuses_a_bad_filter(tmp_path: Path, capsys, extra: list[str]
 def test_an_unexpected_error_while_deciding_is_a_dead_letter_and_the_run_goes_on(
     tmp_path: Path, prose: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As the worker's index stage: the article's line goes to the dead letters with the error."""
-    from neardup.pipeline import shard
+    """As the worker's index stage: the article's line goes to the dead letters with the error. The
+    state fails to read article b's id, which both the compiled run and the Python path read first."""
+    from neardup.state.memory import MemoryKV
 
-    real = shard.IndexShard._decide_one
+    real = MemoryKV.get_many
 
-    def failing(self: shard.IndexShard, item: shard.Item, *args: object) -> shard.Decided:
-        if item.article_id == "b":
+    def failing(self: MemoryKV, keys: list[bytes]) -> list[bytes | None]:
+        if b"ab" in keys:
             raise RuntimeError("injected while deciding")
-        return real(self, item, *args)  # type: ignore[arg-type]
+        return real(self, keys)
 
-    monkeypatch.setattr(shard.IndexShard, "_decide_one", failing)
+    monkeypatch.setattr(MemoryKV, "get_many", failing)
     lines = [article(article_id, text) + b"\n" for article_id, text in zip("abc", prose, strict=False)]
     run(tmp_path, lines, MemoryState())
     assert [v["article_id"] for v in read_jsonl(tmp_path / "out.jsonl")] == ["a", "c"]

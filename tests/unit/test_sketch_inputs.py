@@ -43,6 +43,7 @@ ENTRY_POINTS = {
     "SignBatch",
     "encode_record",  # its cases: test_codec.py
     "verdict_json",  # its cases: test_codec.py
+    "decide_fresh",  # its cases: test_fresh_run.py
 }
 
 
@@ -636,6 +637,9 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("encode_record-article-none", lambda: sketch.encode_record(None), AttributeError, "decision"),
     ("verdict_json-article-none", lambda: sketch.verdict_json(None, b"{}", None), AttributeError, ""),
     ("verdict_json-params-str", lambda: sketch.verdict_json(None, "{}", None), TypeError, ""),
+    # decide_fresh(items, seq, context): test_fresh_run.py has the rest
+    ("decide_fresh-items-tuple", lambda: sketch.decide_fresh((), 0, ()), TypeError, ""),
+    ("decide_fresh-context-short", lambda: sketch.decide_fresh([], 0, ()), TypeError, ""),
 ]
 
 

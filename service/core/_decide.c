@@ -1,0 +1,1483 @@
+/* The bytes an indexed article leaves behind, compiled into _sketch beside its loops: its state
+ * record (state/records.py's layout) and its verdict as published (messages.verdict_dict written
+ * by orjson). Their Python writers are kept as the references the tests compare these with, byte
+ * for byte (tests/support/reference_records.py). Each is written in two steps: the article's
+ * fields read into plain C structs (ArticleOut), then the bytes written from those alone, so that
+ * a decision made in C can hand its results to the writers without a Python object between.
+ *
+ * encode_record(article) -> bytes
+ *     article: an IndexedArticle (core/dedup.py). Its record: the magic, the head's varints, then
+ *     the id, the cluster id (none when it is the article's own), the verifier, the band keys'
+ *     digests, the content hash, the decision, the anchors (none for a duplicate) and, without a
+ *     verifier, the signature (little-endian). ValueError where records.py raises one (a kind it
+ *     does not know, more than 255 candidates, a negative varint), TypeError for a missing score,
+ *     OverflowError for a number past 64 bits.
+ *
+ * verdict_json(article, params, latency_ms) -> bytes
+ *     orjson.dumps(verdict_dict(article, params_dict, latency_ms)) where `params` is
+ *     orjson.dumps(params_dict), the audit written once: the same keys in the same order, strings
+ *     escaped as orjson escapes them, floats in its shortest round-trip form (NaN and infinities
+ *     as null). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "_decide.h"
+
+/* Sets ValueError(message) and returns -1. */
+static int invalid(const char *message) {
+    PyErr_SetString(PyExc_ValueError, message);
+    return -1;
+}
+
+/* -- a growing byte buffer ------------------------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int grow(Buf *b, Py_ssize_t more) {
+    if (b->len + more <= b->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + more) {
+        cap *= 2;
+    }
+    char *data = PyMem_Realloc(b->data, (size_t)cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int put(Buf *b, const void *bytes, Py_ssize_t n) {
+    if (n && grow(b, n) < 0) {
+        return -1;
+    }
+    if (n) {
+        memcpy(b->data + b->len, bytes, (size_t)n);
+        b->len += n;
+    }
+    return 0;
+}
+
+#define PUT_TEXT(b, literal) put((b), (literal), (Py_ssize_t)sizeof(literal) - 1)
+
+static int put_varint(Buf *b, uint64_t value) {
+    unsigned char out[10];
+    int n = 0;
+    while (value > 0x7F) {
+        out[n++] = (unsigned char)((value & 0x7F) | 0x80);
+        value >>= 7;
+    }
+    out[n++] = (unsigned char)value;
+    return put(b, out, n);
+}
+
+static int put_be_double(Buf *b, double value) {
+    uint64_t bits;
+    memcpy(&bits, &value, 8);
+    unsigned char out[8];
+    for (int i = 7; i >= 0; i--, bits >>= 8) {
+        out[i] = (unsigned char)(bits & 0xFF);
+    }
+    return put(b, out, 8);
+}
+
+static PyObject *finished(Buf *b) {
+    PyObject *bytes = PyBytes_FromStringAndSize(b->data ? b->data : "", b->len);
+    PyMem_Free(b->data);
+    return bytes;
+}
+
+/* -- the article as plain C values ---------------------------------------------------------- */
+
+typedef struct {
+    const char *text; /* UTF-8, owned by the str it was read from */
+    Py_ssize_t len;
+} Text;
+
+typedef struct {
+    Text id;
+    double scores[3]; /* Jaccard, containment, contains */
+} CandidateOut;
+
+enum { KIND_UNIQUE, KIND_DUPLICATE, KIND_PARTIAL, KIND_REVISED, KINDS };
+static const char *const kind_names[KINDS] = {"unique", "duplicate", "partial", "revised"};
+
+typedef struct {
+    int kind, exact, has_match;
+    Text match, canonical;
+    double scores[3];      /* the match's, when has_match */
+    PyObject *raw[3];      /* the same as given (a float, or None where there is no match) */
+    CandidateOut *candidates;
+    Py_ssize_t candidate_count;
+    int64_t (*passages)[5]; /* start, end, other start, other end, anchors */
+    Py_ssize_t passage_count;
+} DecisionOut;
+
+typedef struct {
+    Text id, cluster_id;
+    int64_t seq, version, time_ms, cluster, shingle_count;
+    int short_text;
+    Py_buffer hash, verifier, signature, anchors; /* anchors: empty for a duplicate */
+    PyObject *keys;                               /* the band keys, a tuple of bytes */
+    DecisionOut decision;
+    PyObject *held[32]; /* the objects the fields above point into, released by article_release */
+    int held_count;
+} ArticleOut;
+
+static PyObject *name_article_id, *name_version, *name_seq, *name_time_ms, *name_cluster, *name_cluster_id,
+    *name_keys, *name_sketch, *name_decision, *name_content_hash, *name_verifier, *name_signature,
+    *name_shingle_count, *name_short, *name_anchors, *name_packed, *name_kind, *name_match_id, *name_jaccard,
+    *name_containment, *name_contains, *name_canonical_id, *name_exact, *name_candidates, *name_passages,
+    *name_start, *name_end, *name_other_start, *name_other_end, *name_anchor_count, *empty_bytes;
+
+/* An attribute of `owner`, kept until the article is released (NULL: an error is set). */
+static PyObject *held_attr(ArticleOut *a, PyObject *owner, PyObject *name) {
+    PyObject *value = PyObject_GetAttr(owner, name);
+    if (value != NULL) {
+        if (a->held_count == (int)(sizeof a->held / sizeof a->held[0])) {
+            Py_DECREF(value);
+            PyErr_SetString(PyExc_RuntimeError, "_decide: too many attributes held");
+            return NULL;
+        }
+        a->held[a->held_count++] = value;
+    }
+    return value;
+}
+
+static int text_of(PyObject *value, Text *out) {
+    if (!PyUnicode_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "expected a str, got %.80s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    out->text = PyUnicode_AsUTF8AndSize(value, &out->len);
+    return out->text == NULL ? -1 : 0;
+}
+
+static int int_attr(ArticleOut *a, PyObject *owner, PyObject *name, int64_t *out) {
+    PyObject *value = held_attr(a, owner, name);
+    if (value == NULL) {
+        return -1;
+    }
+    long long number = PyLong_AsLongLong(value);
+    if (number == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int64_t)number;
+    return 0;
+}
+
+static int text_attr(ArticleOut *a, PyObject *owner, PyObject *name, Text *out) {
+    PyObject *value = held_attr(a, owner, name);
+    return value == NULL ? -1 : text_of(value, out);
+}
+
+static int buffer_attr(ArticleOut *a, PyObject *owner, PyObject *name, Py_buffer *out, int flags) {
+    PyObject *value = held_attr(a, owner, name);
+    return value == NULL ? -1 : PyObject_GetBuffer(value, out, flags);
+}
+
+static int scores_of(PyObject *owner, PyObject **raw, double *scores, int keep_raw) {
+    PyObject *names[3] = {name_jaccard, name_containment, name_contains};
+    for (int i = 0; i < 3; i++) {
+        PyObject *value = PyObject_GetAttr(owner, names[i]);
+        if (value == NULL) {
+            return -1;
+        }
+        scores[i] = value == Py_None ? 0.0 : PyFloat_AsDouble(value);
+        if (keep_raw) {
+            raw[i] = value; /* released with the article */
+        } else {
+            Py_DECREF(value);
+        }
+        if (scores[i] == -1.0 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void article_release(ArticleOut *a) {
+    Py_buffer *buffers[4] = {&a->hash, &a->verifier, &a->signature, &a->anchors};
+    for (int i = 0; i < 4; i++) {
+        if (buffers[i]->obj != NULL) {
+            PyBuffer_Release(buffers[i]);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        Py_CLEAR(a->decision.raw[i]);
+    }
+    PyMem_Free(a->decision.candidates);
+    PyMem_Free(a->decision.passages);
+    while (a->held_count) {
+        Py_DECREF(a->held[--a->held_count]);
+    }
+}
+
+static int decision_read(ArticleOut *a, PyObject *decision) {
+    DecisionOut *d = &a->decision;
+    PyObject *kind = held_attr(a, decision, name_kind);
+    if (kind == NULL) {
+        return -1;
+    }
+    d->kind = -1;
+    for (int i = 0; i < KINDS && PyUnicode_Check(kind); i++) {
+        if (PyUnicode_CompareWithASCIIString(kind, kind_names[i]) == 0) {
+            d->kind = i;
+        }
+    }
+    if (d->kind < 0) {
+        PyErr_SetString(PyExc_ValueError, "a decision's kind must be unique, duplicate, partial or revised");
+        return -1;
+    }
+    PyObject *exact = held_attr(a, decision, name_exact), *match = held_attr(a, decision, name_match_id);
+    if (exact == NULL || match == NULL || (d->exact = PyObject_IsTrue(exact)) < 0) {
+        return -1;
+    }
+    d->has_match = match != Py_None;
+    if ((d->has_match && text_of(match, &d->match) < 0) || text_attr(a, decision, name_canonical_id, &d->canonical) < 0 ||
+        scores_of(decision, d->raw, d->scores, 1) < 0) {
+        return -1;
+    }
+    PyObject *candidates = held_attr(a, decision, name_candidates);
+    if (candidates == NULL || !PyTuple_Check(candidates)) {
+        return candidates == NULL ? -1 : invalid("a decision's candidates must be a tuple");
+    }
+    d->candidate_count = PyTuple_GET_SIZE(candidates);
+    d->candidates = PyMem_Calloc((size_t)d->candidate_count + 1, sizeof(CandidateOut));
+    if (d->candidates == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < d->candidate_count; i++) {
+        PyObject *candidate = PyTuple_GET_ITEM(candidates, i);
+        /* the candidate's id stays alive with the tuple, which the article holds */
+        PyObject *id = PyObject_GetAttr(candidate, name_article_id);
+        if (id == NULL) {
+            return -1;
+        }
+        int failed = text_of(id, &d->candidates[i].id);
+        Py_DECREF(id);
+        if (failed || scores_of(candidate, NULL, d->candidates[i].scores, 0) < 0) {
+            return -1;
+        }
+    }
+    PyObject *passages = held_attr(a, decision, name_passages);
+    if (passages == NULL || !PyTuple_Check(passages)) {
+        return passages == NULL ? -1 : invalid("a decision's passages must be a tuple");
+    }
+    d->passage_count = PyTuple_GET_SIZE(passages);
+    d->passages = PyMem_Calloc((size_t)d->passage_count + 1, sizeof *d->passages);
+    if (d->passages == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *fields[5] = {name_start, name_end, name_other_start, name_other_end, name_anchors};
+    for (Py_ssize_t i = 0; i < d->passage_count; i++) {
+        for (int f = 0; f < 5; f++) {
+            PyObject *value = PyObject_GetAttr(PyTuple_GET_ITEM(passages, i), fields[f]);
+            if (value == NULL) {
+                return -1;
+            }
+            d->passages[i][f] = (int64_t)PyLong_AsLongLong(value);
+            Py_DECREF(value);
+            if (d->passages[i][f] == -1 && PyErr_Occurred()) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* What the record needs of `article` (the verdict reads only its id, version and decision: `whole`
+ * 0). */
+static int article_read(ArticleOut *a, PyObject *article, int whole) {
+    memset(a, 0, sizeof *a);
+    PyObject *decision = held_attr(a, article, name_decision);
+    if (decision == NULL || text_attr(a, article, name_article_id, &a->id) < 0 ||
+        int_attr(a, article, name_version, &a->version) < 0 || decision_read(a, decision) < 0) {
+        return -1;
+    }
+    if (!whole) {
+        return 0;
+    }
+    PyObject *sketch = held_attr(a, article, name_sketch);
+    if (sketch == NULL || int_attr(a, article, name_seq, &a->seq) < 0 || int_attr(a, article, name_time_ms, &a->time_ms) < 0 ||
+        int_attr(a, article, name_cluster, &a->cluster) < 0 ||
+        text_attr(a, article, name_cluster_id, &a->cluster_id) < 0 ||
+        int_attr(a, sketch, name_shingle_count, &a->shingle_count) < 0 ||
+        buffer_attr(a, sketch, name_content_hash, &a->hash, PyBUF_SIMPLE) < 0 ||
+        buffer_attr(a, sketch, name_verifier, &a->verifier, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    if (a->verifier.itemsize != 1) {
+        return invalid("a verifier must have one byte a slot");
+    }
+    PyObject *short_text = held_attr(a, sketch, name_short);
+    if (short_text == NULL || (a->short_text = PyObject_IsTrue(short_text)) < 0) {
+        return -1;
+    }
+    if (a->verifier.len == 0) { /* no verifier: the record keeps the signature */
+        if (buffer_attr(a, sketch, name_signature, &a->signature, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            return -1;
+        }
+        const char *format = a->signature.format ? a->signature.format : "B";
+        if (a->signature.itemsize != 8 || format[0] == '>' || format[0] == '!') {
+            return invalid("a signature must be 8-byte integers in the machine's order");
+        }
+    }
+    if (a->decision.kind != KIND_DUPLICATE) { /* a duplicate keeps no anchors */
+        PyObject *anchors = held_attr(a, sketch, name_anchors);
+        if (anchors == NULL || buffer_attr(a, anchors, name_packed, &a->anchors, PyBUF_SIMPLE) < 0) {
+            return -1;
+        }
+    }
+    a->keys = held_attr(a, article, name_keys);
+    if (a->keys == NULL) {
+        return -1;
+    }
+    if (!PyTuple_Check(a->keys)) {
+        return invalid("an article's band keys must be a tuple of bytes");
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(a->keys); i++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(a->keys, i))) {
+            return invalid("an article's band keys must be a tuple of bytes");
+        }
+    }
+    return 0;
+}
+
+/* -- the record --------------------------------------------------------------------------------- */
+
+#define MAGIC "N7"
+#define BAND_INDEX 2 /* a band key's index bytes, which its position gives back */
+#define ANCHOR_BYTES 5
+enum { FLAG_SHORT = 1, FLAG_OWN_CLUSTER = 2 };
+enum { EXACT = 1, CANONICAL_SELF = 2, CANONICAL_CLUSTER = 4, MATCH_APART = 8 };
+#define NO_PLACE 255
+
+static int same_text(Text a, Text b) { return a.len == b.len && memcmp(a.text, b.text, (size_t)a.len) == 0; }
+
+static int put_id(Buf *b, Text id) { return put_varint(b, (uint64_t)id.len) < 0 ? -1 : put(b, id.text, id.len); }
+
+static int put_scores(Buf *b, const double *scores) {
+    for (int i = 0; i < 3; i++) {
+        if (put_be_double(b, scores[i]) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int unsigned_varint(Buf *b, int64_t value) {
+    if (value < 0) {
+        return invalid("a record's numbers must be >= 0");
+    }
+    return put_varint(b, (uint64_t)value);
+}
+
+static uint64_t zigzag(int64_t value) {
+    return value >= 0 ? (uint64_t)value * 2 : (uint64_t)(-(value + 1)) * 2 + 1;
+}
+
+/* The decision's bytes (records.py: _compact_decision). */
+static int decision_write(Buf *b, const ArticleOut *a) {
+    const DecisionOut *d = &a->decision;
+    Py_ssize_t where = NO_PLACE;
+    int scored = d->raw[0] != Py_None && d->raw[1] != Py_None && d->raw[2] != Py_None;
+    for (Py_ssize_t i = 0; d->has_match && scored && i < d->candidate_count && where == NO_PLACE; i++) {
+        const CandidateOut *c = &d->candidates[i];
+        if (same_text(c->id, d->match) && c->scores[0] == d->scores[0] && c->scores[1] == d->scores[1] &&
+            c->scores[2] == d->scores[2]) {
+            where = i;
+        }
+    }
+    if (where == NO_PLACE && d->has_match && !scored) {
+        PyErr_SetString(PyExc_TypeError, "a decision with a match needs its three scores");
+        return -1;
+    }
+    if (d->candidate_count > 255) {
+        return invalid("a record keeps at most 255 candidates");
+    }
+    int flags = d->exact ? EXACT : 0;
+    Text cluster_id = a->cluster_id;
+    if (same_text(d->canonical, a->id)) {
+        flags |= CANONICAL_SELF;
+    } else if (same_text(d->canonical, cluster_id)) {
+        flags |= CANONICAL_CLUSTER;
+    }
+    if (d->has_match && where == NO_PLACE) {
+        flags |= MATCH_APART;
+    }
+    unsigned char head[4] = {(unsigned char)d->kind, (unsigned char)flags, (unsigned char)where,
+                             (unsigned char)d->candidate_count};
+    if (put(b, head, 4) < 0 || ((flags & MATCH_APART) && (put_id(b, d->match) < 0 || put_scores(b, d->scores) < 0)) ||
+        (!(flags & (CANONICAL_SELF | CANONICAL_CLUSTER)) && put_id(b, d->canonical) < 0)) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < d->candidate_count; i++) {
+        if (put_id(b, d->candidates[i].id) < 0 || put_scores(b, d->candidates[i].scores) < 0) {
+            return -1;
+        }
+    }
+    if (d->passage_count && put_varint(b, (uint64_t)d->passage_count) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < d->passage_count; i++) {
+        for (int f = 0; f < 5; f++) {
+            if (unsigned_varint(b, d->passages[i][f]) < 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int record_write(Buf *b, const ArticleOut *a) {
+    Buf decision = {0};
+    if (decision_write(&decision, a) < 0) {
+        PyMem_Free(decision.data);
+        return -1;
+    }
+    int own = same_text(a->cluster_id, a->id);
+    Py_ssize_t key_bytes = 0, key_count = PyTuple_GET_SIZE(a->keys);
+    for (Py_ssize_t i = 0; i < key_count; i++) {
+        Py_ssize_t size = PyBytes_GET_SIZE(PyTuple_GET_ITEM(a->keys, i));
+        key_bytes += size > BAND_INDEX ? size - BAND_INDEX : 0;
+    }
+    int64_t from_cluster;
+    int failed = __builtin_sub_overflow(a->seq, a->cluster, &from_cluster);
+    if (failed) {
+        PyErr_SetString(PyExc_OverflowError, "an article's seq and cluster are too far apart");
+    }
+    int64_t unsigned_fields[3] = {a->seq, a->version, a->shingle_count};
+    for (int i = 0; i < 3 && !failed; i++) {
+        failed = unsigned_fields[i] < 0 && invalid("a record's numbers must be >= 0");
+    }
+    uint64_t head[] = {(uint64_t)a->seq,
+                       (uint64_t)a->version,
+                       zigzag(a->time_ms),
+                       zigzag(from_cluster),
+                       (uint64_t)a->shingle_count,
+                       (uint64_t)((a->short_text ? FLAG_SHORT : 0) | (own ? FLAG_OWN_CLUSTER : 0)),
+                       (uint64_t)a->id.len,
+                       (uint64_t)(own ? 0 : a->cluster_id.len),
+                       (uint64_t)a->hash.len,
+                       (uint64_t)a->verifier.len,
+                       (uint64_t)key_bytes,
+                       (uint64_t)decision.len,
+                       (uint64_t)(a->anchors.len / ANCHOR_BYTES)};
+    failed = failed || PUT_TEXT(b, MAGIC) < 0;
+    for (size_t i = 0; i < sizeof head / sizeof head[0] && !failed; i++) {
+        failed = put_varint(b, head[i]) < 0;
+    }
+    failed = failed || put(b, a->id.text, a->id.len) < 0 || (!own && put(b, a->cluster_id.text, a->cluster_id.len) < 0) ||
+             put(b, a->verifier.buf, a->verifier.len) < 0;
+    for (Py_ssize_t i = 0; i < key_count && !failed; i++) {
+        PyObject *key = PyTuple_GET_ITEM(a->keys, i);
+        if (PyBytes_GET_SIZE(key) > BAND_INDEX) {
+            failed = put(b, PyBytes_AS_STRING(key) + BAND_INDEX, PyBytes_GET_SIZE(key) - BAND_INDEX) < 0;
+        }
+    }
+    failed = failed || put(b, a->hash.buf, a->hash.len) < 0 || put(b, decision.data, decision.len) < 0 ||
+             put(b, a->anchors.buf, a->anchors.len) < 0;
+    PyMem_Free(decision.data);
+    Py_ssize_t slots = a->signature.obj != NULL ? a->signature.len / 8 : 0;
+    for (Py_ssize_t i = 0; i < slots && !failed; i++) { /* little-endian, whatever the machine's order */
+        uint64_t value;
+        memcpy(&value, (const char *)a->signature.buf + i * 8, 8);
+        unsigned char out[8];
+        for (int k = 0; k < 8; k++, value >>= 8) {
+            out[k] = (unsigned char)(value & 0xFF);
+        }
+        failed = put(b, out, 8) < 0;
+    }
+    return failed ? -1 : 0;
+}
+
+static PyObject *encode_record(PyObject *self, PyObject *article) {
+    (void)self;
+    ArticleOut a;
+    Buf out = {0};
+    PyObject *result = NULL;
+    if (article_read(&a, article, 1) == 0 && record_write(&out, &a) == 0) {
+        result = finished(&out);
+        out.data = NULL;
+    }
+    PyMem_Free(out.data);
+    article_release(&a);
+    return result;
+}
+
+/* -- the verdict's JSON ---------------------------------------------------------------------- */
+
+static int json_text(Buf *b, Text text) {
+    static const char hex[] = "0123456789abcdef";
+    if (grow(b, text.len * 6 + 2) < 0) {
+        return -1;
+    }
+    char *out = b->data + b->len;
+    *out++ = '"';
+    for (Py_ssize_t i = 0; i < text.len; i++) {
+        unsigned char c = (unsigned char)text.text[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *out++ = (char)c;
+            continue;
+        }
+        *out++ = '\\';
+        switch (c) {
+        case '"': *out++ = '"'; break;
+        case '\\': *out++ = '\\'; break;
+        case '\b': *out++ = 'b'; break;
+        case '\f': *out++ = 'f'; break;
+        case '\n': *out++ = 'n'; break;
+        case '\r': *out++ = 'r'; break;
+        case '\t': *out++ = 't'; break;
+        default:
+            memcpy(out, "u00", 3);
+            out[3] = hex[c >> 4];
+            out[4] = hex[c & 0xF];
+            out += 5;
+        }
+    }
+    *out++ = '"';
+    b->len = out - b->data;
+    return 0;
+}
+
+/* A float as orjson writes it: Python's shortest round-trip digits (repr), laid out in decimal
+ * for exponents from -5 to 15 (repr goes to scientific one place sooner, at -5), the exponent
+ * without leading zeros; NaN and the infinities as null. */
+static int json_float(Buf *b, double value) {
+    if (!isfinite(value)) {
+        return PUT_TEXT(b, "null");
+    }
+    char *text = PyOS_double_to_string(value, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (text == NULL) {
+        return -1;
+    }
+    int failed;
+    char *e = strchr(text, 'e');
+    if (e == NULL) {
+        failed = put(b, text, (Py_ssize_t)strlen(text));
+    } else if (strcmp(e, "e-05") == 0) { /* d[.ddd]e-05 -> 0.0000dddd */
+        char *digits = text;
+        failed = (*digits == '-' && put(b, digits++, 1) < 0) || PUT_TEXT(b, "0.0000") < 0;
+        for (; digits < e && !failed; digits++) {
+            failed = *digits != '.' && put(b, digits, 1) < 0;
+        }
+    } else {
+        const char *exponent = e + 2; /* past e+ or e- */
+        while (*exponent == '0' && exponent[1] != '\0') {
+            exponent++;
+        }
+        failed = put(b, text, e - text + 2) < 0 || put(b, exponent, (Py_ssize_t)strlen(exponent)) < 0;
+    }
+    PyMem_Free(text);
+    return failed ? -1 : 0;
+}
+
+static int json_int(Buf *b, int64_t value) {
+    char text[24];
+    int n = snprintf(text, sizeof text, "%lld", (long long)value);
+    return put(b, text, n);
+}
+
+/* A score as the verdict gives it: a float, or null (a verdict without a match). */
+static int json_score(Buf *b, PyObject *raw, double value) {
+    return raw == Py_None ? PUT_TEXT(b, "null") : json_float(b, value);
+}
+
+static int verdict_write(Buf *b, const ArticleOut *a, const char *params, Py_ssize_t params_len, PyObject *latency) {
+    const DecisionOut *d = &a->decision;
+    static const char *const score_keys[3] = {",\"jaccard\":", ",\"containment\":", ",\"contains\":"};
+    if (PUT_TEXT(b, "{\"article_id\":") < 0 || json_text(b, a->id) < 0 || PUT_TEXT(b, ",\"verdict\":\"") < 0 ||
+        put(b, kind_names[d->kind], (Py_ssize_t)strlen(kind_names[d->kind])) < 0 || PUT_TEXT(b, "\",\"match_id\":") < 0 ||
+        (d->has_match ? json_text(b, d->match) : PUT_TEXT(b, "null")) < 0) {
+        return -1;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (put(b, score_keys[i], (Py_ssize_t)strlen(score_keys[i])) < 0 || json_score(b, d->raw[i], d->scores[i]) < 0) {
+            return -1;
+        }
+    }
+    if (PUT_TEXT(b, ",\"canonical_id\":") < 0 || json_text(b, d->canonical) < 0 || PUT_TEXT(b, ",\"exact\":") < 0 ||
+        (d->exact ? PUT_TEXT(b, "true") : PUT_TEXT(b, "false")) < 0 || PUT_TEXT(b, ",\"version\":") < 0 ||
+        json_int(b, a->version) < 0 || PUT_TEXT(b, ",\"candidates\":[") < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < d->candidate_count; i++) {
+        const CandidateOut *c = &d->candidates[i];
+        if ((i && PUT_TEXT(b, ",") < 0) || PUT_TEXT(b, "{\"article_id\":") < 0 || json_text(b, c->id) < 0) {
+            return -1;
+        }
+        for (int s = 0; s < 3; s++) {
+            if (put(b, score_keys[s], (Py_ssize_t)strlen(score_keys[s])) < 0 || json_float(b, c->scores[s]) < 0) {
+                return -1;
+            }
+        }
+        if (PUT_TEXT(b, "}") < 0) {
+            return -1;
+        }
+    }
+    if (PUT_TEXT(b, "],\"params\":") < 0 || put(b, params, params_len) < 0) {
+        return -1;
+    }
+    static const char *const span_keys[5] = {"{\"start\":", ",\"end\":", ",\"match_start\":", ",\"match_end\":",
+                                             ",\"anchors\":"};
+    if (d->passage_count && PUT_TEXT(b, ",\"passages\":{\"offsets\":\"canonical\",\"spans\":[") < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < d->passage_count; i++) {
+        if (i && PUT_TEXT(b, ",") < 0) {
+            return -1;
+        }
+        for (int f = 0; f < 5; f++) {
+            if (put(b, span_keys[f], (Py_ssize_t)strlen(span_keys[f])) < 0 || json_int(b, d->passages[i][f]) < 0) {
+                return -1;
+            }
+        }
+        if (PUT_TEXT(b, "}") < 0) {
+            return -1;
+        }
+    }
+    if ((d->passage_count && PUT_TEXT(b, "]}") < 0) || PUT_TEXT(b, ",\"latency_ms\":") < 0) {
+        return -1;
+    }
+    if (latency == Py_None) {
+        return PUT_TEXT(b, "null}");
+    }
+    double value = PyFloat_AsDouble(latency);
+    if (value == -1.0 && PyErr_Occurred()) {
+        return -1;
+    }
+    return json_float(b, value) < 0 ? -1 : PUT_TEXT(b, "}");
+}
+
+static PyObject *verdict_json(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *article, *latency;
+    const char *params;
+    Py_ssize_t params_len;
+    if (!PyArg_ParseTuple(args, "Oy#O", &article, &params, &params_len, &latency)) {
+        return NULL;
+    }
+    if (latency != Py_None && !PyFloat_Check(latency)) {
+        PyErr_SetString(PyExc_TypeError, "latency_ms must be a float or None");
+        return NULL;
+    }
+    ArticleOut a;
+    Buf out = {0};
+    PyObject *result = NULL;
+    if (article_read(&a, article, 0) == 0 && verdict_write(&out, &a, params, params_len, latency) == 0) {
+        result = finished(&out);
+        out.data = NULL;
+    }
+    PyMem_Free(out.data);
+    article_release(&a);
+    return result;
+}
+
+/* -- the decision of fresh articles -------------------------------------------------------------
+ *
+ * decide_fresh(items, seq, context) -> (results, done, counts)
+ *     A run of articles decided and indexed in order, each seeing the ones before it, as
+ *     core/dedup.py's decide and state/index.py's apply do one article at a time (the reference the
+ *     tests compare with), for the articles they take as they come: an id not held and not deleted,
+ *     whose content no article holds. The run stops before the first other one (a new version, a
+ *     revived id, an exact copy), and before one whose reads or scoring raise (a record that does not
+ *     decode, a verifier of another length): the caller decides that one by the Python path, which
+ *     raises or decides as it always does, and goes on. The run's reads go through the callables of
+ *     `context` after the writes it made (`main`); its writes go into `main` and `records`, the
+ *     caller writing them in one batch.
+ *
+ *     items: tuples (article_id, content_hash, band keys (a tuple of bytes), verifier (uint8
+ *     buffer), shingle_count, short, anchors (packed), distinct anchors, time_ms, cutoff_ms or None,
+ *     latency_ms or None). seq: the first article's arrival number. context: (get_many,
+ *     read_postings, prospects, keep_record, main, records, times_written, postings_written,
+ *     bucket_sizes, before or None, before_base, audit, settings); settings: (bucket bytes,
+ *     posting bytes, max_candidates, top_candidates, anchor_candidates, passages, threshold,
+ *     containment or -1, revised or -1, anchor lookup, empty slot, chance, anchor k, gap, shift,
+ *     repeats).
+ *     results: (record, verdict, kind) of each article decided; done: how many; counts: (buckets,
+ *     postings, boilerplate, clusters, articles added, newest_ms or None, next seq). */
+
+#define POSTING_ENTRY 5
+#define POSTING_SEQS ((((int64_t)1) << 39) - 1)
+#define FEW_ANCHORS (((int64_t)1) << 39)
+#define TIME_BIAS (((uint64_t)1) << 63)
+
+typedef struct {
+    PyObject *get_many, *read_postings, *prospects, *keep_record, *main, *records, *times_written,
+        *postings_written, *sizes, *before, *audit;
+    Py_ssize_t before_base, bucket_bytes, posting_bytes, max_candidates, top_candidates, anchor_candidates,
+        passage_limit, k, gap, shift, repeats;
+    double threshold, containment, revised, chance;
+    int anchor_lookup, empty_slot;
+} Engine;
+
+typedef struct {
+    long long buckets, postings, boilerplate, clusters, articles;
+    int has_newest;
+    int64_t newest, seq;
+} Added;
+
+/* One article of the run: its fields as given, then what its decision read and chose. */
+typedef struct {
+    PyObject *id, *hash, *keys, *verifier, *anchors, *latency, *keep; /* keep: every object read */
+    int64_t shingle_count, distinct, time_ms, cutoff;
+    int short_text, has_cutoff;
+    PyObject *bucket_names, *buckets, *posting_names, *postings; /* NULL: not read */
+    int kind;
+    PyObject *match;         /* the probe matched, NULL for unique */
+    PyObject *match_scores;  /* (jaccard, containment, contains) */
+    PyObject *kept;          /* list of (probe id, jaccard, containment, contains) */
+    PyObject *shared;        /* the passages: a list of 5-tuples */
+    PyObject *canonical;     /* str */
+    int64_t cluster;
+    PyObject *cluster_id;    /* str */
+} Fresh;
+
+
+/* `obj` kept alive until the article is done; returns it (borrowed), NULL passed through. */
+static PyObject *kept(Fresh *f, PyObject *obj) {
+    if (obj == NULL) {
+        return NULL;
+    }
+    int failed = PyList_Append(f->keep, obj);
+    Py_DECREF(obj);
+    return failed < 0 ? NULL : obj;
+}
+
+static PyObject *seq_bytes(int64_t seq) {
+    unsigned char out[8];
+    uint64_t value = (uint64_t)seq;
+    for (int i = 7; i >= 0; i--, value >>= 8) {
+        out[i] = (unsigned char)(value & 0xFF);
+    }
+    return PyBytes_FromStringAndSize((const char *)out, 8);
+}
+
+static PyObject *prefixed(char prefix, const char *data, Py_ssize_t len) {
+    PyObject *key = PyBytes_FromStringAndSize(NULL, len + 1);
+    if (key != NULL) {
+        PyBytes_AS_STRING(key)[0] = prefix;
+        memcpy(PyBytes_AS_STRING(key) + 1, data, (size_t)len);
+    }
+    return key;
+}
+
+static PyObject *prefixed_text(char prefix, PyObject *text) {
+    Py_ssize_t len;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &len);
+    return utf8 == NULL ? NULL : prefixed(prefix, utf8, len);
+}
+
+/* The values of `names` as the run's writes leave them: the others read by `reader` in one call
+ * (state/tables.py: as_left). */
+static PyObject *left(Engine *e, PyObject *names, PyObject *reader) {
+    Py_ssize_t count = PyList_GET_SIZE(names);
+    PyObject *values = PyList_New(count), *missing = PyList_New(0), *read = NULL;
+    if (values == NULL || missing == NULL) {
+        goto failed;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *written = PyDict_GetItemWithError(e->main, PyList_GET_ITEM(names, i));
+        if (written == NULL && PyErr_Occurred()) {
+            goto failed;
+        }
+        if (written == NULL && PyList_Append(missing, PyList_GET_ITEM(names, i)) < 0) {
+            goto failed;
+        }
+        PyList_SET_ITEM(values, i, Py_NewRef(written ? written : Py_None)); /* None: to be read */
+    }
+    if (PyList_GET_SIZE(missing)) {
+        read = PyObject_CallOneArg(reader, missing);
+        if (read == NULL || !PyList_Check(read) || PyList_GET_SIZE(read) != PyList_GET_SIZE(missing)) {
+            if (read != NULL) {
+                PyErr_SetString(PyExc_TypeError, "a reader must return a list of one value a key");
+            }
+            goto failed;
+        }
+        Py_ssize_t next = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (PyDict_Contains(e->main, PyList_GET_ITEM(names, i)) == 0) {
+                PyList_SetItem(values, i, Py_NewRef(PyList_GET_ITEM(read, next++)));
+            }
+        }
+    }
+    Py_XDECREF(read);
+    Py_DECREF(missing);
+    return values;
+failed:
+    Py_XDECREF(values);
+    Py_XDECREF(missing);
+    Py_XDECREF(read);
+    return NULL;
+}
+
+static int int_of(PyObject *obj, PyObject *name, int64_t *out) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        return -1;
+    }
+    long long number = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    *out = (int64_t)number;
+    return number == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Whether probe `p` is another article than `f`'s: a probe of its own id is never its candidate. */
+static int other_article(Fresh *f, PyObject *p) {
+    PyObject *id = PyObject_GetAttr(p, name_article_id);
+    if (id == NULL) {
+        return -1;
+    }
+    int same = PyUnicode_Compare(id, f->id);
+    Py_DECREF(id);
+    return same == -1 && PyErr_Occurred() ? -1 : same != 0;
+}
+
+/* Not before the cutoff (retention): a candidate still held, but expired, is never a match. */
+static int in_time(Fresh *f, PyObject *p) {
+    int64_t time_ms;
+    if (!f->has_cutoff) {
+        return 1;
+    }
+    return int_of(p, name_time_ms, &time_ms) < 0 ? -1 : time_ms >= f->cutoff;
+}
+
+/* The band candidates (IndexState.candidates, then the cutoff), a new list. */
+static PyObject *band_candidates(Engine *e, Fresh *f) {
+    Py_ssize_t bands = PyTuple_GET_SIZE(f->keys);
+    PyObject *names = kept(f, PyList_New(bands));
+    if (names == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < bands; i++) {
+        PyObject *key = PyTuple_GET_ITEM(f->keys, i);
+        PyObject *name = prefixed('b', PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+        if (name == NULL) {
+            return NULL;
+        }
+        PyList_SET_ITEM(names, i, name);
+    }
+    f->bucket_names = names;
+    f->buckets = kept(f, left(e, names, e->get_many));
+    PyObject *args = f->buckets ? Py_BuildValue("(On)", f->buckets, e->max_candidates + 1) : NULL;
+    PyObject *seqs = args ? kept(f, merge_buckets(NULL, args)) : NULL;
+    Py_XDECREF(args);
+    PyObject *probes = seqs ? kept(f, PyObject_CallOneArg(e->prospects, seqs)) : NULL;
+    PyObject *others = probes ? PyList_New(0) : NULL;
+    Py_ssize_t proposed = 0;
+    for (Py_ssize_t i = 0; others != NULL && i < PyList_GET_SIZE(probes) && proposed < e->max_candidates; i++) {
+        PyObject *p = PyList_GET_ITEM(probes, i);
+        int other = p == Py_None ? 0 : other_article(f, p);
+        int timely = other > 0 ? in_time(f, p) : 0;
+        proposed += other > 0;
+        if (other < 0 || timely < 0 || (timely > 0 && PyList_Append(others, p) < 0)) {
+            Py_CLEAR(others);
+        }
+    }
+    return others;
+}
+
+/* The anchor candidates with how many anchors each shares (IndexState.anchor_candidates, then the
+ * cutoff): a new list of (probe, count). */
+static PyObject *anchor_candidates(Engine *e, Fresh *f, int64_t seq) {
+    PyObject *anchored = PyList_New(0);
+    if (anchored == NULL || !PyList_GET_SIZE(f->posting_names)) {
+        return anchored;
+    }
+    f->postings = kept(f, left(e, f->posting_names, e->read_postings));
+    Py_ssize_t need = PyList_GET_SIZE(f->posting_names) < 2 ? PyList_GET_SIZE(f->posting_names) : 2;
+    PyObject *args = f->postings ? Py_BuildValue("(Onnnn)", f->postings, (Py_ssize_t)POSTING_ENTRY, e->posting_bytes,
+                                                 need, e->anchor_candidates + 1)
+                                 : NULL;
+    PyObject *ranked = args ? kept(f, count_postings(NULL, args)) : NULL;
+    Py_XDECREF(args);
+    PyObject *seqs = ranked ? kept(f, PyList_New(PyList_GET_SIZE(ranked))) : NULL;
+    int64_t newest = seq - 1;
+    for (Py_ssize_t i = 0; seqs != NULL && i < PyList_GET_SIZE(ranked); i++) {
+        long long low = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(ranked, i), 0));
+        PyObject *whole = low == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(newest - ((newest - low) & POSTING_SEQS));
+        if (whole == NULL) {
+            seqs = NULL;
+            break;
+        }
+        PyList_SET_ITEM(seqs, i, whole);
+    }
+    PyObject *probes = seqs ? kept(f, PyObject_CallOneArg(e->prospects, seqs)) : NULL;
+    if (probes == NULL) {
+        Py_DECREF(anchored);
+        return NULL;
+    }
+    Py_ssize_t proposed = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes) && proposed < e->anchor_candidates; i++) {
+        PyObject *p = PyList_GET_ITEM(probes, i);
+        int other = p == Py_None ? 0 : other_article(f, p);
+        int timely = other > 0 ? in_time(f, p) : 0;
+        proposed += other > 0;
+        PyObject *pair = timely > 0 ? Py_BuildValue("(OO)", p, PyTuple_GET_ITEM(PyList_GET_ITEM(ranked, i), 1)) : NULL;
+        int failed = other < 0 || timely < 0 || (timely > 0 && (pair == NULL || PyList_Append(anchored, pair) < 0));
+        Py_XDECREF(pair);
+        if (failed) {
+            Py_DECREF(anchored);
+            return NULL;
+        }
+    }
+    return anchored;
+}
+
+/* dedup.py's _holds. */
+static int holds(int64_t shared, int64_t total, double threshold) {
+    double share = (double)shared / (double)total;
+    if ((share < 1.0 ? share : 1.0) >= threshold) {
+        return 1;
+    }
+    return total >= 3 && shared >= total - 1 && (double)(total - 1) / (double)total < threshold;
+}
+
+/* dedup.py's _contained: the kind (-1: none), with its probe (borrowed) and shares. */
+static int contained(Engine *e, Fresh *f, PyObject *anchored, PyObject **other, double *inside, double *contains) {
+    int64_t mine = f->distinct, best_seq = 0, best_shared = 0, best_theirs = 0;
+    double best_share = -1.0;
+    *other = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(anchored); i++) {
+        PyObject *p = PyTuple_GET_ITEM(PyList_GET_ITEM(anchored, i), 0);
+        int64_t shared = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(anchored, i), 1)), count, seq;
+        if ((shared == -1 && PyErr_Occurred()) || int_of(p, name_anchor_count, &count) < 0 || int_of(p, name_seq, &seq) < 0) {
+            return -2;
+        }
+        int64_t least = mine < count ? mine : count;
+        least = least < 2 ? least : 2;
+        if (shared < (least > 1 ? least : 1)) {
+            continue;
+        }
+        double a = (double)shared / (double)mine, b = (double)shared / (double)(count > 1 ? count : 1);
+        a = a < 1.0 ? a : 1.0;
+        b = b < 1.0 ? b : 1.0;
+        double share = a > b ? a : b;
+        if (*other == NULL || share > best_share || (share == best_share && -seq > -best_seq)) {
+            *other = p;
+            best_share = share, best_seq = seq, best_shared = shared;
+            best_theirs = count > 1 ? count : 1;
+            *inside = a, *contains = b;
+        }
+    }
+    if (*other == NULL) {
+        return -1;
+    }
+    if (e->containment >= 0 && (holds(best_shared, mine, e->containment) || holds(best_shared, best_theirs, e->containment))) {
+        return KIND_PARTIAL;
+    }
+    if (e->revised >= 0 && (*inside > *contains ? *inside : *contains) >= e->revised) {
+        return KIND_REVISED;
+    }
+    *other = NULL;
+    return -1;
+}
+
+/* The verdict naming probe `p` (dedup.py's _matched): the passages but for a duplicate, the
+ * cluster's head or its first article as canonical, and `p`'s cluster. */
+static int matched(Engine *e, Fresh *f, int kind, PyObject *p, PyObject *scores_tuple) {
+    f->kind = kind, f->match = p, f->match_scores = scores_tuple;
+    f->shared = kept(f, PyList_New(0));
+    if (f->shared == NULL) {
+        return -1;
+    }
+    if (kind != KIND_DUPLICATE) {
+        PyObject *theirs = kept(f, PyObject_GetAttr(p, name_anchors));
+        PyObject *packed = theirs ? kept(f, PyObject_GetAttr(theirs, name_packed)) : NULL;
+        PyObject *args = packed ? Py_BuildValue("(OOnnnnn)", f->anchors, packed, e->k, e->gap, e->shift, e->repeats,
+                                                e->passage_limit)
+                                : NULL;
+        f->shared = args ? kept(f, passages(NULL, args)) : NULL;
+        Py_XDECREF(args);
+        if (f->shared == NULL) {
+            return -1;
+        }
+    }
+    f->cluster_id = kept(f, PyObject_GetAttr(p, name_cluster_id));
+    if (f->cluster_id == NULL || int_of(p, name_cluster, &f->cluster) < 0) {
+        return -1;
+    }
+    PyObject *cluster = kept(f, seq_bytes(f->cluster));
+    PyObject *head_key = cluster ? kept(f, prefixed('h', PyBytes_AS_STRING(cluster), 8)) : NULL;
+    PyObject *names = head_key ? kept(f, PyList_New(1)) : NULL;
+    if (names == NULL) {
+        return -1;
+    }
+    PyList_SET_ITEM(names, 0, Py_NewRef(head_key));
+    PyObject *heads = kept(f, left(e, names, e->get_many));
+    if (heads == NULL) {
+        return -1;
+    }
+    PyObject *head = PyList_GET_ITEM(heads, 0);
+    if (head == Py_None) {
+        f->canonical = f->cluster_id;
+        return 0;
+    }
+    if (!PyBytes_Check(head) || PyBytes_GET_SIZE(head) < 8) {
+        PyErr_SetString(PyExc_ValueError, "a cluster's head entry is cut short");
+        return -1;
+    }
+    f->canonical = kept(f, PyUnicode_DecodeUTF8(PyBytes_AS_STRING(head) + 8, PyBytes_GET_SIZE(head) - 8, NULL));
+    return f->canonical == NULL ? -1 : 0;
+}
+
+static PyObject *candidate_row(PyObject *p, PyObject *jaccard, PyObject *inside, PyObject *contains) {
+    PyObject *id = PyObject_GetAttr(p, name_article_id);
+    PyObject *row = id ? PyTuple_Pack(4, id, jaccard, inside, contains) : NULL;
+    Py_XDECREF(id);
+    return row;
+}
+
+/* The decision (dedup.py's decide for an article neither held nor deleted, whose content none
+ * holds): 1 decided, 0 not one the run takes, -1 an error. */
+static int decide_one(Engine *e, Fresh *f, int64_t seq) {
+    PyObject *names = kept(f, PyList_New(3));
+    if (names == NULL) {
+        return -1;
+    }
+    PyObject *first[3] = {prefixed_text('a', f->id), prefixed_text('d', f->id),
+                          prefixed('c', PyBytes_AS_STRING(f->hash), PyBytes_GET_SIZE(f->hash))};
+    for (int i = 0; i < 3; i++) {
+        if (first[i] == NULL) {
+            for (int j = i + 1; j < 3; j++) {
+                Py_XDECREF(first[j]);
+            }
+            return -1;
+        }
+        PyList_SET_ITEM(names, i, first[i]);
+    }
+    PyObject *held = kept(f, left(e, names, e->get_many));
+    if (held == NULL) {
+        return -1;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (PyList_GET_ITEM(held, i) != Py_None) {
+            return 0; /* a new version, a revived id, or a content held: the Python path */
+        }
+    }
+    PyObject *others = kept(f, band_candidates(e, f));
+    f->kept = kept(f, PyList_New(0));
+    if (others == NULL || f->kept == NULL) {
+        return -1;
+    }
+    PyObject *match = Py_None;
+    if (PyList_GET_SIZE(others)) {
+        PyObject *args = Py_BuildValue("(OOLidndd)", f->verifier, others, (long long)f->shingle_count, e->empty_slot,
+                                       e->chance, e->top_candidates, e->threshold, e->containment);
+        PyObject *ranked = args ? kept(f, rank(NULL, args)) : NULL;
+        Py_XDECREF(args);
+        if (ranked == NULL) {
+            return -1;
+        }
+        PyObject *top = PyTuple_GET_ITEM(ranked, 0);
+        match = PyTuple_GET_ITEM(ranked, 1);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(top); i++) {
+            PyObject *row = PyList_GET_ITEM(top, i);
+            Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 0));
+            PyObject *candidate = at < 0 ? NULL
+                                         : candidate_row(PyList_GET_ITEM(others, at), PyTuple_GET_ITEM(row, 1),
+                                                         PyTuple_GET_ITEM(row, 2), PyTuple_GET_ITEM(row, 3));
+            if (candidate == NULL || kept(f, candidate) == NULL || PyList_Append(f->kept, candidate) < 0) {
+                return -1;
+            }
+        }
+    }
+    PyObject *match_probe = NULL, *match_scores = NULL;
+    long match_kind = 0;
+    if (match != Py_None) {
+        match_kind = PyLong_AsLong(PyTuple_GET_ITEM(match, 0));
+        match_probe = PyList_GET_ITEM(others, PyLong_AsSsize_t(PyTuple_GET_ITEM(match, 1)));
+        match_scores = kept(f, PyTuple_GetSlice(match, 2, 5));
+        if (match_scores == NULL) {
+            return -1;
+        }
+        if (match_kind == 1) { /* a duplicate joins no posting list: no anchor lookup */
+            return matched(e, f, KIND_DUPLICATE, match_probe, match_scores) < 0 ? -1 : 1;
+        }
+    }
+    PyObject *anchored = NULL;
+    if (PyBytes_GET_SIZE(f->anchors) && e->anchor_lookup) {
+        PyObject *args = Py_BuildValue("(Oy)", f->anchors, "n");
+        f->posting_names = args ? kept(f, posting_keys(NULL, args)) : NULL;
+        Py_XDECREF(args);
+        anchored = f->posting_names ? kept(f, anchor_candidates(e, f, seq)) : NULL;
+        if (anchored == NULL) {
+            return -1;
+        }
+    }
+    PyObject *other = NULL;
+    double inside = 0.0, contains = 0.0;
+    int kind = anchored ? contained(e, f, anchored, &other, &inside, &contains) : -1;
+    if (kind == -2) {
+        return -1;
+    }
+    if (match_probe != NULL && kind != KIND_PARTIAL) { /* a partial by the verifier: the anchors show where */
+        return matched(e, f, KIND_PARTIAL, match_probe, match_scores) < 0 ? -1 : 1;
+    }
+    if (kind < 0) {
+        f->kind = KIND_UNIQUE, f->canonical = f->id, f->cluster = seq, f->cluster_id = f->id;
+        f->shared = kept(f, PyList_New(0));
+        return f->shared == NULL ? -1 : 1;
+    }
+    PyObject *one = kept(f, PyList_New(1));
+    if (one == NULL) {
+        return -1;
+    }
+    PyList_SET_ITEM(one, 0, Py_NewRef(other));
+    PyObject *args = Py_BuildValue("(OOLid)", f->verifier, one, (long long)f->shingle_count, e->empty_slot, e->chance);
+    PyObject *scored = args ? kept(f, scores(NULL, args)) : NULL;
+    Py_XDECREF(args);
+    if (scored == NULL) {
+        return -1;
+    }
+    double jaccard;
+    memcpy(&jaccard, PyBytes_AS_STRING(PyTuple_GET_ITEM(scored, 0)), sizeof jaccard);
+    PyObject *figures = kept(f, Py_BuildValue("(ddd)", jaccard, inside, contains));
+    PyObject *other_id = figures ? kept(f, PyObject_GetAttr(other, name_article_id)) : NULL;
+    if (other_id == NULL) {
+        return -1;
+    }
+    int listed = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(f->kept) && !listed; i++) {
+        int same = PyUnicode_Compare(PyTuple_GET_ITEM(PyList_GET_ITEM(f->kept, i), 0), other_id);
+        if (same == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        listed = same == 0;
+    }
+    if (!listed) {
+        PyObject *row = kept(f, PyTuple_Pack(4, other_id, PyTuple_GET_ITEM(figures, 0), PyTuple_GET_ITEM(figures, 1),
+                                             PyTuple_GET_ITEM(figures, 2)));
+        if (row == NULL || PyList_Append(f->kept, row) < 0) {
+            return -1;
+        }
+    }
+    return matched(e, f, kind, other, figures) < 0 ? -1 : 1;
+}
+
+/* The article's record and verdict, from what its decision chose (a new list of the two bytes). */
+static int written_bytes(Engine *e, Fresh *f, int64_t seq, PyObject **record, PyObject **verdict) {
+    ArticleOut a;
+    memset(&a, 0, sizeof a);
+    DecisionOut *d = &a.decision;
+    int failed = text_of(f->id, &a.id) < 0 || text_of(f->cluster_id, &a.cluster_id) < 0 ||
+                 text_of(f->canonical, &d->canonical) < 0;
+    a.seq = seq, a.time_ms = f->time_ms, a.cluster = f->cluster, a.shingle_count = f->shingle_count;
+    a.short_text = f->short_text, a.keys = f->keys;
+    d->kind = f->kind, d->has_match = f->match != NULL;
+    failed = failed || PyObject_GetBuffer(f->hash, &a.hash, PyBUF_SIMPLE) < 0 ||
+             PyObject_GetBuffer(f->verifier, &a.verifier, PyBUF_SIMPLE) < 0 ||
+             (f->kind != KIND_DUPLICATE && PyObject_GetBuffer(f->anchors, &a.anchors, PyBUF_SIMPLE) < 0);
+    for (int i = 0; i < 3; i++) {
+        d->raw[i] = Py_NewRef(d->has_match ? PyTuple_GET_ITEM(f->match_scores, i) : Py_None);
+        d->scores[i] = d->has_match ? PyFloat_AsDouble(d->raw[i]) : 0.0;
+    }
+    PyObject *match_id = d->has_match && !failed ? kept(f, PyObject_GetAttr(f->match, name_article_id)) : NULL;
+    failed = failed || (d->has_match && (match_id == NULL || text_of(match_id, &d->match) < 0));
+    d->candidate_count = PyList_GET_SIZE(f->kept);
+    d->passage_count = PyList_GET_SIZE(f->shared);
+    d->candidates = PyMem_Calloc((size_t)d->candidate_count + 1, sizeof(CandidateOut));
+    d->passages = PyMem_Calloc((size_t)d->passage_count + 1, sizeof *d->passages);
+    failed = failed || d->candidates == NULL || d->passages == NULL;
+    for (Py_ssize_t i = 0; i < d->candidate_count && !failed; i++) {
+        PyObject *row = PyList_GET_ITEM(f->kept, i);
+        failed = text_of(PyTuple_GET_ITEM(row, 0), &d->candidates[i].id) < 0;
+        for (int s = 0; s < 3 && !failed; s++) {
+            d->candidates[i].scores[s] = PyFloat_AsDouble(PyTuple_GET_ITEM(row, s + 1));
+            failed = d->candidates[i].scores[s] == -1.0 && PyErr_Occurred();
+        }
+    }
+    for (Py_ssize_t i = 0; i < d->passage_count && !failed; i++) {
+        for (int v = 0; v < 5 && !failed; v++) {
+            d->passages[i][v] = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(f->shared, i), v));
+            failed = d->passages[i][v] == -1 && PyErr_Occurred();
+        }
+    }
+    Buf out = {0}, json = {0};
+    failed = failed || PyErr_Occurred() || record_write(&out, &a) < 0 ||
+             verdict_write(&json, &a, PyBytes_AS_STRING(e->audit), PyBytes_GET_SIZE(e->audit), f->latency) < 0;
+    if (failed && (d->candidates == NULL || d->passages == NULL) && !PyErr_Occurred()) {
+        PyErr_NoMemory();
+    }
+    *record = failed ? NULL : finished(&out);
+    *verdict = failed || *record == NULL ? NULL : finished(&json);
+    if (failed) {
+        PyMem_Free(out.data);
+        PyMem_Free(json.data);
+    } else if (*record == NULL) {
+        PyMem_Free(json.data);
+    }
+    article_release(&a);
+    if (*record == NULL || *verdict == NULL) {
+        Py_CLEAR(*record);
+        return -1;
+    }
+    return 0;
+}
+
+static int put_main(Engine *e, PyObject *key, PyObject *value) {
+    int failed = key == NULL || PyDict_SetItem(e->main, key, value) < 0;
+    Py_XDECREF(key);
+    return failed ? -1 : 0;
+}
+
+/* The article indexed (index.py's apply of a new article that no content map entry names): the
+ * content map, its buckets, its posting lists, its cluster, the time order, the id map and its
+ * record, into the run's writes. */
+static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *added) {
+    PyObject *seq_key = kept(f, seq_bytes(seq));
+    if (seq_key == NULL || put_main(e, prefixed('c', PyBytes_AS_STRING(f->hash), PyBytes_GET_SIZE(f->hash)), seq_key) < 0) {
+        return -1;
+    }
+    PyObject *args = Py_BuildValue("(OOOnOO)", f->bucket_names, f->buckets, seq_key, e->bucket_bytes, e->main, e->sizes);
+    PyObject *created = args ? join_buckets(NULL, args) : NULL;
+    Py_XDECREF(args);
+    if (created == NULL) {
+        return -1;
+    }
+    added->buckets += PyLong_AsLongLong(created);
+    Py_DECREF(created);
+    if (f->kind != KIND_DUPLICATE) { /* a duplicate joins no posting list: its match holds the text */
+        if (f->posting_names == NULL) {
+            PyObject *keys_args = Py_BuildValue("(Oy)", f->anchors, "n");
+            f->posting_names = keys_args ? kept(f, posting_keys(NULL, keys_args)) : NULL;
+            Py_XDECREF(keys_args);
+        }
+        if (f->posting_names == NULL) {
+            return -1;
+        }
+        Py_ssize_t count = PyList_GET_SIZE(f->posting_names);
+        if (count && f->postings == NULL) {
+            f->postings = kept(f, left(e, f->posting_names, e->read_postings));
+            if (f->postings == NULL) {
+                return -1;
+            }
+        }
+        if (count) {
+            int64_t low = (seq & POSTING_SEQS) | (count < 2 ? FEW_ANCHORS : 0);
+            unsigned char entry[POSTING_ENTRY];
+            for (int i = POSTING_ENTRY - 1; i >= 0; i--, low >>= 8) {
+                entry[i] = (unsigned char)(low & 0xFF);
+            }
+            PyObject *join = Py_BuildValue("(OOy#nO)", f->posting_names, f->postings, entry, (Py_ssize_t)POSTING_ENTRY,
+                                           e->posting_bytes, e->main);
+            PyObject *joined = join ? join_postings(NULL, join) : NULL;
+            Py_XDECREF(join);
+            if (joined == NULL) {
+                return -1;
+            }
+            added->postings += PyLong_AsLongLong(PyTuple_GET_ITEM(joined, 0));
+            added->boilerplate += PyLong_AsLongLong(PyTuple_GET_ITEM(joined, 1));
+            Py_DECREF(joined);
+            if (PyList_Append(e->postings_written, f->posting_names) < 0) {
+                return -1;
+            }
+        }
+    }
+    if (f->cluster == seq) {
+        added->clusters++;
+    } else {
+        unsigned char member[17];
+        member[0] = 'k';
+        for (int i = 0; i < 8; i++) {
+            member[1 + i] = (unsigned char)((uint64_t)f->cluster >> (56 - 8 * i));
+            member[9 + i] = (unsigned char)((uint64_t)seq >> (56 - 8 * i));
+        }
+        if (put_main(e, PyBytes_FromStringAndSize((const char *)member, 17), empty_bytes) < 0) {
+            return -1;
+        }
+    }
+    unsigned char when[17]; /* t<time + 2**63><seq>: the arrivals by event time */
+    uint64_t biased = (uint64_t)f->time_ms + TIME_BIAS;
+    when[0] = 't';
+    for (int i = 0; i < 8; i++) {
+        when[1 + i] = (unsigned char)(biased >> (56 - 8 * i));
+        when[9 + i] = (unsigned char)((uint64_t)seq >> (56 - 8 * i));
+    }
+    PyObject *time_key = kept(f, PyBytes_FromStringAndSize((const char *)when, 17));
+    if (time_key == NULL || PyDict_SetItem(e->main, time_key, empty_bytes) < 0 ||
+        PyList_Append(e->times_written, time_key) < 0 || put_main(e, prefixed_text('a', f->id), seq_key) < 0 ||
+        PyDict_SetItem(e->records, seq_key, record) < 0) {
+        return -1;
+    }
+    added->articles++;
+    if (!added->has_newest || f->time_ms > added->newest) {
+        added->has_newest = 1, added->newest = f->time_ms;
+    }
+    return 0;
+}
+
+static int item_read(Fresh *f, PyObject *item) {
+    PyObject *cutoff;
+    int short_text;
+    long long shingle_count, distinct, time_ms;
+    if (!PyTuple_Check(item) ||
+        !PyArg_ParseTuple(item, "UO!O!OLpO!LLOO", &f->id, &PyBytes_Type, &f->hash, &PyTuple_Type, &f->keys, &f->verifier,
+                          &shingle_count, &short_text, &PyBytes_Type, &f->anchors, &distinct, &time_ms, &cutoff,
+                          &f->latency)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "an item must be a tuple");
+        }
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f->keys); i++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(f->keys, i))) {
+            return invalid("an item's band keys must be bytes");
+        }
+    }
+    if (f->latency != Py_None && !PyFloat_Check(f->latency)) {
+        PyErr_SetString(PyExc_TypeError, "latency_ms must be a float or None");
+        return -1;
+    }
+    f->shingle_count = shingle_count, f->short_text = short_text, f->distinct = distinct, f->time_ms = time_ms;
+    f->has_cutoff = cutoff != Py_None;
+    long long bound = f->has_cutoff ? PyLong_AsLongLong(cutoff) : 0;
+    f->cutoff = bound;
+    return bound == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int engine_read(Engine *e, PyObject *context) {
+    PyObject *settings;
+    if (!PyArg_ParseTuple(context, "OOOOO!O!O!O!O!OnO!O!", &e->get_many, &e->read_postings, &e->prospects,
+                          &e->keep_record, &PyDict_Type, &e->main, &PyDict_Type, &e->records, &PyList_Type,
+                          &e->times_written, &PyList_Type, &e->postings_written, &PyList_Type, &e->sizes, &e->before,
+                          &e->before_base, &PyBytes_Type, &e->audit, &PyTuple_Type, &settings)) {
+        return -1;
+    }
+    int lookup;
+    if (!PyArg_ParseTuple(settings, "nnnnnndddpidnnnn", &e->bucket_bytes, &e->posting_bytes, &e->max_candidates,
+                          &e->top_candidates, &e->anchor_candidates, &e->passage_limit, &e->threshold,
+                          &e->containment, &e->revised, &lookup, &e->empty_slot, &e->chance, &e->k, &e->gap,
+                          &e->shift, &e->repeats)) {
+        return -1;
+    }
+    e->anchor_lookup = lookup;
+    if (e->max_candidates < 0 || e->anchor_candidates < 0 || e->top_candidates < 0) {
+        return invalid("candidate counts must be >= 0");
+    }
+    return 0;
+}
+
+static PyObject *decide_fresh(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *items, *context;
+    long long first_seq;
+    Engine e;
+    if (!PyArg_ParseTuple(args, "O!LO!", &PyList_Type, &items, &first_seq, &PyTuple_Type, &context) ||
+        engine_read(&e, context) < 0) {
+        return NULL;
+    }
+    Added added = {0};
+    added.seq = first_seq;
+    PyObject *results = PyList_New(0);
+    Py_ssize_t done = 0;
+    for (; results != NULL && done < PyList_GET_SIZE(items); done++) {
+        if (e.before != Py_None) {
+            PyObject *at = PyLong_FromSsize_t(e.before_base + done);
+            PyObject *marked = at ? PyObject_CallOneArg(e.before, at) : NULL;
+            Py_XDECREF(at);
+            if (marked == NULL) {
+                Py_CLEAR(results);
+                break;
+            }
+            Py_DECREF(marked);
+        }
+        Fresh f;
+        memset(&f, 0, sizeof f);
+        f.keep = PyList_New(0);
+        if (f.keep == NULL || item_read(&f, PyList_GET_ITEM(items, done)) < 0) {
+            Py_XDECREF(f.keep);
+            Py_CLEAR(results);
+            break;
+        }
+        int decided = decide_one(&e, &f, added.seq);
+        if (decided < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear(); /* the Python path decides it again, and raises or answers as it does */
+            decided = 0;
+        }
+        PyObject *record = NULL, *verdict = NULL, *row = NULL;
+        int failed = decided < 0 || (decided > 0 && (written_bytes(&e, &f, added.seq, &record, &verdict) < 0 ||
+                                                      index_one(&e, &f, added.seq, record, &added) < 0 ||
+                                                      (row = Py_BuildValue("(OOs)", record, verdict, kind_names[f.kind])) == NULL ||
+                                                      PyList_Append(results, row) < 0));
+        Py_XDECREF(row);
+        Py_XDECREF(verdict);
+        if (!failed && decided > 0) {
+            PyObject *kept_probe = PyObject_CallOneArg(e.keep_record, record);
+            failed = kept_probe == NULL;
+            Py_XDECREF(kept_probe);
+            added.seq++;
+        }
+        Py_XDECREF(record);
+        Py_DECREF(f.keep);
+        if (failed) {
+            Py_CLEAR(results);
+        }
+        if (decided == 0 || failed) {
+            break;
+        }
+    }
+    if (results == NULL) {
+        return NULL;
+    }
+    PyObject *newest = added.has_newest ? PyLong_FromLongLong(added.newest) : Py_NewRef(Py_None);
+    PyObject *counts = newest ? Py_BuildValue("(LLLLLOL)", added.buckets, added.postings, added.boilerplate,
+                                              added.clusters, added.articles, newest, (long long)added.seq)
+                              : NULL;
+    Py_XDECREF(newest);
+    PyObject *result = counts ? Py_BuildValue("(NnN)", results, done, counts) : NULL;
+    if (result == NULL) {
+        Py_DECREF(results);
+    }
+    return result;
+}
+
+PyMethodDef decide_methods[] = {
+    {"encode_record", encode_record, METH_O, "An indexed article's state record (state/records.py's layout)."},
+    {"verdict_json", verdict_json, METH_VARARGS, "An indexed article's verdict as orjson writes verdict_dict."},
+    {"decide_fresh", decide_fresh, METH_VARARGS, "A run of articles new to the index decided and indexed in order."},
+    {NULL, NULL, 0, NULL},
+};
+
+int decide_init(void) {
+    struct {
+        PyObject **name;
+        const char *text;
+    } names[] = {
+        {&name_article_id, "article_id"}, {&name_version, "version"},   {&name_seq, "seq"},
+        {&name_time_ms, "time_ms"},       {&name_cluster, "cluster"},   {&name_cluster_id, "cluster_id"},
+        {&name_keys, "keys"},             {&name_sketch, "sketch"},     {&name_decision, "decision"},
+        {&name_content_hash, "content_hash"}, {&name_verifier, "verifier"}, {&name_signature, "signature"},
+        {&name_shingle_count, "shingle_count"}, {&name_short, "short"}, {&name_anchors, "anchors"},
+        {&name_packed, "packed"},         {&name_kind, "kind"},         {&name_match_id, "match_id"},
+        {&name_jaccard, "jaccard"},       {&name_containment, "containment"}, {&name_contains, "contains"},
+        {&name_canonical_id, "canonical_id"}, {&name_exact, "exact"}, {&name_candidates, "candidates"},
+        {&name_passages, "passages"},     {&name_start, "start"},       {&name_end, "end"},
+        {&name_other_start, "other_start"}, {&name_other_end, "other_end"},
+        {&name_anchor_count, "anchor_count"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL) {
+            return -1;
+        }
+    }
+    if (empty_bytes == NULL && (empty_bytes = PyBytes_FromStringAndSize("", 0)) == NULL) {
+        return -1;
+    }
+    return 0;
+}

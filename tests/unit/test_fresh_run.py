@@ -1,0 +1,218 @@
+"""The compiled run of new articles (_sketch.decide_fresh through IndexState.add_fresh) against the
+Python path it stands in for (IndexShard(compiled=False): core/dedup.py's decide and
+IndexState.apply, one article at a time): the same statuses, verdicts, removals, every key and
+record of the state, its counts and the applied inputs, over streams of new texts, near and exact
+copies, excerpts, versions, deletions and ids added again (which the run leaves to the Python path),
+the sample news and the news corpus's first texts where present; containment on and off, expiry,
+in memory and in RocksDB (keyed and held) under the worker's write overlay. And what it does where
+it fails: the article left to the Python path, nothing of it written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from neardup.core.compiled import _sketch
+from neardup.core.dedup import fresh_settings
+from neardup.core.params import DedupParams
+from neardup.core.retention import NO_RETENTION, Retention
+from neardup.pipeline.shard import POSITION_KEY, Decided, IndexShard, Item
+from neardup.state.index import META, IndexState, fresh_row
+from neardup.state.memory import MemoryKV, MemoryState
+from neardup.state.rocks import RocksOptions, RocksState
+from tests.support.arrivals import SAMPLE, paragraphs, signed_items, stream
+
+ON, OFF = DedupParams(), DedupParams(containment_index=False)
+NOW_S = 1_800_000_000.0
+CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"
+
+
+def sample_news() -> list[tuple[str, str | None]]:
+    news = [orjson.loads(line) for line in SAMPLE.read_bytes().splitlines() if line.strip()]
+    return [(article["id"], article["text"]) for article in news]
+
+
+def decided(shard: IndexShard, items: list[Item], size: int, layered: bool = False) -> list[Decided]:
+    results: list[Decided] = []
+    for chunk, at in enumerate(range(0, len(items), size)):
+        if layered:
+            shard.begin(chunk)
+        results += shard.decide(items[at : at + size], offset=at, now=NOW_S)
+        if layered:
+            shard.commit(chunk, at + size)
+    return results
+
+
+def everything(shard: IndexShard, results: list[Decided]) -> tuple[Any, ...]:
+    """What a run leaves: its results (latency and all) and the whole state, but the time a
+    derived state's position was taken at (the clock's)."""
+    state = shard.state
+    keys = [(key, value) for key, value in state.kv.scan(b"") if key != META + POSITION_KEY]
+    return (results, sorted(keys), sorted(state.kv.scan_records()), state.counts, state.next_seq(),
+            shard.inputs, shard.counts)  # fmt: skip
+
+
+def compiled_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many articles the compiled run took, counted as it goes."""
+    taken = [0]
+    real = IndexState.add_fresh
+
+    def counting(self: IndexState, *args: Any, **kwargs: Any) -> list[tuple[bytes, bytes, str]]:
+        written = real(self, *args, **kwargs)
+        taken[0] += len(written)
+        return written
+
+    monkeypatch.setattr(IndexState, "add_fresh", counting)
+    return taken
+
+
+@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
+@pytest.mark.parametrize(("seed", "size", "window_ms"), [(3, 32, None), (11, 7, 60_000), (5, 1, 90_000)])
+def test_a_stream_is_decided_as_the_python_path_decides_it(
+    params: DedupParams, seed: int, size: int, window_ms: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    items = signed_items(list(stream(seed, 300)), params)
+    retention = NO_RETENTION if window_ms is None else Retention(window_ms=window_ms)
+    reference = IndexShard(MemoryState(), params, retention, compiled=False)
+    expected = everything(reference, decided(reference, items, size))
+    taken = compiled_count(monkeypatch)
+    shard = IndexShard(MemoryState(), params, retention)
+    assert everything(shard, decided(shard, items, size)) == expected
+    kinds = {r.kind for r in expected[0] if r.verdict}
+    assert {"unique", "duplicate"} <= kinds and (params is OFF or "partial" in kinds), kinds
+    assert "deleted" in {r.status for r in expected[0]}
+    assert len(items) // 2 < taken[0] < len(items), (
+        "most articles are new to the index; copies and versions are not"
+    )
+    assert window_ms is None or sum(r.expired for r in expected[0]) > 0
+
+
+@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
+def test_the_sample_news_is_decided_as_the_python_path_decides_it(params: DedupParams) -> None:
+    items = signed_items(sample_news(), params)
+    reference = IndexShard(MemoryState(), params, compiled=False)
+    expected = everything(reference, decided(reference, items, 32))
+    shard = IndexShard(MemoryState(), params)
+    assert everything(shard, decided(shard, items, 32)) == expected
+    kinds = {r.kind for r in expected[0]}
+    assert {"partial", "duplicate"} <= kinds and (params is OFF or "revised" in kinds), kinds
+
+
+@pytest.mark.skipif(
+    not CORPUS.exists(), reason="the news corpus is fetched by tests/data/build_news_corpus.py"
+)
+def test_the_news_corpus_is_decided_as_the_python_path_decides_it() -> None:
+    lines = CORPUS.read_bytes().splitlines()[:1200]
+    arrivals = [(str(n), orjson.loads(line)["text"]) for n, line in enumerate(lines)]
+    items = signed_items(arrivals, ON)
+    reference = IndexShard(MemoryState(), ON, compiled=False)
+    expected = everything(reference, decided(reference, items, 20))
+    shard = IndexShard(MemoryState(), ON)
+    assert everything(shard, decided(shard, items, 20)) == expected
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["keyed", "held"])
+def test_rocksdb_under_the_overlay_is_left_as_the_python_path_leaves_it(hold: bool, tmp_path: Path) -> None:
+    items = signed_items(list(stream(9, 240)), ON)
+    runs = []
+    for compiled in (False, True):
+        state = RocksState(tmp_path / str(compiled), RocksOptions(hold_families=hold), layered=True)
+        shard = IndexShard(state, ON, changelog={}, compiled=compiled)
+        shard.restore_point(0, int(NOW_S * 1000), None)  # as a worker opens its derived state
+        try:
+            results = decided(shard, items, 20, layered=True)
+            runs.append((everything(shard, results), dict(shard.changelog)))  # type: ignore[arg-type]
+        finally:
+            state.close()
+    assert runs[0] == runs[1]
+
+
+def test_a_failing_read_leaves_the_article_to_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store fails on the third article's bucket read, once: the compiled run stops before it,
+    nothing of it written, and the Python path decides it (the store answering by then)."""
+    items = signed_items(list(stream(4, 60)), ON)
+    reference = IndexShard(MemoryState(), ON, compiled=False)
+    expected = everything(reference, decided(reference, items, 16))
+    real, failures = MemoryKV.get_many, [0]
+
+    def once(self: MemoryKV, keys: list[bytes]) -> list[bytes | None]:
+        if keys and keys[0].startswith(b"b") and not failures[0]:
+            failures[0] += 1
+            raise OSError("injected")
+        return real(self, keys)
+
+    monkeypatch.setattr(MemoryKV, "get_many", once)
+    shard = IndexShard(MemoryState(), ON)
+    assert everything(shard, decided(shard, items, 16)) == expected
+    assert failures == [1]
+
+
+def test_a_run_that_raises_writes_nothing_and_keeps_no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error the compiled call raises rather than leaves to the Python path: none of the run is
+    written and the probes it kept go; the shard logs it and decides on by the Python path."""
+    items = signed_items(list(stream(6, 40)), ON)
+    reference = IndexShard(MemoryState(), ON, compiled=False)
+    expected = everything(reference, decided(reference, items, 10))
+    real, calls = IndexState._keep_record, [0]
+
+    def failing(self: IndexState, record: bytes) -> None:
+        real(self, record)
+        calls[0] += 1
+        if calls[0] == 3:
+            raise MemoryError("injected")
+
+    monkeypatch.setattr(IndexState, "_keep_record", failing)
+    shard = IndexShard(MemoryState(), ON)
+    distinct = signed_items([(f"p{n}", text) for n, text in enumerate(paragraphs()[:5])], ON)
+    rows = [fresh_row(i.article_id, i.sketch, i.band_keys, i.time_ms, None, None) for i in distinct]  # type: ignore[union-attr]
+    with pytest.raises(MemoryError):
+        shard.state.add_fresh(rows, fresh_settings(ON) or (), b"{}")
+    assert shard.state.next_seq() == 0 and not list(shard.state.kv.scan_records())
+    assert shard.state.versions.prospects([0, 1, 2]) == [None, None, None]
+    calls[0] = 0  # fails again in the shard's first run
+    assert everything(shard, decided(shard, items, 10)) == expected
+    assert calls[0] > 3
+
+
+def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exact copy, a new version and a revived id are left to the Python path, as is every
+    article without a verifier: of these arrivals the run takes the first alone."""
+    text = sample_news()[0][1]
+    assert text is not None
+    arrivals = [("a", text), ("b", text), ("a", text + " Updated."), ("a", None), ("a", text + " Again.")]
+    taken = compiled_count(monkeypatch)
+    for params, compiled in ((ON, 1), (DedupParams(verify_perm=0), 0)):
+        items = signed_items(arrivals, params)
+        reference = IndexShard(MemoryState(), params, compiled=False)
+        expected = everything(reference, decided(reference, items, 5))
+        taken[0] = 0
+        shard = IndexShard(MemoryState(), params)
+        assert everything(shard, decided(shard, items, 5)) == expected
+        assert taken == [compiled] and [r.status for r in expected[0]] == [
+            "new",
+            "new",
+            "new",
+            "deleted",
+            "new",
+        ]
+        assert expected[0][1].kind == "duplicate" and orjson.loads(expected[0][1].verdict or b"")["exact"]
+
+
+def test_bad_rows_and_contexts_are_refused() -> None:
+    state = MemoryState()
+    settings = (512, 160, *([0] * 14))
+    context = (state.kv.get_many, state.postings.stored, state.versions.prospects, print, {}, {}, [], [], [0])
+    with pytest.raises(TypeError):
+        _sketch.decide_fresh([("id",)], 0, (*context, None, 0, b"{}", settings))
+    with pytest.raises(TypeError):
+        _sketch.decide_fresh([], 0, (*context[:-1], None, 0, b"{}", settings))
+    with pytest.raises(ValueError, match="candidate counts"):
+        _sketch.decide_fresh([], 0, (*context, None, 0, b"{}", (512, 160, -1, *([0] * 13))))
+    assert _sketch.decide_fresh([], 7, (*context, None, 0, b"{}", settings)) == (
+        [],
+        0,
+        (0, 0, 0, 0, 0, None, 7),
+    )
