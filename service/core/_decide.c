@@ -702,8 +702,8 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
  *     caller writing them in one batch.
  *
  *     items: tuples (article_id, content_hash, band keys (a tuple of bytes), verifier (uint8
- *     buffer), shingle_count, short, anchors (packed), distinct anchors, time_ms, cutoff_ms or None,
- *     latency_ms or None). seq: the first article's arrival number. context: (get_many,
+ *     buffer), shingle_count, short, anchors (packed), time_ms, cutoff_ms or None, latency_ms or
+ *     None). seq: the first article's arrival number. context: (get_many,
  *     read_postings, prospects, keep_record, main, records, times_written, postings_written,
  *     bucket_sizes, before or None, before_base, audit, settings); settings: (bucket bytes,
  *     posting bytes, max_candidates, top_candidates, anchor_candidates, passages, threshold,
@@ -735,8 +735,8 @@ typedef struct {
 /* One article of the run: its fields as given, then what its decision read and chose. */
 typedef struct {
     PyObject *id, *hash, *keys, *verifier, *anchors, *latency, *keep; /* keep: every object read */
-    int64_t shingle_count, distinct, time_ms, cutoff;
-    int short_text, has_cutoff;
+    int64_t shingle_count, time_ms, cutoff;
+    int short_text, has_cutoff, exact;
     PyObject *bucket_names, *buckets, *posting_names, *postings; /* NULL: not read */
     int kind;
     PyObject *match;         /* the probe matched, NULL for unique */
@@ -950,7 +950,8 @@ static int holds(int64_t shared, int64_t total, double threshold) {
 
 /* dedup.py's _contained: the kind (-1: none), with its probe (borrowed) and shares. */
 static int contained(Engine *e, Fresh *f, PyObject *anchored, PyObject **other, double *inside, double *contains) {
-    int64_t mine = f->distinct, best_seq = 0, best_shared = 0, best_theirs = 0;
+    /* its distinct anchors: one posting list each */
+    int64_t mine = PyList_GET_SIZE(f->posting_names), best_seq = 0, best_shared = 0, best_theirs = 0;
     double best_share = -1.0;
     *other = NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(anchored); i++) {
@@ -1043,8 +1044,43 @@ static PyObject *candidate_row(PyObject *p, PyObject *jaccard, PyObject *inside,
     return row;
 }
 
-/* The decision (dedup.py's decide for an article neither held nor deleted, whose content none
- * holds): 1 decided, 0 not one the run takes, -1 an error. */
+/* An exact copy of the content's holder, the article of arrival `holder` (dedup.py's
+ * _exact_match): 1 decided, 0 left to the Python path (the holder's record gone, or before the
+ * cutoff: then the article is decided by its bands, and takes the content over), -1 an error. */
+static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
+    if (!PyBytes_Check(holder) || PyBytes_GET_SIZE(holder) != 8) {
+        return 0;
+    }
+    uint64_t seq = 0;
+    for (int i = 0; i < 8; i++) {
+        seq = seq << 8 | (unsigned char)PyBytes_AS_STRING(holder)[i];
+    }
+    PyObject *seqs = kept(f, Py_BuildValue("[K]", (unsigned long long)seq));
+    PyObject *probes = seqs ? kept(f, PyObject_CallOneArg(e->prospects, seqs)) : NULL;
+    if (probes == NULL || !PyList_Check(probes) || PyList_GET_SIZE(probes) != 1) {
+        return probes == NULL ? -1 : 0;
+    }
+    PyObject *first = PyList_GET_ITEM(probes, 0);
+    int other = first == Py_None ? 0 : other_article(f, first);
+    int timely = other > 0 ? in_time(f, first) : other;
+    if (timely <= 0) {
+        return timely;
+    }
+    PyObject *scores_tuple = kept(f, Py_BuildValue("(ddd)", 1.0, 1.0, 1.0));
+    PyObject *row = scores_tuple ? kept(f, candidate_row(first, PyTuple_GET_ITEM(scores_tuple, 0),
+                                                         PyTuple_GET_ITEM(scores_tuple, 1),
+                                                         PyTuple_GET_ITEM(scores_tuple, 2)))
+                                 : NULL;
+    f->kept = row ? kept(f, PyList_New(0)) : NULL;
+    if (f->kept == NULL || PyList_Append(f->kept, row) < 0) {
+        return -1;
+    }
+    f->exact = 1;
+    return matched(e, f, KIND_DUPLICATE, first, scores_tuple) < 0 ? -1 : 1;
+}
+
+/* The decision (dedup.py's decide for an article neither held nor deleted): 1 decided, 0 not one
+ * the run takes, -1 an error. */
 static int decide_one(Engine *e, Fresh *f, int64_t seq) {
     PyObject *names = kept(f, PyList_New(3));
     if (names == NULL) {
@@ -1065,10 +1101,11 @@ static int decide_one(Engine *e, Fresh *f, int64_t seq) {
     if (held == NULL) {
         return -1;
     }
-    for (int i = 0; i < 3; i++) {
-        if (PyList_GET_ITEM(held, i) != Py_None) {
-            return 0; /* a new version, a revived id, or a content held: the Python path */
-        }
+    if (PyList_GET_ITEM(held, 0) != Py_None || PyList_GET_ITEM(held, 1) != Py_None) {
+        return 0; /* a new version, or a revived id: the Python path */
+    }
+    if (PyList_GET_ITEM(held, 2) != Py_None) {
+        return exact_copy(e, f, PyList_GET_ITEM(held, 2));
     }
     PyObject *others = kept(f, band_candidates(e, f));
     f->kept = kept(f, PyList_New(0));
@@ -1179,7 +1216,7 @@ static int written_bytes(Engine *e, Fresh *f, int64_t seq, PyObject **record, Py
                  text_of(f->canonical, &d->canonical) < 0;
     a.seq = seq, a.time_ms = f->time_ms, a.cluster = f->cluster, a.shingle_count = f->shingle_count;
     a.short_text = f->short_text, a.keys = f->keys;
-    d->kind = f->kind, d->has_match = f->match != NULL;
+    d->kind = f->kind, d->has_match = f->match != NULL, d->exact = f->exact;
     failed = failed || PyObject_GetBuffer(f->hash, &a.hash, PyBUF_SIMPLE) < 0 ||
              PyObject_GetBuffer(f->verifier, &a.verifier, PyBUF_SIMPLE) < 0 ||
              (f->kind != KIND_DUPLICATE && PyObject_GetBuffer(f->anchors, &a.anchors, PyBUF_SIMPLE) < 0);
@@ -1241,17 +1278,32 @@ static int put_main(Engine *e, PyObject *key, PyObject *value) {
  * record, into the run's writes. */
 static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *added) {
     PyObject *seq_key = kept(f, seq_bytes(seq));
-    if (seq_key == NULL || put_main(e, prefixed('c', PyBytes_AS_STRING(f->hash), PyBytes_GET_SIZE(f->hash)), seq_key) < 0) {
+    if (seq_key == NULL) {
         return -1;
     }
-    PyObject *args = Py_BuildValue("(OOOnOO)", f->bucket_names, f->buckets, seq_key, e->bucket_bytes, e->main, e->sizes);
-    PyObject *created = args ? join_buckets(NULL, args) : NULL;
-    Py_XDECREF(args);
-    if (created == NULL) {
-        return -1;
+    if (f->exact) { /* beside its content's holder (x<hash><seq>), out of the buckets: the holder stands for it */
+        PyObject *copy = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(f->hash) + 9);
+        if (copy != NULL) {
+            PyBytes_AS_STRING(copy)[0] = 'x';
+            memcpy(PyBytes_AS_STRING(copy) + 1, PyBytes_AS_STRING(f->hash), (size_t)PyBytes_GET_SIZE(f->hash));
+            memcpy(PyBytes_AS_STRING(copy) + 1 + PyBytes_GET_SIZE(f->hash), PyBytes_AS_STRING(seq_key), 8);
+        }
+        if (put_main(e, copy, empty_bytes) < 0) {
+            return -1;
+        }
+    } else {
+        PyObject *content = prefixed('c', PyBytes_AS_STRING(f->hash), PyBytes_GET_SIZE(f->hash));
+        PyObject *args = put_main(e, content, seq_key) < 0 ? NULL
+                         : Py_BuildValue("(OOOnOO)", f->bucket_names, f->buckets, seq_key, e->bucket_bytes, e->main,
+                                         e->sizes);
+        PyObject *created = args ? join_buckets(NULL, args) : NULL;
+        Py_XDECREF(args);
+        if (created == NULL) {
+            return -1;
+        }
+        added->buckets += PyLong_AsLongLong(created);
+        Py_DECREF(created);
     }
-    added->buckets += PyLong_AsLongLong(created);
-    Py_DECREF(created);
     if (f->kind != KIND_DUPLICATE) { /* a duplicate joins no posting list: its match holds the text */
         if (f->posting_names == NULL) {
             PyObject *keys_args = Py_BuildValue("(Oy)", f->anchors, "n");
@@ -1325,11 +1377,10 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
 static int item_read(Fresh *f, PyObject *item) {
     PyObject *cutoff;
     int short_text;
-    long long shingle_count, distinct, time_ms;
+    long long shingle_count, time_ms;
     if (!PyTuple_Check(item) ||
-        !PyArg_ParseTuple(item, "UO!O!OLpO!LLOO", &f->id, &PyBytes_Type, &f->hash, &PyTuple_Type, &f->keys, &f->verifier,
-                          &shingle_count, &short_text, &PyBytes_Type, &f->anchors, &distinct, &time_ms, &cutoff,
-                          &f->latency)) {
+        !PyArg_ParseTuple(item, "UO!O!OLpO!LOO", &f->id, &PyBytes_Type, &f->hash, &PyTuple_Type, &f->keys, &f->verifier,
+                          &shingle_count, &short_text, &PyBytes_Type, &f->anchors, &time_ms, &cutoff, &f->latency)) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError, "an item must be a tuple");
         }
@@ -1344,7 +1395,7 @@ static int item_read(Fresh *f, PyObject *item) {
         PyErr_SetString(PyExc_TypeError, "latency_ms must be a float or None");
         return -1;
     }
-    f->shingle_count = shingle_count, f->short_text = short_text, f->distinct = distinct, f->time_ms = time_ms;
+    f->shingle_count = shingle_count, f->short_text = short_text, f->time_ms = time_ms;
     f->has_cutoff = cutoff != Py_None;
     long long bound = f->has_cutoff ? PyLong_AsLongLong(cutoff) : 0;
     f->cutoff = bound;

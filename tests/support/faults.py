@@ -130,18 +130,26 @@ def _fail_children(kind: str, action: str, at: int) -> None:
 
 
 def _fail_on_poisoned_decisions(action: str) -> None:
-    """The decider fails as it comes to the poisoned article, half-way through its batch."""
+    """The decider fails as it comes to the poisoned article, half-way through its batch: as the
+    shard starts deciding it (IndexShard.decide's `before`, called for each article in order by the
+    compiled run and the Python path alike), once the worker's marker says which record it is."""
     from neardup.pipeline.shard import IndexShard
 
-    real = IndexShard._decide_one
+    real = IndexShard.decide
 
     @functools.wraps(real)
-    def deciding(self: IndexShard, item: Any, *args: Any) -> Any:
-        if POISON in item.article_id.encode():
-            _fail(action)
-        return real(self, item, *args)
+    def deciding(
+        self: IndexShard, items: Any, offset: Any = None, now: Any = None, before: Any = None
+    ) -> Any:
+        def starting(n: int) -> None:
+            if before is not None:
+                before(n)
+            if POISON in items[n].article_id.encode():
+                _fail(action)
 
-    IndexShard._decide_one = deciding  # type: ignore[method-assign]
+        return real(self, items, offset, now, starting)
+
+    IndexShard.decide = deciding  # type: ignore[method-assign]
 
 
 def _hold_commit(at: int, delay_s: float) -> None:

@@ -9,6 +9,7 @@ it fails: the article left to the Python path, nothing of it written."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -177,14 +178,32 @@ def test_a_run_that_raises_writes_nothing_and_keeps_no_probe(monkeypatch: pytest
     assert calls[0] > 3
 
 
+def test_an_exact_copy_of_an_expired_holder_is_left_to_the_python_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The holder is before the copy's retention cutoff, not yet removed by an expiry pass: it is
+    no match, and the copy, unique, takes the content over."""
+    text = sample_news()[1][1]
+    old, copy = signed_items([("old", text), ("copy", text)], ON)
+    items = [old, dataclasses.replace(copy, time_ms=old.time_ms + 10_000)]  # type: ignore[union-attr]
+    retention = Retention(window_ms=2_500)
+    reference = IndexShard(MemoryState(), ON, retention, compiled=False)
+    expected = everything(reference, decided(reference, items, 2))
+    taken = compiled_count(monkeypatch)
+    shard = IndexShard(MemoryState(), ON, retention)
+    assert everything(shard, decided(shard, items, 2)) == expected
+    assert taken == [1] and [r.kind for r in expected[0]] == ["unique", "unique"]
+    assert expected[0][1].expired == 1
+
+
 def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An exact copy, a new version and a revived id are left to the Python path, as is every
-    article without a verifier: of these arrivals the run takes the first alone."""
+    """A new version and a revived id are left to the Python path, as is every article without a
+    verifier: of these arrivals the run takes the first and its exact copy."""
     text = sample_news()[0][1]
     assert text is not None
     arrivals = [("a", text), ("b", text), ("a", text + " Updated."), ("a", None), ("a", text + " Again.")]
     taken = compiled_count(monkeypatch)
-    for params, compiled in ((ON, 1), (DedupParams(verify_perm=0), 0)):
+    for params, compiled in ((ON, 2), (DedupParams(verify_perm=0), 0)):
         items = signed_items(arrivals, params)
         reference = IndexShard(MemoryState(), params, compiled=False)
         expected = everything(reference, decided(reference, items, 5))
