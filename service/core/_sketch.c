@@ -145,6 +145,10 @@
  *         and the slot to go on from (past the last: every entry was listed);
  *     len(table): the number of entries.
  *
+ * encode_record, verdict_json and decide_fresh come from _decide.c (its comment): an article's
+ * record and verdict, and the decision of articles new to the index, which calls the entry
+ * points above as they are (_decide.h declares them).
+ *
  * Every function checks its arguments before it reads or writes memory: buffer lengths (a whole
  * number of items, non-empty where an item is read, consistent with each other and with the
  * counts), counts and byte values in range; ValueError naming the argument otherwise (TypeError

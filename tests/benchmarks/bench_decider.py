@@ -1,0 +1,94 @@
+"""The worker's decider alone against another build's, alternated in one run: CPU per article.
+
+Each run is a process of its own that signs the input's first `--articles` lines (not timed), then
+decides them as the worker's decider does (an IndexShard over RocksDB under the write overlay,
+`--chunk` articles a call, each chunk committed) into a new state, timing the CPU of the deciding
+alone. This checkout's interpreter and `--baseline`'s (another checkout's venv) take turns,
+`--repeats` times; both import their own `neardup`, through the calls every build since the held
+families has (IndexShard, RocksState, SignStage). Prints each run's µs per article, the medians and
+their ratio.
+
+Usage:
+  python tests/benchmarks/bench_decider.py --baseline ../previous/.venv/bin/python
+      [--input FILE] (default: the news corpus of tests/data/build_news_corpus.py)
+      [--articles 4082] [--chunk 20] [--layout keyed|held] [--repeats 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"
+
+# What one run does, in the interpreter it is given (this build's or the baseline's).
+ONE_RUN = """
+import sys, tempfile, time
+from pathlib import Path
+from neardup.config import engine_params, keyword_values, retention_window
+from neardup.core.retention import Retention
+from neardup.messages import decode_message
+from neardup.pipeline.shard import IndexShard
+from neardup.pipeline.sign import SignStage
+from neardup.pipeline.wire import Provenance
+from neardup.state.rocks import RocksOptions, RocksState
+
+source, count, chunk, held = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "held"
+values = keyword_values({})
+params, retention = engine_params(values), retention_window(values)
+stage = SignStage(params, values["max_text_bytes"], Retention(skew_ms=retention.skew_ms))
+with open(source, "rb") as lines:
+    texts = [line.rstrip(b"\\n") for _, line in zip(range(count), lines)]
+signed = [
+    stage.sign(decode_message(text, None, values["max_text_bytes"]), Provenance("bench", None, n, None))
+    for n, text in enumerate(texts)
+]
+with tempfile.TemporaryDirectory() as work:
+    options = RocksOptions(bucket_cap=values["bucket_cap"], hold_families=held)
+    state = RocksState(Path(work) / "state", options, layered=True)
+    shard = IndexShard(state, params, retention)
+    started = time.process_time()
+    for number, at in enumerate(range(0, len(signed), chunk)):
+        shard.begin(number)
+        shard.decide(signed[at : at + chunk], at)
+        shard.commit(number, at + chunk)
+    spent = time.process_time() - started
+    state.close()
+print(spent / len(signed) * 1e6)
+"""
+
+
+def one_run(python: str, source: Path, articles: int, chunk: int, layout: str) -> float:
+    """µs of CPU per article, deciding alone, in a process of `python`."""
+    argv = [python, "-c", ONE_RUN, str(source), str(articles), str(chunk), layout]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--baseline", required=True, help="another checkout's venv python")
+    parser.add_argument("--input", type=Path, default=CORPUS)
+    parser.add_argument("--articles", type=int, default=4082)
+    parser.add_argument("--chunk", type=int, default=20)
+    parser.add_argument("--layout", choices=("keyed", "held"), default="keyed")
+    parser.add_argument("--repeats", type=int, default=4)
+    args = parser.parse_args(argv)
+    runs: dict[str, list[float]] = {"this": [], "baseline": []}
+    for repeat in range(args.repeats):
+        for name, python in (("baseline", args.baseline), ("this", sys.executable)):
+            runs[name].append(one_run(python, args.input, args.articles, args.chunk, args.layout))
+            print(f"  run {repeat + 1} {name:8} {runs[name][-1]:7.1f} µs an article", flush=True)
+    this, baseline = statistics.median(runs["this"]), statistics.median(runs["baseline"])
+    print(f"{args.layout}, chunks of {args.chunk}, {args.articles} articles, medians of {args.repeats}:")
+    print(f"  this {this:.1f} µs, baseline {baseline:.1f} µs an article: {this / baseline:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
