@@ -131,6 +131,26 @@ def test_rocksdb_under_the_overlay_is_left_as_the_python_path_leaves_it(hold: bo
     assert runs[0] == runs[1]
 
 
+def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_python_path_keeps_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forty articles of their own paragraphs and one footer in common, and near copies of a few:
+    the footer's posting lists fill to their cap (boilerplate, counted), buckets of 4 at most
+    drop their oldest members; in runs of 16 as the worker's chunks."""
+    pool = paragraphs()
+    footer = pool[0]
+    arrivals = [(f"a{n}", f"{pool[1 + n]}\n\n{pool[60 + n]}\n\n{footer}") for n in range(40)]
+    arrivals += [(f"c{n}", arrivals[n][1] + " Reporting by the desk.") for n in range(0, 40, 4)]
+    items = signed_items(arrivals, ON)
+    reference = IndexShard(MemoryState(bucket_cap=4), ON, compiled=False)
+    expected = everything(reference, decided(reference, items, 16))
+    taken = compiled_count(monkeypatch)
+    shard = IndexShard(MemoryState(bucket_cap=4), ON)
+    assert everything(shard, decided(shard, items, 16)) == expected
+    counts = expected[3]
+    assert taken == [len(items)] and counts.boilerplate > 0 and counts.largest_bucket == 4
+
+
 def test_a_failing_read_leaves_the_article_to_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The store fails on the third article's bucket read, once: the compiled run stops before it,
     nothing of it written, and the Python path decides it (the store answering by then)."""
