@@ -4,17 +4,18 @@ excerpts, new versions, deletions and ids added again, signed as the worker sign
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
 
 from neardup.core.params import DedupParams
-from neardup.pipeline.shard import Item
+from neardup.pipeline.shard import Decided, IndexShard, Item
 from neardup.pipeline.sign import SignStage
 from neardup.pipeline.wire import Provenance, decode_signed
 
 SAMPLE = Path(__file__).resolve().parents[2] / "service" / "data" / "sample_news.jsonl"
+NOW_S = 1_800_000_000.0  # the clock the tests decide at
 
 
 def paragraphs() -> list[str]:
@@ -56,7 +57,7 @@ def stream(seed: int, count: int) -> Iterator[tuple[str, str | None]]:
         yield held[-1]
 
 
-def signed_items(arrivals: list[tuple[str, str | None]], params: DedupParams) -> list[Item]:
+def signed_items(arrivals: Sequence[tuple[str, str | None]], params: DedupParams) -> list[Item]:
     stage = SignStage(params, 1_000_000)
     items: list[Item] = []
     for n, (article_id, text) in enumerate(arrivals):
@@ -66,3 +67,22 @@ def signed_items(arrivals: list[tuple[str, str | None]], params: DedupParams) ->
         assert result.signed is not None, result.reason
         items.append(decode_signed(result.signed))
     return items
+
+
+def sample_news() -> list[tuple[str, str | None]]:
+    """The bundled sample news as (id, text)."""
+    news = [orjson.loads(line) for line in SAMPLE.read_bytes().splitlines() if line.strip()]
+    return [(article["id"], article["text"]) for article in news]
+
+
+def in_batches(shard: IndexShard, items: list[Item], size: int, layered: bool = False) -> list[Decided]:
+    """As the worker's decider: batches numbered by their first item (held, then committed, under
+    the write overlay with `layered`)."""
+    results: list[Decided] = []
+    for chunk, at in enumerate(range(0, len(items), size)):
+        if layered:
+            shard.begin(chunk)
+        results += shard.decide(items[at : at + size], offset=at, now=NOW_S)
+        if layered:
+            shard.commit(chunk, at + size)
+    return results

@@ -13,15 +13,14 @@ import pytest
 
 from neardup.core.params import DedupParams
 from neardup.core.retention import Retention
-from neardup.pipeline.shard import IndexShard, Item
+from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
 from neardup.state.rocks import RocksState
-from tests.support.arrivals import SAMPLE, paragraphs, signed_items, stream
+from tests.support.arrivals import NOW_S, SAMPLE, in_batches, paragraphs, signed_items, stream
 from tests.support.one_at_a_time import decide_one_at_a_time
 from tests.support.signing import FUTURE, HISTORY
 
 ON, OFF = DedupParams(containment_index=True), DedupParams(containment_index=False)
-NOW_S = 1_800_000_000.0
 
 
 def outcome(shard: IndexShard, results: list[Any]) -> tuple[list[Any], list[tuple[bytes, bytes]]]:
@@ -30,18 +29,6 @@ def outcome(shard: IndexShard, results: list[Any]) -> tuple[list[Any], list[tupl
         (r.status, r.verdict and {**orjson.loads(r.verdict), "latency_ms": None}, r.deletion) for r in results
     ]
     return decided, sorted(shard.state.kv.scan_records())
-
-
-def in_batches(shard: IndexShard, items: list[Item], size: int, layered: bool) -> list[Any]:
-    """As the worker's decider: batches numbered by their first item, held then committed."""
-    results = []
-    for chunk, at in enumerate(range(0, len(items), size)):
-        if layered:
-            shard.begin(chunk)
-        results += shard.decide(items[at : at + size], offset=at, now=NOW_S)
-        if layered:
-            shard.commit(chunk, at + size)
-    return results
 
 
 @pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])

@@ -22,7 +22,7 @@ from neardup.core.signing import sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
 from tests.support import reference_records as reference
-from tests.support.arrivals import SAMPLE, signed_items, stream
+from tests.support.arrivals import sample_news, signed_items, stream
 
 PARAMS = DedupParams()
 LATENCIES = (None, 0.0, 3.5, 1234.567, 1e-05, 1.234e-05, 1e-06, 1e16, 123456789012345.0)
@@ -37,11 +37,6 @@ def decided(params: DedupParams, arrivals: list[tuple[str, str | None]]) -> list
     for at in range(0, len(arrivals), 32):
         shard.decide(signed_items(arrivals[at : at + 32], params))
     return list(shard.state.articles())
-
-
-def sample_news() -> list[tuple[str, str | None]]:
-    news = [orjson.loads(line) for line in SAMPLE.read_bytes().splitlines() if line.strip()]
-    return [(article["id"], article["text"]) for article in news]
 
 
 def same_bytes(article: IndexedArticle, params: DedupParams) -> None:

@@ -20,31 +20,14 @@ from neardup.core.compiled import _sketch
 from neardup.core.dedup import fresh_settings
 from neardup.core.params import DedupParams
 from neardup.core.retention import NO_RETENTION, Retention
-from neardup.pipeline.shard import POSITION_KEY, Decided, IndexShard, Item
+from neardup.pipeline.shard import POSITION_KEY, Decided, IndexShard
 from neardup.state.index import META, IndexState, fresh_row
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.rocks import RocksOptions, RocksState
-from tests.support.arrivals import SAMPLE, paragraphs, signed_items, stream
+from tests.support.arrivals import NOW_S, in_batches, paragraphs, sample_news, signed_items, stream
 
 ON, OFF = DedupParams(), DedupParams(containment_index=False)
-NOW_S = 1_800_000_000.0
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"
-
-
-def sample_news() -> list[tuple[str, str | None]]:
-    news = [orjson.loads(line) for line in SAMPLE.read_bytes().splitlines() if line.strip()]
-    return [(article["id"], article["text"]) for article in news]
-
-
-def decided(shard: IndexShard, items: list[Item], size: int, layered: bool = False) -> list[Decided]:
-    results: list[Decided] = []
-    for chunk, at in enumerate(range(0, len(items), size)):
-        if layered:
-            shard.begin(chunk)
-        results += shard.decide(items[at : at + size], offset=at, now=NOW_S)
-        if layered:
-            shard.commit(chunk, at + size)
-    return results
 
 
 def everything(shard: IndexShard, results: list[Decided]) -> tuple[Any, ...]:
@@ -78,10 +61,10 @@ def test_a_stream_is_decided_as_the_python_path_decides_it(
     items = signed_items(list(stream(seed, 300)), params)
     retention = NO_RETENTION if window_ms is None else Retention(window_ms=window_ms)
     reference = IndexShard(MemoryState(), params, retention, compiled=False)
-    expected = everything(reference, decided(reference, items, size))
+    expected = everything(reference, in_batches(reference, items, size))
     taken = compiled_count(monkeypatch)
     shard = IndexShard(MemoryState(), params, retention)
-    assert everything(shard, decided(shard, items, size)) == expected
+    assert everything(shard, in_batches(shard, items, size)) == expected
     kinds = {r.kind for r in expected[0] if r.verdict}
     assert {"unique", "duplicate"} <= kinds and (params is OFF or "partial" in kinds), kinds
     assert "deleted" in {r.status for r in expected[0]}
@@ -95,9 +78,9 @@ def test_a_stream_is_decided_as_the_python_path_decides_it(
 def test_the_sample_news_is_decided_as_the_python_path_decides_it(params: DedupParams) -> None:
     items = signed_items(sample_news(), params)
     reference = IndexShard(MemoryState(), params, compiled=False)
-    expected = everything(reference, decided(reference, items, 32))
+    expected = everything(reference, in_batches(reference, items, 32))
     shard = IndexShard(MemoryState(), params)
-    assert everything(shard, decided(shard, items, 32)) == expected
+    assert everything(shard, in_batches(shard, items, 32)) == expected
     kinds = {r.kind for r in expected[0]}
     assert {"partial", "duplicate"} <= kinds and (params is OFF or "revised" in kinds), kinds
 
@@ -110,9 +93,9 @@ def test_the_news_corpus_is_decided_as_the_python_path_decides_it() -> None:
     arrivals = [(str(n), orjson.loads(line)["text"]) for n, line in enumerate(lines)]
     items = signed_items(arrivals, ON)
     reference = IndexShard(MemoryState(), ON, compiled=False)
-    expected = everything(reference, decided(reference, items, 20))
+    expected = everything(reference, in_batches(reference, items, 20))
     shard = IndexShard(MemoryState(), ON)
-    assert everything(shard, decided(shard, items, 20)) == expected
+    assert everything(shard, in_batches(shard, items, 20)) == expected
 
 
 @pytest.mark.parametrize("hold", [False, True], ids=["keyed", "held"])
@@ -124,7 +107,7 @@ def test_rocksdb_under_the_overlay_is_left_as_the_python_path_leaves_it(hold: bo
         shard = IndexShard(state, ON, changelog={}, compiled=compiled)
         shard.restore_point(0, int(NOW_S * 1000), None)  # as a worker opens its derived state
         try:
-            results = decided(shard, items, 20, layered=True)
+            results = in_batches(shard, items, 20, layered=True)
             runs.append((everything(shard, results), dict(shard.changelog)))  # type: ignore[arg-type]
         finally:
             state.close()
@@ -143,10 +126,10 @@ def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_python_path_
     arrivals += [(f"c{n}", arrivals[n][1] + " Reporting by the desk.") for n in range(0, 40, 4)]
     items = signed_items(arrivals, ON)
     reference = IndexShard(MemoryState(bucket_cap=4), ON, compiled=False)
-    expected = everything(reference, decided(reference, items, 16))
+    expected = everything(reference, in_batches(reference, items, 16))
     taken = compiled_count(monkeypatch)
     shard = IndexShard(MemoryState(bucket_cap=4), ON)
-    assert everything(shard, decided(shard, items, 16)) == expected
+    assert everything(shard, in_batches(shard, items, 16)) == expected
     counts = expected[3]
     assert taken == [len(items)] and counts.boilerplate > 0 and counts.largest_bucket == 4
 
@@ -156,7 +139,7 @@ def test_a_failing_read_leaves_the_article_to_the_python_path(monkeypatch: pytes
     nothing of it written, and the Python path decides it (the store answering by then)."""
     items = signed_items(list(stream(4, 60)), ON)
     reference = IndexShard(MemoryState(), ON, compiled=False)
-    expected = everything(reference, decided(reference, items, 16))
+    expected = everything(reference, in_batches(reference, items, 16))
     real, failures = MemoryKV.get_many, [0]
 
     def once(self: MemoryKV, keys: list[bytes]) -> list[bytes | None]:
@@ -167,7 +150,7 @@ def test_a_failing_read_leaves_the_article_to_the_python_path(monkeypatch: pytes
 
     monkeypatch.setattr(MemoryKV, "get_many", once)
     shard = IndexShard(MemoryState(), ON)
-    assert everything(shard, decided(shard, items, 16)) == expected
+    assert everything(shard, in_batches(shard, items, 16)) == expected
     assert failures == [1]
 
 
@@ -176,7 +159,7 @@ def test_a_run_that_raises_writes_nothing_and_keeps_no_probe(monkeypatch: pytest
     written and the probes it kept go; the shard logs it and decides on by the Python path."""
     items = signed_items(list(stream(6, 40)), ON)
     reference = IndexShard(MemoryState(), ON, compiled=False)
-    expected = everything(reference, decided(reference, items, 10))
+    expected = everything(reference, in_batches(reference, items, 10))
     real, calls = IndexState._keep_record, [0]
 
     def failing(self: IndexState, record: bytes) -> None:
@@ -194,7 +177,7 @@ def test_a_run_that_raises_writes_nothing_and_keeps_no_probe(monkeypatch: pytest
     assert shard.state.next_seq() == 0 and not list(shard.state.kv.scan_records())
     assert shard.state.versions.prospects([0, 1, 2]) == [None, None, None]
     calls[0] = 0  # fails again in the shard's first run
-    assert everything(shard, decided(shard, items, 10)) == expected
+    assert everything(shard, in_batches(shard, items, 10)) == expected
     assert calls[0] > 3
 
 
@@ -208,10 +191,10 @@ def test_an_exact_copy_of_an_expired_holder_is_left_to_the_python_path(
     items = [old, dataclasses.replace(copy, time_ms=old.time_ms + 10_000)]  # type: ignore[union-attr]
     retention = Retention(window_ms=2_500)
     reference = IndexShard(MemoryState(), ON, retention, compiled=False)
-    expected = everything(reference, decided(reference, items, 2))
+    expected = everything(reference, in_batches(reference, items, 2))
     taken = compiled_count(monkeypatch)
     shard = IndexShard(MemoryState(), ON, retention)
-    assert everything(shard, decided(shard, items, 2)) == expected
+    assert everything(shard, in_batches(shard, items, 2)) == expected
     assert taken == [1] and [r.kind for r in expected[0]] == ["unique", "unique"]
     assert expected[0][1].expired == 1
 
@@ -226,10 +209,10 @@ def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -
     for params, compiled in ((ON, 2), (DedupParams(verify_perm=0), 0)):
         items = signed_items(arrivals, params)
         reference = IndexShard(MemoryState(), params, compiled=False)
-        expected = everything(reference, decided(reference, items, 5))
+        expected = everything(reference, in_batches(reference, items, 5))
         taken[0] = 0
         shard = IndexShard(MemoryState(), params)
-        assert everything(shard, decided(shard, items, 5)) == expected
+        assert everything(shard, in_batches(shard, items, 5)) == expected
         assert taken == [compiled] and [r.status for r in expected[0]] == [
             "new",
             "new",
@@ -243,7 +226,17 @@ def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -
 def test_bad_rows_and_contexts_are_refused() -> None:
     state = MemoryState()
     settings = (512, 160, *([0] * 14))
-    context = (state.kv.get_many, state.postings.stored, state.versions.prospects, print, {}, {}, [], [], [0])
+    context: tuple[Any, ...] = (
+        state.kv.get_many,
+        state.postings.stored,
+        state.versions.prospects,
+        print,
+        {},
+        {},
+        [],
+        [],
+        [0],
+    )
     with pytest.raises(TypeError):
         _sketch.decide_fresh([("id",)], 0, (*context, None, 0, b"{}", settings))
     with pytest.raises(TypeError):
