@@ -20,6 +20,7 @@ from neardup.core.compiled import _sketch
 from neardup.core.dedup import fresh_settings
 from neardup.core.params import DedupParams
 from neardup.core.retention import NO_RETENTION, Retention
+from neardup.core.shingle import ShingleOptions
 from neardup.pipeline.shard import POSITION_KEY, Decided, IndexShard
 from neardup.state.index import META, IndexState, fresh_row
 from neardup.state.memory import MemoryKV, MemoryState
@@ -72,6 +73,24 @@ def test_a_stream_is_decided_as_the_python_path_decides_it(
         "most articles are new to the index; copies and versions are not"
     )
     assert window_ms is None or sum(r.expired for r in expected[0]) > 0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        DedupParams(shingle=ShingleOptions(3, "word")),
+        DedupParams(verify_perm=256, num_perm=64),
+        DedupParams(threshold=0.6),
+    ],
+    ids=["word-shingles", "fewer-slots", "lower-threshold"],
+)
+def test_other_settings_decide_as_the_python_path_decides(params: DedupParams) -> None:
+    items = signed_items(list(stream(8, 200)), params)
+    reference = IndexShard(MemoryState(), params, compiled=False)
+    expected = everything(reference, in_batches(reference, items, 25))
+    shard = IndexShard(MemoryState(), params)
+    assert everything(shard, in_batches(shard, items, 25)) == expected
+    assert {"unique", "duplicate"} <= {r.kind for r in expected[0] if r.verdict}
 
 
 @pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
