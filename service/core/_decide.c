@@ -857,6 +857,27 @@ static int in_time(Fresh *f, PyObject *p) {
     return int_of(p, name_time_ms, &time_ms) < 0 ? -1 : time_ms >= f->cutoff;
 }
 
+/* What probe `p` (None: its record is gone) is to the article: 0 no candidate (gone, or the
+ * article's own id), 1 another article but before the cutoff, 2 a candidate; -1 an error. */
+static int candidacy(Fresh *f, PyObject *p) {
+    int other = p == Py_None ? 0 : other_article(f, p);
+    if (other <= 0) {
+        return other;
+    }
+    int timely = in_time(f, p);
+    return timely < 0 ? -1 : 1 + timely;
+}
+
+/* The article's posting list keys (Postings.names), made once. */
+static PyObject *posting_names(Fresh *f) {
+    if (f->posting_names == NULL) {
+        PyObject *args = Py_BuildValue("(Oy)", f->anchors, "n");
+        f->posting_names = args ? kept(f, posting_keys(NULL, args)) : NULL;
+        Py_XDECREF(args);
+    }
+    return f->posting_names;
+}
+
 /* The band candidates (IndexState.candidates, then the cutoff), a new list. */
 static PyObject *band_candidates(Engine *e, Fresh *f) {
     Py_ssize_t bands = PyTuple_GET_SIZE(f->keys);
@@ -882,10 +903,9 @@ static PyObject *band_candidates(Engine *e, Fresh *f) {
     Py_ssize_t proposed = 0;
     for (Py_ssize_t i = 0; others != NULL && i < PyList_GET_SIZE(probes) && proposed < e->max_candidates; i++) {
         PyObject *p = PyList_GET_ITEM(probes, i);
-        int other = p == Py_None ? 0 : other_article(f, p);
-        int timely = other > 0 ? in_time(f, p) : 0;
-        proposed += other > 0;
-        if (other < 0 || timely < 0 || (timely > 0 && PyList_Append(others, p) < 0)) {
+        int is = candidacy(f, p);
+        proposed += is > 0;
+        if (is < 0 || (is == 2 && PyList_Append(others, p) < 0)) {
             Py_CLEAR(others);
         }
     }
@@ -925,11 +945,10 @@ static PyObject *anchor_candidates(Engine *e, Fresh *f, int64_t seq) {
     Py_ssize_t proposed = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(probes) && proposed < e->anchor_candidates; i++) {
         PyObject *p = PyList_GET_ITEM(probes, i);
-        int other = p == Py_None ? 0 : other_article(f, p);
-        int timely = other > 0 ? in_time(f, p) : 0;
-        proposed += other > 0;
-        PyObject *pair = timely > 0 ? Py_BuildValue("(OO)", p, PyTuple_GET_ITEM(PyList_GET_ITEM(ranked, i), 1)) : NULL;
-        int failed = other < 0 || timely < 0 || (timely > 0 && (pair == NULL || PyList_Append(anchored, pair) < 0));
+        int is = candidacy(f, p);
+        proposed += is > 0;
+        PyObject *pair = is == 2 ? Py_BuildValue("(OO)", p, PyTuple_GET_ITEM(PyList_GET_ITEM(ranked, i), 1)) : NULL;
+        int failed = is < 0 || (is == 2 && (pair == NULL || PyList_Append(anchored, pair) < 0));
         Py_XDECREF(pair);
         if (failed) {
             Py_DECREF(anchored);
@@ -1061,10 +1080,9 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
         return probes == NULL ? -1 : 0;
     }
     PyObject *first = PyList_GET_ITEM(probes, 0);
-    int other = first == Py_None ? 0 : other_article(f, first);
-    int timely = other > 0 ? in_time(f, first) : other;
-    if (timely <= 0) {
-        return timely;
+    int is = candidacy(f, first);
+    if (is < 2) {
+        return is < 0 ? -1 : 0;
     }
     PyObject *scores_tuple = kept(f, Py_BuildValue("(ddd)", 1.0, 1.0, 1.0));
     PyObject *row = scores_tuple ? kept(f, candidate_row(first, PyTuple_GET_ITEM(scores_tuple, 0),
@@ -1149,10 +1167,7 @@ static int decide_one(Engine *e, Fresh *f, int64_t seq) {
     }
     PyObject *anchored = NULL;
     if (PyBytes_GET_SIZE(f->anchors) && e->anchor_lookup) {
-        PyObject *args = Py_BuildValue("(Oy)", f->anchors, "n");
-        f->posting_names = args ? kept(f, posting_keys(NULL, args)) : NULL;
-        Py_XDECREF(args);
-        anchored = f->posting_names ? kept(f, anchor_candidates(e, f, seq)) : NULL;
+        anchored = posting_names(f) ? kept(f, anchor_candidates(e, f, seq)) : NULL;
         if (anchored == NULL) {
             return -1;
         }
@@ -1305,12 +1320,7 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
         Py_DECREF(created);
     }
     if (f->kind != KIND_DUPLICATE) { /* a duplicate joins no posting list: its match holds the text */
-        if (f->posting_names == NULL) {
-            PyObject *keys_args = Py_BuildValue("(Oy)", f->anchors, "n");
-            f->posting_names = keys_args ? kept(f, posting_keys(NULL, keys_args)) : NULL;
-            Py_XDECREF(keys_args);
-        }
-        if (f->posting_names == NULL) {
+        if (posting_names(f) == NULL) {
             return -1;
         }
         Py_ssize_t count = PyList_GET_SIZE(f->posting_names);

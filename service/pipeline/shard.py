@@ -31,7 +31,7 @@ from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord, encode_record
 from .sign import PROCESSING_FAILED
-from .wire import Signed, SignedDeletion, decode_signed, unpack_signed
+from .wire import Provenance, Signed, SignedDeletion, decode_signed, unpack_signed
 
 # The changelog's keys: one record per article, one marker per deleted id (its last version and the
 # deletion's time, state.tables.encode_marker: a re-added id continues its versions, also after a
@@ -203,9 +203,15 @@ class IndexShard:
         now_s = time.time() if now is None else now
         at = -1 if offset is None else offset
         results: list[Decided] = []
+        # rows the next compiled run is offered: twice what the last one took, one after none, so
+        # that the articles it leaves to the Python path (a batch of new versions) do not each
+        # make the rest of the batch into rows again
+        offer = len(items)
         while (n := len(results)) < len(items):
-            results += self._fresh_run(items, n, at, now_s, before)
-            if len(results) > n:
+            taken = self._fresh_run(items[n : n + offer], n, at, now_s, before)
+            results += taken
+            offer = 2 * len(taken) or 1
+            if taken:
                 continue
             # not one the compiled run takes (or one it left to this path): decided here
             if before is not None:
@@ -227,25 +233,25 @@ class IndexShard:
         now_s: float,
         before: Callable[[int], None] | None,
     ) -> list[Decided]:
-        """The articles from `start` on, while they are new to the index, decided and indexed in one
-        compiled call (IndexState.add_fresh), as _decide_one decides each: none that is a
+        """`items` (from `start` in the batch), while they are new to the index, decided and indexed
+        in one compiled call (IndexState.add_fresh), as _decide_one decides each: none that is a
         deletion, an input already applied, without a verifier, or after which an expiry pass is
         due (it ends the run); the compiled call stops at the first it does not take. Returns
         their results, none when it took none."""
+        if self._fresh is None:
+            return []
         rows: list[FreshRow] = []
         taken: list[tuple[Signed, str, float | None]] = []
         inputs, newest = dict(self.inputs), self.state.counts.newest_ms
-        for item in items[start:] if self._fresh is not None else ():
+        lsh = self.params.lsh
+        for item in items:
             if isinstance(item, SignedDeletion) or not item.sketch.verifier.size:
                 break
-            src = item.provenance
-            partition = f"{src.topic}:{src.partition}"
-            if offset >= 0 and (offset <= self.applied_offset or src.offset <= inputs.get(partition, -1)):
+            partition = _partition(item.provenance)
+            if offset >= 0 and self._replayed(item, offset, inputs):
                 break
-            inputs[partition] = src.offset
-            time_ms = self._event_time(item, now_s, newest)
-            cutoff = self.retention.cutoff(time_ms if newest is None else max(newest, time_ms))
-            lsh = self.params.lsh
+            inputs[partition] = item.provenance.offset
+            time_ms, cutoff = self._event_time(item, now_s, newest)
             keys = item.band_keys_for(lsh.bands, lsh.rows) or band_keys(
                 item.sketch.signature, lsh.bands, lsh.rows
             )
@@ -276,18 +282,14 @@ class IndexShard:
 
     def _decide_one(self, item: Item, offset: int, now_s: float) -> Decided:
         if offset >= 0:
-            src = item.provenance
-            partition = f"{src.topic}:{src.partition}"
-            if offset <= self.applied_offset or src.offset <= self.inputs.get(partition, -1):
+            if self._replayed(item, offset, self.inputs):
                 return self._replay_one(item, offset, now_s)
-            self.inputs[partition] = src.offset
+            self.inputs[_partition(item.provenance)] = item.provenance.offset
         if isinstance(item, SignedDeletion):
             return self._delete(item.article_id, offset)
         if item.refused_time:
             self.counts.refused_times += 1
-        newest = self.state.counts.newest_ms
-        time_ms = self._event_time(item, now_s, newest)
-        cutoff = self.retention.cutoff(time_ms if newest is None else max(newest, time_ms))
+        time_ms, cutoff = self._event_time(item, now_s, self.state.counts.newest_ms)
         keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
         outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
@@ -301,16 +303,26 @@ class IndexShard:
         status = "redelivered" if outcome.redelivered else "new"
         return self._verdict(status, outcome.article, item, offset, now_s, expired)
 
-    def _event_time(self, item: Signed, now_s: float, newest: int | None) -> int:
-        """A refused time is taken as the newest time the index holds (the stream's time), so that
-        it cannot move it: a time far ahead would expire a whole backfill, one far behind expire
-        the article at once. Only while the index holds none is it the signer's fallback, its
-        arrival. The record keeps the time taken: a replay of the changelog repeats it."""
+    def _replayed(self, item: Item, offset: int, inputs: dict[str, int]) -> bool:
+        """Whether the item's input is applied already: its signatures message, or its offset in its
+        input partition (`inputs`: the offsets applied, as the batch has moved them so far)."""
+        src = item.provenance
+        return offset <= self.applied_offset or src.offset <= inputs.get(_partition(src), -1)
+
+    def _event_time(self, item: Signed, now_s: float, newest: int | None) -> tuple[int, int | None]:
+        """The article's event time and the retention cutoff it is decided against, `newest` being
+        the newest time the index holds. A refused time is taken as that newest time (the
+        stream's time), so that it cannot move it: a time far ahead would expire a whole
+        backfill, one far behind expire the article at once. Only while the index holds none is it
+        the signer's fallback, its arrival. The record keeps the time taken: a replay of the
+        changelog repeats it."""
         if item.refused_time and newest is not None:
-            return newest
-        # No time the state keeps, and so no expiry cutoff, runs ahead of this clock by more than
-        # the skew, whatever a signer's clock said.
-        return min(item.time_ms, round(now_s * 1000) + self.retention.skew_ms)
+            time_ms = newest
+        else:
+            # No time the state keeps, and so no expiry cutoff, runs ahead of this clock by more
+            # than the skew, whatever a signer's clock said.
+            time_ms = min(item.time_ms, round(now_s * 1000) + self.retention.skew_ms)
+        return time_ms, self.retention.cutoff(time_ms if newest is None else max(newest, time_ms))
 
     def _expire_due(self) -> int:
         """An expiry pass when the cutoff has moved far enough since the last one."""
@@ -636,6 +648,11 @@ class SizeGauge:
             return None
         self.measured_at = now
         return state.kv.size_bytes()
+
+
+def _partition(src: Provenance) -> str:
+    """The input partition an item came from, as the applied inputs name it."""
+    return f"{src.topic}:{src.partition}"
 
 
 def _latency(item: Signed, now_s: float) -> float | None:
