@@ -8,8 +8,13 @@ writes, so that a crash leaves both or neither. The log is folded into a snapsho
 chunks) when it outgrows the snapshot, and at `compact`; opening reads the snapshot, then the log.
 The price is memory: the families' entries live in the process, in a compiled table (_sketch.HeldTable,
 an allocation an entry with its key and value, where a dict would add two bytes objects and its
-own slots; BATCH.md measures it), which is why a state keeps its buckets as keys unless it was
-created with them held (`HOLD_KEY`), and why past HELD_ENTRIES they go back to being keys (`spill`).
+own slots; BATCH.md measures it), which is why past HELD_ENTRIES they go back to being keys. They
+go a step at a time (`DRAIN_STEP` entries a write, beside the write's own changes), not in one
+pause: while the state drains (`DRAIN_KEY`), a family's key lives in exactly one place, the table
+or RocksDB, a read looks in the table then in RocksDB, and a key the table no longer has is written
+as a key of its own. Each step moves its entries and logs their removal from the table in one write
+batch, so that a crash leaves every entry in one place; the last one drops the log, the snapshot
+and the marks, and the state goes on keyed.
 """
 
 from __future__ import annotations
@@ -23,12 +28,16 @@ from .port import Batch, KeyValue
 
 LOG, SNAPSHOT = b"j", b"s"
 HOLD_KEY = b"mheld"  # present in a state whose held families live in the log, not as keys
+DRAIN_KEY = b"mdrain"  # present while the held entries go back to being keys, a step a write
 _NUMBER = struct.Struct(">Q")
 _SNAPSHOT_FLOOR = 64 * 1024 * 1024  # the log is folded no sooner than at this size
 _CHUNK = 4 * 1024 * 1024  # bytes of entries a snapshot value holds at most
 # Entries held at most (~100 bytes each in memory, ~1 GB): past them the families go back to
 # being keys of their own (`spill`), so that a long input never runs out of memory.
 HELD_ENTRIES = 10_000_000
+# Entries a write moves back to keys while the state drains: at ~1.5 µs a key, a few ms a write
+# beside the write's own, so that no verdict waits for the whole table to go.
+DRAIN_STEP = 4096
 
 
 class HeldFamilies:
@@ -41,7 +50,9 @@ class HeldFamilies:
     def _load(self) -> None:
         """The snapshot, then the log after it."""
         self.held = _sketch.HeldTable()
-        self._marked = self.inner.get_many([HOLD_KEY])[0] is not None
+        marks = self.inner.get_many([HOLD_KEY, DRAIN_KEY])
+        self._marked, self._draining = (mark is not None for mark in marks)
+        self._cursor = 0  # the slot the next drain step starts from
         self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
         self._stored_entries = 0  # in the snapshot and the log: fold_if_stale
         for _, chunk in self.inner.scan(SNAPSHOT):
@@ -55,9 +66,15 @@ class HeldFamilies:
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The keys of one call are of one family, as every table reads only its own."""
-        if keys and keys[0][0] in self.prefixes:
-            return self.held.get_many(keys)
-        return self.inner.get_many(keys)
+        if not keys or keys[0][0] not in self.prefixes:
+            return self.inner.get_many(keys)
+        found = self.held.get_many(keys)
+        if not self._draining:
+            return found
+        if missed := [key for key, value in zip(keys, found, strict=True) if value is None]:
+            stored = iter(self.inner.get_many(missed))
+            found = [next(stored) if value is None else value for value in found]
+        return found
 
     def records(self, keys: list[bytes]) -> list[bytes | None]:
         return self.inner.records(keys)
@@ -68,26 +85,38 @@ class HeldFamilies:
             return self.inner.scan(prefix)
         entries, _ = self.held.items(0, len(self.held))
         held = sorted(entry for entry in entries if entry[0].startswith(prefix))
-        return heapq.merge(self.inner.scan(prefix), held) if not prefix else iter(held)
+        # while draining, a family's keys are in one place or the other, never both
+        return heapq.merge(self.inner.scan(prefix), held) if not prefix or self._draining else iter(held)
 
     def scan_records(self) -> Iterator[tuple[bytes, bytes]]:
         return self.inner.scan_records()
 
     def write(self, batch: Batch) -> None:
         """The held keys' changes into one log value, written with the rest, then into memory."""
-        logged, main = _sketch.split_changes(batch.main, self.prefixes)
+        if self._draining:
+            main, logged = self._drain_step(batch.main)
+        else:
+            logged, main = _sketch.split_changes(batch.main, self.prefixes)
         if logged is None:
-            self.inner.write(batch)
-            return
-        main[LOG + _NUMBER.pack(self._next_log)] = logged
-        if not self._marked:
-            main[HOLD_KEY], self._marked = b"1", True
-        self.inner.write(Batch(main=main, records=batch.records))
-        self._next_log += 1
-        self._log_bytes += len(logged)
-        self._stored_entries += self.held.apply(logged)
-        if len(self.held) > HELD_ENTRIES:
-            self.spill()
+            self.inner.write(Batch(main=main, records=batch.records))
+        else:
+            main[LOG + _NUMBER.pack(self._next_log)] = logged
+            if not self._marked:
+                main[HOLD_KEY], self._marked = b"1", True
+            self.inner.write(Batch(main=main, records=batch.records))
+            self._next_log += 1
+            self._log_bytes += len(logged)
+            self._stored_entries += self.held.apply(logged)
+        if self._draining:  # the log is not folded: it goes with the snapshot and the marks at the end
+            if not len(self.held):
+                marks: dict[bytes, bytes | None] = {HOLD_KEY: None, DRAIN_KEY: None}
+                self.inner.write(Batch(main={**self._dropped(kept_chunks=0), **marks}))
+                self.held, self.prefixes, self._marked = _sketch.HeldTable(), b"", False
+                self._draining = False
+                self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
+                self._stored_entries = 0
+        elif len(self.held) > HELD_ENTRIES:
+            self._start_draining()
         elif self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
             self.fold()
 
@@ -113,20 +142,42 @@ class HeldFamilies:
         return True
 
     def spill(self) -> None:
-        """The held entries written as keys of their own, a run at a time, then the log, the
-        snapshot and the mark removed in one last write: a crash before it leaves a held state,
-        which spills again (its keys written before that crash and since removed are removed)."""
+        """Every held entry back to being a key of its own now, a step a write."""
+        if self.prefixes and not self._draining:
+            self._start_draining()
+        while self.prefixes:
+            self.write(Batch())
+
+    def _start_draining(self) -> None:
+        """Mark the state as draining. Keys of the held families already in RocksDB can only be
+        left by a spill that an earlier version began and a crash interrupted: the table holds
+        what they should, so they go."""
         stale = [key for prefix in self.prefixes for key, _ in self.inner.scan(bytes([prefix]))]
-        gone = [key for key, value in zip(stale, self.held.get_many(stale), strict=True) if value is None]
-        self.inner.write(Batch(main=dict.fromkeys(gone)))
-        entries, start = self.held.items(0, _CHUNK // 64)
-        while entries:
-            self.inner.write(Batch(main=dict(entries)))
-            entries, start = self.held.items(start, _CHUNK // 64)
-        self.inner.write(Batch(main={**self._dropped(kept_chunks=0), HOLD_KEY: None}))
-        self.held, self.prefixes = _sketch.HeldTable(), b""
-        self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
-        self._stored_entries = 0
+        self.inner.write(Batch(main={**dict.fromkeys(stale), DRAIN_KEY: b"1"}))
+        self._draining, self._cursor = True, 0
+
+    def _drain_step(
+        self, changes: dict[bytes, bytes | None]
+    ) -> tuple[dict[bytes, bytes | None], bytes | None]:
+        """What a write writes while draining: `changes` to keys the table holds logged, the rest
+        as keys, and DRAIN_STEP entries moved to keys (with the write's change where it has one),
+        their removal from the table logged too. The entries come from the cursor on, round the
+        slots: a removal may shift an entry back past the cursor, and the next round finds it."""
+        main: dict[bytes, bytes | None] = {}
+        kept: dict[bytes, bytes | None] = {}
+        for key, value in changes.items():
+            (kept if key[0] in self.prefixes else main)[key] = value
+        for key, value in zip(list(kept), self.held.get_many(list(kept)), strict=True):
+            if value is None:  # moved to a key already, or new: a key
+                main[key] = kept.pop(key)
+        entries, cursor = self.held.items(self._cursor, DRAIN_STEP)
+        if len(entries) < DRAIN_STEP and self._cursor:
+            more, cursor = self.held.items(0, DRAIN_STEP - len(entries))
+            entries += more  # a table smaller than a step may give an entry twice: one dict key
+        self._cursor = cursor
+        moved = dict(entries)
+        main.update((key, kept.pop(key, value)) for key, value in moved.items())
+        return main, _sketch.split_changes({**kept, **dict.fromkeys(moved)}, self.prefixes)[0]
 
     def _dropped(self, kept_chunks: int) -> dict[bytes, bytes | None]:
         """Deletions of the log's values and of the snapshot's chunks past the first `kept_chunks`."""

@@ -874,7 +874,7 @@ def test_held_families_decide_as_keys_do(
     with them as RocksDB keys, the plain layout: the same verdicts, dead letters and feed, with
     small buckets (a cap of 3: members pushed out) and retention expiring as it goes (members
     leaving), and after a reopening the same stats and the same buckets and posting lists; also
-    when the held entries outgrow their bound midway and go back to being keys (`spill`)."""
+    when the held entries outgrow their bound midway and go back to being keys, a step a write."""
     if source == "fuzz":
         path = Lines.write(tmp_path / "in.jsonl", Fuzzer(SEEDS[0], timed=True), EMBEDDED_LINES).path
     else:
@@ -884,12 +884,19 @@ def test_held_families_decide_as_keys_do(
     for layout in ("keyed", "held", "spilled"):
         # spilled: past a few hundred entries, back to keys midway
         monkeypatch.setattr(held, "HELD_ENTRIES", 300 if layout == "spilled" else 10**9)
+        monkeypatch.setattr(held, "DRAIN_STEP", 50)  # drained over many writes, read between them
         out, feed = tmp_path / f"verdicts-{layout}.jsonl", tmp_path / f"unique-{layout}.jsonl"
         state = RocksState(tmp_path / layout, RocksOptions(bucket_cap=3, hold_families=layout != "keyed"))
         retention = Retention(parse_duration_ms("7d"))
         try:
             run_file(path, out, state, params, max_text_bytes=MAX_TEXT, retention=retention, feed_path=feed)
-            assert state.held is None or bool(state.held.prefixes) is (layout == "held")
+            marks = state.rocks.get_many([held.HOLD_KEY, held.DRAIN_KEY])
+            # held: marked so, not draining; spilled: drained, or draining still; keyed: neither
+            assert [mark is not None for mark in marks] in {
+                "keyed": [[False, False]],
+                "held": [[True, False]],
+                "spilled": [[False, False], [True, True]],
+            }[layout]
         finally:
             state.close()
         reopened = RocksState(tmp_path / layout, read_only=True)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -17,9 +18,9 @@ from neardup.core.dedup import Outcome, decide
 from neardup.core.params import DedupParams
 from neardup.core.signing import sketch_of
 from neardup.state import held as held_module
-from neardup.state.held import HOLD_KEY, LOG, SNAPSHOT, HeldFamilies
+from neardup.state.held import DRAIN_KEY, HOLD_KEY, LOG, SNAPSHOT, HeldFamilies
 from neardup.state.memory import MemoryKV
-from neardup.state.port import Batch
+from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import HELD, RocksKV, RocksOptions, RocksState
 from neardup.state.tables import BAND, POSTING
 from tests.support.reference_state import pack_changes, unpack_changes
@@ -357,6 +358,7 @@ def test_embedded_mode_killed_mid_run_resumes_to_the_uninterrupted_outputs(tmp_p
 _UNLOGGED_WRITER = """
 import sys
 from pathlib import Path
+from typing import cast
 from neardup.state.port import Batch
 from neardup.state.rocks import RocksKV, RocksOptions
 kv = RocksKV(Path(sys.argv[1]), RocksOptions(write_ahead_log=False, write_buffer_mb=1))
@@ -394,56 +396,71 @@ def test_without_the_write_ahead_log_a_kill_leaves_both_families_at_one_write(tm
         kv.close()
 
 
-class Crashes(Writes):
-    """A store whose `after`-th write from now on raises, as a crash would end it."""
+def reopened(kv: KeyValue) -> KeyValue:
+    """The store as RocksState opens it: held while marked so."""
+    return HeldFamilies(kv, HELD) if kv.get_many([HOLD_KEY])[0] is not None else kv
 
-    def __init__(self, kv: MemoryKV, after: int) -> None:
+
+class CrashesOnce(Writes):
+    """A store whose first write of a kind raises, as a crash would end it: `first`, the first
+    write; `mark`, the one that marks the state as draining; `step`, the second after that; `last`,
+    the one that drops the log and the marks."""
+
+    def __init__(self, kv: MemoryKV, kind: str | None) -> None:
         super().__init__(kv)
-        self.after = after
+        self.kind, self.seen, self.after_mark = kind, [], 0
 
     def write(self, batch: Batch) -> None:
-        self.after -= 1
-        if self.after == 0:
+        mark = batch.main.get(DRAIN_KEY, b"-")
+        self.after_mark += bool(self.after_mark) or mark == b"1"
+        kind = {b"1": "mark", None: "last"}.get(mark, "step" if self.after_mark == 3 else "first")
+        if kind == self.kind and kind not in self.seen and (kind != "first" or not self.batches):
+            self.seen.append(kind)
             raise OSError("crashed")
         super().write(batch)
 
 
-@pytest.mark.parametrize("crash_at", [None, 1, 2, 3])
-def test_held_entries_past_their_bound_go_back_to_keys(
-    crash_at: int | None, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("crash_at", [None, "first", "mark", "step", "last"])
+def test_held_entries_past_their_bound_go_back_to_keys_a_step_a_write(
+    crash_at: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past HELD_ENTRIES the families are written as keys of their own and the log, snapshot and
-    mark go; a crash at the spill's first, second or last write leaves a held state that spills
-    again, keys it wrote before and that were removed since removed too. Either way the store
-    ends with exactly the entries a plain dict has."""
+    """Past HELD_ENTRIES the entries go back to being keys, DRAIN_STEP a write, beside the writes'
+    own changes to keys still held, keys already moved and new keys; the last step drops the log,
+    the snapshot and the marks. After every write, and after a crash at any write of the store
+    (the marking, a step, the last), the store reads what a plain dict has, and a reopening finds
+    the same; a key of the families left in RocksDB by an earlier version's interrupted spill goes."""
     monkeypatch.setattr(held_module, "HELD_ENTRIES", 10**9)
-    rng = random.Random(crash_at or 0)
-    keys = [BAND + rng.randbytes(10) for _ in range(40)]
+    monkeypatch.setattr(held_module, "DRAIN_STEP", 7)
+    rng = random.Random(str(crash_at))
+    keys = [rng.choice([BAND, POSTING]) + rng.randbytes(10) for _ in range(60)]
     inner, model = MemoryKV(), {}
-    live = HeldFamilies(inner, HELD)
+    live: KeyValue = HeldFamilies(inner, HELD)
     for _ in range(5):  # held, folded once
-        changes = random_changes(rng, keys)
+        changes = random_changes(rng, keys[:40])
         live.write(Batch(main=dict(changes)))
         model.update(changes)
-    live.fold()
-    if crash_at is not None:
-        crashing = Crashes(inner, crash_at)
-        live = HeldFamilies(crashing, HELD)  # type: ignore[arg-type]  # a KeyValue by delegation
-        with pytest.raises(OSError, match="crashed"):
-            live.spill()
-        live = HeldFamilies(inner, HELD)  # reopened: still held, all of it
-        assert live.prefixes and live.get_many(keys) == [model.get(key) for key in keys]
-        removals = dict.fromkeys([key for key in keys if model.get(key) is not None][:5])
-        live.write(Batch(main=dict(removals)))  # type: ignore[arg-type]  # deletions
-        model.update(removals)
+    cast(HeldFamilies, live).fold()
+    inner.write(Batch(main={keys[-1]: b"left by a spill"}))  # not in the model: must not surface
     monkeypatch.setattr(held_module, "HELD_ENTRIES", 3)
-    changes = {keys[0]: b"12345678", b"a1": b"x"}
-    live.write(Batch(main=dict(changes)))  # type: ignore[arg-type]
-    model.update(changes)
+    store = CrashesOnce(inner, crash_at)
+    live = HeldFamilies(store, HELD)  # type: ignore[arg-type]  # a KeyValue by delegation
+    for written in range(1, 30):
+        changes = {**random_changes(rng, keys[:-1]), b"a" + bytes([written]): b"x"}
+        before = len(store.batches)
+        try:
+            live.write(Batch(main=dict(changes)))
+        except OSError:
+            live = reopened(store)  # type: ignore[arg-type]  # after the crash (the store crashes once)
+        if len(store.batches) > before:  # its own changes written, whatever came after them
+            model.update(changes)
+        assert live.get_many(keys) == [model.get(key) for key in keys]
+        assert reopened(inner).get_many(keys) == [model.get(key) for key in keys]
+        if inner.get_many([HOLD_KEY])[0] is None:
+            break
+    assert written > 3 and store.seen == [crash_at] * bool(crash_at)  # drained over several writes
     stored = dict(inner.scan(b""))
-    assert not {key[:1] for key in stored} & {LOG, SNAPSHOT} and HOLD_KEY not in stored
+    assert not {key[:1] for key in stored} & {LOG, SNAPSHOT} and DRAIN_KEY not in stored
     expected = {key: value for key, value in model.items() if value is not None}
-    assert {key: value for key, value in stored.items() if key[:1] in (BAND, b"a")} == expected
-    assert live.get_many(keys) == [model.get(key) for key in keys]
+    assert {key: value for key, value in stored.items() if key[:1] in (BAND, POSTING, b"a")} == expected
     live.write(Batch(main={keys[1]: None, keys[2]: b"87654321"}))  # now keys of their own
     assert inner.get_many([keys[1], keys[2]]) == [None, b"87654321"]
