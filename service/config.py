@@ -456,12 +456,13 @@ class Settings:
     rocksdb_nice: int = _setting(10, check=_within(0, 19)).means("""
         niceness added to RocksDB's flush and compaction threads in the index process (Linux), so that they
         yield to the decisions on a busy machine; 0 leaves them as they are""")
-    index_in_memory: bool = _setting(False).means("""
-        true: the index's band buckets and posting lists are held in the decider's memory (up to ~2 KB an
-        article) and logged to RocksDB one value a batch, not kept as keys of their own: more articles/s with
-        the containment index on (tests/benchmarks/BATCH.md), for an index that fits in memory. A state keeps
-        the layout it was created with: to switch, delete the state directory (the worker rebuilds the index
-        from the changelog)""")
+    index_in_memory: bool = _setting(True).means("""
+        true: a new index holds its band buckets and posting lists in the decider's memory (~2 KB an article)
+        and logs their changes to RocksDB one value a batch, rather than as keys of their own, which gives
+        more articles/s (tests/benchmarks/BATCH.md); past 10,000,000 entries held (~1 GB, 200,000 to 600,000
+        articles) they go back to being keys, a few thousand a write, and the index goes on keyed. false: keys
+        from the start. A state keeps the layout it was created with: to switch, delete the state directory
+        (the worker rebuilds the index from the changelog)""")
     instance_id: str = _setting("", check=_instance_id).means("""
         the worker's static membership id in the consumer group (Kafka's `group.instance.id`; letters, digits,
         `.`, `_`, `-`), unique per worker: a worker restarted with the same id gets its partitions back at
