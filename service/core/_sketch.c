@@ -1939,9 +1939,16 @@ static uint64_t key_hash(const unsigned char *key, size_t length) {
     return fmix64(h ^ length);
 }
 
+/* An entry's home slot: its hash's top bits, so that the slots hold the entries in the order of
+ * their hashes (but for the runs that wrap round the end), whatever the capacity, and a range of
+ * hashes is a range of slots (pack_range). */
+static size_t held_home(size_t capacity, uint64_t hash) {
+    return capacity > 1 ? (size_t)(hash >> (64 - __builtin_ctzll((unsigned long long)capacity))) : 0;
+}
+
 /* The slot of `key`, or of the free slot where it would go (linear probing). */
 static size_t held_slot(const HeldTable *t, const unsigned char *key, size_t length, uint64_t hash) {
-    size_t mask = t->capacity - 1, at = (size_t)hash & mask;
+    size_t mask = t->capacity - 1, at = held_home(t->capacity, hash);
     for (HeldEntry *e; (e = t->slots[at]) != NULL; at = (at + 1) & mask) {
         if (e->hash == hash && e->key_len == length && memcmp(e->data, key, length) == 0) {
             break;
@@ -1965,7 +1972,7 @@ static int held_grow(HeldTable *t) {
     for (size_t i = 0; i < t->capacity; i++) {
         HeldEntry *e = t->slots[i];
         if (e != NULL) {
-            size_t at = (size_t)e->hash & (capacity - 1);
+            size_t at = held_home(capacity, e->hash);
             while (slots[at] != NULL) {
                 at = (at + 1) & (capacity - 1);
             }
@@ -1997,7 +2004,7 @@ static int held_set(HeldTable *t, const unsigned char *key, size_t key_len, cons
         t->count--;
         /* backward-shift deletion: every entry after the gap that may move into it does */
         for (size_t next = (at + 1) & mask; t->slots[next] != NULL; next = (next + 1) & mask) {
-            size_t home = (size_t)t->slots[next]->hash & mask;
+            size_t home = held_home(t->capacity, t->slots[next]->hash);
             if (((next - home) & mask) >= ((next - at) & mask)) {
                 t->slots[at] = t->slots[next];
                 at = next;
@@ -2140,31 +2147,54 @@ static Ordered *radix_sorted(Ordered *items, Ordered *spare, size_t n) {
     return items;
 }
 
-static PyObject *held_pack(HeldTable *t, PyObject *args) {
-    Py_ssize_t most;
-    if (!PyArg_ParseTuple(args, "n", &most)) {
+/* Entries into `order` with the first 8 bytes of their value, the order a snapshot writes them in:
+ * the entries an article wrote side by side (its seq in each of its buckets and posting lists),
+ * which compresses the chunks as the order of their writes did. */
+static void held_take(Ordered *order, size_t *n, HeldEntry *e) {
+    uint64_t first = 0;
+    for (size_t j = 0; j < 8; j++) {
+        first = first << 8 | (j < e->value_len ? e->data[e->key_len + j] : 0);
+    }
+    order[(*n)++] = (Ordered){first, e};
+}
+
+/* pack(most) and pack_range(step, steps, most): the entries whose hash is in the `step`-th of
+ * `steps` equal ranges (a power of two), sorted, in chunks of at most `most` bytes. Their homes
+ * are that range of slots; the scan goes on past it to the end of the run of occupied slots there,
+ * round the end of the table if that run wraps: an entry sits at its home or after it. */
+static PyObject *held_pack_range(HeldTable *t, PyObject *args) {
+    Py_ssize_t step = 0, steps = 1, most;
+    int parsed = PyTuple_GET_SIZE(args) == 1 ? PyArg_ParseTuple(args, "n", &most)
+                                               : PyArg_ParseTuple(args, "nnn", &step, &steps, &most);
+    if (!parsed) {
         return NULL;
     }
-    if (most < 1) {
-        invalid("most must be at least 1");
+    if (most < 1 || steps < 1 || (steps & (steps - 1)) != 0 || step < 0 || step >= steps) {
+        invalid("most must be at least 1, steps a power of two, step one of them");
         return NULL;
     }
-    /* In the order of their values' first bytes: the entries an article wrote side by side (its
-     * seq in each of its buckets and posting lists), which compresses the chunks as the order of
-     * their writes did. */
+    unsigned range_bits = (unsigned)__builtin_ctzll((unsigned long long)steps);
+    uint64_t low = range_bits ? (uint64_t)step << (64 - range_bits) : 0;
+    uint64_t last = range_bits ? low + (UINT64_MAX >> range_bits) : UINT64_MAX;
     Ordered *order = PyMem_Malloc((t->count ? t->count : 1) * sizeof(Ordered));
     Ordered *spare = PyMem_Malloc((t->count ? t->count : 1) * sizeof(Ordered));
     HeldEntry **entries = PyMem_Malloc((t->count ? t->count : 1) * sizeof(HeldEntry *));
     PyObject *chunks = order == NULL || spare == NULL || entries == NULL ? PyErr_NoMemory() : PyList_New(0);
     size_t n = 0;
-    for (size_t i = 0; chunks != NULL && i < t->capacity; i++) {
-        HeldEntry *e = t->slots[i];
-        if (e != NULL) {
-            uint64_t first = 0;
-            for (size_t j = 0; j < 8; j++) {
-                first = first << 8 | (j < e->value_len ? e->data[e->key_len + j] : 0);
+    if (chunks != NULL && t->capacity) {
+        size_t from = held_home(t->capacity, low), to = held_home(t->capacity, last) + 1, at = from;
+        for (; at < t->capacity && (at < to || t->slots[at] != NULL); at++) {
+            HeldEntry *e = t->slots[at];
+            if (e != NULL && e->hash >= low && e->hash <= last) {
+                held_take(order, &n, e);
             }
-            order[n++] = (Ordered){first, e};
+        }
+        size_t wrapped = 0; /* the run at the end goes on from the first slot */
+        for (; at == t->capacity && from > 0 && wrapped < from && t->slots[wrapped] != NULL; wrapped++) {
+            HeldEntry *e = t->slots[wrapped];
+            if (e->hash >= low && e->hash <= last) {
+                held_take(order, &n, e);
+            }
         }
     }
     if (chunks != NULL) {
@@ -2221,7 +2251,9 @@ static PyObject *held_items(HeldTable *t, PyObject *args) {
 static PyMethodDef held_methods[] = {
     {"get_many", (PyCFunction)held_get_many, METH_O, "Each key's value, None where absent."},
     {"apply", (PyCFunction)held_apply, METH_VARARGS, "Packed changes (pack_changes) applied; their count."},
-    {"pack", (PyCFunction)held_pack, METH_VARARGS, "Every entry packed, in chunks of at most `most` bytes."},
+    {"pack", (PyCFunction)held_pack_range, METH_VARARGS, "Every entry packed, in chunks of at most `most` bytes."},
+    {"pack_range", (PyCFunction)held_pack_range, METH_VARARGS,
+     "The entries of the `step`-th of `steps` ranges of hashes packed, in chunks of at most `most` bytes."},
     {"items", (PyCFunction)held_items, METH_VARARGS, "At most `most` pairs from slot `start`, and the next slot."},
     {NULL, NULL, 0, NULL},
 };

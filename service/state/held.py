@@ -5,7 +5,12 @@ each a read and a write of RocksDB, which cost more than everything else the ind
 Held in a dict instead, they cost a dict's lookups; what makes them durable is the log of their
 changes, one value a write batch (``j<number>``) in the same batch as the rest of the article's
 writes, so that a crash leaves both or neither. The log is folded into a snapshot (``s<number>``
-chunks) when it outgrows the snapshot, and at `compact`; opening reads the snapshot, then the log.
+chunks) when it outgrows the snapshot, and at `compact`; opening reads the snapshot's chunks, then
+the log, each in the order of their numbers. A fold goes a range of hashes a write (`_FOLD_STEP`
+entries or so), not in one pause: its chunks, numbered after the snapshot's, hold their entries as
+they are when written, and the log since the fold began holds every change made meanwhile, so the
+old chunks, the new and the whole log read in that order give the table whether the fold finished
+or a crash cut it short; its last step drops the old chunks and the log from before it began.
 The price is memory: the families' entries live in the process, in a compiled table (_sketch.HeldTable,
 an allocation an entry with its key and value, where a dict would add two bytes objects and its
 own slots; BATCH.md measures it), which is why past HELD_ENTRIES they go back to being keys. They
@@ -22,6 +27,7 @@ from __future__ import annotations
 import heapq
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ..core.compiled import _sketch
 from .port import Batch, KeyValue
@@ -30,8 +36,10 @@ LOG, SNAPSHOT = b"j", b"s"
 HOLD_KEY = b"mheld"  # present in a state whose held families live in the log, not as keys
 DRAIN_KEY = b"mdrain"  # present while the held entries go back to being keys, a step a write
 _NUMBER = struct.Struct(">Q")
+_COUNT = struct.Struct(">I")  # the entries a packed value holds, its first bytes
 _SNAPSHOT_FLOOR = 64 * 1024 * 1024  # the log is folded no sooner than at this size
 _CHUNK = 4 * 1024 * 1024  # bytes of entries a snapshot value holds at most
+_FOLD_STEP = 65_536  # entries a write folds, about: ~10 ms of packing and writing
 # Entries held at most (~100 bytes each in memory, ~1 GB): past them the families go back to
 # being keys of their own (`spill`), so that a long input never runs out of memory.
 HELD_ENTRIES = 10_000_000
@@ -48,21 +56,25 @@ class HeldFamilies:
         self._load()
 
     def _load(self) -> None:
-        """The snapshot, then the log after it."""
+        """The snapshot's chunks, then the log, each in the order of their numbers."""
         self.held = _sketch.HeldTable()
         marks = self.inner.get_many([HOLD_KEY, DRAIN_KEY])
         self._marked, self._draining = (mark is not None for mark in marks)
         self._cursor = 0  # the slot the next drain step starts from
-        self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
+        self._folding: _Fold | None = None  # a fold begun and not finished (none after a reopening)
         self._stored_entries = 0  # in the snapshot and the log: fold_if_stale
-        for _, chunk in self.inner.scan(SNAPSHOT):
-            self._stored_entries += self.held.apply(chunk)
-            self._snapshot_chunks += 1
-            self._snapshot_bytes += len(chunk)
-        for key, changes in self.inner.scan(LOG):
+        self._chunks, self._snapshot_bytes = self._read_numbered(SNAPSHOT)
+        self._logs, self._log_bytes = self._read_numbered(LOG)
+
+    def _read_numbered(self, family: bytes) -> tuple[range, int]:
+        """The values of `family` applied to the table; the range of their numbers and their bytes."""
+        first, after, size = None, 0, 0
+        for key, changes in self.inner.scan(family):
             self._stored_entries += self.held.apply(changes)
-            self._log_bytes += len(changes)
-            self._next_log = _NUMBER.unpack_from(key, 1)[0] + 1
+            size += len(changes)
+            number = _NUMBER.unpack_from(key, 1)[0]
+            first, after = number if first is None else first, number + 1
+        return range(after if first is None else first, after), size
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The keys of one call are of one family, as every table reads only its own."""
@@ -100,37 +112,70 @@ class HeldFamilies:
         if logged is None:
             self.inner.write(Batch(main=main, records=batch.records))
         else:
-            main[LOG + _NUMBER.pack(self._next_log)] = logged
+            main[LOG + _NUMBER.pack(self._logs.stop)] = logged
             if not self._marked:
                 main[HOLD_KEY], self._marked = b"1", True
             self.inner.write(Batch(main=main, records=batch.records))
-            self._next_log += 1
+            self._logs = range(self._logs.start, self._logs.stop + 1)
             self._log_bytes += len(logged)
             self._stored_entries += self.held.apply(logged)
         if self._draining:  # the log is not folded: it goes with the snapshot and the marks at the end
             if not len(self.held):
                 marks: dict[bytes, bytes | None] = {HOLD_KEY: None, DRAIN_KEY: None}
-                self.inner.write(Batch(main={**self._dropped(kept_chunks=0), **marks}))
+                self.inner.write(Batch(main={**self._dropped(self._chunks.stop, self._logs.stop), **marks}))
                 self.held, self.prefixes, self._marked = _sketch.HeldTable(), b"", False
-                self._draining = False
-                self._snapshot_chunks = self._snapshot_bytes = self._log_bytes = self._next_log = 0
-                self._stored_entries = 0
+                self._draining, self._stored_entries = False, 0
+                self._chunks, self._logs = range(self._chunks.stop, self._chunks.stop), range(0, 0)
+                self._snapshot_bytes = self._log_bytes = 0
         elif len(self.held) > HELD_ENTRIES:
             self._start_draining()
+        elif self._folding is not None:
+            self._fold_step()
         elif self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
-            self.fold()
+            self._begin_fold()
+            self._fold_step()
 
     def fold(self) -> None:
-        """The held entries as a snapshot, in place of the snapshot and log before: one write."""
-        if not self._next_log:
-            return
-        chunks = self.held.pack(_CHUNK)
-        main = self._dropped(kept_chunks=len(chunks))
-        main.update((SNAPSHOT + _NUMBER.pack(number), chunk) for number, chunk in enumerate(chunks))
+        """The held entries as a snapshot, in place of the snapshot and log before: the fold begun,
+        or a new one, to its end now."""
+        if self._folding is None:
+            if not len(self._logs):
+                return
+            self._begin_fold()
+        while self._folding is not None:
+            self._fold_step()
+
+    def _begin_fold(self) -> None:
+        steps = 1 << max(0, (len(self.held) - 1) // _FOLD_STEP).bit_length()
+        self._folding = _Fold(
+            steps, self._chunks.stop, self._logs.stop, self._log_bytes, self._stored_entries
+        )
+
+    def _fold_step(self) -> None:
+        """The next range of hashes written as chunks; after the last, the chunks and the log from
+        before the fold began go."""
+        fold = self._folding
+        assert fold is not None
+        chunks = self.held.pack_range(fold.step, fold.steps, _CHUNK)
+        main: dict[bytes, bytes | None] = {
+            SNAPSHOT + _NUMBER.pack(number): chunk for number, chunk in enumerate(chunks, self._chunks.stop)
+        }
+        last = fold.step == fold.steps - 1
+        if last:
+            main.update(self._dropped(fold.first_chunk, fold.first_log))
         self.inner.write(Batch(main=main))
-        self._snapshot_chunks, self._snapshot_bytes = len(chunks), sum(map(len, chunks))
-        self._log_bytes = self._next_log = 0
-        self._stored_entries = len(self.held)
+        self._chunks = range(self._chunks.start, self._chunks.stop + len(chunks))
+        fold.step += 1
+        fold.chunk_bytes += sum(map(len, chunks))
+        fold.chunk_entries += sum(_COUNT.unpack_from(chunk)[0] for chunk in chunks)
+        if last:
+            self._chunks, self._logs = (
+                range(fold.first_chunk, self._chunks.stop),
+                range(fold.first_log, self._logs.stop),
+            )
+            self._snapshot_bytes, self._log_bytes = fold.chunk_bytes, self._log_bytes - fold.log_bytes
+            self._stored_entries = fold.chunk_entries + self._stored_entries - fold.stored_entries
+            self._folding = None
 
     def fold_if_stale(self) -> bool:
         """Fold when the snapshot and the log hold a quarter more entries than the table (changes
@@ -154,7 +199,7 @@ class HeldFamilies:
         what they should, so they go."""
         stale = [key for prefix in self.prefixes for key, _ in self.inner.scan(bytes([prefix]))]
         self.inner.write(Batch(main={**dict.fromkeys(stale), DRAIN_KEY: b"1"}))
-        self._draining, self._cursor = True, 0
+        self._draining, self._cursor, self._folding = True, 0, None
 
     def _drain_step(
         self, changes: dict[bytes, bytes | None]
@@ -179,12 +224,12 @@ class HeldFamilies:
         main.update((key, kept.pop(key, value)) for key, value in moved.items())
         return main, _sketch.split_changes({**kept, **dict.fromkeys(moved)}, self.prefixes)[0]
 
-    def _dropped(self, kept_chunks: int) -> dict[bytes, bytes | None]:
-        """Deletions of the log's values and of the snapshot's chunks past the first `kept_chunks`."""
+    def _dropped(self, chunks_before: int, logs_before: int) -> dict[bytes, bytes | None]:
+        """Deletions of the snapshot's chunks and the log's values numbered before these."""
         dropped: dict[bytes, bytes | None] = {
-            LOG + _NUMBER.pack(number): None for number in range(self._next_log)
+            SNAPSHOT + _NUMBER.pack(number): None for number in range(self._chunks.start, chunks_before)
         }
-        dropped.update((SNAPSHOT + _NUMBER.pack(n), None) for n in range(kept_chunks, self._snapshot_chunks))
+        dropped.update((LOG + _NUMBER.pack(number), None) for number in range(self._logs.start, logs_before))
         return dropped
 
     def close(self) -> None:
@@ -196,3 +241,19 @@ class HeldFamilies:
 
     def size_bytes(self) -> int:
         return self.inner.size_bytes()
+
+
+@dataclass
+class _Fold:
+    """A fold under way: `steps` ranges of hashes, the next one `step`; the first chunk it writes
+    and the first log value it keeps; the log's bytes and the entries stored when it began; what
+    its chunks hold so far."""
+
+    steps: int
+    first_chunk: int
+    first_log: int
+    log_bytes: int
+    stored_entries: int
+    step: int = 0
+    chunk_bytes: int = 0
+    chunk_entries: int = 0

@@ -18,7 +18,7 @@ from neardup.core.dedup import Outcome, decide
 from neardup.core.params import DedupParams
 from neardup.core.signing import sketch_of
 from neardup.state import held as held_module
-from neardup.state.held import DRAIN_KEY, HOLD_KEY, LOG, SNAPSHOT, HeldFamilies
+from neardup.state.held import _NUMBER, DRAIN_KEY, HOLD_KEY, LOG, SNAPSHOT, HeldFamilies
 from neardup.state.memory import MemoryKV
 from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import HELD, RocksKV, RocksOptions, RocksState
@@ -122,6 +122,10 @@ def test_the_table_holds_what_a_dict_holds(seed: int) -> None:
     copied = _sketch.HeldTable()
     assert sum(copied.apply(chunk) for chunk in chunks) == len(model)
     assert contents_of(copied) == model
+    for steps in (1, 2, 8, 1024):  # a fold a range of hashes at a time: each entry in one range
+        ranges = [table.pack_range(step, steps, most) for step in range(steps)]
+        packed = [entry for chunks in ranges for chunk in chunks for entry in unpack_changes(chunk)]
+        assert len(packed) == len(model) and dict(packed) == model, steps
     assert table.get_many([b"k" * 256, *keys[:3]]) == [None, *(model.get(key) for key in keys[:3])]
 
 
@@ -165,12 +169,29 @@ def test_a_batch_splits_into_the_held_families_packed_and_the_rest(seed: int) ->
     assert list(rest.items()) == [(key, value) for key, value in changes.items() if key not in held]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_a_reopened_store_holds_what_the_live_one_held(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Random writes of held and other keys, folded at random points and by size: after each write
-    a new HeldFamilies over the same store reads the same entries as the live one and as a plain
-    dict, and the store holds no held key as a key of its own."""
+class CrashesNow(Writes):
+    """A store whose next write raises once `crash` is set, as a crash would end it."""
+
+    crash = False
+
+    def write(self, batch: Batch) -> None:
+        if self.crash:
+            self.crash = False
+            raise OSError("crashed")
+        super().write(batch)
+
+
+@pytest.mark.parametrize(("seed", "fold_step"), [(0, 65_536), (1, 65_536), (2, 5), (3, 5), (4, 1)])
+def test_a_reopened_store_holds_what_the_live_one_held(
+    seed: int, fold_step: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random writes of held and other keys, folded at random points and by size, a fold in one
+    write or over several (a few entries a step), and crashes at random writes, a fold's steps
+    among them (the store reopened then): after each write a new HeldFamilies over the same store
+    reads the same entries as the live one and as a plain dict, and the store holds no held key as
+    a key of its own; once a fold ends, no chunk or log value from before it began."""
     monkeypatch.setattr(held_module, "_SNAPSHOT_FLOOR", 2_000)
+    monkeypatch.setattr(held_module, "_FOLD_STEP", fold_step)
     rng = random.Random(seed)
     keys = [
         prefix + rng.randbytes(rng.choice([4, 10]))
@@ -178,13 +199,25 @@ def test_a_reopened_store_holds_what_the_live_one_held(seed: int, monkeypatch: p
         for _ in range(25)
     ]
     inner, model = MemoryKV(), {}
-    live = HeldFamilies(inner, HELD)
+    store = CrashesNow(inner)
+    live = HeldFamilies(store, HELD)  # type: ignore[arg-type]  # a KeyValue by delegation
+    folds_over_writes = 0
     for step in range(120):
         changes = random_changes(rng, keys)
-        live.write(Batch(main=dict(changes)))
-        model.update(changes)
-        if rng.random() < 0.05:
-            live.fold()
+        store.crash, before = rng.random() < 0.1, len(store.batches)
+        try:
+            live.write(Batch(main=dict(changes)))
+            if rng.random() < 0.05:
+                live.fold()
+        except OSError:
+            live = HeldFamilies(store, HELD)  # type: ignore[arg-type]  # reopened after the crash
+        if len(store.batches) > before:  # its own changes written, whatever came after them
+            model.update(changes)
+        store.crash = False
+        folds_over_writes += live._folding is not None
+        if live._folding is None and len(live._chunks):  # no fold under way: one snapshot and its log
+            numbers = [_NUMBER.unpack_from(key, 1)[0] for key, _ in inner.scan(SNAPSHOT)]
+            assert numbers == list(live._chunks)
         expected = [model.get(key) for key in keys]
         reopened = HeldFamilies(inner, HELD)
         for family in range(0, len(keys), 25):  # a call reads one family
@@ -193,6 +226,7 @@ def test_a_reopened_store_holds_what_the_live_one_held(seed: int, monkeypatch: p
     stored = {key for key, _ in inner.scan(b"")}
     assert not {key for key in stored if key[:1] in (BAND, POSTING)}
     assert SNAPSHOT in {key[:1] for key in stored}, "folded"
+    assert folds_over_writes if fold_step < 10 else not folds_over_writes
     held_keys = sorted(key for key in keys if key[:1] in (BAND, POSTING) and model.get(key) is not None)
     assert [key for key, _ in live.scan(BAND)] + [key for key, _ in live.scan(POSTING)] == held_keys
 
