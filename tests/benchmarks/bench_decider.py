@@ -12,6 +12,11 @@ Usage:
   python tests/benchmarks/bench_decider.py --baseline ../previous/.venv/bin/python
       [--input FILE] (default: the news corpus of tests/data/build_news_corpus.py)
       [--articles 4082] [--chunk 20] [--layout keyed|held] [--repeats 4]
+      [--baseline-layout keyed|held] [--baseline-containment on|off]
+
+This build decides with the containment index on; the baseline too unless `--baseline-containment
+off`, which with `--baseline-layout keyed` measures the design aim (this build's decider
+with the index on against the baseline's with it off, as the baseline's worker ran by default).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from neardup.pipeline.wire import Provenance
 from neardup.state.rocks import RocksOptions, RocksState
 
 source, count, chunk, held = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "held"
-values = keyword_values({})
+values = keyword_values({} if sys.argv[5] == "on" else {"containment_index": False})
 params, retention = engine_params(values), retention_window(values)
 stage = SignStage(params, values["max_text_bytes"], Retention(skew_ms=retention.skew_ms))
 with open(source, "rb") as lines:
@@ -61,9 +66,9 @@ print(spent / len(signed) * 1e6)
 """
 
 
-def one_run(python: str, source: Path, articles: int, chunk: int, layout: str) -> float:
+def one_run(python: str, source: Path, articles: int, chunk: int, layout: str, containment: str) -> float:
     """µs of CPU per article, deciding alone, in a process of `python`."""
-    argv = [python, "-c", ONE_RUN, str(source), str(articles), str(chunk), layout]
+    argv = [python, "-c", ONE_RUN, str(source), str(articles), str(chunk), layout, containment]
     done = subprocess.run(argv, capture_output=True, text=True, check=True)
     return float(done.stdout.split()[-1])
 
@@ -77,15 +82,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--articles", type=int, default=4082)
     parser.add_argument("--chunk", type=int, default=20)
     parser.add_argument("--layout", choices=("keyed", "held"), default="keyed")
+    parser.add_argument("--baseline-layout", choices=("keyed", "held"), help="default: --layout")
+    parser.add_argument("--baseline-containment", choices=("on", "off"), default="on")
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args(argv)
     runs: dict[str, list[float]] = {"this": [], "baseline": []}
+    sides = {
+        "baseline": (args.baseline, args.baseline_layout or args.layout, args.baseline_containment),
+        "this": (sys.executable, args.layout, "on"),
+    }
     for repeat in range(args.repeats):
-        for name, python in (("baseline", args.baseline), ("this", sys.executable)):
-            runs[name].append(one_run(python, args.input, args.articles, args.chunk, args.layout))
+        for name, (python, layout, containment) in sides.items():
+            runs[name].append(one_run(python, args.input, args.articles, args.chunk, layout, containment))
             print(f"  run {repeat + 1} {name:8} {runs[name][-1]:7.1f} µs an article", flush=True)
     this, baseline = statistics.median(runs["this"]), statistics.median(runs["baseline"])
-    print(f"{args.layout}, chunks of {args.chunk}, {args.articles} articles, medians of {args.repeats}:")
+    described = {
+        name: f"{layout}, containment {containment}" for name, (_, layout, containment) in sides.items()
+    }
+    print(f"this {described['this']}; baseline {described['baseline']}; chunks of {args.chunk},")
+    print(f"  {args.articles} articles, medians of {args.repeats}:")
     print(f"  this {this:.1f} µs, baseline {baseline:.1f} µs an article: {this / baseline:.3f}x")
     return 0
 
