@@ -2222,6 +2222,25 @@ static PyObject *held_pack_range(HeldTable *t, PyObject *args) {
     return chunks;
 }
 
+/* Slots for `count` entries at once, before a snapshot's chunks are applied: they come a range of
+ * hashes at a time, and homed in a table sized for fewer they would crowd into its first slots. */
+static PyObject *held_reserve(HeldTable *t, PyObject *args) {
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "n", &count)) {
+        return NULL;
+    }
+    if (count < 0) {
+        invalid("count must not be negative");
+        return NULL;
+    }
+    while ((size_t)count * 10 > t->capacity * 7) {
+        if (held_grow(t) < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *held_items(HeldTable *t, PyObject *args) {
     Py_ssize_t start, most;
     if (!PyArg_ParseTuple(args, "nn", &start, &most)) {
@@ -2255,6 +2274,7 @@ static PyMethodDef held_methods[] = {
     {"pack_range", (PyCFunction)held_pack_range, METH_VARARGS,
      "The entries of the `step`-th of `steps` ranges of hashes packed, in chunks of at most `most` bytes."},
     {"items", (PyCFunction)held_items, METH_VARARGS, "At most `most` pairs from slot `start`, and the next slot."},
+    {"reserve", (PyCFunction)held_reserve, METH_VARARGS, "Slots for `count` entries."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -63,6 +63,8 @@ class HeldFamilies:
         self._cursor = 0  # the slot the next drain step starts from
         self._folding: _Fold | None = None  # a fold begun and not finished (none after a reopening)
         self._stored_entries = 0  # in the snapshot and the log: fold_if_stale
+        # a fold writes its chunks a range of hashes at a time: slots for all of them first
+        self.held.reserve(sum(_COUNT.unpack_from(chunk)[0] for _, chunk in self.inner.scan(SNAPSHOT)))
         self._chunks, self._snapshot_bytes = self._read_numbered(SNAPSHOT)
         self._logs, self._log_bytes = self._read_numbered(LOG)
 

@@ -6,9 +6,10 @@ entries of random keys, `--changes` a write, the log folded whenever it outgrows
 `--fold-floor-mb`; then lowers HELD_ENTRIES below them: from there each write moves DRAIN_STEP
 entries to keys beside its own changes, until none is held, and the state goes on keyed. Prints
 the wall time of a write in each phase (median, p99, max): held, held with a fold step in it,
-draining, keyed. The longest is the pause a decision waits for at most. `--fold-step` and
-`--drain-step` past `--entries` fold or drain in one write, as the state did before either went a
-step at a time: the baseline.
+draining, keyed; the longest is the pause a decision waits for at most. Also the time a reopening
+takes to read the held state back, before it drains. `--fold-step` and `--drain-step` past
+`--entries` fold or drain in one write, as the state did before either went a step at a time: the
+baseline.
 
 Usage:
   python tests/benchmarks/bench_held_writes.py [--entries 2000000] [--changes 1000]
@@ -60,6 +61,10 @@ def main() -> None:
         state = held.HeldFamilies(RocksKV(Path(work) / "state", RocksOptions()), HELD)
         while len(state.held) < args.entries:
             timed_write(state, "held")
+        started = time.perf_counter()
+        reopened = held.HeldFamilies(state.inner, HELD)  # reads what the live one wrote
+        print(f"reopened: {len(reopened.held):,} entries in {time.perf_counter() - started:.2f} s")
+        del reopened
         held.HELD_ENTRIES, held.DRAIN_STEP = args.changes, args.drain_step
         while state.prefixes:
             timed_write(state, "draining")

@@ -54,7 +54,7 @@ for path in (ROOT, ROOT / "tests" / "benchmarks"):
 
 from bench_stream import CORPUS, SAMPLE, Articles, consumer_for, free_port, load_corpus, producer_for  # noqa: E402
 
-from neardup.config import Settings  # noqa: E402
+from neardup.config import BY_NAME, Settings  # noqa: E402
 from neardup.core.params import DedupParams  # noqa: E402
 from neardup.pipeline.shard import IndexShard  # noqa: E402
 from neardup.pipeline.sign import SignStage  # noqa: E402
@@ -109,7 +109,7 @@ def cache_key(count: int, seed: int) -> str:
     digest = hashlib.sha256(repr(DedupParams().header()).encode())
     corpus = _corpus()
     digest.update(f"{corpus}:{corpus.stat().st_size}".encode())
-    sources = [ROOT / "tests" / "benchmarks" / "bench_stream.py"]
+    sources = [ROOT / "tests" / "benchmarks" / "bench_stream.py", Path(__file__)]
     for package in ("core", "state", "pipeline"):
         sources += sorted((ROOT / "service" / package).glob("*.[pc]*"))
     for source in sources:
@@ -144,9 +144,11 @@ def build(directory: Path, count: int, seed: int) -> int:
     signer.start()
     spool = _Spool(directory / "changelog")
     # flushed at the end: nothing to survive a crash; a cache for most of what is read back, which
-    # changes what is held in memory, not what is written
-    options = RocksOptions(write_ahead_log=False, block_cache_mb=1024)
-    shard = IndexShard(RocksState(directory / "index", options), DedupParams(), changelog=spool)
+    # changes what is held in memory, not what is written; the layout the worker creates by default
+    held = BY_NAME["index_in_memory"].default
+    options = RocksOptions(write_ahead_log=False, block_cache_mb=1024, hold_families=held)
+    state = RocksState(directory / "index", options)
+    shard = IndexShard(state, DedupParams(), changelog=spool)
     shard.replay({})
     decided, lap = 0, started
     while (chunk := chunks.get()) is not None:
@@ -160,7 +162,7 @@ def build(directory: Path, count: int, seed: int) -> int:
             print(f"  {decided:,} decided, the last 100,000 at {100_000 / seconds:.0f}/s", flush=True)
     signer.join()
     spool.out.close()
-    flush(shard.state.kv)
+    flush(state.rocks)  # the store under the held families, if any
     shard.state.close()
     seconds = time.perf_counter() - started
     print(f"  built {count:,} articles, {spool.count:,} changelog records in {seconds:.0f} s", flush=True)

@@ -126,6 +126,10 @@ def test_the_table_holds_what_a_dict_holds(seed: int) -> None:
         ranges = [table.pack_range(step, steps, most) for step in range(steps)]
         packed = [entry for chunks in ranges for chunk in chunks for entry in unpack_changes(chunk)]
         assert len(packed) == len(model) and dict(packed) == model, steps
+        reloaded = _sketch.HeldTable()  # as a reopening loads a fold's chunks: slots for all first
+        reloaded.reserve(len(packed))
+        assert sum(reloaded.apply(chunk) for chunks in ranges for chunk in chunks) == len(model)
+        assert contents_of(reloaded) == model
     assert table.get_many([b"k" * 256, *keys[:3]]) == [None, *(model.get(key) for key in keys[:3])]
 
 
