@@ -138,9 +138,11 @@
  *     apply(data) -> int: what pack_changes returned, each entry set, a None value deleting its
  *         key (absent already: nothing); returns the number of entries. ValueError, and nothing
  *         applied, when `data` is not exactly one packed dict;
- *     pack(most) -> list of bytes: every entry, as pack_changes packs them, in the order of the
- *         first 8 bytes of their values (zero-padded), in chunks of at most `most` bytes of keys and values each (an entry
- *         larger alone: a chunk of its own);
+ *     pack_range(step, steps, most) -> list of bytes: the entries whose hash is in the `step`-th
+ *         of `steps` equal ranges (a power of two; 0 of 1: every entry), as pack_changes packs
+ *         them, in the order of the first 8 bytes of their values (zero-padded), in chunks of at
+ *         most `most` bytes of keys and values each (an entry larger alone: a chunk of its own);
+ *     reserve(count): slots for `count` entries at once;
  *     items(start, most) -> (list, next): at most `most` (key, value) pairs from slot `start` on,
  *         and the slot to go on from (past the last: every entry was listed);
  *     len(table): the number of entries.
@@ -2158,15 +2160,13 @@ static void held_take(Ordered *order, size_t *n, HeldEntry *e) {
     order[(*n)++] = (Ordered){first, e};
 }
 
-/* pack(most) and pack_range(step, steps, most): the entries whose hash is in the `step`-th of
- * `steps` equal ranges (a power of two), sorted, in chunks of at most `most` bytes. Their homes
+/* The entries whose hash is in the `step`-th of `steps` equal ranges (a power of two), sorted, in
+ * chunks of at most `most` bytes. Their homes
  * are that range of slots; the scan goes on past it to the end of the run of occupied slots there,
  * round the end of the table if that run wraps: an entry sits at its home or after it. */
 static PyObject *held_pack_range(HeldTable *t, PyObject *args) {
-    Py_ssize_t step = 0, steps = 1, most;
-    int parsed = PyTuple_GET_SIZE(args) == 1 ? PyArg_ParseTuple(args, "n", &most)
-                                               : PyArg_ParseTuple(args, "nnn", &step, &steps, &most);
-    if (!parsed) {
+    Py_ssize_t step, steps, most;
+    if (!PyArg_ParseTuple(args, "nnn", &step, &steps, &most)) {
         return NULL;
     }
     if (most < 1 || steps < 1 || (steps & (steps - 1)) != 0 || step < 0 || step >= steps) {
@@ -2270,7 +2270,6 @@ static PyObject *held_items(HeldTable *t, PyObject *args) {
 static PyMethodDef held_methods[] = {
     {"get_many", (PyCFunction)held_get_many, METH_O, "Each key's value, None where absent."},
     {"apply", (PyCFunction)held_apply, METH_VARARGS, "Packed changes (pack_changes) applied; their count."},
-    {"pack", (PyCFunction)held_pack_range, METH_VARARGS, "Every entry packed, in chunks of at most `most` bytes."},
     {"pack_range", (PyCFunction)held_pack_range, METH_VARARGS,
      "The entries of the `step`-th of `steps` ranges of hashes packed, in chunks of at most `most` bytes."},
     {"items", (PyCFunction)held_items, METH_VARARGS, "At most `most` pairs from slot `start`, and the next slot."},

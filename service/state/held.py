@@ -41,7 +41,7 @@ _SNAPSHOT_FLOOR = 64 * 1024 * 1024  # the log is folded no sooner than at this s
 _CHUNK = 4 * 1024 * 1024  # bytes of entries a snapshot value holds at most
 _FOLD_STEP = 65_536  # entries a write folds, about: ~10 ms of packing and writing
 # Entries held at most (~100 bytes each in memory, ~1 GB): past them the families go back to
-# being keys of their own (`spill`), so that a long input never runs out of memory.
+# being keys of their own (draining), so that a long input never runs out of memory.
 HELD_ENTRIES = 10_000_000
 # Entries a write moves back to keys while the state drains: at ~1.5 µs a key, a few ms a write
 # beside the write's own, so that no verdict waits for the whole table to go.
@@ -127,7 +127,7 @@ class HeldFamilies:
                 self.inner.write(Batch(main={**self._dropped(self._chunks.stop, self._logs.stop), **marks}))
                 self.held, self.prefixes, self._marked = _sketch.HeldTable(), b"", False
                 self._draining, self._stored_entries = False, 0
-                self._chunks, self._logs = range(self._chunks.stop, self._chunks.stop), range(0, 0)
+                self._chunks = self._logs = range(0, 0)
                 self._snapshot_bytes = self._log_bytes = 0
         elif len(self.held) > HELD_ENTRIES:
             self._start_draining()
@@ -187,13 +187,6 @@ class HeldFamilies:
             return False
         self.fold()
         return True
-
-    def spill(self) -> None:
-        """Every held entry back to being a key of its own now, a step a write."""
-        if self.prefixes and not self._draining:
-            self._start_draining()
-        while self.prefixes:
-            self.write(Batch())
 
     def _start_draining(self) -> None:
         """Mark the state as draining. Keys of the held families already in RocksDB can only be

@@ -89,7 +89,10 @@ def test_a_table_is_listed_from_a_slot_and_count_not_negative(start: int, most: 
 
 def test_a_table_is_packed_in_chunks_of_at_least_a_byte() -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        Table().pack(0)
+        Table().pack_range(0, 1, 0)
+    for step, steps in ((0, 3), (2, 2), (-1, 2)):  # a range of a power of two of them
+        with pytest.raises(ValueError, match="power of two, step one of them"):
+            Table().pack_range(step, steps, 1)
     with pytest.raises(TypeError, match="keys must be"):
         Table().get_many([b"a", "b"])
 
