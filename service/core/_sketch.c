@@ -130,8 +130,9 @@
  *     families' log value and the rest of a write batch).
  *
  * HeldTable()
- *     Bytes keys (at most 255 bytes) to bytes values, as a dict of them would hold them, in one
- *     open-addressing table of entries allocated one each, key and value together: the held
+ *     Bytes keys (at most 255 bytes) to bytes values, as a dict of them would hold them, in
+ *     open-addressing tables (segments by hash, each doubling by itself, so that growth never
+ *     rehashes every entry at once) of entries allocated one each, key and value together: the held
  *     families of state/held.py at a fraction of the memory of a dict of bytes objects (a dict is
  *     the reference in tests/unit/test_held.py). Methods:
  *     get_many(keys) -> list: each key's value, None where absent;
@@ -143,8 +144,9 @@
  *         them, in the order of the first 8 bytes of their values (zero-padded), in chunks of at
  *         most `most` bytes of keys and values each (an entry larger alone: a chunk of its own);
  *     reserve(count): slots for `count` entries at once;
- *     items(start, most) -> (list, next): at most `most` (key, value) pairs from slot `start` on,
- *         and the slot to go on from (past the last: every entry was listed);
+ *     items(start, most) -> (list, next): at most `most` (key, value) pairs from position `start`
+ *         on (0: the first), and the position to go on from (past the last: every entry was
+ *         listed);
  *     len(table): the number of entries.
  *
  * encode_record, verdict_json and decide_fresh come from _decide.c (its comment): an article's
@@ -162,6 +164,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1927,10 +1930,22 @@ typedef struct {
     unsigned char data[];
 } HeldEntry;
 
+/* The table is HELD_SEGMENTS tables, an entry in the one its hash's top bits name, each growing
+ * by itself: a doubling rehashes one segment's entries, not every entry at once, so no write
+ * waits for the whole table to be copied (nor holds two copies of all its slots). */
+#define HELD_SEGMENT_BITS 8
+#define HELD_SEGMENTS (1 << HELD_SEGMENT_BITS)
+#define HELD_SLOT_BITS 40 /* a segment's slots at most; a position (items) is segment, then slot */
+
 typedef struct {
-    PyObject_HEAD
     HeldEntry **slots; /* a power of two of them (or none yet); NULL: free */
     size_t capacity, count;
+} HeldSegment;
+
+typedef struct {
+    PyObject_HEAD
+    HeldSegment segments[HELD_SEGMENTS];
+    size_t count;
 } HeldTable;
 
 static uint64_t key_hash(const unsigned char *key, size_t length) {
@@ -1941,17 +1956,20 @@ static uint64_t key_hash(const unsigned char *key, size_t length) {
     return fmix64(h ^ length);
 }
 
-/* An entry's home slot: its hash's top bits, so that the slots hold the entries in the order of
- * their hashes (but for the runs that wrap round the end), whatever the capacity, and a range of
- * hashes is a range of slots (pack_range). */
+static HeldSegment *held_segment(HeldTable *t, uint64_t hash) { return &t->segments[hash >> (64 - HELD_SEGMENT_BITS)]; }
+
+/* An entry's home slot in its segment: the hash's bits after the segment's, so that the slots
+ * hold the entries in the order of their hashes (but for the runs that wrap round the end),
+ * whatever the capacity, and a range of hashes is a range of segments and slots (pack_range). */
 static size_t held_home(size_t capacity, uint64_t hash) {
-    return capacity > 1 ? (size_t)(hash >> (64 - __builtin_ctzll((unsigned long long)capacity))) : 0;
+    unsigned bits = (unsigned)__builtin_ctzll((unsigned long long)(capacity ? capacity : 1));
+    return bits ? (size_t)((hash << HELD_SEGMENT_BITS) >> (64 - bits)) : 0;
 }
 
 /* The slot of `key`, or of the free slot where it would go (linear probing). */
-static size_t held_slot(const HeldTable *t, const unsigned char *key, size_t length, uint64_t hash) {
-    size_t mask = t->capacity - 1, at = held_home(t->capacity, hash);
-    for (HeldEntry *e; (e = t->slots[at]) != NULL; at = (at + 1) & mask) {
+static size_t held_slot(const HeldSegment *s, const unsigned char *key, size_t length, uint64_t hash) {
+    size_t mask = s->capacity - 1, at = held_home(s->capacity, hash);
+    for (HeldEntry *e; (e = s->slots[at]) != NULL; at = (at + 1) & mask) {
         if (e->hash == hash && e->key_len == length && memcmp(e->data, key, length) == 0) {
             break;
         }
@@ -1959,10 +1977,10 @@ static size_t held_slot(const HeldTable *t, const unsigned char *key, size_t len
     return at;
 }
 
-/* Doubles the slots (16 at first); -1 with MemoryError. */
-static int held_grow(HeldTable *t) {
-    size_t capacity = t->capacity ? t->capacity * 2 : 16;
-    if (capacity > SIZE_MAX / sizeof(HeldEntry *)) {
+/* Doubles the segment's slots (16 at first); -1 with MemoryError. */
+static int held_grow(HeldSegment *s) {
+    size_t capacity = s->capacity ? s->capacity * 2 : 16;
+    if (capacity > SIZE_MAX / sizeof(HeldEntry *) || capacity > ((size_t)1 << HELD_SLOT_BITS)) {
         PyErr_NoMemory();
         return -1;
     }
@@ -1971,8 +1989,8 @@ static int held_grow(HeldTable *t) {
         PyErr_NoMemory();
         return -1;
     }
-    for (size_t i = 0; i < t->capacity; i++) {
-        HeldEntry *e = t->slots[i];
+    for (size_t i = 0; i < s->capacity; i++) {
+        HeldEntry *e = s->slots[i];
         if (e != NULL) {
             size_t at = held_home(capacity, e->hash);
             while (slots[at] != NULL) {
@@ -1981,38 +1999,39 @@ static int held_grow(HeldTable *t) {
             slots[at] = e;
         }
     }
-    PyMem_Free(t->slots);
-    t->slots = slots;
-    t->capacity = capacity;
+    PyMem_Free(s->slots);
+    s->slots = slots;
+    s->capacity = capacity;
     return 0;
 }
 
 /* Sets `key` to `value` (NULL: deletes it); -1 with MemoryError. */
 static int held_set(HeldTable *t, const unsigned char *key, size_t key_len, const unsigned char *value, size_t value_len) {
     uint64_t hash = key_hash(key, key_len);
-    if (value != NULL && (t->count + 1) * 10 > t->capacity * 7 && held_grow(t) < 0) {
+    HeldSegment *s = held_segment(t, hash);
+    if (value != NULL && (s->count + 1) * 10 > s->capacity * 7 && held_grow(s) < 0) {
         return -1; /* kept at most 70% full: probes stay short */
     }
-    if (t->capacity == 0) {
+    if (s->capacity == 0) {
         return 0; /* nothing to delete */
     }
-    size_t at = held_slot(t, key, key_len, hash), mask = t->capacity - 1;
-    HeldEntry *e = t->slots[at];
+    size_t at = held_slot(s, key, key_len, hash), mask = s->capacity - 1;
+    HeldEntry *e = s->slots[at];
     if (value == NULL) {
         if (e == NULL) {
             return 0;
         }
         PyMem_Free(e);
-        t->count--;
+        s->count--, t->count--;
         /* backward-shift deletion: every entry after the gap that may move into it does */
-        for (size_t next = (at + 1) & mask; t->slots[next] != NULL; next = (next + 1) & mask) {
-            size_t home = held_home(t->capacity, t->slots[next]->hash);
+        for (size_t next = (at + 1) & mask; s->slots[next] != NULL; next = (next + 1) & mask) {
+            size_t home = held_home(s->capacity, s->slots[next]->hash);
             if (((next - home) & mask) >= ((next - at) & mask)) {
-                t->slots[at] = t->slots[next];
+                s->slots[at] = s->slots[next];
                 at = next;
             }
         }
-        t->slots[at] = NULL;
+        s->slots[at] = NULL;
         return 0;
     }
     if (e == NULL || e->value_len != value_len) {
@@ -2021,8 +2040,8 @@ static int held_set(HeldTable *t, const unsigned char *key, size_t key_len, cons
             PyErr_NoMemory();
             return -1;
         }
-        t->count += e == NULL;
-        e = t->slots[at] = resized;
+        s->count += e == NULL, t->count += e == NULL;
+        e = s->slots[at] = resized;
         e->hash = hash;
         e->key_len = (unsigned char)key_len;
         e->value_len = (uint32_t)value_len;
@@ -2033,10 +2052,13 @@ static int held_set(HeldTable *t, const unsigned char *key, size_t key_len, cons
 }
 
 static void held_dealloc(HeldTable *t) {
-    for (size_t i = 0; i < t->capacity; i++) {
-        PyMem_Free(t->slots[i]);
+    for (int segment = 0; segment < HELD_SEGMENTS; segment++) {
+        HeldSegment *s = &t->segments[segment];
+        for (size_t i = 0; i < s->capacity; i++) {
+            PyMem_Free(s->slots[i]);
+        }
+        PyMem_Free(s->slots);
     }
-    PyMem_Free(t->slots);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -2057,7 +2079,9 @@ static PyObject *held_get_many(HeldTable *t, PyObject *keys) {
         }
         size_t length = (size_t)PyBytes_GET_SIZE(key);
         const unsigned char *at = (const unsigned char *)PyBytes_AS_STRING(key);
-        HeldEntry *e = t->capacity && length <= 255 ? t->slots[held_slot(t, at, length, key_hash(at, length))] : NULL;
+        uint64_t hash = key_hash(at, length);
+        const HeldSegment *s = held_segment(t, hash);
+        HeldEntry *e = s->capacity && length <= 255 ? s->slots[held_slot(s, at, length, hash)] : NULL;
         if (e != NULL) {
             value = PyBytes_FromStringAndSize((const char *)e->data + e->key_len, e->value_len);
             if (value == NULL) {
@@ -2181,18 +2205,25 @@ static PyObject *held_pack_range(HeldTable *t, PyObject *args) {
     HeldEntry **entries = PyMem_Malloc((t->count ? t->count : 1) * sizeof(HeldEntry *));
     PyObject *chunks = order == NULL || spare == NULL || entries == NULL ? PyErr_NoMemory() : PyList_New(0);
     size_t n = 0;
-    if (chunks != NULL && t->capacity) {
-        size_t from = held_home(t->capacity, low), to = held_home(t->capacity, last) + 1, at = from;
-        for (; at < t->capacity && (at < to || t->slots[at] != NULL); at++) {
-            HeldEntry *e = t->slots[at];
-            if (e != NULL && e->hash >= low && e->hash <= last) {
+    for (uint64_t segment = low >> (64 - HELD_SEGMENT_BITS); chunks != NULL && segment <= last >> (64 - HELD_SEGMENT_BITS);
+         segment++) {
+        const HeldSegment *s = &t->segments[segment];
+        uint64_t first = segment << (64 - HELD_SEGMENT_BITS), end = first | (UINT64_MAX >> HELD_SEGMENT_BITS);
+        first = first > low ? first : low, end = end < last ? end : last;
+        if (s->capacity == 0) {
+            continue;
+        }
+        size_t from = held_home(s->capacity, first), to = held_home(s->capacity, end) + 1, at = from;
+        for (; at < s->capacity && (at < to || s->slots[at] != NULL); at++) {
+            HeldEntry *e = s->slots[at];
+            if (e != NULL && e->hash >= first && e->hash <= end) {
                 held_take(order, &n, e);
             }
         }
         size_t wrapped = 0; /* the run at the end goes on from the first slot */
-        for (; at == t->capacity && from > 0 && wrapped < from && t->slots[wrapped] != NULL; wrapped++) {
-            HeldEntry *e = t->slots[wrapped];
-            if (e->hash >= low && e->hash <= last) {
+        for (; at == s->capacity && from > 0 && wrapped < from && s->slots[wrapped] != NULL; wrapped++) {
+            HeldEntry *e = s->slots[wrapped];
+            if (e->hash >= first && e->hash <= end) {
                 held_take(order, &n, e);
             }
         }
@@ -2233,9 +2264,15 @@ static PyObject *held_reserve(HeldTable *t, PyObject *args) {
         invalid("count must not be negative");
         return NULL;
     }
-    while ((size_t)count * 10 > t->capacity * 7) {
-        if (held_grow(t) < 0) {
-            return NULL;
+    /* each segment's share, with room for its spread about that (a few standard deviations) */
+    double share = (double)count / HELD_SEGMENTS;
+    size_t each = (size_t)(share + 4.0 * sqrt(share)) + 1;
+    for (int segment = 0; count && segment < HELD_SEGMENTS; segment++) {
+        HeldSegment *s = &t->segments[segment];
+        while (each * 10 > s->capacity * 7) {
+            if (held_grow(s) < 0) {
+                return NULL;
+            }
         }
     }
     Py_RETURN_NONE;
@@ -2251,20 +2288,26 @@ static PyObject *held_items(HeldTable *t, PyObject *args) {
         return NULL;
     }
     PyObject *pairs = PyList_New(0);
-    size_t at = (size_t)start;
-    for (; pairs != NULL && at < t->capacity && PyList_GET_SIZE(pairs) < most; at++) {
-        const HeldEntry *e = t->slots[at];
-        if (e != NULL) {
-            PyObject *pair = Py_BuildValue("(y#y#)", e->data, (Py_ssize_t)e->key_len, e->data + e->key_len,
-                                           (Py_ssize_t)e->value_len);
-            if (pair == NULL || PyList_Append(pairs, pair) < 0) {
-                Py_CLEAR(pairs);
+    size_t segment = (size_t)start >> HELD_SLOT_BITS, at = (size_t)start & (((size_t)1 << HELD_SLOT_BITS) - 1);
+    for (; pairs != NULL && segment < HELD_SEGMENTS && PyList_GET_SIZE(pairs) < most; segment++, at = 0) {
+        const HeldSegment *s = &t->segments[segment];
+        for (; pairs != NULL && at < s->capacity && PyList_GET_SIZE(pairs) < most; at++) {
+            const HeldEntry *e = s->slots[at];
+            if (e != NULL) {
+                PyObject *pair = Py_BuildValue("(y#y#)", e->data, (Py_ssize_t)e->key_len, e->data + e->key_len,
+                                               (Py_ssize_t)e->value_len);
+                if (pair == NULL || PyList_Append(pairs, pair) < 0) {
+                    Py_CLEAR(pairs);
+                }
+                Py_XDECREF(pair);
             }
-            Py_XDECREF(pair);
+        }
+        if (at < s->capacity) {
+            break; /* `most` listed: the next call goes on from this slot */
         }
     }
-    PyObject *result = pairs == NULL ? NULL : Py_BuildValue("(Nn)", pairs, (Py_ssize_t)at);
-    return result;
+    Py_ssize_t next = (Py_ssize_t)(segment << HELD_SLOT_BITS | at);
+    return pairs == NULL ? NULL : Py_BuildValue("(Nn)", pairs, next);
 }
 
 static PyMethodDef held_methods[] = {
