@@ -693,23 +693,26 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
  * decide_fresh(items, seq, context) -> (results, done, counts)
  *     A run of articles decided and indexed in order, each seeing the ones before it, as
  *     core/dedup.py's decide and state/index.py's apply do one article at a time (the reference the
- *     tests compare with), for the articles they take as they come: an id not held and not deleted,
- *     whose content no article holds. The run stops before the first other one (a new version, a
- *     revived id, an exact copy), and before one whose reads or scoring raise (a record that does not
- *     decode, a verifier of another length): the caller decides that one by the Python path, which
- *     raises or decides as it always does, and goes on. The run's reads go through the callables of
- *     `context` after the writes it made (`main`); its writes go into `main` and `records`, the
- *     caller writing them in one batch.
+ *     tests compare with): new ids, exact copies, articles whose content an expired holder held,
+ *     and as the run's first, a new version of an id or a revived one. The run stops before any
+ *     other (a version or a revived id but as the first, a re-delivery of the version held), and
+ *     before one whose reads or scoring raise (a record that does not decode, a verifier of another
+ *     length): the caller decides that one by the Python path, which raises or decides as it
+ *     always does, and goes on. The run's reads go through the callables of `context` after the
+ *     writes it made (`main`); its writes go into `main` and `records`, the caller writing them in
+ *     one batch; a version's removal, or a revived id's marker, is written there by `replace`.
  *
  *     items: tuples (article_id, content_hash, band keys (a tuple of bytes), verifier (uint8
  *     buffer), shingle_count, short, anchors (packed), time_ms, cutoff_ms or None, latency_ms or
  *     None). seq: the first article's arrival number. context: (get_many,
- *     read_postings, prospects, keep_record, main, records, times_written, postings_written,
- *     bucket_sizes, before or None, before_base, audit, settings); settings: (bucket bytes,
+ *     read_postings, prospects, keep_record, previous, replace, main, records, times_written,
+ *     postings_written, bucket_sizes, before or None, before_base, audit, settings);
+ *     previous(id, content_hash): the id's next version, None where the version held has this
+ *     content; replace(id): the id's version taken out, or its marker dropped; settings: (bucket bytes,
  *     posting bytes, max_candidates, top_candidates, anchor_candidates, passages, threshold,
  *     containment or -1, revised or -1, anchor lookup, empty slot, chance, anchor k, gap, shift,
  *     repeats).
- *     results: (record, verdict, kind) of each article decided; done: how many; counts: (buckets,
+ *     results: (record, verdict, kind, revived) of each article decided; done: how many; counts: (buckets,
  *     postings, boilerplate, clusters, articles added, newest_ms or None, next seq). */
 
 #define POSTING_ENTRY 5
@@ -718,8 +721,8 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
 #define TIME_BIAS (((uint64_t)1) << 63)
 
 typedef struct {
-    PyObject *get_many, *read_postings, *prospects, *keep_record, *main, *records, *times_written,
-        *postings_written, *sizes, *before, *audit;
+    PyObject *get_many, *read_postings, *prospects, *keep_record, *previous, *replace, *main, *records,
+        *times_written, *postings_written, *sizes, *before, *audit;
     Py_ssize_t before_base, bucket_bytes, posting_bytes, max_candidates, top_candidates, anchor_candidates,
         passage_limit, k, gap, shift, repeats;
     double threshold, containment, revised, chance;
@@ -746,6 +749,9 @@ typedef struct {
     PyObject *canonical;     /* str */
     int64_t cluster;
     PyObject *cluster_id;    /* str */
+    int64_t version;         /* the id's next version: 0 for an id never held */
+    int replaces, revived;   /* the id had a version (or a deletion marker: revived) the run replaces */
+    PyObject *holder;        /* a content held by an article it is not a copy of: the holder's seq */
 } Fresh;
 
 
@@ -1064,8 +1070,9 @@ static PyObject *candidate_row(PyObject *p, PyObject *jaccard, PyObject *inside,
 }
 
 /* An exact copy of the content's holder, the article of arrival `holder` (dedup.py's
- * _exact_match): 1 decided, 0 left to the Python path (the holder's record gone, or before the
- * cutoff: then the article is decided by its bands, and takes the content over), -1 an error. */
+ * _exact_match): 1 decided, 2 not a copy (the holder's record gone, or before the cutoff: the
+ * article is decided by its bands, and takes the content over), 0 left to the Python path (a
+ * holder entry that is no seq), -1 an error. */
 static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     if (!PyBytes_Check(holder) || PyBytes_GET_SIZE(holder) != 8) {
         return 0;
@@ -1082,7 +1089,7 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     PyObject *first = PyList_GET_ITEM(probes, 0);
     int is = candidacy(f, first);
     if (is < 2) {
-        return is < 0 ? -1 : 0;
+        return is < 0 ? -1 : 2;
     }
     PyObject *scores_tuple = kept(f, Py_BuildValue("(ddd)", 1.0, 1.0, 1.0));
     PyObject *row = scores_tuple ? kept(f, candidate_row(first, PyTuple_GET_ITEM(scores_tuple, 0),
@@ -1097,9 +1104,9 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     return matched(e, f, KIND_DUPLICATE, first, scores_tuple) < 0 ? -1 : 1;
 }
 
-/* The decision (dedup.py's decide for an article neither held nor deleted): 1 decided, 0 not one
- * the run takes, -1 an error. */
-static int decide_one(Engine *e, Fresh *f, int64_t seq) {
+/* The decision (dedup.py's decide): 1 decided, 0 not one the run takes, -1 an error. `first`: the
+ * article is the run's first. */
+static int decide_one(Engine *e, Fresh *f, int64_t seq, int first_of_run) {
     PyObject *names = kept(f, PyList_New(3));
     if (names == NULL) {
         return -1;
@@ -1120,10 +1127,28 @@ static int decide_one(Engine *e, Fresh *f, int64_t seq) {
         return -1;
     }
     if (PyList_GET_ITEM(held, 0) != Py_None || PyList_GET_ITEM(held, 1) != Py_None) {
-        return 0; /* a new version, or a revived id: the Python path */
+        /* A new version, or a revived id: only as a run's first, as the version it replaces is
+         * taken out through the index's tables, which read the store, and the store holds none
+         * of the run's writes until it ends. */
+        if (!first_of_run) {
+            return 0;
+        }
+        PyObject *next = kept(f, PyObject_CallFunctionObjArgs(e->previous, f->id, f->hash, NULL));
+        if (next == NULL || next == Py_None) {
+            return next == NULL ? -1 : 0; /* None: the version held has this content (a re-delivery) */
+        }
+        long long version = PyLong_AsLongLong(next);
+        if (version == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        f->version = version, f->replaces = 1, f->revived = PyList_GET_ITEM(held, 0) == Py_None;
     }
     if (PyList_GET_ITEM(held, 2) != Py_None) {
-        return exact_copy(e, f, PyList_GET_ITEM(held, 2));
+        int copy = exact_copy(e, f, PyList_GET_ITEM(held, 2));
+        if (copy != 2) {
+            return copy;
+        }
+        f->holder = PyList_GET_ITEM(held, 2);
     }
     PyObject *others = kept(f, band_candidates(e, f));
     f->kept = kept(f, PyList_New(0));
@@ -1229,7 +1254,8 @@ static int written_bytes(Engine *e, Fresh *f, int64_t seq, PyObject **record, Py
     DecisionOut *d = &a.decision;
     int failed = text_of(f->id, &a.id) < 0 || text_of(f->cluster_id, &a.cluster_id) < 0 ||
                  text_of(f->canonical, &d->canonical) < 0;
-    a.seq = seq, a.time_ms = f->time_ms, a.cluster = f->cluster, a.shingle_count = f->shingle_count;
+    a.seq = seq, a.version = f->version, a.time_ms = f->time_ms, a.cluster = f->cluster;
+    a.shingle_count = f->shingle_count;
     a.short_text = f->short_text, a.keys = f->keys;
     d->kind = f->kind, d->has_match = f->match != NULL, d->exact = f->exact;
     failed = failed || PyObject_GetBuffer(f->hash, &a.hash, PyBUF_SIMPLE) < 0 ||
@@ -1282,6 +1308,36 @@ static int written_bytes(Engine *e, Fresh *f, int64_t seq, PyObject **record, Py
     return 0;
 }
 
+/* x<content hash><seq>: an exact copy of a held content, out of the buckets. */
+static PyObject *copy_key(PyObject *hash, PyObject *seq_key) {
+    PyObject *copy = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(hash) + 9);
+    if (copy != NULL) {
+        PyBytes_AS_STRING(copy)[0] = 'x';
+        memcpy(PyBytes_AS_STRING(copy) + 1, PyBytes_AS_STRING(hash), (size_t)PyBytes_GET_SIZE(hash));
+        memcpy(PyBytes_AS_STRING(copy) + 1 + PyBytes_GET_SIZE(hash), PyBytes_AS_STRING(seq_key), 8);
+    }
+    return copy;
+}
+
+/* The version the article replaces taken out, or the revived id's marker dropped, into the run's
+ * writes by the index's tables (`replace`); then its buckets and posting lists are read again, as
+ * that may have written them. The decision read them before: as dedup.py's decide, which decides
+ * a new version beside the one it replaces (never its candidate). */
+static int replaced(Engine *e, Fresh *f) {
+    PyObject *done = PyObject_CallOneArg(e->replace, f->id);
+    if (done == NULL) {
+        return -1;
+    }
+    Py_DECREF(done);
+    if (f->buckets != NULL && (f->buckets = kept(f, left(e, f->bucket_names, e->get_many))) == NULL) {
+        return -1;
+    }
+    if (f->postings != NULL && (f->postings = kept(f, left(e, f->posting_names, e->read_postings))) == NULL) {
+        return -1;
+    }
+    return 0;
+}
+
 static int put_main(Engine *e, PyObject *key, PyObject *value) {
     int failed = key == NULL || PyDict_SetItem(e->main, key, value) < 0;
     Py_XDECREF(key);
@@ -1297,16 +1353,15 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
         return -1;
     }
     if (f->exact) { /* beside its content's holder (x<hash><seq>), out of the buckets: the holder stands for it */
-        PyObject *copy = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(f->hash) + 9);
-        if (copy != NULL) {
-            PyBytes_AS_STRING(copy)[0] = 'x';
-            memcpy(PyBytes_AS_STRING(copy) + 1, PyBytes_AS_STRING(f->hash), (size_t)PyBytes_GET_SIZE(f->hash));
-            memcpy(PyBytes_AS_STRING(copy) + 1 + PyBytes_GET_SIZE(f->hash), PyBytes_AS_STRING(seq_key), 8);
-        }
-        if (put_main(e, copy, empty_bytes) < 0) {
+        if (put_main(e, copy_key(f->hash, seq_key), empty_bytes) < 0) {
             return -1;
         }
     } else {
+        /* Not an exact copy, yet its content is held: the holder had expired (or is gone), and
+         * this article stands for the content from now on, the holder beside it as a copy. */
+        if (f->holder != NULL && put_main(e, copy_key(f->hash, f->holder), empty_bytes) < 0) {
+            return -1;
+        }
         PyObject *content = prefixed('c', PyBytes_AS_STRING(f->hash), PyBytes_GET_SIZE(f->hash));
         PyObject *args = put_main(e, content, seq_key) < 0 ? NULL
                          : Py_BuildValue("(OOOnOO)", f->bucket_names, f->buckets, seq_key, e->bucket_bytes, e->main,
@@ -1414,8 +1469,8 @@ static int item_read(Fresh *f, PyObject *item) {
 
 static int engine_read(Engine *e, PyObject *context) {
     PyObject *settings;
-    if (!PyArg_ParseTuple(context, "OOOOO!O!O!O!O!OnO!O!", &e->get_many, &e->read_postings, &e->prospects,
-                          &e->keep_record, &PyDict_Type, &e->main, &PyDict_Type, &e->records, &PyList_Type,
+    if (!PyArg_ParseTuple(context, "OOOOOOO!O!O!O!O!OnO!O!", &e->get_many, &e->read_postings, &e->prospects,
+                          &e->keep_record, &e->previous, &e->replace, &PyDict_Type, &e->main, &PyDict_Type, &e->records, &PyList_Type,
                           &e->times_written, &PyList_Type, &e->postings_written, &PyList_Type, &e->sizes, &e->before,
                           &e->before_base, &PyBytes_Type, &e->audit, &PyTuple_Type, &settings)) {
         return -1;
@@ -1466,15 +1521,17 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
             Py_CLEAR(results);
             break;
         }
-        int decided = decide_one(&e, &f, added.seq);
+        int decided = decide_one(&e, &f, added.seq, done == 0);
         if (decided < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
             PyErr_Clear(); /* the Python path decides it again, and raises or answers as it does */
             decided = 0;
         }
         PyObject *record = NULL, *verdict = NULL, *row = NULL;
         int failed = decided < 0 || (decided > 0 && (written_bytes(&e, &f, added.seq, &record, &verdict) < 0 ||
+                                                      (f.replaces && replaced(&e, &f) < 0) ||
                                                       index_one(&e, &f, added.seq, record, &added) < 0 ||
-                                                      (row = Py_BuildValue("(OOs)", record, verdict, kind_names[f.kind])) == NULL ||
+                                                      (row = Py_BuildValue("(OOsO)", record, verdict, kind_names[f.kind],
+                                                                           f.revived ? Py_True : Py_False)) == NULL ||
                                                       PyList_Append(results, row) < 0));
         Py_XDECREF(row);
         Py_XDECREF(verdict);

@@ -233,11 +233,11 @@ class IndexShard:
         now_s: float,
         before: Callable[[int], None] | None,
     ) -> list[Decided]:
-        """`items` (from `start` in the batch), while they are new to the index, decided and indexed
-        in one compiled call (IndexState.add_fresh), as _decide_one decides each: none that is a
-        deletion, an input already applied, without a verifier, or after which an expiry pass is
-        due (it ends the run); the compiled call stops at the first it does not take. Returns
-        their results, none when it took none."""
+        """`items` (from `start` in the batch) decided and indexed in one compiled call
+        (IndexState.add_fresh), as _decide_one decides each: none that is a deletion, an input
+        already applied, without a verifier, or after which an expiry pass is due (it ends the
+        run); the compiled call stops at the first it does not take (its comment says which).
+        Returns their results, none when it took none."""
         if self._fresh is None:
             return []
         rows: list[FreshRow] = []
@@ -269,12 +269,14 @@ class IndexShard:
             log.error("compiled_run_failed article=%r", rows[0][0], exc_info=True)
             return []
         results = []
-        for (item, partition, latency), (record, verdict, kind) in zip(taken, written, strict=False):
+        for (item, partition, latency), (record, verdict, kind, revived) in zip(taken, written, strict=False):
             if offset >= 0:
                 self.inputs[partition] = item.provenance.offset
             self.counts.refused_times += item.refused_time
             if self.changelog is not None:
                 self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record
+                if revived:
+                    del self.changelog[MARKER_PREFIX + item.article_id.encode()]
             results.append(Decided(offset, item.article_id, "new", verdict, kind, latency))
         if results:
             results[-1] = results[-1]._replace(expired=self._expire_due())

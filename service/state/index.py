@@ -246,31 +246,33 @@ class IndexState:
         audit: bytes,
         before: Callable[[int], None] | None = None,
         first: int = 0,
-    ) -> list[tuple[bytes, bytes, str]]:
-        """Decide and index a run of new articles in order, as decide and apply would one at a time,
+    ) -> list[tuple[bytes, bytes, str, bool]]:
+        """Decide and index a run of articles in order, as decide and apply would one at a time,
         in one compiled call (_sketch.decide_fresh: its comment says which articles it takes and
-        what a row holds), their writes in one batch; returns (record, verdict, kind) of each it
-        took, the first ones of `rows`. `decision`: the rule's figures (dedup.fresh_settings);
-        `audit`: the parameters as a verdict gives them; `before(first + n)`: called as row n
-        starts. Raises what the call raises, nothing of the run then written."""
-        batch, sizes = Batch(), list(self.counts.bucket_sizes or [0])
+        what a row holds), their writes in one batch; returns (record, verdict, kind, revived) of
+        each it took, the first ones of `rows`. `decision`: the rule's figures
+        (dedup.fresh_settings); `audit`: the parameters as a verdict gives them; `before(first +
+        n)`: called as row n starts. Raises what the call raises, nothing of the run then written
+        (the counts and caches read again from the store)."""
+        batch = Batch()
         settings = (self.bucket_cap * SEQ.size, self.anchor_cap * POSTING_ENTRY, *decision)
         readers = (self.kv.get_many, self.postings.stored, self.versions.prospects, self._keep_record)
+        versions = (self._next_version, lambda article_id: self._replace(batch, article_id))
+        # the bucket sizes counted in place: a replaced version's removal counts its own
+        sizes = self.counts.bucket_sizes
         writes = (batch.main, batch.records, batch.times_written, batch.postings_written, sizes)
         try:
-            context = (*readers, *writes, before, first, audit, settings)
+            context = (*readers, *versions, *writes, before, first, audit, settings)
             results, done, added = _sketch.decide_fresh(rows, self._seq, context)
-        except Exception:  # the probes it kept name arrivals never written
-            self.versions.written(
-                Batch(records=dict.fromkeys(map(seq_key, range(self._seq, self._seq + len(rows)))))
-            )
+        except Exception:  # counts moved and probes kept for writes never made
+            self.reload()
             raise
         if done:
             counts = self.counts
             buckets, postings, boilerplate, clusters, articles, newest, self._seq = added
             counts.buckets, counts.postings = counts.buckets + buckets, counts.postings + postings
             counts.boilerplate, counts.clusters = counts.boilerplate + boilerplate, counts.clusters + clusters
-            counts.articles, counts.bucket_sizes = counts.articles + articles, sizes
+            counts.articles += articles
             assert newest is not None  # an article was added
             counts.newest_ms = newest if counts.newest_ms is None else max(counts.newest_ms, newest)
             batch.buckets_written = True
@@ -280,6 +282,24 @@ class IndexState:
 
     def _keep_record(self, record: bytes) -> None:
         self.versions.keep_probe(decode_probe(record))
+
+    def _next_version(self, article_id: str, content_hash: bytes) -> int | None:
+        """The id's next version (it has one held, or a deletion marker); None where the version
+        held has this content: a re-delivery, answered with its verdict by the Python path."""
+        existing = self.get(article_id)
+        if existing is not None and existing.sketch.content_hash == content_hash:
+            return None
+        last = existing.version if existing is not None else self.deleted_version(article_id)
+        return None if last is None else last + 1
+
+    def _replace(self, batch: Batch, article_id: str) -> None:
+        """Into `batch`, the id's version taken out of every structure (it gets a new one in the
+        batch), or its deletion marker dropped, as apply does."""
+        existing = self.get(article_id)
+        if existing is None:
+            self.markers.drop(batch, article_id)
+        else:
+            self._remove(batch, existing, keep_id=True)
 
     def _add(self, batch: Batch, article: IndexedArticle, record: bytes | None) -> None:
         """Into the content map and the buckets (an exact copy: beside its content's holder),

@@ -1,8 +1,8 @@
-"""The compiled run of new articles (_sketch.decide_fresh through IndexState.add_fresh) against the
+"""The compiled run of articles (_sketch.decide_fresh through IndexState.add_fresh) against the
 Python path it stands in for (IndexShard(compiled=False): core/dedup.py's decide and
 IndexState.apply, one article at a time): the same statuses, verdicts, removals, every key and
 record of the state, its counts and the applied inputs, over streams of new texts, near and exact
-copies, excerpts, versions, deletions and ids added again (which the run leaves to the Python path),
+copies, excerpts, versions, deletions (which the run leaves to the Python path) and ids added again,
 the sample news and the news corpus's first texts where present; containment on and off, expiry,
 in memory and in RocksDB (keyed and held) under the worker's write overlay. And what it does where
 it fails: the article left to the Python path, nothing of it written."""
@@ -45,7 +45,7 @@ def compiled_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     taken = [0]
     real = IndexState.add_fresh
 
-    def counting(self: IndexState, *args: Any, **kwargs: Any) -> list[tuple[bytes, bytes, str]]:
+    def counting(self: IndexState, *args: Any, **kwargs: Any) -> list[tuple[bytes, bytes, str, bool]]:
         written = real(self, *args, **kwargs)
         taken[0] += len(written)
         return written
@@ -200,11 +200,9 @@ def test_a_run_that_raises_writes_nothing_and_keeps_no_probe(monkeypatch: pytest
     assert calls[0] > 3
 
 
-def test_an_exact_copy_of_an_expired_holder_is_left_to_the_python_path(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_exact_copy_of_an_expired_holder_takes_the_content_over(monkeypatch: pytest.MonkeyPatch) -> None:
     """The holder is before the copy's retention cutoff, not yet removed by an expiry pass: it is
-    no match, and the copy, unique, takes the content over."""
+    no match, and the copy, decided by its bands in the run, unique, takes the content over."""
     text = sample_news()[1][1]
     old, copy = signed_items([("old", text), ("copy", text)], ON)
     items = [old, dataclasses.replace(copy, time_ms=old.time_ms + 10_000)]  # type: ignore[union-attr]
@@ -214,18 +212,19 @@ def test_an_exact_copy_of_an_expired_holder_is_left_to_the_python_path(
     taken = compiled_count(monkeypatch)
     shard = IndexShard(MemoryState(), ON, retention)
     assert everything(shard, in_batches(shard, items, 2)) == expected
-    assert taken == [1] and [r.kind for r in expected[0]] == ["unique", "unique"]
+    assert taken == [2] and [r.kind for r in expected[0]] == ["unique", "unique"]
     assert expected[0][1].expired == 1
 
 
 def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new version and a revived id are left to the Python path, as is every article without a
-    verifier: of these arrivals the run takes the first and its exact copy."""
+    """A new version and a revived id are decided by a run as its first (the run before them stops
+    there); a deletion is left to the Python path, as is every article without a verifier: of
+    these arrivals the runs take all but the deletion."""
     text = sample_news()[0][1]
     assert text is not None
     arrivals = [("a", text), ("b", text), ("a", text + " Updated."), ("a", None), ("a", text + " Again.")]
     taken = compiled_count(monkeypatch)
-    for params, compiled in ((ON, 2), (DedupParams(verify_perm=0), 0)):
+    for params, compiled in ((ON, 4), (DedupParams(verify_perm=0), 0)):
         items = signed_items(arrivals, params)
         reference = IndexShard(MemoryState(), params, compiled=False)
         expected = everything(reference, in_batches(reference, items, 5))
@@ -242,6 +241,65 @@ def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -
         assert expected[0][1].kind == "duplicate" and orjson.loads(expected[0][1].verdict or b"")["exact"]
 
 
+@pytest.mark.parametrize("size", [1, 3, 16])
+@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
+def test_versions_and_revived_ids_are_decided_by_the_run_as_the_python_path_decides_them(
+    params: DedupParams, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Versions that take out a content's holder (its exact copy takes over, joining the buckets)
+    and a cluster's first article (the cluster is handed on), versions one after another, a version
+    sent again (the Python path answers it), a revived id whose text is an exact copy: the whole
+    state and every verdict as the Python path leaves them, and the run takes all but the
+    deletion and the re-delivery."""
+    pool = paragraphs()
+    first, second, third = pool[0] + "\n\n" + pool[1], pool[2] + "\n\n" + pool[3], pool[4]
+    near = first.replace(" the ", " a ", 2)
+    arrivals: list[tuple[str, str | None]] = [
+        ("a", first),
+        ("copy", first),  # exact: beside a, out of the buckets
+        ("near", near),  # a's cluster
+        ("a", second),  # a goes: copy holds the content, the cluster goes on under copy
+        ("a", second + " Updated."),
+        ("a", second + " Updated."),  # sent again: the stored verdict
+        ("a", third),
+        ("near", None),
+        ("near", first),  # revived, an exact copy of copy's content
+        ("fresh", pool[5]),
+    ]
+    items = signed_items(arrivals, params)
+    reference = IndexShard(MemoryState(), params, compiled=False)
+    expected = everything(reference, in_batches(reference, items, size))
+    taken = compiled_count(monkeypatch)
+    shard = IndexShard(MemoryState(), params)
+    assert everything(shard, in_batches(shard, items, size)) == expected
+    assert taken == [len(arrivals) - 2]
+    statuses = [r.status for r in expected[0]]
+    assert statuses == ["new"] * 5 + ["redelivered", "new", "deleted", "new", "new"], statuses
+    revived = orjson.loads(expected[0][8].verdict or b"")
+    assert (revived["verdict"], revived["exact"], revived["version"]) == ("duplicate", True, 1), revived
+
+
+def test_a_removal_that_fails_in_the_run_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replaced version's removal raises, once, inside the run: nothing of the run is written,
+    the counts it moved are read again from the store, and the shard decides on by the Python path
+    to the same state."""
+    items = signed_items(list(stream(9, 120)), ON)
+    reference = IndexShard(MemoryState(), ON, compiled=False)
+    expected = everything(reference, in_batches(reference, items, 8))
+    real, failures = IndexState._replace, [0]
+
+    def once(self: IndexState, batch: Any, article_id: str) -> None:
+        real(self, batch, article_id)  # its writes into the run's batch, then the failure
+        if not failures[0]:
+            failures[0] += 1
+            raise OSError("injected")
+
+    monkeypatch.setattr(IndexState, "_replace", once)
+    shard = IndexShard(MemoryState(), ON)
+    assert everything(shard, in_batches(shard, items, 8)) == expected
+    assert failures == [1]
+
+
 def test_bad_rows_and_contexts_are_refused() -> None:
     state = MemoryState()
     settings = (512, 160, *([0] * 14))
@@ -249,6 +307,8 @@ def test_bad_rows_and_contexts_are_refused() -> None:
         state.kv.get_many,
         state.postings.stored,
         state.versions.prospects,
+        print,
+        print,
         print,
         {},
         {},
