@@ -693,17 +693,20 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
  * decide_fresh(items, seq, context) -> (results, done, counts)
  *     A run of articles decided and indexed in order, each seeing the ones before it, as
  *     core/dedup.py's decide and state/index.py's apply do one article at a time (the reference the
- *     tests compare with): new ids, exact copies, articles whose content an expired holder held,
- *     and as the run's first, a new version of an id or a revived one. The run stops before any
- *     other (a version or a revived id but as the first, a re-delivery of the version held), and
- *     before one whose reads or scoring raise (a record that does not decode, a verifier of another
- *     length): the caller decides that one by the Python path, which raises or decides as it
- *     always does, and goes on. The run's reads go through the callables of `context` after the
- *     writes it made (`main`); its writes go into `main` and `records`, the caller writing them in
- *     one batch; a version's removal, or a revived id's marker, is written there by `replace`.
+ *     tests compare with, tests/support/reference_decide.py): new ids, exact copies, articles whose
+ *     content an expired holder held, and as the run's first, a new version of an id or a revived
+ *     one. The run stops before any other (a version or a revived id but as the first, a
+ *     re-delivery of the version held: the caller answers it with its stored verdict), and before
+ *     one whose reads or scoring raise (a record that does not decode, a verifier of another
+ *     length) but the first, whose error the call raises: the caller offers it again alone, in a
+ *     run of its own, which decides it or raises. The run's reads go through the callables of
+ *     `context` after the writes it made (`main`); its writes go into `main` and `records`, the
+ *     caller writing them in one batch; a version's removal, or a revived id's marker, is written
+ *     there by `replace`.
  *
  *     items: tuples (article_id, content_hash, band keys (a tuple of bytes), verifier (uint8
- *     buffer), shingle_count, short, anchors (packed), time_ms, cutoff_ms or None, latency_ms or
+ *     buffer), signature (uint64 buffer: scored, and kept in the record, where the verifier is
+ *     empty), shingle_count, short, anchors (packed), time_ms, cutoff_ms or None, latency_ms or
  *     None). seq: the first article's arrival number. context: (get_many,
  *     read_postings, prospects, keep_record, previous, replace, main, records, times_written,
  *     postings_written, bucket_sizes, before or None, before_base, audit, settings);
@@ -737,7 +740,10 @@ typedef struct {
 
 /* One article of the run: its fields as given, then what its decision read and chose. */
 typedef struct {
-    PyObject *id, *hash, *keys, *verifier, *anchors, *latency, *keep; /* keep: every object read */
+    PyObject *id, *hash, *keys, *verifier, *signature, *anchors, *latency, *keep; /* keep: every object read */
+    PyObject *slots;   /* what scoring compares: the verifier, or without one the signature (little-endian) */
+    Py_ssize_t width;  /* bytes a slot of `slots` */
+    double chance;     /* chance agreements of a slot (a signature's: none) */
     int64_t shingle_count, time_ms, cutoff;
     int short_text, has_cutoff, exact;
     PyObject *bucket_names, *buckets, *posting_names, *postings; /* NULL: not read */
@@ -1071,11 +1077,10 @@ static PyObject *candidate_row(PyObject *p, PyObject *jaccard, PyObject *inside,
 
 /* An exact copy of the content's holder, the article of arrival `holder` (dedup.py's
  * _exact_match): 1 decided, 2 not a copy (the holder's record gone, or before the cutoff: the
- * article is decided by its bands, and takes the content over), 0 left to the Python path (a
- * holder entry that is no seq), -1 an error. */
+ * article is decided by its bands, and takes the content over), -1 an error. */
 static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     if (!PyBytes_Check(holder) || PyBytes_GET_SIZE(holder) != 8) {
-        return 0;
+        return invalid("a content's holder entry must be a seq of 8 bytes");
     }
     uint64_t seq = 0;
     for (int i = 0; i < 8; i++) {
@@ -1084,7 +1089,7 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     PyObject *seqs = kept(f, Py_BuildValue("[K]", (unsigned long long)seq));
     PyObject *probes = seqs ? kept(f, PyObject_CallOneArg(e->prospects, seqs)) : NULL;
     if (probes == NULL || !PyList_Check(probes) || PyList_GET_SIZE(probes) != 1) {
-        return probes == NULL ? -1 : 0;
+        return probes == NULL ? -1 : invalid("a prospects reader must return one probe a seq");
     }
     PyObject *first = PyList_GET_ITEM(probes, 0);
     int is = candidacy(f, first);
@@ -1157,8 +1162,8 @@ static int decide_one(Engine *e, Fresh *f, int64_t seq, int first_of_run) {
     }
     PyObject *match = Py_None;
     if (PyList_GET_SIZE(others)) {
-        PyObject *args = Py_BuildValue("(OOLidndd)", f->verifier, others, (long long)f->shingle_count, e->empty_slot,
-                                       e->chance, e->top_candidates, e->threshold, e->containment);
+        PyObject *args = Py_BuildValue("(OOLidnddn)", f->slots, others, (long long)f->shingle_count, e->empty_slot,
+                                       f->chance, e->top_candidates, e->threshold, e->containment, f->width);
         PyObject *ranked = args ? kept(f, rank(NULL, args)) : NULL;
         Py_XDECREF(args);
         if (ranked == NULL) {
@@ -1216,7 +1221,8 @@ static int decide_one(Engine *e, Fresh *f, int64_t seq, int first_of_run) {
         return -1;
     }
     PyList_SET_ITEM(one, 0, Py_NewRef(other));
-    PyObject *args = Py_BuildValue("(OOLid)", f->verifier, one, (long long)f->shingle_count, e->empty_slot, e->chance);
+    PyObject *args = Py_BuildValue("(OOLidn)", f->slots, one, (long long)f->shingle_count, e->empty_slot, f->chance,
+                                   f->width);
     PyObject *scored = args ? kept(f, scores(NULL, args)) : NULL;
     Py_XDECREF(args);
     if (scored == NULL) {
@@ -1260,6 +1266,7 @@ static int written_bytes(Engine *e, Fresh *f, int64_t seq, PyObject **record, Py
     d->kind = f->kind, d->has_match = f->match != NULL, d->exact = f->exact;
     failed = failed || PyObject_GetBuffer(f->hash, &a.hash, PyBUF_SIMPLE) < 0 ||
              PyObject_GetBuffer(f->verifier, &a.verifier, PyBUF_SIMPLE) < 0 ||
+             (f->width != 1 && PyObject_GetBuffer(f->signature, &a.signature, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) ||
              (f->kind != KIND_DUPLICATE && PyObject_GetBuffer(f->anchors, &a.anchors, PyBUF_SIMPLE) < 0);
     for (int i = 0; i < 3; i++) {
         d->raw[i] = Py_NewRef(d->has_match ? PyTuple_GET_ITEM(f->match_scores, i) : Py_None);
@@ -1439,12 +1446,47 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
     return 0;
 }
 
-static int item_read(Fresh *f, PyObject *item) {
+/* What scoring the article compares (Fresh: slots, width, chance): its verifier, or without one
+ * its signature's values as little-endian bytes, as a record without a verifier keeps them. */
+static int slots_read(Engine *e, Fresh *f) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(f->verifier, &view, PyBUF_SIMPLE) < 0) {
+        return -1;
+    }
+    Py_ssize_t size = view.len;
+    PyBuffer_Release(&view);
+    if (size) {
+        f->slots = f->verifier, f->width = 1, f->chance = e->chance;
+        return 0;
+    }
+    if (PyObject_GetBuffer(f->signature, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    const char *format = view.format ? view.format : "B";
+    if (view.itemsize != 8 || format[0] == '>' || format[0] == '!') {
+        PyBuffer_Release(&view);
+        return invalid("a signature must be 8-byte integers in the machine's order");
+    }
+    PyObject *slots = PyBytes_FromStringAndSize(NULL, view.len);
+    for (Py_ssize_t i = 0; slots != NULL && i < view.len; i += 8) {
+        uint64_t value;
+        memcpy(&value, (const char *)view.buf + i, 8);
+        for (int k = 0; k < 8; k++, value >>= 8) {
+            PyBytes_AS_STRING(slots)[i + k] = (char)(value & 0xFF);
+        }
+    }
+    PyBuffer_Release(&view);
+    f->slots = kept(f, slots), f->width = 8, f->chance = 0.0;
+    return f->slots == NULL ? -1 : 0;
+}
+
+static int item_read(Engine *e, Fresh *f, PyObject *item) {
     PyObject *cutoff;
     int short_text;
     long long shingle_count, time_ms;
     if (!PyTuple_Check(item) ||
-        !PyArg_ParseTuple(item, "UO!O!OLpO!LOO", &f->id, &PyBytes_Type, &f->hash, &PyTuple_Type, &f->keys, &f->verifier,
+        !PyArg_ParseTuple(item, "UO!O!OOLpO!LOO", &f->id, &PyBytes_Type, &f->hash, &PyTuple_Type, &f->keys, &f->verifier,
+                          &f->signature,
                           &shingle_count, &short_text, &PyBytes_Type, &f->anchors, &time_ms, &cutoff, &f->latency)) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError, "an item must be a tuple");
@@ -1464,7 +1506,7 @@ static int item_read(Fresh *f, PyObject *item) {
     f->has_cutoff = cutoff != Py_None;
     long long bound = f->has_cutoff ? PyLong_AsLongLong(cutoff) : 0;
     f->cutoff = bound;
-    return bound == -1 && PyErr_Occurred() ? -1 : 0;
+    return (bound == -1 && PyErr_Occurred()) || slots_read(e, f) < 0 ? -1 : 0;
 }
 
 static int engine_read(Engine *e, PyObject *context) {
@@ -1516,14 +1558,14 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
         Fresh f;
         memset(&f, 0, sizeof f);
         f.keep = PyList_New(0);
-        if (f.keep == NULL || item_read(&f, PyList_GET_ITEM(items, done)) < 0) {
+        if (f.keep == NULL || item_read(&e, &f, PyList_GET_ITEM(items, done)) < 0) {
             Py_XDECREF(f.keep);
             Py_CLEAR(results);
             break;
         }
         int decided = decide_one(&e, &f, added.seq, done == 0);
-        if (decided < 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
-            PyErr_Clear(); /* the Python path decides it again, and raises or answers as it does */
+        if (decided < 0 && done > 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear(); /* the next run, of its own, decides it again, or raises */
             decided = 0;
         }
         PyObject *record = NULL, *verdict = NULL, *row = NULL;

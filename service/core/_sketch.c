@@ -29,9 +29,12 @@
  *     uint32 buffer at least as long as points. Writes the points with every run of spaces made one
  *     U+0020 and none at either end (reference_sketch.py: collapse_spaces) and returns how many.
  *
- * scores(query, candidates, size_a, empty, chance) -> (jaccard, containment, contains)
+ * scores(query, candidates, size_a, empty, chance[, width]) -> (jaccard, containment, contains)
  *     query: uint8 buffer of m verifier slots; candidates: a sequence of objects with a `verifier`
- *     (uint8 buffer of m slots) and a `shingle_count` (Sketch). For each candidate: the Jaccard
+ *     (uint8 buffer of m slots) and a `shingle_count` (Sketch). With `width` 8, the slots are a
+ *     signature's 8-byte values, little-endian (a record without a verifier: records.py's Probe),
+ *     none empty (`empty` not read): the Jaccard estimate is the share of equal slots, as
+ *     minhash.estimate_jaccard's on the signatures (`chance` 0). For each candidate: the Jaccard
  *     estimate from the verifiers (reference_sketch.py: estimate_jaccard_verified_many, slots
  *     equal to `empty` in both left out, chance agreements taken out) and the containment
  *     estimates derived from it with the distinct counts (estimate_containment_many), as three
@@ -40,7 +43,7 @@
  *     length differs from the query's. A query of no slots (verify_perm=0) scores 0 against
  *     every candidate: minhash.verified_scores and dedup.rank score those from the signatures.
  *
- * rank(query, candidates, size_a, empty, chance, top, threshold, containment) -> (top, match)
+ * rank(query, candidates, size_a, empty, chance, top, threshold, containment[, width]) -> (top, match)
  *     The decision over an article's candidates (dedup.py: _ranked is the reference) in one call,
  *     where numpy took a dozen calls on arrays of tens of items: each candidate scored as `scores`
  *     does, then ordered best first (the higher Jaccard, then the smaller `seq`, then the earlier
@@ -496,7 +499,7 @@ static double jaccard_estimate(Py_ssize_t equal, Py_ssize_t both_empty, Py_ssize
  * read of an attribute builds its name from a C string again. */
 static PyObject *name_verifier, *name_shingle_count, *name_seq;
 
-static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t size, Py_ssize_t size_a,
+static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t size, Py_ssize_t width, Py_ssize_t size_a,
                         int empty, double chance, double *jaccard, double *inside, double *contains) {
     PyObject *verifier = PyObject_GetAttr(candidate, name_verifier);
     if (verifier == NULL) {
@@ -528,13 +531,19 @@ static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t siz
     }
     const uint8_t *slot = (const uint8_t *)theirs.buf;
     Py_ssize_t equal = 0, both_empty = 0;
-    for (Py_ssize_t i = 0; i < size; i++) { /* branch-free: the compiler vectorises it */
-        int same = mine[i] == slot[i];
-        equal += same;
-        both_empty += same & (mine[i] == (uint8_t)empty);
+    if (width == 1) {
+        for (Py_ssize_t i = 0; i < size; i++) { /* branch-free: the compiler vectorises it */
+            int same = mine[i] == slot[i];
+            equal += same;
+            both_empty += same & (mine[i] == (uint8_t)empty);
+        }
+    } else { /* a signature's slots: none is empty */
+        for (Py_ssize_t i = 0; i < size; i += width) {
+            equal += memcmp(mine + i, slot + i, (size_t)width) == 0;
+        }
     }
     PyBuffer_Release(&theirs);
-    double j = jaccard_estimate(equal, both_empty, size, chance);
+    double j = jaccard_estimate(equal, both_empty, size / width, chance);
     *jaccard = j;
     *inside = 0.0;
     *contains = 0.0;
@@ -549,12 +558,15 @@ static int write_scores(PyObject *candidate, const uint8_t *mine, Py_ssize_t siz
 
 /* scores' and rank's common arguments: nonzero (ValueError or TypeError set) when one is out of
  * range. */
-static int scoring_arguments_invalid(PyObject *others, Py_ssize_t size_a, int empty, double chance) {
+static int scoring_arguments_invalid(PyObject *others, Py_ssize_t size, Py_ssize_t width, Py_ssize_t size_a, int empty,
+                                     double chance) {
     if (!PySequence_Check(others)) {
         PyErr_SetString(PyExc_TypeError, "others must be a sequence");
         return -1;
     }
-    if ((size_a < 0 && invalid("size_a must be >= 0")) ||
+    if (((width != 1 && width != 8) && invalid("width must be 1 or 8")) ||
+        (size % width != 0 && invalid("the query must be a whole number of slots")) ||
+        (size_a < 0 && invalid("size_a must be >= 0")) ||
         ((empty < 0 || empty > 255) && invalid("empty must be a byte value, 0..255")) ||
         /* chance 1 or more divides by zero or flips the sign of the estimates; NaN fails both */
         (!(chance >= 0.0 && chance < 1.0) && invalid("chance must be in [0, 1)"))) {
@@ -578,15 +590,15 @@ PyObject *scores(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer query;
     PyObject *others;
-    Py_ssize_t size_a;
+    Py_ssize_t size_a, width = 1;
     int empty;
     double chance;
-    if (!PyArg_ParseTuple(args, "y*Onid", &query, &others, &size_a, &empty, &chance)) {
+    if (!PyArg_ParseTuple(args, "y*Onid|n", &query, &others, &size_a, &empty, &chance, &width)) {
         return NULL;
     }
     PyObject *result = NULL, *jaccard = NULL, *inside = NULL, *contains = NULL;
     PyObject *sequence = NULL;
-    if (scoring_arguments_invalid(others, size_a, empty, chance) ||
+    if (scoring_arguments_invalid(others, query.len, width, size_a, empty, chance) ||
         (sequence = PySequence_Fast(others, "others must be a sequence")) == NULL) {
         goto done;
     }
@@ -603,7 +615,7 @@ PyObject *scores(PyObject *self, PyObject *args) {
         if (candidate == NULL) {
             goto done;
         }
-        int status = write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance, &j, &a, &b);
+        int status = write_scores(candidate, (const uint8_t *)query.buf, query.len, width, size_a, empty, chance, &j, &a, &b);
         Py_DECREF(candidate);
         if (status < 0) {
             goto done;
@@ -671,16 +683,16 @@ PyObject *rank(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer query;
     PyObject *others;
-    Py_ssize_t size_a, top;
+    Py_ssize_t size_a, top, width = 1;
     int empty;
     double chance, threshold, containment;
-    if (!PyArg_ParseTuple(args, "y*Onidndd", &query, &others, &size_a, &empty, &chance, &top, &threshold,
-                          &containment)) {
+    if (!PyArg_ParseTuple(args, "y*Onidndd|n", &query, &others, &size_a, &empty, &chance, &top, &threshold,
+                          &containment, &width)) {
         return NULL;
     }
     PyObject *result = NULL, *listed = NULL, *match = NULL, *sequence = NULL;
     Scored *scored = NULL;
-    if (scoring_arguments_invalid(others, size_a, empty, chance) || (top < 0 && invalid("top must be >= 0")) ||
+    if (scoring_arguments_invalid(others, query.len, width, size_a, empty, chance) || (top < 0 && invalid("top must be >= 0")) ||
         (sequence = PySequence_Fast(others, "others must be a sequence")) == NULL) {
         goto done;
     }
@@ -697,7 +709,7 @@ PyObject *rank(PyObject *self, PyObject *args) {
         }
         Scored *entry = &scored[row];
         entry->index = row;
-        int status = write_scores(candidate, (const uint8_t *)query.buf, query.len, size_a, empty, chance,
+        int status = write_scores(candidate, (const uint8_t *)query.buf, query.len, width, size_a, empty, chance,
                                   &entry->jaccard, &entry->inside, &entry->contains);
         if (status == 0) {
             status = read_seq(candidate, &entry->seq);

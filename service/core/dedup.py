@@ -1,26 +1,23 @@
-"""Stage 2, "index": the decision. Exact-content fast path → LSH candidates → verification → verdict.
-
-`decide` only reads state through the `StateReader` port and returns the verdict together with the
-update to apply; applying it (atomically) is the caller's job. That keeps the rule testable without
-storage and identical in the embedded mode and the stream.
+"""Stage 2, "index": what the decision is made of and what it leaves. Exact-content fast path → LSH
+candidates → verification → verdict, made a batch at a time in compiled code (_sketch.decide_fresh,
+its comment says how; IndexShard runs it) with the figures `fresh_settings` gives. Here: the
+verdict's and the indexed article's types, the ports a decision reads through, and the scoring
+of one pair (`score`, for `neardup evaluate`). The same rule written one article at a time in
+Python, the reference the compiled run is tested on, is tests/support/reference_decide.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, Protocol
 
-from .anchors import PASSAGE_SETTINGS, Anchors, Passage, passages
-from .compiled import _sketch
-from .lsh import band_keys
+from .anchors import PASSAGE_SETTINGS, Anchors, Passage
 from .minhash import (
     CHANCE_AGREEMENT,
     EMPTY_VERIFIER_SLOT,
     VerifierArray,
     estimate_containment,
-    verified_scores,
 )
 from .params import DedupParams
 from .signing import Sketch
@@ -135,18 +132,6 @@ class IndexUpdate:
     revived: bool = False
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """The verdict-worthy result of one article: its record, and the update (None on re-delivery)."""
-
-    article: IndexedArticle
-    update: IndexUpdate | None
-
-    @property
-    def redelivered(self) -> bool:
-        return self.update is None
-
-
 class Prospect(Protocol):
     """A candidate as verification reads it: what scoring it takes (its verifier and distinct
     count), its arrival for ties, and its cluster for the verdict. An
@@ -213,46 +198,6 @@ class StateReader(Protocol):
         """The last version of a deleted id while its marker lasts; None: not deleted (or expired)."""
 
 
-def decide(
-    article_id: str,
-    sketch: Sketch,
-    state: StateReader,
-    params: DedupParams,
-    keys: Sequence[bytes] | None = None,
-    time_ms: int = 0,
-    not_before_ms: int | None = None,
-) -> Outcome:
-    """Decide about one article; never names the article itself as its own duplicate. `keys`: the
-    article's band keys when the caller has them (band_keys of its signature), else computed here.
-    `time_ms`: its event time, stored for retention; `not_before_ms`: the retention cutoff, before
-    which an article is never a match even while it waits for the next expiry pass."""
-    existing = state.get(article_id)
-    if existing is not None and existing.sketch.content_hash == sketch.content_hash:
-        return Outcome(existing, None)
-
-    keys = tuple(band_keys(sketch.signature, params.lsh.bands, params.lsh.rows) if keys is None else keys)
-    # a re-added id continues its versions: (id, version) never names two articles
-    last = existing.version if existing is not None else state.deleted_version(article_id)
-    version, seq = 0 if last is None else last + 1, state.next_seq()
-    not_before = -math.inf if not_before_ms is None else not_before_ms
-    decision, cluster, cluster_id = _exact_match(article_id, sketch, state, not_before) or _verified_match(
-        article_id, seq, sketch, keys, state, params, not_before
-    )
-    article = IndexedArticle(article_id, version, seq, sketch, decision, keys, time_ms, cluster, cluster_id)
-    return Outcome(article, IndexUpdate(article, existing, revived=existing is None and last is not None))
-
-
-Matched = tuple[Decision, int, str]  # the decision, and the cluster it puts the article in
-
-
-def _exact_match(article_id: str, sketch: Sketch, state: StateReader, not_before: float) -> Matched | None:
-    first = state.holder_of(sketch.content_hash)
-    if first is None or first.article_id == article_id or first.time_ms < not_before:
-        return None
-    match = Candidate(first.article_id, 1.0, 1.0, 1.0)
-    return _matched(state, sketch, "duplicate", first, (1.0, 1.0, 1.0), (match,), exact=True)
-
-
 def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
     """Verify a candidate by estimated Jaccard (on the verifiers: 512 slots by default, where LSH has
     128; on the signatures with the verifier off) and the containment estimates derived from it."""
@@ -261,158 +206,9 @@ def score(sketch: Sketch, other: Sketch, other_id: str) -> Candidate:
     return Candidate(other_id, jaccard, inside, contains)
 
 
-class Ranked(NamedTuple):
-    """An article's candidates ranked: `top`, the best first (the higher Jaccard, then the earlier
-    arrival), as (index in the candidates, jaccard, containment, contains); `match`, the one the
-    verdict names, as (kind, index, jaccard, containment, contains), or None (unique)."""
-
-    top: list[tuple[int, float, float, float]]
-    match: tuple[VerdictKind, int, float, float, float] | None
-
-
-def rank(sketch: Sketch, others: Sequence[Prospect], params: DedupParams) -> Ranked:
-    """The decision over the candidates in one compiled pass (_sketch.rank) on the verifiers; where
-    there is none (verify_perm=0) or a candidate's differs in length from the article's (state
-    written with other settings), each scored by itself from the sketches (score, on their
-    signatures) and ranked by _ranked, with the same rule."""
-    if sketch.verifier.size:
-        try:
-            top, match = _sketch.rank(
-                sketch.verifier,
-                others,
-                sketch.shingle_count,
-                EMPTY_VERIFIER_SLOT,
-                CHANCE_AGREEMENT,
-                params.top_candidates,
-                params.threshold,
-                -1.0 if params.containment_threshold is None else params.containment_threshold,
-            )
-            return Ranked(top, None if match is None else (_KINDS[match[0]], *match[1:]))
-        except ValueError:  # a verifier's length differs: scored from the sketches
-            pass
-    return _ranked(others, params, [score(sketch, other.sketch, other.article_id) for other in others])
-
-
-_KINDS: dict[int, VerdictKind] = {1: "duplicate", 2: "partial"}  # _sketch.rank's match kinds
-
-
-def _ranked(others: Sequence[Prospect], params: DedupParams, scored: Sequence[Candidate]) -> Ranked:
-    """rank from each candidate's scores: the rule _sketch.rank applies, and its reference in the
-    tests."""
-    figures = [(float(c.jaccard), float(c.containment), float(c.contains)) for c in scored]
-    # Best first; among equals the earliest arrival, so the verdict does not depend on band order.
-    order = sorted(range(len(figures)), key=lambda i: (-figures[i][0], others[i].seq))
-    top = [(i, *figures[i]) for i in order[: params.top_candidates]]
-    best = order[0]
-    if figures[best][0] >= params.threshold:  # the best is a duplicate whenever any is
-        return Ranked(top, ("duplicate", best, *figures[best]))
-    reach = [max(inside, contains) for _, inside, contains in figures]
-    partial = params.containment_threshold
-    if partial is not None and (partials := [i for i, r in enumerate(reach) if r >= partial]):
-        pick = min(partials, key=lambda i: (-reach[i], others[i].seq))
-        return Ranked(top, ("partial", pick, *figures[pick]))
-    return Ranked(top, None)
-
-
-def _verified_match(
-    article_id: str,
-    seq: int,
-    sketch: Sketch,
-    keys: Sequence[bytes],
-    state: StateReader,
-    params: DedupParams,
-    not_before: float,
-) -> Matched:
-    proposed = state.candidates(keys, article_id, params.max_candidates)
-    others = [other for other in proposed if other.time_ms >= not_before]
-    top, match = rank(sketch, others, params) if others else ([], None)
-    # Candidate objects only for what the decision keeps (a news cluster gives tens of candidates).
-    kept = tuple(Candidate(others[i].article_id, j, a, b) for i, j, a, b in top)
-    if match is not None and match[0] == "duplicate":
-        # a duplicate is the strongest verdict, and joins no posting list: no anchor lookup
-        return _matched(state, sketch, "duplicate", others[match[1]], match[2:], kept)
-    anchored: list[tuple[Prospect, int]] = []
-    if len(sketch.anchors) and (params.containment_threshold or params.revised_threshold):
-        sharing = state.anchor_candidates(sketch.anchors, article_id, ANCHOR_CANDIDATES)
-        anchored = [(other, shared) for other, shared in sharing if other.time_ms >= not_before]
-    contained = _contained(sketch, anchored, params)
-    if match is not None and (contained is None or contained[1] != "partial"):
-        # a partial by the verifier: the anchors show where
-        return _matched(state, sketch, "partial", others[match[1]], match[2:], kept)
-    if contained is None:
-        return Decision("unique", None, None, None, None, article_id, False, kept), seq, article_id
-    other, kind, inside, contains = contained
-    # the Jaccard estimate for this one candidate: the verifiers', or the signatures' without them
-    scored = verified_scores(sketch.verifier, sketch.shingle_count, [other])
-    jaccard = float(scored[0][0]) if scored is not None else sketch.estimate_jaccard(other.sketch)
-    if not any(c.article_id == other.article_id for c in kept):
-        kept += (Candidate(other.article_id, jaccard, inside, contains),)
-    return _matched(state, sketch, kind, other, (jaccard, inside, contains), kept)
-
-
-def _matched(
-    state: StateReader,
-    sketch: Sketch,
-    kind: VerdictKind,
-    other: Prospect,
-    scores: tuple[float, float, float],
-    kept: tuple[Candidate, ...],
-    exact: bool = False,
-) -> Matched:
-    """The verdict naming `other`, which puts the article in `other`'s cluster. Its canonical
-    article is the cluster's first, or when that one is gone, the earliest member still held (the
-    cluster is handed on, never lost with its first article). A partial or revised verdict says
-    where the match's text lies in this one."""
-    shared = () if kind == "duplicate" else tuple(passages(sketch.anchors, other.anchors, PASSAGES))
-    canonical = state.head_of(other.cluster) or other.cluster_id
-    decision = Decision(kind, other.article_id, *scores, canonical, exact, kept, shared)
-    return decision, other.cluster, other.cluster_id
-
-
-def _contained(
-    sketch: Sketch, anchored: Sequence[tuple[Prospect, int]], params: DedupParams
-) -> tuple[Prospect, VerdictKind, float, float] | None:
-    """The candidate whose anchors make the article `partial` (one text holds at least
-    containment_threshold of the other's anchors, _holds) or else `revised` (revised_threshold),
-    the one of the highest share (then the earliest); with at least two anchors shared, or all of
-    the fewer that the smaller text has. Returns it, the kind, and the shares (this article's
-    anchors in it, its anchors in this article), from the anchors the posting lists say they
-    share: the candidates' own anchors are not read."""
-    mine = sketch.anchors.distinct_count
-
-    def shares(other: Prospect, shared: int) -> tuple[float, float]:
-        return min(shared / mine, 1.0), min(shared / max(other.anchor_count, 1), 1.0)
-
-    enough = [(other, n) for other, n in anchored if n >= max(min(2, mine, other.anchor_count), 1)]
-    if not enough:
-        return None
-    other, shared = max(enough, key=lambda pair: (max(shares(*pair)), -pair[0].seq))
-    inside, contains = shares(other, shared)
-    theirs = max(other.anchor_count, 1)
-    partial, revised = params.containment_threshold, params.revised_threshold
-    if partial is not None and (_holds(shared, mine, partial) or _holds(shared, theirs, partial)):
-        return other, "partial", inside, contains
-    if revised is not None and max(inside, contains) >= revised:
-        return other, "revised", inside, contains
-    return None
-
-
-def _holds(shared: int, total: int, threshold: float) -> bool:
-    """Whether a text of `total` anchors is contained where `shared` of them are: their share
-    reaches the threshold, or, for a text too short for the threshold to spare any (3 to 9
-    anchors at 0.9), all but one are shared. An excerpt cut inside a window of its source may
-    choose an anchor at its edge that the source does not, and one of six is a sixth."""
-    if min(shared / total, 1.0) >= threshold:
-        return True
-    return total >= 3 and shared >= total - 1 and (total - 1) / total < threshold
-
-
-def fresh_settings(params: DedupParams) -> tuple[float | int | bool, ...] | None:
-    """The rule's figures as the compiled run of new articles takes them (_sketch.decide_fresh, after
-    the state's two caps), the same that decide reads from `params`; None where it does not run:
-    without verifiers, candidates are scored from their signatures (rank)."""
-    if not params.verify_perm:
-        return None
+def fresh_settings(params: DedupParams) -> tuple[float | int | bool, ...]:
+    """The rule's figures as the compiled run takes them (_sketch.decide_fresh, after the state's
+    two caps), the same that the reference decision reads from `params`."""
     partial, revised = params.containment_threshold, params.revised_threshold
     counts = (params.max_candidates, params.top_candidates, ANCHOR_CANDIDATES, PASSAGES)
     thresholds = (

@@ -22,14 +22,14 @@ from typing import NamedTuple, Protocol
 import orjson
 
 from ..core.compiled import _sketch
-from ..core.dedup import IndexedArticle, decide, fresh_settings
+from ..core.dedup import IndexedArticle, fresh_settings
 from ..core.lsh import band_keys
 from ..core.params import DedupParams, IncompatibleState
 from ..core.retention import NO_RETENTION, Retention
 from ..state.index import META, FreshRow, IndexState, fresh_row
 from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
-from ..state.records import CorruptRecord, encode_record
+from ..state.records import CorruptRecord
 from .sign import PROCESSING_FAILED
 from .wire import Provenance, Signed, SignedDeletion, decode_signed, unpack_signed
 
@@ -173,15 +173,13 @@ class IndexShard:
     _checkpointed: tuple[int, dict[str, int], dict[str, int]] = (-1, {}, {"expired": 0, "deleted": 0})
     # when each chunk held in the overlay was decided (`begin`)
     _decided_at: dict[int, int] = field(default_factory=dict)
-    # False: every article decided by the Python path (the reference the compiled run is tested on)
-    compiled: bool = True
     _audit: bytes = field(init=False, repr=False, default=b"")
-    _fresh: tuple[float | int | bool, ...] | None = field(init=False, repr=False, default=None)
+    _rule: tuple[float | int | bool, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
         # the parameters as every verdict gives them, written once (messages.verdict_dict: "params")
         self._audit = orjson.dumps(self.params.audit())
-        self._fresh = fresh_settings(self.params) if self.compiled else None
+        self._rule = fresh_settings(self.params)
         if self.changelog is None:
             self.state.open_header(self.params.header())
 
@@ -204,28 +202,38 @@ class IndexShard:
         at = -1 if offset is None else offset
         results: list[Decided] = []
         # rows the next compiled run is offered: twice what the last one took, one after none, so
-        # that the articles it leaves to the Python path (a batch of new versions) do not each
-        # make the rest of the batch into rows again
+        # that the articles it stops at (a batch of new versions) do not each make the rest of
+        # the batch into rows again; one alone after a run that raised, which finds the one
+        # that fails
         offer = len(items)
         while (n := len(results)) < len(items):
-            taken = self._fresh_run(items[n : n + offer], n, at, now_s, before)
+            try:
+                taken = self._run(items[n : n + offer], n, at, now_s, before)
+            except Exception as exc:  # one bad record must not stop the shard
+                if offer > 1:
+                    offer = 1
+                    continue
+                log.error("decide_failed article=%r", items[n].article_id, exc_info=True)
+                if at >= 0:  # its input is taken: it is not decided again
+                    self.inputs[_partition(items[n].provenance)] = items[n].provenance.offset
+                taken = [Decided.failed(at, exc)]
             results += taken
             offer = 2 * len(taken) or 1
             if taken:
                 continue
-            # not one the compiled run takes (or one it left to this path): decided here
+            # not one a run takes: a deletion, an input applied already, the version held again
             if before is not None:
                 before(n)
             try:
-                results.append(self._decide_one(items[n], at, now_s))
-            except Exception as exc:  # one bad record must not stop the shard
+                results.append(self._answer(items[n], at, now_s))
+            except Exception as exc:
                 log.error("decide_failed article=%r", items[n].article_id, exc_info=True)
                 results.append(Decided.failed(at, exc))
         if offset is not None:
             self.applied_offset = max(self.applied_offset, offset)
         return results
 
-    def _fresh_run(
+    def _run(
         self,
         items: Sequence[Item],
         start: int,
@@ -234,18 +242,16 @@ class IndexShard:
         before: Callable[[int], None] | None,
     ) -> list[Decided]:
         """`items` (from `start` in the batch) decided and indexed in one compiled call
-        (IndexState.add_fresh), as _decide_one decides each: none that is a deletion, an input
-        already applied, without a verifier, or after which an expiry pass is due (it ends the
-        run); the compiled call stops at the first it does not take (its comment says which).
-        Returns their results, none when it took none."""
-        if self._fresh is None:
-            return []
+        (IndexState.add_fresh): none that is a deletion or an input already applied, nor any after
+        one that makes an expiry pass due (it ends the run); the compiled call stops at the first
+        it does not take (its comment says which). Returns their results, none when it took none;
+        raises what the call raises, having written none of them."""
         rows: list[FreshRow] = []
         taken: list[tuple[Signed, str, float | None]] = []
         inputs, newest = dict(self.inputs), self.state.counts.newest_ms
         lsh = self.params.lsh
         for item in items:
-            if isinstance(item, SignedDeletion) or not item.sketch.verifier.size:
+            if isinstance(item, SignedDeletion):
                 break
             partition = _partition(item.provenance)
             if offset >= 0 and self._replayed(item, offset, inputs):
@@ -261,13 +267,7 @@ class IndexShard:
             expiry = self.retention.cutoff(newest)
             if expiry is not None and self.retention.due(expiry, self.state.counts.expired_before_ms):
                 break
-        try:
-            written = (
-                self.state.add_fresh(rows, self._fresh or (), self._audit, before, start) if rows else []
-            )
-        except Exception:  # the Python path decides the first of them, and reports what fails
-            log.error("compiled_run_failed article=%r", rows[0][0], exc_info=True)
-            return []
+        written = self.state.add_fresh(rows, self._rule, self._audit, before, start) if rows else []
         results = []
         for (item, partition, latency), (record, verdict, kind, revived) in zip(taken, written, strict=False):
             if offset >= 0:
@@ -282,28 +282,20 @@ class IndexShard:
             results[-1] = results[-1]._replace(expired=self._expire_due())
         return results
 
-    def _decide_one(self, item: Item, offset: int, now_s: float) -> Decided:
+    def _answer(self, item: Item, offset: int, now_s: float) -> Decided:
+        """An item no run takes: an input applied already (its stored verdict), a deletion, or the
+        version the index holds sent again (its stored verdict, status "redelivered")."""
         if offset >= 0:
             if self._replayed(item, offset, self.inputs):
                 return self._replay_one(item, offset, now_s)
             self.inputs[_partition(item.provenance)] = item.provenance.offset
         if isinstance(item, SignedDeletion):
             return self._delete(item.article_id, offset)
-        if item.refused_time:
-            self.counts.refused_times += 1
-        time_ms, cutoff = self._event_time(item, now_s, self.state.counts.newest_ms)
-        keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
-        outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
-        if outcome.update is not None:
-            record = encode_record(outcome.article)
-            self.state.apply(outcome.update, record=record)
-            if self.changelog is not None:
-                self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record
-                if outcome.update.revived:
-                    del self.changelog[MARKER_PREFIX + item.article_id.encode()]
-        expired = self._expire_due()
-        status = "redelivered" if outcome.redelivered else "new"
-        return self._verdict(status, outcome.article, item, offset, now_s, expired)
+        self.counts.refused_times += item.refused_time
+        existing = self.state.get(item.article_id)
+        if existing is None or existing.sketch.content_hash != item.sketch.content_hash:
+            raise CorruptRecord(f"{item.article_id!r}: neither a new version nor the one held")
+        return self._verdict("redelivered", existing, item, offset, now_s, self._expire_due())
 
     def _replayed(self, item: Item, offset: int, inputs: dict[str, int]) -> bool:
         """Whether the item's input is applied already: its signatures message, or its offset in its

@@ -69,9 +69,9 @@ DEFAULT_POSTING_CACHE = 50_000
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 T = TypeVar("T")
-# A row of the compiled run (add_fresh): article id, content hash, band keys, verifier, distinct
-# shingles, short, packed anchors, time, cutoff (None: none), latency (ms, None).
-FreshRow = tuple[str, bytes, tuple[bytes, ...], Any, int, bool, bytes, int, int | None, float | None]
+# A row of the compiled run (add_fresh): article id, content hash, band keys, verifier, signature,
+# distinct shingles, short, packed anchors, time, cutoff (None: none), latency (ms, None).
+FreshRow = tuple[str, bytes, tuple[bytes, ...], Any, Any, int, bool, bytes, int, int | None, float | None]
 S = TypeVar("S")
 
 
@@ -496,8 +496,8 @@ def fresh_row(
     latency: float | None,
 ) -> FreshRow:
     """An article as the compiled run takes it (add_fresh)."""
-    return (article_id, sketch.content_hash, keys, sketch.verifier, sketch.shingle_count, sketch.short,
-            sketch.anchors.packed, time_ms, cutoff, latency)  # fmt: skip
+    return (article_id, sketch.content_hash, keys, sketch.verifier, sketch.signature, sketch.shingle_count,
+            sketch.short, sketch.anchors.packed, time_ms, cutoff, latency)  # fmt: skip
 
 
 def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:

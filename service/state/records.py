@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.anchors import Anchors, Passage
+from ..core.anchors import ANCHOR_BYTES, Anchors, Passage
 from ..core.compiled import _sketch
 from ..core.dedup import Candidate, Decision, IndexedArticle, VerdictKind
 from ..core.lsh import BAND_KEY_BYTES
@@ -115,7 +115,7 @@ class Probe:
     article_id: str
     seq: int
     shingle_count: int
-    verifier: bytes
+    verifier: bytes  # what scoring compares: the verifier, or the signature where there is none
     cluster: int
     cluster_id: str
     time_ms: int
@@ -152,9 +152,11 @@ def decode_probe(data: bytes, key: str = "?") -> Probe:
         cluster_id = article_id if flags & _OWN_CLUSTER else data[middle:end].decode()
     except (ValueError, IndexError) as exc:
         raise CorruptRecord(f"state record {key!r} cannot be decoded: {exc}") from exc
-    verifier = data[end : end + verifier_len]
     cluster_seq, time_ms = seq - _unzigzag(cluster), _unzigzag(time)
     anchors_at = end + verifier_len + keys_len + hash_len + decision_len
+    # without a verifier, scoring compares the signature (little-endian, after the anchors)
+    signature_at = anchors_at + ANCHOR_BYTES * n_anchors
+    verifier = data[end : end + verifier_len] if verifier_len else data[signature_at:]
     return Probe(
         article_id, seq, count, verifier, cluster_seq, cluster_id, time_ms, data, anchors_at, n_anchors
     )

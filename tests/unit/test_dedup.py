@@ -1,4 +1,5 @@
-"""The decision rule (core.dedup.decide) through the IndexShard over in-memory state."""
+"""The decision rule through the IndexShard (its compiled run) over in-memory state, and the
+reference it is written after (tests/support/reference_decide.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from neardup.core.anchors import NO_ANCHORS
-from neardup.core.dedup import Candidate, _ranked, decide, rank, score
+from neardup.core.dedup import Candidate, score
 from neardup.core.lsh import band_keys
 from neardup.core.minhash import EMPTY_VERIFIER_SLOT
 from neardup.core.params import DedupParams
@@ -18,6 +19,7 @@ from neardup.core.signing import EmptyText, Sketch, sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
 from tests.support import reference_sketch
+from tests.support.reference_decide import _ranked, decide, rank
 from tests.support.scoring import score_many
 from tests.support.shard import process
 from tests.support.state import band_members, id_for_content
@@ -355,7 +357,7 @@ def _prospects(rng: np.random.Generator, query: np.ndarray, count: int) -> list[
 
 
 def test_compiled_ranking_equals_the_numpy_reference() -> None:
-    """_sketch.rank against dedup._ranked over the numpy reference's figures: the same top
+    """_sketch.rank against reference_decide._ranked over the numpy reference's figures: the same top
     candidates in the same order, the same match, the same figures to the last bit, over many
     random candidate sets and every setting that changes the outcome."""
     rng = np.random.default_rng(5)

@@ -1,11 +1,11 @@
 """The compiled run of articles (_sketch.decide_fresh through IndexState.add_fresh) against the
-Python path it stands in for (IndexShard(compiled=False): core/dedup.py's decide and
-IndexState.apply, one article at a time): the same statuses, verdicts, removals, every key and
+Python decision it stands in for (tests/support/reference_decide.py's ReferenceShard: its decide
+and IndexState.apply, one article at a time): the same statuses, verdicts, removals, every key and
 record of the state, its counts and the applied inputs, over streams of new texts, near and exact
-copies, excerpts, versions, deletions (which the run leaves to the Python path) and ids added again,
+copies, excerpts, versions, deletions (which no run takes) and ids added again,
 the sample news and the news corpus's first texts where present; containment on and off, expiry,
 in memory and in RocksDB (keyed and held) under the worker's write overlay. And what it does where
-it fails: the article left to the Python path, nothing of it written."""
+it fails: nothing of the run written, the article decided again in a run of its own."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from neardup.state.index import META, IndexState, fresh_row
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.rocks import RocksOptions, RocksState
 from tests.support.arrivals import NOW_S, in_batches, paragraphs, sample_news, signed_items, stream
+from tests.support.reference_decide import ReferenceShard
 
 ON, OFF = DedupParams(), DedupParams(containment_index=False)
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"
@@ -56,12 +57,12 @@ def compiled_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
 @pytest.mark.parametrize(("seed", "size", "window_ms"), [(3, 32, None), (11, 7, 60_000), (5, 1, 90_000)])
-def test_a_stream_is_decided_as_the_python_path_decides_it(
+def test_a_stream_is_decided_as_the_reference_decides_it(
     params: DedupParams, seed: int, size: int, window_ms: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     items = signed_items(list(stream(seed, 300)), params)
     retention = NO_RETENTION if window_ms is None else Retention(window_ms=window_ms)
-    reference = IndexShard(MemoryState(), params, retention, compiled=False)
+    reference = ReferenceShard(MemoryState(), params, retention)
     expected = everything(reference, in_batches(reference, items, size))
     taken = compiled_count(monkeypatch)
     shard = IndexShard(MemoryState(), params, retention)
@@ -84,9 +85,9 @@ def test_a_stream_is_decided_as_the_python_path_decides_it(
     ],
     ids=["word-shingles", "fewer-slots", "lower-threshold"],
 )
-def test_other_settings_decide_as_the_python_path_decides(params: DedupParams) -> None:
+def test_other_settings_decide_as_the_reference_decides(params: DedupParams) -> None:
     items = signed_items(list(stream(8, 200)), params)
-    reference = IndexShard(MemoryState(), params, compiled=False)
+    reference = ReferenceShard(MemoryState(), params)
     expected = everything(reference, in_batches(reference, items, 25))
     shard = IndexShard(MemoryState(), params)
     assert everything(shard, in_batches(shard, items, 25)) == expected
@@ -94,9 +95,9 @@ def test_other_settings_decide_as_the_python_path_decides(params: DedupParams) -
 
 
 @pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
-def test_the_sample_news_is_decided_as_the_python_path_decides_it(params: DedupParams) -> None:
+def test_the_sample_news_is_decided_as_the_reference_decides_it(params: DedupParams) -> None:
     items = signed_items(sample_news(), params)
-    reference = IndexShard(MemoryState(), params, compiled=False)
+    reference = ReferenceShard(MemoryState(), params)
     expected = everything(reference, in_batches(reference, items, 32))
     shard = IndexShard(MemoryState(), params)
     assert everything(shard, in_batches(shard, items, 32)) == expected
@@ -107,23 +108,23 @@ def test_the_sample_news_is_decided_as_the_python_path_decides_it(params: DedupP
 @pytest.mark.skipif(
     not CORPUS.exists(), reason="the news corpus is fetched by tests/data/build_news_corpus.py"
 )
-def test_the_news_corpus_is_decided_as_the_python_path_decides_it() -> None:
+def test_the_news_corpus_is_decided_as_the_reference_decides_it() -> None:
     lines = CORPUS.read_bytes().splitlines()[:1200]
     arrivals = [(str(n), orjson.loads(line)["text"]) for n, line in enumerate(lines)]
     items = signed_items(arrivals, ON)
-    reference = IndexShard(MemoryState(), ON, compiled=False)
+    reference = ReferenceShard(MemoryState(), ON)
     expected = everything(reference, in_batches(reference, items, 20))
     shard = IndexShard(MemoryState(), ON)
     assert everything(shard, in_batches(shard, items, 20)) == expected
 
 
 @pytest.mark.parametrize("hold", [False, True], ids=["keyed", "held"])
-def test_rocksdb_under_the_overlay_is_left_as_the_python_path_leaves_it(hold: bool, tmp_path: Path) -> None:
+def test_rocksdb_under_the_overlay_is_left_as_the_reference_leaves_it(hold: bool, tmp_path: Path) -> None:
     items = signed_items(list(stream(9, 240)), ON)
     runs = []
-    for compiled in (False, True):
-        state = RocksState(tmp_path / str(compiled), RocksOptions(hold_families=hold), layered=True)
-        shard = IndexShard(state, ON, changelog={}, compiled=compiled)
+    for shard_type in (ReferenceShard, IndexShard):
+        state = RocksState(tmp_path / shard_type.__name__, RocksOptions(hold_families=hold), layered=True)
+        shard = shard_type(state, ON, changelog={})
         shard.restore_point(0, int(NOW_S * 1000), None)  # as a worker opens its derived state
         try:
             results = in_batches(shard, items, 20, layered=True)
@@ -133,7 +134,7 @@ def test_rocksdb_under_the_overlay_is_left_as_the_python_path_leaves_it(hold: bo
     assert runs[0] == runs[1]
 
 
-def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_python_path_keeps_them(
+def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_reference_keeps_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Forty articles of their own paragraphs and one footer in common, and near copies of a few:
@@ -144,7 +145,7 @@ def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_python_path_
     arrivals = [(f"a{n}", f"{pool[1 + n]}\n\n{pool[60 + n]}\n\n{footer}") for n in range(40)]
     arrivals += [(f"c{n}", arrivals[n][1] + " Reporting by the desk.") for n in range(0, 40, 4)]
     items = signed_items(arrivals, ON)
-    reference = IndexShard(MemoryState(bucket_cap=4), ON, compiled=False)
+    reference = ReferenceShard(MemoryState(bucket_cap=4), ON)
     expected = everything(reference, in_batches(reference, items, 16))
     taken = compiled_count(monkeypatch)
     shard = IndexShard(MemoryState(bucket_cap=4), ON)
@@ -153,11 +154,12 @@ def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_python_path_
     assert taken == [len(items)] and counts.boilerplate > 0 and counts.largest_bucket == 4
 
 
-def test_a_failing_read_leaves_the_article_to_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_read_leaves_the_article_to_the_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """The store fails on the third article's bucket read, once: the compiled run stops before it,
-    nothing of it written, and the Python path decides it (the store answering by then)."""
+    nothing of it written, and the next run, that starts with it, decides it (the store answering
+    by then)."""
     items = signed_items(list(stream(4, 60)), ON)
-    reference = IndexShard(MemoryState(), ON, compiled=False)
+    reference = ReferenceShard(MemoryState(), ON)
     expected = everything(reference, in_batches(reference, items, 16))
     real, failures = MemoryKV.get_many, [0]
 
@@ -174,10 +176,11 @@ def test_a_failing_read_leaves_the_article_to_the_python_path(monkeypatch: pytes
 
 
 def test_a_run_that_raises_writes_nothing_and_keeps_no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An error the compiled call raises rather than leaves to the Python path: none of the run is
-    written and the probes it kept go; the shard logs it and decides on by the Python path."""
+    """An error the compiled call raises rather than leaves to the next run: none of the run is
+    written and the probes it kept go; the shard decides on, one article a run until the one
+    that failed is decided."""
     items = signed_items(list(stream(6, 40)), ON)
-    reference = IndexShard(MemoryState(), ON, compiled=False)
+    reference = ReferenceShard(MemoryState(), ON)
     expected = everything(reference, in_batches(reference, items, 10))
     real, calls = IndexState._keep_record, [0]
 
@@ -207,7 +210,7 @@ def test_an_exact_copy_of_an_expired_holder_takes_the_content_over(monkeypatch: 
     old, copy = signed_items([("old", text), ("copy", text)], ON)
     items = [old, dataclasses.replace(copy, time_ms=old.time_ms + 10_000)]  # type: ignore[union-attr]
     retention = Retention(window_ms=2_500)
-    reference = IndexShard(MemoryState(), ON, retention, compiled=False)
+    reference = ReferenceShard(MemoryState(), ON, retention)
     expected = everything(reference, in_batches(reference, items, 2))
     taken = compiled_count(monkeypatch)
     shard = IndexShard(MemoryState(), ON, retention)
@@ -218,20 +221,20 @@ def test_an_exact_copy_of_an_expired_holder_takes_the_content_over(monkeypatch: 
 
 def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -> None:
     """A new version and a revived id are decided by a run as its first (the run before them stops
-    there); a deletion is left to the Python path, as is every article without a verifier: of
-    these arrivals the runs take all but the deletion."""
+    there), with a verifier or without one (scored on the signatures); a deletion is answered
+    apart: of these arrivals the runs take all but the deletion."""
     text = sample_news()[0][1]
     assert text is not None
     arrivals = [("a", text), ("b", text), ("a", text + " Updated."), ("a", None), ("a", text + " Again.")]
     taken = compiled_count(monkeypatch)
-    for params, compiled in ((ON, 4), (DedupParams(verify_perm=0), 0)):
+    for params in (ON, DedupParams(verify_perm=0)):
         items = signed_items(arrivals, params)
-        reference = IndexShard(MemoryState(), params, compiled=False)
+        reference = ReferenceShard(MemoryState(), params)
         expected = everything(reference, in_batches(reference, items, 5))
         taken[0] = 0
         shard = IndexShard(MemoryState(), params)
         assert everything(shard, in_batches(shard, items, 5)) == expected
-        assert taken == [compiled] and [r.status for r in expected[0]] == [
+        assert taken == [4] and [r.status for r in expected[0]] == [
             "new",
             "new",
             "new",
@@ -243,13 +246,13 @@ def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize("size", [1, 3, 16])
 @pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
-def test_versions_and_revived_ids_are_decided_by_the_run_as_the_python_path_decides_them(
+def test_versions_and_revived_ids_are_decided_by_the_run_as_the_reference_decides_them(
     params: DedupParams, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Versions that take out a content's holder (its exact copy takes over, joining the buckets)
     and a cluster's first article (the cluster is handed on), versions one after another, a version
-    sent again (the Python path answers it), a revived id whose text is an exact copy: the whole
-    state and every verdict as the Python path leaves them, and the run takes all but the
+    sent again (the shard answers it with its stored verdict), a revived id whose text is an exact
+    copy: the whole state and every verdict as the reference leaves them, and the run takes all but the
     deletion and the re-delivery."""
     pool = paragraphs()
     first, second, third = pool[0] + "\n\n" + pool[1], pool[2] + "\n\n" + pool[3], pool[4]
@@ -267,7 +270,7 @@ def test_versions_and_revived_ids_are_decided_by_the_run_as_the_python_path_deci
         ("fresh", pool[5]),
     ]
     items = signed_items(arrivals, params)
-    reference = IndexShard(MemoryState(), params, compiled=False)
+    reference = ReferenceShard(MemoryState(), params)
     expected = everything(reference, in_batches(reference, items, size))
     taken = compiled_count(monkeypatch)
     shard = IndexShard(MemoryState(), params)
@@ -281,10 +284,10 @@ def test_versions_and_revived_ids_are_decided_by_the_run_as_the_python_path_deci
 
 def test_a_removal_that_fails_in_the_run_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A replaced version's removal raises, once, inside the run: nothing of the run is written,
-    the counts it moved are read again from the store, and the shard decides on by the Python path
+    the counts it moved are read again from the store, and the shard decides on, one article a run
     to the same state."""
     items = signed_items(list(stream(9, 120)), ON)
-    reference = IndexShard(MemoryState(), ON, compiled=False)
+    reference = ReferenceShard(MemoryState(), ON)
     expected = everything(reference, in_batches(reference, items, 8))
     real, failures = IndexState._replace, [0]
 

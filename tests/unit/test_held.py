@@ -14,7 +14,6 @@ from typing import cast
 import pytest
 
 from neardup.core.compiled import _sketch
-from neardup.core.dedup import Outcome, decide
 from neardup.core.params import DedupParams
 from neardup.core.signing import sketch_of
 from neardup.state import held as held_module
@@ -23,6 +22,7 @@ from neardup.state.memory import MemoryKV
 from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import HELD, RocksKV, RocksOptions, RocksState
 from neardup.state.tables import BAND, POSTING
+from tests.support.reference_decide import Outcome, decide
 from tests.support.reference_state import pack_changes, unpack_changes
 from tests.support.state import contents
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from neardup.core.dedup import Outcome, decide
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.retention import Retention
 from neardup.core.signing import sketch_of
@@ -18,6 +17,7 @@ from neardup.state.index import HEADER_KEY, IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.port import Batch, StateStore
 from neardup.state.rocks import RocksOptions, RocksState
+from tests.support.reference_decide import Outcome, decide
 from tests.support.shard import process
 from tests.support.state import MakeState, band_members, contents, id_for_content
 

@@ -407,6 +407,14 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("rank-chance-one", lambda: rank(chance=1.0), ValueError, "chance"),
     ("rank-chance-nan", lambda: rank(chance=float("nan")), ValueError, "chance"),
     ("rank-top-negative", lambda: rank(top=-1), ValueError, "top"),
+    ("rank-width-odd", lambda: sketch.rank(QUERY, [], 5, 0, 0.0, 3, 0.8, -1.0, 3), ValueError, "width"),
+    (
+        "rank-width-ragged",
+        lambda: sketch.rank(QUERY[:12], [], 5, 0, 0.0, 3, 0.8, -1.0, 8),
+        ValueError,
+        "slots",
+    ),
+    ("scores-width-zero", lambda: sketch.scores(QUERY, [], 5, 0, 0.0, 0), ValueError, "width"),
     (
         "rank-shingle_count-negative",
         lambda: rank(others=[SimpleNamespace(verifier=QUERY, shingle_count=-1, seq=0)]),

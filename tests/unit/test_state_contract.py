@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from neardup.core import compiled
-from neardup.core.dedup import Candidate, Decision, IndexedArticle, Outcome, Prospect, decide
+from neardup.core.dedup import Candidate, Decision, IndexedArticle, Prospect
 from neardup.core.lsh import band_keys
 from neardup.core.params import DedupParams, IncompatibleState
 from neardup.core.shingle import ShingleOptions
@@ -23,6 +23,7 @@ from neardup.state.port import Batch, StateStore
 from neardup.state.records import CorruptRecord, Probe, decode_probe, decode_record, encode_record
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState, StateError, lower_background_threads
 from tests.support import reference_state
+from tests.support.reference_decide import Outcome, decide
 from tests.support.state import MakeState, band_members, contents, id_for_content
 
 PARAMS = DedupParams()

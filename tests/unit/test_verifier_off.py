@@ -3,16 +3,20 @@ from their MinHash signatures, and a near-duplicate is found as it is with the v
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from neardup.core.dedup import Candidate, Decision, IndexedArticle, rank, score
+from neardup.core.compiled import _sketch
+from neardup.core.dedup import Candidate, Decision, IndexedArticle, score
 from neardup.core.normalize import normalize
 from neardup.core.params import DedupParams
 from neardup.core.shingle import shingle_strings
 from neardup.core.signing import Sketch, sketch_of
 from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
+from neardup.state.records import decode_probe, encode_record
 from tests.support.prose import MEMORIAL, ROMO
+from tests.support.reference_decide import rank
 from tests.support.scoring import score_many
 from tests.support.shard import process
 from tests.support.state import MakeState
@@ -68,6 +72,28 @@ def test_rank_and_score_many_score_as_score_does() -> None:
     top, match = rank(edited, [indexed("s", source, 1), indexed("o", other, 2)], OFF)
     assert top == [(0, *figures(expected[0])), (1, *figures(expected[1]))]
     assert match == ("duplicate", 0, *figures(expected[0]))
+
+
+def test_the_compiled_rank_over_records_scores_the_signatures_as_score_does() -> None:
+    """What the compiled run compares without a verifier: the signature kept at the end of each
+    record, read as a probe's slots (8 bytes each), against the article's signature: the same
+    figures as score's, and the same pick as the reference's rank."""
+    source, edited, other = (sketch_of(text, OFF) for text in (ROMO, EDITED, MEMORIAL))
+    probes = [
+        decode_probe(encode_record(indexed(article_id, sketch, seq)))
+        for article_id, sketch, seq in (("s", source, 1), ("o", other, 2))
+    ]
+    slots = edited.signature.astype("<u8").tobytes()
+    assert [probe.verifier for probe in probes] == [
+        s.signature.astype("<u8").tobytes() for s in (source, other)
+    ]
+    args = (slots, probes, edited.shingle_count, 0, 0.0, OFF.top_candidates, OFF.threshold, -1.0, 8)
+    top, match = _sketch.rank(*args)
+    expected = [score(edited, sketch, i) for i, sketch in (("s", source), ("o", other))]
+    assert top == [(0, *figures(expected[0])), (1, *figures(expected[1]))]
+    assert match == (1, 0, *figures(expected[0]))
+    jaccard, _, _ = _sketch.scores(slots, probes, edited.shingle_count, 0, 0.0, 8)
+    assert np.frombuffer(jaccard).tolist() == [c.jaccard for c in expected]
 
 
 def figures(candidate: Candidate) -> tuple[float, float, float]:
