@@ -5,7 +5,7 @@ same arithmetic in array passes, which the tests compare with the compiled resul
                                     and finish)
     estimate_jaccard_verified_many, estimate_containment_many, scores
                                     minhash.verified_scores (_sketch.scores), and the figures
-                                    dedup.rank ranks (_sketch.rank)
+                                    reference_decide.rank ranks (_sketch.rank)
     band_keys                       lsh.band_keys (_sketch.band_keys)
     collapse_spaces                 normalize.canonical_code_points' whitespace collapsing
                                     (_sketch.collapse_spaces)
