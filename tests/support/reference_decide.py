@@ -13,7 +13,9 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import pytest
 
 from neardup.core.anchors import passages
 from neardup.core.compiled import _sketch
@@ -33,8 +35,18 @@ from neardup.core.lsh import band_keys
 from neardup.core.minhash import CHANCE_AGREEMENT, EMPTY_VERIFIER_SLOT, verified_scores
 from neardup.core.params import DedupParams
 from neardup.core.signing import Sketch
-from neardup.pipeline.shard import ARTICLE_PREFIX, MARKER_PREFIX, Decided, IndexShard, Item, _partition
-from neardup.pipeline.wire import SignedDeletion
+from neardup.pipeline.shard import (
+    ARTICLE_PREFIX,
+    MARKER_PREFIX,
+    POSITION_KEY,
+    Decided,
+    IndexShard,
+    Item,
+    _partition,
+)
+from neardup.pipeline.sign import SignStage
+from neardup.pipeline.wire import Provenance, SignedDeletion, decode_signed
+from neardup.state.index import META, IndexState
 from neardup.state.records import encode_record
 
 
@@ -283,3 +295,39 @@ class ReferenceShard(IndexShard):
         expired = self._expire_due()
         status = "redelivered" if outcome.redelivered else "new"
         return self._verdict(status, outcome.article, item, offset, now_s, expired)
+
+
+def everything(shard: IndexShard, results: list[Decided]) -> tuple[Any, ...]:
+    """What a run leaves: its results (latency and all) and the whole state, but the time a
+    derived state's position was taken at (the clock's)."""
+    state = shard.state
+    keys = [(key, value) for key, value in state.kv.scan(b"") if key != META + POSITION_KEY]
+    return (results, sorted(keys), sorted(state.kv.scan_records()), state.counts, state.next_seq(),
+            shard.inputs, shard.counts)  # fmt: skip
+
+
+def compiled_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many articles the compiled run took, counted as it goes."""
+    taken = [0]
+    real = IndexState.add_fresh
+
+    def counting(self: IndexState, *args: Any, **kwargs: Any) -> list[tuple[bytes, bytes, str, bool]]:
+        written = real(self, *args, **kwargs)
+        taken[0] += len(written)
+        return written
+
+    monkeypatch.setattr(IndexState, "add_fresh", counting)
+    return taken
+
+
+def signed_lines(lines: Sequence[bytes], params: DedupParams, max_text_bytes: int) -> list[Item]:
+    """The lines of an input file as the worker's signer leaves them: those it refuses (dead
+    letters) never reach the shard."""
+    stage = SignStage(params, max_text_bytes)
+    items: list[Item] = []
+    for n, line in enumerate(lines):
+        src = Provenance("articles", 0, n, 1_700_000_000_000 + n * 1000)
+        result = stage.handle(line.rstrip(b"\r\n"), None, src)
+        if result.signed is not None:
+            items.append(decode_signed(result.signed))
+    return items

@@ -10,6 +10,7 @@ it fails: nothing of the run written, the article decided again in a run of its 
 from __future__ import annotations
 
 import dataclasses
+import random
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +22,17 @@ from neardup.core.dedup import fresh_settings
 from neardup.core.params import DedupParams
 from neardup.core.retention import NO_RETENTION, Retention
 from neardup.core.shingle import ShingleOptions
-from neardup.pipeline.shard import POSITION_KEY, Decided, IndexShard
-from neardup.state.index import META, IndexState, fresh_row
+from neardup.pipeline.shard import IndexShard, Item
+from neardup.state.index import IndexState, fresh_row
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.rocks import RocksOptions, RocksState
-from tests.support.arrivals import NOW_S, in_batches, paragraphs, sample_news, signed_items, stream
-from tests.support.reference_decide import ReferenceShard
+from tests.benchmarks import bench_stream
+from tests.data.make_labelled_set import make_variants
+from tests.support.arrivals import NOW_S, SAMPLE, in_batches, paragraphs, sample_news, signed_items, stream
+from tests.support.reference_decide import ReferenceShard, compiled_count, everything, signed_lines
 
 ON, OFF = DedupParams(), DedupParams(containment_index=False)
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"
-
-
-def everything(shard: IndexShard, results: list[Decided]) -> tuple[Any, ...]:
-    """What a run leaves: its results (latency and all) and the whole state, but the time a
-    derived state's position was taken at (the clock's)."""
-    state = shard.state
-    keys = [(key, value) for key, value in state.kv.scan(b"") if key != META + POSITION_KEY]
-    return (results, sorted(keys), sorted(state.kv.scan_records()), state.counts, state.next_seq(),
-            shard.inputs, shard.counts)  # fmt: skip
-
-
-def compiled_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many articles the compiled run took, counted as it goes."""
-    taken = [0]
-    real = IndexState.add_fresh
-
-    def counting(self: IndexState, *args: Any, **kwargs: Any) -> list[tuple[bytes, bytes, str, bool]]:
-        written = real(self, *args, **kwargs)
-        taken[0] += len(written)
-        return written
-
-    monkeypatch.setattr(IndexState, "add_fresh", counting)
-    return taken
 
 
 @pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
@@ -116,6 +96,45 @@ def test_the_news_corpus_is_decided_as_the_reference_decides_it() -> None:
     expected = everything(reference, in_batches(reference, items, 20))
     shard = IndexShard(MemoryState(), ON)
     assert everything(shard, in_batches(shard, items, 20)) == expected
+
+
+def generated(count: int, seed: int, params: DedupParams) -> list[Item]:
+    """bench_stream.py's generator (a copy of a recent article in four, one copy in five exact,
+    else paragraphs drawn until a news-sized length), over the sample news's paragraphs."""
+    corpus = [orjson.loads(line) for line in SAMPLE.read_bytes().splitlines() if line.strip()]
+    articles = bench_stream.Articles(corpus, "g", seed, dup_fraction=0.25)
+    return signed_lines([articles.next()[1] for _ in range(count)], params, 1 << 20)
+
+
+def labelled(seed: int, params: DedupParams) -> list[Item]:
+    """A labelled set as `neardup evaluate` reads one (make_labelled_set.py's variants of sources,
+    among distractors, shuffled), from the sample news."""
+    rng, news = random.Random(seed), sample_news()
+    rows = [(article_id, text) for article_id, text in news if text]
+    for article_id, text in rows[:12]:
+        rows += [(f"{article_id}~{kind}", variant) for kind, variant in make_variants(text, rng)]
+    rng.shuffle(rows)
+    return signed_items(rows, params)
+
+
+@pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
+@pytest.mark.parametrize("source", ["generator", "labelled"])
+def test_the_generator_and_an_evaluation_set_are_decided_verdict_for_verdict(
+    source: str, params: DedupParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmark's generator and an evaluation set: every verdict and the whole state as the
+    reference leaves them, with a retention window expiring as it goes, the runs taking most
+    articles (the fuzz corpus: test_fuzz.py)."""
+    items = generated(600, 3, params) if source == "generator" else labelled(5, params)
+    retention = Retention(window_ms=400_000)
+    reference = ReferenceShard(MemoryState(), params, retention)
+    expected = everything(reference, in_batches(reference, items, 24))
+    taken = compiled_count(monkeypatch)
+    shard = IndexShard(MemoryState(), params, retention)
+    assert everything(shard, in_batches(shard, items, 24)) == expected
+    kinds = {r.kind for r in expected[0] if r.verdict}
+    assert {"unique", "duplicate"} <= kinds, kinds
+    assert taken[0] > len(items) * 0.8, (taken, len(items))
 
 
 @pytest.mark.parametrize("hold", [False, True], ids=["keyed", "held"])

@@ -33,13 +33,16 @@ from neardup.core.params import DedupParams
 from neardup.core.retention import Retention, parse_duration_ms
 from neardup.embedded import run_file
 from neardup.messages import DEAD_LETTER_REASONS, MAX_ID_LENGTH, OPTIONAL_STRING_FIELDS
+from neardup.pipeline.shard import IndexShard
 from neardup.state import held
 from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_record
 from neardup.state.rocks import RocksOptions, RocksState
 from neardup.state.tables import ARTICLE, BAND, CONTENT, COPY, HEAD, MEMBER, POSTING, SEQ, TIME, time_key
+from tests.support.arrivals import in_batches
 from tests.support.prose import PROSE
+from tests.support.reference_decide import ReferenceShard, compiled_count, everything, signed_lines
 from tests.support.schemas import schema_errors
 from tests.support.state import contents
 
@@ -863,6 +866,26 @@ def test_the_fuzz_corpus_decided_in_batches_as_one_line_at_a_time(containment: b
         outputs.append((out.read_bytes(), feed.read_bytes(), dead))
     assert outputs[0] == outputs[1]
     assert outputs[0][0].count(b'"verdict"') > 100
+
+
+@pytest.mark.parametrize("containment", [True, False], ids=["containment-on", "containment-off"])
+def test_the_fuzz_corpus_is_decided_as_the_reference_decides_it(
+    containment: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled run against the per-article reference (tests/support/reference_decide.py) on
+    the lines the signer lets through (odd encodings, ids and texts near the limits, deletions,
+    times far apart under a retention window): every verdict and the whole state alike."""
+    lines = Lines.write(tmp_path / "in.jsonl", Fuzzer(SEEDS[0], timed=True), EMBEDDED_LINES)
+    params = dataclasses.replace(PARAMS, containment_index=containment)
+    items = signed_lines(lines.raw, params, MAX_TEXT)
+    retention = Retention(parse_duration_ms("7d"))
+    reference = ReferenceShard(MemoryState(), params, retention)
+    expected = everything(reference, in_batches(reference, items, 32))
+    taken = compiled_count(monkeypatch)
+    shard = IndexShard(MemoryState(), params, retention)
+    assert everything(shard, in_batches(shard, items, 32)) == expected
+    assert {"unique", "duplicate"} <= {r.kind for r in expected[0] if r.verdict}
+    assert taken[0] > len(items) * 0.8, (taken, len(items))
 
 
 @pytest.mark.parametrize("containment", [True, False], ids=["containment-on", "containment-off"])
