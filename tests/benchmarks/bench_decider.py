@@ -12,20 +12,28 @@ Usage:
   python tests/benchmarks/bench_decider.py --baseline ../previous/.venv/bin/python
       [--input FILE] (default: the news corpus of tests/data/build_news_corpus.py)
       [--articles 4082] [--chunk 20] [--layout keyed|held] [--repeats 4]
-      [--baseline-layout keyed|held] [--baseline-containment on|off]
+      [--baseline-layout keyed|held] [--baseline-containment on|off] [--versions 0.0]
 
 This build decides with the containment index on; the baseline too unless `--baseline-containment
 off`, which with `--baseline-layout keyed` measures the design aim (this build's decider
 with the index on against the baseline's with it off, as the baseline's worker ran by default).
+
+`--versions F` sends a share F of the articles again, each some lines later (at most 200), as a
+new version: its text with a paragraph of another article added (seeded), the input then growing
+by that share.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import orjson
 
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"
 
@@ -73,6 +81,22 @@ def one_run(python: str, source: Path, articles: int, chunk: int, layout: str, c
     return float(done.stdout.split()[-1])
 
 
+def with_versions(source: Path, articles: int, share: float, out: Path) -> int:
+    """`source`'s first `articles` lines, with a share of them sent again later as new versions,
+    written to `out`; returns the lines written."""
+    rng = random.Random(41)
+    with source.open("rb") as lines:
+        texts = [orjson.loads(line) for _, line in zip(range(articles), lines, strict=False)]
+    rows: list[dict[str, str] | None] = [*texts]
+    for n, article in enumerate(texts):
+        if rng.random() < share:
+            other = rng.choice(texts)["text"].split("\n\n")
+            version = {"id": article["id"], "text": article["text"] + "\n\n" + rng.choice(other)}
+            rows.insert(min(n + rng.randint(1, 200), len(rows)), version)
+    out.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows if row is not None))
+    return len(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -85,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-layout", choices=("keyed", "held"), help="default: --layout")
     parser.add_argument("--baseline-containment", choices=("on", "off"), default="on")
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--versions", type=float, default=0.0, help="share sent again as versions")
     args = parser.parse_args(argv)
+    if args.versions:
+        work = Path(tempfile.mkdtemp(prefix="bench-decider-"))
+        args.articles = with_versions(args.input, args.articles, args.versions, work / "versions.jsonl")
+        args.input = work / "versions.jsonl"
     runs: dict[str, list[float]] = {"this": [], "baseline": []}
     sides = {
         "baseline": (args.baseline, args.baseline_layout or args.layout, args.baseline_containment),
