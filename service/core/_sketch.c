@@ -120,6 +120,16 @@
  *     as needed; returns how many were absent (reference: tests/support/reference_state.py,
  *     join_buckets).
  *
+ * leave_entries(names, stored, entry, masked, full, into, sizes) -> (emptied, unfilled, changed)
+ *     names: bytes; stored: bytes (whole entries of `entry`'s width) or None (absent), as many.
+ *     Every entry equal to `entry` taken out of each (`masked`: compared without the first byte's
+ *     top bit, a posting entry's flag), the rest set in the dict `into` under its name, or None
+ *     where none is left; `sizes` (buckets by member count, or None: not counted) moved from each
+ *     changed one's count to its new one. Returns how many were emptied, how many held `full`
+ *     bytes or more before (0: none counted), and the names changed, in order (reference:
+ *     tests/support/reference_state.py, leave_entries; state/tables.py: a bucket or posting list
+ *     an article leaves).
+ *
  * pack_changes(changes) -> bytes
  *     changes: a dict of bytes keys (at most 255 bytes each) to bytes values or None (deleted).
  *     The count (4 bytes big-endian), each key's length (a byte), each value's (4 bytes big-endian,
@@ -1787,6 +1797,79 @@ done:
     return result;
 }
 
+/* Whether the entry at `at` is `entry` (`masked`: but for its first byte's top bit). */
+static int same_entry(const char *at, const char *entry, Py_ssize_t width, int masked) {
+    if (masked && ((at[0] ^ entry[0]) & 0x7F)) {
+        return 0;
+    }
+    return memcmp(at + masked, entry + masked, (size_t)(width - masked)) == 0;
+}
+
+PyObject *leave_entries(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *names, *lists, *into, *sizes;
+    const char *entry;
+    Py_ssize_t width, full;
+    int masked;
+    if (!PyArg_ParseTuple(args, "OOy#pnO!O", &names, &lists, &entry, &width, &masked, &full, &PyDict_Type, &into,
+                          &sizes)) {
+        return NULL;
+    }
+    if ((width < 1 && invalid("entry must not be empty")) || (full < 0 && invalid("full must be >= 0")) ||
+        (sizes != Py_None && !PyList_Check(sizes) && invalid("sizes must be a list or None"))) {
+        return NULL;
+    }
+    PyObject *name_list, *stored_list, *changed = NULL, *result = NULL;
+    if (names_and_stored(names, lists, "stored", &name_list, &stored_list) < 0 || (changed = PyList_New(0)) == NULL) {
+        goto done;
+    }
+    Py_ssize_t emptied = 0, unfilled = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(name_list); i++) {
+        PyObject *stored = PyList_GET_ITEM(stored_list, i);
+        Py_ssize_t size = stored == Py_None ? 0 : PyBytes_GET_SIZE(stored), kept = 0;
+        if (size % width) {
+            invalid("stored values must hold whole entries");
+            goto done;
+        }
+        const char *from = size ? PyBytes_AS_STRING(stored) : NULL;
+        PyObject *left = PyBytes_FromStringAndSize(NULL, size);
+        if (left == NULL) {
+            goto done;
+        }
+        for (Py_ssize_t at = 0; at < size; at += width) {
+            if (!same_entry(from + at, entry, width, masked)) {
+                memcpy(PyBytes_AS_STRING(left) + kept, from + at, (size_t)width);
+                kept += width;
+            }
+        }
+        if (kept == size) {
+            Py_DECREF(left);
+            continue; /* not a member (pushed out by later ones already) */
+        }
+        emptied += kept == 0, unfilled += full && size >= full;
+        PyObject *value = kept ? (_PyBytes_Resize(&left, kept) < 0 ? NULL : left) : Py_None;
+        if (!kept) {
+            Py_DECREF(left);
+        }
+        PyObject *name = PyList_GET_ITEM(name_list, i);
+        int failed = value == NULL || PyDict_SetItem(into, name, value) < 0 || PyList_Append(changed, name) < 0 ||
+                     (sizes != Py_None && (bump_size(sizes, size / width, -1) < 0 ||
+                                           (kept && bump_size(sizes, kept / width, 1) < 0)));
+        if (kept) {
+            Py_XDECREF(value);
+        }
+        if (failed) {
+            goto done;
+        }
+    }
+    result = Py_BuildValue("(nnO)", emptied, unfilled, changed);
+done:
+    Py_XDECREF(name_list);
+    Py_XDECREF(stored_list);
+    Py_XDECREF(changed);
+    return result;
+}
+
 static void put_be32(unsigned char *at, uint32_t value) {
     at[0] = (unsigned char)(value >> 24);
     at[1] = (unsigned char)(value >> 16);
@@ -2360,6 +2443,7 @@ static PyMethodDef methods[] = {
     {"passages", passages, METH_VARARGS, "The passages two packed anchor runs share, longest first."},
     {"posting_keys", posting_keys, METH_VARARGS, "The distinct posting keys of packed anchors."},
     {"join_postings", join_postings, METH_VARARGS, "An entry appended to posting lists, into a dict."},
+    {"leave_entries", leave_entries, METH_VARARGS, "An entry taken out of buckets or posting lists, into a dict."},
     {"count_postings", count_postings, METH_VARARGS, "Entries counted over posting lists, the most counted first."},
     {"merge_buckets", merge_buckets, METH_VARARGS, "The distinct arrival numbers of LSH buckets, in order of first appearance."},
     {"varints", varints, METH_VARARGS, "Unsigned LEB128 varints from a position of a buffer."},

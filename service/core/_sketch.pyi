@@ -22,10 +22,16 @@ def collapse_spaces(
     points: npt.NDArray[np.uint32], is_space: npt.NDArray[np.bool_], out: npt.NDArray[np.uint32]
 ) -> int: ...
 def scores(
-    query: npt.NDArray[np.uint8], others: Sequence[Any], size_a: int, empty: int, chance: float
+    query: npt.NDArray[np.uint8] | bytes,
+    others: Sequence[Any],
+    size_a: int,
+    empty: int,
+    chance: float,
+    width: int = 1,
+    /,
 ) -> tuple[bytes, bytes, bytes]: ...
 def rank(
-    query: npt.NDArray[np.uint8],
+    query: npt.NDArray[np.uint8] | bytes,
     others: Sequence[Any],
     size_a: int,
     empty: int,
@@ -33,6 +39,8 @@ def rank(
     top: int,
     threshold: float,
     containment: float,
+    width: int = 1,
+    /,
 ) -> tuple[list[tuple[int, float, float, float]], tuple[int, int, float, float, float] | None]: ...
 def merge_buckets(buckets: Sequence[bytes | None], count: int) -> list[int]: ...
 def count_postings(
@@ -71,6 +79,15 @@ def posting_keys(anchors: bytes, prefix: bytes) -> list[bytes]: ...
 def join_postings(
     names: Sequence[bytes], lists: Sequence[bytes | None], entry: bytes, full: int, into: dict[bytes, Any]
 ) -> tuple[int, int]: ...
+def leave_entries(
+    names: Sequence[bytes],
+    stored: Sequence[bytes | None],
+    entry: bytes,
+    masked: bool,
+    full: int,
+    into: dict[bytes, Any],
+    sizes: list[int] | None,
+) -> tuple[int, int, list[bytes]]: ...
 def pack_changes(changes: dict[bytes, bytes | None]) -> bytes: ...
 def split_changes(
     changes: dict[bytes, bytes | None], prefixes: bytes

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
-import numpy.typing as npt
 
 from ..core.anchors import Anchors
 from ..core.compiled import _sketch
@@ -423,22 +422,13 @@ class Buckets:
         batch.buckets_written = True
 
     def leave(self, batch: Batch, seq: int, keys: Sequence[bytes]) -> None:
-        for key, stored in zip(keys, self._read(keys, batch)[1], strict=True):
-            members = _members(stored)
-            if seq in members:
-                kept = b"".join(seq_key(other) for other in members if other != seq)
-                self._rewrite(batch, key, stored, kept)
-
-    def _rewrite(self, batch: Batch, key: bytes, stored: bytes | None, members: bytes) -> None:
-        """Bucket `key` goes from `stored` to `members` (empty: gone), counted."""
-        before, after = len(stored or b"") // SEQ.size, len(members) // SEQ.size
-        self.counts.buckets += bool(after) - bool(before)
-        self.counts.resized(before, after)
-        batch.buckets_written = True
-        if members:
-            batch.put(BAND + key, members)
-        else:
-            batch.delete(BAND + key)
+        """The article leaves its buckets, each counted by its new size (in one compiled pass,
+        _sketch.leave_entries)."""
+        names, stored = self._read(keys, batch)
+        sizes = self.counts.bucket_sizes
+        emptied, _, changed = _sketch.leave_entries(names, stored, seq_key(seq), False, 0, batch.main, sizes)
+        self.counts.buckets -= emptied
+        batch.buckets_written = batch.buckets_written or bool(changed)
 
     def written(self, batch: Batch) -> None:
         if batch.buckets_written:
@@ -529,24 +519,20 @@ class Postings:
         batch.postings_written.append(names)
 
     def leave(self, batch: Batch, seq: int, anchors: Anchors) -> None:
+        """The article leaves the posting lists of its anchors (its entry found by the seq's low
+        bits, whatever its flag), in one compiled pass (_sketch.leave_entries); a full list it
+        leaves is no longer boilerplate."""
         names = self.names(anchors)
+        entry = (seq & POSTING_SEQS).to_bytes(POSTING_ENTRY, "big")
+        stored = self._read(anchors, names, batch)
         limit = self.cap * POSTING_ENTRY
-        for name, stored in zip(names, self._read(anchors, names, batch), strict=True):
-            if not stored:
-                continue
-            entries = posting_entries(stored)
-            kept = (entries & np.uint64(POSTING_SEQS)) != seq & POSTING_SEQS
-            if kept.all():
-                continue  # pushed out by later members already
-            if len(stored) >= limit:
-                self.counts.boilerplate -= 1
-            if kept.any():
-                rows = np.frombuffer(stored, dtype=np.uint8).reshape(-1, POSTING_ENTRY)
-                batch.put(name, rows[kept].tobytes())
-            else:
-                self.counts.postings -= 1
-                batch.delete(name)
-            batch.postings_written.append([name])
+        emptied, unfilled, changed = _sketch.leave_entries(
+            names, stored, entry, True, limit, batch.main, None
+        )
+        self.counts.postings -= emptied
+        self.counts.boilerplate -= unfilled
+        if changed:
+            batch.postings_written.append(changed)
 
     def written(self, batch: Batch) -> None:
         """The lists the batch wrote, into the cache; the last lookup's no longer stands."""
@@ -558,14 +544,6 @@ class Postings:
             cache.update({name: main[name] for name in names if name in main})
         if len(cache) > self.cache_size:
             cache.clear()
-
-
-def posting_entries(stored: bytes) -> npt.NDArray[np.uint64]:
-    """The entries of posting lists joined back to back (POSTING_ENTRY bytes each), as integers."""
-    rows = np.frombuffer(stored, dtype=np.uint8).reshape(-1, POSTING_ENTRY)
-    wide = np.zeros((rows.shape[0], SEQ.size), dtype=np.uint8)
-    wide[:, SEQ.size - POSTING_ENTRY :] = rows
-    return wide.view(_SEQ_DTYPE).ravel().astype(np.uint64)
 
 
 def _members(stored: bytes | None) -> list[int]:

@@ -11,6 +11,9 @@ calls, which the tests compare with the compiled results:
                                     (_sketch.join_postings)
     rank_postings                   Postings.lookup's count of the lists' entries
                                     (_sketch.count_postings)
+    leave_entries                   Buckets.leave and Postings.leave: an article's entries out
+                                    (_sketch.leave_entries)
+    posting_entries                 a posting list's entries as integers
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from neardup.core.anchors import Anchors
-from neardup.state.tables import FEW_ANCHORS, POSTING, POSTING_ENTRY, POSTING_SEQS, posting_entries
+from neardup.state.tables import FEW_ANCHORS, POSTING, POSTING_ENTRY, POSTING_SEQS, SEQ
 
 # Bucket entries up to which merge_buckets merges them with a dict rather than numpy.
 SMALL_MERGE = 256
@@ -153,3 +157,43 @@ def join_buckets(
         created += before == 0
         into[name] = joined
     return created
+
+
+def posting_entries(stored: bytes) -> npt.NDArray[np.uint64]:
+    """The entries of posting lists joined back to back (POSTING_ENTRY bytes each), as integers."""
+    rows = np.frombuffer(stored, dtype=np.uint8).reshape(-1, POSTING_ENTRY)
+    wide = np.zeros((rows.shape[0], SEQ.size), dtype=np.uint8)
+    wide[:, SEQ.size - POSTING_ENTRY :] = rows
+    return wide.view(np.dtype(">u8")).ravel().astype(np.uint64)
+
+
+def leave_entries(
+    names: Sequence[bytes],
+    found: Sequence[bytes | None],
+    entry: bytes,
+    masked: bool,
+    full: int,
+    into: dict[bytes, Any],
+    sizes: list[int] | None,
+) -> tuple[int, int, list[bytes]]:
+    """Every entry equal to `entry` (`masked`: but for its first byte's top bit) out of the values
+    `found`, the rest (None: nothing left) into `into` by their names, the histogram `sizes`
+    moved along; returns how many it empties, how many of those it changes held `full` bytes or
+    more, and the names it changes: the reference of the compiled _sketch.leave_entries."""
+    width, mask = len(entry), 0x7F if masked else 0xFF
+    emptied, unfilled, changed = 0, 0, []
+    for name, stored in zip(names, found, strict=True):
+        entries = [(stored or b"")[at : at + width] for at in range(0, len(stored or b""), width)]
+        kept = [e for e in entries if (e[0] & mask, e[1:]) != (entry[0] & mask, entry[1:])]
+        if len(kept) == len(entries):
+            continue
+        emptied += not kept
+        unfilled += bool(full) and len(stored or b"") >= full
+        into[name] = b"".join(kept) or None
+        changed.append(name)
+        if sizes is not None:
+            sizes.extend([0] * (len(entries) + 1 - len(sizes)))
+            sizes[len(entries)] -= 1
+            if kept:
+                sizes[len(kept)] += 1
+    return emptied, unfilled, changed

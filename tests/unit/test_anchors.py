@@ -24,9 +24,15 @@ from neardup.state.index import IndexState
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.records import decode_record, encode_record
 from neardup.state.rocks import RocksState
-from neardup.state.tables import POSTING, POSTING_ENTRY, posting_entries
+from neardup.state.tables import POSTING, POSTING_ENTRY
 from tests.support import reference_anchors as reference
-from tests.support.reference_state import join_postings, posting_keys, rank_postings
+from tests.support.reference_state import (
+    join_postings,
+    leave_entries,
+    posting_entries,
+    posting_keys,
+    rank_postings,
+)
 from tests.support.shard import process
 
 PARAMS = DedupParams(containment_index=True)
@@ -132,6 +138,34 @@ def test_the_compiled_passages_are_the_reference_s(prose: tuple[str, ...]) -> No
             assert reference.passages(mine, other, limit) == found
             checked += bool(found)
     assert checked > 200
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_entries_leave_in_c_as_the_reference_takes_them_out(seed: int) -> None:
+    """_sketch.leave_entries against its reference: buckets (8-byte seqs, sizes counted) and
+    posting lists (5-byte entries matched without their flag, full lists counted), entries absent,
+    present once or twice, lists emptied, absent ones."""
+    rng = random.Random(seed)
+    for width, masked, full in ((8, False, 0), (POSTING_ENTRY, True, 4 * POSTING_ENTRY)):
+        pool = [rng.randbytes(width) for _ in range(5)]
+        entry = rng.choice(pool)
+        flagged = bytes([entry[0] ^ 0x80]) + entry[1:]  # the same seq, its flag the other way
+        names = [b"k%d" % n for n in range(40)]
+        found: list[bytes | None] = [
+            None
+            if rng.random() < 0.2
+            else b"".join(rng.choice([*pool, flagged]) for _ in range(rng.randrange(6)))
+            for _ in names
+        ]
+        sizes = [0, *[rng.randrange(50, 60) for _ in range(6)]] if not masked else None
+        expected_into: dict[bytes, bytes | None] = {}
+        expected_sizes = None if sizes is None else list(sizes)
+        expected = leave_entries(names, found, entry, masked, full, expected_into, expected_sizes)
+        into: dict[bytes, bytes | None] = {}
+        assert compiled._sketch.leave_entries(names, found, entry, masked, full, into, sizes) == expected
+        assert into == expected_into and sizes == expected_sizes
+        assert expected[2], "some changed"
+        assert any(value is None for value in into.values()) or expected[0] == 0
 
 
 def test_posting_keys_and_joins_in_c_as_the_reference_makes_them(prose: tuple[str, ...]) -> None:

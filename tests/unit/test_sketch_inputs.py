@@ -36,6 +36,7 @@ ENTRY_POINTS = {
     "posting_keys",
     "join_postings",
     "join_buckets",
+    "leave_entries",
     "pack_changes",
     "split_changes",
     "HeldTable",
@@ -523,6 +524,43 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("posting_keys-anchors-ragged", lambda: sketch.posting_keys(bytes(7), b"n"), ValueError, "anchors"),
     ("posting_keys-prefix-long", lambda: sketch.posting_keys(bytes(5), bytes(65)), ValueError, "prefix"),
     ("posting_keys-anchors-str", lambda: sketch.posting_keys("abcde", b"n"), TypeError, ""),
+    # leave_entries(names, stored, entry, masked, full, into, sizes)
+    (
+        "leave_entries-entry-empty",
+        lambda: sketch.leave_entries([b"b"], [None], b"", False, 0, {}, None),
+        ValueError,
+        "entry",
+    ),
+    (
+        "leave_entries-stored-ragged",
+        lambda: sketch.leave_entries([b"b"], [bytes(12)], bytes(8), False, 0, {}, None),
+        ValueError,
+        "whole entries",
+    ),
+    (
+        "leave_entries-lengths-differ",
+        lambda: sketch.leave_entries([b"b", b"c"], [None], bytes(8), False, 0, {}, None),
+        ValueError,
+        "as long",
+    ),
+    (
+        "leave_entries-full-negative",
+        lambda: sketch.leave_entries([b"b"], [None], bytes(8), False, -1, {}, None),
+        ValueError,
+        "full",
+    ),
+    (
+        "leave_entries-sizes-dict",
+        lambda: sketch.leave_entries([b"b"], [None], bytes(8), False, 0, {}, {}),
+        ValueError,
+        "sizes",
+    ),
+    (
+        "leave_entries-name-str",
+        lambda: sketch.leave_entries(["b"], [bytes(8)], bytes(8), False, 0, {}, None),
+        ValueError,
+        "names",
+    ),
     # join_postings(names, lists, entry, full, into)
     (
         "join_postings-entry-empty",
