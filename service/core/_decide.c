@@ -692,31 +692,31 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
  *
  * decide_fresh(items, seq, context) -> (results, done, counts)
  *     A run of articles decided and indexed in order, each seeing the ones before it, as
- *     core/dedup.py's decide and state/index.py's apply do one article at a time (the reference the
- *     tests compare with, tests/support/reference_decide.py): new ids, exact copies, articles whose
- *     content an expired holder held, and as the run's first, a new version of an id or a revived
- *     one. The run stops before any other (a version or a revived id but as the first, a
- *     re-delivery of the version held: the caller answers it with its stored verdict), and before
+ *     tests/support/reference_decide.py's decide and state/index.py's apply do one article at a
+ *     time (the reference the tests compare with): new ids, exact copies, articles whose content
+ *     an expired holder held, new versions of an id and revived ones. The run stops before a
+ *     re-delivery of the version held (the caller answers it with its stored verdict), and before
  *     one whose reads or scoring raise (a record that does not decode, a verifier of another
  *     length) but the first, whose error the call raises: the caller offers it again alone, in a
  *     run of its own, which decides it or raises. The run's reads go through the callables of
  *     `context` after the writes it made (`main`); its writes go into `main` and `records`, the
  *     caller writing them in one batch; a version's removal, or a revived id's marker, is written
- *     there by `replace`.
+ *     there by `replace`, which reads what the run wrote (`scanned` lists the copy and member
+ *     keys it added).
  *
  *     items: tuples (article_id, content_hash, band keys (a tuple of bytes), verifier (uint8
  *     buffer), signature (uint64 buffer: scored, and kept in the record, where the verifier is
  *     empty), shingle_count, short, anchors (packed), time_ms, cutoff_ms or None, latency_ms or
- *     None). seq: the first article's arrival number. context: (get_many,
- *     read_postings, prospects, keep_record, previous, replace, main, records, times_written,
- *     postings_written, bucket_sizes, before or None, before_base, audit, settings);
- *     previous(id, content_hash): the id's next version, None where the version held has this
- *     content; replace(id): the id's version taken out, or its marker dropped; settings: (bucket bytes,
+ *     None). seq: the first article's arrival number. context: (get_many, read_postings,
+ *     prospects, keep_record, previous, replace, main, records, times_written, postings_written,
+ *     scanned, bucket_sizes, before or None, before_base, audit, settings); previous(id,
+ *     content_hash): the id's next version, None where the version held has this content;
+ *     replace(id): the id's version taken out, or its marker dropped; settings: (bucket bytes,
  *     posting bytes, max_candidates, top_candidates, anchor_candidates, passages, threshold,
  *     containment or -1, revised or -1, anchor lookup, empty slot, chance, anchor k, gap, shift,
  *     repeats).
- *     results: (record, verdict, kind, revived) of each article decided; done: how many; counts: (buckets,
- *     postings, boilerplate, clusters, articles added, newest_ms or None, next seq). */
+ *     results: (record, verdict, kind, revived) of each article decided; done: how many; counts:
+ *     (buckets, postings, boilerplate, clusters, articles added, newest_ms or None, next seq). */
 
 #define POSTING_ENTRY 5
 #define POSTING_SEQS ((((int64_t)1) << 39) - 1)
@@ -725,7 +725,7 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
 
 typedef struct {
     PyObject *get_many, *read_postings, *prospects, *keep_record, *previous, *replace, *main, *records,
-        *times_written, *postings_written, *sizes, *before, *audit;
+        *times_written, *postings_written, *scanned, *sizes, *before, *audit;
     Py_ssize_t before_base, bucket_bytes, posting_bytes, max_candidates, top_candidates, anchor_candidates,
         passage_limit, k, gap, shift, repeats;
     double threshold, containment, revised, chance;
@@ -970,7 +970,7 @@ static PyObject *anchor_candidates(Engine *e, Fresh *f, int64_t seq) {
     return anchored;
 }
 
-/* dedup.py's _holds. */
+/* reference_decide.py's _holds. */
 static int holds(int64_t shared, int64_t total, double threshold) {
     double share = (double)shared / (double)total;
     if ((share < 1.0 ? share : 1.0) >= threshold) {
@@ -979,7 +979,7 @@ static int holds(int64_t shared, int64_t total, double threshold) {
     return total >= 3 && shared >= total - 1 && (double)(total - 1) / (double)total < threshold;
 }
 
-/* dedup.py's _contained: the kind (-1: none), with its probe (borrowed) and shares. */
+/* reference_decide.py's _contained: the kind (-1: none), with its probe (borrowed) and shares. */
 static int contained(Engine *e, Fresh *f, PyObject *anchored, PyObject **other, double *inside, double *contains) {
     /* its distinct anchors: one posting list each */
     int64_t mine = PyList_GET_SIZE(f->posting_names), best_seq = 0, best_shared = 0, best_theirs = 0;
@@ -1020,7 +1020,7 @@ static int contained(Engine *e, Fresh *f, PyObject *anchored, PyObject **other, 
     return -1;
 }
 
-/* The verdict naming probe `p` (dedup.py's _matched): the passages but for a duplicate, the
+/* The verdict naming probe `p` (reference_decide.py's _matched): the passages but for a duplicate, the
  * cluster's head or its first article as canonical, and `p`'s cluster. */
 static int matched(Engine *e, Fresh *f, int kind, PyObject *p, PyObject *scores_tuple) {
     f->kind = kind, f->match = p, f->match_scores = scores_tuple;
@@ -1075,7 +1075,7 @@ static PyObject *candidate_row(PyObject *p, PyObject *jaccard, PyObject *inside,
     return row;
 }
 
-/* An exact copy of the content's holder, the article of arrival `holder` (dedup.py's
+/* An exact copy of the content's holder, the article of arrival `holder` (reference_decide.py's
  * _exact_match): 1 decided, 2 not a copy (the holder's record gone, or before the cutoff: the
  * article is decided by its bands, and takes the content over), -1 an error. */
 static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
@@ -1109,9 +1109,8 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     return matched(e, f, KIND_DUPLICATE, first, scores_tuple) < 0 ? -1 : 1;
 }
 
-/* The decision (dedup.py's decide): 1 decided, 0 not one the run takes, -1 an error. `first`: the
- * article is the run's first. */
-static int decide_one(Engine *e, Fresh *f, int64_t seq, int first_of_run) {
+/* The decision (reference_decide.py's decide): 1 decided, 0 not one the run takes, -1 an error. */
+static int decide_one(Engine *e, Fresh *f, int64_t seq) {
     PyObject *names = kept(f, PyList_New(3));
     if (names == NULL) {
         return -1;
@@ -1132,12 +1131,9 @@ static int decide_one(Engine *e, Fresh *f, int64_t seq, int first_of_run) {
         return -1;
     }
     if (PyList_GET_ITEM(held, 0) != Py_None || PyList_GET_ITEM(held, 1) != Py_None) {
-        /* A new version, or a revived id: only as a run's first, as the version it replaces is
-         * taken out through the index's tables, which read the store, and the store holds none
-         * of the run's writes until it ends. */
-        if (!first_of_run) {
-            return 0;
-        }
+        /* A new version, or a revived id: the version it replaces is taken out through the index's
+         * tables (`replace`), which read the run's writes where they are (Batch.scanned: the copy
+         * and member keys it added, which a removal scans for). */
         PyObject *next = kept(f, PyObject_CallFunctionObjArgs(e->previous, f->id, f->hash, NULL));
         if (next == NULL || next == Py_None) {
             return next == NULL ? -1 : 0; /* None: the version held has this content (a re-delivery) */
@@ -1328,7 +1324,7 @@ static PyObject *copy_key(PyObject *hash, PyObject *seq_key) {
 
 /* The version the article replaces taken out, or the revived id's marker dropped, into the run's
  * writes by the index's tables (`replace`); then its buckets and posting lists are read again, as
- * that may have written them. The decision read them before: as dedup.py's decide, which decides
+ * that may have written them. The decision read them before: as reference_decide.py's decide, which decides
  * a new version beside the one it replaces (never its candidate). */
 static int replaced(Engine *e, Fresh *f) {
     PyObject *done = PyObject_CallOneArg(e->replace, f->id);
@@ -1351,6 +1347,13 @@ static int put_main(Engine *e, PyObject *key, PyObject *value) {
     return failed ? -1 : 0;
 }
 
+/* A copy or member key put, and listed where a removal later in the run scans for it. */
+static int put_scanned(Engine *e, PyObject *key) {
+    int failed = key == NULL || PyDict_SetItem(e->main, key, empty_bytes) < 0 || PyList_Append(e->scanned, key) < 0;
+    Py_XDECREF(key);
+    return failed ? -1 : 0;
+}
+
 /* The article indexed (index.py's apply of a new article that no content map entry names): the
  * content map, its buckets, its posting lists, its cluster, the time order, the id map and its
  * record, into the run's writes. */
@@ -1360,13 +1363,13 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
         return -1;
     }
     if (f->exact) { /* beside its content's holder (x<hash><seq>), out of the buckets: the holder stands for it */
-        if (put_main(e, copy_key(f->hash, seq_key), empty_bytes) < 0) {
+        if (put_scanned(e, copy_key(f->hash, seq_key)) < 0) {
             return -1;
         }
     } else {
         /* Not an exact copy, yet its content is held: the holder had expired (or is gone), and
          * this article stands for the content from now on, the holder beside it as a copy. */
-        if (f->holder != NULL && put_main(e, copy_key(f->hash, f->holder), empty_bytes) < 0) {
+        if (f->holder != NULL && put_scanned(e, copy_key(f->hash, f->holder)) < 0) {
             return -1;
         }
         PyObject *content = prefixed('c', PyBytes_AS_STRING(f->hash), PyBytes_GET_SIZE(f->hash));
@@ -1422,7 +1425,7 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
             member[1 + i] = (unsigned char)((uint64_t)f->cluster >> (56 - 8 * i));
             member[9 + i] = (unsigned char)((uint64_t)seq >> (56 - 8 * i));
         }
-        if (put_main(e, PyBytes_FromStringAndSize((const char *)member, 17), empty_bytes) < 0) {
+        if (put_scanned(e, PyBytes_FromStringAndSize((const char *)member, 17)) < 0) {
             return -1;
         }
     }
@@ -1511,9 +1514,9 @@ static int item_read(Engine *e, Fresh *f, PyObject *item) {
 
 static int engine_read(Engine *e, PyObject *context) {
     PyObject *settings;
-    if (!PyArg_ParseTuple(context, "OOOOOOO!O!O!O!O!OnO!O!", &e->get_many, &e->read_postings, &e->prospects,
+    if (!PyArg_ParseTuple(context, "OOOOOOO!O!O!O!O!O!OnO!O!", &e->get_many, &e->read_postings, &e->prospects,
                           &e->keep_record, &e->previous, &e->replace, &PyDict_Type, &e->main, &PyDict_Type, &e->records, &PyList_Type,
-                          &e->times_written, &PyList_Type, &e->postings_written, &PyList_Type, &e->sizes, &e->before,
+                          &e->times_written, &PyList_Type, &e->postings_written, &PyList_Type, &e->scanned, &PyList_Type, &e->sizes, &e->before,
                           &e->before_base, &PyBytes_Type, &e->audit, &PyTuple_Type, &settings)) {
         return -1;
     }
@@ -1563,7 +1566,7 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
             Py_CLEAR(results);
             break;
         }
-        int decided = decide_one(&e, &f, added.seq, done == 0);
+        int decided = decide_one(&e, &f, added.seq);
         if (decided < 0 && done > 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
             PyErr_Clear(); /* the next run, of its own, decides it again, or raises */
             decided = 0;

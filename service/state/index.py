@@ -32,6 +32,7 @@ Every change is one write batch: a crash leaves all of it or none.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from itertools import islice
 from typing import Any, TypeVar, cast
 
@@ -56,6 +57,7 @@ from .tables import (
     Markers,
     Postings,
     TimeOrder,
+    as_left,
     encode_marker,
     seq_key,
 )
@@ -257,10 +259,17 @@ class IndexState:
         batch = Batch()
         settings = (self.bucket_cap * SEQ.size, self.anchor_cap * POSTING_ENTRY, *decision)
         readers = (self.kv.get_many, self.postings.stored, self.versions.prospects, self._keep_record)
-        versions = (self._next_version, lambda article_id: self._replace(batch, article_id))
+        versions = (partial(self._next_version, batch), partial(self._replace, batch))
         # the bucket sizes counted in place: a replaced version's removal counts its own
         sizes = self.counts.bucket_sizes
-        writes = (batch.main, batch.records, batch.times_written, batch.postings_written, sizes)
+        writes = (
+            batch.main,
+            batch.records,
+            batch.times_written,
+            batch.postings_written,
+            batch.scanned,
+            sizes,
+        )
         try:
             context = (*readers, *versions, *writes, before, first, audit, settings)
             results, done, added = _sketch.decide_fresh(rows, self._seq, context)
@@ -283,10 +292,10 @@ class IndexState:
     def _keep_record(self, record: bytes) -> None:
         self.versions.keep_probe(decode_probe(record))
 
-    def _next_version(self, article_id: str, content_hash: bytes) -> int | None:
-        """The id's next version (it has one held, or a deletion marker); None where the version
-        held has this content: a re-delivery, answered with its verdict by the Python path."""
-        existing = self.get(article_id)
+    def _next_version(self, batch: Batch, article_id: str, content_hash: bytes) -> int | None:
+        """The id's next version (it has one held, or a deletion marker), as the run's `batch`
+        leaves it; None where the version held has this content: a re-delivery, answered apart."""
+        existing = self._held(batch, article_id)
         if existing is not None and existing.sketch.content_hash == content_hash:
             return None
         last = existing.version if existing is not None else self.deleted_version(article_id)
@@ -295,7 +304,8 @@ class IndexState:
     def _replace(self, batch: Batch, article_id: str) -> None:
         """Into `batch`, the id's version taken out of every structure (it gets a new one in the
         batch), or its deletion marker dropped, as apply does."""
-        existing = self.get(article_id)
+        existing = self._held(batch, article_id)
+        batch.buckets_written = True  # the run's buckets are in `batch`: no lookup stands
         if existing is None:
             self.markers.drop(batch, article_id)
         else:
@@ -337,17 +347,27 @@ class IndexState:
         heir = self.contents.remove(batch, old.sketch.content_hash, seq_key(old.seq))
         if heir is not None:  # same keys
             self.buckets.join(batch, SEQ.unpack(heir)[0], old.keys, if_absent=True)
-        self.clusters.leave(batch, old.seq, old.cluster, self._head_entry)
+        self.clusters.leave(batch, old.seq, old.cluster, partial(self._head_entry, batch=batch))
         self.times.remove(batch, old.time_ms, old.seq)
         self.versions.remove(batch, old, keep_id=keep_id)
         self.counts.articles -= 1
 
-    def _head_entry(self, seq: bytes) -> bytes:
-        """What a cluster's head key holds: the head's seq and id (read once here, not per member)."""
-        article = self.versions.arrivals([SEQ.unpack(seq)[0]])[0]
+    def _held(self, batch: Batch, article_id: str) -> IndexedArticle | None:
+        """The id's version held, as `batch` leaves it (a run's: one it added is there)."""
+        (seq,) = as_left(batch.main, [ArticleVersions.key(article_id)], self.kv.get_many)
+        return None if seq is None else self._version_at(seq, batch)
+
+    def _version_at(self, seq: bytes, batch: Batch) -> IndexedArticle:
+        """The article version of arrival `seq`, from `batch`'s records or the store's."""
+        record = batch.records.get(seq)
+        article = decode_record(record) if record else self.versions.arrivals([SEQ.unpack(seq)[0]])[0]
         if article is None:
             raise CorruptRecord(f"state record of arrival {SEQ.unpack(seq)[0]} is missing")
-        return seq + article.article_id.encode()
+        return article
+
+    def _head_entry(self, seq: bytes, batch: Batch) -> bytes:
+        """What a cluster's head key holds: the head's seq and id (read once here, not per member)."""
+        return seq + self._version_at(seq, batch).article_id.encode()
 
     def delete(self, article_id: str) -> IndexedArticle | None:
         """Delete an article (all of it: its current version), leaving its marker (its last
@@ -465,7 +485,7 @@ class IndexState:
         batch = Batch()
         for cluster, earliest in self.clusters.earliest_members():
             if self.kv.records([cluster])[0] is None:
-                self.clusters.hand_on(batch, cluster, self._head_entry(earliest))
+                self.clusters.hand_on(batch, cluster, self._head_entry(earliest, batch))
         self._commit(batch)
         # the deletion markers, with their time index, but those of ids held again
         for run in runs_of(markers, chunk):

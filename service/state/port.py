@@ -145,6 +145,8 @@ class Batch:
     buckets_written: bool = False  # whether a bucket is among `main`
     postings_written: list[list[bytes]] = field(default_factory=list)  # posting lists in `main`
     times_written: list[bytes] = field(default_factory=list)  # time-order keys in `main`
+    # the copy and member keys a run adds, which a later removal in it scans for (first_key)
+    scanned: list[bytes] = field(default_factory=list)
 
     def put(self, key: bytes, value: bytes) -> None:
         self.main[key] = value

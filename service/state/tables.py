@@ -85,12 +85,17 @@ def keys_before(kv: KeyValue, prefix: bytes, bound: bytes, limit: int) -> list[b
 
 
 def first_key(kv: KeyValue, prefix: bytes, batch: Batch, skip: bytes) -> bytes | None:
-    """The first key under `prefix` (its last 8 bytes a seq other than `skip`) that the batch
-    does not delete."""
+    """The first key under `prefix` (its last 8 bytes a seq other than `skip`) as the batch leaves
+    them: not one it deletes, and the ones it added that `batch.scanned` lists."""
+    added = [
+        key
+        for key in batch.scanned
+        if key.startswith(prefix) and key[-SEQ.size :] != skip and batch.main.get(key) is not None
+    ]
     for key, _ in kv.scan(prefix):
         if key[-SEQ.size :] != skip and batch.main.get(key, b"") is not None:
-            return key
-    return None
+            return min([key, *added])
+    return min(added, default=None)
 
 
 class ArticleVersions:

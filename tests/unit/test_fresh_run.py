@@ -239,9 +239,9 @@ def test_an_exact_copy_of_an_expired_holder_takes_the_content_over(monkeypatch: 
 
 
 def test_a_run_stops_at_what_it_does_not_take(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new version and a revived id are decided by a run as its first (the run before them stops
-    there), with a verifier or without one (scored on the signatures); a deletion is answered
-    apart: of these arrivals the runs take all but the deletion."""
+    """A new version and a revived id are decided in the run, its version taken out where the run
+    left it, with a verifier or without one (scored on the signatures); a deletion ends the run
+    and is answered apart: of these arrivals the runs take all but the deletion."""
     text = sample_news()[0][1]
     assert text is not None
     arrivals = [("a", text), ("b", text), ("a", text + " Updated."), ("a", None), ("a", text + " Again.")]
@@ -334,6 +334,7 @@ def test_bad_rows_and_contexts_are_refused() -> None:
         print,
         {},
         {},
+        [],
         [],
         [],
         [0],
