@@ -202,9 +202,9 @@ class IndexShard:
         at = -1 if offset is None else offset
         results: list[Decided] = []
         # rows the next compiled run is offered: twice what the last one took, one after none, so
-        # that the articles it stops at (a batch of new versions) do not each make the rest of
-        # the batch into rows again; one alone after a run that raised, which finds the one
-        # that fails
+        # that the articles it stops at (a batch of deletions or re-deliveries) do not each make
+        # the rest of the batch into rows again; one alone after a run that raised, which finds
+        # the one that fails
         offer = len(items)
         while (n := len(results)) < len(items):
             try:
