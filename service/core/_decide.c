@@ -1020,8 +1020,8 @@ static int contained(Engine *e, Fresh *f, PyObject *anchored, PyObject **other, 
     return -1;
 }
 
-/* The verdict naming probe `p` (reference_decide.py's _matched): the passages but for a duplicate, the
- * cluster's head or its first article as canonical, and `p`'s cluster. */
+/* The verdict naming probe `p` (reference_decide.py's _matched): the passages but for a
+ * duplicate, the cluster's head or its first article as canonical, and `p`'s cluster. */
 static int matched(Engine *e, Fresh *f, int kind, PyObject *p, PyObject *scores_tuple) {
     f->kind = kind, f->match = p, f->match_scores = scores_tuple;
     f->shared = kept(f, PyList_New(0));
@@ -1324,8 +1324,8 @@ static PyObject *copy_key(PyObject *hash, PyObject *seq_key) {
 
 /* The version the article replaces taken out, or the revived id's marker dropped, into the run's
  * writes by the index's tables (`replace`); then its buckets and posting lists are read again, as
- * that may have written them. The decision read them before: as reference_decide.py's decide, which decides
- * a new version beside the one it replaces (never its candidate). */
+ * that may have written them. The decision read them before: as reference_decide.py's decide,
+ * which decides a new version beside the one it replaces (never its candidate). */
 static int replaced(Engine *e, Fresh *f) {
     PyObject *done = PyObject_CallOneArg(e->replace, f->id);
     if (done == NULL) {
@@ -1515,9 +1515,10 @@ static int item_read(Engine *e, Fresh *f, PyObject *item) {
 static int engine_read(Engine *e, PyObject *context) {
     PyObject *settings;
     if (!PyArg_ParseTuple(context, "OOOOOOO!O!O!O!O!O!OnO!O!", &e->get_many, &e->read_postings, &e->prospects,
-                          &e->keep_record, &e->previous, &e->replace, &PyDict_Type, &e->main, &PyDict_Type, &e->records, &PyList_Type,
-                          &e->times_written, &PyList_Type, &e->postings_written, &PyList_Type, &e->scanned, &PyList_Type, &e->sizes, &e->before,
-                          &e->before_base, &PyBytes_Type, &e->audit, &PyTuple_Type, &settings)) {
+                          &e->keep_record, &e->previous, &e->replace, &PyDict_Type, &e->main, &PyDict_Type,
+                          &e->records, &PyList_Type, &e->times_written, &PyList_Type, &e->postings_written,
+                          &PyList_Type, &e->scanned, &PyList_Type, &e->sizes, &e->before, &e->before_base,
+                          &PyBytes_Type, &e->audit, &PyTuple_Type, &settings)) {
         return -1;
     }
     int lookup;
