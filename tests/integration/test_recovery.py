@@ -1,7 +1,8 @@
 """Crash safety through the real broker and real RocksDB.
 
 SIGKILL mid-stream, several times: every article ends with a verdict, repeats are identical, and
-the final state equals an uninterrupted (embedded) run; SIGTERM the same. (A deleted state
+the final state equals an uninterrupted (embedded) run; the same while the held index folds and
+drains (its bounds shrunk by a test hook); SIGTERM the same. (A deleted state
 directory, rebuilt from the changelog: test_delivery.py, after a kill between a decision and its
 changelog.)
 """
@@ -14,9 +15,12 @@ from typing import Any
 
 import pytest
 
-from neardup.state.rocks import RocksState
+from neardup.state.held import DRAIN_KEY, HOLD_KEY
+from neardup.state.rocks import RocksKV, RocksOptions, RocksState
+from neardup.state.tables import BAND
 from tests.support.broker import TopicReader, produce_articles, repeated_after
 from tests.support.deployment import Deployment, stream_of, verdicts_by_id, without_latency
+from tests.support.faults import HELD_STEPS, fault_env
 from tests.support.runs import reference_state, untimed
 
 # Long streams that keep a core busy: run one at a time, beside the lighter tests (tests/run)
@@ -28,6 +32,26 @@ def test_sigkill_during_stream_loses_nothing(deployment: Deployment, tmp_path: P
     """A kill lands within a few hundred articles of its target, and the restarted worker handles
     again what was not committed: 6,000 articles keep thousands pending at the last kill."""
     restarted_mid_stream(deployment, tmp_path, signal.SIGKILL, 6_000, stops=3, every=1_000)
+
+
+@pytest.mark.budget(45)  # a worker start and a rebuild after each kill
+def test_sigkill_while_the_held_index_folds_and_drains_loses_nothing(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The index held in memory (the default), its bounds shrunk (a 128 KB log folded 2,048
+    entries a write; past 20,000 entries, ~1,600 of these articles, drained 2,048 a write) so that
+    these 6,000 articles fold it and drain it back to keys: the worker killed three times
+    mid-stream as they go. Nothing lost, repeats identical, the final state that of an
+    uninterrupted run, and the drain under way or done."""
+    deployment.extra_env.update(fault_env(HELD_STEPS, "20000:131072:2048:2048"))
+    restarted_mid_stream(deployment, tmp_path, signal.SIGKILL, 6_000, stops=3, every=1_000)
+    state = RocksKV(deployment.state_dir(0) / "index", RocksOptions())
+    try:
+        held, draining = state.get_many([HOLD_KEY, DRAIN_KEY])
+        assert draining is not None or held is None, "the drain began"
+        assert next(iter(state.scan(BAND)), None) is not None, "buckets went back to keys"
+    finally:
+        state.close()
 
 
 @pytest.mark.budget(70)  # a stream that outlasts two drains

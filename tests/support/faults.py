@@ -16,6 +16,10 @@ after its changelog send; delay:verdicts:armed:<ms>: the first chunk decided onc
 NEARDUP_TEST_FAULT_ARMED exists (a test arms it when the stream is where it wants the fault).
 delay:commit:<n>:<ms>: under exactly-once, the index stage's n-th transaction is held that long
 once everything it sent is acknowledged, before its commit.
+
+NEARDUP_TEST_HELD_STEPS=<entries>:<floor>:<fold step>:<drain step>: the held families' bounds
+shrunk (state/held.py: HELD_ENTRIES, _SNAPSHOT_FLOOR in bytes, _FOLD_STEP, DRAIN_STEP), in every
+process, so that a stream of thousands of articles folds its log and drains back to keys.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 HELPER_FAULT = "NEARDUP_TEST_HELPER_FAULT"
 AGENT_FAULT = "NEARDUP_TEST_AGENT_FAULT"
 ARMED = "NEARDUP_TEST_FAULT_ARMED"
+HELD_STEPS = "NEARDUP_TEST_HELD_STEPS"
 HOOKS_FILE = str(Path(__file__).resolve())
 POISON = b"POISON-PILL"
 log = logging.getLogger("neardup.faults")
@@ -57,6 +62,16 @@ def install(role: str) -> None:
     """Called once per process (worker, signer, decider) by neardup.testhooks."""
     helper = os.environ.get(HELPER_FAULT, "")
     agent = os.environ.get(AGENT_FAULT, "")
+    if held_steps := os.environ.get(HELD_STEPS, ""):
+        from neardup.state import held
+
+        entries, floor, fold, drain = (int(part) for part in held_steps.split(":"))
+        held.HELD_ENTRIES, held._SNAPSHOT_FLOOR, held._FOLD_STEP, held.DRAIN_STEP = (
+            entries,
+            floor,
+            fold,
+            drain,
+        )
     if helper:
         action, kind, at = parse_helper_fault(helper)
         if kind == role:
