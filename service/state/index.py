@@ -249,14 +249,16 @@ class IndexState:
         before: Callable[[int], None] | None = None,
         first: int = 0,
     ) -> list[tuple[bytes, bytes, str, bool]]:
-        """Decide and index a run of articles in order, as decide and apply would one at a time,
-        in one compiled call (_sketch.decide_fresh: its comment says which articles it takes and
-        what a row holds), their writes in one batch; returns (record, verdict, kind, revived) of
-        each it took, the first ones of `rows`. `decision`: the rule's figures
-        (dedup.fresh_settings); `audit`: the parameters as a verdict gives them; `before(first +
-        n)`: called as row n starts. Raises what the call raises, nothing of the run then written
-        (the counts and caches read again from the store)."""
-        batch = Batch()
+        """Decide and index a run of articles in order, as the reference decision
+        (tests/support/reference_decide.py) and apply would one at a time, in one compiled call
+        (_sketch.decide_fresh: its comment says which articles it takes and what a row holds),
+        their writes in one batch; returns (record, verdict, kind, revived) of each it took, the
+        first ones of `rows`. `decision`: the rule's figures (dedup.fresh_settings); `audit`: the
+        parameters as a verdict gives them; `before(first + n)`: called as row n starts. Raises
+        what the call raises, nothing of the run then written (the counts and caches read again
+        from the store)."""
+        # the run writes buckets into `main` as it goes: no earlier lookup of them stands
+        batch = Batch(buckets_written=True)
         settings = (self.bucket_cap * SEQ.size, self.anchor_cap * POSTING_ENTRY, *decision)
         readers = (self.kv.get_many, self.postings.stored, self.versions.prospects, self._keep_record)
         versions = (partial(self._next_version, batch), partial(self._replace, batch))
@@ -284,7 +286,6 @@ class IndexState:
             counts.articles += articles
             assert newest is not None  # an article was added
             counts.newest_ms = newest if counts.newest_ms is None else max(counts.newest_ms, newest)
-            batch.buckets_written = True
             batch.put(SEQ_KEY, str(self._seq).encode())
             self._write(batch)
         return results
@@ -305,7 +306,6 @@ class IndexState:
         """Into `batch`, the id's version taken out of every structure (it gets a new one in the
         batch), or its deletion marker dropped, as apply does."""
         existing = self._held(batch, article_id)
-        batch.buckets_written = True  # the run's buckets are in `batch`: no lookup stands
         if existing is None:
             self.markers.drop(batch, article_id)
         else:

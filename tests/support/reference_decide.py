@@ -34,6 +34,7 @@ from neardup.core.dedup import (
 from neardup.core.lsh import band_keys
 from neardup.core.minhash import CHANCE_AGREEMENT, EMPTY_VERIFIER_SLOT, verified_scores
 from neardup.core.params import DedupParams
+from neardup.core.retention import NO_RETENTION, Retention
 from neardup.core.signing import Sketch
 from neardup.pipeline.shard import (
     ARTICLE_PREFIX,
@@ -47,7 +48,9 @@ from neardup.pipeline.shard import (
 from neardup.pipeline.sign import SignStage
 from neardup.pipeline.wire import Provenance, SignedDeletion, decode_signed
 from neardup.state.index import META, IndexState
+from neardup.state.memory import MemoryState
 from neardup.state.records import encode_record
+from tests.support.arrivals import in_batches
 
 
 @dataclass(frozen=True)
@@ -274,12 +277,12 @@ class ReferenceShard(IndexShard):
         return results
 
     def _decide_one(self, item: Item, offset: int, now_s: float) -> Decided:
+        """An input applied already and a deletion as the shard answers them (IndexShard._answer);
+        any other article decided by `decide` and applied."""
+        if isinstance(item, SignedDeletion) or (offset >= 0 and self._replayed(item, offset, self.inputs)):
+            return self._answer(item, offset, now_s)
         if offset >= 0:
-            if self._replayed(item, offset, self.inputs):
-                return self._replay_one(item, offset, now_s)
             self.inputs[_partition(item.provenance)] = item.provenance.offset
-        if isinstance(item, SignedDeletion):
-            return self._delete(item.article_id, offset)
         if item.refused_time:
             self.counts.refused_times += 1
         time_ms, cutoff = self._event_time(item, now_s, self.state.counts.newest_ms)
@@ -318,6 +321,25 @@ def compiled_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(IndexState, "add_fresh", counting)
     return taken
+
+
+def decided_both_ways(
+    items: list[Item],
+    params: DedupParams,
+    size: int,
+    monkeypatch: pytest.MonkeyPatch,
+    retention: Retention = NO_RETENTION,
+    state: Callable[[], IndexState] = MemoryState,
+) -> tuple[tuple[Any, ...], int]:
+    """`items` decided in batches of `size` by ReferenceShard and by the compiled run (IndexShard),
+    each on a new `state()`: asserts that both leave the same results and state (`everything`);
+    returns what they leave, and how many articles the compiled runs took."""
+    reference = ReferenceShard(state(), params, retention)
+    expected = everything(reference, in_batches(reference, items, size))
+    taken = compiled_count(monkeypatch)
+    shard = IndexShard(state(), params, retention)
+    assert everything(shard, in_batches(shard, items, size)) == expected
+    return expected, taken[0]
 
 
 def signed_lines(lines: Sequence[bytes], params: DedupParams, max_text_bytes: int) -> list[Item]:

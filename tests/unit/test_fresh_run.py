@@ -29,7 +29,13 @@ from neardup.state.rocks import RocksOptions, RocksState
 from tests.benchmarks import bench_stream
 from tests.data.make_labelled_set import make_variants
 from tests.support.arrivals import NOW_S, SAMPLE, in_batches, paragraphs, sample_news, signed_items, stream
-from tests.support.reference_decide import ReferenceShard, compiled_count, everything, signed_lines
+from tests.support.reference_decide import (
+    ReferenceShard,
+    compiled_count,
+    decided_both_ways,
+    everything,
+    signed_lines,
+)
 
 ON, OFF = DedupParams(), DedupParams(containment_index=False)
 CORPUS = Path.home() / ".cache" / "neardup" / "news" / "corpus.jsonl"
@@ -42,16 +48,12 @@ def test_a_stream_is_decided_as_the_reference_decides_it(
 ) -> None:
     items = signed_items(list(stream(seed, 300)), params)
     retention = NO_RETENTION if window_ms is None else Retention(window_ms=window_ms)
-    reference = ReferenceShard(MemoryState(), params, retention)
-    expected = everything(reference, in_batches(reference, items, size))
-    taken = compiled_count(monkeypatch)
-    shard = IndexShard(MemoryState(), params, retention)
-    assert everything(shard, in_batches(shard, items, size)) == expected
+    expected, taken = decided_both_ways(items, params, size, monkeypatch, retention)
     kinds = {r.kind for r in expected[0] if r.verdict}
     assert {"unique", "duplicate"} <= kinds and (params is OFF or "partial" in kinds), kinds
     assert "deleted" in {r.status for r in expected[0]}
-    assert len(items) // 2 < taken[0] < len(items), (
-        "most articles are new to the index; copies and versions are not"
+    assert len(items) // 2 < taken < len(items), (
+        "most articles are taken by runs; deletions and re-deliveries are not"
     )
     assert window_ms is None or sum(r.expired for r in expected[0]) > 0
 
@@ -65,22 +67,20 @@ def test_a_stream_is_decided_as_the_reference_decides_it(
     ],
     ids=["word-shingles", "fewer-slots", "lower-threshold"],
 )
-def test_other_settings_decide_as_the_reference_decides(params: DedupParams) -> None:
+def test_other_settings_decide_as_the_reference_decides(
+    params: DedupParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
     items = signed_items(list(stream(8, 200)), params)
-    reference = ReferenceShard(MemoryState(), params)
-    expected = everything(reference, in_batches(reference, items, 25))
-    shard = IndexShard(MemoryState(), params)
-    assert everything(shard, in_batches(shard, items, 25)) == expected
+    expected, _ = decided_both_ways(items, params, 25, monkeypatch)
     assert {"unique", "duplicate"} <= {r.kind for r in expected[0] if r.verdict}
 
 
 @pytest.mark.parametrize("params", [ON, OFF], ids=["containment-on", "containment-off"])
-def test_the_sample_news_is_decided_as_the_reference_decides_it(params: DedupParams) -> None:
+def test_the_sample_news_is_decided_as_the_reference_decides_it(
+    params: DedupParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
     items = signed_items(sample_news(), params)
-    reference = ReferenceShard(MemoryState(), params)
-    expected = everything(reference, in_batches(reference, items, 32))
-    shard = IndexShard(MemoryState(), params)
-    assert everything(shard, in_batches(shard, items, 32)) == expected
+    expected, _ = decided_both_ways(items, params, 32, monkeypatch)
     kinds = {r.kind for r in expected[0]}
     assert {"partial", "duplicate"} <= kinds and (params is OFF or "revised" in kinds), kinds
 
@@ -88,14 +88,11 @@ def test_the_sample_news_is_decided_as_the_reference_decides_it(params: DedupPar
 @pytest.mark.skipif(
     not CORPUS.exists(), reason="the news corpus is fetched by tests/data/build_news_corpus.py"
 )
-def test_the_news_corpus_is_decided_as_the_reference_decides_it() -> None:
+def test_the_news_corpus_is_decided_as_the_reference_decides_it(monkeypatch: pytest.MonkeyPatch) -> None:
     lines = CORPUS.read_bytes().splitlines()[:1200]
     arrivals = [(str(n), orjson.loads(line)["text"]) for n, line in enumerate(lines)]
     items = signed_items(arrivals, ON)
-    reference = ReferenceShard(MemoryState(), ON)
-    expected = everything(reference, in_batches(reference, items, 20))
-    shard = IndexShard(MemoryState(), ON)
-    assert everything(shard, in_batches(shard, items, 20)) == expected
+    decided_both_ways(items, ON, 20, monkeypatch)
 
 
 def generated(count: int, seed: int, params: DedupParams) -> list[Item]:
@@ -127,14 +124,10 @@ def test_the_generator_and_an_evaluation_set_are_decided_verdict_for_verdict(
     articles (the fuzz corpus: test_fuzz.py)."""
     items = generated(600, 3, params) if source == "generator" else labelled(5, params)
     retention = Retention(window_ms=400_000)
-    reference = ReferenceShard(MemoryState(), params, retention)
-    expected = everything(reference, in_batches(reference, items, 24))
-    taken = compiled_count(monkeypatch)
-    shard = IndexShard(MemoryState(), params, retention)
-    assert everything(shard, in_batches(shard, items, 24)) == expected
+    expected, taken = decided_both_ways(items, params, 24, monkeypatch, retention)
     kinds = {r.kind for r in expected[0] if r.verdict}
     assert {"unique", "duplicate"} <= kinds, kinds
-    assert taken[0] > len(items) * 0.8, (taken, len(items))
+    assert taken > len(items) * 0.8, (taken, len(items))
 
 
 @pytest.mark.parametrize("hold", [False, True], ids=["keyed", "held"])
@@ -164,13 +157,9 @@ def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_reference_ke
     arrivals = [(f"a{n}", f"{pool[1 + n]}\n\n{pool[60 + n]}\n\n{footer}") for n in range(40)]
     arrivals += [(f"c{n}", arrivals[n][1] + " Reporting by the desk.") for n in range(0, 40, 4)]
     items = signed_items(arrivals, ON)
-    reference = ReferenceShard(MemoryState(bucket_cap=4), ON)
-    expected = everything(reference, in_batches(reference, items, 16))
-    taken = compiled_count(monkeypatch)
-    shard = IndexShard(MemoryState(bucket_cap=4), ON)
-    assert everything(shard, in_batches(shard, items, 16)) == expected
+    expected, taken = decided_both_ways(items, ON, 16, monkeypatch, state=lambda: MemoryState(bucket_cap=4))
     counts = expected[3]
-    assert taken == [len(items)] and counts.boilerplate > 0 and counts.largest_bucket == 4
+    assert taken == len(items) and counts.boilerplate > 0 and counts.largest_bucket == 4
 
 
 def test_a_failing_read_leaves_the_article_to_the_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,12 +218,8 @@ def test_an_exact_copy_of_an_expired_holder_takes_the_content_over(monkeypatch: 
     old, copy = signed_items([("old", text), ("copy", text)], ON)
     items = [old, dataclasses.replace(copy, time_ms=old.time_ms + 10_000)]  # type: ignore[union-attr]
     retention = Retention(window_ms=2_500)
-    reference = ReferenceShard(MemoryState(), ON, retention)
-    expected = everything(reference, in_batches(reference, items, 2))
-    taken = compiled_count(monkeypatch)
-    shard = IndexShard(MemoryState(), ON, retention)
-    assert everything(shard, in_batches(shard, items, 2)) == expected
-    assert taken == [2] and [r.kind for r in expected[0]] == ["unique", "unique"]
+    expected, taken = decided_both_ways(items, ON, 2, monkeypatch, retention)
+    assert taken == 2 and [r.kind for r in expected[0]] == ["unique", "unique"]
     assert expected[0][1].expired == 1
 
 
@@ -289,12 +274,8 @@ def test_versions_and_revived_ids_are_decided_by_the_run_as_the_reference_decide
         ("fresh", pool[5]),
     ]
     items = signed_items(arrivals, params)
-    reference = ReferenceShard(MemoryState(), params)
-    expected = everything(reference, in_batches(reference, items, size))
-    taken = compiled_count(monkeypatch)
-    shard = IndexShard(MemoryState(), params)
-    assert everything(shard, in_batches(shard, items, size)) == expected
-    assert taken == [len(arrivals) - 2]
+    expected, taken = decided_both_ways(items, params, size, monkeypatch)
+    assert taken == len(arrivals) - 2
     statuses = [r.status for r in expected[0]]
     assert statuses == ["new"] * 5 + ["redelivered", "new", "deleted", "new", "new"], statuses
     revived = orjson.loads(expected[0][8].verdict or b"")

@@ -33,16 +33,14 @@ from neardup.core.params import DedupParams
 from neardup.core.retention import Retention, parse_duration_ms
 from neardup.embedded import run_file
 from neardup.messages import DEAD_LETTER_REASONS, MAX_ID_LENGTH, OPTIONAL_STRING_FIELDS
-from neardup.pipeline.shard import IndexShard
 from neardup.state import held
 from neardup.state.index import IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_record
 from neardup.state.rocks import RocksOptions, RocksState
 from neardup.state.tables import ARTICLE, BAND, CONTENT, COPY, HEAD, MEMBER, POSTING, SEQ, TIME, time_key
-from tests.support.arrivals import in_batches
 from tests.support.prose import PROSE
-from tests.support.reference_decide import ReferenceShard, compiled_count, everything, signed_lines
+from tests.support.reference_decide import decided_both_ways, signed_lines
 from tests.support.schemas import schema_errors
 from tests.support.state import contents
 
@@ -879,13 +877,9 @@ def test_the_fuzz_corpus_is_decided_as_the_reference_decides_it(
     params = dataclasses.replace(PARAMS, containment_index=containment)
     items = signed_lines(lines.raw, params, MAX_TEXT)
     retention = Retention(parse_duration_ms("7d"))
-    reference = ReferenceShard(MemoryState(), params, retention)
-    expected = everything(reference, in_batches(reference, items, 32))
-    taken = compiled_count(monkeypatch)
-    shard = IndexShard(MemoryState(), params, retention)
-    assert everything(shard, in_batches(shard, items, 32)) == expected
+    expected, taken = decided_both_ways(items, params, 32, monkeypatch, retention)
     assert {"unique", "duplicate"} <= {r.kind for r in expected[0] if r.verdict}
-    assert taken[0] > len(items) * 0.8, (taken, len(items))
+    assert taken > len(items) * 0.8, (taken, len(items))
 
 
 @pytest.mark.parametrize("containment", [True, False], ids=["containment-on", "containment-off"])
