@@ -699,7 +699,9 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
  *     one whose reads or scoring raise (a record that does not decode, a verifier of another
  *     length) but the first, whose error the call raises: the caller offers it again alone, in a
  *     run of its own, which decides it or raises. The run's reads go through the callables of
- *     `context` after the writes it made (`main`); its writes go into `main` and `records`, the
+ *     `context` after the writes it made (`main`), most of them in one call for the whole run
+ *     before its first decision (read_ahead), each key and record read once; its own articles'
+ *     records are made into probes (`probe_of`) only when proposed. Its writes go into `main` and `records`, the
  *     caller writing them in one batch; a version's removal, or a revived id's marker, is written
  *     there by `replace`, which reads what the run wrote (`scanned` lists the copy and member
  *     keys it added).
@@ -708,7 +710,7 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
  *     buffer), signature (uint64 buffer: scored, and kept in the record, where the verifier is
  *     empty), shingle_count, short, anchors (packed), time_ms, cutoff_ms or None, latency_ms or
  *     None). seq: the first article's arrival number. context: (get_many, read_postings,
- *     prospects, keep_record, previous, replace, main, records, times_written, postings_written,
+ *     prospects, probe_of, previous, replace, main, records, times_written, postings_written,
  *     scanned, bucket_sizes, before or None, before_base, audit, settings); previous(id,
  *     content_hash): the id's next version, None where the version held has this content;
  *     replace(id): the id's version taken out, or its marker dropped; settings: (bucket bytes,
@@ -724,8 +726,11 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
 #define TIME_BIAS (((uint64_t)1) << 63)
 
 typedef struct {
-    PyObject *get_many, *read_postings, *prospects, *keep_record, *previous, *replace, *main, *records,
+    PyObject *get_many, *read_postings, *prospects, *probe_of, *previous, *replace, *main, *records,
         *times_written, *postings_written, *scanned, *sizes, *before, *audit;
+    /* what the run read, each key or seq once: the store does not change under a run, and its own
+     * writes are in `main`; its articles' records by seq, their probes made only when proposed */
+    PyObject *read, *probes, *own_records;
     Py_ssize_t before_base, bucket_bytes, posting_bytes, max_candidates, top_candidates, anchor_candidates,
         passage_limit, k, gap, shift, repeats;
     double threshold, containment, revised, chance;
@@ -771,6 +776,15 @@ static PyObject *kept(Fresh *f, PyObject *obj) {
     return failed < 0 ? NULL : obj;
 }
 
+/* A seq from its 8 big-endian bytes. */
+static uint64_t seq_of(const char *data) {
+    uint64_t seq = 0;
+    for (int i = 0; i < 8; i++) {
+        seq = seq << 8 | (unsigned char)data[i];
+    }
+    return seq;
+}
+
 static PyObject *seq_bytes(int64_t seq) {
     unsigned char out[8];
     uint64_t value = (uint64_t)seq;
@@ -795,8 +809,8 @@ static PyObject *prefixed_text(char prefix, PyObject *text) {
     return utf8 == NULL ? NULL : prefixed(prefix, utf8, len);
 }
 
-/* The values of `names` as the run's writes leave them: the others read by `reader` in one call
- * (state/tables.py: as_left). */
+/* The values of `names` as the run's writes leave them, then as the run read them: the others
+ * read by `reader` in one call (state/tables.py: as_left), and kept for the rest of the run. */
 static PyObject *left(Engine *e, PyObject *names, PyObject *reader) {
     Py_ssize_t count = PyList_GET_SIZE(names);
     PyObject *values = PyList_New(count), *missing = PyList_New(0), *read = NULL;
@@ -804,14 +818,16 @@ static PyObject *left(Engine *e, PyObject *names, PyObject *reader) {
         goto failed;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *written = PyDict_GetItemWithError(e->main, PyList_GET_ITEM(names, i));
-        if (written == NULL && PyErr_Occurred()) {
+        PyObject *name = PyList_GET_ITEM(names, i), *known = PyDict_GetItemWithError(e->main, name);
+        if (known == NULL && !PyErr_Occurred()) {
+            known = PyDict_GetItemWithError(e->read, name);
+        }
+        if (known == NULL && (PyErr_Occurred() || PyList_Append(missing, name) < 0)) {
             goto failed;
         }
-        if (written == NULL && PyList_Append(missing, PyList_GET_ITEM(names, i)) < 0) {
-            goto failed;
+        if (known != NULL) {
+            PyList_SET_ITEM(values, i, Py_NewRef(known));
         }
-        PyList_SET_ITEM(values, i, Py_NewRef(written ? written : Py_None)); /* None: to be read */
     }
     if (PyList_GET_SIZE(missing)) {
         read = PyObject_CallOneArg(reader, missing);
@@ -821,10 +837,13 @@ static PyObject *left(Engine *e, PyObject *names, PyObject *reader) {
             }
             goto failed;
         }
-        Py_ssize_t next = 0;
-        for (Py_ssize_t i = 0; i < count; i++) {
-            if (PyDict_Contains(e->main, PyList_GET_ITEM(names, i)) == 0) {
-                PyList_SetItem(values, i, Py_NewRef(PyList_GET_ITEM(read, next++)));
+        for (Py_ssize_t i = 0, next = 0; i < count; i++) {
+            if (PyList_GET_ITEM(values, i) == NULL) {
+                PyObject *value = PyList_GET_ITEM(read, next), *name = PyList_GET_ITEM(missing, next++);
+                PyList_SET_ITEM(values, i, Py_NewRef(value));
+                if (PyDict_SetItem(e->read, name, value) < 0) {
+                    goto failed;
+                }
             }
         }
     }
@@ -833,6 +852,60 @@ static PyObject *left(Engine *e, PyObject *names, PyObject *reader) {
     return values;
 failed:
     Py_XDECREF(values);
+    Py_XDECREF(missing);
+    Py_XDECREF(read);
+    return NULL;
+}
+
+/* The probes of `seqs` (None: the record is gone), a new list: the run's own articles' from their
+ * records, made when first proposed; the others by `prospects` in one call. Each is kept for the
+ * rest of the run. */
+static PyObject *probes_of(Engine *e, PyObject *seqs) {
+    Py_ssize_t count = PyList_GET_SIZE(seqs);
+    PyObject *probes = PyList_New(count), *missing = PyList_New(0), *read = NULL;
+    if (probes == NULL || missing == NULL) {
+        goto failed;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *seq = PyList_GET_ITEM(seqs, i), *probe = PyDict_GetItemWithError(e->probes, seq), *record;
+        if (probe == NULL && !PyErr_Occurred() && (record = PyDict_GetItemWithError(e->own_records, seq)) != NULL) {
+            probe = PyObject_CallOneArg(e->probe_of, record);
+            int failed = probe == NULL || PyDict_SetItem(e->probes, seq, probe) < 0;
+            Py_XDECREF(probe); /* the dict holds it */
+            if (failed) {
+                goto failed;
+            }
+        }
+        if (probe == NULL && (PyErr_Occurred() || PyList_Append(missing, seq) < 0)) {
+            goto failed;
+        }
+        if (probe != NULL) {
+            PyList_SET_ITEM(probes, i, Py_NewRef(probe));
+        }
+    }
+    if (PyList_GET_SIZE(missing)) {
+        read = PyObject_CallOneArg(e->prospects, missing);
+        if (read == NULL || !PyList_Check(read) || PyList_GET_SIZE(read) != PyList_GET_SIZE(missing)) {
+            if (read != NULL) {
+                PyErr_SetString(PyExc_TypeError, "a prospects reader must return one probe a seq");
+            }
+            goto failed;
+        }
+        for (Py_ssize_t i = 0, next = 0; i < count; i++) {
+            if (PyList_GET_ITEM(probes, i) == NULL) {
+                PyObject *probe = PyList_GET_ITEM(read, next), *seq = PyList_GET_ITEM(missing, next++);
+                PyList_SET_ITEM(probes, i, Py_NewRef(probe));
+                if (PyDict_SetItem(e->probes, seq, probe) < 0) {
+                    goto failed;
+                }
+            }
+        }
+    }
+    Py_XDECREF(read);
+    Py_DECREF(missing);
+    return probes;
+failed:
+    Py_XDECREF(probes);
     Py_XDECREF(missing);
     Py_XDECREF(read);
     return NULL;
@@ -910,7 +983,7 @@ static PyObject *band_candidates(Engine *e, Fresh *f) {
     PyObject *args = f->buckets ? Py_BuildValue("(On)", f->buckets, e->max_candidates + 1) : NULL;
     PyObject *seqs = args ? kept(f, merge_buckets(NULL, args)) : NULL;
     Py_XDECREF(args);
-    PyObject *probes = seqs ? kept(f, PyObject_CallOneArg(e->prospects, seqs)) : NULL;
+    PyObject *probes = seqs ? kept(f, probes_of(e, seqs)) : NULL;
     PyObject *others = probes ? PyList_New(0) : NULL;
     Py_ssize_t proposed = 0;
     for (Py_ssize_t i = 0; others != NULL && i < PyList_GET_SIZE(probes) && proposed < e->max_candidates; i++) {
@@ -949,7 +1022,7 @@ static PyObject *anchor_candidates(Engine *e, Fresh *f, int64_t seq) {
         }
         PyList_SET_ITEM(seqs, i, whole);
     }
-    PyObject *probes = seqs ? kept(f, PyObject_CallOneArg(e->prospects, seqs)) : NULL;
+    PyObject *probes = seqs ? kept(f, probes_of(e, seqs)) : NULL;
     if (probes == NULL) {
         Py_DECREF(anchored);
         return NULL;
@@ -1082,14 +1155,10 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     if (!PyBytes_Check(holder) || PyBytes_GET_SIZE(holder) != 8) {
         return invalid("a content's holder entry must be a seq of 8 bytes");
     }
-    uint64_t seq = 0;
-    for (int i = 0; i < 8; i++) {
-        seq = seq << 8 | (unsigned char)PyBytes_AS_STRING(holder)[i];
-    }
-    PyObject *seqs = kept(f, Py_BuildValue("[K]", (unsigned long long)seq));
-    PyObject *probes = seqs ? kept(f, PyObject_CallOneArg(e->prospects, seqs)) : NULL;
-    if (probes == NULL || !PyList_Check(probes) || PyList_GET_SIZE(probes) != 1) {
-        return probes == NULL ? -1 : invalid("a prospects reader must return one probe a seq");
+    PyObject *seqs = kept(f, Py_BuildValue("[K]", (unsigned long long)seq_of(PyBytes_AS_STRING(holder))));
+    PyObject *probes = seqs ? kept(f, probes_of(e, seqs)) : NULL;
+    if (probes == NULL) {
+        return -1;
     }
     PyObject *first = PyList_GET_ITEM(probes, 0);
     int is = candidacy(f, first);
@@ -1515,7 +1584,7 @@ static int item_read(Engine *e, Fresh *f, PyObject *item) {
 static int engine_read(Engine *e, PyObject *context) {
     PyObject *settings;
     if (!PyArg_ParseTuple(context, "OOOOOOO!O!O!O!O!O!OnO!O!", &e->get_many, &e->read_postings, &e->prospects,
-                          &e->keep_record, &e->previous, &e->replace, &PyDict_Type, &e->main, &PyDict_Type,
+                          &e->probe_of, &e->previous, &e->replace, &PyDict_Type, &e->main, &PyDict_Type,
                           &e->records, &PyList_Type, &e->times_written, &PyList_Type, &e->postings_written,
                           &PyList_Type, &e->scanned, &PyList_Type, &e->sizes, &e->before, &e->before_base,
                           &PyBytes_Type, &e->audit, &PyTuple_Type, &settings)) {
@@ -1535,6 +1604,90 @@ static int engine_read(Engine *e, PyObject *context) {
     return 0;
 }
 
+/* `name` (a new reference, NULL: failed) appended to `names`. */
+static int name_added(PyObject *names, PyObject *name) {
+    int failed = name == NULL || PyList_Append(names, name) < 0;
+    Py_XDECREF(name);
+    return failed ? -1 : 0;
+}
+
+/* What the run's decisions will read, read before the first: one multi-get of the articles' id
+ * map, deletion marker and content keys, one of their band keys, one of their posting lists, then
+ * one read of the records their stored buckets and contents name. An article's decision reads again only what the
+ * run's writes changed or this did not foresee. Items it cannot read are left to their decision,
+ * which says what is wrong with them. */
+static int read_ahead(Engine *e, PyObject *items) {
+    Py_ssize_t count = PyList_GET_SIZE(items);
+    /* a reader's call reads one family (state/held.py): the id map, markers and contents apart
+     * from the buckets, and the posting lists */
+    PyObject *firsts = PyList_New(0), *bucket_names = PyList_New(0), *postings = PyList_New(0);
+    PyObject *seqs = PyList_New(0), *found = NULL, *buckets = NULL, *read = NULL;
+    Py_ssize_t *bands = PyMem_Calloc((size_t)count + 1, sizeof *bands); /* each item's band keys */
+    int failed = firsts == NULL || bucket_names == NULL || postings == NULL || seqs == NULL || bands == NULL;
+    for (Py_ssize_t i = 0; !failed && i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 11 || !PyUnicode_Check(PyTuple_GET_ITEM(item, 0)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(item, 1)) || !PyTuple_Check(PyTuple_GET_ITEM(item, 2))) {
+            bands[i] = -1;
+            continue;
+        }
+        PyObject *id = PyTuple_GET_ITEM(item, 0), *hash = PyTuple_GET_ITEM(item, 1), *keys = PyTuple_GET_ITEM(item, 2);
+        PyObject *anchors = PyTuple_GET_ITEM(item, 7);
+        failed = name_added(firsts, prefixed_text('a', id)) < 0 || name_added(firsts, prefixed_text('d', id)) < 0 ||
+                 name_added(firsts, prefixed('c', PyBytes_AS_STRING(hash), PyBytes_GET_SIZE(hash))) < 0;
+        for (Py_ssize_t k = 0; !failed && k < PyTuple_GET_SIZE(keys); k++) {
+            PyObject *key = PyTuple_GET_ITEM(keys, k);
+            if (PyBytes_Check(key)) {
+                failed = name_added(bucket_names, prefixed('b', PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))) < 0;
+                bands[i]++;
+            }
+        }
+        if (!failed && e->anchor_lookup && PyBytes_Check(anchors) && PyBytes_GET_SIZE(anchors)) {
+            PyObject *args = Py_BuildValue("(Oy)", anchors, "n");
+            PyObject *mine = args ? posting_keys(NULL, args) : NULL;
+            Py_XDECREF(args);
+            failed = mine == NULL || PyList_SetSlice(postings, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, mine) < 0;
+            Py_XDECREF(mine);
+        }
+    }
+    failed = failed || (found = left(e, firsts, e->get_many)) == NULL ||
+             (buckets = left(e, bucket_names, e->get_many)) == NULL ||
+             (PyList_GET_SIZE(postings) && (read = left(e, postings, e->read_postings)) == NULL);
+    /* the records named: the content's holder, the stored buckets' first seqs as the decision
+     * merges them */
+    for (Py_ssize_t i = 0, at = 0, band = 0; !failed && i < count; i++) {
+        if (bands[i] < 0) {
+            continue;
+        }
+        PyObject *holder = PyList_GET_ITEM(found, at + 2);
+        if (PyBytes_Check(holder) && PyBytes_GET_SIZE(holder) == 8) {
+            PyObject *seq = PyLong_FromUnsignedLongLong(seq_of(PyBytes_AS_STRING(holder)));
+            failed = seq == NULL || PyList_Append(seqs, seq) < 0;
+            Py_XDECREF(seq);
+        }
+        PyObject *mine = failed ? NULL : PyList_GetSlice(buckets, band, band + bands[i]);
+        PyObject *args = mine ? Py_BuildValue("(On)", mine, e->max_candidates + 1) : NULL;
+        PyObject *merged = args ? merge_buckets(NULL, args) : NULL;
+        failed = merged == NULL || PyList_SetSlice(seqs, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, merged) < 0;
+        Py_XDECREF(mine);
+        Py_XDECREF(args);
+        Py_XDECREF(merged);
+        at += 3, band += bands[i];
+    }
+    PyObject *probes = failed || !PyList_GET_SIZE(seqs) ? NULL : probes_of(e, seqs);
+    failed = failed || (PyList_GET_SIZE(seqs) && probes == NULL);
+    Py_XDECREF(probes);
+    PyMem_Free(bands);
+    Py_XDECREF(firsts);
+    Py_XDECREF(bucket_names);
+    Py_XDECREF(postings);
+    Py_XDECREF(seqs);
+    Py_XDECREF(found);
+    Py_XDECREF(buckets);
+    Py_XDECREF(read);
+    return failed ? -1 : 0;
+}
+
 static PyObject *decide_fresh(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *items, *context;
@@ -1546,7 +1699,14 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
     }
     Added added = {0};
     added.seq = first_seq;
-    PyObject *results = PyList_New(0);
+    e.read = PyDict_New(), e.probes = PyDict_New(), e.own_records = PyDict_New();
+    PyObject *results = e.read && e.probes && e.own_records ? PyList_New(0) : NULL;
+    if (results != NULL && read_ahead(&e, items) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            Py_CLEAR(results);
+        }
+        PyErr_Clear(); /* each decision reads what it needs, and raises where it belongs */
+    }
     Py_ssize_t done = 0;
     for (; results != NULL && done < PyList_GET_SIZE(items); done++) {
         if (e.before != Py_None) {
@@ -1582,9 +1742,9 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
         Py_XDECREF(row);
         Py_XDECREF(verdict);
         if (!failed && decided > 0) {
-            PyObject *kept_probe = PyObject_CallOneArg(e.keep_record, record);
-            failed = kept_probe == NULL;
-            Py_XDECREF(kept_probe);
+            PyObject *seq = PyLong_FromLongLong(added.seq);
+            failed = seq == NULL || PyDict_SetItem(e.own_records, seq, record) < 0;
+            Py_XDECREF(seq);
             added.seq++;
         }
         Py_XDECREF(record);
@@ -1596,6 +1756,9 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
             break;
         }
     }
+    Py_XDECREF(e.read);
+    Py_XDECREF(e.probes);
+    Py_XDECREF(e.own_records);
     if (results == NULL) {
         return NULL;
     }

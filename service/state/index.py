@@ -260,7 +260,7 @@ class IndexState:
         # the run writes buckets into `main` as it goes: no earlier lookup of them stands
         batch = Batch(buckets_written=True)
         settings = (self.bucket_cap * SEQ.size, self.anchor_cap * POSTING_ENTRY, *decision)
-        readers = (self.kv.get_many, self.postings.stored, self.versions.prospects, self._keep_record)
+        readers = (self.kv.get_many, self.postings.stored, self.versions.prospects, decode_probe)
         versions = (partial(self._next_version, batch), partial(self._replace, batch))
         # the bucket sizes counted in place: a replaced version's removal counts its own
         sizes = self.counts.bucket_sizes
@@ -289,9 +289,6 @@ class IndexState:
             batch.put(SEQ_KEY, str(self._seq).encode())
             self._write(batch)
         return results
-
-    def _keep_record(self, record: bytes) -> None:
-        self.versions.keep_probe(decode_probe(record))
 
     def _next_version(self, batch: Batch, article_id: str, content_hash: bytes) -> int | None:
         """The id's next version (it has one held, or a deletion marker), as the run's `batch`

@@ -163,52 +163,64 @@ def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_reference_ke
 
 
 def test_a_failing_read_leaves_the_article_to_the_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The store fails on the third article's bucket read, once: the compiled run stops before it,
-    nothing of it written, and the next run, that starts with it, decides it (the store answering
-    by then)."""
-    items = signed_items(list(stream(4, 60)), ON)
+    """The store fails twice on the reads that name the third article's buckets: the run's read
+    ahead (its decisions then read for themselves), then the third article's own read, mid-run.
+    The run stops before it, nothing of it written, and the next run, that starts with it,
+    decides it (the store answering by then)."""
+    items = signed_items(list(stream(1, 60)), ON)
     reference = ReferenceShard(MemoryState(), ON)
     expected = everything(reference, in_batches(reference, items, 16))
-    real, failures = MemoryKV.get_many, [0]
+    third = b"b" + items[2].band_keys[0]  # type: ignore[union-attr]
+    real, failures, runs = MemoryKV.get_many, [0], []
 
-    def once(self: MemoryKV, keys: list[bytes]) -> list[bytes | None]:
-        if keys and keys[0].startswith(b"b") and not failures[0]:
+    def twice(self: MemoryKV, keys: list[bytes]) -> list[bytes | None]:
+        if third in keys and failures[0] < 2:
             failures[0] += 1
             raise OSError("injected")
         return real(self, keys)
 
-    monkeypatch.setattr(MemoryKV, "get_many", once)
+    def counted(self: IndexState, rows: list[Any], *args: Any) -> list[Any]:
+        runs.append((rows[0][0], len(taken := real_add(self, rows, *args))))
+        return taken
+
+    real_add = IndexState.add_fresh
+    monkeypatch.setattr(MemoryKV, "get_many", twice)
+    monkeypatch.setattr(IndexState, "add_fresh", counted)
     shard = IndexShard(MemoryState(), ON)
     assert everything(shard, in_batches(shard, items, 16)) == expected
-    assert failures == [1]
+    assert failures == [2]
+    assert runs[0] == (items[0].article_id, 2) and runs[1][0] == items[2].article_id
 
 
-def test_a_run_that_raises_writes_nothing_and_keeps_no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An error the compiled call raises rather than leaves to the next run: none of the run is
-    written and the probes it kept go; the shard decides on, one article a run until the one
+def test_a_run_that_raises_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error the compiled call raises rather than leaves to the next run (a version's removal
+    failing): none of the run is written; the shard decides on, one article a run until the one
     that failed is decided."""
     items = signed_items(list(stream(6, 40)), ON)
     reference = ReferenceShard(MemoryState(), ON)
     expected = everything(reference, in_batches(reference, items, 10))
-    real, calls = IndexState._keep_record, [0]
+    real, calls = IndexState._replace, [0]
 
-    def failing(self: IndexState, record: bytes) -> None:
-        real(self, record)
+    def failing(self: IndexState, batch: Any, article_id: str) -> None:
         calls[0] += 1
-        if calls[0] == 3:
+        if calls[0] == 1:
             raise MemoryError("injected")
+        real(self, batch, article_id)
 
-    monkeypatch.setattr(IndexState, "_keep_record", failing)
+    monkeypatch.setattr(IndexState, "_replace", failing)
     shard = IndexShard(MemoryState(), ON)
-    distinct = signed_items([(f"p{n}", text) for n, text in enumerate(paragraphs()[:5])], ON)
-    rows = [fresh_row(i.article_id, i.sketch, i.band_keys, i.time_ms, None, None) for i in distinct]  # type: ignore[union-attr]
+    texts = paragraphs()[:3]
+    arrivals = [("p0", texts[0]), ("p1", texts[1]), ("p0", texts[2])]  # p0's second version
+    signed = signed_items(arrivals, ON)
+    rows = [fresh_row(i.article_id, i.sketch, i.band_keys, i.time_ms, None, None) for i in signed]  # type: ignore[union-attr]
     with pytest.raises(MemoryError):
         shard.state.add_fresh(rows, fresh_settings(ON) or (), b"{}")
+    assert calls == [1]
     assert shard.state.next_seq() == 0 and not list(shard.state.kv.scan_records())
-    assert shard.state.versions.prospects([0, 1, 2]) == [None, None, None]
-    calls[0] = 0  # fails again in the shard's first run
+    assert shard.state.versions.prospects([0, 1]) == [None, None]
+    calls[0] = 0  # fails again in the shard's first run that replaces a version
     assert everything(shard, in_batches(shard, items, 10)) == expected
-    assert calls[0] > 3
+    assert calls[0] > 1
 
 
 def test_an_exact_copy_of_an_expired_holder_takes_the_content_over(monkeypatch: pytest.MonkeyPatch) -> None:
