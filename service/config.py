@@ -426,7 +426,7 @@ class Settings:
         again for exact copies, re-deliveries and replays; 0: none""")
     probe_cache: int = _setting(DEFAULT_PROBE_CACHE, check=_at_least(0)).means("""
         candidates' probes the index keeps in memory (~1.2 KB each with the record they are read from), the
-        latest stored or read back (hits do not reorder it): what verifying a candidate reads; misses cost a
+        latest read back or restored (hits do not reorder it): what verifying a candidate reads; misses cost a
         RocksDB read; 0: none""")
     bucket_cap: int = _verdicts(DEFAULT_BUCKET_CAP, check=_at_least(1)).means("""
         latest members an LSH bucket keeps: what one article reads and rewrites per bucket, whatever the size

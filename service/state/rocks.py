@@ -83,7 +83,7 @@ class RocksOptions:
     # replays; a miss costs a read and a decode. Candidates are read as probes (below).
     record_cache: int = DEFAULT_RECORD_CACHE
     # Candidates' probes kept in memory (their size per entry: NEARDUP_PROBE_CACHE in
-    # deploy/docs/configuration.md), the latest stored or read back: a multi-get of tens of them
+    # deploy/docs/configuration.md), the latest read back or restored: a multi-get of tens of them
     # from RocksDB costs more than scoring them.
     probe_cache: int = DEFAULT_PROBE_CACHE
 

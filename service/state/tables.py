@@ -104,7 +104,7 @@ class ArticleVersions:
 
     Caches decoded records, the latest read first out last (`record_cache` of them):
     exact copies, re-deliveries and replays read them again; and candidates' probes, the first
-    stored or read first out (`probe_cache`): a multi-get of tens of records costs more than
+    read (or restored) first out (`probe_cache`): a multi-get of tens of records costs more than
     scoring them. A record the store no longer holds leaves both (`written`)."""
 
     def __init__(self, kv: KeyValue, record_cache: int, probe_cache: int) -> None:
