@@ -701,18 +701,19 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
  *     run of its own, which decides it or raises. The run's reads go through the callables of
  *     `context` after the writes it made (`main`), most of them in one call for the whole run
  *     before its first decision (read_ahead), each key and record read once; its own articles'
- *     records are made into probes (`probe_of`) only when proposed. Its writes go into `main` and `records`, the
- *     caller writing them in one batch; a version's removal, or a revived id's marker, is written
- *     there by `replace`, which reads what the run wrote (`scanned` lists the copy and member
- *     keys it added).
+ *     records are made into probes (`probe_of`) only when proposed. Its writes go into `main` and
+ *     `records`, the caller writing them in one batch; a version's removal, or a revived id's
+ *     marker, is written there by `replace`, which reads what the run wrote (`scanned` lists the
+ *     copy and member keys it added).
  *
  *     items: tuples (article_id, content_hash, band keys (a tuple of bytes), verifier (uint8
  *     buffer), signature (uint64 buffer: scored, and kept in the record, where the verifier is
  *     empty), shingle_count, short, anchors (packed), time_ms, cutoff_ms or None, latency_ms or
  *     None). seq: the first article's arrival number. context: (get_many, read_postings,
  *     prospects, probe_of, previous, replace, main, records, times_written, postings_written,
- *     scanned, bucket_sizes, before or None, before_base, audit, settings); previous(id,
- *     content_hash): the id's next version, None where the version held has this content;
+ *     scanned, bucket_sizes, before or None, before_base, audit, settings); probe_of(record): its
+ *     probe (state/records.py: decode_probe); previous(id, content_hash): the id's next version,
+ *     None where the version held has this content;
  *     replace(id): the id's version taken out, or its marker dropped; settings: (bucket bytes,
  *     posting bytes, max_candidates, top_candidates, anchor_candidates, passages, threshold,
  *     containment or -1, revised or -1, anchor lookup, empty slot, chance, anchor k, gap, shift,
@@ -1613,9 +1614,9 @@ static int name_added(PyObject *names, PyObject *name) {
 
 /* What the run's decisions will read, read before the first: one multi-get of the articles' id
  * map, deletion marker and content keys, one of their band keys, one of their posting lists, then
- * one read of the records their stored buckets and contents name. An article's decision reads again only what the
- * run's writes changed or this did not foresee. Items it cannot read are left to their decision,
- * which says what is wrong with them. */
+ * one read of the records their stored buckets and contents name. A decision reads again only what
+ * this did not foresee. Items it cannot read are left to their decision, which says what is wrong
+ * with them. */
 static int read_ahead(Engine *e, PyObject *items) {
     Py_ssize_t count = PyList_GET_SIZE(items);
     /* a reader's call reads one family (state/held.py): the id map, markers and contents apart
