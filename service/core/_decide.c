@@ -1702,12 +1702,6 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
     added.seq = first_seq;
     e.read = PyDict_New(), e.probes = PyDict_New(), e.own_records = PyDict_New();
     PyObject *results = e.read && e.probes && e.own_records ? PyList_New(0) : NULL;
-    if (results != NULL && read_ahead(&e, items) < 0) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-            Py_CLEAR(results);
-        }
-        PyErr_Clear(); /* each decision reads what it needs, and raises where it belongs */
-    }
     Py_ssize_t done = 0;
     for (; results != NULL && done < PyList_GET_SIZE(items); done++) {
         if (e.before != Py_None) {
@@ -1719,6 +1713,15 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
                 break;
             }
             Py_DECREF(marked);
+        }
+        /* read as the first article's decision starts (what `before` marks: a process that dies
+         * reading is on that article, as it was when each decision read for itself) */
+        if (done == 0 && read_ahead(&e, items) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_CLEAR(results);
+                break;
+            }
+            PyErr_Clear(); /* each decision reads what it needs, and raises where it belongs */
         }
         Fresh f;
         memset(&f, 0, sizeof f);

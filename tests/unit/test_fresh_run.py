@@ -192,6 +192,29 @@ def test_a_failing_read_leaves_the_article_to_the_next_run(monkeypatch: pytest.M
     assert runs[0] == (items[0].article_id, 2) and runs[1][0] == items[2].article_id
 
 
+class Halt(BaseException):
+    """Not an Exception: what a run passes on rather than leaves to the decisions."""
+
+
+def test_a_read_ahead_that_is_interrupted_raises_and_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Exception in the run's read-ahead leaves the reads to the decisions; anything else (an
+    interrupt) comes out of the call as it was raised, nothing written."""
+    real = MemoryKV.get_many
+
+    def interrupted(self: MemoryKV, keys: list[bytes]) -> list[bytes | None]:
+        if len(keys) > 3:  # the read-ahead's: a decision reads one article's keys
+            raise Halt
+        return real(self, keys)
+
+    monkeypatch.setattr(MemoryKV, "get_many", interrupted)
+    shard = IndexShard(MemoryState(), ON)
+    signed = signed_items([(f"p{n}", text) for n, text in enumerate(paragraphs()[:3])], ON)
+    rows = [fresh_row(i.article_id, i.sketch, i.band_keys, i.time_ms, None, None) for i in signed]  # type: ignore[union-attr]
+    with pytest.raises(Halt):
+        shard.state.add_fresh(rows, fresh_settings(ON) or (), b"{}")
+    assert shard.state.next_seq() == 0 and not list(shard.state.kv.scan_records())
+
+
 def test_a_run_that_raises_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """An error the compiled call raises rather than leaves to the next run (a version's removal
     failing): none of the run is written; the shard decides on, one article a run until the one
