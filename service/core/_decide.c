@@ -810,11 +810,37 @@ static PyObject *prefixed_text(char prefix, PyObject *text) {
     return utf8 == NULL ? NULL : prefixed(prefix, utf8, len);
 }
 
+/* The empty places of `values` filled in order with what `reader` returns for `missing` (their
+ * keys), in one call, each kept in `memo` for the rest of the run. */
+static int filled(PyObject *values, PyObject *missing, PyObject *reader, PyObject *memo, const char *refusal) {
+    if (!PyList_GET_SIZE(missing)) {
+        return 0;
+    }
+    PyObject *read = PyObject_CallOneArg(reader, missing);
+    if (read == NULL || !PyList_Check(read) || PyList_GET_SIZE(read) != PyList_GET_SIZE(missing)) {
+        if (read != NULL) {
+            PyErr_SetString(PyExc_TypeError, refusal);
+            Py_DECREF(read);
+        }
+        return -1;
+    }
+    int failed = 0;
+    for (Py_ssize_t i = 0, next = 0; !failed && i < PyList_GET_SIZE(values); i++) {
+        if (PyList_GET_ITEM(values, i) == NULL) {
+            PyObject *value = PyList_GET_ITEM(read, next), *key = PyList_GET_ITEM(missing, next++);
+            PyList_SET_ITEM(values, i, Py_NewRef(value));
+            failed = PyDict_SetItem(memo, key, value) < 0;
+        }
+    }
+    Py_DECREF(read);
+    return failed ? -1 : 0;
+}
+
 /* The values of `names` as the run's writes leave them, then as the run read them: the others
  * read by `reader` in one call (state/tables.py: as_left), and kept for the rest of the run. */
 static PyObject *left(Engine *e, PyObject *names, PyObject *reader) {
     Py_ssize_t count = PyList_GET_SIZE(names);
-    PyObject *values = PyList_New(count), *missing = PyList_New(0), *read = NULL;
+    PyObject *values = PyList_New(count), *missing = PyList_New(0);
     if (values == NULL || missing == NULL) {
         goto failed;
     }
@@ -830,31 +856,14 @@ static PyObject *left(Engine *e, PyObject *names, PyObject *reader) {
             PyList_SET_ITEM(values, i, Py_NewRef(known));
         }
     }
-    if (PyList_GET_SIZE(missing)) {
-        read = PyObject_CallOneArg(reader, missing);
-        if (read == NULL || !PyList_Check(read) || PyList_GET_SIZE(read) != PyList_GET_SIZE(missing)) {
-            if (read != NULL) {
-                PyErr_SetString(PyExc_TypeError, "a reader must return a list of one value a key");
-            }
-            goto failed;
-        }
-        for (Py_ssize_t i = 0, next = 0; i < count; i++) {
-            if (PyList_GET_ITEM(values, i) == NULL) {
-                PyObject *value = PyList_GET_ITEM(read, next), *name = PyList_GET_ITEM(missing, next++);
-                PyList_SET_ITEM(values, i, Py_NewRef(value));
-                if (PyDict_SetItem(e->read, name, value) < 0) {
-                    goto failed;
-                }
-            }
-        }
+    if (filled(values, missing, reader, e->read, "a reader must return a list of one value a key") < 0) {
+        goto failed;
     }
-    Py_XDECREF(read);
     Py_DECREF(missing);
     return values;
 failed:
     Py_XDECREF(values);
     Py_XDECREF(missing);
-    Py_XDECREF(read);
     return NULL;
 }
 
@@ -863,7 +872,7 @@ failed:
  * rest of the run. */
 static PyObject *probes_of(Engine *e, PyObject *seqs) {
     Py_ssize_t count = PyList_GET_SIZE(seqs);
-    PyObject *probes = PyList_New(count), *missing = PyList_New(0), *read = NULL;
+    PyObject *probes = PyList_New(count), *missing = PyList_New(0);
     if (probes == NULL || missing == NULL) {
         goto failed;
     }
@@ -884,31 +893,14 @@ static PyObject *probes_of(Engine *e, PyObject *seqs) {
             PyList_SET_ITEM(probes, i, Py_NewRef(probe));
         }
     }
-    if (PyList_GET_SIZE(missing)) {
-        read = PyObject_CallOneArg(e->prospects, missing);
-        if (read == NULL || !PyList_Check(read) || PyList_GET_SIZE(read) != PyList_GET_SIZE(missing)) {
-            if (read != NULL) {
-                PyErr_SetString(PyExc_TypeError, "a prospects reader must return one probe a seq");
-            }
-            goto failed;
-        }
-        for (Py_ssize_t i = 0, next = 0; i < count; i++) {
-            if (PyList_GET_ITEM(probes, i) == NULL) {
-                PyObject *probe = PyList_GET_ITEM(read, next), *seq = PyList_GET_ITEM(missing, next++);
-                PyList_SET_ITEM(probes, i, Py_NewRef(probe));
-                if (PyDict_SetItem(e->probes, seq, probe) < 0) {
-                    goto failed;
-                }
-            }
-        }
+    if (filled(probes, missing, e->prospects, e->probes, "a prospects reader must return one probe a seq") < 0) {
+        goto failed;
     }
-    Py_XDECREF(read);
     Py_DECREF(missing);
     return probes;
 failed:
     Py_XDECREF(probes);
     Py_XDECREF(missing);
-    Py_XDECREF(read);
     return NULL;
 }
 
