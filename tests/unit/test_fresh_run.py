@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from neardup.pipeline.shard import IndexShard, Item
 from neardup.state.index import IndexState, fresh_row
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.rocks import RocksOptions, RocksState
+from neardup.state.tables import ArticleVersions
 from tests.benchmarks import bench_stream
 from tests.data.make_labelled_set import make_variants
 from tests.support.arrivals import NOW_S, SAMPLE, in_batches, paragraphs, sample_news, signed_items, stream
@@ -160,6 +162,41 @@ def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_reference_ke
     expected, taken = decided_both_ways(items, ON, 16, monkeypatch, state=lambda: MemoryState(bucket_cap=4))
     counts = expected[3]
     assert taken == len(items) and counts.boilerplate > 0 and counts.largest_bucket == 4
+
+
+def test_a_run_reads_its_keys_and_candidates_a_call_per_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before its first decision a run reads the id map, marker and content keys of all its
+    articles in one call, their band keys in one, their posting lists in one, and the records its
+    stored buckets name in one: not a call or more an article. Near copies of the first run's
+    articles make the second run's candidates."""
+    texts = paragraphs()[:16]
+    arrivals = [(f"p{n}", text) for n, text in enumerate(texts)]
+    arrivals += [(f"c{n}", text + " Reporting by the desk.") for n, text in enumerate(texts)]
+    items = signed_items(arrivals, ON)
+    first, second = items[:16], items[16:]
+    reads: list[bytes] = []
+    real_get, real_prospects = MemoryKV.get_many, ArticleVersions.prospects
+
+    def get_many(self: MemoryKV, keys: list[bytes]) -> list[bytes | None]:
+        reads.append(keys[0][:1])
+        return real_get(self, keys)
+
+    def prospects(self: ArticleVersions, seqs: Sequence[int]) -> list[Any]:
+        reads.append(b"records")
+        return real_prospects(self, seqs)
+
+    monkeypatch.setattr(MemoryKV, "get_many", get_many)
+    monkeypatch.setattr(ArticleVersions, "prospects", prospects)
+    shard = IndexShard(MemoryState(), ON)
+    for offset, (run, records) in enumerate(((first, 0), (second, 1))):  # the first's: its own
+        reads.clear()
+        decided = shard.decide(run, offset)
+        once = {family: reads.count(family) for family in (b"a", b"b", b"n", b"records")}
+        assert once == {b"a": 1, b"b": 1, b"n": 1, b"records": records}, reads
+        # beside them, a matched article's cluster head: what its match decides
+        assert reads.count(b"h") <= len(run) - [d.kind for d in decided].count("unique")
+        assert len(reads) == sum(once.values()) + reads.count(b"h")
+    assert [d.kind for d in decided].count("unique") < len(second) // 2, "copies found"
 
 
 def test_a_failing_read_leaves_the_article_to_the_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
