@@ -33,7 +33,9 @@ from ..core.compiled import _sketch
 from .port import Batch, KeyValue
 
 LOG, SNAPSHOT = b"j", b"s"
-HOLD_KEY = b"mheld"  # present in a state whose held families live in the log, not as keys
+# present in a state whose held families live in the log, not as keys; since its first fold, the
+# entries its snapshot holds (8 bytes), which opening sizes the table by
+HOLD_KEY = b"mheld"
 DRAIN_KEY = b"mdrain"  # present while the held entries go back to being keys, a step a write
 _NUMBER = struct.Struct(">Q")
 _COUNT = struct.Struct(">I")  # the entries a packed value holds, its first bytes
@@ -63,8 +65,11 @@ class HeldFamilies:
         self._cursor = 0  # the slot the next drain step starts from
         self._folding: _Fold | None = None  # a fold begun and not finished (none after a reopening)
         self._stored_entries = 0  # in the snapshot and the log: fold_if_stale
-        # a fold writes its chunks a range of hashes at a time: slots for all of them first
-        self.held.reserve(sum(_COUNT.unpack_from(chunk)[0] for _, chunk in self.inner.scan(SNAPSHOT)))
+        # a fold writes its chunks a range of hashes at a time: slots for all of them first, as
+        # many as the last fold's end recorded in the mark
+        if len(mark := marks[0] or b"") != _NUMBER.size:  # no count recorded
+            mark = _NUMBER.pack(sum(_COUNT.unpack_from(chunk)[0] for _, chunk in self.inner.scan(SNAPSHOT)))
+        self.held.reserve(_NUMBER.unpack(mark)[0])
         self._chunks, self._snapshot_bytes = self._read_numbered(SNAPSHOT)
         self._logs, self._log_bytes = self._read_numbered(LOG)
 
@@ -111,13 +116,12 @@ class HeldFamilies:
             main, logged = self._drain_step(batch.main)
         else:
             logged, main = _sketch.split_changes(batch.main, self.prefixes)
-        if logged is None:
-            self.inner.write(Batch(main=main, records=batch.records))
-        else:
+        if logged is not None:
             main[LOG + _NUMBER.pack(self._logs.stop)] = logged
             if not self._marked:
                 main[HOLD_KEY], self._marked = b"1", True
-            self.inner.write(Batch(main=main, records=batch.records))
+        self.inner.write(Batch(main=main, records=batch.records))
+        if logged is not None:
             self._logs = range(self._logs.start, self._logs.stop + 1)
             self._log_bytes += len(logged)
             self._stored_entries += self.held.apply(logged)
@@ -163,13 +167,14 @@ class HeldFamilies:
             SNAPSHOT + _NUMBER.pack(number): chunk for number, chunk in enumerate(chunks, self._chunks.stop)
         }
         last = fold.step == fold.steps - 1
-        if last:
+        fold.chunk_bytes += sum(map(len, chunks))
+        fold.chunk_entries += sum(_COUNT.unpack_from(chunk)[0] for chunk in chunks)
+        if last:  # the old chunks and log go; the mark keeps the new snapshot's entries for `_load`
             main.update(self._dropped(fold.first_chunk, fold.first_log))
+            main[HOLD_KEY] = _NUMBER.pack(fold.chunk_entries)
         self.inner.write(Batch(main=main))
         self._chunks = range(self._chunks.start, self._chunks.stop + len(chunks))
         fold.step += 1
-        fold.chunk_bytes += sum(map(len, chunks))
-        fold.chunk_entries += sum(_COUNT.unpack_from(chunk)[0] for chunk in chunks)
         if last:
             self._chunks, self._logs = (
                 range(fold.first_chunk, self._chunks.stop),

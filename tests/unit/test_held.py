@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -247,8 +248,40 @@ def test_each_write_is_one_write_of_the_store_with_its_log() -> None:
     assert unpack_changes(first.main[LOG + bytes(8)]) == [(BAND + b"k", b"12345678")]
     assert set(second.main) == {b"a2"}, "a write without held keys logs nothing"
     held.fold()
-    assert set(inner.batches[-1].main) == {LOG + bytes(8), SNAPSHOT + bytes(8)}
+    assert set(inner.batches[-1].main) == {LOG + bytes(8), SNAPSHOT + bytes(8), HOLD_KEY}
     assert inner.batches[-1].main[LOG + bytes(8)] is None
+    assert inner.batches[-1].main[HOLD_KEY] == _NUMBER.pack(1), "the snapshot's entries"
+
+
+class ScansCounted(MemoryKV):
+    """A MemoryKV that counts the scans of each prefix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scans: dict[bytes, int] = {}
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self.scans[prefix] = self.scans.get(prefix, 0) + 1
+        return super().scan(prefix)
+
+
+def test_opening_reads_the_snapshot_once_where_its_mark_counts_its_entries() -> None:
+    """A fold's end records the snapshot's entries in the mark, which opening sizes the table by:
+    the chunks are read once, to be applied. A mark without the count (a state folded before it
+    was recorded) has the chunks counted first, the table the same either way."""
+    inner = ScansCounted()
+    live = HeldFamilies(inner, HELD)
+    keys = [BAND + b"%08d" % n for n in range(300)]
+    live.write(Batch(main=dict.fromkeys(keys, b"12345678")))
+    live.fold()
+    live.write(Batch(main={keys[0]: b"87654321", keys[1]: None}))
+    assert inner.get_many([HOLD_KEY]) == [_NUMBER.pack(300)]
+    for mark, scans in ((_NUMBER.pack(300), 1), (b"1", 2)):
+        inner.write(Batch(main={HOLD_KEY: mark}))
+        inner.scans.clear()
+        reopened = HeldFamilies(inner, HELD)
+        assert inner.scans[SNAPSHOT] == scans
+        assert reopened.get_many(keys) == live.get_many(keys)
 
 
 def test_a_log_is_folded_at_compaction_only_when_a_quarter_of_it_is_stale() -> None:
