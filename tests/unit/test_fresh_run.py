@@ -24,6 +24,7 @@ from neardup.core.params import DedupParams
 from neardup.core.retention import NO_RETENTION, Retention
 from neardup.core.shingle import ShingleOptions
 from neardup.pipeline.shard import IndexShard, Item
+from neardup.state import held
 from neardup.state.index import IndexState, fresh_row
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.rocks import RocksOptions, RocksState
@@ -132,20 +133,30 @@ def test_the_generator_and_an_evaluation_set_are_decided_verdict_for_verdict(
     assert taken > len(items) * 0.8, (taken, len(items))
 
 
-@pytest.mark.parametrize("hold", [False, True], ids=["keyed", "held"])
-def test_rocksdb_under_the_overlay_is_left_as_the_reference_leaves_it(hold: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["keyed", "held", "draining"])
+def test_rocksdb_under_the_overlay_is_left_as_the_reference_leaves_it(
+    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keyed, held, and held past its bound (its entries going back to keys a step a write, a run's
+    reads finding some in the table and some as keys)."""
+    if layout == "draining":
+        monkeypatch.setattr(held, "HELD_ENTRIES", 2_000)
+        monkeypatch.setattr(held, "DRAIN_STEP", 50)
     items = signed_items(list(stream(9, 240)), ON)
-    runs = []
+    runs, drained = [], []
     for shard_type in (ReferenceShard, IndexShard):
-        state = RocksState(tmp_path / shard_type.__name__, RocksOptions(hold_families=hold), layered=True)
+        options = RocksOptions(hold_families=layout != "keyed")
+        state = RocksState(tmp_path / shard_type.__name__, options, layered=True)
         shard = shard_type(state, ON, changelog={})
         shard.restore_point(0, int(NOW_S * 1000), None)  # as a worker opens its derived state
         try:
             results = in_batches(shard, items, 20, layered=True)
             runs.append((everything(shard, results), dict(shard.changelog)))  # type: ignore[arg-type]
+            drained.append(state.held is None or state.held._draining or not state.held.prefixes)
         finally:
             state.close()
     assert runs[0] == runs[1]
+    assert drained == [layout != "held"] * 2
 
 
 def test_full_buckets_and_boilerplate_posting_lists_are_kept_as_the_reference_keeps_them(
