@@ -180,7 +180,7 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
     anchors = Anchors.unpack_from(data, meta.get("a", 0), position)
     position += len(anchors.packed)
     sketches, slots = data[position:], meta["m"]
-    # views of the record, never written: the decision reads them, little-endian hosts as they are
+    # views of the record, never written (copied only on a big-endian host)
     signature = np.frombuffer(sketches, dtype="<u8", count=slots).astype(np.uint64, copy=False)
     verifier = np.frombuffer(sketches, dtype=np.uint8, offset=slots * 8)
     sketch = Sketch(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier, anchors)
