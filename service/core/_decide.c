@@ -946,30 +946,57 @@ static int candidacy(Fresh *f, PyObject *p) {
     return timely < 0 ? -1 : 1 + timely;
 }
 
-/* The article's posting list keys (Postings.names), made once. */
+/* `name` (a new reference, NULL: failed) appended to `names`. */
+static int name_added(PyObject *names, PyObject *name) {
+    int failed = name == NULL || PyList_Append(names, name) < 0;
+    Py_XDECREF(name);
+    return failed ? -1 : 0;
+}
+
+/* The keys an article's decision reads first appended to `names`: its id map entry, its deletion
+ * marker, its content's holder. */
+static int first_names(PyObject *names, PyObject *id, PyObject *hash) {
+    return name_added(names, prefixed_text('a', id)) < 0 || name_added(names, prefixed_text('d', id)) < 0 ||
+                   name_added(names, prefixed('c', PyBytes_AS_STRING(hash), PyBytes_GET_SIZE(hash))) < 0
+               ? -1
+               : 0;
+}
+
+/* The bucket keys of band keys `keys` (a tuple of bytes) appended to `names`. */
+static int band_names(PyObject *names, PyObject *keys) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        if (!PyBytes_Check(key)) {
+            return invalid("an item's band keys must be bytes");
+        }
+        if (name_added(names, prefixed('b', PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The posting list keys of packed anchors (Postings.names), a new list. */
+static PyObject *anchor_names(PyObject *anchors) {
+    PyObject *args = Py_BuildValue("(Oy)", anchors, "n");
+    PyObject *names = args ? posting_keys(NULL, args) : NULL;
+    Py_XDECREF(args);
+    return names;
+}
+
+/* The article's posting list keys, made once. */
 static PyObject *posting_names(Fresh *f) {
     if (f->posting_names == NULL) {
-        PyObject *args = Py_BuildValue("(Oy)", f->anchors, "n");
-        f->posting_names = args ? kept(f, posting_keys(NULL, args)) : NULL;
-        Py_XDECREF(args);
+        f->posting_names = kept(f, anchor_names(f->anchors));
     }
     return f->posting_names;
 }
 
 /* The band candidates (IndexState.candidates, then the cutoff), a new list. */
 static PyObject *band_candidates(Engine *e, Fresh *f) {
-    Py_ssize_t bands = PyTuple_GET_SIZE(f->keys);
-    PyObject *names = kept(f, PyList_New(bands));
-    if (names == NULL) {
+    PyObject *names = kept(f, PyList_New(0));
+    if (names == NULL || band_names(names, f->keys) < 0) {
         return NULL;
-    }
-    for (Py_ssize_t i = 0; i < bands; i++) {
-        PyObject *key = PyTuple_GET_ITEM(f->keys, i);
-        PyObject *name = prefixed('b', PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
-        if (name == NULL) {
-            return NULL;
-        }
-        PyList_SET_ITEM(names, i, name);
     }
     f->bucket_names = names;
     f->buckets = kept(f, left(e, names, e->get_many));
@@ -1173,20 +1200,9 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
 
 /* The decision (reference_decide.py's decide): 1 decided, 0 not one the run takes, -1 an error. */
 static int decide_one(Engine *e, Fresh *f, int64_t seq) {
-    PyObject *names = kept(f, PyList_New(3));
-    if (names == NULL) {
+    PyObject *names = kept(f, PyList_New(0));
+    if (names == NULL || first_names(names, f->id, f->hash) < 0) {
         return -1;
-    }
-    PyObject *first[3] = {prefixed_text('a', f->id), prefixed_text('d', f->id),
-                          prefixed('c', PyBytes_AS_STRING(f->hash), PyBytes_GET_SIZE(f->hash))};
-    for (int i = 0; i < 3; i++) {
-        if (first[i] == NULL) {
-            for (int j = i + 1; j < 3; j++) {
-                Py_XDECREF(first[j]);
-            }
-            return -1;
-        }
-        PyList_SET_ITEM(names, i, first[i]);
     }
     PyObject *held = kept(f, left(e, names, e->get_many));
     if (held == NULL) {
@@ -1597,18 +1613,11 @@ static int engine_read(Engine *e, PyObject *context) {
     return 0;
 }
 
-/* `name` (a new reference, NULL: failed) appended to `names`. */
-static int name_added(PyObject *names, PyObject *name) {
-    int failed = name == NULL || PyList_Append(names, name) < 0;
-    Py_XDECREF(name);
-    return failed ? -1 : 0;
-}
-
 /* What the run's decisions will read, read before the first: one multi-get of the articles' id
  * map, deletion marker and content keys, one of their band keys, one of their posting lists, then
  * one read of the records their stored buckets and contents name. A decision reads again only what
  * this did not foresee. Items it cannot read are left to their decision, which says what is wrong
- * with them. */
+ * with them (band keys that are not bytes leave the whole read to the decisions). */
 static int read_ahead(Engine *e, PyObject *items) {
     Py_ssize_t count = PyList_GET_SIZE(items);
     /* a reader's call reads one family (state/held.py): the id map, markers and contents apart
@@ -1624,21 +1633,12 @@ static int read_ahead(Engine *e, PyObject *items) {
             bands[i] = -1;
             continue;
         }
-        PyObject *id = PyTuple_GET_ITEM(item, 0), *hash = PyTuple_GET_ITEM(item, 1), *keys = PyTuple_GET_ITEM(item, 2);
-        PyObject *anchors = PyTuple_GET_ITEM(item, 7);
-        failed = name_added(firsts, prefixed_text('a', id)) < 0 || name_added(firsts, prefixed_text('d', id)) < 0 ||
-                 name_added(firsts, prefixed('c', PyBytes_AS_STRING(hash), PyBytes_GET_SIZE(hash))) < 0;
-        for (Py_ssize_t k = 0; !failed && k < PyTuple_GET_SIZE(keys); k++) {
-            PyObject *key = PyTuple_GET_ITEM(keys, k);
-            if (PyBytes_Check(key)) {
-                failed = name_added(bucket_names, prefixed('b', PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))) < 0;
-                bands[i]++;
-            }
-        }
+        PyObject *anchors = PyTuple_GET_ITEM(item, 7), *keys = PyTuple_GET_ITEM(item, 2);
+        bands[i] = PyTuple_GET_SIZE(keys);
+        failed = first_names(firsts, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1)) < 0 ||
+                 band_names(bucket_names, keys) < 0;
         if (!failed && e->anchor_lookup && PyBytes_Check(anchors) && PyBytes_GET_SIZE(anchors)) {
-            PyObject *args = Py_BuildValue("(Oy)", anchors, "n");
-            PyObject *mine = args ? posting_keys(NULL, args) : NULL;
-            Py_XDECREF(args);
+            PyObject *mine = anchor_names(anchors);
             failed = mine == NULL || PyList_SetSlice(postings, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, mine) < 0;
             Py_XDECREF(mine);
         }
