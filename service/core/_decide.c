@@ -139,7 +139,7 @@ static PyObject *name_article_id, *name_version, *name_seq, *name_time_ms, *name
     *name_keys, *name_sketch, *name_decision, *name_content_hash, *name_verifier, *name_signature,
     *name_shingle_count, *name_short, *name_anchors, *name_packed, *name_kind, *name_match_id, *name_jaccard,
     *name_containment, *name_contains, *name_canonical_id, *name_exact, *name_candidates, *name_passages,
-    *name_start, *name_end, *name_other_start, *name_other_end, *name_anchor_count, *empty_bytes;
+    *name_start, *name_end, *name_other_start, *name_other_end, *name_anchor_count, *name_record, *empty_bytes;
 
 /* An attribute of `owner`, kept until the article is released (NULL: an error is set). */
 static PyObject *held_attr(ArticleOut *a, PyObject *owner, PyObject *name) {
@@ -702,19 +702,21 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
  *     `context` after the writes it made (`main`), most of them in one call for the whole run
  *     before its first decision (read_ahead), each key and record read once; its own articles'
  *     records are made into probes (`probe_of`) only when proposed. Its writes go into `main` and
- *     `records`, the caller writing them in one batch; a version's removal, or a revived id's
- *     marker, is written there by `replace`, which reads what the run wrote (`scanned` lists the
- *     copy and member keys it added).
+ *     `records`, the caller writing them in one batch, a replaced version's removal and a revived
+ *     id's marker among them (`scanned` lists the copy and member keys the run added, which
+ *     `first_key` finds where a removal scans for the next holder of a content or head of a
+ *     cluster).
  *
  *     items: tuples (article_id, content_hash, band keys (a tuple of bytes), verifier (uint8
  *     buffer), signature (uint64 buffer: scored, and kept in the record, where the verifier is
  *     empty), shingle_count, short, anchors (packed), time_ms, cutoff_ms or None, latency_ms or
  *     None). seq: the first article's arrival number. context: (get_many, read_postings,
- *     prospects, probe_of, previous, replace, main, records, times_written, postings_written,
+ *     prospects, probe_of, first_key, corrupt, main, records, times_written, postings_written,
  *     scanned, bucket_sizes, before or None, before_base, audit, settings); probe_of(record): its
- *     probe (state/records.py: decode_probe); previous(id, content_hash): the id's next version,
- *     None where the version held has this content;
- *     replace(id): the id's version taken out, or its marker dropped; settings: (bucket bytes,
+ *     probe (state/records.py: decode_probe); first_key(prefix, skip): the first key under
+ *     `prefix` as the run leaves them, but the one ending in the seq `skip` (state/tables.py:
+ *     first_key), None for none; corrupt: the exception a stored record or marker that does not
+ *     decode raises (CorruptRecord); settings: (bucket bytes,
  *     posting bytes, max_candidates, top_candidates, anchor_candidates, passages, threshold,
  *     containment or -1, revised or -1, anchor lookup, empty slot, chance, anchor k, gap, shift,
  *     repeats).
@@ -727,7 +729,7 @@ static PyObject *verdict_json(PyObject *self, PyObject *args) {
 #define TIME_BIAS (((uint64_t)1) << 63)
 
 typedef struct {
-    PyObject *get_many, *read_postings, *prospects, *probe_of, *previous, *replace, *main, *records,
+    PyObject *get_many, *read_postings, *prospects, *probe_of, *first_key, *corrupt, *main, *records,
         *times_written, *postings_written, *scanned, *sizes, *before, *audit;
     /* what the run read, each key or seq once: the store does not change under a run, and its own
      * writes are in `main`; its articles' records by seq, their probes made only when proposed */
@@ -743,6 +745,15 @@ typedef struct {
     int has_newest;
     int64_t newest, seq;
 } Added;
+
+/* What a replaced version's removal reads of its stored record (state/records.py's layout),
+ * pointing into the record. */
+typedef struct {
+    int64_t seq, version, time_ms, cluster;
+    int in_postings; /* not a duplicate (IndexedArticle.in_postings) */
+    const char *hash, *digests, *anchors;
+    Py_ssize_t hash_len, digests_len, anchors_len;
+} Stored;
 
 /* One article of the run: its fields as given, then what its decision read and chose. */
 typedef struct {
@@ -763,6 +774,8 @@ typedef struct {
     PyObject *cluster_id;    /* str */
     int64_t version;         /* the id's next version: 0 for an id never held */
     int replaces, revived;   /* the id had a version (or a deletion marker: revived) the run replaces */
+    PyObject *replaced;      /* the record of the version it replaces, or the revived id's marker */
+    Stored old;              /* the version it replaces, read from its record */
     PyObject *holder;        /* a content held by an article it is not a copy of: the holder's seq */
 } Fresh;
 
@@ -1198,6 +1211,113 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     return matched(e, f, KIND_DUPLICATE, first, scores_tuple) < 0 ? -1 : 1;
 }
 
+/* -- a replaced version taken out ------------------------------------------------------------ */
+
+#define HEAD_FIELDS 13
+#define DIGEST_BYTES 8 /* a band key's digest: the key without its 2-byte band index */
+#define ANCHOR_BYTES 5
+
+static int varint_at(const unsigned char *data, Py_ssize_t len, Py_ssize_t *at, uint64_t *out) {
+    uint64_t value = 0;
+    for (int shift = 0; shift <= 63; shift += 7) {
+        if (*at >= len) {
+            return -1;
+        }
+        unsigned char byte = data[(*at)++];
+        value |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80)) {
+            *out = value;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int64_t unzigzag(uint64_t value) { return value & 1 ? -(int64_t)(value >> 1) - 1 : (int64_t)(value >> 1); }
+
+/* A stored record's fields (decode_record reads the same), or `corrupt` raised naming its arrival
+ * `seq`. */
+static int stored_read(Engine *e, PyObject *record, int64_t seq, Stored *s) {
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(record);
+    Py_ssize_t len = PyBytes_GET_SIZE(record), at = 2, parts[6];
+    uint64_t head[HEAD_FIELDS] = {0};
+    /* the parts in their order: id, cluster id, verifier, band digests, content hash, decision */
+    static const int lengths[6] = {6, 7, 9, 10, 8, 11};
+    const char *problem = len < 2 || memcmp(data, MAGIC, 2) != 0 ? "unknown record format" : NULL;
+    for (int i = 0; problem == NULL && i < HEAD_FIELDS; i++) {
+        if (varint_at(data, len, &at, &head[i]) < 0) {
+            problem = "a varint runs past the end of data";
+        }
+    }
+    for (int i = 0; problem == NULL && i < 6; i++) {
+        if (head[lengths[i]] > (uint64_t)(len - at)) {
+            problem = "record is truncated";
+        } else {
+            parts[i] = at, at += (Py_ssize_t)head[lengths[i]];
+        }
+    }
+    if (problem == NULL && (head[10] % DIGEST_BYTES || head[11] == 0)) {
+        problem = "record is truncated";
+    }
+    if (problem == NULL && head[12] > (uint64_t)(len - at) / ANCHOR_BYTES) {
+        problem = "anchors are truncated";
+    }
+    if (problem != NULL) {
+        PyErr_Format(e->corrupt, "state record '%lld' cannot be decoded: %s", (long long)seq, problem);
+        return -1;
+    }
+    s->seq = (int64_t)head[0], s->version = (int64_t)head[1], s->time_ms = unzigzag(head[2]);
+    s->cluster = s->seq - unzigzag(head[3]);
+    s->digests = (const char *)data + parts[3], s->digests_len = (Py_ssize_t)head[10];
+    s->hash = (const char *)data + parts[4], s->hash_len = (Py_ssize_t)head[8];
+    s->in_postings = data[parts[5]] != KIND_DUPLICATE;
+    s->anchors = (const char *)data + at, s->anchors_len = (Py_ssize_t)head[12] * ANCHOR_BYTES;
+    return 0;
+}
+
+/* A deletion marker's last version (tables.py: decode_marker), or `corrupt` raised. */
+static int marker_read(Engine *e, PyObject *id, PyObject *marker, int64_t *version) {
+    if (!PyBytes_Check(marker) || PyBytes_GET_SIZE(marker) != 16) {
+        PyErr_Format(e->corrupt, "deletion marker of %R has %zd bytes, not 16", id,
+                     PyBytes_Check(marker) ? PyBytes_GET_SIZE(marker) : (Py_ssize_t)-1);
+        return -1;
+    }
+    *version = (int64_t)seq_of(PyBytes_AS_STRING(marker));
+    return 0;
+}
+
+/* The probe of arrival `seq` (the run's own, or the store's), a new reference; `corrupt` raised
+ * where its record is gone. */
+static PyObject *probe_at(Engine *e, int64_t seq) {
+    PyObject *seqs = Py_BuildValue("[L]", (long long)seq);
+    PyObject *probes = seqs ? probes_of(e, seqs) : NULL;
+    Py_XDECREF(seqs);
+    PyObject *probe = probes ? Py_NewRef(PyList_GET_ITEM(probes, 0)) : NULL;
+    Py_XDECREF(probes);
+    if (probe == Py_None) {
+        Py_DECREF(probe);
+        PyErr_Format(e->corrupt, "state record of arrival %lld is missing", (long long)seq);
+        return NULL;
+    }
+    return probe;
+}
+
+/* The version an id map entry names, read from its record (kept with the article). */
+static int version_read(Engine *e, Fresh *f, PyObject *seq_key) {
+    if (!PyBytes_Check(seq_key) || PyBytes_GET_SIZE(seq_key) != 8) {
+        PyErr_Format(e->corrupt, "an id map entry is not a seq: %R", seq_key);
+        return -1;
+    }
+    int64_t seq = (int64_t)seq_of(PyBytes_AS_STRING(seq_key));
+    PyObject *probe = kept(f, probe_at(e, seq));
+    f->replaced = probe ? kept(f, PyObject_GetAttr(probe, name_record)) : NULL;
+    if (f->replaced != NULL && !PyBytes_Check(f->replaced)) {
+        PyErr_SetString(PyExc_TypeError, "a probe's record must be bytes");
+        return -1;
+    }
+    return f->replaced == NULL ? -1 : stored_read(e, f->replaced, seq, &f->old);
+}
+
 /* The decision (reference_decide.py's decide): 1 decided, 0 not one the run takes, -1 an error. */
 static int decide_one(Engine *e, Fresh *f, int64_t seq) {
     PyObject *names = kept(f, PyList_New(0));
@@ -1208,19 +1328,21 @@ static int decide_one(Engine *e, Fresh *f, int64_t seq) {
     if (held == NULL) {
         return -1;
     }
-    if (PyList_GET_ITEM(held, 0) != Py_None || PyList_GET_ITEM(held, 1) != Py_None) {
-        /* A new version, or a revived id: the version it replaces is taken out through the index's
-         * tables (`replace`), which read the run's writes where they are (Batch.scanned: the copy
-         * and member keys it added, which a removal scans for). */
-        PyObject *next = kept(f, PyObject_CallFunctionObjArgs(e->previous, f->id, f->hash, NULL));
-        if (next == NULL || next == Py_None) {
-            return next == NULL ? -1 : 0; /* None: the version held has this content (a re-delivery) */
-        }
-        long long version = PyLong_AsLongLong(next);
-        if (version == -1 && PyErr_Occurred()) {
+    if (PyList_GET_ITEM(held, 0) != Py_None) { /* a new version: the one held is taken out once it is decided */
+        if (version_read(e, f, PyList_GET_ITEM(held, 0)) < 0) {
             return -1;
         }
-        f->version = version, f->replaces = 1, f->revived = PyList_GET_ITEM(held, 0) == Py_None;
+        if (f->old.hash_len == PyBytes_GET_SIZE(f->hash) &&
+            memcmp(f->old.hash, PyBytes_AS_STRING(f->hash), (size_t)f->old.hash_len) == 0) {
+            return 0; /* the version held has this content: a re-delivery */
+        }
+        f->version = f->old.version + 1, f->replaces = 1;
+    } else if (PyList_GET_ITEM(held, 1) != Py_None) { /* a revived id: its versions go on from its marker's */
+        f->replaced = PyList_GET_ITEM(held, 1);
+        if (marker_read(e, f->id, f->replaced, &f->version) < 0) {
+            return -1;
+        }
+        f->version++, f->replaces = 1, f->revived = 1;
     }
     if (PyList_GET_ITEM(held, 2) != Py_None) {
         int copy = exact_copy(e, f, PyList_GET_ITEM(held, 2));
@@ -1400,25 +1522,6 @@ static PyObject *copy_key(PyObject *hash, PyObject *seq_key) {
     return copy;
 }
 
-/* The version the article replaces taken out, or the revived id's marker dropped, into the run's
- * writes by the index's tables (`replace`); then its buckets and posting lists are read again, as
- * that may have written them. The decision read them before: as reference_decide.py's decide,
- * which decides a new version beside the one it replaces (never its candidate). */
-static int replaced(Engine *e, Fresh *f) {
-    PyObject *done = PyObject_CallOneArg(e->replace, f->id);
-    if (done == NULL) {
-        return -1;
-    }
-    Py_DECREF(done);
-    if (f->buckets != NULL && (f->buckets = kept(f, left(e, f->bucket_names, e->get_many))) == NULL) {
-        return -1;
-    }
-    if (f->postings != NULL && (f->postings = kept(f, left(e, f->posting_names, e->read_postings))) == NULL) {
-        return -1;
-    }
-    return 0;
-}
-
 static int put_main(Engine *e, PyObject *key, PyObject *value) {
     int failed = key == NULL || PyDict_SetItem(e->main, key, value) < 0;
     Py_XDECREF(key);
@@ -1430,6 +1533,231 @@ static int put_scanned(Engine *e, PyObject *key) {
     int failed = key == NULL || PyDict_SetItem(e->main, key, empty_bytes) < 0 || PyList_Append(e->scanned, key) < 0;
     Py_XDECREF(key);
     return failed ? -1 : 0;
+}
+
+/* -- a replaced version taken out (continued) ---------------------------------------------- */
+
+/* The value of one key as the run leaves it (borrowed from the article's keep). */
+static PyObject *left_one(Engine *e, Fresh *f, PyObject *name) {
+    PyObject *names = kept(f, PyList_New(1));
+    if (names == NULL) {
+        return NULL;
+    }
+    PyList_SET_ITEM(names, 0, Py_NewRef(name));
+    PyObject *values = kept(f, left(e, names, e->get_many));
+    return values ? PyList_GET_ITEM(values, 0) : NULL;
+}
+
+/* `entry` taken out of the lists `names` as the run leaves them (_sketch.c's leave_entries), a
+ * new tuple (emptied, unfilled, changed) kept with the article. */
+static PyObject *left_out(Engine *e, Fresh *f, PyObject *names, PyObject *reader, PyObject *entry, int masked,
+                          Py_ssize_t full, PyObject *sizes) {
+    PyObject *stored = kept(f, left(e, names, reader));
+    PyObject *args = stored ? Py_BuildValue("(OOOinOO)", names, stored, entry, masked, full, e->main, sizes) : NULL;
+    PyObject *result = args ? kept(f, leave_entries(NULL, args)) : NULL;
+    Py_XDECREF(args);
+    return result;
+}
+
+static long long count_at(PyObject *counts, Py_ssize_t i) { return PyLong_AsLongLong(PyTuple_GET_ITEM(counts, i)); }
+
+/* Arrival `heir` joins the buckets `names` where it is not a member already (Buckets.join,
+ * if_absent): a copy taking its content over from the version taken out. */
+static int joined_again(Engine *e, Fresh *f, PyObject *names, PyObject *heir, Added *added) {
+    PyObject *stored = kept(f, left(e, names, e->get_many));
+    PyObject *absent = kept(f, PyList_New(0)), *values = kept(f, PyList_New(0));
+    if (stored == NULL || absent == NULL || values == NULL) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
+        PyObject *bucket = PyList_GET_ITEM(stored, i);
+        int member = 0;
+        for (Py_ssize_t at = 0; PyBytes_Check(bucket) && !member && at + 8 <= PyBytes_GET_SIZE(bucket); at += 8) {
+            member = memcmp(PyBytes_AS_STRING(bucket) + at, PyBytes_AS_STRING(heir), 8) == 0;
+        }
+        if (!member && (PyList_Append(absent, PyList_GET_ITEM(names, i)) < 0 || PyList_Append(values, bucket) < 0)) {
+            return -1;
+        }
+    }
+    PyObject *args = Py_BuildValue("(OOOnOO)", absent, values, heir, e->bucket_bytes, e->main, e->sizes);
+    PyObject *created = args ? join_buckets(NULL, args) : NULL;
+    Py_XDECREF(args);
+    if (created == NULL) {
+        return -1;
+    }
+    added->buckets += PyLong_AsLongLong(created);
+    Py_DECREF(created);
+    return 0;
+}
+
+/* The content's holder gone (Contents.remove): the earliest copy beside it takes the content,
+ * and its buckets, over; a copy gone leaves its place beside the holder. */
+static int content_left(Engine *e, Fresh *f, Stored *s, PyObject *seq_key, PyObject *buckets, Added *added) {
+    PyObject *hash = kept(f, PyBytes_FromStringAndSize(s->hash, s->hash_len));
+    PyObject *content = hash ? kept(f, prefixed('c', s->hash, s->hash_len)) : NULL;
+    PyObject *holder = content ? left_one(e, f, content) : NULL;
+    if (holder == NULL) {
+        return -1;
+    }
+    if (!PyBytes_Check(holder) || PyBytes_GET_SIZE(holder) != 8 || memcmp(PyBytes_AS_STRING(holder), PyBytes_AS_STRING(seq_key), 8)) {
+        return put_main(e, copy_key(hash, seq_key), Py_None);
+    }
+    PyObject *copies = kept(f, prefixed('x', s->hash, s->hash_len));
+    PyObject *heir = copies ? kept(f, PyObject_CallFunctionObjArgs(e->first_key, copies, seq_key, NULL)) : NULL;
+    if (heir == NULL || heir == Py_None) {
+        return heir == NULL ? -1 : PyDict_SetItem(e->main, content, Py_None);
+    }
+    if (!PyBytes_Check(heir) || PyBytes_GET_SIZE(heir) < 8) {
+        return invalid("first_key must return a key ending in a seq, or None");
+    }
+    PyObject *heir_seq = kept(f, PyBytes_FromStringAndSize(PyBytes_AS_STRING(heir) + PyBytes_GET_SIZE(heir) - 8, 8));
+    return heir_seq == NULL || PyDict_SetItem(e->main, content, heir_seq) < 0 ||
+                   PyDict_SetItem(e->main, heir, Py_None) < 0 || joined_again(e, f, buckets, heir_seq, added) < 0
+               ? -1
+               : 0;
+}
+
+/* Out of its cluster (Clusters.leave): when it was the cluster's head, the earliest member left
+ * becomes the head, or the cluster is gone. */
+static int cluster_left(Engine *e, Fresh *f, Stored *s, PyObject *seq_key, Added *added) {
+    unsigned char member[17];
+    member[0] = 'k';
+    for (int i = 0; i < 8; i++) {
+        member[1 + i] = (unsigned char)((uint64_t)s->cluster >> (56 - 8 * i));
+        member[9 + i] = (unsigned char)((uint64_t)s->seq >> (56 - 8 * i));
+    }
+    if (s->cluster != s->seq && put_main(e, PyBytes_FromStringAndSize((const char *)member, 17), Py_None) < 0) {
+        return -1;
+    }
+    PyObject *head_key = kept(f, prefixed('h', (const char *)member + 1, 8));
+    PyObject *head = head_key ? left_one(e, f, head_key) : NULL;
+    if (head == NULL) {
+        return -1;
+    }
+    if (head != Py_None && (!PyBytes_Check(head) || PyBytes_GET_SIZE(head) < 8)) {
+        PyErr_Format(e->corrupt, "the head of cluster %lld is not a seq and id", (long long)s->cluster);
+        return -1;
+    }
+    if ((head == Py_None ? s->cluster : (int64_t)seq_of(PyBytes_AS_STRING(head))) != s->seq) {
+        return 0;
+    }
+    /* the first article has no member key: it is never the successor, being the earliest */
+    PyObject *members = kept(f, PyBytes_FromStringAndSize((const char *)member, 9));
+    PyObject *next = members ? kept(f, PyObject_CallFunctionObjArgs(e->first_key, members, seq_key, NULL)) : NULL;
+    if (next == NULL) {
+        return -1;
+    }
+    if (next == Py_None) { /* no member left: the cluster is gone */
+        added->clusters--;
+        return PyDict_SetItem(e->main, head_key, Py_None);
+    }
+    if (!PyBytes_Check(next) || PyBytes_GET_SIZE(next) < 8) {
+        return invalid("first_key must return a key ending in a seq, or None");
+    }
+    const char *next_seq = PyBytes_AS_STRING(next) + PyBytes_GET_SIZE(next) - 8;
+    PyObject *probe = kept(f, probe_at(e, (int64_t)seq_of(next_seq)));
+    PyObject *id = probe ? kept(f, PyObject_GetAttr(probe, name_article_id)) : NULL;
+    Py_ssize_t id_len;
+    const char *utf8 = id ? PyUnicode_AsUTF8AndSize(id, &id_len) : NULL;
+    PyObject *entry = utf8 ? kept(f, PyBytes_FromStringAndSize(NULL, 8 + id_len)) : NULL;
+    if (entry == NULL) {
+        return -1;
+    }
+    memcpy(PyBytes_AS_STRING(entry), next_seq, 8);
+    memcpy(PyBytes_AS_STRING(entry) + 8, utf8, (size_t)id_len);
+    return PyDict_SetItem(e->main, head_key, entry);
+}
+
+/* The version the article replaces taken out of the index, into the run's writes, as index.py's
+ * _remove takes it out (the reference the tests compare with): its buckets, its posting lists,
+ * its content, its cluster, its place in the time order, its record. */
+static int taken_out(Engine *e, Fresh *f, Added *added) {
+    Stored s = f->old;
+    PyObject *seq_key = kept(f, seq_bytes(s.seq));
+    PyObject *buckets = seq_key ? kept(f, PyList_New(0)) : NULL;
+    if (buckets == NULL) {
+        return -1;
+    }
+    for (Py_ssize_t band = 0; band < s.digests_len / DIGEST_BYTES; band++) {
+        char key[2 + DIGEST_BYTES] = {(char)(band >> 8), (char)(band & 0xFF)};
+        memcpy(key + 2, s.digests + band * DIGEST_BYTES, DIGEST_BYTES);
+        if (name_added(buckets, prefixed('b', key, sizeof key)) < 0) {
+            return -1;
+        }
+    }
+    PyObject *left_buckets = left_out(e, f, buckets, e->get_many, seq_key, 0, 0, e->sizes);
+    if (left_buckets == NULL) {
+        return -1;
+    }
+    added->buckets -= count_at(left_buckets, 0);
+    if (s.in_postings && s.anchors_len) {
+        unsigned char low[POSTING_ENTRY];
+        int64_t bits = s.seq & POSTING_SEQS;
+        for (int i = POSTING_ENTRY - 1; i >= 0; i--, bits >>= 8) {
+            low[i] = (unsigned char)(bits & 0xFF);
+        }
+        PyObject *anchors = kept(f, PyBytes_FromStringAndSize(s.anchors, s.anchors_len));
+        PyObject *names = anchors ? kept(f, anchor_names(anchors)) : NULL;
+        PyObject *entry = names ? kept(f, PyBytes_FromStringAndSize((const char *)low, POSTING_ENTRY)) : NULL;
+        PyObject *lists = entry ? left_out(e, f, names, e->read_postings, entry, 1, e->posting_bytes, Py_None) : NULL;
+        if (lists == NULL) {
+            return -1;
+        }
+        added->postings -= count_at(lists, 0);
+        added->boilerplate -= count_at(lists, 1);
+        PyObject *changed = PyTuple_GET_ITEM(lists, 2);
+        if (PyList_GET_SIZE(changed) && PyList_Append(e->postings_written, changed) < 0) {
+            return -1;
+        }
+    }
+    if (content_left(e, f, &s, seq_key, buckets, added) < 0 || cluster_left(e, f, &s, seq_key, added) < 0) {
+        return -1;
+    }
+    unsigned char when[17]; /* t<time + 2**63><seq> */
+    uint64_t biased = (uint64_t)s.time_ms + TIME_BIAS;
+    when[0] = 't';
+    for (int i = 0; i < 8; i++) {
+        when[1 + i] = (unsigned char)(biased >> (56 - 8 * i));
+        when[9 + i] = (unsigned char)((uint64_t)s.seq >> (56 - 8 * i));
+    }
+    PyObject *time_key = kept(f, PyBytes_FromStringAndSize((const char *)when, 17));
+    if (time_key == NULL || PyDict_SetItem(e->main, time_key, Py_None) < 0 ||
+        PyList_Append(e->times_written, time_key) < 0 || PyDict_SetItem(e->records, seq_key, Py_None) < 0) {
+        return -1;
+    }
+    added->articles--;
+    return 0;
+}
+
+/* A revived id's deletion marker dropped, with its place in the marker time order (Markers.drop). */
+static int marker_dropped(Engine *e, Fresh *f) {
+    Py_ssize_t id_len;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(f->id, &id_len);
+    PyObject *when = utf8 ? PyBytes_FromStringAndSize(NULL, 9 + id_len) : NULL;
+    if (when == NULL) {
+        return -1;
+    }
+    PyBytes_AS_STRING(when)[0] = 'e';
+    memcpy(PyBytes_AS_STRING(when) + 1, PyBytes_AS_STRING(f->replaced) + 8, 8);
+    memcpy(PyBytes_AS_STRING(when) + 9, utf8, (size_t)id_len);
+    return put_main(e, when, Py_None) < 0 || put_main(e, prefixed_text('d', f->id), Py_None) < 0 ? -1 : 0;
+}
+
+/* The version the article replaces taken out, or the revived id's marker dropped; then its
+ * buckets and posting lists are read again, as that may have written them. The decision read
+ * them before: as reference_decide.py's decide, which decides a new version beside the one it
+ * replaces (never its candidate). */
+static int replaced(Engine *e, Fresh *f, Added *added) {
+    if ((f->revived ? marker_dropped(e, f) : taken_out(e, f, added)) < 0) {
+        return -1;
+    }
+    if (f->buckets != NULL && (f->buckets = kept(f, left(e, f->bucket_names, e->get_many))) == NULL) {
+        return -1;
+    }
+    if (f->postings != NULL && (f->postings = kept(f, left(e, f->posting_names, e->read_postings))) == NULL) {
+        return -1;
+    }
+    return 0;
 }
 
 /* The article indexed (index.py's apply of a new article that no content map entry names): the
@@ -1593,7 +1921,7 @@ static int item_read(Engine *e, Fresh *f, PyObject *item) {
 static int engine_read(Engine *e, PyObject *context) {
     PyObject *settings;
     if (!PyArg_ParseTuple(context, "OOOOOOO!O!O!O!O!O!OnO!O!", &e->get_many, &e->read_postings, &e->prospects,
-                          &e->probe_of, &e->previous, &e->replace, &PyDict_Type, &e->main, &PyDict_Type,
+                          &e->probe_of, &e->first_key, &e->corrupt, &PyDict_Type, &e->main, &PyDict_Type,
                           &e->records, &PyList_Type, &e->times_written, &PyList_Type, &e->postings_written,
                           &PyList_Type, &e->scanned, &PyList_Type, &e->sizes, &e->before, &e->before_base,
                           &PyBytes_Type, &e->audit, &PyTuple_Type, &settings)) {
@@ -1646,17 +1974,19 @@ static int read_ahead(Engine *e, PyObject *items) {
     failed = failed || (found = left(e, firsts, e->get_many)) == NULL ||
              (buckets = left(e, bucket_names, e->get_many)) == NULL ||
              (PyList_GET_SIZE(postings) && (read = left(e, postings, e->read_postings)) == NULL);
-    /* the records named: the content's holder, the stored buckets' first seqs as the decision
-     * merges them */
+    /* the records named: the version held, the content's holder, the stored buckets' first seqs
+     * as the decision merges them */
     for (Py_ssize_t i = 0, at = 0, band = 0; !failed && i < count; i++) {
         if (bands[i] < 0) {
             continue;
         }
-        PyObject *holder = PyList_GET_ITEM(found, at + 2);
-        if (PyBytes_Check(holder) && PyBytes_GET_SIZE(holder) == 8) {
-            PyObject *seq = PyLong_FromUnsignedLongLong(seq_of(PyBytes_AS_STRING(holder)));
-            failed = seq == NULL || PyList_Append(seqs, seq) < 0;
-            Py_XDECREF(seq);
+        for (int named = 0; named < 3 && !failed; named += 2) { /* the version held, the content's holder */
+            PyObject *held = PyList_GET_ITEM(found, at + named);
+            if (PyBytes_Check(held) && PyBytes_GET_SIZE(held) == 8) {
+                PyObject *seq = PyLong_FromUnsignedLongLong(seq_of(PyBytes_AS_STRING(held)));
+                failed = seq == NULL || PyList_Append(seqs, seq) < 0;
+                Py_XDECREF(seq);
+            }
         }
         PyObject *mine = failed ? NULL : PyList_GetSlice(buckets, band, band + bands[i]);
         PyObject *args = mine ? Py_BuildValue("(On)", mine, e->max_candidates + 1) : NULL;
@@ -1730,7 +2060,7 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
         }
         PyObject *record = NULL, *verdict = NULL, *row = NULL;
         int failed = decided < 0 || (decided > 0 && (written_bytes(&e, &f, added.seq, &record, &verdict) < 0 ||
-                                                      (f.replaces && replaced(&e, &f) < 0) ||
+                                                      (f.replaces && replaced(&e, &f, &added) < 0) ||
                                                       index_one(&e, &f, added.seq, record, &added) < 0 ||
                                                       (row = Py_BuildValue("(OOsO)", record, verdict, kind_names[f.kind],
                                                                            f.revived ? Py_True : Py_False)) == NULL ||
@@ -1792,7 +2122,7 @@ int decide_init(void) {
         {&name_canonical_id, "canonical_id"}, {&name_exact, "exact"}, {&name_candidates, "candidates"},
         {&name_passages, "passages"},     {&name_start, "start"},       {&name_end, "end"},
         {&name_other_start, "other_start"}, {&name_other_end, "other_end"},
-        {&name_anchor_count, "anchor_count"},
+        {&name_anchor_count, "anchor_count"}, {&name_record, "record"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL) {

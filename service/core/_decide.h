@@ -19,5 +19,6 @@ PyObject *passages(PyObject *self, PyObject *args);
 PyObject *posting_keys(PyObject *self, PyObject *args);
 PyObject *join_postings(PyObject *self, PyObject *args);
 PyObject *join_buckets(PyObject *self, PyObject *args);
+PyObject *leave_entries(PyObject *self, PyObject *args);
 
 #endif

@@ -59,6 +59,7 @@ from .tables import (
     TimeOrder,
     as_left,
     encode_marker,
+    first_key,
     seq_key,
 )
 
@@ -261,7 +262,7 @@ class IndexState:
         batch = Batch(buckets_written=True)
         settings = (self.bucket_cap * SEQ.size, self.anchor_cap * POSTING_ENTRY, *decision)
         readers = (self.kv.get_many, self.postings.stored, self.versions.prospects, decode_probe)
-        versions = (partial(self._next_version, batch), partial(self._replace, batch))
+        removals = (partial(first_key, self.kv, batch), CorruptRecord)
         # the bucket sizes counted in place: a replaced version's removal counts its own
         sizes = self.counts.bucket_sizes
         writes = (
@@ -273,7 +274,7 @@ class IndexState:
             sizes,
         )
         try:
-            context = (*readers, *versions, *writes, before, first, audit, settings)
+            context = (*readers, *removals, *writes, before, first, audit, settings)
             results, done, added = _sketch.decide_fresh(rows, self._seq, context)
         except Exception:  # counts moved and probes kept for writes never made
             self.reload()
@@ -289,24 +290,6 @@ class IndexState:
             batch.put(SEQ_KEY, str(self._seq).encode())
             self._write(batch)
         return results
-
-    def _next_version(self, batch: Batch, article_id: str, content_hash: bytes) -> int | None:
-        """The id's next version (it has one held, or a deletion marker), as the run's `batch`
-        leaves it; None where the version held has this content: a re-delivery, answered apart."""
-        existing = self._held(batch, article_id)
-        if existing is not None and existing.sketch.content_hash == content_hash:
-            return None
-        last = existing.version if existing is not None else self.deleted_version(article_id)
-        return None if last is None else last + 1
-
-    def _replace(self, batch: Batch, article_id: str) -> None:
-        """Into `batch`, the id's version taken out of every structure (it gets a new one in the
-        batch), or its deletion marker dropped, as apply does."""
-        existing = self._held(batch, article_id)
-        if existing is None:
-            self.markers.drop(batch, article_id)
-        else:
-            self._remove(batch, existing, keep_id=True)
 
     def _add(self, batch: Batch, article: IndexedArticle, record: bytes | None) -> None:
         """Into the content map and the buckets (an exact copy: beside its content's holder),

@@ -84,7 +84,7 @@ def keys_before(kv: KeyValue, prefix: bytes, bound: bytes, limit: int) -> list[b
     return [key for key, _ in itertools.islice(before, limit)]
 
 
-def first_key(kv: KeyValue, prefix: bytes, batch: Batch, skip: bytes) -> bytes | None:
+def first_key(kv: KeyValue, batch: Batch, prefix: bytes, skip: bytes) -> bytes | None:
     """The first key under `prefix` (its last 8 bytes a seq other than `skip`) as the batch leaves
     them: not one it deletes, and the ones it added that `batch.scanned` lists."""
     added = [
@@ -226,7 +226,7 @@ class Contents:
         if self.holder(content_hash, batch) != seq:
             batch.delete(COPY + content_hash + seq)
             return None
-        heir = first_key(self.kv, COPY + content_hash, batch, skip=seq)
+        heir = first_key(self.kv, batch, COPY + content_hash, seq)
         if heir is None:
             batch.delete(CONTENT + content_hash)
             return None
@@ -270,7 +270,7 @@ class Clusters:
         if head_seq != seq:
             return
         # the first article has no member key: it is never the successor, being the earliest
-        successor = first_key(self.kv, MEMBER + cluster_key, batch, skip=seq_key(seq))
+        successor = first_key(self.kv, batch, MEMBER + cluster_key, seq_key(seq))
         if successor is None:
             batch.delete(head_key)
             self.counts.clusters -= 1

@@ -23,12 +23,15 @@ from neardup.core.dedup import fresh_settings
 from neardup.core.params import DedupParams
 from neardup.core.retention import NO_RETENTION, Retention
 from neardup.core.shingle import ShingleOptions
-from neardup.pipeline.shard import IndexShard, Item
-from neardup.state import held
+from neardup.pipeline.shard import MARKER_PREFIX, IndexShard, Item
+from neardup.state import held, index
 from neardup.state.index import IndexState, fresh_row
 from neardup.state.memory import MemoryKV, MemoryState
+from neardup.state.port import Batch
+from neardup.state.records import MAGIC as RECORD_MAGIC
+from neardup.state.records import decode_probe
 from neardup.state.rocks import RocksOptions, RocksState
-from neardup.state.tables import ArticleVersions
+from neardup.state.tables import ArticleVersions, seq_key
 from tests.benchmarks import bench_stream
 from tests.data.make_labelled_set import make_variants
 from tests.support.arrivals import NOW_S, SAMPLE, in_batches, paragraphs, sample_news, signed_items, stream
@@ -270,15 +273,15 @@ def test_a_run_that_raises_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> No
     items = signed_items(list(stream(6, 40)), ON)
     reference = ReferenceShard(MemoryState(), ON)
     expected = everything(reference, in_batches(reference, items, 10))
-    real, calls = IndexState._replace, [0]
+    real, calls = index.first_key, [0]
 
-    def failing(self: IndexState, batch: Any, article_id: str) -> None:
+    def failing(*args: Any) -> bytes | None:
         calls[0] += 1
         if calls[0] == 1:
             raise MemoryError("injected")
-        real(self, batch, article_id)
+        return real(*args)
 
-    monkeypatch.setattr(IndexState, "_replace", failing)
+    monkeypatch.setattr(index, "first_key", failing)
     shard = IndexShard(MemoryState(), ON)
     texts = paragraphs()[:3]
     arrivals = [("p0", texts[0]), ("p1", texts[1]), ("p0", texts[2])]  # p0's second version
@@ -372,18 +375,45 @@ def test_a_removal_that_fails_in_the_run_writes_nothing(monkeypatch: pytest.Monk
     items = signed_items(list(stream(9, 120)), ON)
     reference = ReferenceShard(MemoryState(), ON)
     expected = everything(reference, in_batches(reference, items, 8))
-    real, failures = IndexState._replace, [0]
+    real, failures = index.first_key, [0]
 
-    def once(self: IndexState, batch: Any, article_id: str) -> None:
-        real(self, batch, article_id)  # its writes into the run's batch, then the failure
+    def once(*args: Any) -> bytes | None:
+        found = real(*args)  # the removal's writes so far in the run's batch, then the failure
         if not failures[0]:
             failures[0] += 1
             raise OSError("injected")
+        return found
 
-    monkeypatch.setattr(IndexState, "_replace", once)
+    monkeypatch.setattr(index, "first_key", once)
     shard = IndexShard(MemoryState(), ON)
     assert everything(shard, in_batches(shard, items, 8)) == expected
     assert failures == [1]
+
+
+@pytest.mark.parametrize("damaged", ["head", "body", "marker"])
+def test_a_version_over_a_record_or_marker_that_does_not_decode_fails_alone(damaged: str) -> None:
+    """The run reads the version an article replaces (or the revived id's deletion marker) itself:
+    one that does not decode, in its head (which its probe reads) or past it (which the removal
+    reads), fails that article, with CorruptRecord naming what is wrong, and the next article of
+    the batch is decided."""
+    texts = paragraphs()
+    shard = IndexShard(MemoryState(), ON)
+    before = [("a", texts[0]), ("b", texts[1]), *([("a", None)] if damaged == "marker" else [])]
+    statuses = [r.status for r in shard.decide(signed_items(before, ON))]
+    assert statuses == ["new", "new", "deleted"][: len(before)]
+    (record,) = shard.state.kv.records([seq_key(0)])
+    batch, expected = Batch(), "state record '0' cannot be decoded"
+    if damaged == "head":
+        batch.records[seq_key(0)] = RECORD_MAGIC + b"\x80"  # a varint of the head that never ends
+    elif damaged == "body" and record is not None:  # its decision cut short: the head and verifier whole
+        batch.records[seq_key(0)] = record[: decode_probe(record).anchors_at - 1]
+        expected += ": record is truncated"
+    else:
+        batch.main[MARKER_PREFIX + b"a"], expected = b"short", "deletion marker of 'a' has 5 bytes"
+    shard.state.kv.write(batch)
+    results = shard.decide(signed_items([("a", texts[2]), ("c", texts[3])], ON))
+    assert [r.status for r in results] == ["error", "new"], results
+    assert (results[0].error or "").startswith(f"CorruptRecord: {expected}"), results[0].error
 
 
 def test_bad_rows_and_contexts_are_refused() -> None:
