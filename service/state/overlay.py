@@ -30,12 +30,21 @@ class _Family:
     values: dict[bytes, bytes | None] = field(default_factory=dict)
     ordered: list[bytes] = field(default_factory=list)
 
-    def keys_from(self, prefix: bytes) -> Iterator[bytes]:
-        """Its keys that start with `prefix`, in order."""
+    def _first(self, prefix: bytes) -> int:
+        """Where its first key from `prefix` on is in its ordered keys."""
         if new := len(self.values) - len(self.ordered):
             # a new list: a scan in progress goes on over the one it started with
             self.ordered = sorted([*self.ordered, *itertools.islice(reversed(self.values), new)])
-        following = itertools.islice(self.ordered, bisect.bisect_left(self.ordered, prefix), None)
+        return bisect.bisect_left(self.ordered, prefix)
+
+    def holds(self, prefix: bytes) -> bool:
+        """Whether it holds a key (a value or a deletion) that starts with `prefix`."""
+        at = self._first(prefix)
+        return at < len(self.ordered) and self.ordered[at].startswith(prefix)
+
+    def keys_from(self, prefix: bytes) -> Iterator[bytes]:
+        """Its keys that start with `prefix`, in order."""
+        following = itertools.islice(self.ordered, self._first(prefix), None)
         yield from itertools.takewhile(lambda key: key.startswith(prefix), following)
 
 
@@ -143,10 +152,12 @@ class LayeredKV:
         """The store's entries under `prefix` with the layers' over them, in key order: a key the
         layers hold takes their newest value, and is left out where that is a deletion. Lazy: a
         caller that stops early reads no further, in the store or the layers."""
-        if not self._layers:
+        # only the layers holding keys under the prefix: most scans (a content's copies, a
+        # cluster's members) find none there, and then the store's entries are the answer
+        layers = [held for held in self._newest_first(family) if held.holds(prefix)]
+        if not layers:
             yield from below
             return
-        layers = self._newest_first(family)
         # each held key once, in order, whichever layers hold it
         held = (key for key, _ in itertools.groupby(heapq.merge(*(f.keys_from(prefix) for f in layers))))
         # the held entries but the deletions, in order
