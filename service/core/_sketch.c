@@ -2031,6 +2031,7 @@ typedef struct {
 #define HELD_SEGMENT_BITS 8
 #define HELD_SEGMENTS (1 << HELD_SEGMENT_BITS)
 #define HELD_SLOT_BITS 40 /* a segment's slots at most; a position (items) is segment, then slot */
+#define HELD_AHEAD 8     /* entries an apply looks ahead, fetching their slots */
 
 typedef struct {
     HeldEntry **slots; /* a power of two of them (or none yet); NULL: free */
@@ -2164,19 +2165,40 @@ static PyObject *held_get_many(HeldTable *t, PyObject *keys) {
         PyErr_SetString(PyExc_TypeError, "keys must be a list");
         return NULL;
     }
-    PyObject *found = PyList_New(PyList_GET_SIZE(keys));
-    for (Py_ssize_t i = 0; found != NULL && i < PyList_GET_SIZE(keys); i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i), *value = Py_None;
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    uint64_t *hashes = PyMem_Malloc((size_t)(count ? count : 1) * sizeof *hashes);
+    if (hashes == NULL) {
+        return PyErr_NoMemory();
+    }
+    /* every key's slot fetched, then the entries the slots name, before any is compared: a table
+     * of millions misses the cache at each, and the misses overlap */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
         if (!PyBytes_Check(key)) {
+            PyMem_Free(hashes);
             PyErr_SetString(PyExc_TypeError, "keys must be bytes");
-            Py_CLEAR(found);
-            break;
+            return NULL;
         }
+        hashes[i] = key_hash((const unsigned char *)PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key));
+        const HeldSegment *s = held_segment(t, hashes[i]);
+        if (s->capacity) {
+            __builtin_prefetch(&s->slots[held_home(s->capacity, hashes[i])]);
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const HeldSegment *s = held_segment(t, hashes[i]);
+        const HeldEntry *e = s->capacity ? s->slots[held_home(s->capacity, hashes[i])] : NULL;
+        if (e != NULL) {
+            __builtin_prefetch(e);
+        }
+    }
+    PyObject *found = PyList_New(count);
+    for (Py_ssize_t i = 0; found != NULL && i < count; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = Py_None;
         size_t length = (size_t)PyBytes_GET_SIZE(key);
         const unsigned char *at = (const unsigned char *)PyBytes_AS_STRING(key);
-        uint64_t hash = key_hash(at, length);
-        const HeldSegment *s = held_segment(t, hash);
-        HeldEntry *e = s->capacity && length <= 255 ? s->slots[held_slot(s, at, length, hash)] : NULL;
+        const HeldSegment *s = held_segment(t, hashes[i]);
+        HeldEntry *e = s->capacity && length <= 255 ? s->slots[held_slot(s, at, length, hashes[i])] : NULL;
         if (e != NULL) {
             value = PyBytes_FromStringAndSize((const char *)e->data + e->key_len, e->value_len);
             if (value == NULL) {
@@ -2188,6 +2210,7 @@ static PyObject *held_get_many(HeldTable *t, PyObject *keys) {
         }
         PyList_SET_ITEM(found, i, value);
     }
+    PyMem_Free(hashes);
     return found;
 }
 
@@ -2203,15 +2226,29 @@ static PyObject *held_apply(HeldTable *t, PyObject *args) {
         for (Py_ssize_t i = 0; i < count; i++) {
             keys += in[4 + i];
         }
-        const unsigned char *value_at = key_at + keys;
-        for (Py_ssize_t i = 0; i < count; i++) {
-            uint32_t value_len = get_be32(in + 4 + count + 4 * i);
+        const unsigned char *value_at = key_at + keys, *ahead = key_at;
+        for (Py_ssize_t i = 0; i < count + HELD_AHEAD; i++) {
+            /* the slot of the entry HELD_AHEAD on fetched meanwhile: a table of millions misses the
+             * cache at every entry, and the misses overlap */
+            if (i < count) {
+                uint64_t hash = key_hash(ahead, in[4 + i]);
+                const HeldSegment *s = held_segment(t, hash);
+                if (s->capacity) {
+                    __builtin_prefetch(&s->slots[held_home(s->capacity, hash)]);
+                }
+                ahead += in[4 + i];
+            }
+            if (i < HELD_AHEAD) {
+                continue;
+            }
+            Py_ssize_t at = i - HELD_AHEAD;
+            uint32_t value_len = get_be32(in + 4 + count + 4 * at);
             const unsigned char *value = value_len == DELETED ? NULL : value_at;
-            if (held_set(t, key_at, in[4 + i], value, value == NULL ? 0 : value_len) < 0) {
+            if (held_set(t, key_at, in[4 + at], value, value == NULL ? 0 : value_len) < 0) {
                 count = -1;
                 break;
             }
-            key_at += in[4 + i];
+            key_at += in[4 + at];
             value_at += value == NULL ? 0 : value_len;
         }
     }
