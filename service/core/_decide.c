@@ -799,12 +799,16 @@ static uint64_t seq_of(const char *data) {
     return seq;
 }
 
-static PyObject *seq_bytes(int64_t seq) {
-    unsigned char out[8];
-    uint64_t value = (uint64_t)seq;
-    for (int i = 7; i >= 0; i--, value >>= 8) {
+/* `value` in `width` big-endian bytes at `out`. */
+static void put_be(unsigned char *out, int width, uint64_t value) {
+    for (int i = width - 1; i >= 0; i--, value >>= 8) {
         out[i] = (unsigned char)(value & 0xFF);
     }
+}
+
+static PyObject *seq_bytes(int64_t seq) {
+    unsigned char out[8];
+    put_be(out, 8, (uint64_t)seq);
     return PyBytes_FromStringAndSize((const char *)out, 8);
 }
 
@@ -1537,6 +1541,36 @@ static int put_scanned(Engine *e, PyObject *key) {
 
 /* -- a replaced version taken out (continued) ---------------------------------------------- */
 
+/* A cluster member's key (k<cluster seq><seq>) into `out`, 17 bytes. */
+static void member_key(unsigned char *out, int64_t cluster, int64_t seq) {
+    out[0] = 'k';
+    put_be(out + 1, 8, (uint64_t)cluster);
+    put_be(out + 9, 8, (uint64_t)seq);
+}
+
+/* An arrival's time-order key (t<time + 2**63><seq>: the arrivals by event time), a new bytes. */
+static PyObject *time_key(int64_t time_ms, int64_t seq) {
+    unsigned char key[17];
+    key[0] = 't';
+    put_be(key + 1, 8, (uint64_t)time_ms + TIME_BIAS);
+    put_be(key + 9, 8, (uint64_t)seq);
+    return PyBytes_FromStringAndSize((const char *)key, 17);
+}
+
+/* Arrival `seq_key` joins the buckets `names` as `stored` holds them (_sketch.c's join_buckets),
+ * the buckets it creates counted. */
+static int buckets_joined(Engine *e, PyObject *names, PyObject *stored, PyObject *seq_key, Added *added) {
+    PyObject *args = Py_BuildValue("(OOOnOO)", names, stored, seq_key, e->bucket_bytes, e->main, e->sizes);
+    PyObject *created = args ? join_buckets(NULL, args) : NULL;
+    Py_XDECREF(args);
+    if (created == NULL) {
+        return -1;
+    }
+    added->buckets += PyLong_AsLongLong(created);
+    Py_DECREF(created);
+    return 0;
+}
+
 /* The value of one key as the run leaves it (borrowed from the article's keep). */
 static PyObject *left_one(Engine *e, Fresh *f, PyObject *name) {
     PyObject *names = kept(f, PyList_New(1));
@@ -1579,15 +1613,7 @@ static int joined_again(Engine *e, Fresh *f, PyObject *names, PyObject *heir, Ad
             return -1;
         }
     }
-    PyObject *args = Py_BuildValue("(OOOnOO)", absent, values, heir, e->bucket_bytes, e->main, e->sizes);
-    PyObject *created = args ? join_buckets(NULL, args) : NULL;
-    Py_XDECREF(args);
-    if (created == NULL) {
-        return -1;
-    }
-    added->buckets += PyLong_AsLongLong(created);
-    Py_DECREF(created);
-    return 0;
+    return buckets_joined(e, absent, values, heir, added);
 }
 
 /* The content's holder gone (Contents.remove): the earliest copy beside it takes the content,
@@ -1621,11 +1647,7 @@ static int content_left(Engine *e, Fresh *f, Stored *s, PyObject *seq_key, PyObj
  * becomes the head, or the cluster is gone. */
 static int cluster_left(Engine *e, Fresh *f, Stored *s, PyObject *seq_key, Added *added) {
     unsigned char member[17];
-    member[0] = 'k';
-    for (int i = 0; i < 8; i++) {
-        member[1 + i] = (unsigned char)((uint64_t)s->cluster >> (56 - 8 * i));
-        member[9 + i] = (unsigned char)((uint64_t)s->seq >> (56 - 8 * i));
-    }
+    member_key(member, s->cluster, s->seq);
     if (s->cluster != s->seq && put_main(e, PyBytes_FromStringAndSize((const char *)member, 17), Py_None) < 0) {
         return -1;
     }
@@ -1692,10 +1714,7 @@ static int taken_out(Engine *e, Fresh *f, Added *added) {
     added->buckets -= count_at(left_buckets, 0);
     if (s.in_postings && s.anchors_len) {
         unsigned char low[POSTING_ENTRY];
-        int64_t bits = s.seq & POSTING_SEQS;
-        for (int i = POSTING_ENTRY - 1; i >= 0; i--, bits >>= 8) {
-            low[i] = (unsigned char)(bits & 0xFF);
-        }
+        put_be(low, POSTING_ENTRY, (uint64_t)(s.seq & POSTING_SEQS));
         PyObject *anchors = kept(f, PyBytes_FromStringAndSize(s.anchors, s.anchors_len));
         PyObject *names = anchors ? kept(f, anchor_names(anchors)) : NULL;
         PyObject *entry = names ? kept(f, PyBytes_FromStringAndSize((const char *)low, POSTING_ENTRY)) : NULL;
@@ -1713,16 +1732,9 @@ static int taken_out(Engine *e, Fresh *f, Added *added) {
     if (content_left(e, f, &s, seq_key, buckets, added) < 0 || cluster_left(e, f, &s, seq_key, added) < 0) {
         return -1;
     }
-    unsigned char when[17]; /* t<time + 2**63><seq> */
-    uint64_t biased = (uint64_t)s.time_ms + TIME_BIAS;
-    when[0] = 't';
-    for (int i = 0; i < 8; i++) {
-        when[1 + i] = (unsigned char)(biased >> (56 - 8 * i));
-        when[9 + i] = (unsigned char)((uint64_t)s.seq >> (56 - 8 * i));
-    }
-    PyObject *time_key = kept(f, PyBytes_FromStringAndSize((const char *)when, 17));
-    if (time_key == NULL || PyDict_SetItem(e->main, time_key, Py_None) < 0 ||
-        PyList_Append(e->times_written, time_key) < 0 || PyDict_SetItem(e->records, seq_key, Py_None) < 0) {
+    PyObject *when = kept(f, time_key(s.time_ms, s.seq));
+    if (when == NULL || PyDict_SetItem(e->main, when, Py_None) < 0 || PyList_Append(e->times_written, when) < 0 ||
+        PyDict_SetItem(e->records, seq_key, Py_None) < 0) {
         return -1;
     }
     added->articles--;
@@ -1779,16 +1791,9 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
             return -1;
         }
         PyObject *content = prefixed('c', PyBytes_AS_STRING(f->hash), PyBytes_GET_SIZE(f->hash));
-        PyObject *args = put_main(e, content, seq_key) < 0 ? NULL
-                         : Py_BuildValue("(OOOnOO)", f->bucket_names, f->buckets, seq_key, e->bucket_bytes, e->main,
-                                         e->sizes);
-        PyObject *created = args ? join_buckets(NULL, args) : NULL;
-        Py_XDECREF(args);
-        if (created == NULL) {
+        if (put_main(e, content, seq_key) < 0 || buckets_joined(e, f->bucket_names, f->buckets, seq_key, added) < 0) {
             return -1;
         }
-        added->buckets += PyLong_AsLongLong(created);
-        Py_DECREF(created);
     }
     if (f->kind != KIND_DUPLICATE) { /* a duplicate joins no posting list: its match holds the text */
         if (posting_names(f) == NULL) {
@@ -1802,11 +1807,8 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
             }
         }
         if (count) {
-            int64_t low = (seq & POSTING_SEQS) | (count < 2 ? FEW_ANCHORS : 0);
             unsigned char entry[POSTING_ENTRY];
-            for (int i = POSTING_ENTRY - 1; i >= 0; i--, low >>= 8) {
-                entry[i] = (unsigned char)(low & 0xFF);
-            }
+            put_be(entry, POSTING_ENTRY, (uint64_t)((seq & POSTING_SEQS) | (count < 2 ? FEW_ANCHORS : 0)));
             PyObject *join = Py_BuildValue("(OOy#nO)", f->posting_names, f->postings, entry, (Py_ssize_t)POSTING_ENTRY,
                                            e->posting_bytes, e->main);
             PyObject *joined = join ? join_postings(NULL, join) : NULL;
@@ -1826,25 +1828,14 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
         added->clusters++;
     } else {
         unsigned char member[17];
-        member[0] = 'k';
-        for (int i = 0; i < 8; i++) {
-            member[1 + i] = (unsigned char)((uint64_t)f->cluster >> (56 - 8 * i));
-            member[9 + i] = (unsigned char)((uint64_t)seq >> (56 - 8 * i));
-        }
+        member_key(member, f->cluster, seq);
         if (put_scanned(e, PyBytes_FromStringAndSize((const char *)member, 17)) < 0) {
             return -1;
         }
     }
-    unsigned char when[17]; /* t<time + 2**63><seq>: the arrivals by event time */
-    uint64_t biased = (uint64_t)f->time_ms + TIME_BIAS;
-    when[0] = 't';
-    for (int i = 0; i < 8; i++) {
-        when[1 + i] = (unsigned char)(biased >> (56 - 8 * i));
-        when[9 + i] = (unsigned char)((uint64_t)seq >> (56 - 8 * i));
-    }
-    PyObject *time_key = kept(f, PyBytes_FromStringAndSize((const char *)when, 17));
-    if (time_key == NULL || PyDict_SetItem(e->main, time_key, empty_bytes) < 0 ||
-        PyList_Append(e->times_written, time_key) < 0 || put_main(e, prefixed_text('a', f->id), seq_key) < 0 ||
+    PyObject *when = kept(f, time_key(f->time_ms, seq));
+    if (when == NULL || PyDict_SetItem(e->main, when, empty_bytes) < 0 || PyList_Append(e->times_written, when) < 0 ||
+        put_main(e, prefixed_text('a', f->id), seq_key) < 0 ||
         PyDict_SetItem(e->records, seq_key, record) < 0) {
         return -1;
     }

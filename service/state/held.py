@@ -25,9 +25,11 @@ and the marks, and the state goes on keyed.
 from __future__ import annotations
 
 import heapq
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from ..core.compiled import _sketch
 from .port import Batch, KeyValue
@@ -135,11 +137,8 @@ class HeldFamilies:
                 self._snapshot_bytes = self._log_bytes = 0
         elif len(self.held) > HELD_ENTRIES:
             self._start_draining()
-        elif self._folding is not None:
-            self._fold_step()
-        elif self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
-            self._begin_fold()
-            self._fold_step()
+        elif self._folding is not None or self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
+            self._fold_steps(len(logged or b""))
 
     def fold(self) -> None:
         """The held entries as a snapshot, in place of the snapshot and log before: the fold begun,
@@ -149,6 +148,20 @@ class HeldFamilies:
                 return
             self._begin_fold()
         while self._folding is not None:
+            self._fold_step()
+
+    def _fold_steps(self, logged: int) -> None:
+        """The steps of a fold (begun if none is) that a write of `logged` bytes of log takes: one,
+        or as many as end the fold before the log grows by half the snapshot. A write of a large
+        batch (a backlog decided) logs more than a fold's step folds, and a fold at one step a
+        write would end with a log as large as the snapshot, read again at every open."""
+        if self._folding is None:
+            self._begin_fold()
+        fold = cast(_Fold, self._folding)
+        half = max(_SNAPSHOT_FLOOR, self._snapshot_bytes) / 2
+        for _ in range(max(1, math.ceil(fold.steps * logged / half))):
+            if self._folding is None:
+                break
             self._fold_step()
 
     def _begin_fold(self) -> None:
