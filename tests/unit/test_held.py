@@ -236,6 +236,32 @@ def test_a_reopened_store_holds_what_the_live_one_held(
     assert [key for key, _ in live.scan(BAND)] + [key for key, _ in live.scan(POSTING)] == held_keys
 
 
+@pytest.mark.parametrize("rows", [150, 2], ids=["large-writes", "small-writes"])
+def test_a_fold_ends_before_the_log_outgrows_the_snapshot_by_half(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fold goes at least a step a write; a write that logs much (a large batch) takes as many
+    steps as end the fold before the log grows by half the snapshot. So the log an open reads
+    again stays within one and a half snapshots, and a write or two, whatever the writes' size;
+    small writes fold a step each, over several writes."""
+    monkeypatch.setattr(held_module, "_SNAPSHOT_FLOOR", 2_000)
+    monkeypatch.setattr(held_module, "_FOLD_STEP", 4)
+    rng = random.Random(rows)
+    keys = [BAND + b"%06d" % n for n in range(400)]
+    inner = MemoryKV()
+    live = HeldFamilies(inner, HELD)
+    largest = folds = 0
+    for _ in range(400 if rows < 10 else 60):
+        changes = {key: rng.randbytes(8 * rng.randint(1, 6)) for key in rng.sample(keys, rows)}
+        largest = max(largest, len(pack_changes(changes)))
+        live.write(Batch(main=changes))
+        folds += live._folding is not None
+        log = sum(len(value) for _, value in inner.scan(LOG))
+        assert log <= 1.5 * max(2_000, live._snapshot_bytes) + 2 * largest
+    assert folds or rows > 10, "small writes fold a step each, over several writes"
+    assert live.get_many(keys) == HeldFamilies(inner, HELD).get_many(keys)
+
+
 def test_each_write_is_one_write_of_the_store_with_its_log() -> None:
     """What makes the held keys durable is written in the same batch as the rest: a crash keeps
     both or neither."""
