@@ -7,10 +7,11 @@ changes, one value a write batch (``j<number>``) in the same batch as the rest o
 writes, so that a crash leaves both or neither. The log is folded into a snapshot (``s<number>``
 chunks) when it outgrows the snapshot, and at `compact`; opening reads the snapshot's chunks, then
 the log, each in the order of their numbers. A fold goes a range of hashes a write (`_FOLD_STEP`
-entries or so), not in one pause: its chunks, numbered after the snapshot's, hold their entries as
-they are when written, and the log since the fold began holds every change made meanwhile, so the
-old chunks, the new and the whole log read in that order give the table whether the fold finished
-or a crash cut it short; its last step drops the old chunks and the log from before it began.
+entries or so; more for a write of a large batch: `_fold_steps`), not in one pause: its chunks,
+numbered after the snapshot's, hold their entries as they are when written, and the log since the
+fold began holds every change made meanwhile, so the old chunks, the new and the whole log read in
+that order give the table whether the fold finished or a crash cut it short; its last step drops
+the old chunks and the log from before it began.
 The price is memory: the families' entries live in the process, in a compiled table (_sketch.HeldTable,
 an allocation an entry with its key and value, where a dict would add two bytes objects and its
 own slots; BATCH.md measures it), which is why past HELD_ENTRIES they go back to being keys. They
