@@ -158,12 +158,10 @@ class HeldFamilies:
         write would end with a log as large as the snapshot, read again at every open."""
         if self._folding is None:
             self._begin_fold()
-        fold = cast(_Fold, self._folding)
         half = max(_SNAPSHOT_FLOOR, self._snapshot_bytes) / 2
-        for _ in range(max(1, math.ceil(fold.steps * logged / half))):
-            if self._folding is None:
-                break
-            self._fold_step()
+        for _ in range(max(1, math.ceil(cast(_Fold, self._folding).steps * logged / half))):
+            if self._folding is not None:  # not ended by an earlier step
+                self._fold_step()
 
     def _begin_fold(self) -> None:
         steps = 1 << max(0, (len(self.held) - 1) // _FOLD_STEP).bit_length()
