@@ -360,8 +360,10 @@ static int article_read(ArticleOut *a, PyObject *article, int whole) {
 /* -- the record --------------------------------------------------------------------------------- */
 
 #define MAGIC "N7"
-#define BAND_INDEX 2 /* a band key's index bytes, which its position gives back */
+#define BAND_INDEX 2   /* a band key's index bytes, which its position gives back */
+#define DIGEST_BYTES 8 /* a band key's digest: the key without its index */
 #define ANCHOR_BYTES 5
+#define HEAD_FIELDS 13 /* the head's varints */
 enum { FLAG_SHORT = 1, FLAG_OWN_CLUSTER = 2 };
 enum { EXACT = 1, CANONICAL_SELF = 2, CANONICAL_CLUSTER = 4, MATCH_APART = 8 };
 #define NO_PLACE 255
@@ -464,7 +466,7 @@ static int record_write(Buf *b, const ArticleOut *a) {
     for (int i = 0; i < 3 && !failed; i++) {
         failed = unsigned_fields[i] < 0 && invalid("a record's numbers must be >= 0");
     }
-    uint64_t head[] = {(uint64_t)a->seq,
+    uint64_t head[HEAD_FIELDS] = {(uint64_t)a->seq,
                        (uint64_t)a->version,
                        zigzag(a->time_ms),
                        zigzag(from_cluster),
@@ -478,7 +480,7 @@ static int record_write(Buf *b, const ArticleOut *a) {
                        (uint64_t)decision.len,
                        (uint64_t)(a->anchors.len / ANCHOR_BYTES)};
     failed = failed || PUT_TEXT(b, MAGIC) < 0;
-    for (size_t i = 0; i < sizeof head / sizeof head[0] && !failed; i++) {
+    for (size_t i = 0; i < HEAD_FIELDS && !failed; i++) {
         failed = put_varint(b, head[i]) < 0;
     }
     failed = failed || put(b, a->id.text, a->id.len) < 0 || (!own && put(b, a->cluster_id.text, a->cluster_id.len) < 0) ||
@@ -921,6 +923,16 @@ failed:
     return NULL;
 }
 
+/* The probe of arrival `seq` (None: its record is gone), a new reference. */
+static PyObject *probe_one(Engine *e, int64_t seq) {
+    PyObject *seqs = Py_BuildValue("[L]", (long long)seq);
+    PyObject *probes = seqs ? probes_of(e, seqs) : NULL;
+    Py_XDECREF(seqs);
+    PyObject *probe = probes ? Py_NewRef(PyList_GET_ITEM(probes, 0)) : NULL;
+    Py_XDECREF(probes);
+    return probe;
+}
+
 static int int_of(PyObject *obj, PyObject *name, int64_t *out) {
     PyObject *value = PyObject_GetAttr(obj, name);
     if (value == NULL) {
@@ -1192,12 +1204,10 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
     if (!PyBytes_Check(holder) || PyBytes_GET_SIZE(holder) != 8) {
         return invalid("a content's holder entry must be a seq of 8 bytes");
     }
-    PyObject *seqs = kept(f, Py_BuildValue("[K]", (unsigned long long)seq_of(PyBytes_AS_STRING(holder))));
-    PyObject *probes = seqs ? kept(f, probes_of(e, seqs)) : NULL;
-    if (probes == NULL) {
+    PyObject *first = kept(f, probe_one(e, (int64_t)seq_of(PyBytes_AS_STRING(holder))));
+    if (first == NULL) {
         return -1;
     }
-    PyObject *first = PyList_GET_ITEM(probes, 0);
     int is = candidacy(f, first);
     if (is < 2) {
         return is < 0 ? -1 : 2;
@@ -1217,26 +1227,6 @@ static int exact_copy(Engine *e, Fresh *f, PyObject *holder) {
 
 /* -- a replaced version taken out ------------------------------------------------------------ */
 
-#define HEAD_FIELDS 13
-#define DIGEST_BYTES 8 /* a band key's digest: the key without its 2-byte band index */
-#define ANCHOR_BYTES 5
-
-static int varint_at(const unsigned char *data, Py_ssize_t len, Py_ssize_t *at, uint64_t *out) {
-    uint64_t value = 0;
-    for (int shift = 0; shift <= 63; shift += 7) {
-        if (*at >= len) {
-            return -1;
-        }
-        unsigned char byte = data[(*at)++];
-        value |= (uint64_t)(byte & 0x7F) << shift;
-        if (!(byte & 0x80)) {
-            *out = value;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 static int64_t unzigzag(uint64_t value) { return value & 1 ? -(int64_t)(value >> 1) - 1 : (int64_t)(value >> 1); }
 
 /* A stored record's fields (decode_record reads the same), or `corrupt` raised naming its arrival
@@ -1249,9 +1239,7 @@ static int stored_read(Engine *e, PyObject *record, int64_t seq, Stored *s) {
     static const int lengths[6] = {6, 7, 9, 10, 8, 11};
     const char *problem = len < 2 || memcmp(data, MAGIC, 2) != 0 ? "unknown record format" : NULL;
     for (int i = 0; problem == NULL && i < HEAD_FIELDS; i++) {
-        if (varint_at(data, len, &at, &head[i]) < 0) {
-            problem = "a varint runs past the end of data";
-        }
+        problem = varint_at(data, len, &at, &head[i]);
     }
     for (int i = 0; problem == NULL && i < 6; i++) {
         if (head[lengths[i]] > (uint64_t)(len - at)) {
@@ -1293,11 +1281,7 @@ static int marker_read(Engine *e, PyObject *id, PyObject *marker, int64_t *versi
 /* The probe of arrival `seq` (the run's own, or the store's), a new reference; `corrupt` raised
  * where its record is gone. */
 static PyObject *probe_at(Engine *e, int64_t seq) {
-    PyObject *seqs = Py_BuildValue("[L]", (long long)seq);
-    PyObject *probes = seqs ? probes_of(e, seqs) : NULL;
-    Py_XDECREF(seqs);
-    PyObject *probe = probes ? Py_NewRef(PyList_GET_ITEM(probes, 0)) : NULL;
-    Py_XDECREF(probes);
+    PyObject *probe = probe_one(e, seq);
     if (probe == Py_None) {
         Py_DECREF(probe);
         PyErr_Format(e->corrupt, "state record of arrival %lld is missing", (long long)seq);
@@ -1701,9 +1685,10 @@ static int taken_out(Engine *e, Fresh *f, Added *added) {
         return -1;
     }
     for (Py_ssize_t band = 0; band < s.digests_len / DIGEST_BYTES; band++) {
-        char key[2 + DIGEST_BYTES] = {(char)(band >> 8), (char)(band & 0xFF)};
-        memcpy(key + 2, s.digests + band * DIGEST_BYTES, DIGEST_BYTES);
-        if (name_added(buckets, prefixed('b', key, sizeof key)) < 0) {
+        unsigned char key[BAND_INDEX + DIGEST_BYTES];
+        put_be(key, BAND_INDEX, (uint64_t)band);
+        memcpy(key + BAND_INDEX, s.digests + band * DIGEST_BYTES, DIGEST_BYTES);
+        if (name_added(buckets, prefixed('b', (const char *)key, sizeof key)) < 0) {
             return -1;
         }
     }

@@ -4,6 +4,7 @@
 #define NEARDUP_DECIDE_H
 
 #include <Python.h>
+#include <stdint.h>
 
 extern PyMethodDef decide_methods[];
 
@@ -20,5 +21,9 @@ PyObject *posting_keys(PyObject *self, PyObject *args);
 PyObject *join_postings(PyObject *self, PyObject *args);
 PyObject *join_buckets(PyObject *self, PyObject *args);
 PyObject *leave_entries(PyObject *self, PyObject *args);
+
+/* The unsigned LEB128 varint at data[*at] into `out`, `at` moved past it; NULL, or what is wrong
+ * with it (it runs past the end, or past 64 bits). */
+const char *varint_at(const uint8_t *data, Py_ssize_t len, Py_ssize_t *at, uint64_t *out);
 
 #endif

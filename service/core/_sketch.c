@@ -1018,6 +1018,25 @@ static PyObject *finish(PyObject *self, PyObject *args) {
     return result;
 }
 
+const char *varint_at(const uint8_t *data, Py_ssize_t len, Py_ssize_t *at, uint64_t *out) {
+    uint64_t value = 0;
+    int shift = 0;
+    uint8_t byte;
+    do {
+        if (*at >= len) {
+            return "a varint runs past the end of data";
+        }
+        if (shift > 63) {
+            return "a varint runs past 64 bits";
+        }
+        byte = data[(*at)++];
+        value |= (uint64_t)(byte & 0x7F) << shift;
+        shift += 7;
+    } while (byte & 0x80);
+    *out = value;
+    return NULL;
+}
+
 static PyObject *varints(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer data;
@@ -1036,18 +1055,12 @@ static PyObject *varints(PyObject *self, PyObject *args) {
     }
     const uint8_t *bytes = (const uint8_t *)data.buf;
     for (Py_ssize_t i = 0; i < count; i++) {
-        uint64_t value = 0;
-        int shift = 0;
-        uint8_t byte;
-        do {
-            if ((position >= data.len && invalid("a varint runs past the end of data")) ||
-                (shift > 63 && invalid("a varint runs past 64 bits"))) {
-                goto done;
-            }
-            byte = bytes[position++];
-            value |= (uint64_t)(byte & 0x7F) << shift;
-            shift += 7;
-        } while (byte & 0x80);
+        uint64_t value;
+        const char *problem = varint_at(bytes, data.len, &position, &value);
+        if (problem != NULL) {
+            invalid(problem);
+            goto done;
+        }
         PyObject *item = PyLong_FromUnsignedLongLong(value);
         if (item == NULL) {
             goto done;

@@ -57,7 +57,6 @@ from .tables import (
     Markers,
     Postings,
     TimeOrder,
-    as_left,
     encode_marker,
     first_key,
     seq_key,
@@ -331,11 +330,6 @@ class IndexState:
         self.times.remove(batch, old.time_ms, old.seq)
         self.versions.remove(batch, old, keep_id=keep_id)
         self.counts.articles -= 1
-
-    def _held(self, batch: Batch, article_id: str) -> IndexedArticle | None:
-        """The id's version held, as `batch` leaves it (a run's: one it added is there)."""
-        (seq,) = as_left(batch.main, [ArticleVersions.key(article_id)], self.kv.get_many)
-        return None if seq is None else self._version_at(seq, batch)
 
     def _version_at(self, seq: bytes, batch: Batch) -> IndexedArticle:
         """The article version of arrival `seq`, from `batch`'s records or the store's."""
