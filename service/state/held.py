@@ -30,7 +30,6 @@ import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import cast
 
 from ..core.compiled import _sketch
 from .port import Batch, KeyValue
@@ -156,18 +155,18 @@ class HeldFamilies:
         or as many as end the fold before the log grows by half the snapshot. A write of a large
         batch (a backlog decided) logs more than a fold's step folds, and a fold at one step a
         write would end with a log as large as the snapshot, read again at every open."""
-        if self._folding is None:
-            self._begin_fold()
+        fold = self._folding or self._begin_fold()
         half = max(_SNAPSHOT_FLOOR, self._snapshot_bytes) / 2
-        for _ in range(max(1, math.ceil(cast(_Fold, self._folding).steps * logged / half))):
+        for _ in range(max(1, math.ceil(fold.steps * logged / half))):
             if self._folding is not None:  # not ended by an earlier step
                 self._fold_step()
 
-    def _begin_fold(self) -> None:
+    def _begin_fold(self) -> _Fold:
         steps = 1 << max(0, (len(self.held) - 1) // _FOLD_STEP).bit_length()
         self._folding = _Fold(
             steps, self._chunks.stop, self._logs.stop, self._log_bytes, self._stored_entries
         )
+        return self._folding
 
     def _fold_step(self) -> None:
         """The next range of hashes written as chunks; after the last, the chunks and the log from
