@@ -405,7 +405,8 @@ def test_a_version_over_a_record_or_marker_that_does_not_decode_fails_alone(dama
     batch, expected = Batch(), "state record '0' cannot be decoded"
     if damaged == "head":
         batch.records[seq_key(0)] = RECORD_MAGIC + b"\x80"  # a varint of the head that never ends
-    elif damaged == "body" and record is not None:  # its decision cut short: the head and verifier whole
+    elif damaged == "body":  # its decision cut short: the head and verifier whole
+        assert record is not None
         batch.records[seq_key(0)] = record[: decode_probe(record).anchors_at - 1]
         expected += ": record is truncated"
     else:
