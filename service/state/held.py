@@ -15,12 +15,14 @@ the old chunks and the log from before it began.
 The price is memory: the families' entries live in the process, in a compiled table (_sketch.HeldTable,
 an allocation an entry with its key and value, where a dict would add two bytes objects and its
 own slots; BATCH.md measures it), which is why past HELD_ENTRIES they go back to being keys. They
-go a step at a time (`DRAIN_STEP` entries a write, beside the write's own changes), not in one
-pause: while the state drains (`DRAIN_KEY`), a family's key lives in exactly one place, the table
-or RocksDB, a read looks in the table then in RocksDB, and a key the table no longer has is written
-as a key of its own. Each step moves its entries and logs their removal from the table in one write
-batch, so that a crash leaves every entry in one place; the last one drops the log, the snapshot
-and the marks, and the state goes on keyed.
+go a step at a time (`DRAIN_STEP` entries a write, or twice the write's own changes where that is
+more, so that a state has drained once its writes change half as many keys as it held, whatever
+their size), not in one pause: while the state drains (`DRAIN_KEY`), a family's key lives in
+exactly one place, the table or RocksDB, a read looks in the table then in RocksDB, and a key the
+table no longer has is written as a key of its own. Each step moves its entries and logs their
+removal from the table in one write batch, so that a crash leaves every entry in one place; the
+log is folded as it is while held; the last step drops the log, the snapshot and the marks, and
+the state goes on keyed.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ _FOLD_STEP = 65_536  # entries a write folds, about: ~10 ms of packing and writi
 # Entries held at most (~100 bytes each in memory, ~1 GB): past them the families go back to
 # being keys of their own (draining), so that a long input never runs out of memory.
 HELD_ENTRIES = 10_000_000
-# Entries a write moves back to keys while the state drains: at ~1.5 µs a key, a few ms a write
-# beside the write's own, so that no verdict waits for the whole table to go.
+# Entries a write moves back to keys while the state drains, at least: at ~1.5 µs a key, a few ms a
+# write beside the write's own, so that no verdict waits for the whole table to go.
 DRAIN_STEP = 4096
 
 
@@ -127,15 +129,14 @@ class HeldFamilies:
             self._logs = range(self._logs.start, self._logs.stop + 1)
             self._log_bytes += len(logged)
             self._stored_entries += self.held.apply(logged)
-        if self._draining:  # the log is not folded: it goes with the snapshot and the marks at the end
-            if not len(self.held):
-                marks: dict[bytes, bytes | None] = {HOLD_KEY: None, DRAIN_KEY: None}
-                self.inner.write(Batch(main={**self._dropped(self._chunks.stop, self._logs.stop), **marks}))
-                self.held, self.prefixes, self._marked = _sketch.HeldTable(), b"", False
-                self._draining, self._stored_entries = False, 0
-                self._chunks = self._logs = range(0, 0)
-                self._snapshot_bytes = self._log_bytes = 0
-        elif len(self.held) > HELD_ENTRIES:
+        if self._draining and not len(self.held):  # drained: the log, the snapshot and the marks go
+            marks: dict[bytes, bytes | None] = {HOLD_KEY: None, DRAIN_KEY: None}
+            self.inner.write(Batch(main={**self._dropped(self._chunks.stop, self._logs.stop), **marks}))
+            self.held, self.prefixes, self._marked = _sketch.HeldTable(), b"", False
+            self._draining, self._stored_entries, self._folding = False, 0, None
+            self._chunks = self._logs = range(0, 0)
+            self._snapshot_bytes = self._log_bytes = 0
+        elif not self._draining and len(self.held) > HELD_ENTRIES:
             self._start_draining()
         elif self._folding is not None or self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
             self._fold_steps(len(logged or b""))
@@ -210,15 +211,16 @@ class HeldFamilies:
         what they should, so they go."""
         stale = [key for prefix in self.prefixes for key, _ in self.inner.scan(bytes([prefix]))]
         self.inner.write(Batch(main={**dict.fromkeys(stale), DRAIN_KEY: b"1"}))
-        self._draining, self._cursor, self._folding = True, 0, None
+        self._draining, self._cursor = True, 0
 
     def _drain_step(
         self, changes: dict[bytes, bytes | None]
     ) -> tuple[dict[bytes, bytes | None], bytes | None]:
         """What a write writes while draining: `changes` to keys the table holds logged, the rest
-        as keys, and DRAIN_STEP entries moved to keys (with the write's change where it has one),
-        their removal from the table logged too. The entries come from the cursor on, round the
-        slots: a removal may shift an entry back past the cursor, and the next round finds it."""
+        as keys, and DRAIN_STEP entries or twice `changes` moved to keys (with the write's change
+        where it has one), their removal from the table logged too. The entries come from the cursor
+        on, round the slots: a removal may shift an entry back past the cursor, and the next round
+        finds it."""
         main: dict[bytes, bytes | None] = {}
         kept: dict[bytes, bytes | None] = {}
         for key, value in changes.items():
@@ -226,9 +228,10 @@ class HeldFamilies:
         for key, value in zip(list(kept), self.held.get_many(list(kept)), strict=True):
             if value is None:  # moved to a key already, or new: a key
                 main[key] = kept.pop(key)
-        entries, cursor = self.held.items(self._cursor, DRAIN_STEP)
-        if len(entries) < DRAIN_STEP and self._cursor:
-            more, cursor = self.held.items(0, DRAIN_STEP - len(entries))
+        step = max(DRAIN_STEP, 2 * len(changes))
+        entries, cursor = self.held.items(self._cursor, step)
+        if len(entries) < step and self._cursor:
+            more, cursor = self.held.items(0, step - len(entries))
             entries += more  # a table smaller than a step may give an entry twice: one dict key
         self._cursor = cursor
         moved = dict(entries)

@@ -3,6 +3,7 @@ finds, every write is one write of the store, and a state keeps the layout it wa
 
 from __future__ import annotations
 
+import math
 import random
 import signal
 import subprocess
@@ -51,10 +52,10 @@ class Writes:
         return getattr(self.kv, name)
 
 
-def random_changes(rng: random.Random, keys: list[bytes]) -> dict[bytes, bytes | None]:
+def random_changes(rng: random.Random, keys: list[bytes], most: int = 30) -> dict[bytes, bytes | None]:
     return {
         rng.choice(keys): None if rng.random() < 0.2 else rng.randbytes(rng.choice([0, 5, 8, 40, 320]))
-        for _ in range(rng.randint(1, 30))
+        for _ in range(rng.randint(1, most))
     }
 
 
@@ -542,7 +543,7 @@ def test_held_entries_past_their_bound_go_back_to_keys_a_step_a_write(
     store = CrashesOnce(inner, crash_at)
     live = HeldFamilies(store, HELD)  # type: ignore[arg-type]  # a KeyValue by delegation
     for written in range(1, 30):
-        changes = {**random_changes(rng, keys[:-1]), b"a" + bytes([written]): b"x"}
+        changes = {**random_changes(rng, keys[:-1], most=3), b"a" + bytes([written]): b"x"}
         before = len(store.batches)
         try:
             live.write(Batch(main=dict(changes)))
@@ -561,3 +562,38 @@ def test_held_entries_past_their_bound_go_back_to_keys_a_step_a_write(
     assert {key: value for key, value in stored.items() if key[:1] in (BAND, POSTING, b"a")} == expected
     live.write(Batch(main={keys[1]: None, keys[2]: b"87654321"}))  # now keys of their own
     assert inner.get_many([keys[1], keys[2]]) == [None, b"87654321"]
+
+
+@pytest.mark.parametrize(("rows", "value_bytes"), [(60, 16), (1, 400)], ids=["large-writes", "small-writes"])
+def test_a_drain_ends_once_its_writes_change_half_its_entries_and_folds_meanwhile(
+    rows: int, value_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the bound a write moves DRAIN_STEP entries back to keys, or twice its own changes where
+    that is more: writes of many changes drain a large table in a few writes, and the state is
+    keyed once they have changed half as many keys as it held. Meanwhile the log is folded as it is
+    while held (small writes of large values outgrow the snapshot long before the table drains),
+    and it stays within one and a half snapshots and a write or two."""
+    monkeypatch.setattr(held_module, "_SNAPSHOT_FLOOR", 2_000)
+    monkeypatch.setattr(held_module, "_FOLD_STEP", 4)
+    monkeypatch.setattr(held_module, "DRAIN_STEP", 1)
+    rng = random.Random(rows)
+    keys = [BAND + b"%06d" % n for n in range(1_000)]
+    model: dict[bytes, bytes | None] = {key: rng.randbytes(8) for key in keys[:400]}
+    inner = MemoryKV()
+    live = HeldFamilies(inner, HELD)
+    live.write(Batch(main=dict(model)))
+    live.fold()
+    monkeypatch.setattr(held_module, "HELD_ENTRIES", 300)
+    writes = folds_while_draining = 0
+    while inner.get_many([HOLD_KEY])[0] is not None:
+        changes = {key: rng.randbytes(value_bytes) for key in rng.sample(keys, rows)}
+        live.write(Batch(main=dict(changes)))
+        model.update(changes)
+        writes += 1
+        folds_while_draining += live._draining and live._folding is not None
+        log = sum(len(value) for _, value in inner.scan(LOG))
+        assert log <= 1.5 * max(2_000, live._snapshot_bytes) + 2 * len(pack_changes(changes))
+        assert reopened(inner).get_many(keys) == [model.get(key) for key in keys]
+    assert 3 < writes <= 2 + math.ceil(400 / (2 * rows))
+    assert folds_while_draining or rows > 10, "small writes outgrow the snapshot while it drains"
+    assert dict(inner.scan(BAND)) == model
