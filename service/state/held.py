@@ -16,13 +16,14 @@ The price is memory: the families' entries live in the process, in a compiled ta
 an allocation an entry with its key and value, where a dict would add two bytes objects and its
 own slots; BATCH.md measures it), which is why past HELD_ENTRIES they go back to being keys. They
 go a step at a time (`DRAIN_STEP` entries a write, or twice the write's own changes where that is
-more, so that a state has drained once its writes change half as many keys as it held, whatever
-their size), not in one pause: while the state drains (`DRAIN_KEY`), a family's key lives in
-exactly one place, the table or RocksDB, a read looks in the table then in RocksDB, and a key the
-table no longer has is written as a key of its own. Each step moves its entries and logs their
-removal from the table in one write batch, so that a crash leaves every entry in one place; the
-log is folded as it is while held; the last step drops the log, the snapshot and the marks, and
-the state goes on keyed.
+more), not in one pause: while the state drains (`DRAIN_KEY`), a family's key lives in exactly one
+place, the table or RocksDB, a read looks in the table then in RocksDB, and a key the table no
+longer has is written as a key of its own. Each step moves its entries and logs their removal from
+the table in one write batch, so that a crash leaves every entry in one place; the last one drops
+the log, the snapshot and the marks, and the state goes on keyed. As a write moves at least twice
+the changes it makes, the state has drained once its writes have changed half as many keys as it
+held, whatever their size, and the log it adds meanwhile (not folded: its end drops it) holds at
+most one and a half changes an entry it held.
 """
 
 from __future__ import annotations
@@ -129,14 +130,15 @@ class HeldFamilies:
             self._logs = range(self._logs.start, self._logs.stop + 1)
             self._log_bytes += len(logged)
             self._stored_entries += self.held.apply(logged)
-        if self._draining and not len(self.held):  # drained: the log, the snapshot and the marks go
-            marks: dict[bytes, bytes | None] = {HOLD_KEY: None, DRAIN_KEY: None}
-            self.inner.write(Batch(main={**self._dropped(self._chunks.stop, self._logs.stop), **marks}))
-            self.held, self.prefixes, self._marked = _sketch.HeldTable(), b"", False
-            self._draining, self._stored_entries, self._folding = False, 0, None
-            self._chunks = self._logs = range(0, 0)
-            self._snapshot_bytes = self._log_bytes = 0
-        elif not self._draining and len(self.held) > HELD_ENTRIES:
+        if self._draining:  # the log is not folded: it goes with the snapshot and the marks at the end
+            if not len(self.held):
+                marks: dict[bytes, bytes | None] = {HOLD_KEY: None, DRAIN_KEY: None}
+                self.inner.write(Batch(main={**self._dropped(self._chunks.stop, self._logs.stop), **marks}))
+                self.held, self.prefixes, self._marked = _sketch.HeldTable(), b"", False
+                self._draining, self._stored_entries = False, 0
+                self._chunks = self._logs = range(0, 0)
+                self._snapshot_bytes = self._log_bytes = 0
+        elif len(self.held) > HELD_ENTRIES:
             self._start_draining()
         elif self._folding is not None or self._log_bytes > max(_SNAPSHOT_FLOOR, self._snapshot_bytes):
             self._fold_steps(len(logged or b""))
@@ -211,7 +213,7 @@ class HeldFamilies:
         what they should, so they go."""
         stale = [key for prefix in self.prefixes for key, _ in self.inner.scan(bytes([prefix]))]
         self.inner.write(Batch(main={**dict.fromkeys(stale), DRAIN_KEY: b"1"}))
-        self._draining, self._cursor = True, 0
+        self._draining, self._cursor, self._folding = True, 0, None
 
     def _drain_step(
         self, changes: dict[bytes, bytes | None]

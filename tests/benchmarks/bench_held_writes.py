@@ -4,13 +4,12 @@ its entries back to keys.
 Fills a held state on RocksDB (write-ahead log on, as the worker's) with `--entries` band-bucket
 entries of random keys, `--changes` a write, the log folded whenever it outgrows the snapshot and
 `--fold-floor-mb`; then lowers HELD_ENTRIES below them: from there each write moves DRAIN_STEP
-entries (or twice its changes, where that is more) to keys beside its own changes, the log folded
-as while held, until none is held, and the state goes on keyed. Prints the wall time of a write in
-each phase (median, p99, max): held, held with a fold step in it, draining (with or without one),
-keyed; the longest is the pause a decision waits for at most. Also the time a reopening
-takes to read the held state back, before it drains. `--fold-step` and `--drain-step` past
-`--entries` fold or drain in one write, as the state did before either went a step at a time: the
-baseline.
+entries (or twice its changes, where that is more) to keys beside its own changes, until none is
+held, and the state goes on keyed. Prints the wall time of a write in each phase (median, p99,
+max): held, held with a fold step in it, draining, keyed; the longest is the pause a decision
+waits for at most. Also the time a reopening takes to read the held state back, before it drains.
+`--fold-step` and `--drain-step` past `--entries` fold or drain in one write, as the state did
+before either went a step at a time: the baseline.
 
 Usage:
   python tests/benchmarks/bench_held_writes.py [--entries 2000000] [--changes 1000]
