@@ -23,7 +23,8 @@ the table in one write batch, so that a crash leaves every entry in one place; t
 the log, the snapshot and the marks, and the state goes on keyed. As a write moves at least twice
 the changes it makes, the state has drained once its writes have changed half as many keys as it
 held, whatever their size, and the log it adds meanwhile (not folded: its end drops it) holds at
-most one and a half changes an entry it held.
+most one and a half changes an entry it held, and one write's changes (the last step's may move
+fewer entries than its step).
 """
 
 from __future__ import annotations
