@@ -58,9 +58,9 @@ def timed(spent: dict[str, float], part: str, function: Callable[..., Any]) -> C
     return wrapper
 
 
-def one_run(messages: list[tuple[int, bytes]], articles: int) -> dict[str, float]:
-    """µs an article in each part, and in the whole, deciding `messages` into a new state."""
-    values = keyword_values({})
+def one_run(messages: list[tuple[int, bytes]], articles: int, values: dict[str, Any]) -> dict[str, float]:
+    """µs an article in each part, and in the whole, deciding `messages` into a new state under the
+    settings `values`."""
     params, retention = engine_params(values), retention_window(values)
     spent = dict.fromkeys([*PARTS, "whole"], 0.0)
     originals = {part: getattr(owner, name) for part, (owner, name) in PARTS.items()}
@@ -108,7 +108,7 @@ def main() -> None:
         (number, pack_signed(records[at : at + args.chunk]))
         for number, at in enumerate(range(0, len(records), args.chunk))
     ]
-    runs = [one_run(messages, len(records)) for _ in range(args.repeats)]
+    runs = [one_run(messages, len(records), values) for _ in range(args.repeats)]
     names = [*PARTS, "whole"]
     for run in runs:
         print("  ".join(f"{name} {run[name]:7.1f}" for name in names))
