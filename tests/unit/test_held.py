@@ -571,7 +571,7 @@ def test_a_drain_ends_once_its_writes_change_half_its_entries(
     """Past the bound a write moves DRAIN_STEP entries back to keys, or twice its own changes where
     that is more: writes of many changes drain a large table in a few writes, and the state is keyed
     once they have changed half as many keys as it held. Meanwhile the log an open reads again holds
-    at most one and a half changes an entry held when the drain began (and the write that began it)."""
+    at most one and a half changes an entry held when the drain began, and one write's changes."""
     monkeypatch.setattr(held_module, "DRAIN_STEP", 1)
     rng = random.Random(rows)
     keys = [BAND + b"%06d" % n for n in range(1_000)]
