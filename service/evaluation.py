@@ -92,7 +92,7 @@ def evaluate(
         estimates.append(found)
         same_content.setdefault(sketch.content_hash, []).append(i)
         src = Provenance("evaluate", None, i, None)
-        shard.decide([Signed(article.article_id, sketch, src, keys, banding, time_ms=i)])
+        shard.decide([Signed.of(article.article_id, sketch, src, keys, banding, time_ms=i)])
 
     rng = random.Random(7)  # the same articles sampled on every run
     sampled = set(rng.sample(range(1, len(articles)), min(sample_size, max(len(articles) - 1, 0))))

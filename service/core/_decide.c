@@ -362,6 +362,7 @@ static int article_read(ArticleOut *a, PyObject *article, int whole) {
 #define MAGIC "N7"
 #define BAND_INDEX 2   /* a band key's index bytes, which its position gives back */
 #define DIGEST_BYTES 8 /* a band key's digest: the key without its index */
+#define BAND_KEY_BYTES (BAND_INDEX + DIGEST_BYTES)
 #define ANCHOR_BYTES 5
 #define HEAD_FIELDS 13 /* the head's varints */
 enum { FLAG_SHORT = 1, FLAG_OWN_CLUSTER = 2 };
@@ -1832,7 +1833,8 @@ static int index_one(Engine *e, Fresh *f, int64_t seq, PyObject *record, Added *
 }
 
 /* What scoring the article compares (Fresh: slots, width, chance): its verifier, or without one
- * its signature's values as little-endian bytes, as a record without a verifier keeps them. */
+ * its signature's values as little-endian bytes, as a record without a verifier keeps them (and
+ * a signed record does: a signature of bytes is taken as it is). */
 static int slots_read(Engine *e, Fresh *f) {
     Py_buffer view;
     if (PyObject_GetBuffer(f->verifier, &view, PyBUF_SIMPLE) < 0) {
@@ -1848,12 +1850,13 @@ static int slots_read(Engine *e, Fresh *f) {
         return -1;
     }
     const char *format = view.format ? view.format : "B";
-    if (view.itemsize != 8 || format[0] == '>' || format[0] == '!') {
+    int little_endian = view.itemsize == 1;
+    if ((!little_endian && (view.itemsize != 8 || format[0] == '>' || format[0] == '!')) || view.len % 8) {
         PyBuffer_Release(&view);
-        return invalid("a signature must be 8-byte integers in the machine's order");
+        return invalid("a signature must be 8-byte integers in the machine's order, or their bytes little-endian");
     }
-    PyObject *slots = PyBytes_FromStringAndSize(NULL, view.len);
-    for (Py_ssize_t i = 0; slots != NULL && i < view.len; i += 8) {
+    PyObject *slots = PyBytes_FromStringAndSize(little_endian ? view.buf : NULL, view.len);
+    for (Py_ssize_t i = 0; slots != NULL && !little_endian && i < view.len; i += 8) {
         uint64_t value;
         memcpy(&value, (const char *)view.buf + i, 8);
         for (int k = 0; k < 8; k++, value >>= 8) {
@@ -2076,10 +2079,235 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* An instance of the tuple type `type` holding `values` (references borrowed), made as
+ * tuple.__new__(type, values) makes it: a NamedTuple's fields, with none of its Python run. */
+static PyObject *made(PyTypeObject *type, PyObject **values, Py_ssize_t count) {
+    PyObject *items = PyTuple_New(count);
+    if (items == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyTuple_SET_ITEM(items, i, Py_NewRef(values[i]));
+    }
+    PyObject *args = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    PyObject *made = args == NULL ? NULL : PyTuple_Type.tp_new(type, args, NULL);
+    Py_XDECREF(args);
+    return made;
+}
+
+/* -- a signed record read (pipeline/wire.py's S6 layout) -------------------------------------- */
+
+/* A cursor over the meta JSON of a signed record as orjson writes it: its keys in encode_signed's
+ * order, no whitespace. Anything else (an escape in a string, another key, a number past 64 bits)
+ * stops the cursor, and the record is left to the Python decoder, which takes JSON as it comes. */
+typedef struct {
+    const char *at, *end;
+    int ok;
+} Meta;
+
+static void meta_expect(Meta *m, const char *text) {
+    size_t n = strlen(text);
+    if (m->ok && (size_t)(m->end - m->at) >= n && memcmp(m->at, text, n) == 0) {
+        m->at += n;
+    } else {
+        m->ok = 0;
+    }
+}
+
+/* A string with no escape in it, as its bytes (which the caller decodes); its quotes consumed. */
+static Py_ssize_t meta_string(Meta *m, const char **text) {
+    meta_expect(m, "\"");
+    const char *start = m->at;
+    while (m->ok && m->at < m->end && *m->at != '"') {
+        if (*m->at == '\\' || (unsigned char)*m->at < 0x20) {
+            m->ok = 0;
+        }
+        m->at++;
+    }
+    meta_expect(m, "\"");
+    *text = start;
+    return m->at - start - 1;
+}
+
+/* An integer as JSON writes one (no leading zero), within int64. */
+static long long meta_int(Meta *m) {
+    int negative = m->ok && m->at < m->end && *m->at == '-';
+    m->at += negative;
+    const char *start = m->at;
+    uint64_t value = 0, most = negative ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    while (m->ok && m->at < m->end && *m->at >= '0' && *m->at <= '9') {
+        unsigned digit = (unsigned)(*m->at++ - '0');
+        if (value > (most - digit) / 10) {
+            m->ok = 0;
+        }
+        value = value * 10 + digit;
+    }
+    if (m->at == start || (*start == '0' && m->at - start > 1)) {
+        m->ok = 0;
+    }
+    return negative ? (long long)(0 - value) : (long long)value;
+}
+
+/* An integer, or None for null: a new reference, NULL where the cursor stopped or on failure. */
+static PyObject *meta_int_or_null(Meta *m) {
+    if (m->ok && m->end - m->at >= 4 && memcmp(m->at, "null", 4) == 0) {
+        m->at += 4;
+        return Py_NewRef(Py_None);
+    }
+    long long value = meta_int(m);
+    return m->ok ? PyLong_FromLongLong(value) : NULL;
+}
+
+static int meta_bool(Meta *m) {
+    if (m->ok && m->end - m->at >= 4 && memcmp(m->at, "true", 4) == 0) {
+        m->at += 4;
+        return 1;
+    }
+    meta_expect(m, "false");
+    return 0;
+}
+
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* signed_record(data, signed_type, provenance_type) -> signed_type | None
+ *     A signed record as encode_signed writes it, decoded: the fields of wire.Signed in its order,
+ *     made into `signed_type` (its provenance into `provenance_type`: both tuple types, as
+ *     NamedTuple makes them) with no Python code run. None for any other record, left to
+ *     wire.decoded_signed, which decodes every record that this does the same. */
+static PyObject *signed_record(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    PyTypeObject *signed_type, *provenance_type;
+    if (!PyArg_ParseTuple(args, "y*O!O!", &view, &PyType_Type, &signed_type, &PyType_Type, &provenance_type)) {
+        return NULL;
+    }
+    const char *data = view.buf;
+    Py_ssize_t len = view.len;
+    PyObject *fields[12] = {NULL}, *src[4] = {NULL}, *result = NULL;
+    if (!PyType_IsSubtype(signed_type, &PyTuple_Type) || !PyType_IsSubtype(provenance_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "signed_record makes tuple types");
+        goto done;
+    }
+    if (len < 6 || memcmp(data, "S6", 2) != 0) {
+        goto declined;
+    }
+    Py_ssize_t meta_len = (Py_ssize_t)(((uint32_t)(uint8_t)data[2] << 24) | ((uint32_t)(uint8_t)data[3] << 16) |
+                                       ((uint32_t)(uint8_t)data[4] << 8) | (uint32_t)(uint8_t)data[5]);
+    if (meta_len > len - 6 - 4) {
+        goto declined;
+    }
+    Meta m = {data + 6, data + 6 + meta_len, 1};
+    const char *id, *hash, *topic;
+    meta_expect(&m, "{\"id\":");
+    Py_ssize_t id_len = meta_string(&m, &id);
+    meta_expect(&m, ",\"h\":");
+    Py_ssize_t hash_len = meta_string(&m, &hash);
+    meta_expect(&m, ",\"n\":");
+    long long shingle_count = meta_int(&m);
+    meta_expect(&m, ",\"s\":");
+    int short_text = meta_bool(&m);
+    meta_expect(&m, ",\"m\":");
+    long long slots = meta_int(&m);
+    meta_expect(&m, ",\"src\":[");
+    Py_ssize_t topic_len = meta_string(&m, &topic);
+    meta_expect(&m, ",");
+    src[1] = meta_int_or_null(&m);
+    meta_expect(&m, ",");
+    long long offset = meta_int(&m);
+    meta_expect(&m, ",");
+    src[3] = meta_int_or_null(&m);
+    meta_expect(&m, "],\"t\":");
+    long long time_ms = meta_int(&m);
+    meta_expect(&m, ",\"r\":");
+    int refused = meta_bool(&m);
+    meta_expect(&m, ",\"a\":");
+    long long anchors = meta_int(&m);
+    meta_expect(&m, "}");
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    if (!m.ok || m.at != m.end || hash_len % 2 || src[1] == NULL || src[3] == NULL) {
+        goto declined;
+    }
+    Py_ssize_t at = 6 + meta_len;
+    Py_ssize_t bands = ((uint8_t)data[at] << 8) | (uint8_t)data[at + 1];
+    Py_ssize_t rows = ((uint8_t)data[at + 2] << 8) | (uint8_t)data[at + 3];
+    at += 4;
+    /* what follows: the keys, the anchors, the signature, then at least nothing (the verifier) */
+    if (bands * BAND_KEY_BYTES > len - at || anchors < 0 || anchors > (len - at - bands * BAND_KEY_BYTES) / ANCHOR_BYTES || slots <= 0 ||
+        slots > (len - at - bands * BAND_KEY_BYTES - anchors * ANCHOR_BYTES) / 8) {
+        goto declined;
+    }
+    if ((fields[0] = PyUnicode_DecodeUTF8(id, id_len, "strict")) == NULL ||
+        (src[0] = PyUnicode_DecodeUTF8(topic, topic_len, "strict")) == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            goto done;
+        }
+        PyErr_Clear();
+        goto declined;
+    }
+    if ((fields[1] = PyBytes_FromStringAndSize(NULL, hash_len / 2)) == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < hash_len; i += 2) {
+        int high = hex_digit(hash[i]), low = hex_digit(hash[i + 1]);
+        if (high < 0 || low < 0) {
+            goto declined;
+        }
+        PyBytes_AS_STRING(fields[1])[i / 2] = (char)(high << 4 | low);
+    }
+    if ((fields[2] = PyTuple_New(bands)) == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < bands; i++, at += BAND_KEY_BYTES) {
+        PyObject *key = PyBytes_FromStringAndSize(data + at, BAND_KEY_BYTES);
+        if (key == NULL) {
+            goto done;
+        }
+        PyTuple_SET_ITEM(fields[2], i, key);
+    }
+    Py_ssize_t anchors_at = at, signature_at = at + (Py_ssize_t)anchors * ANCHOR_BYTES;
+    Py_ssize_t verifier_at = signature_at + (Py_ssize_t)slots * 8;
+    fields[3] = PyBytes_FromStringAndSize(data + verifier_at, len - verifier_at);
+    fields[4] = PyBytes_FromStringAndSize(data + signature_at, verifier_at - signature_at);
+    fields[5] = PyLong_FromLongLong(shingle_count);
+    fields[6] = PyBool_FromLong(short_text);
+    fields[7] = PyBytes_FromStringAndSize(data + anchors_at, signature_at - anchors_at);
+    src[2] = PyLong_FromLongLong(offset);
+    fields[9] = Py_BuildValue("(nn)", bands, rows);
+    fields[10] = PyLong_FromLongLong(time_ms);
+    fields[11] = PyBool_FromLong(refused);
+    for (int i = 0; i < 12; i++) {
+        if (i != 8 && fields[i] == NULL) {
+            goto done;
+        }
+    }
+    if (src[2] == NULL || (fields[8] = made(provenance_type, src, 4)) == NULL) {
+        goto done;
+    }
+    result = made(signed_type, fields, 12);
+    goto done;
+declined:
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 12; i++) {
+        Py_XDECREF(fields[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        Py_XDECREF(src[i]);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
 PyMethodDef decide_methods[] = {
     {"encode_record", encode_record, METH_O, "An indexed article's state record (state/records.py's layout)."},
     {"verdict_json", verdict_json, METH_VARARGS, "An indexed article's verdict as orjson writes verdict_dict."},
     {"decide_fresh", decide_fresh, METH_VARARGS, "A run of articles new to the index decided and indexed in order."},
+    {"signed_record", signed_record, METH_VARARGS, "A signed record as encode_signed writes it, or None."},
     {NULL, NULL, 0, NULL},
 };
 

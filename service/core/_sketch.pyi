@@ -5,7 +5,7 @@ buffer of the right length is taken where an array is named, at any alignment; w
 values raise ValueError (see the comment at the top of _sketch.c)."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -116,3 +116,9 @@ def verdict_json(article: Any, params: bytes, latency_ms: float | None, /) -> by
 def decide_fresh(
     items: list[tuple[Any, ...]], seq: int, context: tuple[Any, ...], /
 ) -> tuple[list[tuple[bytes, bytes, str, bool]], int, tuple[int, int, int, int, int, int | None, int]]: ...
+
+_Signed = TypeVar("_Signed", bound=tuple[Any, ...])
+
+# _decide.c: a signed record (pipeline/wire.py's encode_signed) as `signed_type`, None where it
+# leaves the record to wire.decoded_signed
+def signed_record(data: bytes, signed_type: type[_Signed], provenance: type[Any], /) -> _Signed | None: ...

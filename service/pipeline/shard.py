@@ -26,7 +26,7 @@ from ..core.dedup import IndexedArticle, fresh_settings
 from ..core.lsh import band_keys
 from ..core.params import DedupParams, IncompatibleState
 from ..core.retention import NO_RETENTION, Retention
-from ..state.index import META, FreshRow, IndexState, fresh_row
+from ..state.index import META, FreshRow, IndexState
 from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord
@@ -262,7 +262,8 @@ class IndexShard:
                 item.sketch.signature, lsh.bands, lsh.rows
             )
             taken.append((item, partition, _latency(item, now_s)))
-            rows.append(fresh_row(item.article_id, item.sketch, tuple(keys), time_ms, cutoff, taken[-1][2]))
+            # a signed record's first fields are a row's as they are (wire.Signed)
+            rows.append((*item[:2], tuple(keys), *item[3:8], time_ms, cutoff, taken[-1][2]))
             newest = time_ms if newest is None else max(newest, time_ms)
             expiry = self.retention.cutoff(newest)
             if expiry is not None and self.retention.due(expiry, self.state.counts.expired_before_ms):
@@ -293,7 +294,7 @@ class IndexShard:
             return self._delete(item.article_id, offset)
         self.counts.refused_times += item.refused_time
         existing = self.state.get(item.article_id)
-        if existing is None or existing.sketch.content_hash != item.sketch.content_hash:
+        if existing is None or existing.sketch.content_hash != item.content_hash:
             raise CorruptRecord(f"{item.article_id!r}: neither a new version nor the one held")
         return self._verdict("redelivered", existing, item, offset, now_s, self._expire_due())
 
@@ -338,7 +339,7 @@ class IndexShard:
         if isinstance(item, SignedDeletion):
             return Decided(offset, item.article_id, "stale", deletion=True)
         existing = self.state.get(item.article_id)
-        if existing is not None and existing.sketch.content_hash == item.sketch.content_hash:
+        if existing is not None and existing.sketch.content_hash == item.content_hash:
             return self._verdict("replayed", existing, item, offset, now_s)
         return Decided(offset, None if existing is None else existing.article_id, "stale")
 

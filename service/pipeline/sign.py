@@ -88,7 +88,7 @@ class SignStage:
         arrival = now if stamp is None or stamp_refused else stamp
         when = event_time(article.published_at, now, arrival, self.times.skew_ms, self.times.earliest_ms)
         refused = when.refused or stamp_refused
-        return Signed(article.article_id, sketch, src, keys, (bands, rows), when.time_ms, refused)
+        return Signed.of(article.article_id, sketch, src, keys, (bands, rows), when.time_ms, refused)
 
     @classmethod
     def failed(cls, exc: Exception, raw: bytes | None, key: bytes | None, src: Provenance) -> SignResult:

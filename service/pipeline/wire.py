@@ -9,16 +9,15 @@ the agents in app.py (packing a sign batch) and the decider process (counting re
 from __future__ import annotations
 
 import base64
-import functools
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import orjson
 
-from ..core.anchors import ANCHOR_BYTES, MAX_ANCHORS, Anchors
+from ..core.anchors import ANCHOR_BYTES, MAX_ANCHORS, NO_ANCHORS, Anchors
+from ..core.compiled import _sketch
 from ..core.lsh import BAND_KEY_BYTES
 from ..core.params import DedupParams
 from ..core.signing import Sketch
@@ -36,8 +35,7 @@ PACK_MAX_BYTES = 4 * 1024 * 1024  # the signatures topic accepts 8 MB messages (
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Provenance:
+class Provenance(NamedTuple):
     """Where an article came from, for dead letters, latency, audit and replay safety."""
 
     topic: str
@@ -46,27 +44,51 @@ class Provenance:
     timestamp_ms: int | None
 
 
-@dataclass(frozen=True)
-class Signed:
+class Signed(NamedTuple):
     """What travels on the signatures topic: one article's sketch, no text, its LSH band keys
     (computed in the sign stage, which scales with the input's partitions, rather than in the index
-    stage, one process per shard; empty: not computed) and its event time."""
+    stage, one process per shard; empty: not computed) and its event time. Flat, its sketch's
+    fields as the wire holds them (the signature as little-endian bytes, the anchors packed): the
+    compiled decoder (_sketch.signed_record) makes one with no Python object a field, and the
+    compiled run reads them as they are; `sketch` gives them as numpy arrays where wanted."""
 
     article_id: str
-    sketch: Sketch
+    content_hash: bytes
+    band_keys: tuple[bytes, ...]
+    verifier: bytes
+    signature: bytes
+    shingle_count: int
+    short: bool
+    anchors: bytes
     provenance: Provenance
-    band_keys: tuple[bytes, ...] = ()
     banding: tuple[int, int] = (0, 0)  # the (bands, rows) that gave band_keys
     time_ms: int = 0
     refused_time: bool = False  # its published_at was present but not used
+
+    @classmethod
+    def of(cls, article_id: str, sketch: Sketch, provenance: Provenance, band_keys: Sequence[bytes] = (),
+           banding: tuple[int, int] = (0, 0), time_ms: int = 0, refused_time: bool = False,
+           ) -> Signed:  # fmt: skip
+        """An article's signed record from its sketch as signing gives it."""
+        signature = np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
+        verifier = np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
+        head = (article_id, sketch.content_hash, tuple(band_keys), verifier, signature, sketch.shingle_count)
+        return cls(*head, sketch.short, sketch.anchors.packed, provenance, banding, time_ms, refused_time)
+
+    @property
+    def sketch(self) -> Sketch:
+        """The sketch as numpy arrays over the record's bytes (copied only on a big-endian host)."""
+        signature = np.frombuffer(self.signature, dtype="<u8").astype(np.uint64, copy=False)
+        verifier = np.frombuffer(self.verifier, dtype=np.uint8)
+        anchors = Anchors(self.anchors) if self.anchors else NO_ANCHORS
+        return Sketch(self.content_hash, signature, self.shingle_count, self.short, verifier, anchors)
 
     def band_keys_for(self, bands: int, rows: int) -> tuple[bytes, ...] | None:
         """The band keys when they were computed for this banding, else None (compute them)."""
         return self.band_keys if self.banding == (bands, rows) and self.band_keys else None
 
 
-@dataclass(frozen=True)
-class SignedDeletion:
+class SignedDeletion(NamedTuple):
     """A deletion on the signatures topic, in its place in the input's order."""
 
     article_id: str
@@ -75,29 +97,27 @@ class SignedDeletion:
 
 def encode_signed(signed: Signed) -> bytes:
     """S6, meta length, orjson meta, (bands, rows) and the band keys back to back, the anchors
-    (packed: as many as meta's "a"), then the sketches."""
-    sketch, src = signed.sketch, signed.provenance
+    (packed: as many as meta's "a"), then the sketches: the signature (little-endian uint64) then
+    the verifier (one byte a slot)."""
+    src = signed.provenance
     bands, rows = signed.banding if signed.band_keys else (0, 0)
     if len(signed.band_keys) != bands or any(len(key) != BAND_KEY_BYTES for key in signed.band_keys):
         raise ValueError(f"band keys must be one per band of {signed.banding}, {BAND_KEY_BYTES} bytes each")
     meta = orjson.dumps(
         {
             "id": signed.article_id,
-            "h": sketch.content_hash.hex(),
-            "n": sketch.shingle_count,
-            "s": sketch.short,
-            "m": sketch.signature.size,
+            "h": signed.content_hash.hex(),
+            "n": signed.shingle_count,
+            "s": signed.short,
+            "m": len(signed.signature) // 8,
             "src": [src.topic, src.partition, src.offset, src.timestamp_ms],
             "t": signed.time_ms,
             "r": signed.refused_time,
-            "a": len(sketch.anchors),
+            "a": len(signed.anchors) // ANCHOR_BYTES,
         }
     )
-    # the sketches: signature (little-endian uint64) then verifier (one byte a slot), back to back
-    signature = np.ascontiguousarray(sketch.signature, dtype="<u8").tobytes()
-    verifier = np.ascontiguousarray(sketch.verifier, dtype=np.uint8).tobytes()
     head = _SIGNED + _LEN.pack(len(meta)) + meta + _BANDING.pack(bands, rows)
-    return head + b"".join(signed.band_keys) + sketch.anchors.packed + signature + verifier
+    return head + b"".join(signed.band_keys) + signed.anchors + signed.signature + signed.verifier
 
 
 def with_original(record: bytes, original: bytes, headers: Any = ()) -> bytes:
@@ -122,13 +142,12 @@ def signed_max_bytes(params: DedupParams) -> int:
     # A control character is escaped as \u00XX: 6 bytes, more than any other character takes.
     worst_id = "\x00" * MAX_ID_LENGTH
     bands, rows = params.lsh.bands, params.lsh.rows
-    signature = np.zeros(params.num_perm, dtype=np.uint64)
-    verifier = np.zeros(params.verify_perm, dtype=np.uint8)
-    anchors = Anchors(bytes(ANCHOR_BYTES * MAX_ANCHORS))
-    sketch = Sketch(bytes(16), signature, _LONGEST_INT, False, verifier, anchors)  # a 128-bit content hash
     src = Provenance("t" * _TOPIC_MAX_LENGTH, _LONGEST_INT, _LONGEST_INT, _LONGEST_INT)
     keys = (bytes(BAND_KEY_BYTES),) * bands
-    return len(encode_signed(Signed(worst_id, sketch, src, keys, (bands, rows), _LONGEST_INT, False)))
+    sketches = (bytes(params.verify_perm), bytes(8 * params.num_perm), _LONGEST_INT, False)
+    anchors = bytes(ANCHOR_BYTES * MAX_ANCHORS)  # and a 128-bit content hash
+    worst = Signed(worst_id, bytes(16), keys, *sketches, anchors, src, (bands, rows), _LONGEST_INT, False)
+    return len(encode_signed(worst))
 
 
 def wrapped_max_bytes(record_max: int, original_max: int, headers_max: int) -> int:
@@ -145,15 +164,16 @@ def encode_deletion(deletion: SignedDeletion) -> bytes:
     return _DELETE + orjson.dumps(meta)
 
 
-@functools.lru_cache(maxsize=8)
-def _keys_layout(count: int) -> struct.Struct:
-    """`count` band keys back to back: one unpack call slices them all (25 slices in Python cost
-    a third of what computing the keys does)."""
-    return struct.Struct(f"{BAND_KEY_BYTES}s" * count)
-
-
 def decode_signed(data: bytes) -> Signed | SignedDeletion:
-    """Inverse of encode_signed and encode_deletion."""
+    """Inverse of encode_signed and encode_deletion. A signed record as this version writes it
+    decodes in one compiled call; any other (a deletion, a feed record, an earlier version's, an id
+    with escapes in its JSON, a corrupt one) the compiled decoder leaves to `decoded_signed`."""
+    return _sketch.signed_record(data, Signed, Provenance) or decoded_signed(data)
+
+
+def decoded_signed(data: bytes) -> Signed | SignedDeletion:
+    """decode_signed in Python: every record it takes, an error for every other. The compiled
+    decoder takes what it can from it and must give the same (tests/unit/test_wire.py)."""
     magic = data[:2]
     if magic == _FEED:
         # The input message and its headers are left where they are (feed_inputs reads them),
@@ -173,18 +193,19 @@ def decode_signed(data: bytes) -> Signed | SignedDeletion:
     position = 6 + meta_len
     bands, rows = _BANDING.unpack_from(data, position)
     position += _BANDING.size
-    if position + bands * BAND_KEY_BYTES > len(data):
+    if (keys_end := position + bands * BAND_KEY_BYTES) > len(data):
         raise ValueError(f"signed record announces {bands} band keys and is shorter")
-    keys = _keys_layout(bands).unpack_from(data, position)  # () for none
-    position += bands * BAND_KEY_BYTES
-    anchors = Anchors.unpack_from(data, meta.get("a", 0), position)
-    position += len(anchors.packed)
-    sketches, slots = data[position:], meta["m"]
-    # views of the record, never written (copied only on a big-endian host)
-    signature = np.frombuffer(sketches, dtype="<u8", count=slots).astype(np.uint64, copy=False)
-    verifier = np.frombuffer(sketches, dtype=np.uint8, offset=slots * 8)
-    sketch = Sketch(bytes.fromhex(meta["h"]), signature, meta["n"], meta["s"], verifier, anchors)
-    return Signed(meta["id"], sketch, Provenance(*meta["src"]), keys, (bands, rows), meta["t"], meta["r"])
+    keys = tuple(data[at : at + BAND_KEY_BYTES] for at in range(position, keys_end, BAND_KEY_BYTES))
+    position = keys_end
+    anchors = Anchors.unpack_from(data, meta.get("a", 0), position).packed
+    position += len(anchors)
+    signature_end = position + 8 * meta["m"]
+    if not position < signature_end <= len(data):
+        raise ValueError(f"signed record announces a signature of {meta['m']} slots and is shorter")
+    signature, verifier = data[position:signature_end], data[signature_end:]
+    content_hash, src = bytes.fromhex(meta["h"]), Provenance(*meta["src"])
+    return Signed(meta["id"], content_hash, keys, verifier, signature, meta["n"], meta["s"], anchors, src,
+                  (bands, rows), meta["t"], meta["r"])  # fmt: skip
 
 
 def _unwrapped(data: bytes) -> tuple[bytes, Headers, bytes]:

@@ -42,7 +42,6 @@ from ..core.anchors import Anchors
 from ..core.compiled import _sketch
 from ..core.dedup import IndexedArticle, IndexUpdate, Prospect
 from ..core.params import IncompatibleState, check_header
-from ..core.signing import Sketch
 from .port import Batch, Counts, IndexStats, KeyValue
 from .records import CorruptRecord, decode_probe, decode_record, encode_record
 from .tables import (
@@ -479,19 +478,6 @@ class IndexState:
     def close(self) -> None:
         self.versions = ArticleVersions(self.kv, self._record_cache, self._probe_cache)  # caches freed
         self.kv.close()
-
-
-def fresh_row(
-    article_id: str,
-    sketch: Sketch,
-    keys: tuple[bytes, ...],
-    time_ms: int,
-    cutoff: int | None,
-    latency: float | None,
-) -> FreshRow:
-    """An article as the compiled run takes it (add_fresh)."""
-    return (article_id, sketch.content_hash, keys, sketch.verifier, sketch.signature, sketch.shingle_count,
-            sketch.short, sketch.anchors.packed, time_ms, cutoff, latency)  # fmt: skip
 
 
 def runs_of(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -105,7 +105,7 @@ def run(
                 began = time.perf_counter()
                 for n, (article_id, sketch, keys) in enumerate(chunk, start):
                     src = wire.Provenance("bench", None, n, None)
-                    item = wire.Signed(article_id, sketch, src, keys, banding, n * MINUTE_MS)
+                    item = wire.Signed.of(article_id, sketch, src, keys, banding, n * MINUTE_MS)
                     [decided] = shard.decide([item])
                     assert decided.kind is not None, decided.error
                     kind = decided.kind

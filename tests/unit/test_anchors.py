@@ -207,7 +207,7 @@ def test_anchors_round_trip_records_and_the_wire(prose: tuple[str, ...]) -> None
     assert Anchors.unpack_from(anchors.packed, len(anchors)) == anchors
     sketch = sketch_of(prose[2], PARAMS)
     assert sketch.anchors == anchors
-    signed = Signed("a", sketch, Provenance("t", 0, 1, None))
+    signed = Signed.of("a", sketch, Provenance("t", 0, 1, None))
     decoded = decode_signed(encode_signed(signed))
     assert isinstance(decoded, Signed) and decoded.sketch.anchors == anchors
     with pytest.raises(ValueError, match="255"):

@@ -9,7 +9,6 @@ it fails: nothing of the run written, the article decided again in a run of its 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from neardup.core.retention import NO_RETENTION, Retention
 from neardup.core.shingle import ShingleOptions
 from neardup.pipeline.shard import MARKER_PREFIX, IndexShard, Item
 from neardup.state import held, index
-from neardup.state.index import IndexState, fresh_row
+from neardup.state.index import IndexState
 from neardup.state.memory import MemoryKV, MemoryState
 from neardup.state.port import Batch
 from neardup.state.records import MAGIC as RECORD_MAGIC
@@ -260,7 +259,7 @@ def test_a_read_ahead_that_is_interrupted_raises_and_writes_nothing(monkeypatch:
     monkeypatch.setattr(MemoryKV, "get_many", interrupted)
     shard = IndexShard(MemoryState(), ON)
     signed = signed_items([(f"p{n}", text) for n, text in enumerate(paragraphs()[:3])], ON)
-    rows = [fresh_row(i.article_id, i.sketch, i.band_keys, i.time_ms, None, None) for i in signed]  # type: ignore[union-attr]
+    rows = [(*i[:8], i.time_ms, None, None) for i in signed]  # a signed record's first fields are a row's
     with pytest.raises(Halt):
         shard.state.add_fresh(rows, fresh_settings(ON) or (), b"{}")
     assert shard.state.next_seq() == 0 and not list(shard.state.kv.scan_records())
@@ -286,7 +285,7 @@ def test_a_run_that_raises_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> No
     texts = paragraphs()[:3]
     arrivals = [("p0", texts[0]), ("p1", texts[1]), ("p0", texts[2])]  # p0's second version
     signed = signed_items(arrivals, ON)
-    rows = [fresh_row(i.article_id, i.sketch, i.band_keys, i.time_ms, None, None) for i in signed]  # type: ignore[union-attr]
+    rows = [(*i[:8], i.time_ms, None, None) for i in signed]  # a signed record's first fields are a row's
     with pytest.raises(MemoryError):
         shard.state.add_fresh(rows, fresh_settings(ON) or (), b"{}")
     assert calls == [1]
@@ -302,7 +301,7 @@ def test_an_exact_copy_of_an_expired_holder_takes_the_content_over(monkeypatch: 
     no match, and the copy, decided by its bands in the run, unique, takes the content over."""
     text = sample_news()[1][1]
     old, copy = signed_items([("old", text), ("copy", text)], ON)
-    items = [old, dataclasses.replace(copy, time_ms=old.time_ms + 10_000)]  # type: ignore[union-attr]
+    items = [old, copy._replace(time_ms=old.time_ms + 10_000)]  # type: ignore[union-attr]
     retention = Retention(window_ms=2_500)
     expected, taken = decided_both_ways(items, ON, 2, monkeypatch, retention)
     assert taken == 2 and [r.kind for r in expected[0]] == ["unique", "unique"]

@@ -82,9 +82,7 @@ def decide(params: DedupParams, texts: list[str]) -> tuple[list[dict[str, Any]],
     shard.replay(records)
     stage = SignStage(params, 1 << 30)
     articles = [Article(i, t) for i, t in zip(worst_ids(len(texts)), texts, strict=True)]
-    signed = [
-        stage.sign(a, dataclasses.replace(SOURCE, offset=SOURCE.offset + n)) for n, a in enumerate(articles)
-    ]
+    signed = [stage.sign(a, SOURCE._replace(offset=SOURCE.offset + n)) for n, a in enumerate(articles)]
     decided = shard.decide(signed, offset=0)
     shard.checkpoint()
     assert all(d.verdict is not None for d in decided), decided

@@ -4,7 +4,6 @@ changelog offset equals one rebuilt from the whole changelog."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import subprocess
@@ -213,7 +212,7 @@ def workload(count: int) -> list[Signed | SignedDeletion]:
         if roll < 0.06 and held:
             gone = held.pop(rng.randrange(len(held)))
             deleted.append(gone)
-            src = dataclasses.replace(SRC, offset=10_000 + n)
+            src = SRC._replace(offset=10_000 + n)
             items.append(SignedDeletion(gone, src))
             continue
         text = sample[rng.randrange(len(sample))]["text"]
@@ -226,7 +225,7 @@ def workload(count: int) -> list[Signed | SignedDeletion]:
             article_id = f"n{n}"
             held.append(article_id)
         item = signed(article_id, text, 10_000 + n, PARAMS)
-        items.append(dataclasses.replace(item, time_ms=int(n * 30 * DAY / count)))
+        items.append(item._replace(time_ms=int(n * 30 * DAY / count)))
     return items
 
 

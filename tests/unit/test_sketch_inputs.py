@@ -45,6 +45,7 @@ ENTRY_POINTS = {
     "encode_record",  # its cases: test_codec.py
     "verdict_json",  # its cases: test_codec.py
     "decide_fresh",  # its cases: test_fresh_run.py
+    "signed_record",  # its cases: test_wire.py
 }
 
 
@@ -689,6 +690,14 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     # decide_fresh(items, seq, context): test_fresh_run.py has the rest
     ("decide_fresh-items-tuple", lambda: sketch.decide_fresh((), 0, ()), TypeError, ""),
     ("decide_fresh-context-short", lambda: sketch.decide_fresh([], 0, ()), TypeError, ""),
+    # signed_record(data, signed_type, provenance_type): test_wire.py has the rest
+    ("signed_record-data-str", lambda: sketch.signed_record("S6", tuple, tuple), TypeError, ""),
+    (
+        "signed_record-type-not-tuple",
+        lambda: sketch.signed_record(b"S6", dict, tuple),
+        TypeError,
+        "tuple types",
+    ),
 ]
 
 

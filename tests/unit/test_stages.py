@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -325,7 +324,7 @@ def test_records_with_and_without_band_keys_get_the_same_verdicts(shards: Any) -
     computes them otherwise: the decisions and the state are the same."""
     items = [*story_with_a_copy(), signed("d", PROSE[2] + " Updated at noon.")]
     other_rows = [  # as a signer configured with 4 rows per band would send them
-        dataclasses.replace(item, band_keys=tuple(band_keys(item.sketch.signature, 25, 4)), banding=(25, 4))
+        item._replace(band_keys=tuple(band_keys(item.sketch.signature, 25, 4)), banding=(25, 4))
         for item in items
     ]
     runs = []
@@ -352,9 +351,7 @@ def test_the_sign_stages_band_keys_are_the_ones_looked_up(shards: Any) -> None:
     items = story_with_a_copy()
     plain, bogus = shards("plain"), shards("bogus")
     _, honest = [plain.handle(item, offset) for offset, item in enumerate(items)][-1]
-    _, shared = [bogus.handle(dataclasses.replace(item, band_keys=same), n) for n, item in enumerate(items)][
-        -1
-    ]
+    _, shared = [bogus.handle(item._replace(band_keys=same), n) for n, item in enumerate(items)][-1]
     assert honest is not None and shared is not None
     assert honest["verdict"] == shared["verdict"] == "unique"
     assert honest["candidates"] == []
@@ -431,7 +428,7 @@ def test_a_rebuild_counts_the_removals_the_record_table_counted(shards: Any) -> 
     for offset, (article_id, text) in enumerate(HISTORY):
         live.handle(signed(article_id, text), offset)
     deleted_id = HISTORY[0][0]
-    src = dataclasses.replace(SRC, offset=next(INPUT_OFFSETS))  # after the records', never a replay
+    src = SRC._replace(offset=next(INPUT_OFFSETS))  # after the records', never a replay
     status, _ = live.handle(SignedDeletion(deleted_id, src), len(HISTORY))
     assert status == "deleted" and live.state.stats().deleted == 1
     restarted = shards("restarted", dict(live.records))
@@ -444,7 +441,7 @@ def test_a_rebuild_keeps_the_deleted_ids_versions(shards: Any) -> None:
     live = shards("live")
     live.handle(signed("a", PROSE[0]), 0)
     live.handle(signed("a", PROSE[1]), 1)  # version 1
-    src = dataclasses.replace(SRC, offset=next(INPUT_OFFSETS))
+    src = SRC._replace(offset=next(INPUT_OFFSETS))
     assert live.handle(SignedDeletion("a", src), 2)[0] == "deleted"
     assert ARTICLE_PREFIX + b"a" not in live.records and MARKER_PREFIX + b"a" in live.records
     restarted = shards("restarted", dict(live.records))
@@ -463,7 +460,7 @@ def test_expiry_removes_deletion_markers_and_tombstones_them() -> None:
     now = 30 * day / 1000
 
     def at(article_id: str, text: str, time_ms: int) -> Signed:
-        return dataclasses.replace(signed(article_id, text), time_ms=time_ms)
+        return signed(article_id, text)._replace(time_ms=time_ms)
 
     stage.decide([at("a", PROSE[0], 0), SignedDeletion("a", SRC), at("b", PROSE[1], day)], now=now)
     assert records[MARKER_PREFIX + b"a"] == stage.state.deletion_marker("a")
