@@ -48,9 +48,10 @@ class Signed(NamedTuple):
     """What travels on the signatures topic: one article's sketch, no text, its LSH band keys
     (computed in the sign stage, which scales with the input's partitions, rather than in the index
     stage, one process per shard; empty: not computed) and its event time. Flat, its sketch's
-    fields as the wire holds them (the signature as little-endian bytes, the anchors packed): the
-    compiled decoder (_sketch.signed_record) makes one with no Python object a field, and the
-    compiled run reads them as they are; `sketch` gives them as numpy arrays where wanted."""
+    fields as the wire holds them (the signature as little-endian bytes, the anchors packed), the
+    first eight in the order of the compiled run's row (state/index.py's FreshRow): the compiled
+    decoder (_sketch.signed_record) makes one without running Python code, and the run reads its
+    fields as they are. `sketch` gives them as numpy arrays where those are wanted."""
 
     article_id: str
     content_hash: bytes

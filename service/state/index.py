@@ -70,8 +70,9 @@ DEFAULT_POSTING_CACHE = 50_000
 LOAD_CHUNK = 5_000  # records per pass of bulk_load
 EXPIRY_PASS = 10_000  # articles an expiry pass removes at most (the next pass goes on)
 T = TypeVar("T")
-# A row of the compiled run (add_fresh): article id, content hash, band keys, verifier, signature,
-# distinct shingles, short, packed anchors, time, cutoff (None: none), latency (ms, None).
+# A row of the compiled run (add_fresh): article id, content hash, band keys, verifier, signature
+# (uint64s, or their bytes little-endian), distinct shingles, short, packed anchors, time, cutoff
+# (None: none), latency (ms, None). A signed record's first eight fields (pipeline/wire.py).
 FreshRow = tuple[str, bytes, tuple[bytes, ...], Any, Any, int, bool, bytes, int, int | None, float | None]
 S = TypeVar("S")
 
