@@ -202,7 +202,7 @@ def decoded_signed(data: bytes) -> Signed | SignedDeletion:
     position += len(anchors)
     signature_end = position + 8 * meta["m"]
     if not position < signature_end <= len(data):
-        raise ValueError(f"signed record announces a signature of {meta['m']} slots and is shorter")
+        raise ValueError(f"signed record announces {meta['m']} signature slots: none, or more than it holds")
     signature, verifier = data[position:signature_end], data[signature_end:]
     content_hash, src = bytes.fromhex(meta["h"]), Provenance(*meta["src"])
     return Signed(meta["id"], content_hash, keys, verifier, signature, meta["n"], meta["s"], anchors, src,

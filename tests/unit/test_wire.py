@@ -56,6 +56,16 @@ def test_decode_signed_rejects_a_truncated_keys_section() -> None:
         decode_signed(data[: at + 4 + 30])
 
 
+@pytest.mark.parametrize("slots", [0, -1, 10_000])
+def test_decode_signed_rejects_a_signature_it_does_not_hold(slots: int) -> None:
+    data = encode_signed(signed("a", PROSE[0]))
+    (meta_len,) = struct.unpack_from(">I", data, 2)
+    meta = orjson.loads(data[6 : 6 + meta_len])
+    changed = orjson.dumps({**meta, "m": slots})
+    with pytest.raises(ValueError, match="signature slots"):
+        decode_signed(data[:2] + struct.pack(">I", len(changed)) + changed + data[6 + meta_len :])
+
+
 def test_decode_signed_rejects_other_bytes() -> None:
     with pytest.raises(ValueError, match="not a signed record"):
         decode_signed(b'{"id": "a"}')
