@@ -793,13 +793,18 @@ static PyObject *kept(Fresh *f, PyObject *obj) {
     return failed < 0 ? NULL : obj;
 }
 
+/* The unsigned number in `width` big-endian bytes at `data`: put_be's inverse. */
+static uint64_t get_be(const char *data, int width) {
+    uint64_t value = 0;
+    for (int i = 0; i < width; i++) {
+        value = value << 8 | (unsigned char)data[i];
+    }
+    return value;
+}
+
 /* A seq from its 8 big-endian bytes. */
 static uint64_t seq_of(const char *data) {
-    uint64_t seq = 0;
-    for (int i = 0; i < 8; i++) {
-        seq = seq << 8 | (unsigned char)data[i];
-    }
-    return seq;
+    return get_be(data, 8);
 }
 
 /* `value` in `width` big-endian bytes at `out`. */
@@ -2194,8 +2199,7 @@ static PyObject *signed_record(PyObject *self, PyObject *args) {
     if (len < 6 || memcmp(data, "S6", 2) != 0) {
         goto declined;
     }
-    Py_ssize_t meta_len = (Py_ssize_t)(((uint32_t)(uint8_t)data[2] << 24) | ((uint32_t)(uint8_t)data[3] << 16) |
-                                       ((uint32_t)(uint8_t)data[4] << 8) | (uint32_t)(uint8_t)data[5]);
+    Py_ssize_t meta_len = (Py_ssize_t)get_be(data + 2, 4);
     if (meta_len > len - 6 - 4) {
         goto declined;
     }
@@ -2233,8 +2237,7 @@ static PyObject *signed_record(PyObject *self, PyObject *args) {
         goto declined;
     }
     Py_ssize_t at = 6 + meta_len;
-    Py_ssize_t bands = ((uint8_t)data[at] << 8) | (uint8_t)data[at + 1];
-    Py_ssize_t rows = ((uint8_t)data[at + 2] << 8) | (uint8_t)data[at + 3];
+    Py_ssize_t bands = (Py_ssize_t)get_be(data + at, 2), rows = (Py_ssize_t)get_be(data + at + 2, 2);
     at += 4;
     /* what follows: the keys, the anchors, the signature, then at least nothing (the verifier) */
     if (bands * BAND_KEY_BYTES > len - at || anchors < 0 || anchors > (len - at - bands * BAND_KEY_BYTES) / ANCHOR_BYTES || slots <= 0 ||
