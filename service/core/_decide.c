@@ -2084,9 +2084,7 @@ static PyObject *decide_fresh(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* An instance of the tuple type `type` holding `values` (references borrowed), made as
- * tuple.__new__(type, values) makes it: a NamedTuple's fields, with none of its Python run. */
-static PyObject *made(PyTypeObject *type, PyObject **values, Py_ssize_t count) {
+PyObject *made(PyTypeObject *type, PyObject **values, Py_ssize_t count) {
     PyObject *items = PyTuple_New(count);
     if (items == NULL) {
         return NULL;
@@ -2177,25 +2175,8 @@ static int hex_digit(char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/* signed_record(data, signed_type, provenance_type) -> signed_type | None
- *     A signed record as encode_signed writes it, decoded: the fields of wire.Signed in its order,
- *     made into `signed_type` (its provenance into `provenance_type`: both tuple types, as
- *     NamedTuple makes them) with no Python code run. None for any other record, left to
- *     wire.decoded_signed, which decodes every record that this does the same. */
-static PyObject *signed_record(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer view;
-    PyTypeObject *signed_type, *provenance_type;
-    if (!PyArg_ParseTuple(args, "y*O!O!", &view, &PyType_Type, &signed_type, &PyType_Type, &provenance_type)) {
-        return NULL;
-    }
-    const char *data = view.buf;
-    Py_ssize_t len = view.len;
+PyObject *signed_from(const char *data, Py_ssize_t len, PyTypeObject *signed_type, PyTypeObject *provenance_type) {
     PyObject *fields[12] = {NULL}, *src[4] = {NULL}, *result = NULL;
-    if (!PyType_IsSubtype(signed_type, &PyTuple_Type) || !PyType_IsSubtype(provenance_type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "signed_record makes tuple types");
-        goto done;
-    }
     if (len < 6 || memcmp(data, "S6", 2) != 0) {
         goto declined;
     }
@@ -2302,6 +2283,32 @@ done:
     for (int i = 0; i < 4; i++) {
         Py_XDECREF(src[i]);
     }
+    return result;
+}
+
+int tuple_types(PyTypeObject *signed_type, PyTypeObject *provenance_type) {
+    if (!PyType_IsSubtype(signed_type, &PyTuple_Type) || !PyType_IsSubtype(provenance_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "a signed record is made into tuple types");
+        return -1;
+    }
+    return 0;
+}
+
+/* signed_record(data, signed_type, provenance_type) -> signed_type | None
+ *     A signed record as encode_signed writes it, decoded: the fields of wire.Signed in its order,
+ *     made into `signed_type` (its provenance into `provenance_type`: both tuple types, as
+ *     NamedTuple makes them) with no Python code run. None for any other record, left to
+ *     wire.decoded_signed, which decodes every record that this does the same. */
+static PyObject *signed_record(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    PyTypeObject *signed_type, *provenance_type;
+    if (!PyArg_ParseTuple(args, "y*O!O!", &view, &PyType_Type, &signed_type, &PyType_Type, &provenance_type)) {
+        return NULL;
+    }
+    PyObject *result = tuple_types(signed_type, provenance_type) < 0
+                           ? NULL
+                           : signed_from(view.buf, view.len, signed_type, provenance_type);
     PyBuffer_Release(&view);
     return result;
 }

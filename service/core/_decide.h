@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 extern PyMethodDef decide_methods[];
+extern PyMethodDef shard_methods[]; /* _shard.c's */
 
 /* The attribute names _decide.c reads, made once; -1 with an exception set on failure. */
 int decide_init(void);
@@ -21,6 +22,18 @@ PyObject *posting_keys(PyObject *self, PyObject *args);
 PyObject *join_postings(PyObject *self, PyObject *args);
 PyObject *join_buckets(PyObject *self, PyObject *args);
 PyObject *leave_entries(PyObject *self, PyObject *args);
+PyObject *band_keys(PyObject *self, PyObject *args);
+
+/* An instance of the tuple type `type` holding `values` (references borrowed), made as
+ * tuple.__new__(type, values) makes it: a NamedTuple's fields, with none of its Python run. */
+PyObject *made(PyTypeObject *type, PyObject **values, Py_ssize_t count);
+
+/* The signed record data[:len] decoded (_decide.c's signed_record), or None (a new reference) when
+ * it is not one as encode_signed writes it; NULL with an exception on failure. */
+PyObject *signed_from(const char *data, Py_ssize_t len, PyTypeObject *signed_type, PyTypeObject *provenance_type);
+
+/* 0 when both are tuple types (what signed_from makes), else -1 with TypeError set. */
+int tuple_types(PyTypeObject *signed_type, PyTypeObject *provenance_type);
 
 /* The unsigned LEB128 varint at data[*at] into `out`, `at` moved past it; NULL, or what is wrong
  * with it (it runs past the end, or past 64 bits). */

@@ -411,7 +411,7 @@ static uint64_t murmur3_h1(const uint8_t *data, size_t length) {
     return h1 + h2;
 }
 
-static PyObject *band_keys(PyObject *self, PyObject *args) {
+PyObject *band_keys(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer signature;
     Py_ssize_t bands, rows;
@@ -2516,6 +2516,7 @@ PyMODINIT_FUNC PyInit__sketch(void) {
     }
     PyObject *created = PyModule_Create(&module);
     if (created != NULL && (PyModule_AddFunctions(created, decide_methods) < 0 ||
+                            PyModule_AddFunctions(created, shard_methods) < 0 ||
                             PyModule_AddObjectRef(created, "HeldTable", (PyObject *)&HeldTableType) < 0 ||
                             PyModule_AddObjectRef(created, "SignBatch", (PyObject *)&SignBatchType) < 0)) {
         Py_CLEAR(created);

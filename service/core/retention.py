@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+EARLIEST_MS = -(2**63)  # before every time an int64 holds
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 # RFC 3339: a full date, "T" or a space, a time, and an offset ("Z" or ±hh:mm) that it requires
@@ -105,12 +106,16 @@ class Retention:
         """Articles with a time before this have expired (None: nothing expires)."""
         return None if not self.enabled or newest_ms is None else newest_ms - self.window_ms
 
-    def due(self, cutoff_ms: int | None, last_cutoff_ms: int | None) -> bool:
-        """Whether an expiry pass should run for `cutoff_ms`, the last one having run for
-        `last_cutoff_ms`: when the cutoff has moved by 1/1000 of the window, at least 1 s."""
-        if cutoff_ms is None:
-            return False
-        return last_cutoff_ms is None or cutoff_ms - last_cutoff_ms >= max(1000, self.window_ms // 1000)
+    def due_from(self, last_cutoff_ms: int | None) -> int | None:
+        """The cutoff from which an expiry pass is due, the last one having run for
+        `last_cutoff_ms`: once the cutoff has moved by 1/1000 of the window, at least 1 s (None:
+        nothing expires; EARLIEST_MS: no pass has run yet). Expiry walks the oldest arrivals by
+        time, and running it for every article would cost a scan start each time."""
+        if not self.enabled:
+            return None
+        if last_cutoff_ms is None:
+            return EARLIEST_MS
+        return last_cutoff_ms + max(1000, self.window_ms // 1000)
 
 
 NO_RETENTION = Retention()  # keep forever

@@ -28,12 +28,12 @@ import collections
 import logging
 import mmap
 import os
-import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, Protocol, cast
 
+from ..core.compiled import _sketch
 from ..core.params import DedupParams
 from ..core.retention import NO_RETENTION, Retention
 from ..errors import Error
@@ -77,52 +77,31 @@ class Changelog(Protocol):
         """How long compaction keeps a tombstone (None: nothing is compacted away)."""
 
 
-class _ChangelogWrites:
-    """The changelog as the IndexShard writes it (ChangelogSink): the writes are collected and
-    handed to the agent, which sends a whole chunk's writes to the changelog at once
-    (stream/index_agent.py). The stage reads records back only to rebuild, and then from the
-    changelog compacted on disk: the shard only writes here."""
-
-    def __init__(self) -> None:
-        self.writes: list[Write] = []
-
-    def drain(self) -> list[Write]:
-        writes, self.writes = self.writes, []
-        return writes
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.writes.append((key, value))
-
-    def __delitem__(self, key: bytes) -> None:
-        """A tombstone in the changelog (deletes, expiry)."""
-        self.writes.append((key, None))
-
-
 class RecordMarker:
     """The record the decider child is on, in a file both processes map: after the child died or
     hung, the worker reads which record it was deciding, and the retry leaves that record out
     (dead-lettered, processing_failed) instead of failing on it again. A store to shared memory
     per record: nothing the decisions would notice."""
 
-    _LAYOUT = struct.Struct("<qqq")  # signatures offset (-1: none), record index, deciding
+    _SIZE = 24  # signatures offset (-1: none), record index, deciding (_sketch.mark's layout)
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(0o600)
-        os.truncate(path, self._LAYOUT.size)
+        os.truncate(path, self._SIZE)
         with path.open("r+b") as file:
-            self._map = mmap.mmap(file.fileno(), self._LAYOUT.size)
+            self.memory = mmap.mmap(file.fileno(), self._SIZE)
 
     def at(self, offset: int, index: int, *, deciding: bool) -> None:
-        self._LAYOUT.pack_into(self._map, 0, offset, index, deciding)
+        _sketch.mark(self.memory, offset, index, deciding)
 
     def clear(self) -> None:
-        self._LAYOUT.pack_into(self._map, 0, -1, 0, 0)
+        _sketch.mark(self.memory, -1, 0, False)
 
     def read(self) -> tuple[RecordAt, bool] | None:
         """(where, whether in its decision), or None: between records."""
-        offset, index, deciding = self._LAYOUT.unpack_from(self._map, 0)
-        return None if offset < 0 else ((offset, index), bool(deciding))
+        offset, index, deciding = _sketch.marked(self.memory)
+        return None if offset < 0 else ((offset, index), deciding)
 
 
 UNANSWERED = frozenset({"commit"})  # requests no answer comes back for
@@ -139,7 +118,10 @@ class ShardServer:
     def __init__(self, setup: ServerSetup, marker: RecordMarker | None = None, freeze_every: int = 0) -> None:
         params, index_path, options, retention = setup
         self.index_path = index_path
-        self.table = _ChangelogWrites()
+        # the changelog's writes, handed to the agent a chunk at a time (stream/index_agent.py),
+        # which sends them at once; the stage reads records back only to rebuild, and then from
+        # the changelog compacted on disk
+        self.table: list[Write] = []
         self.shard = IndexShard(RocksState(index_path, options, layered=True), params, retention, self.table)
         self.marker = marker
         self._size = SizeGauge()
@@ -153,14 +135,14 @@ class ShardServer:
         match request:
             case ("decide", messages, chunk, culprits):
                 shard.begin(chunk)
-                return decide_messages(shard, messages, self._size, self.marker, culprits), self.table.drain()
+                return decide_messages(shard, messages, self._size, self.marker, culprits), self._drained()
             case ("commit", chunk, changelog_end):
                 shard.commit(chunk, changelog_end)
             case ("hold", chunk, writes):
                 shard.hold(chunk, writes)
             case ("reopen", end, read_at, retention):
                 self._drop_rebuild()  # one the worker gave up, its changelog read failing
-                self.table.drain()  # a batch that failed half-way: the shard replays
+                self._drained()  # a batch that failed half-way: the shard replays
                 point, why = shard.restore_point(end, read_at, retention)
                 self._since_ms = None if point is None else point.since_ms
                 if point is not None:
@@ -191,6 +173,12 @@ class ShardServer:
             case _:
                 raise ValueError(f"unknown request {request[0]!r}")
         return None
+
+    def _drained(self) -> list[Write]:
+        """The changelog's writes since the last call."""
+        writes = self.table[:]
+        self.table.clear()
+        return writes
 
     def after(self, request: tuple, answer: object) -> None:
         """What waits until the `answer` to `request` is on its way: the collector after a

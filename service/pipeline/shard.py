@@ -17,16 +17,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple, Protocol
+from mmap import mmap
+from typing import NamedTuple, Protocol, cast
 
 import orjson
 
 from ..core.compiled import _sketch
 from ..core.dedup import IndexedArticle, fresh_settings
-from ..core.lsh import band_keys
 from ..core.params import DedupParams, IncompatibleState
 from ..core.retention import NO_RETENTION, Retention
-from ..state.index import META, FreshRow, IndexState
+from ..state.index import META, IndexState
 from ..state.overlay import LayeredKV
 from ..state.records import MAGIC as RECORD_MAGIC
 from ..state.records import CorruptRecord
@@ -87,11 +87,12 @@ class Compacted(Protocol):
 
 
 class ChangelogSink(Protocol):
-    """Where the shard writes the changelog: a record set, or deleted (a tombstone)."""
+    """Where the shard writes the changelog's messages, in order (a list, in the worker): a
+    compiled run's together."""
 
-    def __setitem__(self, key: bytes, value: bytes) -> None: ...
+    def append(self, entry: Entry, /) -> None: ...
 
-    def __delitem__(self, key: bytes) -> None: ...
+    def extend(self, entries: Iterable[Entry], /) -> None: ...
 
 
 def table_entries(records: Compacted, prefix: bytes) -> Iterator[tuple[str, bytes]]:
@@ -191,13 +192,15 @@ class IndexShard:
         offset: int | None = None,
         now: float | None = None,
         before: Callable[[int], None] | None = None,
+        records: Sequence[int] | None = None,
     ) -> list[Decided]:
         """Decide `items` in order, each applied before the next is decided; never raises for one
         item (its result has status "error"). `offset`: the signatures message they came in (the
         worker), by which a re-delivered input is recognised and answered with its stored verdict,
         never a new version; None: no such tracking (the state's content check still answers an
         article sent again with its stored verdict). `before(n)`: called as item n starts (the
-        decider child marks the record it is on: RecordMarker)."""
+        decider child marks the record it is on: RecordMarker). `records`: each item's index in its
+        signatures message, which its result carries (Decided.record)."""
         now_s = time.time() if now is None else now
         at = -1 if offset is None else offset
         results: list[Decided] = []
@@ -208,15 +211,15 @@ class IndexShard:
         offer = len(items)
         while (n := len(results)) < len(items):
             try:
-                taken = self._run(items[n : n + offer], n, at, now_s, before)
+                taken = self._run(items[n : n + offer], n, at, now_s, before, records)
             except Exception as exc:  # one bad record must not stop the shard
                 if offer > 1:
                     offer = 1
                     continue
                 log.error("decide_failed article=%r", items[n].article_id, exc_info=True)
                 if at >= 0:  # its input is taken: it is not decided again
-                    self.inputs[_partition(items[n].provenance)] = items[n].provenance.offset
-                taken = [Decided.failed(at, exc)]
+                    self.inputs[_sketch.input_key(items[n].provenance)] = items[n].provenance.offset
+                taken = [_placed(Decided.failed(at, exc), records, n)]
             results += taken
             offer = 2 * len(taken) or 1
             if taken:
@@ -225,10 +228,11 @@ class IndexShard:
             if before is not None:
                 before(n)
             try:
-                results.append(self._answer(items[n], at, now_s))
+                answer = self._answer(items[n], at, now_s)
             except Exception as exc:
                 log.error("decide_failed article=%r", items[n].article_id, exc_info=True)
-                results.append(Decided.failed(at, exc))
+                answer = Decided.failed(at, exc)
+            results.append(_placed(answer, records, n))
         if offset is not None:
             self.applied_offset = max(self.applied_offset, offset)
         return results
@@ -240,45 +244,28 @@ class IndexShard:
         offset: int,
         now_s: float,
         before: Callable[[int], None] | None,
+        records: Sequence[int] | None,
     ) -> list[Decided]:
         """`items` (from `start` in the batch) decided and indexed in one compiled call
-        (IndexState.add_fresh): none that is a deletion or an input already applied, nor any after
-        one that makes an expiry pass due (it ends the run); the compiled call stops at the first
-        it does not take (its comment says which). Returns their results, none when it took none;
-        raises what the call raises, having written none of them."""
-        rows: list[FreshRow] = []
-        taken: list[tuple[Signed, str, float | None]] = []
-        inputs, newest = dict(self.inputs), self.state.counts.newest_ms
-        lsh = self.params.lsh
-        for item in items:
-            if isinstance(item, SignedDeletion):
-                break
-            partition = _partition(item.provenance)
-            if offset >= 0 and self._replayed(item, offset, inputs):
-                break
-            inputs[partition] = item.provenance.offset
-            time_ms, cutoff = self._event_time(item, now_s, newest)
-            keys = item.band_keys_for(lsh.bands, lsh.rows) or band_keys(
-                item.sketch.signature, lsh.bands, lsh.rows
-            )
-            taken.append((item, partition, _latency(item, now_s)))
-            # a signed record's first fields are a row's as they are (wire.Signed)
-            rows.append((*item[:2], tuple(keys), *item[3:8], time_ms, cutoff, taken[-1][2]))
-            newest = time_ms if newest is None else max(newest, time_ms)
-            expiry = self.retention.cutoff(newest)
-            if expiry is not None and self.retention.due(expiry, self.state.counts.expired_before_ms):
-                break
+        (IndexState.add_fresh), their rows made and their results finished by compiled code too
+        (_sketch.fresh_rows and fresh_results: their comment says which articles a run takes).
+        Returns their results, none when it took none; raises what the call raises, having
+        written none of them."""
+        counts, lsh, retention = self.state.counts, self.params.lsh, self.retention
+        latest_ms = round(now_s * 1000) + retention.skew_ms
+        due_ms = retention.due_from(counts.expired_before_ms)
+        shell = (Signed, offset, self.applied_offset, dict(self.inputs), counts.newest_ms, now_s * 1000.0)
+        rows = _sketch.fresh_rows(
+            items, (*shell, latest_ms, retention.window_ms, due_ms, lsh.bands, lsh.rows)
+        )
         written = self.state.add_fresh(rows, self._rule, self._audit, before, start) if rows else []
-        results = []
-        for (item, partition, latency), (record, verdict, kind, revived) in zip(taken, written, strict=False):
-            if offset >= 0:
-                self.inputs[partition] = item.provenance.offset
-            self.counts.refused_times += item.refused_time
-            if self.changelog is not None:
-                self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record
-                if revived:
-                    del self.changelog[MARKER_PREFIX + item.article_id.encode()]
-            results.append(Decided(offset, item.article_id, "new", verdict, kind, latency))
+        inputs = self.inputs if offset >= 0 else None
+        writes: list[Entry] | None = None if self.changelog is None else []
+        finish = (Decided(offset, None, "new"), inputs, writes, records, start, ARTICLE_PREFIX)
+        results, refused = _sketch.fresh_results(items, rows, written, (*finish, MARKER_PREFIX))
+        if writes and self.changelog is not None:
+            self.changelog.extend(writes)
+        self.counts.refused_times += refused
         if results:
             results[-1] = results[-1]._replace(expired=self._expire_due())
         return results
@@ -289,7 +276,7 @@ class IndexShard:
         if offset >= 0:
             if self._replayed(item, offset, self.inputs):
                 return self._replay_one(item, offset, now_s)
-            self.inputs[_partition(item.provenance)] = item.provenance.offset
+            self.inputs[_sketch.input_key(item.provenance)] = item.provenance.offset
         if isinstance(item, SignedDeletion):
             return self._delete(item.article_id, offset)
         self.counts.refused_times += item.refused_time
@@ -299,31 +286,16 @@ class IndexShard:
         return self._verdict("redelivered", existing, item, offset, now_s, self._expire_due())
 
     def _replayed(self, item: Item, offset: int, inputs: dict[str, int]) -> bool:
-        """Whether the item's input is applied already: its signatures message, or its offset in its
-        input partition (`inputs`: the offsets applied, as the batch has moved them so far)."""
-        src = item.provenance
-        return offset <= self.applied_offset or src.offset <= inputs.get(_partition(src), -1)
-
-    def _event_time(self, item: Signed, now_s: float, newest: int | None) -> tuple[int, int | None]:
-        """The article's event time and the retention cutoff it is decided against, `newest` being
-        the newest time the index holds. A refused time is taken as that newest time (the
-        stream's time), so that it cannot move it: a time far ahead would expire a whole
-        backfill, one far behind expire the article at once. Only while the index holds none is it
-        the signer's fallback, its arrival. The record keeps the time taken: a replay of the
-        changelog repeats it."""
-        if item.refused_time and newest is not None:
-            time_ms = newest
-        else:
-            # No time the state keeps, and so no expiry cutoff, runs ahead of this clock by more
-            # than the skew, whatever a signer's clock said.
-            time_ms = min(item.time_ms, round(now_s * 1000) + self.retention.skew_ms)
-        return time_ms, self.retention.cutoff(time_ms if newest is None else max(newest, time_ms))
+        """Whether the item's input is applied already (_sketch.replayed: the rule the compiled
+        run applies too)."""
+        return _sketch.replayed(item.provenance, offset, self.applied_offset, inputs)
 
     def _expire_due(self) -> int:
         """An expiry pass when the cutoff has moved far enough since the last one."""
         counts = self.state.counts
         cutoff = self.retention.cutoff(counts.newest_ms)
-        if cutoff is None or not self.retention.due(cutoff, counts.expired_before_ms):
+        due_ms = self.retention.due_from(counts.expired_before_ms)
+        if cutoff is None or due_ms is None or cutoff < due_ms:
             return 0
         removed = self.state.expire(cutoff)
         for gone in removed:
@@ -351,7 +323,7 @@ class IndexShard:
         self._forget(article_id)
         marker = self.state.deletion_marker(article_id)
         if self.changelog is not None and marker is not None:
-            self.changelog[MARKER_PREFIX + article_id.encode()] = marker
+            self.changelog.append((MARKER_PREFIX + article_id.encode(), marker))
         # the removed article's kind: whether the filtered feed carried it
         return Decided(offset, article_id, "deleted", kind=removed.decision.kind, deletion=True)
 
@@ -359,14 +331,14 @@ class IndexShard:
         """The article's record (or with MARKER_PREFIX, its deletion marker) leaves the changelog
         (a tombstone), so a replay does not bring it back."""
         if self.changelog is not None:
-            del self.changelog[prefix + article_id.encode()]
+            self.changelog.append((prefix + article_id.encode(), None))
 
     def _verdict(
         self, status: str, article: IndexedArticle, item: Signed, offset: int, now_s: float, expired: int = 0
     ) -> Decided:
         """The article's verdict, as published: messages.verdict_dict as orjson writes it, in one
         compiled pass (_sketch.verdict_json)."""
-        latency = _latency(item, now_s)
+        latency = _sketch.latency_ms(item.provenance.timestamp_ms, now_s * 1000.0)
         verdict = _sketch.verdict_json(article, self._audit, latency)
         return Decided(
             offset, article.article_id, status, verdict, article.decision.kind, latency, expired=expired
@@ -382,11 +354,11 @@ class IndexShard:
         if self.inputs != inputs or self.applied_offset != offset:
             self.state.set_meta(self._applied())  # the derived state's, committed with the chunk's writes
         if self.inputs != inputs:
-            self.changelog[INPUTS_KEY] = orjson.dumps(self.inputs)
+            self.changelog.append((INPUTS_KEY, orjson.dumps(self.inputs)))
         if self.applied_offset != offset:
-            self.changelog[OFFSET_KEY] = str(self.applied_offset).encode()
+            self.changelog.append((OFFSET_KEY, str(self.applied_offset).encode()))
         if (now_removed := self._removed()) != removed:
-            self.changelog[REMOVED_KEY] = orjson.dumps(now_removed)
+            self.changelog.append((REMOVED_KEY, orjson.dumps(now_removed)))
         self._checkpointed = (self.applied_offset, dict(self.inputs), now_removed)
 
     def _applied(self) -> dict[bytes, bytes]:
@@ -556,7 +528,11 @@ RecordAt = tuple[int, int]  # (signatures offset, record index in its message, o
 
 
 class DecisionMarker(Protocol):
-    """Where a decision is, for the worker to read after the process doing it died (RecordMarker)."""
+    """Where a decision is, for the worker to read after the process doing it died (RecordMarker):
+    `memory`, which the compiled calls write as they go (_sketch.mark)."""
+
+    @property
+    def memory(self) -> mmap | bytearray: ...
 
     def at(self, offset: int, index: int, *, deciding: bool) -> None: ...
 
@@ -578,35 +554,30 @@ def decide_messages(
     entries: list[Decided] = []
     handled = 0
     skip = skip or {}
+    memory = None if marker is None else marker.memory
     for offset, value in messages:
         if (culprit := skip.get((offset, WHOLE_MESSAGE))) is not None:
             entries.append(Decided.isolated(offset, WHOLE_MESSAGE, culprit, None))
             continue
         if marker is not None:
             marker.at(offset, WHOLE_MESSAGE, deciding=False)
+        records: Sequence[Item | bytes] = []
         try:
-            records = unpack_signed(value)
+            # decoded in one compiled call where it can (None: a message of another shape)
+            unpacked = _sketch.signed_records(value, Signed, Provenance, memory, offset)
+            records, left = unpacked or (unpack_signed(value), -1)
         except Exception as exc:  # a corrupt internal message must not stop the shard
             entries.append(Decided.failed(offset, exc, WHOLE_MESSAGE))
-            records = []
+            left = 0
         handled += len(records)
-        items, indexes = [], []
-        for index, record in enumerate(records):
-            if (culprit := skip.get((offset, index))) is not None:
-                # a record that failed in its decision decodes safely: its dead letter names its input
-                article_id = decode_signed(record).article_id if culprit.deciding else None
-                entries.append(Decided.isolated(offset, index, culprit, article_id))
-                continue
-            if marker is not None:
-                marker.at(offset, index, deciding=False)
-            try:
-                items.append(decode_signed(record))
-                indexes.append(index)
-            except Exception as exc:
-                entries.append(Decided.failed(offset, exc, index))
-        before = None if marker is None else partial(_mark_deciding, marker, offset, indexes)
-        decided = shard.decide(items, offset, before=before)
-        entries.extend(result._replace(record=i) for i, result in zip(indexes, decided, strict=True))
+        items: Sequence[Item]
+        indexes: Sequence[int]
+        if left == 0 and not any(at[0] == offset for at in skip):
+            items, indexes = cast(Sequence[Item], records), range(len(records))
+        else:
+            items, indexes = _decoded(offset, records, skip, marker, entries)
+        before = None if memory is None else partial(_sketch.mark_deciding, memory, offset, indexes)
+        entries += shard.decide(items, offset, before=before, records=indexes)
         if marker is not None:
             marker.clear()
     shard.checkpoint()
@@ -626,9 +597,36 @@ def decide_messages(
     )
 
 
-def _mark_deciding(marker: DecisionMarker, offset: int, indexes: Sequence[int], n: int) -> None:
-    """IndexShard.decide's `before` (bound to a message): item n's place in it, as it is decided."""
-    marker.at(offset, indexes[n], deciding=True)
+def _decoded(
+    offset: int,
+    records: Sequence[Item | bytes],
+    skip: Mapping[RecordAt, Culprit],
+    marker: DecisionMarker | None,
+    entries: list[Decided],
+) -> tuple[list[Item], list[int]]:
+    """A message's records that the compiled decoder left (their bytes), or that `skip` names,
+    one at a time: the items to decide and their indexes, the errors and isolated ones into
+    `entries`."""
+    items: list[Item] = []
+    indexes: list[int] = []
+    for index, record in enumerate(records):
+        if (culprit := skip.get((offset, index))) is not None:
+            # a record that failed in its decision decodes safely: its dead letter names its input
+            article_id = _item(record).article_id if culprit.deciding else None
+            entries.append(Decided.isolated(offset, index, culprit, article_id))
+            continue
+        if marker is not None:
+            marker.at(offset, index, deciding=False)
+        try:
+            items.append(_item(record))
+            indexes.append(index)
+        except Exception as exc:
+            entries.append(Decided.failed(offset, exc, index))
+    return items, indexes
+
+
+def _item(record: Item | bytes) -> Item:
+    return decode_signed(record) if isinstance(record, bytes) else record
 
 
 @dataclass
@@ -645,15 +643,9 @@ class SizeGauge:
         return state.kv.size_bytes()
 
 
-def _partition(src: Provenance) -> str:
-    """The input partition an item came from, as the applied inputs name it."""
-    return f"{src.topic}:{src.partition}"
-
-
-def _latency(item: Signed, now_s: float) -> float | None:
-    """Milliseconds from the article's message to its verdict, None where the message has no time."""
-    sent = item.provenance.timestamp_ms
-    return None if sent is None else round(max(now_s * 1000.0 - sent, 0.0), 3)
+def _placed(result: Decided, records: Sequence[int] | None, n: int) -> Decided:
+    """Item n's result with its index in its signatures message, where it has one."""
+    return result if records is None else result._replace(record=records[n])
 
 
 def _current_format(article_id: str, record: bytes) -> bytes:

@@ -42,7 +42,7 @@ for path in (ROOT, ROOT / "tests" / "benchmarks"):
 from bench_stream import CORPUS, SAMPLE, Articles, load_corpus  # noqa: E402
 
 from neardup.core.params import DedupParams  # noqa: E402
-from neardup.pipeline.shard import ARTICLE_PREFIX, IndexShard  # noqa: E402
+from neardup.pipeline.shard import IndexShard  # noqa: E402
 from neardup.pipeline.sign import SignStage  # noqa: E402
 from neardup.pipeline.wire import Provenance, Signed, decode_signed  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
@@ -88,20 +88,20 @@ def read_signed(path: Path) -> Iterator[Signed]:
             yield item
 
 
-class OffsetsOnly(dict[bytes, bytes]):
-    """The record table as the decider process holds it: the applied offset, not the records (the
-    worker's Faust table keeps those), so that the memory measured is the index stage's."""
+class OffsetsOnly(list[tuple[bytes, bytes | None]]):
+    """The changelog's writes as the decider process holds them: handed on after each article
+    (`drop`), not kept, so that the memory measured is the index stage's."""
 
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        if not key.startswith(ARTICLE_PREFIX):
-            super().__setitem__(key, value)
+    def drop(self) -> None:
+        self.clear()
 
 
 def run(
     items: Iterable[Signed], options: RocksOptions, block: int, state_dir: Path
 ) -> tuple[list[float], IndexShard]:
     """µs of main-thread CPU per article, per block (RocksDB's own threads are not counted)."""
-    stage = IndexShard(RocksState(state_dir, options), DedupParams(), changelog=OffsetsOnly())
+    writes = OffsetsOnly()
+    stage = IndexShard(RocksState(state_dir, options), DedupParams(), changelog=writes)
     stage.replay({})
     per_block: list[float] = []
     spent = 0.0
@@ -110,6 +110,7 @@ def run(
         stage.decide([item], offset)
         if offset % 100 == 99:
             stage.checkpoint()
+        writes.drop()
         spent += time.thread_time() - started
         if (offset + 1) % block == 0:
             per_block.append(spent / block * 1e6)

@@ -34,7 +34,7 @@ from neardup.pipeline.decider import Decider  # noqa: E402
 from neardup.pipeline.shard import ARTICLE_PREFIX, IndexShard, SizeGauge, decide_messages  # noqa: E402
 from neardup.pipeline.wire import encode_signed, pack_signed  # noqa: E402
 from neardup.state.rocks import RocksOptions, RocksState  # noqa: E402
-from tests.support.changelog import ListChangelog  # noqa: E402
+from tests.support.changelog import ListChangelog, compacted  # noqa: E402
 from tests.support.decider import answer, child_pid  # noqa: E402
 
 
@@ -51,12 +51,13 @@ async def main(args: argparse.Namespace) -> None:
     built, later = items[: args.articles], items[args.articles :]
     workdir = Path(tempfile.mkdtemp(prefix="neardup-rebuild-"))
     options = RocksOptions(write_ahead_log=False, record_cache=100_000)
-    table: dict[bytes, bytes] = {}
-    source = IndexShard(RocksState(workdir / "source", options), params, changelog=table)
+    writes: list[tuple[bytes, bytes | None]] = []
+    source = IndexShard(RocksState(workdir / "source", options), params, changelog=writes)
     source.replay({})
     for offset, item in enumerate(built):
         source.decide([item], offset)
     source.checkpoint()
+    table = compacted(writes)
     record_bytes = sum(len(v) for k, v in table.items() if k.startswith(ARTICLE_PREFIX))
     print(f"record table: {args.articles:,} articles, {record_bytes / 2**20:,.0f} MB of records", flush=True)
 

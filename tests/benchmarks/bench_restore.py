@@ -71,21 +71,21 @@ CHUNK = 1000  # articles signed, handed over and decided at a time; the index ch
 ASSIGNED = re.compile(r"^\[?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]? .*index_shard_assigned", re.MULTILINE)
 
 
-class _Spool(dict[bytes, bytes]):
-    """The changelog as the index stage writes it, spooled to a file in order (tombstones too)."""
+class _Spool(list[tuple[bytes, bytes | None]]):
+    """The changelog as the index stage writes it, spooled to a file in order (tombstones too)
+    at each `flush`."""
 
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.out = path.open("wb")
         self.count = 0
 
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.out.write(_LEN.pack(len(key), len(value)) + key + value)
-        self.count += 1
-
-    def __delitem__(self, key: bytes) -> None:
-        self.out.write(_LEN.pack(len(key), NO_VALUE) + key)
-        self.count += 1
+    def flush(self) -> None:
+        for key, value in self:
+            size = NO_VALUE if value is None else len(value)
+            self.out.write(_LEN.pack(len(key), size) + key + (value or b""))
+        self.count += len(self)
+        self.clear()
 
 
 def spooled(path: Path) -> Iterator[tuple[bytes, bytes | None]]:
@@ -156,6 +156,7 @@ def build(directory: Path, count: int, seed: int) -> int:
         assert all(isinstance(item, Signed) for item in items)
         shard.decide(items)  # no signatures offsets: the worker's own topics start empty
         shard.checkpoint()
+        spool.flush()
         decided += len(items)
         if decided % 100_000 == 0:
             lap, seconds = time.perf_counter(), time.perf_counter() - lap
@@ -207,7 +208,7 @@ async def produce_changelog(settings: Settings, spool: Path) -> int:
 
 def mark_position(index: Path, end: int) -> None:
     """What the worker's index records once it reflects the changelog up to `end`."""
-    shard = IndexShard(RocksState(index), DedupParams(), changelog={})
+    shard = IndexShard(RocksState(index), DedupParams(), changelog=[])
     shard.mark_position(end, round(time.time() * 1000))
     shard.state.close()
 

@@ -1,9 +1,9 @@
 """A changelog in a list, for what rebuilds or restores a decider without a broker (the unit tests
-and the benchmarks), and one that keeps what a shard writes, in order."""
+and the benchmarks), and one compacted as a dict."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 Entries = list[tuple[bytes, bytes | None]]  # changelog messages in order: key, value (None: a tombstone)
 
@@ -14,21 +14,20 @@ def compacted(entries: Entries) -> dict[bytes, bytes]:
     return {key: value for key, value in latest.items() if value is not None}
 
 
-class RecordedChangelog(dict[bytes, bytes]):
-    """The changelog as the shard writes it (IndexShard's `changelog`), every write kept in order
-    in `entries`."""
+class ChangelogTable(dict[bytes, bytes]):
+    """The changelog compacted as a shard writes it (IndexShard's `changelog`): a record set, or
+    removed by its tombstone."""
 
-    def __init__(self, entries: Entries) -> None:
-        super().__init__()
-        self.entries = entries
+    def append(self, entry: tuple[bytes, bytes | None]) -> None:
+        key, value = entry
+        if value is None:
+            self.pop(key, None)
+        else:
+            self[key] = value
 
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.entries.append((key, value))
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: bytes) -> None:
-        self.entries.append((key, None))
-        self.pop(key, None)
+    def extend(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
+        for entry in entries:
+            self.append(entry)
 
 
 class ListChangelog:

@@ -154,7 +154,12 @@ def _fail_on_poisoned_decisions(action: str) -> None:
 
     @functools.wraps(real)
     def deciding(
-        self: IndexShard, items: Any, offset: Any = None, now: Any = None, before: Any = None
+        self: IndexShard,
+        items: Any,
+        offset: Any = None,
+        now: Any = None,
+        before: Any = None,
+        records: Any = None,
     ) -> Any:
         def starting(n: int) -> None:
             if before is not None:
@@ -162,7 +167,7 @@ def _fail_on_poisoned_decisions(action: str) -> None:
             if POISON in items[n].article_id.encode():
                 _fail(action)
 
-        return real(self, items, offset, now, starting)
+        return real(self, items, offset, now, starting, records)
 
     IndexShard.decide = deciding  # type: ignore[method-assign]
 

@@ -43,10 +43,9 @@ from neardup.pipeline.shard import (
     Decided,
     IndexShard,
     Item,
-    _partition,
 )
 from neardup.pipeline.sign import SignStage
-from neardup.pipeline.wire import Provenance, SignedDeletion, decode_signed
+from neardup.pipeline.wire import Provenance, Signed, SignedDeletion, decode_signed
 from neardup.state.index import META, IndexState
 from neardup.state.memory import MemoryState
 from neardup.state.records import encode_record
@@ -261,6 +260,7 @@ class ReferenceShard(IndexShard):
         offset: int | None = None,
         now: float | None = None,
         before: Callable[[int], None] | None = None,
+        records: Sequence[int] | None = None,
     ) -> list[Decided]:
         now_s = time.time() if now is None else now
         at = -1 if offset is None else offset
@@ -269,9 +269,10 @@ class ReferenceShard(IndexShard):
             if before is not None:
                 before(n)
             try:
-                results.append(self._decide_one(item, at, now_s))
+                result = self._decide_one(item, at, now_s)
             except Exception as exc:  # as the shard: one bad record does not stop it
-                results.append(Decided.failed(at, exc))
+                result = Decided.failed(at, exc)
+            results.append(result if records is None else result._replace(record=records[n]))
         if offset is not None:
             self.applied_offset = max(self.applied_offset, offset)
         return results
@@ -282,22 +283,94 @@ class ReferenceShard(IndexShard):
         if isinstance(item, SignedDeletion) or (offset >= 0 and self._replayed(item, offset, self.inputs)):
             return self._answer(item, offset, now_s)
         if offset >= 0:
-            self.inputs[_partition(item.provenance)] = item.provenance.offset
+            self.inputs[input_key(item.provenance)] = item.provenance.offset
         if item.refused_time:
             self.counts.refused_times += 1
-        time_ms, cutoff = self._event_time(item, now_s, self.state.counts.newest_ms)
+        time_ms, cutoff = event_time(item, now_s, self.state.counts.newest_ms, self.retention)
         keys = item.band_keys_for(self.params.lsh.bands, self.params.lsh.rows)
         outcome = decide(item.article_id, item.sketch, self.state, self.params, keys, time_ms, cutoff)
         if outcome.update is not None:
             record = encode_record(outcome.article)
             self.state.apply(outcome.update, record=record)
             if self.changelog is not None:
-                self.changelog[ARTICLE_PREFIX + item.article_id.encode()] = record
+                self.changelog.append((ARTICLE_PREFIX + item.article_id.encode(), record))
                 if outcome.update.revived:
-                    del self.changelog[MARKER_PREFIX + item.article_id.encode()]
+                    self.changelog.append((MARKER_PREFIX + item.article_id.encode(), None))
         expired = self._expire_due()
         status = "redelivered" if outcome.redelivered else "new"
         return self._verdict(status, outcome.article, item, offset, now_s, expired)
+
+    def _replayed(self, item: Item, offset: int, inputs: dict[str, int]) -> bool:
+        return replayed(item.provenance, offset, self.applied_offset, inputs)
+
+    def _verdict(
+        self, status: str, article: IndexedArticle, item: Signed, offset: int, now_s: float, expired: int = 0
+    ) -> Decided:
+        latency = latency_ms(item.provenance.timestamp_ms, now_s * 1000.0)
+        verdict = _sketch.verdict_json(article, self._audit, latency)
+        return Decided(
+            offset, article.article_id, status, verdict, article.decision.kind, latency, expired=expired
+        )
+
+
+# -- the shard's rules for each article as Python wrote them: what _sketch's (service/core/_shard.c)
+# are compared with (tests/unit/test_shard_rules.py)
+
+
+def input_key(src: Provenance) -> str:
+    """The input partition an item came from, as the applied inputs name it."""
+    return f"{src.topic}:{src.partition}"
+
+
+def replayed(src: Provenance, offset: int, applied_offset: int, inputs: dict[str, int]) -> bool:
+    """Whether the item's input is applied already: its signatures message, or its offset in its
+    input partition (`inputs`: the offsets applied, as the batch has moved them so far)."""
+    return offset <= applied_offset or src.offset <= inputs.get(input_key(src), -1)
+
+
+def latency_ms(timestamp_ms: int | None, now_ms: float) -> float | None:
+    """Milliseconds from the article's message to its verdict, None where the message has no time."""
+    return None if timestamp_ms is None else round(max(now_ms - timestamp_ms, 0.0), 3)
+
+
+def event_time(
+    item: Signed, now_s: float, newest: int | None, retention: Retention
+) -> tuple[int, int | None]:
+    """The article's event time and the retention cutoff it is decided against, `newest` being
+    the newest time the index holds: a refused time is taken as that newest time; no time runs
+    ahead of the clock by more than the skew."""
+    if item.refused_time and newest is not None:
+        time_ms = newest
+    else:
+        time_ms = min(item.time_ms, round(now_s * 1000) + retention.skew_ms)
+    return time_ms, retention.cutoff(time_ms if newest is None else max(newest, time_ms))
+
+
+def fresh_rows(
+    items: Sequence[Item], offset: int, applied_offset: int, inputs: dict[str, int], newest: int | None,
+    expired_before: int | None, now_s: float, retention: Retention, params: DedupParams,
+) -> list[tuple[Any, ...]]:  # fmt: skip
+    """The rows of a compiled run as the shard made them in Python (_sketch.fresh_rows)."""
+    rows: list[tuple[Any, ...]] = []
+    lsh = params.lsh
+    for item in items:
+        if isinstance(item, SignedDeletion):
+            break
+        if offset >= 0 and replayed(item.provenance, offset, applied_offset, inputs):
+            break
+        inputs[input_key(item.provenance)] = item.provenance.offset
+        time_ms, cutoff = event_time(item, now_s, newest, retention)
+        keys = item.band_keys_for(lsh.bands, lsh.rows) or band_keys(
+            item.sketch.signature, lsh.bands, lsh.rows
+        )
+        latency = latency_ms(item.provenance.timestamp_ms, now_s * 1000.0)
+        rows.append((*item[:2], tuple(keys), *item[3:8], time_ms, cutoff, latency))
+        newest = time_ms if newest is None else max(newest, time_ms)
+        expiry = retention.cutoff(newest)
+        step = max(1000, retention.window_ms // 1000)
+        if expiry is not None and (expired_before is None or expiry - expired_before >= step):
+            break  # an expiry pass is due: it runs before the next article is decided
+    return rows
 
 
 def everything(shard: IndexShard, results: list[Decided]) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from neardup.pipeline.shard import IndexShard
 from neardup.state.memory import MemoryState
 from neardup.state.rocks import RocksState
 from tests.support.arrivals import NOW_S, SAMPLE, in_batches, paragraphs, signed_items, stream
+from tests.support.changelog import ChangelogTable
 from tests.support.one_at_a_time import decide_one_at_a_time
 from tests.support.signing import FUTURE, HISTORY
 
@@ -65,7 +66,7 @@ def test_batches_in_rocksdb_under_the_overlay_decide_as_one_at_a_time(
     reference = IndexShard(MemoryState(), params)
     expected = outcome(reference, decide_one_at_a_time(reference, items, NOW_S))
     state = RocksState(tmp_path / "state", layered=True)
-    shard = IndexShard(state, params, changelog={})
+    shard = IndexShard(state, params, changelog=ChangelogTable())
     shard.restore_point(0, int(NOW_S * 1000), None)  # as a worker opens its derived state
     try:
         decided = outcome(shard, in_batches(shard, items, 20, layered=True))

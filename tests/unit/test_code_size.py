@@ -7,7 +7,7 @@ from __future__ import annotations
 from tests.support.code_size import code_lines, sizes
 
 # Lower it whenever the code shrinks; raising it needs the reason in the commit that does.
-CEILING = 8339
+CEILING = 8330
 
 
 def test_service_stays_within_its_ceiling() -> None:

@@ -21,7 +21,7 @@ from neardup.pipeline.shard import POSITION_KEY, IndexShard, Position
 from neardup.pipeline.wire import Signed
 from neardup.state.index import HEADER_KEY
 from neardup.state.rocks import RocksState
-from tests.support.changelog import Entries, RecordedChangelog, compacted
+from tests.support.changelog import Entries, compacted
 from tests.support.signing import signed
 
 SAMPLE = Path(neardup.__file__).parent / "data" / "sample_news.jsonl"
@@ -48,8 +48,8 @@ def decide(shard: IndexShard, items: list[Signed], chunk: int | None = None) -> 
     results = shard.decide(items, chunk, now=NOW_S)
     if chunk is not None:
         shard.checkpoint()
-        assert isinstance(shard.changelog, RecordedChangelog)
-        shard.commit(chunk, len(shard.changelog.entries))
+        assert shard.changelog is not None
+        shard.commit(chunk, len(shard.changelog))
     assert all(r.verdict is not None for r in results), [r.error for r in results]
     held = [shard.state.get(item.article_id) for item in items]
     return [article.decision for article in held if article is not None]
@@ -58,7 +58,7 @@ def decide(shard: IndexShard, items: list[Signed], chunk: int | None = None) -> 
 def worker_state_of_the_earlier_default(path: Path, texts: list[str]) -> Entries:
     """A worker's index and changelog as the earlier default wrote them: the index off."""
     entries: Entries = []
-    shard = IndexShard(RocksState(path, layered=True), EARLIER_DEFAULT, changelog=RecordedChangelog(entries))
+    shard = IndexShard(RocksState(path, layered=True), EARLIER_DEFAULT, changelog=entries)
     shard.replay({})
     shard.mark_position(0, 0)
     items = [signed(f"old{n}", text, params=EARLIER_DEFAULT) for n, text in enumerate(texts)]
@@ -84,7 +84,7 @@ def test_state_of_the_earlier_default_opens_with_the_index_off_and_no_rebuild(tm
     assert (header["format"], header["anchors"]) == (7, "none")
     assert DedupParams().header()["anchors"] != "none", "the default is the index on"
 
-    shard = IndexShard(RocksState(tmp_path / "index", layered=True), EARLIER_DEFAULT, changelog={})
+    shard = IndexShard(RocksState(tmp_path / "index", layered=True), EARLIER_DEFAULT, changelog=[])
     committed = Position.decode(shard.state.get_meta(POSITION_KEY))
     assert committed is not None
     assert shard.restore_point(len(entries), committed.since_ms, None) == (committed, "ok")
@@ -101,7 +101,7 @@ def test_the_worker_rebuilds_state_of_the_earlier_default_under_the_new_default(
     texts = stories()
     entries = worker_state_of_the_earlier_default(tmp_path / "index", texts[:3])
     params = DedupParams()
-    shard = IndexShard(RocksState(tmp_path / "index", layered=True), params, changelog={})
+    shard = IndexShard(RocksState(tmp_path / "index", layered=True), params, changelog=[])
     assert shard.restore_point(len(entries), 0, None) == (None, "format_refused")
     assert shard.replay(compacted(entries)) == 3
     shard.mark_position(len(entries), 0)

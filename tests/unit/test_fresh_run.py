@@ -34,6 +34,7 @@ from neardup.state.tables import ArticleVersions, seq_key
 from tests.benchmarks import bench_stream
 from tests.data.make_labelled_set import make_variants
 from tests.support.arrivals import NOW_S, SAMPLE, in_batches, paragraphs, sample_news, signed_items, stream
+from tests.support.changelog import ChangelogTable
 from tests.support.reference_decide import (
     ReferenceShard,
     compiled_count,
@@ -149,7 +150,7 @@ def test_rocksdb_under_the_overlay_is_left_as_the_reference_leaves_it(
     for shard_type in (ReferenceShard, IndexShard):
         options = RocksOptions(hold_families=layout != "keyed")
         state = RocksState(tmp_path / shard_type.__name__, options, layered=True)
-        shard = shard_type(state, ON, changelog={})
+        shard = shard_type(state, ON, changelog=ChangelogTable())
         shard.restore_point(0, int(NOW_S * 1000), None)  # as a worker opens its derived state
         try:
             results = in_batches(shard, items, 20, layered=True)

@@ -29,6 +29,7 @@ from neardup.pipeline.wire import Provenance, Signed, decode_signed
 from neardup.state.memory import MemoryState
 from neardup.state.records import decode_record
 from neardup.stream.metrics import Metrics
+from tests.support.changelog import compacted
 from tests.support.prose import PROSE
 
 PARAMS = DedupParams()
@@ -101,8 +102,8 @@ def test_the_shard_times_a_refused_article_by_its_newest_time_and_a_replay_repea
     now_ms = parse_rfc3339_ms("2026-12-01T00:00:00Z")
     assert now_ms is not None
     stage = SignStage.under(PARAMS, 1 << 20, WINDOW, keyed=True)
-    changelog: dict[bytes, bytes] = {}
-    shard = IndexShard(MemoryState(), PARAMS, WINDOW, changelog)
+    writes: list[tuple[bytes, bytes | None]] = []
+    shard = IndexShard(MemoryState(), PARAMS, WINDOW, writes)
     first = signed(stage, "first", PROSE[4], "2099-01-01T00:00:00Z", now_ms - DAY_MS)
     items = [
         first,
@@ -133,7 +134,8 @@ def test_the_shard_times_a_refused_article_by_its_newest_time_and_a_replay_repea
     assert decided[1].status == "new" and fresh.state.get("refused").time_ms == jan_ms  # type: ignore[union-attr]
     assert decided[2].kind == "duplicate"
 
-    rebuilt = IndexShard(MemoryState(), PARAMS, WINDOW, {})
+    rebuilt = IndexShard(MemoryState(), PARAMS, WINDOW, [])
+    changelog = compacted(writes)
     rebuilt.replay(changelog)
     for key, record in changelog.items():
         if key.startswith(ARTICLE_PREFIX):

@@ -57,6 +57,7 @@ from neardup.stream.topics import (
     topic_specs,
     verdicts_max_bytes,
 )
+from tests.support.changelog import ChangelogTable
 from tests.support.prose import PROSE
 
 # The largest params the settings allow: signature and verifier slots, and one band per slot.
@@ -77,7 +78,7 @@ def record_size(key: bytes | None, value: bytes | None, headers: list[tuple[str,
 
 def decide(params: DedupParams, texts: list[str]) -> tuple[list[dict[str, Any]], dict[bytes, bytes]]:
     """The verdicts of `texts` under ids of the most room, and the changelog records they wrote."""
-    records: dict[bytes, bytes] = {}
+    records = ChangelogTable()
     shard = IndexShard(MemoryState(), params, changelog=records)
     shard.replay(records)
     stage = SignStage(params, 1 << 30)

@@ -29,7 +29,7 @@ from neardup.state.memory import MemoryKV
 from neardup.state.overlay import LayeredKV
 from neardup.state.port import Batch, KeyValue
 from neardup.state.rocks import RocksKV, RocksOptions, RocksState
-from tests.support.changelog import RecordedChangelog, compacted
+from tests.support.changelog import compacted
 from tests.support.signing import SRC, signed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -235,9 +235,8 @@ class Live:
 
     def __init__(self, path: Path, retention: Retention) -> None:
         self.entries: list[tuple[bytes, bytes | None]] = []
-        self.table = RecordedChangelog(self.entries)
         state = RocksState(path, RocksOptions(bucket_cap=1024), layered=True)
-        self.shard = IndexShard(state, PARAMS, retention, self.table)
+        self.shard = IndexShard(state, PARAMS, retention, self.entries)
         self.shard.replay({})
         self.shard.mark_position(0, 0)
         self.chunk = 0
@@ -270,7 +269,7 @@ def test_a_restored_index_equals_one_rebuilt_from_the_whole_changelog(tmp_path: 
     assert committed is not None and 0 < committed.offset < len(live.entries)
     live.shard.state.close()  # the held chunks are lost with the process
 
-    restored = IndexShard(RocksState(tmp_path / "index", layered=True), PARAMS, changelog={})
+    restored = IndexShard(RocksState(tmp_path / "index", layered=True), PARAMS, changelog=[])
     point, why = restored.restore_point(len(live.entries), committed.since_ms, None)
     assert why == "ok" and point == committed
     tail = live.entries[point.offset :]
@@ -279,7 +278,7 @@ def test_a_restored_index_equals_one_rebuilt_from_the_whole_changelog(tmp_path: 
         restored.restore(run, point.offset + start + len(run), point.since_ms)
     restored.mark_position(len(live.entries), 0)
 
-    rebuilt = IndexShard(RocksState(tmp_path / "rebuilt"), PARAMS, changelog={})
+    rebuilt = IndexShard(RocksState(tmp_path / "rebuilt"), PARAMS, changelog=[])
     rebuilt.replay(compacted(live.entries))
     try:
         prefixes = {key[:1] for key in scans(rebuilt.state)[0]}
@@ -316,6 +315,6 @@ def test_a_restore_point_is_refused_when_compaction_may_have_dropped_its_tombsto
     assert live.shard.restore_point(end, young + 1, retention) == (None, "older_than_delete_retention")
     assert live.shard.restore_point(end - 1, young, retention) == (None, "past_changelog_end")
     live.shard.state.close()
-    fresh = IndexShard(RocksState(tmp_path / "fresh", layered=True), PARAMS, changelog={})
+    fresh = IndexShard(RocksState(tmp_path / "fresh", layered=True), PARAMS, changelog=[])
     assert fresh.restore_point(end, young, retention) == (None, "no_position")
     fresh.state.close()

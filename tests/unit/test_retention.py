@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from neardup.core.retention import (
+    EARLIEST_MS,
     Retention,
     event_time,
     format_duration_ms,
@@ -64,6 +65,7 @@ def test_the_window_expires_by_the_newest_time_and_passes_run_in_steps() -> None
     assert Retention().cutoff(123) is None and not Retention().enabled
     assert window.cutoff(None) is None
     assert window.cutoff(5000 * HOUR_MS) == 4000 * HOUR_MS
-    assert window.due(10 * HOUR_MS, None)
-    assert not window.due(10 * HOUR_MS + HOUR_MS - 1, 10 * HOUR_MS)
-    assert window.due(11 * HOUR_MS, 10 * HOUR_MS)
+    assert window.due_from(None) == EARLIEST_MS and Retention().due_from(None) is None
+    assert window.due_from(10 * HOUR_MS) == 11 * HOUR_MS, "a thousandth of the window on"
+    assert Retention(window_ms=HOUR_MS).due_from(0) == 3_600, "3.6 s"
+    assert Retention(window_ms=60_000).due_from(0) == 1000, "a second at least"

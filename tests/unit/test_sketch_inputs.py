@@ -46,6 +46,16 @@ ENTRY_POINTS = {
     "verdict_json",  # its cases: test_codec.py
     "decide_fresh",  # its cases: test_fresh_run.py
     "signed_record",  # its cases: test_wire.py
+    # _shard.c's, their cases: test_shard_rules.py
+    "input_key",
+    "replayed",
+    "latency_ms",
+    "mark",
+    "marked",
+    "mark_deciding",
+    "signed_records",
+    "fresh_rows",
+    "fresh_results",
 }
 
 
@@ -697,6 +707,37 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
         lambda: sketch.signed_record(b"S6", dict, tuple),
         TypeError,
         "tuple types",
+    ),
+    # _shard.c's rules: test_shard_rules.py has the rest
+    ("input_key-provenance-short", lambda: sketch.input_key(("t", 0)), TypeError, "4-tuple"),
+    ("replayed-inputs-list", lambda: sketch.replayed(("t", 0, 1, None), 1, 0, []), TypeError, ""),
+    ("replayed-offset-str", lambda: sketch.replayed(("t", 0, "1", None), 1, 0, {}), TypeError, ""),
+    ("latency_ms-timestamp-str", lambda: sketch.latency_ms("1", 2.0), TypeError, ""),
+    ("mark-memory-short", lambda: sketch.mark(tail(23), 1, 1, False), ValueError, "24 bytes"),
+    ("marked-memory-short", lambda: sketch.marked(tail(23)), ValueError, "24 bytes"),
+    ("mark_deciding-index-past", lambda: sketch.mark_deciding(tail(24), 1, [0], 1), IndexError, ""),
+    ("signed_records-message-str", lambda: sketch.signed_records("SP", tuple, tuple, None, 0), TypeError, ""),
+    (
+        "signed_records-memory-short",
+        lambda: sketch.signed_records(b"SP\0\0\0\1\0\0\0\0", tuple, tuple, tail(8), 0),
+        ValueError,
+        "24 bytes",
+    ),
+    ("fresh_rows-shell-short", lambda: sketch.fresh_rows([], ()), TypeError, ""),
+    (
+        "fresh_rows-item-short",
+        lambda: sketch.fresh_rows([("a",)], (tuple, 0, 0, {}, None, 0.0, 0, 0, None, 1, 1)),
+        TypeError,
+        "12 fields",
+    ),
+    ("fresh_results-shell-short", lambda: sketch.fresh_results([], [], [], ()), TypeError, ""),
+    (
+        "fresh_results-written-past",
+        lambda: sketch.fresh_results(
+            [], [], [(b"r", b"v", "unique", False)], ((None,) * 11, None, None, None, 0, b"a", b"d")
+        ),
+        TypeError,
+        "template",
     ),
 ]
 

@@ -29,6 +29,7 @@ from neardup.pipeline.wire import (
 )
 from neardup.state.memory import MemoryState
 from neardup.state.rocks import RocksState
+from tests.support.changelog import ChangelogTable
 from tests.support.prose import PROSE
 from tests.support.shard import process
 from tests.support.signing import FUTURE, HISTORY, INPUT_OFFSETS, PARAMS, SRC, article, signed
@@ -197,7 +198,7 @@ class Shard:
 
     def __init__(self, path: Path, records: dict[bytes, bytes] | None = None) -> None:
         self.state = RocksState(path)
-        self.records: dict[bytes, bytes] = {} if records is None else records
+        self.records = ChangelogTable({} if records is None else records)
         self.stage = IndexShard(self.state, PARAMS, changelog=self.records)
         self.count = self.stage.replay(self.records)
 
@@ -455,7 +456,7 @@ def test_a_rebuild_keeps_the_deleted_ids_versions(shards: Any) -> None:
 
 def test_expiry_removes_deletion_markers_and_tombstones_them() -> None:
     day = 86_400_000
-    records: dict[bytes, bytes] = {}
+    records = ChangelogTable()
     stage = IndexShard(MemoryState(), PARAMS, Retention(window_ms=2 * day), changelog=records)
     now = 30 * day / 1000
 
