@@ -561,10 +561,12 @@ def decide_messages(
             continue
         if marker is not None:
             marker.at(offset, WHOLE_MESSAGE, deciding=False)
+        # a retry decodes none of the records a decider failed on: one at a time, in Python
+        retried = any(at[0] == offset for at in skip)
         records: Sequence[Item | bytes] = []
         try:
             # decoded in one compiled call where it can (None: a message of another shape)
-            unpacked = _sketch.signed_records(value, Signed, Provenance, memory, offset)
+            unpacked = None if retried else _sketch.signed_records(value, Signed, Provenance, memory, offset)
             records, left = unpacked or (unpack_signed(value), -1)
         except Exception as exc:  # a corrupt internal message must not stop the shard
             entries.append(Decided.failed(offset, exc, WHOLE_MESSAGE))
@@ -572,7 +574,7 @@ def decide_messages(
         handled += len(records)
         items: Sequence[Item]
         indexes: Sequence[int]
-        if left == 0 and not any(at[0] == offset for at in skip):
+        if left == 0:
             items, indexes = cast(Sequence[Item], records), range(len(records))
         else:
             items, indexes = _decoded(offset, records, skip, marker, entries)

@@ -7,8 +7,9 @@ into a new state, with a timer around each part: a message's records unpacked an
 compiled call (`_sketch.signed_records`; `decode_signed`: the records it leaves, and every record
 in a version that decoded them one at a time), the compiled run (`IndexState.add_fresh`), the
 shard's run outside it (its rows and results, the expiry), the commit (the write batch, the held
-log applied), and the rest (the message loop, the checkpoint and the outcome). `--repeats` runs, each in this process;
-prints every run's figures and their medians. A part's timer costs well under a µs a call.
+log applied), and the rest (the message loop, the checkpoint and the outcome). `--repeats` runs,
+each in this process; prints every run's figures and their medians. A part's timer costs well
+under a µs a call.
 
 Usage:
   python tests/benchmarks/bench_decider_parts.py [--input FILE] [--articles 4082] [--chunk 20]

@@ -17,6 +17,7 @@ from neardup.core.retention import NO_RETENTION, Retention
 from neardup.pipeline.shard import (
     ARTICLE_PREFIX,
     MARKER_PREFIX,
+    Culprit,
     Decided,
     IndexShard,
     SizeGauge,
@@ -254,3 +255,24 @@ def test_messages_decide_as_the_python_shard_decides_them(params: DedupParams) -
     entries = [entry for outcome in runs[1][0] for entry in outcome.entries]
     assert {entry.status for entry in entries} >= {"new", "deleted", "error"}
     assert sum(entry.record == -1 for entry in entries) == 1, "the message cut short"
+
+
+def test_a_retry_decodes_no_record_a_decider_failed_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message holding a record a decider process died on as it decoded it: the retry leaves that
+    record out (isolated) and decodes the others one at a time, never through the compiled call
+    that decodes the whole message."""
+    items = [signed(f"r{n}", PROSE[n]) for n in range(3)]
+    message = pack_signed([encode_signed(item) for item in items])
+
+    def refused(*args: Any) -> Any:
+        raise AssertionError("the whole message decoded again")
+
+    monkeypatch.setattr(_sketch, "signed_records", refused)
+    shard = IndexShard(MemoryState(), PARAMS)
+    culprit = Culprit(deciding=False, detail="child 1: killed")
+    outcome = decide_messages(shard, [(4, message)], SizeGauge(), Marker(), {(4, 1): culprit})
+    assert [(entry.record, entry.status, entry.article_id) for entry in outcome.entries] == [
+        (1, "error", None),
+        (0, "new", "r0"),
+        (2, "new", "r2"),
+    ]
