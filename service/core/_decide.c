@@ -2175,8 +2175,75 @@ static int hex_digit(char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
+/* Whether text[:len] is base64 as base64.b64encode writes it: groups of four of its alphabet, the
+ * last padded with at most two '=' (what b64decode takes without complaint). */
+static int canonical_base64(const char *text, Py_ssize_t len) {
+    if (len % 4) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        char c = text[i];
+        int padding = c == '=' && i >= len - 2 && (i == len - 1 || text[len - 1] == '=');
+        int letter = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        if (!(letter || c == '+' || c == '/' || padding)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Whether a feed record's head (with_original: its input message's headers, a JSON list of
+ * [name, base64 value] pairs) is as orjson writes it, the names printable ASCII: what
+ * wire._unwrapped takes apart the same. */
+static int feed_head(const char *head, Py_ssize_t len) {
+    Meta m = {head, head + len, 1};
+    meta_expect(&m, "[");
+    for (int first = 1; m.ok && m.at < m.end && *m.at != ']'; first = 0) {
+        const char *name, *value;
+        if (!first) {
+            meta_expect(&m, ",");
+        }
+        meta_expect(&m, "[");
+        Py_ssize_t name_len = meta_string(&m, &name);
+        meta_expect(&m, ",");
+        Py_ssize_t value_len = meta_string(&m, &value);
+        meta_expect(&m, "]");
+        for (Py_ssize_t i = 0; m.ok && i < name_len; i++) {
+            m.ok = (unsigned char)name[i] >= 0x20 && (unsigned char)name[i] < 0x7F;
+        }
+        m.ok = m.ok && canonical_base64(value, value_len);
+    }
+    meta_expect(&m, "]");
+    return m.ok && m.at == m.end;
+}
+
+/* The signed record a feed record wraps (wire.with_original: its input message, that message's
+ * headers, then the record), decoded, or None as signed_from gives it. */
+static PyObject *feed_inner(const char *data, Py_ssize_t len, PyTypeObject *signed_type,
+                            PyTypeObject *provenance_type) {
+    if (len < 6) {
+        return Py_NewRef(Py_None);
+    }
+    Py_ssize_t size = (Py_ssize_t)get_be(data + 2, 4);
+    if (size > len - 6 - 4) {
+        return Py_NewRef(Py_None);
+    }
+    Py_ssize_t head_at = 6 + size + 4, head_len = (Py_ssize_t)get_be(data + 6 + size, 4);
+    if (head_len > len - head_at || !feed_head(data + head_at, head_len)) {
+        return Py_NewRef(Py_None);
+    }
+    Py_ssize_t inner_at = head_at + head_len;
+    if (len - inner_at < 2 || memcmp(data + inner_at, "S6", 2) != 0) {
+        return Py_NewRef(Py_None); /* a record of another kind inside: decoded_signed's to refuse */
+    }
+    return signed_from(data + inner_at, len - inner_at, signed_type, provenance_type);
+}
+
 PyObject *signed_from(const char *data, Py_ssize_t len, PyTypeObject *signed_type, PyTypeObject *provenance_type) {
     PyObject *fields[12] = {NULL}, *src[4] = {NULL}, *result = NULL;
+    if (len >= 2 && memcmp(data, "SF", 2) == 0) {
+        return feed_inner(data, len, signed_type, provenance_type);
+    }
     if (len < 6 || memcmp(data, "S6", 2) != 0) {
         goto declined;
     }
@@ -2297,8 +2364,9 @@ int tuple_types(PyTypeObject *signed_type, PyTypeObject *provenance_type) {
 /* signed_record(data, signed_type, provenance_type) -> signed_type | None
  *     A signed record as encode_signed writes it, decoded: the fields of wire.Signed in its order,
  *     made into `signed_type` (its provenance into `provenance_type`: both tuple types, as
- *     NamedTuple makes them) with no Python code run. None for any other record, left to
- *     wire.decoded_signed, which decodes every record that this does the same. */
+ *     NamedTuple makes them) with no Python code run; a feed record (with_original) the record it
+ *     wraps. None for any other record, left to wire.decoded_signed, which decodes every record
+ *     that this does the same. */
 static PyObject *signed_record(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;

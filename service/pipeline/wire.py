@@ -166,9 +166,10 @@ def encode_deletion(deletion: SignedDeletion) -> bytes:
 
 
 def decode_signed(data: bytes) -> Signed | SignedDeletion:
-    """Inverse of encode_signed and encode_deletion. A signed record as this version writes it
-    decodes in one compiled call; any other (a deletion, a feed record, an earlier version's, an id
-    with escapes in its JSON, a corrupt one) the compiled decoder leaves to `decoded_signed`."""
+    """Inverse of encode_signed and encode_deletion. A signed record as this version writes it,
+    and a feed record wrapping one, decode in one compiled call; any other (a deletion, an earlier
+    version's, an id or header name with escapes in its JSON, a corrupt one) the compiled decoder
+    leaves to `decoded_signed`."""
     return _sketch.signed_record(data, Signed, Provenance) or decoded_signed(data)
 
 

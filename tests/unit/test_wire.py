@@ -7,6 +7,7 @@ import itertools
 import random
 import struct
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -196,16 +197,50 @@ def test_the_compiled_decoder_leaves_every_cut_or_changed_record_to_the_python_o
         compiled_or_python(bytes(changed))
 
 
-def test_the_compiled_decoder_leaves_deletions_feed_records_and_earlier_versions() -> None:
+def test_the_compiled_decoder_leaves_deletions_and_earlier_versions() -> None:
     item = signed("a", PROSE[0])
     record = encode_signed(item)
     for other in (
         encode_deletion(SignedDeletion("a", SRC)),
-        with_original(record, b"{}"),
         b"S5" + record[2:],
+        with_original(b"S5" + record[2:], b"{}"),
     ):
         assert compiled._sketch.signed_record(other, Signed, Provenance) is None
         assert decode_signed(other) is not None
+
+
+HEADERS = [
+    (),
+    (("source", b"wire"), ("empty", b""), ("trace", bytes(range(40)))),
+    {"ü-name": b"x"},  # not ASCII: left to the Python decoder
+    (('quote"d', b"x"),),  # an escape: left
+    (("tab\tname", b"x"),),
+]
+
+
+@pytest.mark.parametrize("headers", HEADERS, ids=range(len(HEADERS)))
+def test_a_feed_record_decodes_as_the_record_it_wraps_both_ways(headers: Any) -> None:
+    """The compiled decoder takes a feed record whose head is as orjson writes it (names printable
+    ASCII, values base64) and gives the record inside; the rest it leaves."""
+    item = signed("a", PROSE[0])
+    data = with_original(encode_signed(item), b'{"id": "a"}', headers)
+    names = [name for name, _ in (headers.items() if isinstance(headers, dict) else headers)]
+    taken = all(name.isascii() and name.isprintable() and '"' not in name for name in names)
+    assert compiled_or_python(data) == (item if taken else None)
+    assert decode_signed(data) == item
+
+
+def test_a_feed_record_cut_or_changed_is_taken_only_as_the_python_decoder_takes_it() -> None:
+    data = with_original(encode_signed(signed("a", PROSE[1])), b"{}", (("k", b"value"), ("n", b"")))
+    head_end = data.index(b"]]") + 2
+    for end in range(len(data)):
+        compiled_or_python(data[:end])
+    rng = random.Random(9)
+    for _ in range(3000):
+        changed = bytearray(data)
+        for _ in range(rng.randint(1, 2)):
+            changed[rng.randrange(head_end)] = rng.choice(b'[]",=+/Aa0 \\x00\xff')
+        compiled_or_python(bytes(changed))
 
 
 def test_real_news_decodes_the_same_both_ways() -> None:
