@@ -176,8 +176,7 @@ class ShardServer:
 
     def _drained(self) -> list[Write]:
         """The changelog's writes since the last call."""
-        writes = self.table[:]
-        self.table.clear()
+        writes, self.table[:] = self.table[:], []
         return writes
 
     def after(self, request: tuple, answer: object) -> None:
