@@ -117,8 +117,8 @@ static PyObject *replayed(PyObject *self, PyObject *args) {
     return applied_already < 0 ? NULL : PyBool_FromLong(applied_already);
 }
 
-/* round(max(now_ms - sent, 0.0), 3) as Python computes it: the shortest decimal of 3 places that
- * dtoa gives, read back. */
+/* round(max(now_ms - sent, 0.0), 3) as Python computes it: the value rounded to 3 decimal places
+ * by the same dtoa (correctly rounded, ties to even), read back. */
 static PyObject *latency_of(PyObject *timestamp, double now_ms) {
     if (timestamp == Py_None) {
         return Py_NewRef(Py_None);
