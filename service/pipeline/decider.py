@@ -121,8 +121,8 @@ class ShardServer:
         # the changelog's writes, handed to the agent a chunk at a time (stream/index_agent.py),
         # which sends them at once; the stage reads records back only to rebuild, and then from
         # the changelog compacted on disk
-        self.table: list[Write] = []
-        self.shard = IndexShard(RocksState(index_path, options, layered=True), params, retention, self.table)
+        self.writes: list[Write] = []
+        self.shard = IndexShard(RocksState(index_path, options, layered=True), params, retention, self.writes)
         self.marker = marker
         self._size = SizeGauge()
         self._collector = CollectorPolicy(freeze_every)
@@ -176,7 +176,7 @@ class ShardServer:
 
     def _drained(self) -> list[Write]:
         """The changelog's writes since the last call."""
-        writes, self.table[:] = self.table[:], []
+        writes, self.writes[:] = self.writes[:], []
         return writes
 
     def after(self, request: tuple, answer: object) -> None:
