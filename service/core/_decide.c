@@ -793,8 +793,7 @@ static PyObject *kept(Fresh *f, PyObject *obj) {
     return failed < 0 ? NULL : obj;
 }
 
-/* The unsigned number in `width` big-endian bytes at `data`: put_be's inverse. */
-static uint64_t get_be(const char *data, int width) {
+uint64_t get_be(const char *data, int width) {
     uint64_t value = 0;
     for (int i = 0; i < width; i++) {
         value = value << 8 | (unsigned char)data[i];

@@ -32,6 +32,9 @@ PyObject *made(PyTypeObject *type, PyObject **values, Py_ssize_t count);
  * it is not one as encode_signed writes it; NULL with an exception on failure. */
 PyObject *signed_from(const char *data, Py_ssize_t len, PyTypeObject *signed_type, PyTypeObject *provenance_type);
 
+/* The unsigned number in `width` big-endian bytes at `data` (_decide.c's put_be's inverse). */
+uint64_t get_be(const char *data, int width);
+
 /* 0 when both are tuple types (what signed_from makes), else -1 with TypeError set. */
 int tuple_types(PyTypeObject *signed_type, PyTypeObject *provenance_type);
 

@@ -26,19 +26,21 @@
  *     signed_record decodes it where it can, else left as its bytes (`left` counts those); each
  *     marked (offset, index, not deciding) as its decoding starts. None for a message of any other
  *     shape, which unpack_signed reads or refuses.
- * fresh_rows(items, shell) -> rows
+ * fresh_rows(items, shell) -> (rows, keys)
  *     The rows (state/index.py's FreshRow) of the articles a compiled run may take, from the first
- *     of `items` (wire.Signed): it stops before a deletion (an item not of `signed_type`) or an
- *     input applied already, and after one whose time makes an expiry pass due. shell:
+ *     of `items` (wire.Signed), and each one's input key (input_key): it stops before a deletion
+ *     (an item not of `signed_type`) or an input applied already, and after one whose time makes
+ *     an expiry pass due. shell:
  *     (signed_type, offset, applied_offset, inputs (updated as the run moves them), newest_ms or
  *     None, now_ms (float), latest_ms (the latest event time taken: the clock plus the skew),
  *     window_ms (0: nothing expires), due_ms (the cutoff from which an expiry pass is due:
  *     Retention.due_from) or None, bands, rows).
- * fresh_results(items, rows, written, shell) -> (results, refused)
+ * fresh_results(items, (rows, keys), written, shell) -> (results, refused)
  *     What the shell makes of the run's results (IndexState.add_fresh's (record, verdict, kind,
- *     revived), the first of `rows`): each a `template` (a pipeline.shard.Decided) with the
- *     article's id, verdict, kind, latency and its record's index in its message; its input marked
- *     applied; its record, and a revived id's marker tombstone, appended to the changelog's writes.
+ *     revived), the first of fresh_rows's rows): each a `template` (a pipeline.shard.Decided) with
+ *     the article's id, verdict, kind, latency and its record's index in its message; its input
+ *     marked applied; its record, and a revived id's marker tombstone, appended to the changelog's
+ *     writes.
  *     shell: (template, inputs or None, changelog (a list) or None, record indexes or None, start
  *     (the index of items[0] in them), article prefix, marker prefix). refused: how many of them
  *     had their time refused. */
@@ -221,11 +223,6 @@ static PyObject *mark_deciding(PyObject *self, PyObject *args) {
 
 /* -- a signatures message ------------------------------------------------------------------ */
 
-static uint32_t be32(const char *data) {
-    const unsigned char *b = (const unsigned char *)data;
-    return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
-}
-
 static PyObject *signed_records(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
@@ -244,11 +241,11 @@ static PyObject *signed_records(PyObject *self, PyObject *args) {
     }
     int packed = len >= 6 && memcmp(data, "SP", 2) == 0;
     if (packed) {
-        count = be32(data + 2), at = 6;
+        count = (Py_ssize_t)get_be(data + 2, 4), at = 6;
         /* the sizes first: a message that does not add up is unpack_signed's to refuse */
         Py_ssize_t end = at;
         for (Py_ssize_t i = 0; i < count && end <= len; i++) {
-            end = end <= len - 4 ? end + 4 + (Py_ssize_t)be32(data + end) : len + 1;
+            end = end <= len - 4 ? end + 4 + (Py_ssize_t)get_be(data + end, 4) : len + 1;
         }
         if (end != len) {
             result = Py_NewRef(Py_None);
@@ -262,7 +259,7 @@ static PyObject *signed_records(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t size = packed ? (Py_ssize_t)be32(data + at) : len;
+        Py_ssize_t size = packed ? (Py_ssize_t)get_be(data + at, 4) : len;
         at += packed ? 4 : 0;
         if (memory != Py_None && marker_write(memory, offset, i, 0) < 0) {
             goto done;
@@ -290,7 +287,7 @@ done:
 
 typedef struct {
     PyTypeObject *signed_type;
-    PyObject *inputs;
+    PyObject *inputs, *banding; /* banding: (bands, rows), made once for the run */
     long long offset, applied, newest, latest, window, due, bands, rows;
     int has_newest, has_due;
     double now_ms;
@@ -308,16 +305,17 @@ static int shell_read(Shell *s, PyObject *shell) {
                           &s->inputs, &newest, &s->now_ms, &s->latest, &s->window, &due, &s->bands, &s->rows)) {
         return -1;
     }
-    return optional_ll(newest, &s->newest, &s->has_newest) < 0 || optional_ll(due, &s->due, &s->has_due) < 0 ? -1 : 0;
+    if (optional_ll(newest, &s->newest, &s->has_newest) < 0 || optional_ll(due, &s->due, &s->has_due) < 0) {
+        return -1;
+    }
+    return (s->banding = Py_BuildValue("(LL)", s->bands, s->rows)) == NULL ? -1 : 0;
 }
 
 /* The item's band keys: those it carries when computed for this banding, else computed from its
  * signature (lsh.band_keys, which hashes the values' bytes in the machine's order). */
 static PyObject *keys_for(Shell *s, PyObject *item) {
-    PyObject *keys = PyTuple_GET_ITEM(item, F_KEYS), *banding = PyTuple_GET_ITEM(item, F_BANDING);
-    PyObject *wanted = Py_BuildValue("(LL)", s->bands, s->rows);
-    int same = wanted == NULL ? -1 : PyObject_RichCompareBool(banding, wanted, Py_EQ);
-    Py_XDECREF(wanted);
+    PyObject *keys = PyTuple_GET_ITEM(item, F_KEYS);
+    int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(item, F_BANDING), s->banding, Py_EQ);
     if (same < 0) {
         return NULL;
     }
@@ -394,15 +392,15 @@ static PyObject *fresh_rows(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *sequence = PySequence_Fast(items, "items must be a sequence");
-    PyObject *rows = sequence == NULL ? NULL : PyList_New(0);
-    for (Py_ssize_t i = 0; rows != NULL && i < PySequence_Fast_GET_SIZE(sequence); i++) {
+    PyObject *rows = sequence == NULL ? NULL : PyList_New(0), *keys = rows == NULL ? NULL : PyList_New(0);
+    for (Py_ssize_t i = 0; keys != NULL && i < PySequence_Fast_GET_SIZE(sequence); i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(sequence, i), *key = NULL;
         if (Py_TYPE(item) != s.signed_type) {
             break; /* a deletion: the shell answers it */
         }
         if (PyTuple_GET_SIZE(item) != SIGNED_FIELDS || !PyUnicode_Check(PyTuple_GET_ITEM(item, F_ID))) {
             PyErr_SetString(PyExc_TypeError, "a signed record has 12 fields, an id first");
-            Py_CLEAR(rows);
+            Py_CLEAR(keys);
             break;
         }
         PyObject *src = PyTuple_GET_ITEM(item, F_PROVENANCE);
@@ -416,19 +414,23 @@ static PyObject *fresh_rows(PyObject *self, PyObject *args) {
             break;
         }
         PyObject *row = failed || PyDict_SetItem(s.inputs, key, PyTuple_GET_ITEM(src, P_OFFSET)) < 0 ? NULL : row_of(&s, item);
+        failed = row == NULL || PyList_Append(rows, row) < 0 || PyList_Append(keys, key) < 0;
+        Py_XDECREF(row);
         Py_XDECREF(key);
-        if (row == NULL || PyList_Append(rows, row) < 0) {
-            Py_XDECREF(row);
-            Py_CLEAR(rows);
+        if (failed) {
+            Py_CLEAR(keys);
             break;
         }
-        Py_DECREF(row);
         if (s.has_due && s.window > 0 && s.newest - s.window >= s.due) {
             break; /* the expiry pass it makes due runs before the next article is decided */
         }
     }
     Py_XDECREF(sequence);
-    return rows;
+    Py_DECREF(s.banding);
+    PyObject *result = keys == NULL ? NULL : PyTuple_Pack(2, rows, keys);
+    Py_XDECREF(rows);
+    Py_XDECREF(keys);
+    return result;
 }
 
 static PyObject *id_key(PyObject *prefix, PyObject *id) {
@@ -453,16 +455,17 @@ static int logged(PyObject *changelog, PyObject *prefix, PyObject *id, PyObject 
 
 static PyObject *fresh_results(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *items, *rows, *written, *template, *inputs, *changelog, *records, *article_prefix, *marker_prefix;
+    PyObject *items, *rows, *keys, *written, *template, *inputs, *changelog, *records, *article_prefix, *marker_prefix;
     Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "OO!O!(O!OOOnO!O!)", &items, &PyList_Type, &rows, &PyList_Type, &written,
-                          &PyTuple_Type, &template, &inputs, &changelog, &records, &start, &PyBytes_Type,
+    if (!PyArg_ParseTuple(args, "O(O!O!)O!(O!OOOnO!O!)", &items, &PyList_Type, &rows, &PyList_Type, &keys, &PyList_Type,
+                          &written, &PyTuple_Type, &template, &inputs, &changelog, &records, &start, &PyBytes_Type,
                           &article_prefix, &PyBytes_Type, &marker_prefix)) {
         return NULL;
     }
     if (PyTuple_GET_SIZE(template) != D_FIELDS || (inputs != Py_None && !PyDict_Check(inputs)) ||
-        (changelog != Py_None && !PyList_Check(changelog)) || PyList_GET_SIZE(written) > PyList_GET_SIZE(rows)) {
-        PyErr_SetString(PyExc_TypeError, "fresh_results: a Decided template, a dict of inputs, a list of writes");
+        (changelog != Py_None && !PyList_Check(changelog)) || PyList_GET_SIZE(written) > PyList_GET_SIZE(rows) ||
+        PyList_GET_SIZE(keys) != PyList_GET_SIZE(rows)) {
+        PyErr_SetString(PyExc_TypeError, "fresh_results: a Decided template, a dict of inputs, a list of writes, a key per row");
         return NULL;
     }
     PyObject *sequence = PySequence_Fast(items, "items must be a sequence");
@@ -483,9 +486,7 @@ static PyObject *fresh_results(PyObject *self, PyObject *args) {
         }
         PyObject *id = failed ? NULL : PyTuple_GET_ITEM(item, F_ID), *src = failed ? NULL : PyTuple_GET_ITEM(item, F_PROVENANCE);
         if (!failed && inputs != Py_None) {
-            PyObject *key = key_of(src);
-            failed = key == NULL || PyDict_SetItem(inputs, key, PyTuple_GET_ITEM(src, P_OFFSET)) < 0;
-            Py_XDECREF(key);
+            failed = PyDict_SetItem(inputs, PyList_GET_ITEM(keys, i), PyTuple_GET_ITEM(src, P_OFFSET)) < 0;
         }
         int was_refused = failed ? -1 : PyObject_IsTrue(PyTuple_GET_ITEM(item, F_REFUSED));
         int revived = was_refused < 0 ? -1 : PyObject_IsTrue(PyTuple_GET_ITEM(result, 3));

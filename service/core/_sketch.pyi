@@ -135,10 +135,12 @@ def mark_deciding(memory: Any, offset: int, indexes: Sequence[int], n: int, /) -
 def signed_records(
     message: bytes, signed_type: type[_Signed], provenance: type[Any], memory: Any, offset: int, /
 ) -> tuple[list[_Signed | bytes], int] | None: ...
-def fresh_rows(items: Sequence[Any], shell: tuple[Any, ...], /) -> list[tuple[Any, ...]]: ...
+def fresh_rows(
+    items: Sequence[Any], shell: tuple[Any, ...], /
+) -> tuple[list[tuple[Any, ...]], list[str]]: ...
 def fresh_results(
     items: Sequence[Any],
-    rows: list[tuple[Any, ...]],
+    rows_and_keys: tuple[list[tuple[Any, ...]], list[str]],
     written: list[tuple[bytes, bytes, str, bool]],
     shell: tuple[Any, ...],
     /,

@@ -255,14 +255,14 @@ class IndexShard:
         latest_ms = round(now_s * 1000) + retention.skew_ms
         due_ms = retention.due_from(counts.expired_before_ms)
         shell = (Signed, offset, self.applied_offset, dict(self.inputs), counts.newest_ms, now_s * 1000.0)
-        rows = _sketch.fresh_rows(
+        rows, keys = _sketch.fresh_rows(
             items, (*shell, latest_ms, retention.window_ms, due_ms, lsh.bands, lsh.rows)
         )
         written = self.state.add_fresh(rows, self._rule, self._audit, before, start) if rows else []
         inputs = self.inputs if offset >= 0 else None
         writes: list[Entry] | None = None if self.changelog is None else []
         finish = (Decided(offset, None, "new"), inputs, writes, records, start, ARTICLE_PREFIX)
-        results, refused = _sketch.fresh_results(items, rows, written, (*finish, MARKER_PREFIX))
+        results, refused = _sketch.fresh_results(items, (rows, keys), written, (*finish, MARKER_PREFIX))
         if writes and self.changelog is not None:
             self.changelog.extend(writes)
         self.counts.refused_times += refused

@@ -100,8 +100,9 @@ def test_the_compiled_rows_are_the_python_ones(seed: int) -> None:
         latest = NOW_MS + retention.skew_ms
         due = retention.due_from(expired_before)
         shell = (Signed, offset, applied, mine, newest, NOW_S * 1000.0, latest, retention.window_ms, due)
-        rows = _sketch.fresh_rows(items[start:], (*shell, lsh.bands, lsh.rows))
+        rows, keys = _sketch.fresh_rows(items[start:], (*shell, lsh.bands, lsh.rows))
         assert rows == expected
+        assert keys == [reference.input_key(item.provenance) for item in items[start : start + len(rows)]]
         assert [tuple(map(type, row)) for row in rows] == [tuple(map(type, row)) for row in expected]
         assert mine == inputs
 
@@ -109,13 +110,14 @@ def test_the_compiled_rows_are_the_python_ones(seed: int) -> None:
 def test_the_compiled_results_are_the_python_ones() -> None:
     rng = random.Random(3)
     items = [item for item in generated(rng, 40) if isinstance(item, Signed)]
-    rows = reference.fresh_rows(items, -1, -1, {}, None, None, NOW_S, NO_RETENTION, PARAMS)
+    rows = reference.fresh_rows(items[1:], -1, -1, {}, None, None, NOW_S, NO_RETENTION, PARAMS)
+    keys = [reference.input_key(item.provenance) for item in items[1:]]
     written = [(b"record-%d" % n, b"verdict-%d" % n, "unique", n % 3 == 0) for n in range(len(rows) - 2)]
     for offset, records in ((-1, None), (8, list(range(100, 100 + len(items))))):
         inputs: dict[str, int] | None = {} if offset >= 0 else None
         changelog: list[tuple[bytes, bytes | None]] = []
         finish = (Decided(offset, None, "new"), inputs, changelog, records, 1, ARTICLE_PREFIX, MARKER_PREFIX)
-        results, refused = _sketch.fresh_results(items[1:], rows, written, finish)
+        results, refused = _sketch.fresh_results(items[1:], (rows, keys), written, finish)
         expected, expected_log, expected_inputs = [], [], {}
         for n, (item, row, (record, verdict, kind, revived)) in enumerate(
             zip(items[1:], rows, written, strict=False)

@@ -734,10 +734,16 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     (
         "fresh_results-written-past",
         lambda: sketch.fresh_results(
-            [], [], [(b"r", b"v", "unique", False)], ((None,) * 11, None, None, None, 0, b"a", b"d")
+            [], ([], []), [(b"r", b"v", "unique", False)], ((None,) * 11, None, None, None, 0, b"a", b"d")
         ),
         TypeError,
         "template",
+    ),
+    (
+        "fresh_results-keys-short",
+        lambda: sketch.fresh_results([], ([()], []), [], ((None,) * 11, None, None, None, 0, b"a", b"d")),
+        TypeError,
+        "a key per row",
     ),
 ]
 
