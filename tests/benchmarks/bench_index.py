@@ -88,19 +88,13 @@ def read_signed(path: Path) -> Iterator[Signed]:
             yield item
 
 
-class OffsetsOnly(list[tuple[bytes, bytes | None]]):
-    """The changelog's writes as the decider process holds them: handed on after each article
-    (`drop`), not kept, so that the memory measured is the index stage's."""
-
-    def drop(self) -> None:
-        self.clear()
-
-
 def run(
     items: Iterable[Signed], options: RocksOptions, block: int, state_dir: Path
 ) -> tuple[list[float], IndexShard]:
     """µs of main-thread CPU per article, per block (RocksDB's own threads are not counted)."""
-    writes = OffsetsOnly()
+    # the changelog's writes as the decider process holds them: handed on after each article, not
+    # kept, so that the memory measured is the index stage's
+    writes: list[tuple[bytes, bytes | None]] = []
     stage = IndexShard(RocksState(state_dir, options), DedupParams(), changelog=writes)
     stage.replay({})
     per_block: list[float] = []
@@ -110,7 +104,7 @@ def run(
         stage.decide([item], offset)
         if offset % 100 == 99:
             stage.checkpoint()
-        writes.drop()
+        writes.clear()
         spent += time.thread_time() - started
         if (offset + 1) % block == 0:
             per_block.append(spent / block * 1e6)

@@ -10,13 +10,14 @@ Entries = list[tuple[bytes, bytes | None]]  # changelog messages in order: key, 
 
 def compacted(entries: Entries) -> dict[bytes, bytes]:
     """The records a changelog holds: the last value per key, tombstones removing theirs."""
-    latest = dict(entries)
-    return {key: value for key, value in latest.items() if value is not None}
+    table = ChangelogTable()
+    table.extend(entries)
+    return table
 
 
 class ChangelogTable(dict[bytes, bytes]):
-    """The changelog compacted as a shard writes it (IndexShard's `changelog`): a record set, or
-    removed by its tombstone."""
+    """The changelog compacted as it is written (IndexShard's `changelog`, or `compacted`): a
+    record set, or removed by its tombstone."""
 
     def append(self, entry: tuple[bytes, bytes | None]) -> None:
         key, value = entry

@@ -303,15 +303,6 @@ class ReferenceShard(IndexShard):
     def _replayed(self, item: Item, offset: int, inputs: dict[str, int]) -> bool:
         return replayed(item.provenance, offset, self.applied_offset, inputs)
 
-    def _verdict(
-        self, status: str, article: IndexedArticle, item: Signed, offset: int, now_s: float, expired: int = 0
-    ) -> Decided:
-        latency = latency_ms(item.provenance.timestamp_ms, now_s * 1000.0)
-        verdict = _sketch.verdict_json(article, self._audit, latency)
-        return Decided(
-            offset, article.article_id, status, verdict, article.decision.kind, latency, expired=expired
-        )
-
 
 # -- the shard's rules for each article as Python wrote them: what _sketch's (service/core/_shard.c)
 # are compared with (tests/unit/test_shard_rules.py)
